@@ -1,0 +1,1 @@
+//! tessera-cpu: the CPU backend.

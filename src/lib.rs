@@ -1,0 +1,2 @@
+//! tessera: tensor graphs on any mix of devices.
+pub use tessera_core as core;

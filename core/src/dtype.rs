@@ -6,7 +6,8 @@
 
 use crate::error::{Error, Result};
 
-/// The element type of a tensor.
+/// The element type of a tensor (ggml's names, hence the underscores).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     /// 32-bit IEEE float.

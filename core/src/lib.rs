@@ -2,8 +2,21 @@
 //! the registry, the graph allocator and scheduler, the meta (sharding) layer, and GGUF.
 #![warn(missing_docs)]
 
+pub mod alloc;
+pub mod backend;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
+pub mod graph;
+pub mod op;
+pub mod quant;
+pub mod registry;
+pub mod tensor;
 
+pub use backend::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Event, Memory};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use graph::Graph;
+pub use op::{BinaryOp, GluOp, Op, RopeMode, RopeParams, UnaryOp};
+pub use registry::Registry;
+pub use tensor::{Tensor, TensorData, TensorFlags, TensorId};

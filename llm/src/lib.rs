@@ -1,2 +1,4 @@
 //! tessera-llm: run GGUF Llama-family models on tessera.
 #![warn(missing_docs)]
+pub mod chat;
+pub mod sampling;

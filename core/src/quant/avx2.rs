@@ -1,0 +1,193 @@
+//! AVX2 + FMA + F16C kernels for x86-64.
+//!
+//! Safety rule of this file: every `unsafe fn` here requires the CPU to have AVX2, FMA and F16C.
+//! They are reached only through the [`Kernels`] table that [`kernels`] returns after
+//! `is_x86_feature_detected!` has confirmed all three; the safe wrappers in that table are
+//! private to this file. Memory is read only through pointers into blocks obtained with
+//! `chunks_exact`, at offsets that the block sizes guarantee in bounds.
+
+use std::arch::x86_64::*;
+
+use super::{Kernels, SCALAR};
+
+/// The AVX2 kernel table, when this CPU has AVX2, FMA and F16C.
+pub(super) fn kernels() -> Option<&'static Kernels> {
+    static AVX2: Kernels = Kernels {
+        dot_q4_0,
+        dot_q4_1,
+        dot_q8_0,
+        dot_q4_k: SCALAR.dot_q4_k,
+        dot_q6_k: SCALAR.dot_q6_k,
+        quantize_q8_0,
+        quantize_q8_1,
+    };
+    let ok = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    ok.then_some(&AVX2)
+}
+
+/// Declares a safe wrapper `$name` around the `unsafe` AVX2 kernel `$imp`.
+macro_rules! safe_wrapper {
+    ($(#[$doc:meta])* $name:ident => [$($imp:tt)*]($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: this wrapper is only stored in the table `kernels` returns after it has
+            // detected AVX2, FMA and F16C.
+            unsafe { $($imp)*($($arg),*) }
+        }
+    };
+}
+
+safe_wrapper!(
+    /// Q4_0 x Q8_0 row dot.
+    dot_q4_0 => [dot_q4_0_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// Q4_1 x Q8_1 row dot.
+    dot_q4_1 => [dot_q4_1_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// Q8_0 x Q8_0 row dot.
+    dot_q8_0 => [dot_q8_0_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// Q8_0 row quantizer.
+    quantize_q8_0 => [quantize_q8_avx2::<false>](x: &[f32], y: &mut [u8]) -> ()
+);
+safe_wrapper!(
+    /// Q8_1 row quantizer.
+    quantize_q8_1 => [quantize_q8_avx2::<true>](x: &[f32], y: &mut [u8]) -> ()
+);
+
+/// The f16 at byte `at` of `b`, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The sum of the 8 lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// The 32 nibbles of the 16 bytes at `p` as bytes: low nibbles in lanes 0..16, high in 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(15);
+    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
+}
+
+/// The 8 i32 pair sums of unsigned bytes `u` times signed bytes `s` (`u * s` must fit i16 per
+/// pair, which holds for |u| <= 128 and |s| <= 127).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(
+        _mm256_maddubs_epi16(u, s),
+        _mm256_set1_epi16(1),
+    ))
+}
+
+/// The products of two vectors of signed bytes, summed in groups of 4 to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8_i8(a: __m256i, b: __m256i) -> __m256 {
+    dot_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+}
+
+/// Q4_0 x Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)) {
+        let qx = _mm256_sub_epi8(nibbles(bx.as_ptr().add(2)), _mm256_set1_epi8(8));
+        let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
+        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
+    }
+    hsum(acc)
+}
+
+/// Q4_1 x Q8_1.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (bx, by) in x.chunks_exact(20).zip(y.chunks_exact(36)) {
+        let qx = nibbles(bx.as_ptr().add(4));
+        let qy = _mm256_loadu_si256(by.as_ptr().add(4) as *const __m256i);
+        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_u8_i8(qx, qy), acc);
+        mins += h2f(bx, 2) * h2f(by, 2);
+    }
+    hsum(acc) + mins
+}
+
+/// Q8_0 x Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(34).zip(y.chunks_exact(34)) {
+        let qx = _mm256_loadu_si256(bx.as_ptr().add(2) as *const __m256i);
+        let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
+        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
+    }
+    hsum(acc)
+}
+
+/// Q8_0 (`SUM` false) or Q8_1 (`SUM` true) row quantizer; the same bytes as the scalar one.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_avx2<const SUM: bool>(x: &[f32], y: &mut [u8]) {
+    let (ts, qoff) = if SUM { (36, 4) } else { (34, 2) };
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, b) in x.chunks_exact(32).zip(y.chunks_exact_mut(ts)) {
+        let p = xb.as_ptr();
+        let v = [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ];
+        let mut m = _mm256_andnot_ps(sign, v[0]);
+        for &vi in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, vi));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(super::inverse(d));
+        let round = |v: __m256| {
+            _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(v, id),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+            ))
+        };
+        let i = [round(v[0]), round(v[1]), round(v[2]), round(v[3])];
+        // packs works within 128-bit lanes; the permute restores element order.
+        let w01 = _mm256_packs_epi32(i[0], i[1]);
+        let w23 = _mm256_packs_epi32(i[2], i[3]);
+        let bytes = _mm256_packs_epi16(w01, w23);
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(b.as_mut_ptr().add(qoff) as *mut __m256i, bytes);
+        super::put_f16(b, 0, d);
+        if SUM {
+            let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            super::put_f16(b, 2, _mm_cvtsi128_si32(s) as f32 * d);
+        }
+    }
+}

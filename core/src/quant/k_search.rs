@@ -1,0 +1,254 @@
+//! The scale searches the K types share (after ggml's `make_qx_quants`, `make_q3_quants` and
+//! `make_qkx2_quants`), and the 6-bit scale/min packing of Q4_K and Q5_K.
+
+/// Rounds to the nearest integer, halfway cases to even (ggml's `nearest_int`).
+#[inline(always)]
+pub(super) fn nearest_int(v: f32) -> i32 {
+    v.round_ties_even() as i32
+}
+
+/// Below this magnitude a group counts as all zeros.
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// The value of largest magnitude of `x` and that magnitude.
+fn signed_max(x: &[f32]) -> (f32, f32) {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (max, amax)
+}
+
+/// Symmetric quantization of `x` to `l` in `0..2*nmax` (offset by `nmax`), minimizing the
+/// error weighted by `x^2` over 19 candidate scales; returns the scale (for Q6_K).
+pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for &v in x {
+            let q = quant(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * q;
+            suml2 += w * q * q;
+        }
+        (sumlx, suml2)
+    };
+    let store = |iscale: f32, l: &mut [i8]| {
+        for (l, &v) in l.iter_mut().zip(x) {
+            *l = (nmax + quant(iscale, v)) as i8;
+        }
+    };
+    let iscale = -(nmax as f32) / max;
+    store(iscale, l);
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in (-9..=9).filter(|&i| i != 0) {
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            store(iscale, l);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// Symmetric 3-bit quantization of `x` to `l` in `0..2*nmax`, refined by coordinate descent on
+/// the `x^2`-weighted error; returns the scale (for Q3_K).
+pub(super) fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for (l, &v) in l.iter_mut().zip(x) {
+        let q = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *l = q as i8;
+        let w = v * v;
+        sumlx += w * v * q as f32;
+        suml2 += w * (q * q) as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = 0;
+        for (l, &v) in l.iter_mut().zip(x) {
+            let w = v * v;
+            let cur = f32::from(*l);
+            let mut slx = sumlx - w * v * cur;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * cur * cur;
+                let new = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new != i32::from(*l) {
+                    slx += w * v * new as f32;
+                    sl2 += w * (new * new) as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *l = new as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        if changed == 0 {
+            break;
+        }
+    }
+    for l in l.iter_mut() {
+        *l += nmax as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// The search parameters of [`make_qkx2_quants`].
+pub(super) struct Qkx2 {
+    /// The largest quant (3, 15 or 31).
+    pub nmax: i32,
+    /// The first candidate's offset from `nmax`.
+    pub rmin: f32,
+    /// The step between candidates.
+    pub rdelta: f32,
+    /// The number of steps.
+    pub nstep: i32,
+    /// Minimize the weighted absolute error (else the weighted squared error).
+    pub use_mad: bool,
+}
+
+/// Asymmetric quantization `x ~ scale * l - min` with `l` in `0..=nmax`, searching candidate
+/// scales and refitting scale and min by weighted least squares; returns `(scale, min)` with
+/// `min >= 0` (for Q2_K, Q4_K, Q5_K).
+pub(super) fn make_qkx2_quants(p: &Qkx2, x: &[f32], w: &[f32], l: &mut [u8]) -> (f32, f32) {
+    let nmax = p.nmax;
+    let mut min = x.iter().fold(x[0], |a, &v| if v < a { v } else { a });
+    let max = x.iter().fold(x[0], |a, &v| if v > a { v } else { a });
+    let sum_w: f32 = w.iter().sum();
+    let sum_x: f32 = w.iter().zip(x).map(|(w, v)| w * v).sum();
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.fill(0);
+        return (0.0, -min);
+    }
+    let err = |d: f32| if p.use_mad { d.abs() } else { d * d };
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0f32;
+    for ((l, &v), &w) in l.iter_mut().zip(x).zip(w) {
+        *l = nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
+        best_error += w * err(scale * f32::from(*l) + min - v);
+    }
+    let mut aux = [0u8; 32];
+    let aux = &mut aux[..x.len()];
+    for is in 0..=p.nstep {
+        iscale = (p.rmin + p.rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for ((a, &v), &w) in aux.iter_mut().zip(x).zip(w) {
+            let q = nearest_int(iscale * (v - min)).clamp(0, nmax);
+            *a = q as u8;
+            let q = q as f32;
+            sum_l += w * q;
+            sum_l2 += w * q * q;
+            sum_xl += w * q * v;
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let cur: f32 = aux
+                .iter()
+                .zip(x)
+                .zip(w)
+                .map(|((&a, &v), &w)| w * err(this_scale * f32::from(a) + this_min - v))
+                .sum();
+            if cur < best_error {
+                l.copy_from_slice(aux);
+                best_error = cur;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// Scale and min `j` (0..8) of a Q4_K/Q5_K 12-byte scales field, 6 bits each: sub-blocks 0..4
+/// keep them in the low 6 bits of bytes `j` and `j + 4`; sub-blocks 4..8 keep their low 4 bits
+/// in byte `j + 4` (scale low nibble, min high nibble) and their top 2 bits in the top bits of
+/// bytes `j - 4` (scale) and `j` (min).
+#[inline(always)]
+pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Packs 8 six-bit scales and mins into the 12-byte field [`scale_min_k4`] reads.
+pub(super) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8]) {
+    q[..12].fill(0);
+    for j in 0..8 {
+        if j < 4 {
+            q[j] = ls[j];
+            q[j + 4] = lm[j];
+        } else {
+            q[j + 4] = (ls[j] & 15) | ((lm[j] & 15) << 4);
+            q[j - 4] |= (ls[j] >> 4) << 6;
+            q[j] |= (lm[j] >> 4) << 6;
+        }
+    }
+}
+
+/// Quantizes the 8 sub-block scales and mins of a Q4_K/Q5_K block to 6 bits against their
+/// maxima; returns the packed field's super-scales `(d, dmin)` (before f16 rounding).
+pub(super) fn quantize_scales_k4(scales: &[f32; 8], mins: &[f32; 8], q: &mut [u8]) -> (f32, f32) {
+    let max_scale = scales.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+    let max_min = mins.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        ls[j] = nearest_int(inv_scale * scales[j]).clamp(0, 63) as u8;
+        lm[j] = nearest_int(inv_min * mins[j]).clamp(0, 63) as u8;
+    }
+    pack_scale_min_k4(&ls, &lm, q);
+    (max_scale / 63.0, max_min / 63.0)
+}
+
+/// The weights Q4_K and Q5_K give each value of a 32-value sub-block: `rms(x) + |x_i|`.
+pub(super) fn k4_weights(x: &[f32]) -> [f32; 32] {
+    let sum_x2: f32 = x.iter().map(|v| v * v).sum();
+    let av = (sum_x2 / 32.0).sqrt();
+    let mut w = [0f32; 32];
+    for (w, &v) in w.iter_mut().zip(x) {
+        *w = av + v.abs();
+    }
+    w
+}

@@ -1,0 +1,351 @@
+//! Row conversion to and from every [`DType`], and the dot products that `mul_mat` is built on.
+//!
+//! # Layouts
+//!
+//! Every block layout is bit-exact with GGUF files (ggml's `ggml-common.h`); all multi-byte
+//! fields are little-endian and blocks are packed with no padding. Each family lives in its own
+//! file, which documents its layout: [`q4`](self) (Q4_0, Q4_1), `q5` (Q5_0, Q5_1), `q8` (Q8_0,
+//! Q8_1, Q8_K), `q2_k` .. `q6_k`. `k_search` holds the scale searches the K types share.
+//!
+//! # Quantization
+//!
+//! Quantizers follow ggml's reference algorithms (`quantize_row_*_ref`), so the error of a
+//! tessera-quantized tensor is that of a ggml-quantized one: Q4_0/Q5_0 scale by the value of
+//! largest magnitude, Q4_1/Q5_1 by min and max, the K types search their sub-block scales
+//! (and mins) and then quantize those scales to 4, 6 or 8 bits. One exception: Q8_0, Q8_1 and
+//! Q8_K round halfway cases to even (as ggml's SIMD quantizers do) rather than away from zero.
+//!
+//! # Dot products
+//!
+//! [`vec_dot`] multiplies a weight row with an activation row already quantized to
+//! [`vec_dot_type`] of the weight type, as ggml's CPU backend does. The integer products of a
+//! block are summed exactly; only the per-block scaling is done in f32. On x86-64 CPUs with
+//! AVX2, FMA and F16C, the hot pairs (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, and the Q8_0/Q8_1 activation
+//! quantizers) use `std::arch` kernels, chosen once per process; each is tested against the
+//! scalar code. [`vec_dot_f32`] is the precise mode: the activations stay f32 and each weight
+//! block is dequantized on the fly.
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod k_search;
+mod q2_k;
+mod q3_k;
+mod q4;
+mod q4_k;
+mod q5;
+mod q5_k;
+mod q6_k;
+mod q8;
+#[cfg(test)]
+mod tests;
+
+/// Quantizes one block: `src` is exactly one block of floats, `dst` exactly one block of bytes.
+type QuantizeBlock = fn(&[f32], &mut [u8]);
+/// Dequantizes one block: `src` is exactly one block of bytes, `dst` one block of floats.
+type DequantizeBlock = fn(&[u8], &mut [f32]);
+/// A row dot product over whole blocks of `x` (weights) and `y` (activations); the number of
+/// blocks is the smaller of the two slices' block counts.
+type DotFn = fn(&[u8], &[u8]) -> f32;
+/// Quantizes a row of whole blocks (`dst` has exactly the row's size).
+type QuantizeRowFn = fn(&[f32], &mut [u8]);
+
+/// The kernels that have a SIMD variant, chosen once for this CPU.
+struct Kernels {
+    dot_q4_0: DotFn,
+    dot_q4_1: DotFn,
+    dot_q8_0: DotFn,
+    dot_q4_k: DotFn,
+    dot_q6_k: DotFn,
+    quantize_q8_0: QuantizeRowFn,
+    quantize_q8_1: QuantizeRowFn,
+}
+
+/// The portable kernels.
+const SCALAR: Kernels = Kernels {
+    dot_q4_0: q4::dot_q4_0,
+    dot_q4_1: q4::dot_q4_1,
+    dot_q8_0: q8::dot_q8_0,
+    dot_q4_k: q4_k::dot,
+    dot_q6_k: q6_k::dot,
+    quantize_q8_0: q8::quantize_row_q8_0,
+    quantize_q8_1: q8::quantize_row_q8_1,
+};
+
+/// The kernels for this CPU, detected on first use.
+fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<&'static Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = avx2::kernels() {
+            log::debug!("quant: using AVX2+FMA+F16C kernels");
+            return k;
+        }
+        log::debug!("quant: using scalar kernels");
+        &SCALAR
+    })
+}
+
+/// The block quantizer and dequantizer of a quantized type.
+fn block_fns(dtype: DType) -> Option<(QuantizeBlock, DequantizeBlock)> {
+    Some(match dtype {
+        DType::Q4_0 => (q4::quantize_q4_0, q4::dequantize_q4_0),
+        DType::Q4_1 => (q4::quantize_q4_1, q4::dequantize_q4_1),
+        DType::Q5_0 => (q5::quantize_q5_0, q5::dequantize_q5_0),
+        DType::Q5_1 => (q5::quantize_q5_1, q5::dequantize_q5_1),
+        DType::Q8_0 => (q8::quantize_q8_0, q8::dequantize_q8_0),
+        DType::Q8_1 => (q8::quantize_q8_1, q8::dequantize_q8_1),
+        DType::Q8_K => (q8::quantize_q8_k, q8::dequantize_q8_k),
+        DType::Q2_K => (q2_k::quantize, q2_k::dequantize),
+        DType::Q3_K => (q3_k::quantize, q3_k::dequantize),
+        DType::Q4_K => (q4_k::quantize, q4_k::dequantize),
+        DType::Q5_K => (q5_k::quantize, q5_k::dequantize),
+        DType::Q6_K => (q6_k::quantize, q6_k::dequantize),
+        DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => return None,
+    })
+}
+
+/// The error for a byte buffer of the wrong size for a row.
+fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
+    Error::Buffer {
+        buffer: format!("{dtype} row of {n} elements"),
+        reason: format!("needs {expected} bytes, got {got}"),
+    }
+}
+
+/// Quantizes (or converts) one row of f32 into `dst` bytes of type `dtype`; works for F32, F16,
+/// BF16 and every quantized type. Errors when src.len() is not whole blocks or dst has the wrong
+/// size.
+///
+/// I32 and I64 are converted with Rust's `as` cast (truncation toward zero, saturating, NaN to 0).
+pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let need = dtype.row_size(src.len())?;
+    if dst.len() != need {
+        return Err(wrong_size(dtype, src.len(), need, dst.len()));
+    }
+    match dtype {
+        DType::F32 => convert_out(src, dst, |v| v.to_le_bytes()),
+        DType::F16 => convert_out(src, dst, |v| f16::from_f32(v).to_le_bytes()),
+        DType::BF16 => convert_out(src, dst, |v| bf16::from_f32(v).to_le_bytes()),
+        DType::I32 => convert_out(src, dst, |v| (v as i32).to_le_bytes()),
+        DType::I64 => convert_out(src, dst, |v| (v as i64).to_le_bytes()),
+        DType::Q8_0 => (kernels().quantize_q8_0)(src, dst),
+        DType::Q8_1 => (kernels().quantize_q8_1)(src, dst),
+        _ => {
+            if let Some((quantize, _)) = block_fns(dtype) {
+                let (bs, ts) = (dtype.block_size(), dtype.type_size());
+                for (s, d) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {
+                    quantize(s, d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dequantizes (or converts) one row of `dtype` bytes into f32 (all float + quantized types; I32
+/// too as a plain cast is fine).
+///
+/// `dst.len()` is the row length; `src` must hold exactly that row. I32 and I64 are cast to f32.
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let need = dtype.row_size(dst.len())?;
+    if src.len() != need {
+        return Err(wrong_size(dtype, dst.len(), need, src.len()));
+    }
+    match dtype {
+        DType::F32 => convert_in(src, dst, f32::from_le_bytes),
+        DType::F16 => convert_in(src, dst, |b| f16::from_le_bytes(b).to_f32()),
+        DType::BF16 => convert_in(src, dst, |b| bf16::from_le_bytes(b).to_f32()),
+        DType::I32 => convert_in(src, dst, |b| i32::from_le_bytes(b) as f32),
+        DType::I64 => convert_in(src, dst, |b| i64::from_le_bytes(b) as f32),
+        _ => {
+            if let Some((_, dequantize)) = block_fns(dtype) {
+                let (bs, ts) = (dtype.block_size(), dtype.type_size());
+                for (s, d) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs)) {
+                    dequantize(s, d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes each value of `src` as the `N` bytes `f` gives.
+fn convert_out<const N: usize>(src: &[f32], dst: &mut [u8], f: impl Fn(f32) -> [u8; N]) {
+    for (d, &v) in dst.chunks_exact_mut(N).zip(src) {
+        d.copy_from_slice(&f(v));
+    }
+}
+
+/// Reads each `N`-byte value of `src` into `dst` with `f`.
+fn convert_in<const N: usize>(src: &[u8], dst: &mut [f32], f: impl Fn([u8; N]) -> f32) {
+    for (s, d) in src.chunks_exact(N).zip(dst.iter_mut()) {
+        let mut b = [0u8; N];
+        b.copy_from_slice(s);
+        *d = f(b);
+    }
+}
+
+/// The type that src1 (activations) is quantized to for `vec_dot` with a weight row of `dtype`
+/// (ggml's vec_dot_type: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types, F32
+/// for F32, F16 for F16, BF16 for BF16 is fine).
+///
+/// The rest: Q8_1 pairs with Q8_1, Q8_K with Q8_K, and I32/I64 with F32 (the weights are cast).
+pub fn vec_dot_type(dtype: DType) -> DType {
+    match dtype {
+        DType::F32 | DType::I32 | DType::I64 => DType::F32,
+        DType::F16 => DType::F16,
+        DType::BF16 => DType::BF16,
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => DType::Q8_0,
+        DType::Q4_1 | DType::Q5_1 | DType::Q8_1 => DType::Q8_1,
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+            DType::Q8_K
+        }
+    }
+}
+
+/// Dot product of one weight row `x` (type dtype, n elements) with one activation row `y`
+/// already in vec_dot_type(dtype).
+///
+/// `n` must be a whole number of blocks and the slices must hold the `n` elements (checked in
+/// debug builds only). In release builds a short slice gives the dot product of the blocks both
+/// slices hold, never an out-of-bounds read.
+pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let yt = vec_dot_type(dtype);
+    let nb = n / dtype.block_size();
+    debug_assert_eq!(
+        n % dtype.block_size(),
+        0,
+        "vec_dot: {n} is not whole {dtype} blocks"
+    );
+    debug_assert!(x.len() >= nb * dtype.type_size(), "vec_dot: x too short");
+    debug_assert!(y.len() >= nb * yt.type_size(), "vec_dot: y too short");
+    let x = &x[..x.len().min(nb * dtype.type_size())];
+    let y = &y[..y.len().min(nb * yt.type_size())];
+    let k = kernels();
+    match dtype {
+        DType::F32 => dot_plain(x, y, f32::from_le_bytes, f32::from_le_bytes),
+        DType::F16 => dot_plain(x, y, f16_of, f16_of),
+        DType::BF16 => dot_plain(x, y, bf16_of, bf16_of),
+        DType::I32 => dot_plain(x, y, |b| i32::from_le_bytes(b) as f32, f32::from_le_bytes),
+        DType::I64 => dot_plain(x, y, |b| i64::from_le_bytes(b) as f32, f32::from_le_bytes),
+        DType::Q4_0 => (k.dot_q4_0)(x, y),
+        DType::Q4_1 => (k.dot_q4_1)(x, y),
+        DType::Q5_0 => q5::dot_q5_0(x, y),
+        DType::Q5_1 => q5::dot_q5_1(x, y),
+        DType::Q8_0 => (k.dot_q8_0)(x, y),
+        DType::Q8_1 => q8::dot_q8_1(x, y),
+        DType::Q8_K => q8::dot_q8_k(x, y),
+        DType::Q2_K => q2_k::dot(x, y),
+        DType::Q3_K => q3_k::dot(x, y),
+        DType::Q4_K => (k.dot_q4_k)(x, y),
+        DType::Q5_K => q5_k::dot(x, y),
+        DType::Q6_K => (k.dot_q6_k)(x, y),
+    }
+}
+
+/// An f16 from its little-endian bytes, as f32.
+fn f16_of(b: [u8; 2]) -> f32 {
+    f16::from_le_bytes(b).to_f32()
+}
+
+/// A bf16 from its little-endian bytes, as f32.
+fn bf16_of(b: [u8; 2]) -> f32 {
+    bf16::from_le_bytes(b).to_f32()
+}
+
+/// The dot product of two rows of plain scalars, accumulated in f32.
+fn dot_plain<const A: usize, const B: usize>(
+    x: &[u8],
+    y: &[u8],
+    fx: impl Fn([u8; A]) -> f32,
+    fy: impl Fn([u8; B]) -> f32,
+) -> f32 {
+    x.chunks_exact(A)
+        .zip(y.chunks_exact(B))
+        .map(|(a, b)| fx(bytes(a)) * fy(bytes(b)))
+        .sum()
+}
+
+/// The first `N` bytes of `b` as an array (`b` has at least `N`).
+#[inline(always)]
+fn bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[..N]);
+    a
+}
+
+/// Dot product of one weight row of `dtype` with an f32 row, without quantizing y (the precise
+/// mode used for checking; dequantize block by block on the fly, never a whole matrix).
+///
+/// Each block's products are summed in f32 and the blocks in f64. Lengths are treated as in
+/// [`vec_dot`].
+pub fn vec_dot_f32(dtype: DType, n: usize, x: &[u8], y: &[f32]) -> f32 {
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    debug_assert_eq!(n % bs, 0, "vec_dot_f32: {n} is not whole {dtype} blocks");
+    debug_assert!(
+        x.len() >= (n / bs) * ts && y.len() >= n,
+        "vec_dot_f32: row too short"
+    );
+    let x = &x[..x.len().min((n / bs) * ts)];
+    let y = &y[..y.len().min(n)];
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => {
+            x.chunks_exact(ts)
+                .zip(y)
+                .map(|(b, &v)| f64::from(plain_to_f32(dtype, b)) * f64::from(v))
+                .sum::<f64>() as f32
+        }
+        _ => {
+            let Some((_, dequantize)) = block_fns(dtype) else {
+                return 0.0;
+            };
+            let mut buf = [0f32; 256];
+            let buf = &mut buf[..bs];
+            let mut acc = 0f64;
+            for (xb, yc) in x.chunks_exact(ts).zip(y.chunks_exact(bs)) {
+                dequantize(xb, buf);
+                let s: f32 = buf.iter().zip(yc).map(|(a, b)| a * b).sum();
+                acc += f64::from(s);
+            }
+            acc as f32
+        }
+    }
+}
+
+/// One element of a plain (non-block) type from its little-endian bytes, as f32.
+fn plain_to_f32(dtype: DType, b: &[u8]) -> f32 {
+    match dtype {
+        DType::F16 => f16_of(bytes(b)),
+        DType::BF16 => bf16_of(bytes(b)),
+        DType::I32 => i32::from_le_bytes(bytes(b)) as f32,
+        DType::I64 => i64::from_le_bytes(bytes(b)) as f32,
+        _ => f32::from_le_bytes(bytes(b)),
+    }
+}
+
+/// The f16 at byte `at` of `b`, as f32.
+#[inline(always)]
+fn get_f16(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Stores `v` as an f16 at byte `at` of `b`.
+#[inline(always)]
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// `1 / d`, or 0 when `d` is 0 (a block of zeros).
+#[inline(always)]
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}

@@ -115,6 +115,11 @@ impl Graph {
         self.get(id).label(id)
     }
 
+    /// Appends a tensor as it is (the scheduler's copies); the caller keeps it consistent.
+    pub(crate) fn push_raw(&mut self, t: Tensor) -> TensorId {
+        self.push(t)
+    }
+
     fn push(&mut self, t: Tensor) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push(t);

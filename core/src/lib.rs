@@ -11,6 +11,7 @@ pub mod graph;
 pub mod op;
 pub mod quant;
 pub mod registry;
+pub mod sched;
 pub mod tensor;
 
 pub use backend::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Event, Memory};
@@ -19,4 +20,5 @@ pub use error::{Error, Result};
 pub use graph::Graph;
 pub use op::{BinaryOp, GluOp, Op, RopeMode, RopeParams, UnaryOp};
 pub use registry::Registry;
+pub use sched::{SchedPlan, Scheduler};
 pub use tensor::{Tensor, TensorData, TensorFlags, TensorId};

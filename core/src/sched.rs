@@ -1,0 +1,272 @@
+//! The scheduler: runs one graph over several backends.
+//!
+//! Placement, per compute node, in this order:
+//! 1. A node that writes into existing memory (set_rows, cpy: a result that is a view) runs on
+//!    a device that can use that memory.
+//! 2. A node that reads a weight (or other tensor bound before planning, such as a KV cache)
+//!    runs on a device that can use that tensor's buffer: weights decide placement.
+//! 3. Otherwise it stays on the device of its first source when that device supports it,
+//!    else goes to the highest-priority device that supports it.
+//!
+//! In each case a device that lacks the op is passed over; the last device given to
+//! [`Scheduler::new`] should be the CPU, which runs everything, so an op a GPU lacks falls back
+//! to it. Consecutive nodes on one device form a split. A split's sources that live in memory
+//! its device cannot use are copied in before it runs (into tensors the planner adds to the
+//! graph), after the producing device has finished.
+
+use std::sync::Arc;
+
+use crate::alloc::GraphAllocator;
+use crate::backend::{Backend, Device};
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::op::Op;
+use crate::tensor::{Tensor, TensorFlags, TensorId};
+
+/// A run of nodes on one device, with the copies it needs first.
+#[derive(Clone, Debug)]
+pub struct Split {
+    /// Index of the device in the scheduler.
+    pub device: usize,
+    /// Nodes to compute, in order.
+    pub nodes: Vec<TensorId>,
+    /// (source root on another device, its copy on this one), copied before the split runs.
+    pub copies: Vec<(TensorId, TensorId)>,
+}
+
+/// How a graph was cut; reused for every run of the same graph.
+#[derive(Clone, Debug, Default)]
+pub struct SchedPlan {
+    /// The splits, in execution order.
+    pub splits: Vec<Split>,
+    /// Device index of every tensor (by id) that runs or is allocated somewhere.
+    pub placement: Vec<Option<usize>>,
+}
+
+impl SchedPlan {
+    /// Number of devices a graph's nodes ended up on.
+    pub fn devices_used(&self) -> usize {
+        let mut d: Vec<usize> = self.splits.iter().map(|s| s.device).collect();
+        d.sort();
+        d.dedup();
+        d.len()
+    }
+}
+
+/// Runs graphs over a list of devices in priority order.
+pub struct Scheduler {
+    devices: Vec<Arc<dyn Device>>,
+    backends: Vec<Box<dyn Backend>>,
+    allocators: Vec<GraphAllocator>,
+}
+
+impl Scheduler {
+    /// A scheduler over `devices`, most preferred first (put the CPU last as the fallback).
+    pub fn new(devices: Vec<Arc<dyn Device>>) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::Invalid("a scheduler needs at least one device".into()));
+        }
+        let backends = devices.iter().map(|d| d.new_backend()).collect::<Result<Vec<_>>>()?;
+        let allocators = devices.iter().map(|d| GraphAllocator::new(d.buffer_type())).collect();
+        Ok(Scheduler { devices, backends, allocators })
+    }
+
+    /// The devices, in priority order.
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devices
+    }
+
+    /// The backend (stream) of device `i`.
+    pub fn backend_mut(&mut self, i: usize) -> &mut dyn Backend {
+        self.backends[i].as_mut()
+    }
+
+    fn device_for_memory(&self, graph: &Graph, id: TensorId, node: TensorId) -> Option<usize> {
+        let data = graph.data(id)?;
+        let usable: Vec<usize> =
+            (0..self.devices.len()).filter(|&i| self.devices[i].can_use_buffer(data.buffer.as_ref())).collect();
+        usable
+            .iter()
+            .copied()
+            .find(|&i| self.devices[i].supports_op(graph, node))
+            .or_else(|| usable.first().copied())
+    }
+
+    /// Places every node of the graph, adds the cross-device copies, and allocates compute memory on each device.
+    pub fn plan(&mut self, graph: &mut Graph) -> Result<SchedPlan> {
+        let n = graph.len();
+        let mut placement: Vec<Option<usize>> = vec![None; n];
+        let mut order: Vec<TensorId> = Vec::new();
+        for id in graph.ids().collect::<Vec<_>>() {
+            let t = graph.get(id);
+            if t.op == Op::None {
+                continue;
+            }
+            let dev = if t.op.is_view() {
+                // A view lives where its root is computed or bound.
+                let (root, _) = graph.root(id);
+                placement[root.index()].or_else(|| self.device_for_memory(graph, root, id))
+            } else if t.view_src.is_some() {
+                // Writes into existing memory.
+                let (root, _) = graph.root(id);
+                match placement[root.index()] {
+                    Some(d) => Some(d),
+                    None => self.device_for_memory(graph, root, id),
+                }
+            } else {
+                let mut pick = None;
+                for &s in &t.src {
+                    let (root, _) = graph.root(s);
+                    let rt = graph.get(root);
+                    if rt.data.is_some() && (rt.flags.weight || !rt.flags.input) {
+                        pick = self.device_for_memory(graph, root, id);
+                        if pick.is_some() {
+                            break;
+                        }
+                    }
+                }
+                pick.filter(|&d| self.devices[d].supports_op(graph, id)).or_else(|| {
+                    let first = t.src.first().and_then(|&s| placement[graph.root(s).0.index()]);
+                    first
+                        .filter(|&d| self.devices[d].supports_op(graph, id))
+                        .or_else(|| (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id)))
+                })
+            };
+            let dev = dev.ok_or_else(|| Error::Unsupported {
+                backend: self.devices.iter().map(|d| d.name()).collect::<Vec<_>>().join(","),
+                what: format!("{} for tensor '{}'", t.op.name(), graph.label(id)),
+            })?;
+            if !t.op.is_view() && !self.devices[dev].supports_op(graph, id) {
+                return Err(Error::Unsupported {
+                    backend: self.devices[dev].name(),
+                    what: format!("{} for tensor '{}' (its memory is there)", t.op.name(), graph.label(id)),
+                });
+            }
+            placement[id.index()] = Some(dev);
+            order.push(id);
+        }
+
+        // Inputs without memory live on the device of their first consumer.
+        for &id in &order {
+            let srcs = graph.get(id).src.clone();
+            for s in srcs {
+                let (root, _) = graph.root(s);
+                if graph.get(root).op == Op::None && graph.get(root).data.is_none() && placement[root.index()].is_none() {
+                    placement[root.index()] = placement[id.index()];
+                }
+            }
+        }
+
+        // Cut into splits and add copies for sources whose memory the split's device cannot use.
+        let mut splits: Vec<Split> = Vec::new();
+        let mut copy_of: std::collections::HashMap<(TensorId, usize), TensorId> = Default::default();
+        for &id in &order {
+            if graph.get(id).op.is_view() {
+                continue;
+            }
+            let dev = placement[id.index()].expect("placed above");
+            if splits.last().map(|s| s.device) != Some(dev) {
+                splits.push(Split { device: dev, nodes: Vec::new(), copies: Vec::new() });
+            }
+            let srcs = graph.get(id).src.clone();
+            let mut new_srcs = srcs.clone();
+            for (k, &s) in srcs.iter().enumerate() {
+                let (root, _) = graph.root(s);
+                let here = match (graph.data(root), placement[root.index()]) {
+                    (Some(d), _) => self.devices[dev].can_use_buffer(d.buffer.as_ref()),
+                    (None, Some(p)) => p == dev,
+                    (None, None) => true,
+                };
+                if here {
+                    continue;
+                }
+                let key = (root, dev);
+                let copy = match copy_of.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let c = add_copy(graph, root)?;
+                        placement.push(Some(dev));
+                        copy_of.insert(key, c);
+                        splits.last_mut().expect("pushed above").copies.push((root, c));
+                        // Keep the source's memory until the copy has run.
+                        if graph.get(root).data.is_none() {
+                            graph.get_mut(root).flags.output = true;
+                        }
+                        c
+                    }
+                };
+                new_srcs[k] = if s == root { copy } else { add_view_of_copy(graph, s, copy, &mut placement, dev) };
+            }
+            if new_srcs != srcs {
+                graph.get_mut(id).src = new_srcs;
+            }
+            splits.last_mut().expect("pushed above").nodes.push(id);
+        }
+
+        // Allocate each device's tensors.
+        for d in 0..self.devices.len() {
+            let mut nodes: Vec<TensorId> = Vec::new();
+            for s in splits.iter().filter(|s| s.device == d) {
+                nodes.extend(s.copies.iter().map(|c| c.1));
+                nodes.extend(&s.nodes);
+            }
+            if !nodes.is_empty() {
+                self.allocators[d].alloc(graph, &nodes)?;
+            }
+        }
+        Ok(SchedPlan { splits, placement })
+    }
+
+    /// Runs a planned graph: copies, then each split on its device; waits for all of it.
+    pub fn compute(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
+        let mut dirty = vec![false; self.devices.len()];
+        for split in &plan.splits {
+            for &(src, dst) in &split.copies {
+                let from = plan.placement.get(src.index()).copied().flatten();
+                if let Some(f) = from {
+                    if dirty[f] {
+                        self.backends[f].synchronize()?;
+                        dirty[f] = false;
+                    }
+                }
+                let s = graph.data_or_err(src)?;
+                let d = graph.data_or_err(dst)?;
+                let len = graph.get(src).nbytes();
+                self.backends[split.device].copy_async(s.buffer.as_ref(), s.offset, d.buffer.as_ref(), d.offset, len)?;
+            }
+            self.backends[split.device].compute(graph, &split.nodes)?;
+            dirty[split.device] = true;
+        }
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            if dirty[i] {
+                b.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn add_copy(graph: &mut Graph, root: TensorId) -> Result<TensorId> {
+    let t = graph.get(root);
+    let ne: Vec<usize> = t.ne.to_vec();
+    let (dtype, nb, name) = (t.dtype, t.nb, format!("{}#copy", graph.label(root)));
+    let c = graph.new_tensor(dtype, &ne)?;
+    let ct = graph.get_mut(c);
+    ct.nb = nb; // same layout, so views of the copy keep their strides and offsets
+    ct.name = name;
+    ct.flags = TensorFlags { input: true, output: false, weight: false };
+    Ok(c)
+}
+
+fn add_view_of_copy(graph: &mut Graph, view: TensorId, copy: TensorId, placement: &mut Vec<Option<usize>>, dev: usize) -> TensorId {
+    let v: Tensor = graph.get(view).clone();
+    let mut nv = v;
+    nv.view_src = Some(copy);
+    nv.src = vec![copy];
+    nv.data = None;
+    nv.flags = TensorFlags::default();
+    let id = TensorId(graph.len() as u32);
+    graph.push_raw(nv);
+    placement.push(Some(dev));
+    id
+}

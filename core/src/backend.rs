@@ -284,3 +284,9 @@ pub trait BackendReg: Send + Sync {
     /// Its devices, or the reason it has none here (a missing driver or library).
     fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String>;
 }
+
+impl HostBytes for crate::gguf::GgufBytes {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}

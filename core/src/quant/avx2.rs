@@ -8,7 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Kernels, SCALAR};
+use super::k_search::scale_min_k4;
+use super::Kernels;
 
 /// The AVX2 kernel table, when this CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<&'static Kernels> {
@@ -16,8 +17,8 @@ pub(super) fn kernels() -> Option<&'static Kernels> {
         dot_q4_0,
         dot_q4_1,
         dot_q8_0,
-        dot_q4_k: SCALAR.dot_q4_k,
-        dot_q6_k: SCALAR.dot_q6_k,
+        dot_q4_k,
+        dot_q6_k,
         quantize_q8_0,
         quantize_q8_1,
     };
@@ -52,6 +53,14 @@ safe_wrapper!(
     dot_q8_0 => [dot_q8_0_avx2](x: &[u8], y: &[u8]) -> f32
 );
 safe_wrapper!(
+    /// Q4_K x Q8_K row dot.
+    dot_q4_k => [dot_q4_k_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// Q6_K x Q8_K row dot.
+    dot_q6_k => [dot_q6_k_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
     /// Q8_0 row quantizer.
     quantize_q8_0 => [quantize_q8_avx2::<false>](x: &[f32], y: &mut [u8]) -> ()
 );
@@ -66,6 +75,22 @@ safe_wrapper!(
 unsafe fn h2f(b: &[u8], at: usize) -> f32 {
     let bits = u16::from_le_bytes([b[at], b[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The two f16 at byte `at` of `b` (lanes 0 and 1; lanes 2 and 3 are 0), as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f_pair(b: &[u8], at: usize) -> __m128 {
+    let bits = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
+}
+
+/// Stores `v` as an f16 (rounded to nearest even) at byte `at` of `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    let h = _mm_cvtsi128_si32(_mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT)) as u16;
+    b[at..at + 2].copy_from_slice(&h.to_le_bytes());
 }
 
 /// The sum of the 8 lanes of `v`.
@@ -122,15 +147,17 @@ unsafe fn dot_q4_0_avx2(x: &[u8], y: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1_avx2(x: &[u8], y: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
+    // Lane 1 accumulates m_x * s_y.
+    let mut mins = _mm_setzero_ps();
     for (bx, by) in x.chunks_exact(20).zip(y.chunks_exact(36)) {
         let qx = nibbles(bx.as_ptr().add(4));
         let qy = _mm256_loadu_si256(by.as_ptr().add(4) as *const __m256i);
-        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
-        acc = _mm256_fmadd_ps(d, dot_u8_i8(qx, qy), acc);
-        mins += h2f(bx, 2) * h2f(by, 2);
+        // [d_x d_y, m_x s_y, 0, 0]
+        let p = _mm_mul_ps(h2f_pair(bx, 0), h2f_pair(by, 0));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), dot_u8_i8(qx, qy), acc);
+        mins = _mm_add_ps(mins, p);
     }
-    hsum(acc) + mins
+    hsum(acc) + _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 1))
 }
 
 /// Q8_0 x Q8_0.
@@ -181,13 +208,109 @@ unsafe fn quantize_q8_avx2<const SUM: bool>(x: &[f32], y: &mut [u8]) {
         let bytes = _mm256_packs_epi16(w01, w23);
         let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(b.as_mut_ptr().add(qoff) as *mut __m256i, bytes);
-        super::put_f16(b, 0, d);
+        put_f16(b, 0, d);
         if SUM {
             let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
             let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            super::put_f16(b, 2, _mm_cvtsi128_si32(s) as f32 * d);
+            put_f16(b, 2, _mm_cvtsi128_si32(s) as f32 * d);
         }
     }
+}
+
+/// Q4_K x Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    let m4 = _mm256_set1_epi8(15);
+    for (bx, by) in x.chunks_exact(144).zip(y.chunks_exact(292)) {
+        let dy = f32::from_le_bytes([by[0], by[1], by[2], by[3]]);
+        let (qs, qy) = (bx.as_ptr().add(16), by.as_ptr().add(4));
+        let mut sumi = _mm256_setzero_si256();
+        let mut summ = 0i32;
+        for k in 0..4 {
+            let (sc0, m0) = scale_min_k4(2 * k, &bx[4..16]);
+            let (sc1, m1) = scale_min_k4(2 * k + 1, &bx[4..16]);
+            let b = 2 * k;
+            let bs = |g: usize| i32::from(i16::from_le_bytes([by[260 + 2 * g], by[261 + 2 * g]]));
+            summ += i32::from(m0) * (bs(2 * b) + bs(2 * b + 1));
+            summ += i32::from(m1) * (bs(2 * b + 2) + bs(2 * b + 3));
+            let q = _mm256_loadu_si256(qs.add(32 * k) as *const __m256i);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let y0 = _mm256_loadu_si256(qy.add(64 * k) as *const __m256i);
+            let y1 = _mm256_loadu_si256(qy.add(64 * k + 32) as *const __m256i);
+            let p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, y0),
+                _mm256_set1_epi16(i16::from(sc0)),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, y1),
+                _mm256_set1_epi16(i16::from(sc1)),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        let dm = _mm_mul_ps(h2f_pair(bx, 0), _mm_set1_ps(dy));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
+        mins += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * summ as f32;
+    }
+    hsum(acc) - mins
+}
+
+/// Q6_K x Q8_K: the quants are summed unsigned (0..64) and the offset 32 is taken off with
+/// the activations' group sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m4 = _mm256_set1_epi8(15);
+    let m2 = _mm256_set1_epi8(3);
+    let pair = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (bx, by) in x.chunks_exact(210).zip(y.chunks_exact(292)) {
+        let dy = f32::from_le_bytes([by[0], by[1], by[2], by[3]]);
+        let sc = &bx[192..208];
+        let mut offset = 0i32;
+        for (g, &s) in sc.iter().enumerate() {
+            offset += i32::from(s as i8)
+                * i32::from(i16::from_le_bytes([by[260 + 2 * g], by[261 + 2 * g]]));
+        }
+        let (ql, qh, qy) = (bx.as_ptr(), bx.as_ptr().add(128), by.as_ptr().add(4));
+        let sc16 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let l0 = _mm256_loadu_si256(ql.add(64 * n) as *const __m256i);
+            let l1 = _mm256_loadu_si256(ql.add(64 * n + 32) as *const __m256i);
+            let h = _mm256_loadu_si256(qh.add(32 * n) as *const __m256i);
+            let lows = [
+                _mm256_and_si256(l0, m4),
+                _mm256_and_si256(l1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+            ];
+            let highs = [
+                _mm256_and_si256(h, m2),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m2),
+                _mm256_and_si256(_mm256_srli_epi16(h, 4), m2),
+                _mm256_and_si256(_mm256_srli_epi16(h, 6), m2),
+            ];
+            for m in 0..4 {
+                let q = _mm256_or_si256(lows[m], _mm256_slli_epi16(highs[m], 4));
+                let yv = _mm256_loadu_si256(qy.add(128 * n + 32 * m) as *const __m256i);
+                // [sc[s] x 8, sc[s + 1] x 8] as i16, for sub-blocks s and s + 1.
+                let s = (8 * n + 2 * m) as i8;
+                let pick = _mm_add_epi8(pair, _mm_set1_epi8(s));
+                let scales = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick));
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), scales);
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        let d = h2f(bx, 208) * dy;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_add_ps(
+            acc,
+            _mm256_setr_ps(-32.0 * d * offset as f32, 0., 0., 0., 0., 0., 0., 0.),
+        );
+    }
+    hsum(acc)
 }

@@ -4,7 +4,7 @@
 //!
 //! Every block layout is bit-exact with GGUF files (ggml's `ggml-common.h`); all multi-byte
 //! fields are little-endian and blocks are packed with no padding. Each family lives in its own
-//! file, which documents its layout: [`q4`](self) (Q4_0, Q4_1), `q5` (Q5_0, Q5_1), `q8` (Q8_0,
+//! file, which documents its layout: `q4` (Q4_0, Q4_1), `q5` (Q5_0, Q5_1), `q8` (Q8_0,
 //! Q8_1, Q8_K), `q2_k` .. `q6_k`. `k_search` holds the scale searches the K types share.
 //!
 //! # Quantization

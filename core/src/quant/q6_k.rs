@@ -52,13 +52,17 @@ pub(super) fn quantize(x: &[f32], b: &mut [u8]) {
 /// The signed quants (-32..32) of a block in value order.
 #[inline(always)]
 fn unpack(b: &[u8]) -> [i8; 256] {
-    let (ql, qh) = (&b[..128], &b[128..192]);
     let mut q = [0i8; 256];
-    for (e, q) in q.iter_mut().enumerate() {
-        let (n, m, i) = (e / 128, (e / 32) % 4, e % 32);
-        let low = (ql[64 * n + 32 * (m % 2) + i] >> (4 * (m / 2))) & 15;
-        let high = (qh[32 * n + i] >> (2 * m)) & 3;
-        *q = (low | (high << 4)) as i8 - 32;
+    for (n, qn) in q.chunks_exact_mut(128).enumerate() {
+        let (ql, qh) = (&b[64 * n..64 * n + 64], &b[128 + 32 * n..160 + 32 * n]);
+        for (m, qm) in qn.chunks_exact_mut(32).enumerate() {
+            let ql = &ql[32 * (m % 2)..32 * (m % 2) + 32];
+            for ((q, &lo), &hi) in qm.iter_mut().zip(ql).zip(qh) {
+                let low = (lo >> (4 * (m / 2))) & 15;
+                let high = (hi >> (2 * m)) & 3;
+                *q = (low | (high << 4)) as i8 - 32;
+            }
+        }
     }
     q
 }
@@ -79,11 +83,17 @@ pub(super) fn dot(x: &[u8], y: &[u8]) -> f32 {
         let (dy, qy) = q8k_parts(by);
         let q = unpack(bx);
         let mut sum = 0i32;
-        for s in 0..16 {
-            let part: i32 = (16 * s..16 * s + 16)
-                .map(|e| i32::from(q[e]) * i32::from(qy[e] as i8))
+        for ((qs, ys), &sc) in q
+            .chunks_exact(16)
+            .zip(qy.chunks_exact(16))
+            .zip(&bx[192..208])
+        {
+            let part: i32 = qs
+                .iter()
+                .zip(ys)
+                .map(|(&a, &b)| i32::from(a) * i32::from(b as i8))
                 .sum();
-            sum += i32::from(bx[192 + s] as i8) * part;
+            sum += i32::from(sc as i8) * part;
         }
         acc += dy * get_f16(bx, 208) * sum as f32;
     }

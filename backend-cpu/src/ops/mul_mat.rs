@@ -1,0 +1,172 @@
+//! mul_mat: dst[i, j, b2, b3] = sum_k src0[k, i, b2 / r2, b3 / r3] * src1[k, j, b2, b3], where
+//! src0 (the weights, any float or quantized type) is broadcast over src1's batch dims 2-3.
+//!
+//! Two paths:
+//! - **Quantized weights** (the default): every src1 column is quantized once, up front, to the
+//!   weights' dot-product type (`vec_dot_type`, as ggml does), and each output is one
+//!   `vec_dot` of a weight row with a column, straight on the blocks.
+//! - **Float math** (float weights, or quantized weights in precise mode): src1 columns are
+//!   converted to f32 once; weight rows are converted (dequantized) to f32 a tile at a time and
+//!   multiplied with f32 dot products. Nothing larger than a tile is ever dequantized.
+//!
+//! Work is split into tiles of a few weight rows by a few columns: a tile's weight rows stay in
+//! the first-level cache while its columns stream past them, and consecutive tiles on one
+//! thread share weight rows. The tiles are spread over the thread pool.
+
+use tessera_core::quant::{quantize_row, vec_dot, vec_dot_type};
+use tessera_core::{Error, Result};
+
+use super::dot::dot;
+use super::Ctx;
+use crate::parallel::{for_ranges, for_rows_mut};
+use crate::view::TView;
+
+/// Bytes of weight rows a tile aims to keep in the first-level cache.
+const TILE_WEIGHT_BYTES: usize = 16 * 1024;
+/// Columns of src1 per tile.
+const TILE_COLS: usize = 32;
+
+/// The shape of the product and how the work is cut.
+struct Plan {
+    /// Inner dimension.
+    k: usize,
+    /// Rows of src0 (outputs per column).
+    m: usize,
+    /// Columns of src1 per batch.
+    n: usize,
+    /// src1's batch dims (e2, e3) and src0's broadcast ratios (r2, r3).
+    e2: usize,
+    r2: usize,
+    r3: usize,
+    /// Weight rows and columns per tile, and the tile counts.
+    tile_rows: usize,
+    row_tiles: usize,
+    col_tiles: usize,
+}
+
+impl Plan {
+    fn new(dst: &TView, a: &TView, b: &TView, row_bytes: usize) -> Result<Plan> {
+        let fits = a.ne[0] == b.ne[0]
+            && a.ne[2] > 0
+            && a.ne[3] > 0
+            && b.ne[2] % a.ne[2] == 0
+            && b.ne[3] % a.ne[3] == 0
+            && dst.ne == [a.ne[1], b.ne[1], b.ne[2], b.ne[3]];
+        if !fits {
+            return Err(Error::Invalid(format!("mul_mat: shapes {:?} x {:?} -> {:?} do not fit", a.ne, b.ne, dst.ne)));
+        }
+        let (m, n) = (a.ne[1], b.ne[1]);
+        let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1)).clamp(4, 64).min(m.max(1));
+        Ok(Plan {
+            k: a.ne[0],
+            m,
+            n,
+            e2: b.ne[2],
+            r2: b.ne[2] / a.ne[2],
+            r3: b.ne[3] / a.ne[3],
+            tile_rows,
+            row_tiles: m.div_ceil(tile_rows),
+            col_tiles: n.div_ceil(TILE_COLS),
+        })
+    }
+
+    /// Number of tiles over all batches.
+    fn tiles(&self, batches: usize) -> usize {
+        batches * self.row_tiles * self.col_tiles
+    }
+
+    /// Runs `f(b2, b3, rows, cols)` for each tile in `range` (column tiles innermost, so
+    /// neighbouring tiles share weight rows).
+    fn for_tiles(
+        &self,
+        range: std::ops::Range<usize>,
+        mut f: impl FnMut(usize, usize, std::ops::Range<usize>, std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<()> {
+        for t in range {
+            let ct = t % self.col_tiles;
+            let rt = (t / self.col_tiles) % self.row_tiles;
+            let batch = t / (self.col_tiles * self.row_tiles);
+            let rows = rt * self.tile_rows..((rt + 1) * self.tile_rows).min(self.m);
+            let cols = ct * TILE_COLS..((ct + 1) * TILE_COLS).min(self.n);
+            f(batch % self.e2, batch / self.e2, rows, cols)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs mul_mat into `dst` (F32).
+pub(crate) fn run(ctx: &Ctx, dst: &TView, a: &TView, b: &TView) -> Result<()> {
+    if !a.rows_contiguous() {
+        return Err(Error::Invalid("mul_mat: src0 rows must be contiguous".into()));
+    }
+    if a.ne[0] == 0 {
+        // An empty inner dimension: every sum is 0.
+        return super::shape::fill(dst, 0.0);
+    }
+    if a.dtype.is_quantized() && !ctx.precise {
+        quantized(dst, a, b)
+    } else {
+        float(dst, a, b)
+    }
+}
+
+/// Quantized weights: columns quantized to the dot type once, then `vec_dot` per output.
+fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
+    let p = Plan::new(dst, a, b, a.dtype.row_size(a.ne[0])?)?;
+    let vt = vec_dot_type(a.dtype);
+    let vrow = vt.row_size(p.k)?;
+    let mut cols = vec![0u8; b.nrows() * vrow];
+    for_rows_mut(&mut cols, vrow, p.k * 2, |r, out| {
+        let mut f = vec![0f32; p.k];
+        b.load_row(b.row_index(r), &mut f)?;
+        quantize_row(vt, &f, out)
+    })?;
+    let cols = &cols;
+    let batches = b.ne[2] * b.ne[3];
+    for_ranges(p.tiles(batches), p.tile_rows * TILE_COLS * p.k, |range| {
+        p.for_tiles(range, |b2, b3, rows, js| {
+            let col0 = p.n * (b2 + p.e2 * b3);
+            for j in js {
+                let y = &cols[(col0 + j) * vrow..(col0 + j + 1) * vrow];
+                for i in rows.clone() {
+                    let x = a.row([i, b2 / p.r2, b3 / p.r3]);
+                    dst.set([i, j, b2, b3], vec_dot(a.dtype, p.k, x, y));
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Float math: columns and tiles of weight rows converted to f32, then f32 dot products.
+fn float(dst: &TView, a: &TView, b: &TView) -> Result<()> {
+    let p = Plan::new(dst, a, b, a.ne[0] * std::mem::size_of::<f32>())?;
+    let k = p.k;
+    let mut cols = vec![0f32; b.nrows() * k];
+    for_rows_mut(&mut cols, k, k, |r, out| b.load_row(b.row_index(r), out))?;
+    let cols = &cols;
+    let batches = b.ne[2] * b.ne[3];
+    for_ranges(p.tiles(batches), p.tile_rows * TILE_COLS * k, |range| {
+        let mut tile = vec![0f32; p.tile_rows * k];
+        // The tile currently converted: (b2 / r2, b3 / r3, first row).
+        let mut loaded = None;
+        p.for_tiles(range, |b2, b3, rows, js| {
+            let key = (b2 / p.r2, b3 / p.r3, rows.start);
+            if loaded != Some(key) {
+                for (t, i) in tile.chunks_exact_mut(k).zip(rows.clone()) {
+                    a.load_row([i, key.0, key.1], t)?;
+                }
+                loaded = Some(key);
+            }
+            let col0 = p.n * (b2 + p.e2 * b3);
+            for j in js {
+                let y = &cols[(col0 + j) * k..(col0 + j + 1) * k];
+                for (t, i) in tile.chunks_exact(k).zip(rows.clone()) {
+                    dst.set([i, j, b2, b3], dot(t, y));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    })
+}

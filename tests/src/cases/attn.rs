@@ -1,0 +1,109 @@
+//! flash_attn_ext: head dims 64, 128 and 80; GQA ratios 1, 3 and 4; 1, 7 and 32 queries;
+//! 1, 113 and 512 keys; f16 and f32 k/v; with and without masks, softcap and ALiBi.
+
+use tessera_core::DType;
+
+use crate::case::{Case, Tolerance};
+use crate::init::Init;
+
+/// One flash_attn_ext case's parameters (ggml's names).
+#[derive(Clone, Copy)]
+pub(super) struct FlashAttn {
+    /// Head dim of q and k.
+    pub hsk: usize,
+    /// Head dim of v.
+    pub hsv: usize,
+    /// kv heads.
+    pub nh: usize,
+    /// Query heads per kv head.
+    pub nr: usize,
+    /// Keys.
+    pub kv: usize,
+    /// Queries.
+    pub nb: usize,
+    /// Batch (dim 3).
+    pub batch: usize,
+    pub mask: Option<DType>,
+    pub max_bias: f32,
+    pub softcap: f32,
+    pub type_kv: DType,
+}
+
+impl FlashAttn {
+    pub(super) fn case(self) -> Case {
+        let FlashAttn { hsk, hsv, nh, nr, kv, nb, batch, mask, max_bias, softcap, type_kv } = self;
+        let params = format!(
+            "hsk={hsk},hsv={hsv},nh={nh},nr={nr},kv={kv},nb={nb},batch={batch},mask={},max_bias={max_bias},logit_softcap={softcap},type_KV={type_kv}",
+            mask.map_or("none", |t| t.name())
+        );
+        let heads = nh * nr;
+        let flops = 2.0 * (nb * kv * (hsk + hsv) * heads * batch) as f64;
+        let mut types = vec![DType::F32, type_kv];
+        types.extend(mask);
+        Case::new("FLASH_ATTN_EXT", params, &types, Tolerance::MATMUL, move |g| {
+            let q = g.leaf(DType::F32, &[hsk, nb, heads, batch])?;
+            let k = g.leaf(type_kv, &[hsk, kv, nh, batch])?;
+            let v = g.leaf(type_kv, &[hsv, kv, nh, batch])?;
+            let m = match mask {
+                Some(t) => Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?),
+                None => None,
+            };
+            g.flash_attn_ext(q, k, v, m, 1.0 / (hsk as f32).sqrt(), max_bias, softcap)
+        })
+        .with_flops(flops)
+    }
+}
+
+/// Every flash_attn_ext case: the full grid of head dims, GQA ratios, query and key counts,
+/// with the other options varied across it.
+pub(super) fn cases(v: &mut Vec<Case>) {
+    let mut i = 0usize;
+    for hs in [64, 128, 80] {
+        for nr in [1, 3, 4] {
+            for nb in [1, 7, 32] {
+                for kv in [1, 113, 512] {
+                    let mask = match (i + i / 3 + i / 9) % 3 {
+                        0 => None,
+                        1 => Some(DType::F16),
+                        _ => Some(DType::F32),
+                    };
+                    let c = FlashAttn {
+                        hsk: hs,
+                        hsv: hs,
+                        nh: 2,
+                        nr,
+                        kv,
+                        nb,
+                        batch: 1,
+                        mask,
+                        max_bias: if mask.is_some() && i % 4 == 1 { 8.0 } else { 0.0 },
+                        softcap: if i % 5 == 2 { 50.0 } else { 0.0 },
+                        type_kv: if i.is_multiple_of(2) { DType::F16 } else { DType::F32 },
+                    }
+                    .case();
+                    v.push(if nb == 32 && kv == 512 { c.large() } else { c });
+                    i += 1;
+                }
+            }
+        }
+    }
+    // Batched, and a v head size other than k's.
+    for (hsk, hsv, batch) in [(64, 64, 2), (128, 64, 1)] {
+        for type_kv in [DType::F16, DType::F32] {
+            let base = FlashAttn {
+                hsk,
+                hsv,
+                nh: 2,
+                nr: 2,
+                kv: 113,
+                nb: 7,
+                batch,
+                mask: Some(DType::F16),
+                max_bias: 0.0,
+                softcap: 0.0,
+                type_kv,
+            };
+            v.push(base.case());
+        }
+    }
+}

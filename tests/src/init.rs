@@ -1,0 +1,78 @@
+//! How the runner fills a leaf tensor before a run: random values, never zeros.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use tessera_core::{DType, Result, Tensor};
+
+use crate::tensor_io::encode_row;
+
+/// What a leaf tensor holds before the run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Uniform floats in `[lo, hi)`, converted (quantized) to the tensor's type; integer types
+    /// get uniform integers in `[lo, hi)`.
+    Uniform(f32, f32),
+    /// Integers in `[0, n)` (row indices, positions).
+    Indices(usize),
+    /// Integers in `[0, n)`, distinct within each row (set_rows: no row written twice).
+    UniqueIndices(usize),
+    /// A mask: uniform in `[-1, 1)` with this fraction of `-inf`, never in column 0 (so no row is
+    /// masked out entirely).
+    Mask(f64),
+    /// NaN bytes (0xFF): a destination the op overwrites entirely.
+    Poison,
+}
+
+/// The byte every poisoned tensor is filled with: NaN in every float type.
+pub(crate) const POISON: u8 = 0xFF;
+
+impl Init {
+    /// The contiguous bytes of a leaf `t` under this init, drawn from `rng`.
+    pub(crate) fn bytes(self, t: &Tensor, rng: &mut StdRng) -> Result<Vec<u8>> {
+        let row_bytes = t.dtype.row_size(t.ne[0])?;
+        let rows = t.nrows();
+        if self == Init::Poison {
+            return Ok(vec![POISON; row_bytes * rows]);
+        }
+        let mut out = vec![0u8; row_bytes * rows];
+        let mut row = vec![0f64; t.ne[0]];
+        for dst in out.chunks_exact_mut(row_bytes) {
+            self.fill_row(t.dtype, &mut row, rng);
+            encode_row(t.dtype, &row, dst)?;
+        }
+        Ok(out)
+    }
+
+    fn fill_row(self, dtype: DType, row: &mut [f64], rng: &mut StdRng) {
+        let integer = matches!(dtype, DType::I32 | DType::I64);
+        match self {
+            Init::Uniform(lo, hi) if integer => {
+                let (lo, hi) = (lo.floor() as i64, (hi.ceil() as i64).max(lo.floor() as i64 + 1));
+                row.iter_mut().for_each(|v| *v = rng.gen_range(lo..hi) as f64);
+            }
+            Init::Uniform(lo, hi) => {
+                let (lo, hi) = (lo as f64, (hi as f64).max(lo as f64 + f64::EPSILON));
+                row.iter_mut().for_each(|v| *v = rng.gen_range(lo..hi));
+            }
+            Init::Indices(n) => row.iter_mut().for_each(|v| *v = rng.gen_range(0..n.max(1)) as f64),
+            Init::UniqueIndices(n) => {
+                let mut all: Vec<usize> = (0..n.max(row.len())).collect();
+                all.shuffle(rng);
+                // Values past n only appear when the row is longer than n: a table bug that
+                // the graph's own checks (or the reference) then report.
+                row.iter_mut().zip(all).for_each(|(v, i)| *v = i as f64);
+            }
+            Init::Mask(p) => {
+                for (i, v) in row.iter_mut().enumerate() {
+                    *v = if i > 0 && rng.gen_bool(p.clamp(0.0, 1.0)) {
+                        f64::NEG_INFINITY
+                    } else {
+                        rng.gen_range(-1.0..1.0)
+                    };
+                }
+            }
+            Init::Poison => row.iter_mut().for_each(|v| *v = f64::NAN),
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The test mode: each case on the device under test and on the reference, from the same
+//! seeded inputs, compared.
+
+use std::sync::Arc;
+
+use tessera_core::Device;
+
+use crate::case::Case;
+use crate::cases::cases;
+use crate::compare::compare;
+use crate::exec::{execute, Stop};
+use crate::filter::Filter;
+use crate::reference::RefDevice;
+use crate::report::{CaseResult, Status, Summary};
+
+/// What the device under test is compared with.
+#[derive(Clone)]
+pub enum Reference {
+    /// The independent f64 implementation in [`crate::reference`].
+    F64,
+    /// Another device (normally the CPU backend).
+    Device(Arc<dyn Device>),
+}
+
+impl Reference {
+    fn device(&self) -> Arc<dyn Device> {
+        match self {
+            Reference::F64 => Arc::new(RefDevice),
+            Reference::Device(d) => d.clone(),
+        }
+    }
+}
+
+/// How to run the suite.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Which cases.
+    pub filter: Filter,
+    /// Seed of the random inputs (each case mixes in its name, so a filter changes nothing).
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { filter: Filter::all(), seed: 42 }
+    }
+}
+
+/// Runs the case table ([`cases()`]) on `device` against `reference`, calling `on_result`
+/// after each case (for progress output).
+pub fn test(
+    device: &Arc<dyn Device>,
+    reference: &Reference,
+    options: &Options,
+    on_result: &mut dyn FnMut(&CaseResult),
+) -> Summary {
+    test_cases(&cases(), device, reference, options, on_result)
+}
+
+/// Runs the given cases (those the filter selects) on `device` against `reference`.
+pub fn test_cases(
+    cases: &[Case],
+    device: &Arc<dyn Device>,
+    reference: &Reference,
+    options: &Options,
+    on_result: &mut dyn FnMut(&CaseResult),
+) -> Summary {
+    let ref_device = reference.device();
+    let mut summary = Summary {
+        device: device.name(),
+        reference: match reference {
+            Reference::F64 => "f64 reference".into(),
+            Reference::Device(d) => d.name(),
+        },
+        results: Vec::new(),
+    };
+    for case in cases.iter().filter(|c| options.filter.matches(c)) {
+        let r = run_case(case, device.as_ref(), ref_device.as_ref(), options.seed);
+        on_result(&r);
+        summary.results.push(r);
+    }
+    summary
+}
+
+/// FNV-1a of a case name: the per-case part of the seed.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn run_case(case: &Case, device: &dyn Device, reference: &dyn Device, seed: u64) -> CaseResult {
+    let name = case.name();
+    let seed = seed ^ name_hash(&name);
+    let tol = case.tolerance();
+    let mut result =
+        CaseResult { name, op: case.op().to_string(), status: Status::Passed, nmse: None, threshold: tol.threshold() };
+    let out = match execute(device, case, seed) {
+        Ok(v) => v,
+        Err(stop) => {
+            result.status = status(stop, "");
+            return result;
+        }
+    };
+    let expected = match execute(reference, case, seed) {
+        Ok(v) => v,
+        Err(stop) => {
+            result.status = status(stop, "reference: ");
+            return result;
+        }
+    };
+    let c = compare(&expected, &out, tol);
+    result.nmse = Some(c.nmse);
+    if let Some(why) = c.failure {
+        result.status = Status::Failed(why);
+    }
+    result
+}
+
+fn status(stop: Stop, prefix: &str) -> Status {
+    match stop {
+        Stop::Skip(why) => Status::Skipped(format!("{prefix}{why}")),
+        Stop::Fail(why) => Status::Failed(format!("{prefix}{why}")),
+    }
+}

@@ -11,6 +11,7 @@
 //! `parse_special = true`.
 
 use minijinja::{context, Environment, ErrorKind};
+use tessera_core::gguf::GgufFile;
 use tessera_core::{Error, Result};
 
 /// One turn of a conversation.
@@ -79,6 +80,25 @@ impl ChatTemplate {
         eos_token: impl Into<String>,
     ) -> Result<Self> {
         Self::new(template.unwrap_or(CHATML_TEMPLATE), bos_token, eos_token)
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`, else ChatML), with the texts of
+    /// its BOS and EOS tokens.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let template = match f.get("tokenizer.chat_template") {
+            Some(_) => Some(f.get_str("tokenizer.chat_template")?),
+            None => None,
+        };
+        let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap_or_default();
+        let token_text = |key: &str| -> String {
+            f.get_u32(key)
+                .ok()
+                .and_then(|id| tokens.get(id as usize).map(|t| t.to_string()))
+                .unwrap_or_default()
+        };
+        let bos = token_text("tokenizer.ggml.bos_token_id");
+        let eos = token_text("tokenizer.ggml.eos_token_id");
+        Self::or_chatml(template, bos, eos)
     }
 
     /// Plain ChatML.

@@ -2,3 +2,4 @@
 #![warn(missing_docs)]
 pub mod chat;
 pub mod sampling;
+pub mod tokenizer;

@@ -1,0 +1,125 @@
+//! [`WgpuBackend`]: a stream on one device. A graph is turned into launches, their parameter
+//! blocks are written into one uniform buffer (each at a dynamic offset), and every dispatch
+//! is recorded in one compute pass of one command buffer and submitted once; nothing is read
+//! back. Pipelines and bind groups come from the device's caches, so a graph run again costs
+//! only the encoding.
+
+use std::sync::Arc;
+
+use tessera_core::backend::Backend;
+use tessera_core::{Error, Graph, Result, TensorId};
+
+use crate::buffer::WgpuBuffer;
+use crate::context::{Gpu, Window, PARAMS_SIZE};
+use crate::ops;
+
+/// A stream of work on one wgpu device.
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+    /// The parameter buffer: its id, the buffer, and its size in bytes.
+    params: Option<(u64, wgpu::Buffer, u64)>,
+}
+
+impl WgpuBackend {
+    /// A backend on an opened device.
+    pub(crate) fn new(gpu: Arc<Gpu>) -> Self {
+        WgpuBackend { gpu, params: None }
+    }
+
+    /// The parameter buffer, grown to at least `size` bytes.
+    fn params_buffer(&mut self, size: u64) -> Result<(u64, wgpu::Buffer)> {
+        if let Some((id, buf, cap)) = &self.params {
+            if *cap >= size {
+                return Ok((*id, buf.clone()));
+            }
+            self.gpu.forget_buffer(*id);
+        }
+        let cap = size.next_power_of_two().max(1 << 16);
+        let gpu = &self.gpu;
+        let buf = gpu.scoped(
+            || {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tessera params"),
+                    size: cap,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            },
+            || Error::OutOfMemory { device: gpu.name.clone(), bytes: cap as usize },
+            |e| gpu.err(format!("parameter buffer of {cap} bytes: {e}")),
+        )?;
+        let id = gpu.next_id();
+        self.params = Some((id, buf.clone(), cap));
+        Ok((id, buf))
+    }
+
+    /// The window and wgpu buffer of tensor `id`'s memory, and its byte offset in the window.
+    fn binding(&self, graph: &Graph, id: TensorId) -> Result<(Window, wgpu::Buffer, u32)> {
+        let data = graph.data_or_err(id)?;
+        let buf = data
+            .buffer
+            .as_any()
+            .downcast_ref::<WgpuBuffer>()
+            .filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
+            .ok_or_else(|| Error::Buffer {
+                buffer: data.buffer.name(),
+                reason: format!("tensor '{}' is not in memory of {}", graph.label(id), self.gpu.name),
+            })?;
+        let span = graph.get(id).nbytes().max(1);
+        let (win, off) = buf.window(data.offset, span, &format!("tensor '{}'", graph.label(id)))?;
+        Ok((win, buf.buffer.clone(), off))
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn name(&self) -> String {
+        self.gpu.name.clone()
+    }
+
+    fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        self.gpu.check()?;
+        let mut launches = Vec::new();
+        for &id in nodes {
+            if let Some(l) = ops::launches(&self.gpu, graph, id)? {
+                launches.push(l);
+            }
+        }
+        if launches.is_empty() {
+            return Ok(());
+        }
+        let stride = PARAMS_SIZE.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
+        let (params_id, params_buf) = self.params_buffer(stride * launches.len() as u64)?;
+        let mut bytes = vec![0u8; (stride as usize) * launches.len()];
+        let mut encoded = Vec::with_capacity(launches.len());
+        for (i, l) in launches.iter_mut().enumerate() {
+            let mut storage = Vec::with_capacity(l.bind.len());
+            for (k, &tid) in l.bind.iter().enumerate() {
+                let (win, buf, off) = self.binding(graph, tid)?;
+                l.params.set_offset(k, off);
+                storage.push((win, buf));
+            }
+            let at = i * stride as usize;
+            bytes[at..at + PARAMS_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&l.params));
+            let pipeline = self.gpu.pipeline(&l.variant)?;
+            let refs: Vec<(Window, &wgpu::Buffer)> = storage.iter().map(|(w, b)| (w.clone(), b)).collect();
+            let group = self.gpu.bind_group(l.variant.family, &refs, (params_id, &params_buf));
+            encoded.push((pipeline, group, (i as u64 * stride) as u32, l.groups));
+        }
+        self.gpu.queue.write_buffer(&params_buf, 0, &bytes);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tessera graph") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            for (pipeline, group, offset, g) in &encoded {
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, group.as_ref(), &[*offset]);
+                pass.dispatch_workgroups(g[0], g[1], g[2]);
+            }
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu.check()
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.gpu.wait()
+    }
+}

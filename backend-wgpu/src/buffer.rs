@@ -1,0 +1,269 @@
+//! Device memory: [`WgpuBufferType`] allocates [`WgpuBuffer`]s, wgpu storage buffers written
+//! through queue writes and read through mapped staging buffers.
+//!
+//! wgpu copies only 4-byte-aligned ranges; a write that starts or ends inside a word first
+//! reads the partial words back and merges them. A tensor is bound to a shader as a window of
+//! at most the adapter's largest storage binding ([`WgpuBuffer::window`]), so a buffer may be
+//! larger than one binding (a file of weights) as long as each tensor fits in one.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use tessera_core::backend::{Buffer, BufferType};
+use tessera_core::{Error, Result};
+
+use crate::context::{Gpu, Window};
+
+/// Bytes past the end of every allocation, so that shaders reading a whole word (or the word
+/// after an unaligned one) at a tensor's last byte stay inside the buffer.
+const TAIL: u64 = 16;
+
+/// Allocates storage buffers on one wgpu device.
+pub struct WgpuBufferType {
+    pub(crate) gpu: Arc<Gpu>,
+}
+
+impl BufferType for WgpuBufferType {
+    fn name(&self) -> String {
+        self.gpu.name.clone()
+    }
+
+    fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        Ok(Arc::new(WgpuBuffer::new(&self.gpu, size)?))
+    }
+
+    fn alignment(&self) -> usize {
+        self.gpu.limits.min_storage_buffer_offset_alignment.max(64) as usize
+    }
+
+    fn max_size(&self) -> usize {
+        usize::try_from(self.gpu.limits.max_buffer_size.saturating_sub(TAIL)).unwrap_or(usize::MAX)
+    }
+
+    fn is_host(&self) -> bool {
+        false
+    }
+}
+
+/// A wgpu storage buffer holding tensors.
+pub struct WgpuBuffer {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) id: u64,
+    size: usize,
+}
+
+impl WgpuBuffer {
+    /// Allocates `size` bytes (plus a small tail); out-of-memory and sizes past the limits are
+    /// errors.
+    pub(crate) fn new(gpu: &Arc<Gpu>, size: usize) -> Result<WgpuBuffer> {
+        let alloc = (size as u64).div_ceil(4) * 4 + TAIL;
+        if alloc > gpu.limits.max_buffer_size {
+            return Err(Error::Buffer {
+                buffer: gpu.name.clone(),
+                reason: format!("{size} bytes is past the adapter's largest buffer ({} bytes)", gpu.limits.max_buffer_size),
+            });
+        }
+        let buffer = gpu.scoped(
+            || {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tessera"),
+                    size: alloc,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                })
+            },
+            || Error::OutOfMemory { device: gpu.name.clone(), bytes: size },
+            |e| Error::Buffer { buffer: gpu.name.clone(), reason: format!("allocating {size} bytes: {e}") },
+        )?;
+        gpu.allocated.fetch_add(alloc as usize, std::sync::atomic::Ordering::Relaxed);
+        Ok(WgpuBuffer { gpu: gpu.clone(), buffer, id: gpu.next_id(), size })
+    }
+
+    /// The window to bind for a tensor at `offset` spanning `len` bytes, and the tensor's byte
+    /// offset inside it. The whole buffer when it fits one binding; otherwise a window of the
+    /// largest binding size starting at the aligned offset at or below the tensor.
+    pub(crate) fn window(&self, offset: usize, len: usize, what: &str) -> Result<(Window, u32)> {
+        let total = self.buffer.size();
+        let max = self.gpu.limits.max_storage_buffer_binding_size / 4 * 4;
+        let (base, size) = if total <= max {
+            (0, total)
+        } else {
+            let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment.max(4));
+            let base = offset as u64 / align * align;
+            (base, max.min(total - base))
+        };
+        let end = (offset + len) as u64 + if base + size == total { 0 } else { 8 };
+        if end > base + size {
+            return Err(Error::Buffer {
+                buffer: self.name(),
+                reason: format!(
+                    "{what} spans {len} bytes from byte {offset}, past the adapter's largest storage binding ({max} bytes); split the tensor"
+                ),
+            });
+        }
+        Ok((Window { id: self.id, base, size }, (offset as u64 - base) as u32))
+    }
+
+    /// Reads `[start, start + len)` (4-byte aligned) through a mapped staging buffer.
+    fn read_aligned(&self, start: u64, len: u64) -> Result<Vec<u8>> {
+        let gpu = &self.gpu;
+        let staging = gpu.scoped(
+            || {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tessera staging"),
+                    size: len,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            },
+            || Error::OutOfMemory { device: gpu.name.clone(), bytes: len as usize },
+            |e| Error::Buffer { buffer: self.name(), reason: format!("staging {len} bytes: {e}") },
+        )?;
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, len);
+        gpu.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        gpu.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => return Err(gpu.err(format!("mapping {len} bytes of {} for reading failed", self.name()))),
+        }
+        let out = {
+            let view = staging.get_mapped_range(..).map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
+            view.to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Writes 4-byte-aligned `data` at aligned `start`, and flushes the write to the queue.
+    fn write_aligned(&self, start: u64, data: &[u8]) -> Result<()> {
+        self.gpu.queue.write_buffer(&self.buffer, start, data);
+        self.gpu.queue.submit([]);
+        self.gpu.check()
+    }
+}
+
+impl Drop for WgpuBuffer {
+    fn drop(&mut self) {
+        self.gpu.forget_buffer(self.id);
+        self.gpu.allocated.fetch_sub(self.buffer.size() as usize, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Buffer for WgpuBuffer {
+    fn name(&self) -> String {
+        format!("{} buffer", self.gpu.name)
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let start = offset as u64 / 4 * 4;
+        let end = (offset + data.len()) as u64;
+        let aend = end.div_ceil(4) * 4;
+        if start == offset as u64 && aend == end {
+            return self.write_aligned(start, data);
+        }
+        // Merge the partial words at either end with what the buffer holds.
+        let mut words = vec![0u8; (aend - start) as usize];
+        let head = self.read_aligned(start, 4)?;
+        words[..4].copy_from_slice(&head);
+        let tail = self.read_aligned(aend - 4, 4)?;
+        let n = words.len();
+        words[n - 4..].copy_from_slice(&tail);
+        let at = (offset as u64 - start) as usize;
+        words[at..at + data.len()].copy_from_slice(data);
+        self.write_aligned(start, &words)
+    }
+
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let start = offset as u64 / 4 * 4;
+        let aend = ((offset + out.len()) as u64).div_ceil(4) * 4;
+        let bytes = self.read_aligned(start, aend - start)?;
+        let at = (offset as u64 - start) as usize;
+        out.copy_from_slice(&bytes[at..at + out.len()]);
+        Ok(())
+    }
+
+    fn clear(&self, value: u8) -> Result<()> {
+        if value == 0 {
+            let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.clear_buffer(&self.buffer, 0, None);
+            self.gpu.queue.submit([enc.finish()]);
+            return self.gpu.check();
+        }
+        const CHUNK: usize = 1 << 22;
+        let total = self.buffer.size() as usize;
+        let fill = vec![value; CHUNK.min(total)];
+        let mut at = 0;
+        while at < total {
+            let n = CHUNK.min(total - at);
+            self.gpu.queue.write_buffer(&self.buffer, at as u64, &fill[..n]);
+            at += n;
+        }
+        self.gpu.queue.submit([]);
+        self.gpu.check()
+    }
+
+    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset, len)?;
+        src.check_range(src_offset, len)?;
+        let direct = src
+            .as_any()
+            .downcast_ref::<WgpuBuffer>()
+            .filter(|s| Arc::ptr_eq(&s.gpu, &self.gpu) && s.id != self.id && (offset | src_offset | len) % 4 == 0);
+        match direct {
+            Some(s) => {
+                let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(&s.buffer, src_offset as u64, &self.buffer, offset as u64, len as u64);
+                self.gpu.queue.submit([enc.finish()]);
+                self.gpu.check()
+            }
+            None => {
+                let mut staging = vec![0u8; len];
+                src.get(src_offset, &mut staging)?;
+                self.set(offset, &staging)
+            }
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The buffer type of a device whose adapter could not be opened: every allocation fails
+/// with the reason.
+pub(crate) struct UnopenedBufferType {
+    pub(crate) name: String,
+    pub(crate) reason: String,
+}
+
+impl BufferType for UnopenedBufferType {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn alloc(&self, _size: usize) -> Result<Arc<dyn Buffer>> {
+        Err(Error::Device { device: self.name.clone(), reason: self.reason.clone() })
+    }
+
+    fn is_host(&self) -> bool {
+        false
+    }
+}

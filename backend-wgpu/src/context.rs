@@ -1,0 +1,292 @@
+//! The state one opened adapter shares between its device, buffers and backends: the wgpu
+//! device and queue, the error slot that the uncaptured-error handler fills, and the caches of
+//! pipelines and bind groups.
+//!
+//! # Errors without panics
+//!
+//! wgpu's default uncaptured-error handler panics. [`Gpu::open`] installs one that records the
+//! first error in [`Gpu::error`] instead; every call that submits work or waits on the device
+//! takes the recorded error ([`Gpu::check`]) and returns it as an [`Error::Device`]. Allocations
+//! run inside error scopes, so that an out-of-memory or a size past the limits becomes an
+//! [`Error::OutOfMemory`] or [`Error::Buffer`] of that call rather than a stray later error.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tessera_core::{Error, Result};
+
+use crate::shader::{Family, Variant};
+
+/// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
+pub(crate) const MAX_STORAGE: usize = 5;
+/// The binding of the per-op parameter block (a uniform with a dynamic offset).
+pub(crate) const PARAMS_BINDING: u32 = 7;
+/// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).
+pub(crate) const PARAMS_SIZE: u64 = 256;
+
+/// One storage binding of a dispatch: a window of a wgpu buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Window {
+    /// The buffer's id (unique per process).
+    pub id: u64,
+    /// Byte offset of the window (a multiple of the storage offset alignment).
+    pub base: u64,
+    /// Bytes in the window (a multiple of 4).
+    pub size: u64,
+}
+
+/// Key of a cached bind group: the storage windows in binding order and the parameter buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BindKey {
+    windows: Vec<Window>,
+    params: u64,
+}
+
+/// Locks a mutex, treating a poisoned one (a panic elsewhere) as still usable: the caches
+/// hold no invariants that a panic could break half-way.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Everything one opened adapter shares.
+pub(crate) struct Gpu {
+    /// The device name (`wgpu:N`), for errors.
+    pub name: String,
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// The limits the device was opened with (the adapter's own).
+    pub limits: wgpu::Limits,
+    /// Whether the device has SUBGROUP (and the shaders may use subgroup operations).
+    pub subgroups: bool,
+    /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
+    f16_in_f32: bool,
+    /// The first error the uncaptured-error handler saw, not yet reported.
+    error: Arc<Mutex<Option<String>>>,
+    /// Set once the device is lost.
+    lost: Arc<AtomicBool>,
+    /// Bytes allocated in buffers now alive.
+    pub allocated: AtomicUsize,
+    /// The next buffer id.
+    next_id: AtomicU64,
+    /// Bind group layouts by number of storage bindings (index 0 unused).
+    layouts: Vec<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    /// Compute pipelines by variant.
+    pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
+    /// Bind groups by the windows they bind.
+    bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
+}
+
+impl Gpu {
+    /// Opens `adapter` with its own limits and the features tessera uses that it has.
+    pub fn open(name: String, adapter: &wgpu::Adapter) -> Result<Arc<Gpu>> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("tessera"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| Error::Device { device: name.clone(), reason: format!("cannot open {}: {e}", info.name) })?;
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let slot = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut s = lock(&slot);
+            if s.is_none() {
+                *s = Some(e.to_string());
+            }
+        }));
+        let lost = Arc::new(AtomicBool::new(false));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            log::error!("wgpu device lost ({reason:?}): {msg}");
+            flag.store(true, Ordering::SeqCst);
+        });
+        let layouts = (0..=MAX_STORAGE).map(|n| make_layout(&device, n)).collect();
+        log::debug!("wgpu: opened {} ({:?}, {:?}) with {:?}", info.name, info.backend, info.device_type, features);
+        Ok(Arc::new(Gpu {
+            name,
+            device,
+            queue,
+            limits,
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            f16_in_f32: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
+            error,
+            lost,
+            allocated: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            layouts,
+            pipelines: Mutex::default(),
+            bind_groups: Mutex::default(),
+        }))
+    }
+
+    /// An error of this device.
+    pub fn err(&self, reason: impl Into<String>) -> Error {
+        Error::Device { device: self.name.clone(), reason: reason.into() }
+    }
+
+    /// Returns the error the handler recorded since the last check, or a lost device.
+    pub fn check(&self) -> Result<()> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.err("the device was lost"));
+        }
+        match lock(&self.error).take() {
+            Some(e) => Err(self.err(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A fresh buffer id.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `f` inside out-of-memory and validation error scopes; an error caught becomes
+    /// `on_oom` or `on_invalid`.
+    pub fn scoped<T>(&self, f: impl FnOnce() -> T, on_oom: impl FnOnce() -> Error, on_invalid: impl FnOnce(String) -> Error) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let invalid = pollster::block_on(invalid.pop());
+        let oom = pollster::block_on(oom.pop());
+        if oom.is_some() {
+            return Err(on_oom());
+        }
+        if let Some(e) = invalid {
+            return Err(on_invalid(e.to_string()));
+        }
+        Ok(value)
+    }
+
+    /// Waits until the queue has finished all submitted work.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.err(format!("waiting for the queue: {e}")))?;
+        self.check()
+    }
+
+    /// The pipeline of a shader variant, built (and cached) on first use.
+    pub fn pipeline(&self, v: &Variant) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = lock(&self.pipelines).get(v) {
+            return Ok(p.clone());
+        }
+        let source = v.clone().def("F16", u32::from(self.f16_in_f32)).source().map_err(|e| self.err(e))?;
+        let label = v.label();
+        let layout = &self.layouts[v.family.storage_bindings()].1;
+        let pipeline = self.scoped(
+            || {
+                // SAFETY: every variant the backend can ask for is validated by naga in the
+                // crate's unit tests (`shader::tests`), and the ops bound their indices by
+                // the tensor shapes they are given, so the checks are not needed.
+                let module = unsafe {
+                    self.device.create_shader_module_trusted(
+                        wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) },
+                        wgpu::ShaderRuntimeChecks::unchecked(),
+                    )
+                };
+                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&label),
+                    layout: Some(layout),
+                    module: &module,
+                    entry_point: Some(v.entry),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &[],
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                })
+            },
+            || self.err(format!("out of memory building shader {label}")),
+            |e| self.err(format!("shader {label}: {e}")),
+        )?;
+        log::debug!("wgpu: built pipeline {label}");
+        let p = Arc::new(pipeline);
+        lock(&self.pipelines).insert(v.clone(), p.clone());
+        Ok(p)
+    }
+
+    /// The bind group binding `storage` (windows of buffers, destination first) and the
+    /// parameter buffer, built (and cached) on first use.
+    pub fn bind_group(&self, family: Family, storage: &[(Window, &wgpu::Buffer)], params: (u64, &wgpu::Buffer)) -> Arc<wgpu::BindGroup> {
+        let key = BindKey { windows: storage.iter().map(|(w, _)| w.clone()).collect(), params: params.0 };
+        if let Some(g) = lock(&self.bind_groups).get(&key) {
+            return g.clone();
+        }
+        let n = family.storage_bindings();
+        let mut entries: Vec<wgpu::BindGroupEntry> = storage
+            .iter()
+            .enumerate()
+            .map(|(i, (w, b))| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b,
+                    offset: w.base,
+                    size: wgpu::BufferSize::new(w.size),
+                }),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: PARAMS_BINDING,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: params.1,
+                offset: 0,
+                size: wgpu::BufferSize::new(PARAMS_SIZE),
+            }),
+        });
+        let g = Arc::new(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layouts[n].0,
+            entries: &entries,
+        }));
+        lock(&self.bind_groups).insert(key, g.clone());
+        g
+    }
+
+    /// Forgets the bind groups that bind buffer `id` (it is being freed).
+    pub fn forget_buffer(&self, id: u64) {
+        lock(&self.bind_groups).retain(|k, _| k.params != id && k.windows.iter().all(|w| w.id != id));
+    }
+}
+
+/// The bind group layout (and pipeline layout) with `n` storage bindings and the parameters.
+fn make_layout(device: &wgpu::Device, n: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n as u32)
+        .map(|binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    entries.push(wgpu::BindGroupLayoutEntry {
+        binding: PARAMS_BINDING,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: true,
+            min_binding_size: wgpu::BufferSize::new(PARAMS_SIZE),
+        },
+        count: None,
+    });
+    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: None,
+        bind_group_layouts: &[Some(&bgl)],
+        immediate_size: 0,
+    });
+    (bgl, pl)
+}

@@ -1,0 +1,28 @@
+//! tessera-wgpu: the wgpu backend. Every adapter wgpu finds (Vulkan, Metal, DX12) is a
+//! tessera device (`wgpu:N`, discrete GPUs first), and every op runs as a WGSL shader from
+//! the workspace's `shaders/` folder, one file per op family.
+//!
+//! - [`WgpuBackendReg`] lists the adapters; a [`WgpuDevice`] opens its adapter on first use
+//!   with the adapter's own limits and the features tessera uses that it has (SHADER_F16,
+//!   SUBGROUP, TIMESTAMP_QUERY).
+//! - Buffers are storage buffers; tensors are addressed in bytes inside them, so any layout
+//!   (views, permutes, packed quantized blocks) is read as ggml lays it out.
+//! - A graph is one command buffer and one submit ([`WgpuBackend`]); op parameters live in one
+//!   uniform buffer per graph.
+//! - Shader variants come from a tiny template step (`shader` module docs); every variant is
+//!   validated offline by naga in a unit test, and pipelines are built as trusted modules
+//!   without runtime bounds checks.
+//! - wgpu errors never panic: an uncaptured-error handler and error scopes turn them into
+//!   tessera errors (`context` module docs).
+#![warn(missing_docs)]
+
+mod backend;
+mod buffer;
+mod context;
+mod device;
+mod ops;
+mod shader;
+
+pub use backend::WgpuBackend;
+pub use buffer::{WgpuBuffer, WgpuBufferType};
+pub use device::{WgpuBackendReg, WgpuDevice};

@@ -1,0 +1,555 @@
+//! From graph nodes to shader launches: which ops and types the backend runs
+//! ([`supported`]), and for each node the pipeline variant, the tensors to bind, the
+//! parameters and the workgroup counts ([`launches`]).
+//!
+//! [`supported`] and [`launches`] share one decision per op ([`plan`]), so that
+//! `Device::supports_op` says true exactly when a launch can be built. The variants [`plan`]
+//! can ask for are listed family by family by [`variants`], which the naga test validates.
+
+use bytemuck::{Pod, Zeroable};
+use tessera_core::{BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, Tensor, TensorId, UnaryOp};
+
+use crate::context::Gpu;
+use crate::shader::{Family, Variant};
+
+/// One op's parameter block, laid out as `Params` in `shaders/common.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct Params {
+    /// ne then nb of dst, src0, src1, src2, src3.
+    pub desc: [[u32; 8]; 5],
+    /// Byte offsets of dst, src0, src1, src2 (filled when the bindings are resolved).
+    pub off: [u32; 4],
+    /// src3's byte offset, then op integers.
+    pub off4: [u32; 4],
+    /// Op floats.
+    pub f: [f32; 4],
+    /// More op floats.
+    pub g: [f32; 4],
+    /// Op integers.
+    pub u: [u32; 4],
+    /// Padding to 256 bytes.
+    pad: [u32; 4],
+}
+
+impl Params {
+    /// Sets the byte offset of binding `k` (0 = dst).
+    pub fn set_offset(&mut self, k: usize, off: u32) {
+        if k < 4 {
+            self.off[k] = off;
+        } else {
+            self.off4[0] = off;
+        }
+    }
+}
+
+/// One dispatch.
+pub(crate) struct Launch {
+    /// The pipeline.
+    pub variant: Variant,
+    /// Tensors bound in order: dst, then the sources (unused slots repeat dst).
+    pub bind: Vec<TensorId>,
+    /// Parameters (offsets filled later).
+    pub params: Params,
+    /// Workgroup counts.
+    pub groups: [u32; 3],
+}
+
+/// Invocations per workgroup of the element-wise families.
+const EW_WG: u32 = 256;
+/// Invocations per workgroup of the row families (one workgroup per row).
+const ROW_WG: u32 = 64;
+/// Quantized types whose blocks the shaders dequantize.
+pub(crate) const QUANT: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+/// Float types the element-wise shaders read and write.
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+/// Head sizes flash attention is built for (the next one at or above D and DV is used).
+const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
+/// src0 tile of the tiled mat-mat: BM x BK, and src1's BN x BK.
+const MM_TILE: (u32, u32, u32) = (64, 64, 16);
+/// Columns of src1 up to which mul_mat uses mat-vec.
+const MAT_VEC_MAX_N: usize = 4;
+
+/// Why a node cannot run here.
+fn unsupported(gpu: &Gpu, graph: &Graph, id: TensorId, why: impl std::fmt::Display) -> Error {
+    let t = graph.get(id);
+    Error::Unsupported { backend: gpu.name.clone(), what: format!("{} of '{}' ({})", t.op.name(), graph.label(id), why) }
+}
+
+/// The shape and strides of a tensor as the shaders see them.
+fn desc(t: &Tensor) -> [u32; 8] {
+    let mut d = [0u32; 8];
+    for i in 0..4 {
+        d[i] = t.ne[i] as u32;
+        d[4 + i] = t.nb[i] as u32;
+    }
+    d
+}
+
+/// Whether every count and byte offset of a tensor fits the shaders' u32 arithmetic.
+fn fits_u32(t: &Tensor) -> bool {
+    t.nbytes() < u32::MAX as usize / 2 && t.nelements() < u32::MAX as usize / 2 && t.nb.iter().all(|&b| b < u32::MAX as usize / 2)
+}
+
+/// Workgroup counts for `n` workgroups laid out over x then y.
+fn grid(n: usize) -> Option<[u32; 3]> {
+    let n = n.max(1);
+    let x = n.min(65535);
+    let y = n.div_ceil(x);
+    (y <= 65535).then_some([x as u32, y as u32, 1])
+}
+
+/// The decision for one node: a variant, the tensors to bind, parameters, workgroups.
+struct PlanOut {
+    variant: Variant,
+    bind: Vec<TensorId>,
+    params: Params,
+    groups: usize,
+    groups_3d: Option<[u32; 3]>,
+}
+
+/// Decides how node `id` runs, or why it cannot.
+fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, String> {
+    let t = graph.get(id);
+    let srcs: Vec<&Tensor> = t.src.iter().map(|&s| graph.get(s)).collect();
+    for x in std::iter::once(t).chain(srcs.iter().copied()) {
+        if !fits_u32(x) {
+            return Err(format!("a tensor of {:?} is too large for 32-bit indexing", x.ne));
+        }
+    }
+    let mut p = Params::default();
+    p.desc[0] = desc(t);
+    for (k, s) in srcs.iter().enumerate().take(4) {
+        p.desc[k + 1] = desc(s);
+    }
+    let n = t.nelements();
+    let ew = |variant: Variant, bind: Vec<TensorId>, mut p: Params, count: usize| {
+        p.u[0] = count as u32;
+        PlanOut { variant: variant.def("WG", EW_WG), bind, params: p, groups: count.div_ceil(EW_WG as usize), groups_3d: None }
+    };
+    match &t.op {
+        Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } => {
+            let a = srcs[0].dtype;
+            let op = match &t.op {
+                Op::Scale { scale, bias } => {
+                    p.f[0] = *scale;
+                    p.f[1] = *bias;
+                    1
+                }
+                Op::Clamp { min, max } => {
+                    p.f[0] = *min;
+                    p.f[1] = *max;
+                    2
+                }
+                _ => 10 + UnaryOp::ALL.iter().position(|x| Op::Unary(*x) == t.op).unwrap_or(0) as u32,
+            };
+            if !FLOATS.contains(&a) {
+                return Err(format!("type {a}"));
+            }
+            Ok(ew(unary_variant(op, a, t.dtype), vec![id, t.src[0]], p, n))
+        }
+        Op::Cpy | Op::Cont | Op::Dup => {
+            let a = srcs[0];
+            let (from, to) = (a.dtype, t.dtype);
+            let op = if FLOATS.contains(&from) && FLOATS.contains(&to) {
+                0
+            } else if from == to && from.type_size() == 4 && !from.is_quantized() {
+                3
+            } else if QUANT.contains(&from) && to == DType::F32 && a.rows_contiguous() {
+                4
+            } else {
+                return Err(format!("copy from {from} to {to}"));
+            };
+            Ok(ew(unary_variant(op, from, to), vec![id, t.src[0]], p, n))
+        }
+        Op::Binary(b) => {
+            let (a, c) = (srcs[0].dtype, srcs[1].dtype);
+            if !FLOATS.contains(&a) || !FLOATS.contains(&c) {
+                return Err(format!("types {a} and {c}"));
+            }
+            Ok(ew(binary_variant(*b, a, c), vec![id, t.src[0], t.src[1]], p, n))
+        }
+        Op::Glu { op, swapped } => {
+            let a = srcs[0].dtype;
+            if !matches!(a, DType::F32 | DType::F16) {
+                return Err(format!("type {a}"));
+            }
+            p.u[1] = u32::from(srcs.len() == 2);
+            p.u[2] = u32::from(*swapped);
+            let up = t.src.get(1).copied().unwrap_or(id);
+            Ok(ew(glu_variant(*op, a), vec![id, t.src[0], up], p, n))
+        }
+        Op::RmsNorm { eps } | Op::Norm { eps } => {
+            p.f[0] = *eps;
+            p.u[0] = t.nrows() as u32;
+            let op = u32::from(matches!(t.op, Op::Norm { .. }));
+            Ok(rows(norm_variant(op), vec![id, t.src[0]], p, t.nrows()))
+        }
+        Op::SoftMax { scale, max_bias } => {
+            let mask = srcs.get(1).map(|m| m.dtype);
+            if mask.is_some_and(|m| !matches!(m, DType::F32 | DType::F16)) {
+                return Err("mask type".into());
+            }
+            p.f[0] = *scale;
+            alibi(&mut p, *max_bias, t.ne[2]);
+            p.u[0] = t.nrows() as u32;
+            p.u[1] = u32::from(mask.is_some());
+            if mask.is_none() {
+                p.desc[2] = [1, 1, 1, 1, 0, 0, 0, 0];
+            }
+            let bind = vec![id, t.src[0], t.src.get(1).copied().unwrap_or(id)];
+            Ok(rows(soft_max_variant(mask), bind, p, t.nrows()))
+        }
+        Op::Rope(r) => {
+            let a = srcs[0].dtype;
+            if !matches!(a, DType::F32 | DType::F16) {
+                return Err(format!("type {a}"));
+            }
+            let per_row = r.n_dims / 2 + t.ne[0] - r.n_dims;
+            let count = per_row * t.nrows();
+            p.f[0] = r.freq_base.log2();
+            p.f[1] = r.freq_scale;
+            p.u[1] = r.n_dims as u32;
+            p.u[2] = if r.mode == RopeMode::Neox { 2 } else { 0 };
+            Ok(ew(rope_variant(a), vec![id, t.src[0], t.src[1]], p, count))
+        }
+        Op::GetRows => {
+            let a = srcs[0].dtype;
+            let v = if FLOATS.contains(&a) || QUANT.contains(&a) {
+                rows_variant(0, a, DType::I32, DType::F32)
+            } else if a == DType::I32 {
+                rows_variant(1, a, DType::I32, DType::I32)
+            } else {
+                return Err(format!("type {a}"));
+            };
+            // idx is [m, d2, d3]: its ne/nb move into slots 0..3 of src1's desc as is.
+            Ok(ew(v, vec![id, t.src[0], t.src[1]], p, n))
+        }
+        Op::SetRows => {
+            let (d, idx) = (t.dtype, srcs[2].dtype);
+            if !FLOATS.contains(&d) {
+                return Err(format!("destination type {d}"));
+            }
+            // Slots: dst = a (this node's memory), src0 = the f32 rows, src1 = indices.
+            p.desc[1] = desc(srcs[1]);
+            p.desc[2] = desc(srcs[2]);
+            let count = srcs[1].nelements();
+            Ok(ew(rows_variant(2, DType::F32, idx, d), vec![id, t.src[1], t.src[2]], p, count))
+        }
+        Op::MulMat => {
+            let (a, b) = (srcs[0], srcs[1]);
+            if !(FLOATS.contains(&a.dtype) || QUANT.contains(&a.dtype)) || !matches!(b.dtype, DType::F32 | DType::F16) {
+                return Err(format!("types {} x {}", a.dtype, b.dtype));
+            }
+            p.u[1] = (b.ne[2] / a.ne[2]) as u32;
+            p.u[2] = (b.ne[3] / a.ne[3]) as u32;
+            let bind = vec![id, t.src[0], t.src[1]];
+            if t.ne[1] <= MAT_VEC_MAX_N {
+                p.u[0] = n as u32;
+                let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
+                Ok(PlanOut { variant: v, bind, params: p, groups: n, groups_3d: None })
+            } else {
+                let (bm, bn, _) = MM_TILE;
+                let z = t.ne[2] * t.ne[3];
+                let gx = t.ne[0].div_ceil(bm as usize);
+                let gy = t.ne[1].div_ceil(bn as usize);
+                if z > 65535 || gx > 65535 || gy > 65535 {
+                    return Err(format!("{:?} needs too many workgroups", t.ne));
+                }
+                let v = mat_mat_variant(a.dtype, b.dtype);
+                Ok(PlanOut { variant: v, bind, params: p, groups: 0, groups_3d: Some([gx as u32, gy as u32, z as u32]) })
+            }
+        }
+        Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
+            let (q, k, v) = (srcs[0], srcs[1], srcs[2]);
+            let mask = srcs.get(3).map(|m| m.dtype);
+            let need = q.ne[0].max(v.ne[0]) as u32;
+            let Some(&dmax) = FA_DMAX.iter().find(|&&d| d >= need) else {
+                return Err(format!("head size {need} (at most {})", FA_DMAX[FA_DMAX.len() - 1]));
+            };
+            if !matches!(k.dtype, DType::F32 | DType::F16) || !matches!(v.dtype, DType::F32 | DType::F16) {
+                return Err(format!("k and v types {} and {}", k.dtype, v.dtype));
+            }
+            if mask.is_some_and(|m| !matches!(m, DType::F32 | DType::F16)) {
+                return Err("mask type".into());
+            }
+            let groups = q.ne[1] * q.ne[2] * q.ne[3];
+            p.f[0] = *scale;
+            alibi(&mut p, *max_bias, q.ne[2]);
+            p.g[0] = *logit_softcap;
+            p.u[0] = groups as u32;
+            p.u[1] = u32::from(mask.is_some());
+            p.u[3] = (q.ne[2] / k.ne[2]) as u32;
+            p.off4[1] = (q.ne[3] / k.ne[3]) as u32;
+            if mask.is_none() {
+                p.desc[4] = [1, 1, 1, 1, 0, 0, 0, 0];
+            }
+            let bind = vec![id, t.src[0], t.src[1], t.src[2], t.src.get(3).copied().unwrap_or(id)];
+            let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax);
+            Ok(PlanOut { variant: var, bind, params: p, groups, groups_3d: None })
+        }
+        Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => {
+            let a = srcs[0].dtype;
+            if !FLOATS.contains(&a) {
+                return Err(format!("type {a}"));
+            }
+            let op = match t.op {
+                Op::SumRows => 0,
+                Op::Mean => 1,
+                Op::Argmax => 2,
+                _ => 3,
+            };
+            let rows_n = if op == 3 { 1 } else { srcs[0].nrows() };
+            p.u[0] = rows_n as u32;
+            Ok(rows(reduce_variant(op, a, t.dtype), vec![id, t.src[0]], p, rows_n))
+        }
+        Op::Concat(axis) => {
+            let a = srcs[0].dtype;
+            if !FLOATS.contains(&a) {
+                return Err(format!("type {a}"));
+            }
+            p.u[1] = *axis as u32;
+            Ok(ew(shape_variant(0, a, a), vec![id, t.src[0], t.src[1]], p, n))
+        }
+        Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) => {
+            let a = srcs[0].dtype;
+            if !FLOATS.contains(&a) {
+                return Err(format!("type {a}"));
+            }
+            let op = match t.op {
+                Op::Repeat => 1,
+                Op::Pad(_) => 2,
+                _ => 3,
+            };
+            if let Op::DiagMaskInf(n_past) = t.op {
+                p.u[1] = n_past as u32;
+            }
+            Ok(ew(shape_variant(op, a, t.dtype), vec![id, t.src[0], id], p, n))
+        }
+        Op::Arange { start, step, .. } => {
+            p.f[0] = *start;
+            p.f[1] = *step;
+            Ok(ew(shape_variant(4, DType::F32, DType::F32), vec![id, id, id], p, n))
+        }
+        op => Err(format!("op {}", op.name())),
+    }
+}
+
+/// A row family's plan: one workgroup per row.
+fn rows(variant: Variant, bind: Vec<TensorId>, params: Params, n_rows: usize) -> PlanOut {
+    PlanOut { variant: variant.def("WG", ROW_WG), bind, params, groups: n_rows, groups_3d: None }
+}
+
+/// ALiBi parameters (ggml's): m0, m1 and n_head_log2 for `heads` heads.
+fn alibi(p: &mut Params, max_bias: f32, heads: usize) {
+    p.f[1] = max_bias;
+    if max_bias > 0.0 {
+        let n_log2 = 1u32 << (heads.max(1) as f32).log2().floor() as u32;
+        p.f[2] = 2f32.powf(-max_bias / n_log2 as f32);
+        p.f[3] = 2f32.powf(-max_bias / 2.0 / n_log2 as f32);
+        p.u[2] = n_log2;
+    }
+}
+
+/// Checks that node `id` can run on this device.
+pub(crate) fn supported(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<()> {
+    let t = graph.get(id);
+    if t.op.is_view() || t.op == Op::None {
+        return Ok(());
+    }
+    plan(gpu, graph, id).map(|_| ()).map_err(|why| unsupported(gpu, graph, id, why))
+}
+
+/// The launches of node `id` (none for views and leaves).
+pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Option<Launch>> {
+    let t = graph.get(id);
+    if t.op.is_view() || t.op == Op::None || t.nelements() == 0 {
+        return Ok(None);
+    }
+    let out = plan(gpu, graph, id).map_err(|why| unsupported(gpu, graph, id, why))?;
+    let groups = match out.groups_3d {
+        Some(g) => g,
+        None => grid(out.groups).ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
+    };
+    Ok(Some(Launch { variant: out.variant, bind: out.bind, params: out.params, groups }))
+}
+
+fn unary_variant(op: u32, from: DType, to: DType) -> Variant {
+    Variant::new(Family::Unary, "main").def("OP", op).ty("T0", from).ty("DT", to)
+}
+
+fn binary_variant(op: BinaryOp, a: DType, b: DType) -> Variant {
+    let code = match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+    };
+    Variant::new(Family::Binary, "main").def("OP", code).ty("T0", a).ty("T1", b).ty("DT", a)
+}
+
+fn glu_variant(op: GluOp, a: DType) -> Variant {
+    let code = u32::from(op == GluOp::Geglu);
+    Variant::new(Family::Glu, "main").def("OP", code).ty("T0", a).ty("T1", a).ty("DT", a)
+}
+
+fn norm_variant(op: u32) -> Variant {
+    Variant::new(Family::Norm, "main").def("OP", op)
+}
+
+fn soft_max_variant(mask: Option<DType>) -> Variant {
+    Variant::new(Family::SoftMax, "main").ty("T1", mask.unwrap_or(DType::F32))
+}
+
+fn rope_variant(a: DType) -> Variant {
+    Variant::new(Family::Rope, "main").ty("T0", a).ty("DT", a)
+}
+
+fn rows_variant(op: u32, src: DType, idx: DType, to: DType) -> Variant {
+    Variant::new(Family::Rows, "main")
+        .def("OP", op)
+        .def("QUANT", u32::from(src.is_quantized()))
+        .ty("T0", src)
+        .ty("T1", idx)
+        .ty("DT", to)
+}
+
+fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
+    Variant::new(Family::MulMat, "mat_vec")
+        .def("QUANT", u32::from(a.is_quantized()))
+        .def("SUBGROUPS", u32::from(subgroups))
+        .def("WG", ROW_WG)
+        .def("BM", MM_TILE.0)
+        .def("BN", MM_TILE.1)
+        .def("BK", MM_TILE.2)
+        .ty("T0", a)
+        .ty("T1", b)
+}
+
+fn mat_mat_variant(a: DType, b: DType) -> Variant {
+    Variant::new(Family::MulMat, "mat_mat")
+        .def("QUANT", u32::from(a.is_quantized()))
+        .def("BM", MM_TILE.0)
+        .def("BN", MM_TILE.1)
+        .def("BK", MM_TILE.2)
+        .ty("T0", a)
+        .ty("T1", b)
+}
+
+fn flash_attn_variant(k: DType, v: DType, mask: Option<DType>, dmax: u32) -> Variant {
+    Variant::new(Family::FlashAttn, "main")
+        .def("DMAX", dmax)
+        .ty("T1", k)
+        .ty("T2", v)
+        .ty("T3", mask.unwrap_or(DType::F32))
+}
+
+fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
+    Variant::new(Family::Reduce, "main").def("OP", op).ty("T0", a).ty("DT", to)
+}
+
+fn shape_variant(op: u32, a: DType, to: DType) -> Variant {
+    Variant::new(Family::Shape, "main").def("OP", op).ty("T0", a).ty("T1", a).ty("DT", to)
+}
+
+/// Every variant [`plan`] can ask for in `family` (with subgroups on or off), for the naga test.
+#[cfg(test)]
+pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
+    let mut v = Vec::new();
+    let ew = |x: Variant| x.def("WG", EW_WG);
+    let row = |x: Variant| x.def("WG", ROW_WG);
+    match family {
+        Family::Unary => {
+            for &a in &FLOATS {
+                for op in [1, 2].into_iter().chain(10..10 + UnaryOp::ALL.len() as u32) {
+                    v.push(ew(unary_variant(op, a, a)));
+                }
+                for &b in &FLOATS {
+                    v.push(ew(unary_variant(0, a, b)));
+                }
+            }
+            v.push(ew(unary_variant(3, DType::F32, DType::F32)));
+            v.push(ew(unary_variant(3, DType::I32, DType::I32)));
+            for &q in &QUANT {
+                v.push(ew(unary_variant(4, q, DType::F32)));
+            }
+        }
+        Family::Binary => {
+            for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+                for &a in &FLOATS {
+                    for &b in &FLOATS {
+                        v.push(ew(binary_variant(op, a, b)));
+                    }
+                }
+            }
+        }
+        Family::Glu => {
+            for op in [GluOp::Swiglu, GluOp::Geglu] {
+                for a in [DType::F32, DType::F16] {
+                    v.push(ew(glu_variant(op, a)));
+                }
+            }
+        }
+        Family::Norm => v.extend([0, 1].map(|op| row(norm_variant(op)))),
+        Family::SoftMax => v.extend([None, Some(DType::F16)].map(|m| row(soft_max_variant(m)))),
+        Family::Rope => v.extend([DType::F32, DType::F16].map(|a| ew(rope_variant(a)))),
+        Family::Rows => {
+            for &a in FLOATS.iter().chain(&QUANT) {
+                v.push(ew(rows_variant(0, a, DType::I32, DType::F32)));
+            }
+            v.push(ew(rows_variant(1, DType::I32, DType::I32, DType::I32)));
+            for &d in &FLOATS {
+                for idx in [DType::I32, DType::I64] {
+                    v.push(ew(rows_variant(2, DType::F32, idx, d)));
+                }
+            }
+        }
+        Family::MulMat => {
+            for &a in FLOATS.iter().chain(&QUANT) {
+                for b in [DType::F32, DType::F16] {
+                    v.push(mat_vec_variant(a, b, subgroups));
+                    v.push(mat_mat_variant(a, b));
+                }
+            }
+        }
+        Family::FlashAttn => {
+            for k in [DType::F32, DType::F16] {
+                for val in [DType::F32, DType::F16] {
+                    for m in [None, Some(DType::F16)] {
+                        for d in FA_DMAX {
+                            v.push(flash_attn_variant(k, val, m, d));
+                        }
+                    }
+                }
+            }
+        }
+        Family::Reduce => {
+            for &a in &FLOATS {
+                v.push(row(reduce_variant(0, a, DType::F32)));
+                v.push(row(reduce_variant(1, a, DType::F32)));
+                v.push(row(reduce_variant(3, a, DType::F32)));
+            }
+            v.push(row(reduce_variant(2, DType::F32, DType::I32)));
+        }
+        Family::Shape => {
+            for &a in &FLOATS {
+                for op in 0..4 {
+                    v.push(ew(shape_variant(op, a, a)));
+                }
+            }
+            v.push(ew(shape_variant(4, DType::F32, DType::F32)));
+        }
+    }
+    v
+}

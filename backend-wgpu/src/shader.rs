@@ -1,0 +1,270 @@
+//! The WGSL sources (`shaders/`, one file per op family) and the one mechanism that makes
+//! their variants: a tiny template step.
+//!
+//! # The template step
+//!
+//! A [`Variant`] is a family, an entry point and a set of integer defines. Its source is
+//! `common.wgsl`, then `dequant.wgsl` for the families that read quantized blocks, then the
+//! family's file, expanded line by line:
+//!
+//! - `{{NAME}}` is replaced by the define's value (a missing define is an error);
+//! - `#if NAME` keeps the following lines when NAME is defined and not 0, `#else` flips that,
+//!   `#endif` closes; blocks nest.
+//!
+//! That is all: element types, f16 on or off, subgroups on or off and tile sizes are defines,
+//! and the code that differs between variants is a `#if` block or a constant, never a copy.
+//! The defines every variant has (with their defaults) are `T0`..`T3` and `DT` (source and
+//! destination types as GGUF type ids, 0 = f32), `DST16` (derived: the destination is 16-bit),
+//! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
+//! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32).
+//!
+//! Every variant the backend can build is listed by [`all_variants`], and the unit test
+//! `every_variant_validates` runs each through naga's WGSL front end and validator with no
+//! GPU, which is why pipelines are built as trusted modules at run time.
+
+use tessera_core::DType;
+
+/// The shared prelude: bindings, parameters, typed loads and stores.
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+/// Block dequantization, for the families that read quantized weights.
+const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
+
+/// An op family: one WGSL file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Family {
+    /// Unary functions, scale, clamp and copies with conversion.
+    Unary,
+    /// Binary element-wise ops with broadcasting.
+    Binary,
+    /// Gated linear units.
+    Glu,
+    /// rms_norm and norm.
+    Norm,
+    /// soft_max with mask, scale and ALiBi.
+    SoftMax,
+    /// Rotary position embedding.
+    Rope,
+    /// get_rows and set_rows.
+    Rows,
+    /// Matrix products: mat-vec and tiled mat-mat.
+    MulMat,
+    /// Fused attention.
+    FlashAttn,
+    /// Sums, means and argmax.
+    Reduce,
+    /// concat, repeat, pad, diag_mask_inf, arange.
+    Shape,
+}
+
+impl Family {
+    /// Every family.
+    #[cfg(test)]
+    pub const ALL: [Family; 11] = [
+        Family::Unary,
+        Family::Binary,
+        Family::Glu,
+        Family::Norm,
+        Family::SoftMax,
+        Family::Rope,
+        Family::Rows,
+        Family::MulMat,
+        Family::FlashAttn,
+        Family::Reduce,
+        Family::Shape,
+    ];
+
+    /// The family's file name and source.
+    fn file(self) -> (&'static str, &'static str) {
+        match self {
+            Family::Unary => ("unary", include_str!("../../shaders/unary.wgsl")),
+            Family::Binary => ("binary", include_str!("../../shaders/binary.wgsl")),
+            Family::Glu => ("glu", include_str!("../../shaders/glu.wgsl")),
+            Family::Norm => ("norm", include_str!("../../shaders/norm.wgsl")),
+            Family::SoftMax => ("soft_max", include_str!("../../shaders/soft_max.wgsl")),
+            Family::Rope => ("rope", include_str!("../../shaders/rope.wgsl")),
+            Family::Rows => ("rows", include_str!("../../shaders/rows.wgsl")),
+            Family::MulMat => ("mul_mat", include_str!("../../shaders/mul_mat.wgsl")),
+            Family::FlashAttn => ("flash_attn", include_str!("../../shaders/flash_attn.wgsl")),
+            Family::Reduce => ("reduce", include_str!("../../shaders/reduce.wgsl")),
+            Family::Shape => ("shape", include_str!("../../shaders/shape.wgsl")),
+        }
+    }
+
+    /// Whether the family reads quantized blocks (and so includes `dequant.wgsl`).
+    fn dequantizes(self) -> bool {
+        matches!(self, Family::Rows | Family::MulMat | Family::Unary)
+    }
+
+    /// Storage bindings its shaders use: the destination and the sources.
+    pub fn storage_bindings(self) -> usize {
+        match self {
+            Family::Unary | Family::Norm | Family::Reduce => 2,
+            Family::Binary | Family::Glu | Family::SoftMax | Family::Rope | Family::Rows | Family::MulMat | Family::Shape => 3,
+            Family::FlashAttn => 5,
+        }
+    }
+}
+
+/// One pipeline: a family's entry point with its defines.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Variant {
+    /// The family (file).
+    pub family: Family,
+    /// The entry point.
+    pub entry: &'static str,
+    /// Defines, sorted by name.
+    defs: Vec<(&'static str, u32)>,
+}
+
+impl Variant {
+    /// A variant with the default defines.
+    pub fn new(family: Family, entry: &'static str) -> Self {
+        let defs = vec![("DT", 0), ("F16", 0), ("SUBGROUPS", 0), ("T0", 0), ("T1", 0), ("T2", 0), ("T3", 0), ("WG", 64)];
+        Variant { family, entry, defs }
+    }
+
+    /// Sets a define.
+    pub fn def(mut self, name: &'static str, value: u32) -> Self {
+        match self.defs.binary_search_by(|(n, _)| n.cmp(&name)) {
+            Ok(i) => self.defs[i].1 = value,
+            Err(i) => self.defs.insert(i, (name, value)),
+        }
+        self
+    }
+
+    /// Sets the type define `name` (T0..T3, DT) to a type.
+    pub fn ty(self, name: &'static str, t: DType) -> Self {
+        self.def(name, t.gguf_id())
+    }
+
+    /// A define's value.
+    fn get(&self, name: &str) -> Option<u32> {
+        self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    /// A label for logs and errors: `family.entry[A=1,B=2]`.
+    pub fn label(&self) -> String {
+        let defs: Vec<String> = self.defs.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        format!("{}.{}[{}]", self.family.file().0, self.entry, defs.join(","))
+    }
+
+    /// The expanded WGSL source.
+    pub fn source(&self) -> Result<String, String> {
+        let dt = self.get("DT").unwrap_or(0);
+        let dst16 = u32::from(dt == DType::F16.gguf_id() || dt == DType::BF16.gguf_id());
+        let v = self.clone().def("DST16", dst16);
+        let mut out = String::new();
+        v.expand("common", COMMON, &mut out)?;
+        if self.family.dequantizes() {
+            v.expand("dequant", DEQUANT, &mut out)?;
+        }
+        let (name, text) = self.family.file();
+        v.expand(name, text, &mut out)?;
+        Ok(out)
+    }
+
+    /// Expands one file into `out`.
+    fn expand(&self, file: &str, text: &str, out: &mut String) -> Result<(), String> {
+        // Each open block: (whether its enclosing block is kept, whether this branch is kept).
+        let mut stack: Vec<(bool, bool)> = Vec::new();
+        let kept = |s: &Vec<(bool, bool)>| s.last().is_none_or(|&(outer, this)| outer && this);
+        for (n, line) in text.lines().enumerate() {
+            let where_ = || format!("{file}.wgsl:{}", n + 1);
+            let t = line.trim();
+            if let Some(name) = t.strip_prefix("#if ") {
+                let on = self.get(name.trim()).is_some_and(|v| v != 0);
+                let outer = kept(&stack);
+                stack.push((outer, on));
+            } else if t == "#else" {
+                let top = stack.last_mut().ok_or_else(|| format!("{}: #else without #if", where_()))?;
+                top.1 = !top.1;
+            } else if t == "#endif" {
+                stack.pop().ok_or_else(|| format!("{}: #endif without #if", where_()))?;
+            } else if kept(&stack) {
+                let mut rest = line;
+                while let Some(start) = rest.find("{{") {
+                    let end = rest[start..].find("}}").ok_or_else(|| format!("{}: unclosed {{{{", where_()))? + start;
+                    let name = &rest[start + 2..end];
+                    let value = self.get(name).ok_or_else(|| format!("{}: no define {name} in {}", where_(), self.label()))?;
+                    out.push_str(&rest[..start]);
+                    out.push_str(&value.to_string());
+                    rest = &rest[end + 2..];
+                }
+                out.push_str(rest);
+                out.push('\n');
+            }
+        }
+        if stack.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{file}.wgsl: #if without #endif"))
+        }
+    }
+}
+
+/// Every variant the backend can build, for the offline validation test.
+#[cfg(test)]
+pub(crate) fn all_variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for f in Family::ALL {
+        for sub in [false, true] {
+            for f16 in [0, 1] {
+                v.extend(crate::ops::variants(f, sub).into_iter().map(|x| x.def("F16", f16)));
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses and validates one source with naga, with f16 and subgroup capabilities where
+    /// the variant uses them.
+    fn validate(v: &Variant) -> Result<(), String> {
+        let src = v.source()?;
+        let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
+        let mut caps = naga::valid::Capabilities::empty();
+        if v.get("SUBGROUPS").is_some_and(|s| s != 0) {
+            caps |= naga::valid::Capabilities::SUBGROUP;
+        }
+        if v.get("F16").is_some_and(|s| s != 0) {
+            caps |= naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        }
+        let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+        if caps.contains(naga::valid::Capabilities::SUBGROUP) {
+            validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+            validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
+        }
+        validator.validate(&module).map_err(|e| e.emit_to_string(&src))?;
+        if !module.entry_points.iter().any(|e| e.name == v.entry) {
+            return Err(format!("no entry point {}", v.entry));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_variant_validates() {
+        let all = all_variants();
+        assert!(all.len() > 100, "only {} variants", all.len());
+        let mut failures = Vec::new();
+        for v in &all {
+            if let Err(e) = validate(v) {
+                failures.push(format!("{}:\n{e}", v.label()));
+            }
+        }
+        assert!(failures.is_empty(), "{} of {} variants fail:\n{}", failures.len(), all.len(), failures.join("\n"));
+    }
+
+    #[test]
+    fn template_expands_and_rejects() {
+        let v = Variant::new(Family::Unary, "main").def("A", 1);
+        let mut out = String::new();
+        v.expand("t", "x{{A}}y\n#if A\nkeep\n#if B\ndrop\n#else\nkeep2\n#endif\n#else\ndrop2\n#endif\n", &mut out).unwrap();
+        assert_eq!(out, "x1y\nkeep\nkeep2\n");
+        assert!(v.expand("t", "{{NOPE}}", &mut String::new()).is_err());
+        assert!(v.expand("t", "#if A\n", &mut String::new()).is_err());
+        assert!(v.expand("t", "#endif\n", &mut String::new()).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+// Block dequantization of src0 (included by the families that read quantized rows).
+//
+// Block layouts are GGUF's (core/src/quant/*.rs documents each). Blocks are packed with no
+// padding, so a block may start at any byte: fields are read byte by byte from the words of
+// src0 and assembled by hand.
+
+// The byte at b.
+fn byte0(b: u32) -> u32 {
+    return (src0[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+// The 32-bit little-endian word starting at any byte b.
+fn word0(b: u32) -> u32 {
+    let sh = (b & 3u) * 8u;
+    let lo = src0[b >> 2u];
+    if sh == 0u {
+        return lo;
+    }
+    return (lo >> sh) | (src0[(b >> 2u) + 1u] << (32u - sh));
+}
+
+// The f16 at byte b (2-byte aligned in every layout), as f32.
+fn half0(b: u32) -> f32 {
+    return half(src0[b >> 2u] >> ((b & 2u) * 8u));
+}
+
+// The i8 at byte b, as f32.
+fn i8_0(b: u32) -> f32 {
+    return f32(bitcast<i32>(byte0(b) << 24u) >> 24u);
+}
+
+// The 6-bit scale and min of sub-block j from the 12-byte field at byte s (Q4_K, Q5_K).
+fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
+    if j < 4u {
+        return vec2<u32>(byte0(s + j) & 63u, byte0(s + j + 4u) & 63u);
+    }
+    let x = byte0(s + j + 4u);
+    return vec2<u32>((x & 15u) | ((byte0(s + j - 4u) >> 6u) << 4u), (x >> 4u) | ((byte0(s + j) >> 6u) << 4u));
+}
+
+// Element j of a row of quantized type t (a GGUF type id) starting at byte r.
+fn dq(t: u32, r: u32, j: u32) -> f32 {
+    switch t {
+        case 2u: {
+            // Q4_0: f16 d, 16 bytes of nibbles.
+            let b = r + (j / 32u) * 18u;
+            let e = j % 32u;
+            let q = (byte0(b + 2u + e % 16u) >> ((e / 16u) * 4u)) & 15u;
+            return (f32(q) - 8.0) * half0(b);
+        }
+        case 3u: {
+            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
+            let b = r + (j / 32u) * 20u;
+            let e = j % 32u;
+            let q = (byte0(b + 4u + e % 16u) >> ((e / 16u) * 4u)) & 15u;
+            return f32(q) * half0(b) + half0(b + 2u);
+        }
+        case 6u: {
+            // Q5_0: f16 d, u32 qh, 16 bytes of nibbles.
+            let b = r + (j / 32u) * 22u;
+            let e = j % 32u;
+            let q = ((byte0(b + 6u + e % 16u) >> ((e / 16u) * 4u)) & 15u) | (((word0(b + 2u) >> e) & 1u) << 4u);
+            return (f32(q) - 16.0) * half0(b);
+        }
+        case 7u: {
+            // Q5_1: f16 d, f16 m, u32 qh, 16 bytes of nibbles.
+            let b = r + (j / 32u) * 24u;
+            let e = j % 32u;
+            let q = ((byte0(b + 8u + e % 16u) >> ((e / 16u) * 4u)) & 15u) | (((word0(b + 4u) >> e) & 1u) << 4u);
+            return f32(q) * half0(b) + half0(b + 2u);
+        }
+        case 8u: {
+            // Q8_0: f16 d, 32 x i8.
+            let b = r + (j / 32u) * 34u;
+            return i8_0(b + 2u + j % 32u) * half0(b);
+        }
+        case 10u: {
+            // Q2_K: 16 scale/min bytes, 64 bytes qs, f16 d, f16 dmin.
+            let b = r + (j / 256u) * 84u;
+            let e = j % 256u;
+            let q = (byte0(b + 16u + 32u * (e / 128u) + e % 32u) >> (2u * ((e / 32u) % 4u))) & 3u;
+            let sc = byte0(b + e / 16u);
+            return half0(b + 80u) * f32(sc & 15u) * f32(q) - half0(b + 82u) * f32(sc >> 4u);
+        }
+        case 11u: {
+            // Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes scales, f16 d.
+            let b = r + (j / 256u) * 110u;
+            let e = j % 256u;
+            let n = e / 128u;
+            let k = (e / 32u) % 4u;
+            let l = e % 32u;
+            let low = (byte0(b + 32u + 32u * n + l) >> (2u * k)) & 3u;
+            let high = (byte0(b + l) >> (4u * n + k)) & 1u;
+            let s = e / 16u;
+            let sl = select(byte0(b + 96u + s - 8u) >> 4u, byte0(b + 96u + s) & 15u, s < 8u);
+            let sh = (byte0(b + 104u + s % 4u) >> (2u * (s / 4u))) & 3u;
+            let scale = i32(sl | (sh << 4u)) - 32;
+            return half0(b + 108u) * f32(scale) * f32(i32(low | (high << 2u)) - 4);
+        }
+        case 12u: {
+            // Q4_K: f16 d, f16 dmin, 12 bytes scales and mins, 128 bytes qs.
+            let b = r + (j / 256u) * 144u;
+            let e = j % 256u;
+            let q = (byte0(b + 16u + 32u * (e / 64u) + e % 32u) >> (4u * ((e / 32u) % 2u))) & 15u;
+            let sm = scale_min_k4(b + 4u, e / 32u);
+            return half0(b) * f32(sm.x) * f32(q) - half0(b + 2u) * f32(sm.y);
+        }
+        case 13u: {
+            // Q5_K: f16 d, f16 dmin, 12 bytes scales and mins, 32 bytes qh, 128 bytes qs.
+            let b = r + (j / 256u) * 176u;
+            let e = j % 256u;
+            let k = e / 64u;
+            let hi = (e / 32u) % 2u;
+            let low = (byte0(b + 48u + 32u * k + e % 32u) >> (4u * hi)) & 15u;
+            let high = (byte0(b + 16u + e % 32u) >> (2u * k + hi)) & 1u;
+            let sm = scale_min_k4(b + 4u, e / 32u);
+            return half0(b) * f32(sm.x) * f32(low | (high << 4u)) - half0(b + 2u) * f32(sm.y);
+        }
+        case 14u: {
+            // Q6_K: 128 bytes ql, 64 bytes qh, 16 x i8 scales, f16 d.
+            let b = r + (j / 256u) * 210u;
+            let e = j % 256u;
+            let n = e / 128u;
+            let m = (e / 32u) % 4u;
+            let l = e % 32u;
+            let low = (byte0(b + 64u * n + 32u * (m % 2u) + l) >> (4u * (m / 2u))) & 15u;
+            let high = (byte0(b + 128u + 32u * n + l) >> (2u * m)) & 3u;
+            return half0(b + 208u) * i8_0(b + 192u + e / 16u) * f32(i32(low | (high << 4u)) - 32);
+        }
+        default: {
+            return 0.0;
+        }
+    }
+}

@@ -34,7 +34,7 @@ pub fn backend_regs() -> Vec<Box<dyn BackendReg>> {
             add_wgpu(&mut regs);
         }
     }
-    regs.push(Box::new(tessera_cpu::CpuBackendReg::new()));
+    regs.push(Box::new(tessera_cpu::CpuBackendReg));
     regs
 }
 

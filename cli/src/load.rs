@@ -1,0 +1,87 @@
+//! Resolving `--device` and `--model`, and loading a model with progress.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tessera::cpu::CpuDevice;
+use tessera::{Device, Error, Result};
+use tessera_llm::{fetch, Model};
+
+use crate::progress;
+
+/// Options shared by the commands that load a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file; without it the test model (SmolLM2-135M-Instruct Q4_1) is fetched and cached.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Device: auto (the best present), cpu, cuda:0, wgpu:0.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Compute without quantizing activations (CPU; slower, for checking).
+    #[arg(long)]
+    pub precise: bool,
+}
+
+fn cpu(args: &ModelArgs) -> Arc<dyn Device> {
+    let mut d = CpuDevice::new().with_precise(args.precise);
+    if let Some(n) = args.threads {
+        d = d.with_threads(n);
+    }
+    Arc::new(d)
+}
+
+/// The model's device and the CPU fallback.
+pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
+    let fallback = cpu(args);
+    let spec = args.device.trim();
+    if spec == "cpu" {
+        return Ok((fallback.clone(), fallback));
+    }
+    let reg = tessera::registry();
+    let dev = tessera::device(&reg, spec)?;
+    if dev.kind() == tessera::core::DeviceKind::Cpu {
+        return Ok((fallback.clone(), fallback));
+    }
+    Ok((dev, fallback))
+}
+
+/// The model path: `--model`, or the cached test model (fetched with a progress bar).
+pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    match &args.model {
+        Some(p) => {
+            if !p.is_file() {
+                return Err(Error::Invalid(format!("model file {} not found", p.display())));
+            }
+            Ok(p.clone())
+        }
+        None => {
+            let pb = progress::bytes_bar("fetching the test model");
+            let r = fetch::test_model(&mut progress::fetch_reporter(&pb));
+            pb.finish_and_clear();
+            r
+        }
+    }
+}
+
+/// Loads the model on the chosen device, with a progress bar for the weights.
+pub fn load(args: &ModelArgs) -> Result<Arc<Model>> {
+    let path = model_path(args)?;
+    let (dev, fallback) = devices(args)?;
+    let pb = progress::bytes_bar(&format!("loading onto {}", dev.name()));
+    let model = Model::load(&path, dev, fallback, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    });
+    pb.finish_and_clear();
+    let model = model.map_err(|e| match e {
+        Error::Gguf { .. } | Error::Model(_) => e,
+        other => Error::Model(format!("{}: {other}", path.display())),
+    })?;
+    log::info!("loaded {} on {}", path.display(), model.device().name());
+    Ok(Arc::new(model))
+}

@@ -1,0 +1,49 @@
+//! `tessera`: generate text with a GGUF model on any device, benchmark it, list devices, and
+//! run the op conformance suite and op benchmarks.
+
+mod bench;
+mod devices;
+mod generate;
+mod load;
+mod progress;
+mod tokenize;
+
+use clap::{Parser, Subcommand};
+
+/// Tensor graphs on any mix of devices.
+#[derive(Parser)]
+#[command(name = "tessera", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every device of every compiled-in backend.
+    Devices,
+    /// Generate text from a prompt, streaming it.
+    Generate(generate::GenerateArgs),
+    /// Chat interactively with the model's chat template.
+    Chat(generate::ChatArgs),
+    /// Print a text's token ids.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Measure prompt and generation tokens per second, as llama-bench does.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Devices => devices::run(),
+        Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => generate::chat(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

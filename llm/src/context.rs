@@ -1,0 +1,176 @@
+//! An evaluation context: a KV cache, a scheduler over the model's device (with the CPU as
+//! fallback), and the last step's graph, replayed while the step shape stays the same.
+
+use std::sync::Arc;
+
+use half::f16;
+use tessera_core::{DType, Device, Error, Graph, Result, SchedPlan, Scheduler};
+
+use crate::forward::{self, StepIo, StepShape};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+
+/// KV cells are attended in multiples of this, so a decode graph serves many steps.
+pub const KV_PAD: usize = 256;
+
+/// Settings of a context.
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    /// Positions the KV cache holds (0: the smaller of the model's training context and 4096).
+    pub n_ctx: usize,
+    /// Most tokens evaluated in one graph (prompt processing is cut into batches of this).
+    pub n_ubatch: usize,
+    /// KV cache element type (F16 as llama.cpp, or F32).
+    pub kv_type: DType,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams { n_ctx: 0, n_ubatch: 512, kv_type: DType::F16 }
+    }
+}
+
+struct Step {
+    shape: StepShape,
+    graph: Graph,
+    plan: SchedPlan,
+    io: StepIo,
+}
+
+/// Evaluates tokens of one sequence against a model, keeping its KV cache.
+pub struct Context {
+    model: Arc<Model>,
+    sched: Scheduler,
+    kv: KvCache,
+    n_ubatch: usize,
+    n_past: usize,
+    steps: Vec<Step>,
+}
+
+impl Context {
+    /// A context for `model` on the model's device (the CPU runs what the device cannot).
+    pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Self> {
+        let cfg = &model.config;
+        let n_ctx = if params.n_ctx == 0 { cfg.n_ctx_train.min(4096) } else { params.n_ctx };
+        if params.n_ubatch == 0 {
+            return Err(Error::Invalid("the batch size must be at least 1".into()));
+        }
+        let device = model.device().clone();
+        let kv = KvCache::new(cfg, device.as_ref(), n_ctx, params.kv_type)?;
+        let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
+        if device.kind() != tessera_core::DeviceKind::Cpu {
+            devices.push(model.fallback().clone());
+        }
+        let sched = Scheduler::new(devices)?;
+        Ok(Context { model, sched, kv, n_ubatch: params.n_ubatch, n_past: 0, steps: Vec::new() })
+    }
+
+    /// Positions already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Positions the cache holds.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Forgets the sequence (the cache's contents are overwritten as new tokens come).
+    pub fn clear(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Keeps only the first `n` positions of the sequence (no-op when fewer are cached).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Evaluates `tokens` after those already in the cache. Returns the logits of the last token
+    /// (`n_vocab` values), or of every token (`n_vocab` per token, in order) when `all_logits`.
+    pub fn eval(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::Invalid("nothing to evaluate: the token list is empty".into()));
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(Error::Invalid(format!("token id {bad} is past the vocabulary of {n_vocab}")));
+        }
+        if self.n_past + tokens.len() > self.kv.n_ctx() {
+            return Err(Error::Invalid(format!(
+                "{} tokens after {} do not fit the context of {} positions",
+                tokens.len(),
+                self.n_past,
+                self.kv.n_ctx()
+            )));
+        }
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = tokens.chunks(self.n_ubatch).collect();
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let want = all_logits || i == last;
+            let logits = self.eval_batch(chunk, all_logits)?;
+            if want {
+                out.extend_from_slice(&logits);
+            }
+        }
+        Ok(out)
+    }
+
+    fn eval_batch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        let n_kv = (self.n_past + n).div_ceil(KV_PAD) * KV_PAD;
+        let shape = StepShape { n_tokens: n, n_kv: n_kv.min(self.kv.n_ctx()), all_logits: all_logits && n > 1 };
+        let idx = match self.steps.iter().position(|s| s.shape == shape) {
+            Some(i) => i,
+            None => {
+                let (mut graph, io) = forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
+                let plan = self.sched.plan(&mut graph)?;
+                log::debug!("new step graph {:?}: {} tensors, {} splits", shape, graph.len(), plan.splits.len());
+                // Keep the prompt graph and the decode graph; drop older shapes.
+                if self.steps.len() >= 2 {
+                    self.steps.remove(0);
+                }
+                self.steps.push(Step { shape, graph, plan, io });
+                self.steps.len() - 1
+            }
+        };
+        let p0 = self.n_past;
+        {
+            let step = &self.steps[idx];
+            let g = &step.graph;
+            let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+            let pos: Vec<i32> = (0..n).map(|i| (p0 + i) as i32).collect();
+            let rows: Vec<i64> = (0..n).map(|i| (p0 + i) as i64).collect();
+            let neg = f16::NEG_INFINITY;
+            let mut mask = vec![neg; shape.n_kv * n];
+            for i in 0..n {
+                let row = &mut mask[i * shape.n_kv..(i + 1) * shape.n_kv];
+                // Token i sits at position p0 + i and sees every cell up to it.
+                row[..p0 + i + 1].fill(f16::ZERO);
+            }
+            set(g, step.io.tokens, bytemuck::cast_slice(&ids))?;
+            set(g, step.io.pos, bytemuck::cast_slice(&pos))?;
+            set(g, step.io.kv_rows, bytemuck::cast_slice(&rows))?;
+            let mask_bytes: Vec<u8> = mask.iter().flat_map(|h| h.to_le_bytes()).collect();
+            set(g, step.io.mask, &mask_bytes)?;
+        }
+        let step = &self.steps[idx];
+        self.sched.compute(&step.graph, &step.plan)?;
+        self.n_past += n;
+        let data = step.graph.data_or_err(step.io.logits)?;
+        let count = step.graph.get(step.io.logits).nelements();
+        let mut bytes = vec![0u8; count * 4];
+        data.buffer.get(data.offset, &mut bytes)?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+fn set(g: &Graph, id: tessera_core::TensorId, bytes: &[u8]) -> Result<()> {
+    let d = g.data_or_err(id)?;
+    d.buffer.set(d.offset, bytes)
+}

@@ -1,0 +1,114 @@
+//! A model's weights on a device: mapped without copying where the device reads host memory
+//! (the CPU), uploaded tensor by tensor otherwise.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tessera_core::backend::HostBytes;
+use tessera_core::gguf::GgufFile;
+use tessera_core::{Buffer, DType, Device, Error, Result};
+
+/// One weight tensor: where it lives and what it is.
+#[derive(Clone)]
+pub struct WeightTensor {
+    /// The buffer holding it.
+    pub buffer: Arc<dyn Buffer>,
+    /// Byte offset in the buffer.
+    pub offset: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape (ggml order).
+    pub ne: [usize; 4],
+}
+
+/// Every tensor of a GGUF file, on one device.
+pub struct Weights {
+    map: HashMap<String, WeightTensor>,
+    bytes: usize,
+    mapped: bool,
+}
+
+impl Weights {
+    /// Puts the file's tensors on `device`; `progress(done, total)` is called as bytes upload.
+    pub fn load(file: &GgufFile, device: &dyn Device, progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+        let total: u64 = file.tensors.iter().map(|t| t.size).sum();
+        let data_offset = file.data_offset as usize;
+        let mut map = HashMap::new();
+        let host: Arc<dyn HostBytes> = Arc::new(file.mapping());
+        if let Some(buf) = device.buffer_from_host(host)? {
+            for t in &file.tensors {
+                map.insert(t.name.clone(), WeightTensor { buffer: buf.clone(), offset: data_offset + t.offset as usize, dtype: t.dtype, ne: ne_usize(&t.ne) });
+            }
+            progress(total, total);
+            return Ok(Weights { map, bytes: total as usize, mapped: true });
+        }
+        let bt = device.buffer_type();
+        let align = bt.alignment().max(1);
+        let max = bt.max_size();
+        // Greedy packing into buffers no larger than the type allows.
+        let mut groups: Vec<(usize, Vec<(usize, usize)>)> = Vec::new(); // (size, [(tensor index, offset)])
+        for (i, t) in file.tensors.iter().enumerate() {
+            let size = t.size as usize;
+            if size > max {
+                return Err(Error::Model(format!("tensor '{}' ({size} bytes) exceeds the largest buffer of {} ({max} bytes)", t.name, device.name())));
+            }
+            let fits = groups.last().map(|g| g.0.div_ceil(align) * align + size <= max).unwrap_or(false);
+            if !fits {
+                groups.push((0, Vec::new()));
+            }
+            let g = groups.last_mut().expect("pushed above");
+            let off = g.0.div_ceil(align) * align;
+            g.1.push((i, off));
+            g.0 = off + size;
+        }
+        let mut done = 0u64;
+        let bytes = file.bytes();
+        for (size, members) in groups {
+            let buf = bt.alloc(size.max(1))?;
+            for (i, off) in members {
+                let t = &file.tensors[i];
+                let start = data_offset + t.offset as usize;
+                buf.set(off, &bytes[start..start + t.size as usize])?;
+                done += t.size;
+                progress(done, total);
+                map.insert(t.name.clone(), WeightTensor { buffer: buf.clone(), offset: off, dtype: t.dtype, ne: ne_usize(&t.ne) });
+            }
+        }
+        Ok(Weights { map, bytes: total as usize, mapped: false })
+    }
+
+    /// A tensor by name; an error naming it when the file lacks it.
+    pub fn get(&self, name: &str) -> Result<&WeightTensor> {
+        self.map.get(name).ok_or_else(|| Error::Model(format!("the model has no tensor '{name}'")))
+    }
+
+    /// A tensor by name, if present.
+    pub fn find(&self, name: &str) -> Option<&WeightTensor> {
+        self.map.get(name)
+    }
+
+    /// A tensor by name, checked to have the shape the metadata implies.
+    pub fn expect(&self, name: &str, ne: &[usize]) -> Result<&WeightTensor> {
+        let w = self.get(name)?;
+        let mut want = [1usize; 4];
+        want[..ne.len()].copy_from_slice(ne);
+        if w.ne != want {
+            return Err(Error::Model(format!("tensor '{name}' has shape {:?}, but the metadata implies {:?}", w.ne, want)));
+        }
+        Ok(w)
+    }
+
+    /// Total bytes of weights.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the weights are the mapped file itself (no copy).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+}
+
+fn ne_usize(ne: &[u64; 4]) -> [usize; 4] {
+    [ne[0] as usize, ne[1] as usize, ne[2] as usize, ne[3] as usize]
+}

@@ -45,10 +45,8 @@ pub(crate) fn run(p: &Params, dst: &TView, [q, k, v]: [&TView; 3], mask: Option<
         && v.ne[1] == n_kv
         && k.ne[2] == v.ne[2]
         && k.ne[3] == v.ne[3]
-        && k.ne[2] > 0
-        && k.ne[3] > 0
-        && heads % k.ne[2] == 0
-        && batches % k.ne[3] == 0
+        && heads.checked_rem(k.ne[2]) == Some(0)
+        && batches.checked_rem(k.ne[3]) == Some(0)
         && dst.ne == [dv, heads, n_q, batches]
         && mask.is_none_or(|m| m.ne[0] == n_kv && m.ne[1] >= n_q);
     if !fits {

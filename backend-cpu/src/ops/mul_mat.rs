@@ -47,10 +47,8 @@ struct Plan {
 impl Plan {
     fn new(dst: &TView, a: &TView, b: &TView, row_bytes: usize) -> Result<Plan> {
         let fits = a.ne[0] == b.ne[0]
-            && a.ne[2] > 0
-            && a.ne[3] > 0
-            && b.ne[2] % a.ne[2] == 0
-            && b.ne[3] % a.ne[3] == 0
+            && b.ne[2].checked_rem(a.ne[2]) == Some(0)
+            && b.ne[3].checked_rem(a.ne[3]) == Some(0)
             && dst.ne == [a.ne[1], b.ne[1], b.ne[2], b.ne[3]];
         if !fits {
             return Err(Error::Invalid(format!("mul_mat: shapes {:?} x {:?} -> {:?} do not fit", a.ne, b.ne, dst.ne)));

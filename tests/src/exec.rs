@@ -62,6 +62,9 @@ pub(crate) struct Prepared {
     buffer: Arc<dyn Buffer>,
     slots: Vec<Slot>,
     image: Vec<u8>,
+    /// Where the result is a view into part of its root (a cpy into a strided view): which
+    /// bytes of the root the view covers; the rest must not change.
+    covered: Option<Vec<bool>>,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -129,8 +132,32 @@ pub(crate) fn prepare(device: &dyn Device, case: &Case, seed: u64) -> Result<Pre
     for s in &slots {
         graph.bind(s.id, buffer.clone(), s.offset).map_err(|e| Stop::Fail(format!("binding: {e}")))?;
     }
+    let covered = view_coverage(&graph, out);
     let out = graph.root(out).0;
-    Ok(Prepared { graph, nodes, out, buffer, slots, image })
+    Ok(Prepared { graph, nodes, out, buffer, slots, image, covered })
+}
+
+/// For a result that is a view into its root: the root's bytes its elements cover.
+fn view_coverage(graph: &Graph, id: TensorId) -> Option<Vec<bool>> {
+    let (root, offset) = graph.root(id);
+    if root == id {
+        return None;
+    }
+    let t = graph.get(id);
+    let mut covered = vec![false; graph.get(root).nbytes()];
+    let (n0, width) = if t.dtype.is_quantized() { (1, t.row_bytes()) } else { (t.ne[0], t.dtype.type_size()) };
+    for i3 in 0..t.ne[3] {
+        for i2 in 0..t.ne[2] {
+            for i1 in 0..t.ne[1] {
+                for i0 in 0..n0 {
+                    let at = offset + i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                    let end = (at + width).min(covered.len());
+                    covered[at.min(end)..end].iter_mut().for_each(|c| *c = true);
+                }
+            }
+        }
+    }
+    Some(covered)
 }
 
 /// Opens a backend on `device`.
@@ -170,6 +197,15 @@ pub(crate) fn collect(p: &Prepared) -> Result<Vec<f64>, Stop> {
         return Err(Stop::Fail(format!("write past the last tensor at byte {}", covered + i)));
     }
     let slot = p.slots.iter().find(|s| s.id == p.out).ok_or_else(|| Stop::Fail("no output slot".into()))?;
+    if let Some(covered) = &p.covered {
+        let now = &after[slot.offset..slot.offset + slot.len];
+        if let Some(i) = (0..slot.len).find(|&i| !covered[i] && now[i] != slot.before[i]) {
+            return Err(Stop::Fail(format!(
+                "write outside the destination view, at byte {i} of '{}'",
+                p.graph.label(p.out)
+            )));
+        }
+    }
     tensor_io::read(p.graph.get(p.out), &after[slot.offset..slot.offset + slot.len])
         .map_err(|e| Stop::Fail(format!("reading the output: {e}")))
 }

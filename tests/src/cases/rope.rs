@@ -34,7 +34,7 @@ impl Rope {
         // An f32 angle pos * theta carries an error of about pos * 2^-24 radians, which every
         // implementation has; at large positions the threshold allows for it (a wrong
         // position or frequency still gives an error of order one).
-        let tol = if pos_max > 1024 { Tolerance::Nmse(1e-4) } else { Tolerance::DEFAULT };
+        let tol = if pos_max > 1024 { Tolerance::Nmse(1e-5) } else { Tolerance::DEFAULT };
         let p = RopeParams { n_dims, mode, freq_base: 10000.0, freq_scale };
         Case::new("ROPE", params, &[dtype], tol, move |g| {
             let a = g.leaf(dtype, &ne)?;

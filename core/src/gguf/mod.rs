@@ -21,7 +21,7 @@
 //! against the bytes left before anything is reserved, every string length is capped by the bytes
 //! left, shapes use checked arithmetic, array nesting is limited to [`MAX_ARRAY_DEPTH`], and each
 //! tensor's data must be aligned and lie inside the file. Every error is an
-//! [`Error::Gguf`](crate::Error::Gguf) naming the file, what is wrong and the byte offset where
+//! [`Error::Gguf`] naming the file, what is wrong and the byte offset where
 //! it was found. Once [`GgufFile::open`] succeeds, [`GgufFile::tensor_data`] is a plain slice of
 //! the mapping: nothing is copied.
 //!

@@ -34,4 +34,4 @@ pub use init::Init;
 pub use perf::{perf, PerfResult};
 pub use reference::RefDevice;
 pub use report::{CaseResult, Status, Summary};
-pub use runner::{test, test_cases, Options, Reference};
+pub use runner::{test, test_cases, test_registry, Options, Reference};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tessera_core::Device;
+use tessera_core::{Device, DeviceKind, Registry};
 
 use crate::case::Case;
 use crate::cases::cases;
@@ -80,6 +80,38 @@ pub fn test_cases(
         summary.results.push(r);
     }
     summary
+}
+
+/// Runs the case table on every device of a registry: the CPU (`cpu`) against the f64
+/// reference, every other device against the CPU (or the f64 reference when there is no CPU).
+/// A backend without devices gives a [`Summary::absent`] naming it. Software devices skip the
+/// large cases.
+pub fn test_registry(registry: &Registry, options: &Options, on_result: &mut dyn FnMut(&CaseResult)) -> Vec<Summary> {
+    let cpu = registry.find("cpu").ok();
+    let mut out = Vec::new();
+    for b in registry.backends() {
+        let devices = match &b.devices {
+            Ok(d) if d.is_empty() => {
+                out.push(Summary::absent(b.backend, "the backend found no devices"));
+                continue;
+            }
+            Ok(d) => d,
+            Err(why) => {
+                out.push(Summary::absent(b.backend, why));
+                continue;
+            }
+        };
+        for d in devices {
+            let reference = match &cpu {
+                Some(c) if c.name() != d.name() => Reference::Device(c.clone()),
+                _ => Reference::F64,
+            };
+            let mut opts = options.clone();
+            opts.filter.skip_large |= d.kind() == DeviceKind::Software;
+            out.push(test(d, &reference, &opts, on_result));
+        }
+    }
+    out
 }
 
 /// FNV-1a of a case name: the per-case part of the seed.

@@ -1,8 +1,9 @@
-//! The whole case table on the CPU backend against the independent f64 reference.
+//! The whole case table on the CPU backend against the independent f64 reference, and every
+//! other device the facade finds (with the features this crate is built with) against the CPU.
 
 use std::sync::Arc;
 
-use tessera_conformance::{test, Options, Reference};
+use tessera_conformance::{test, test_registry, Filter, Options, Reference, Status};
 use tessera_core::Device;
 use tessera_cpu::CpuDevice;
 
@@ -18,4 +19,29 @@ fn cpu_matches_the_f64_reference() {
     }
     assert_eq!(summary.failed(), 0, "{}", summary.totals());
     assert_eq!(summary.skipped(), 0, "{}", summary.totals());
+}
+
+/// The default CPU mul_mat quantizes activations, the reference does not: the difference is
+/// within mul_mat's threshold (above). In precise mode it must all but vanish.
+#[test]
+fn precise_cpu_mul_mat_matches_the_reference_closely() {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new().with_precise(true));
+    let options = Options { filter: Filter::ops("MUL_MAT"), ..Options::default() };
+    let summary = test(&cpu, &Reference::F64, &options, &mut |_| {});
+    for r in &summary.results {
+        assert_eq!(r.status, Status::Passed, "{r}");
+        assert!(r.nmse.unwrap_or(1.0) < 1e-9, "precise mode is not precise: {r}");
+    }
+}
+
+#[test]
+fn every_other_device_matches_the_cpu() {
+    let registry = tessera::registry();
+    for summary in test_registry(&registry, &Options::default(), &mut |_| {}) {
+        if summary.device == "cpu" {
+            continue; // the test above
+        }
+        println!("{summary}");
+        assert_eq!(summary.failed(), 0, "{}: {}", summary.device, summary.totals());
+    }
 }

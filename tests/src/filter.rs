@@ -48,3 +48,26 @@ impl Filter {
 fn split(list: &str) -> impl Iterator<Item = &str> {
     list.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::cases;
+
+    #[test]
+    fn filters_select_by_op_type_name_and_size() {
+        let all = cases();
+        let mm = Filter::ops("mul_mat");
+        assert!(all.iter().filter(|c| mm.matches(c)).all(|c| c.op() == "MUL_MAT"));
+        let q = Filter::ops("MUL_MAT,GET_ROWS").with_types("q4_K").expect("a known type");
+        let picked: Vec<_> = all.iter().filter(|c| q.matches(c)).collect();
+        assert!(picked.len() > 10);
+        assert!(picked.iter().all(|c| c.types().contains(&DType::Q4_K)));
+        assert!(Filter::all().with_types("q9_9").is_err());
+        let small = Filter { skip_large: true, ..Filter::all() };
+        let large = all.iter().filter(|c| !small.matches(c)).count();
+        assert!((5..=30).contains(&large), "{large} large cases");
+        let named = Filter { name: "n=67".into(), ..Filter::ops("MUL_MAT") };
+        assert!(all.iter().filter(|c| named.matches(c)).all(|c| c.name().contains("n=67")));
+    }
+}

@@ -134,6 +134,13 @@ fn bench(wt: DType, k: usize, m: usize, n: usize, threads: usize, reps: usize) {
 #[ignore = "a benchmark: cargo test -p tessera-cpu --release --test mul_mat -- --ignored --nocapture"]
 fn bench_mul_mat() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // BENCH="q4_1,576,49152,1,2,50" times one shape: type, k, m, n, threads, repetitions.
+    if let Ok(spec) = std::env::var("BENCH") {
+        let f: Vec<&str> = spec.split(',').collect();
+        let num = |i: usize| f[i].parse::<usize>().unwrap();
+        bench(DType::from_name(f[0]).unwrap(), num(1), num(2), num(3), num(4), num(5));
+        return;
+    }
     bench(DType::Q4_0, 14336, 4096, 1, threads, 10);
     bench(DType::Q4_0, 14336, 4096, 1, 1, 5);
     for (k, m) in [(576, 576), (576, 1536), (1536, 576), (576, 49152)] {

@@ -64,7 +64,7 @@ pub(crate) fn run(p: &Params, dst: &TView, [q, k, v]: [&TView; 3], mask: Option<
     // With a softcap, the scale is applied inside the tanh.
     let (scale, cap) = if p.softcap != 0.0 { (p.scale / p.softcap, p.softcap) } else { (p.scale, 0.0) };
 
-    for_ranges(heads * batches * q_blocks, QUERY_BLOCK * n_kv * (d + dv), |tasks| {
+    for_ranges(heads * batches * q_blocks, n_q.min(QUERY_BLOCK) * n_kv * (d + dv), |tasks| {
         let mut qs = vec![0f32; QUERY_BLOCK * d];
         let mut masks = vec![0f32; if mask.is_some() { QUERY_BLOCK * n_kv } else { 0 }];
         let mut krow = vec![0f32; d];

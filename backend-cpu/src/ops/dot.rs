@@ -1,44 +1,19 @@
-//! f32 kernels the float ops lean on: a dot product and `y += a * x`. The compiler vectorises the plain loops; on x86-64 CPUs with
-//! AVX2 and FMA a copy compiled for those features is used, chosen at run time.
-
-
-/// Independent accumulators: enough for two 8-lane FMA chains in flight.
-const LANES: usize = 16;
-
-/// Whether this CPU has AVX2 and FMA (the detection result is cached by std).
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-}
+//! f32 kernels the float ops lean on: a dot product and `y += a * x`. Portable loops, plus
+//! AVX2 + FMA versions on x86-64 CPUs that have them, chosen at run time.
 
 /// The dot product of the common length of `a` and `b`.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if avx2::available() {
         // SAFETY: AVX2 and FMA were detected just above.
-        return unsafe { dot_avx2(a, b) };
+        return unsafe { avx2::dot(a, b) };
     }
-    dot_body::<false>(a, b)
-}
-
-/// `dot` compiled for AVX2 + FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_body::<true>(a, b)
-}
-
-/// The dot product with `LANES` accumulators (fused multiply-adds when `FMA`).
-#[inline(always)]
-fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
-            acc[l] = if FMA { x[l].mul_add(y[l], acc[l]) } else { acc[l] + x[l] * y[l] };
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -47,25 +22,72 @@ fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 /// `y += a * x` over the common length.
 pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if avx2::available() {
         // SAFETY: AVX2 and FMA were detected just above.
-        return unsafe { axpy_avx2(y, a, x) };
+        return unsafe { avx2::axpy(y, a, x) };
     }
-    axpy_body::<false>(y, a, x)
-}
-
-/// `axpy` compiled for AVX2 + FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
-    axpy_body::<true>(y, a, x)
-}
-
-/// `y += a * x` (fused when `FMA`).
-#[inline(always)]
-fn axpy_body<const FMA: bool>(y: &mut [f32], a: f32, x: &[f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y = if FMA { x.mul_add(a, *y) } else { *y + a * x };
+        *y += a * x;
+    }
+}
+
+/// The AVX2 + FMA kernels. Safety rule: call them only when [`avx2::available`] is true;
+/// they read and write only within the common length of their slices.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU has AVX2 and FMA (std caches the detection).
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// Dot product with four 8-lane accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (mut s0, mut s1, mut s2, mut s3) =
+            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), s1);
+            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 16)), _mm256_loadu_ps(pb.add(i + 16)), s2);
+            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 24)), _mm256_loadu_ps(pb.add(i + 24)), s3);
+            i += 32;
+        }
+        while i + 8 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        let mut s = _mm_cvtss_f32(h);
+        while i < n {
+            s += *pa.add(i) * *pb.add(i);
+            i += 1;
+        }
+        s
+    }
+
+    /// `y += a * x`, 8 lanes at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(py.add(i), _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), va, _mm256_loadu_ps(py.add(i))));
+            i += 8;
+        }
+        while i < n {
+            *py.add(i) += a * *px.add(i);
+            i += 1;
+        }
     }
 }
 
@@ -75,14 +97,16 @@ mod tests {
 
     #[test]
     fn dot_and_axpy_match_plain_loops() {
-        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.25).collect();
-        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert!((dot(&a, &b) - want).abs() < 1e-3);
-        let mut y = b.clone();
-        axpy(&mut y, 2.0, &a);
-        for i in 0..37 {
-            assert_eq!(y[i], b[i] + 2.0 * a[i]);
+        for n in [0, 5, 8, 37, 100] {
+            let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
+            let want: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+            assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-3, "n {n}");
+            let mut y = b.clone();
+            axpy(&mut y, 2.0, &a);
+            for i in 0..n {
+                assert_eq!(y[i], b[i] + 2.0 * a[i]);
+            }
         }
     }
 }

@@ -68,6 +68,11 @@ impl Plan {
         })
     }
 
+    /// Multiply-adds in one tile.
+    fn tile_work(&self) -> usize {
+        self.tile_rows * self.n.min(TILE_COLS) * self.k
+    }
+
     /// Number of tiles over all batches.
     fn tiles(&self, batches: usize) -> usize {
         batches * self.row_tiles * self.col_tiles
@@ -121,7 +126,7 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     })?;
     let cols = &cols;
     let batches = b.ne[2] * b.ne[3];
-    for_ranges(p.tiles(batches), p.tile_rows * TILE_COLS * p.k, |range| {
+    for_ranges(p.tiles(batches), p.tile_work(), |range| {
         p.for_tiles(range, |b2, b3, rows, js| {
             let col0 = p.n * (b2 + p.e2 * b3);
             for j in js {
@@ -144,7 +149,7 @@ fn float(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     for_rows_mut(&mut cols, k, k, |r, out| b.load_row(b.row_index(r), out))?;
     let cols = &cols;
     let batches = b.ne[2] * b.ne[3];
-    for_ranges(p.tiles(batches), p.tile_rows * TILE_COLS * k, |range| {
+    for_ranges(p.tiles(batches), p.tile_work(), |range| {
         let mut tile = vec![0f32; p.tile_rows * k];
         // The tile currently converted: (b2 / r2, b3 / r3, first row).
         let mut loaded = None;

@@ -10,6 +10,9 @@
 //!   one buffer with a sentinel after it; computed tensors are poisoned with NaN bytes before the
 //!   run; a write outside a tensor, a changed input, a NaN or an infinity in the wrong place fails
 //!   the case. A device that cannot run a case reports it skipped, with the reason.
+//! - [`test_registry()`] does that for every device of a registry: the CPU against the f64
+//!   reference, every other device against the CPU; a backend without devices is reported
+//!   skipped by name ([`Summary::absent`]).
 //! - [`perf()`] repeats cases for about a second each and reports time, GB/s and GFLOP/s.
 //!
 //! The CLI's `tessera ops test` and `tessera ops perf` are thin wrappers over these.

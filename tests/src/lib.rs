@@ -5,7 +5,7 @@
 //!   (views, broadcasting, quantized types included). [`perf_cases()`] adds the perf-only cases
 //!   that `BENCHMARKS.md` needs.
 //! - [`test()`] runs cases on a device under test and on a [`Reference`] (another device, or the
-//!   independent f64 implementation in [`reference`]) from bit-identical random inputs, and
+//!   independent f64 implementation in [`reference`](mod@crate::reference)) from bit-identical random inputs, and
 //!   compares the outputs by NMSE ([`Tolerance`]). Every root tensor is bound by the runner in
 //!   one buffer with a sentinel after it; computed tensors are poisoned with NaN bytes before the
 //!   run; a write outside a tensor, a changed input, a NaN or an infinity in the wrong place fails

@@ -1,0 +1,66 @@
+//! Shared by the end-to-end tests: the test model (fetched and cached as the CLI does) and
+//! llama.cpp's reference outputs from ../shared/reference.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use tessera::cpu::CpuDevice;
+use tessera::Device;
+use tessera_llm::{fetch, Model};
+
+/// The reference directory beside the checkout.
+pub fn reference_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference")
+}
+
+/// A reference JSON file, parsed.
+pub fn reference(name: &str) -> serde_json::Value {
+    let p = reference_dir().join(name);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    serde_json::from_str(&text).expect("reference JSON parses")
+}
+
+/// The test model's path, fetched on first use.
+pub fn model_path() -> PathBuf {
+    fetch::test_model(&mut |_| {}).expect("the test model is fetched or cached")
+}
+
+/// The test model on the CPU (default mode: activations quantized as llama.cpp does).
+pub fn cpu_model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| load(CpuDevice::new())).clone()
+}
+
+/// The test model on the CPU in precise mode (no activation quantization).
+pub fn precise_model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| load(CpuDevice::new().with_precise(true))).clone()
+}
+
+fn load(cpu: CpuDevice) -> Arc<Model> {
+    let dev: Arc<dyn Device> = Arc::new(cpu);
+    Arc::new(Model::load(model_path(), dev.clone(), dev, &mut |_, _| {}).expect("the model loads"))
+}
+
+/// The ids of a JSON array.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("an array").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+}
+
+/// The floats of a JSON array.
+pub fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array().expect("an array").iter().map(|x| x.as_f64().expect("a number") as f32).collect()
+}
+
+/// Index of the largest value (lowest index on ties).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

@@ -4,8 +4,9 @@
 // Template defines (see backend-wgpu/src/shader.rs): T0..T3 the source types and DT the
 // destination type, as GGUF type ids (0 f32, 1 f16, 26 i32, 30 bf16, quantized ids for
 // quantized sources); F16 is set when the adapter converts f16 in f32 shaders
-// (unpack2x16float); DST16 is set when the destination holds 16-bit values, which are then
-// written with atomics so that two invocations may write the two halves of one word.
+// (unpack2x16float); DST16 is set when the destination holds 16-bit values and ATOMIC when
+// it holds 16-bit values or quantized blocks: such a destination is written with atomics, so
+// that two invocations may write parts of one word.
 //
 // Every buffer is bound as words (array<u32>) and read_write, so that one buffer may be bound
 // twice (a source and the destination in one buffer); tensors are addressed in bytes, with
@@ -42,10 +43,33 @@ struct Params {
 }
 
 @group(0) @binding(7) var<uniform> P: Params;
-#if DST16
+#if ATOMIC
 @group(0) @binding(0) var<storage, read_write> dst: array<atomic<u32>>;
+
+// Stores word w at word index i of dst.
+fn put_word(i: u32, w: u32) {
+    atomicStore(&dst[i], w);
+}
+
+// Sets the bits of word i of dst under mask to those of w, leaving the others: two
+// invocations may write disjoint bits of one word.
+fn put_bits(i: u32, mask: u32, w: u32) {
+    atomicAnd(&dst[i], ~mask);
+    atomicOr(&dst[i], w & mask);
+}
+
+// Stores the low byte of v at byte b of dst.
+fn put_byte(b: u32, v: u32) {
+    let sh = (b & 3u) * 8u;
+    put_bits(b >> 2u, 0xffu << sh, v << sh);
+}
 #else
 @group(0) @binding(0) var<storage, read_write> dst: array<u32>;
+
+// Stores word w at word index i of dst.
+fn put_word(i: u32, w: u32) {
+    dst[i] = w;
+}
 #endif
 @group(0) @binding(1) var<storage, read_write> src0: array<u32>;
 @group(0) @binding(2) var<storage, read_write> src1: array<u32>;
@@ -144,19 +168,9 @@ fn st(b: u32, v: f32) {
 #if DST16
     let h = select(bf16_bits(v), f16_bits(v), DT == 1u);
     let sh = (b & 2u) * 8u;
-    atomicAnd(&dst[b >> 2u], ~(0xffffu << sh));
-    atomicOr(&dst[b >> 2u], h << sh);
+    put_bits(b >> 2u, 0xffffu << sh, h << sh);
 #else
-    dst[b >> 2u] = select(bitcast<u32>(v), bitcast<u32>(i32(v)), DT == 26u);
-#endif
-}
-
-// Stores raw 32-bit word w at byte b of dst (4-byte types only).
-fn st_word(b: u32, w: u32) {
-#if DST16
-    atomicStore(&dst[b >> 2u], w);
-#else
-    dst[b >> 2u] = w;
+    put_word(b >> 2u, select(bitcast<u32>(v), bitcast<u32>(i32(v)), DT == 26u));
 #endif
 }
 

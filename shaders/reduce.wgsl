@@ -54,7 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             workgroupBarrier();
         }
         if li == 0u {
-            st_word(P.off.x + row * P.d.nb.x, best[0]);
+            put_word((P.off.x + row * P.d.nb.x) >> 2u, best[0]);
         }
         return;
     }

@@ -3,8 +3,11 @@
 // One invocation per element of src0, visited in src0's logical order and written to dst in
 // dst's logical order (dst may have another shape of the same element count: cpy).
 // Defines: OP: 0 convert-copy, 1 scale, 2 clamp, 3 raw 32-bit copy, 4 dequantizing copy
-// (src0 quantized, rows contiguous), 10 + i for the i-th op of UnaryOp::ALL.
-// Params: f.x, f.y: scale and bias, or min and max; u.x: element count.
+// (src0 quantized, rows contiguous), 5 byte copy of quantized rows into a contiguous dst
+// (one invocation per word of dst), 6 quantizing copy (one invocation per block of dst),
+// 10 + i for the i-th op of UnaryOp::ALL.
+// Params: f.x, f.y: scale and bias, or min and max; u.x: invocations; u.y, u.z: bytes and
+// row bytes of the byte copy.
 
 const OP: u32 = {{OP}}u;
 
@@ -48,19 +51,50 @@ fn apply(x: f32) -> f32 {
     }
 }
 
+#if QDST
+// Word i of a byte copy: each byte of dst's tensor from its row in src0.
+fn copy_bytes(i: u32) {
+    let w = (P.off.x >> 2u) + i;
+    var word = 0u;
+    var mask = 0u;
+    for (var k = 0u; k < 4u; k++) {
+        let a = w * 4u + k;
+        if a >= P.off.x && a < P.off.x + P.u.y {
+            let rel = a - P.off.x;
+            let rc = coords((rel / P.u.z) * P.s0.ne.x, P.s0.ne);
+            let sb = P.off.y + rc.y * P.s0.nb.y + rc.z * P.s0.nb.z + rc.w * P.s0.nb.w + rel % P.u.z;
+            word |= byte0(sb) << (8u * k);
+            mask |= 0xffu << (8u * k);
+        }
+    }
+    put_bits(w, mask, word);
+}
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = linear(wg, nwg, li);
     if i >= P.u.x {
         return;
     }
+#if QDST
+    if OP == 5u {
+        copy_bytes(i);
+        return;
+    }
+    for (var j = 0u; j < 32u; j++) {
+        xs[j] = ld0(P.off.y + at(coords(i * 32u + j, P.s0.ne), P.s0.nb));
+    }
+    quantize_block(DT, P.off.x + i * P.d.nb.x);
+#else
     let c = coords(i, P.s0.ne);
     let db = P.off.x + at(coords(i, P.d.ne), P.d.nb);
     if OP == 3u {
-        st_word(db, src0[(P.off.y + at(c, P.s0.nb)) >> 2u]);
+        put_word(db >> 2u, src0[(P.off.y + at(c, P.s0.nb)) >> 2u]);
     } else if OP == 4u {
         st(db, dq(T0, P.off.y + c.y * P.s0.nb.y + c.z * P.s0.nb.z + c.w * P.s0.nb.w, c.x));
     } else {
         st(db, apply(ld0(P.off.y + at(c, P.s0.nb))));
     }
+#endif
 }

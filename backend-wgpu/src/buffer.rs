@@ -226,7 +226,7 @@ impl Buffer for WgpuBuffer {
         let direct = src
             .as_any()
             .downcast_ref::<WgpuBuffer>()
-            .filter(|s| Arc::ptr_eq(&s.gpu, &self.gpu) && s.id != self.id && (offset | src_offset | len) % 4 == 0);
+            .filter(|s| Arc::ptr_eq(&s.gpu, &self.gpu) && s.id != self.id && (offset | src_offset | len) & 3 == 0);
         match direct {
             Some(s) => {
                 let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });

@@ -72,6 +72,8 @@ pub(crate) const QUANT: [DType; 10] = [
     DType::Q5_K,
     DType::Q6_K,
 ];
+/// Quantized types the shaders quantize into (cpy and set_rows).
+const QUANT_OUT: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0];
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
@@ -168,6 +170,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
                 3
             } else if QUANT.contains(&from) && to == DType::F32 && a.rows_contiguous() {
                 4
+            } else if from == to && from.is_quantized() && t.is_contiguous() {
+                p.u[1] = t.nbytes() as u32;
+                p.u[2] = t.row_bytes() as u32;
+                return Ok(ew(unary_variant(5, from, to), vec![id, t.src[0]], p, t.nbytes() / 4 + 2));
+            } else if FLOATS.contains(&from) && QUANT_OUT.contains(&to) && t.is_contiguous() {
+                return Ok(ew(unary_variant(6, from, to), vec![id, t.src[0]], p, n / 32));
             } else {
                 return Err(format!("copy from {from} to {to}"));
             };
@@ -238,14 +246,14 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
         }
         Op::SetRows => {
             let (d, idx) = (t.dtype, srcs[2].dtype);
-            if !FLOATS.contains(&d) {
+            if !FLOATS.contains(&d) && !QUANT_OUT.contains(&d) {
                 return Err(format!("destination type {d}"));
             }
             // Slots: dst = a (this node's memory), src0 = the f32 rows, src1 = indices.
             p.desc[1] = desc(srcs[1]);
             p.desc[2] = desc(srcs[2]);
-            let count = srcs[1].nelements();
-            Ok(ew(rows_variant(2, DType::F32, idx, d), vec![id, t.src[1], t.src[2]], p, count))
+            let (op, count) = if d.is_quantized() { (3, srcs[1].nelements() / 32) } else { (2, srcs[1].nelements()) };
+            Ok(ew(rows_variant(op, DType::F32, idx, d), vec![id, t.src[1], t.src[2]], p, count))
         }
         Op::MulMat => {
             let (a, b) = (srcs[0], srcs[1]);
@@ -316,7 +324,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
         }
         Op::Concat(axis) => {
             let a = srcs[0].dtype;
-            if !FLOATS.contains(&a) {
+            if !FLOATS.contains(&a) && a != DType::I32 {
                 return Err(format!("type {a}"));
             }
             p.u[1] = *axis as u32;
@@ -324,7 +332,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
         }
         Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) => {
             let a = srcs[0].dtype;
-            if !FLOATS.contains(&a) {
+            if !FLOATS.contains(&a) && !(a == DType::I32 && t.op == Op::Repeat) {
                 return Err(format!("type {a}"));
             }
             let op = match t.op {
@@ -460,7 +468,8 @@ fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
 }
 
 fn shape_variant(op: u32, a: DType, to: DType) -> Variant {
-    Variant::new(Family::Shape, "main").def("OP", op).ty("T0", a).ty("T1", a).ty("DT", to)
+    let raw = u32::from(a == DType::I32);
+    Variant::new(Family::Shape, "main").def("OP", op).def("RAW", raw).ty("T0", a).ty("T1", a).ty("DT", to)
 }
 
 /// Every variant [`plan`] can ask for in `family` (with subgroups on or off), for the naga test.
@@ -483,6 +492,12 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             v.push(ew(unary_variant(3, DType::I32, DType::I32)));
             for &q in &QUANT {
                 v.push(ew(unary_variant(4, q, DType::F32)));
+                v.push(ew(unary_variant(5, q, q)));
+            }
+            for &a in &FLOATS {
+                for &q in &QUANT_OUT {
+                    v.push(ew(unary_variant(6, a, q)));
+                }
             }
         }
         Family::Binary => {
@@ -509,9 +524,12 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 v.push(ew(rows_variant(0, a, DType::I32, DType::F32)));
             }
             v.push(ew(rows_variant(1, DType::I32, DType::I32, DType::I32)));
-            for &d in &FLOATS {
-                for idx in [DType::I32, DType::I64] {
+            for idx in [DType::I32, DType::I64] {
+                for &d in &FLOATS {
                     v.push(ew(rows_variant(2, DType::F32, idx, d)));
+                }
+                for &d in &QUANT_OUT {
+                    v.push(ew(rows_variant(3, DType::F32, idx, d)));
                 }
             }
         }
@@ -548,6 +566,8 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     v.push(ew(shape_variant(op, a, a)));
                 }
             }
+            v.push(ew(shape_variant(0, DType::I32, DType::I32)));
+            v.push(ew(shape_variant(1, DType::I32, DType::I32)));
             v.push(ew(shape_variant(4, DType::F32, DType::F32)));
         }
     }

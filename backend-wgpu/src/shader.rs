@@ -4,8 +4,9 @@
 //! # The template step
 //!
 //! A [`Variant`] is a family, an entry point and a set of integer defines. Its source is
-//! `common.wgsl`, then `dequant.wgsl` for the families that read quantized blocks, then the
-//! family's file, expanded line by line:
+//! `common.wgsl`, then `dequant.wgsl` for the families that read quantized blocks, then
+//! `quantize.wgsl` when the destination type is quantized, then the family's file, expanded
+//! line by line:
 //!
 //! - `{{NAME}}` is replaced by the define's value (a missing define is an error);
 //! - `#if NAME` keeps the following lines when NAME is defined and not 0, `#else` flips that,
@@ -14,7 +15,9 @@
 //! That is all: element types, f16 on or off, subgroups on or off and tile sizes are defines,
 //! and the code that differs between variants is a `#if` block or a constant, never a copy.
 //! The defines every variant has (with their defaults) are `T0`..`T3` and `DT` (source and
-//! destination types as GGUF type ids, 0 = f32), `DST16` (derived: the destination is 16-bit),
+//! destination types as GGUF type ids, 0 = f32), `DST16` and `ATOMIC` (derived: the
+//! destination is 16-bit; it is 16-bit or quantized, and written with atomics), `QDST`
+//! (derived: the destination is quantized),
 //! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
 //! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32).
 //!
@@ -28,6 +31,8 @@ use tessera_core::DType;
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 /// Block dequantization, for the families that read quantized weights.
 const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
+/// Block quantization, for the variants that write quantized blocks.
+const QUANTIZE: &str = include_str!("../../shaders/quantize.wgsl");
 
 /// An op family: one WGSL file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -152,11 +157,15 @@ impl Variant {
     pub fn source(&self) -> Result<String, String> {
         let dt = self.get("DT").unwrap_or(0);
         let dst16 = u32::from(dt == DType::F16.gguf_id() || dt == DType::BF16.gguf_id());
-        let v = self.clone().def("DST16", dst16);
+        let qdst = u32::from(DType::ALL.iter().any(|t| t.is_quantized() && t.gguf_id() == dt));
+        let v = self.clone().def("DST16", dst16).def("ATOMIC", dst16 | qdst).def("QDST", qdst);
         let mut out = String::new();
         v.expand("common", COMMON, &mut out)?;
         if self.family.dequantizes() {
             v.expand("dequant", DEQUANT, &mut out)?;
+        }
+        if qdst != 0 {
+            v.expand("quantize", QUANTIZE, &mut out)?;
         }
         let (name, text) = self.family.file();
         v.expand(name, text, &mut out)?;

@@ -5,6 +5,7 @@ mod bench;
 mod devices;
 mod generate;
 mod load;
+mod ops;
 mod progress;
 mod tokenize;
 
@@ -30,6 +31,9 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Measure prompt and generation tokens per second, as llama-bench does.
     Bench(bench::BenchArgs),
+    /// The op conformance suite and op benchmarks.
+    #[command(subcommand)]
+    Ops(ops::OpsCommand),
 }
 
 fn main() {
@@ -41,6 +45,7 @@ fn main() {
         Command::Chat(a) => generate::chat(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Ops(c) => ops::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

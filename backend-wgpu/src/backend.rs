@@ -11,7 +11,7 @@ use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::WgpuBuffer;
 use crate::context::{Gpu, Window, PARAMS_SIZE};
-use crate::ops;
+use crate::ops::{self, Bind};
 
 /// A stream of work on one wgpu device.
 pub struct WgpuBackend {
@@ -53,8 +53,9 @@ impl WgpuBackend {
         Ok((id, buf))
     }
 
-    /// The window and wgpu buffer of tensor `id`'s memory, and its byte offset in the window.
-    fn binding(&self, graph: &Graph, id: TensorId) -> Result<(Window, wgpu::Buffer, u32)> {
+    /// The window and wgpu buffer of a binding's memory, and its byte offset in the window.
+    fn binding(&self, graph: &Graph, bind: &Bind) -> Result<(Window, wgpu::Buffer, u32)> {
+        let id = bind.id;
         let data = graph.data_or_err(id)?;
         let buf = data
             .buffer
@@ -65,8 +66,8 @@ impl WgpuBackend {
                 buffer: data.buffer.name(),
                 reason: format!("tensor '{}' is not in memory of {}", graph.label(id), self.gpu.name),
             })?;
-        let span = graph.get(id).nbytes().max(1);
-        let (win, off) = buf.window(data.offset, span, &format!("tensor '{}'", graph.label(id)))?;
+        let span = bind.span.unwrap_or_else(|| graph.get(id).nbytes().saturating_sub(bind.skip)).max(1);
+        let (win, off) = buf.window(data.offset + bind.skip, span, &format!("tensor '{}'", graph.label(id)))?;
         Ok((win, buf.buffer.clone(), off))
     }
 }
@@ -80,9 +81,7 @@ impl Backend for WgpuBackend {
         self.gpu.check()?;
         let mut launches = Vec::new();
         for &id in nodes {
-            if let Some(l) = ops::launches(&self.gpu, graph, id)? {
-                launches.push(l);
-            }
+            launches.extend(ops::launches(&self.gpu, graph, id)?);
         }
         if launches.is_empty() {
             return Ok(());
@@ -93,8 +92,8 @@ impl Backend for WgpuBackend {
         let mut encoded = Vec::with_capacity(launches.len());
         for (i, l) in launches.iter_mut().enumerate() {
             let mut storage = Vec::with_capacity(l.bind.len());
-            for (k, &tid) in l.bind.iter().enumerate() {
-                let (win, buf, off) = self.binding(graph, tid)?;
+            for (k, bind) in l.bind.iter().enumerate() {
+                let (win, buf, off) = self.binding(graph, bind)?;
                 l.params.set_offset(k, off);
                 storage.push((win, buf));
             }

@@ -43,12 +43,30 @@ impl Params {
     }
 }
 
+/// One storage binding of a launch: a tensor, or a part of it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bind {
+    /// The tensor.
+    pub id: TensorId,
+    /// Bytes from the tensor's first byte to the part bound.
+    pub skip: usize,
+    /// Bytes of the part (`None`: to the tensor's end).
+    pub span: Option<usize>,
+}
+
+impl Bind {
+    /// The whole of tensor `id`.
+    fn whole(id: TensorId) -> Bind {
+        Bind { id, skip: 0, span: None }
+    }
+}
+
 /// One dispatch.
 pub(crate) struct Launch {
     /// The pipeline.
     pub variant: Variant,
     /// Tensors bound in order: dst, then the sources (unused slots repeat dst).
-    pub bind: Vec<TensorId>,
+    pub bind: Vec<Bind>,
     /// Parameters (offsets filled later).
     pub params: Params,
     /// Workgroup counts.
@@ -115,14 +133,15 @@ fn grid(n: usize) -> Option<[u32; 3]> {
 /// The decision for one node: a variant, the tensors to bind, parameters, workgroups.
 struct PlanOut {
     variant: Variant,
-    bind: Vec<TensorId>,
+    bind: Vec<Bind>,
     params: Params,
     groups: usize,
     groups_3d: Option<[u32; 3]>,
 }
 
-/// Decides how node `id` runs, or why it cannot.
-fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, String> {
+/// Decides how node `id` runs (one launch, or several for a mul_mat whose weights are split
+/// across bindings), or why it cannot.
+fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanOut>, String> {
     let t = graph.get(id);
     let srcs: Vec<&Tensor> = t.src.iter().map(|&s| graph.get(s)).collect();
     for x in std::iter::once(t).chain(srcs.iter().copied()) {
@@ -138,7 +157,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
     let n = t.nelements();
     let ew = |variant: Variant, bind: Vec<TensorId>, mut p: Params, count: usize| {
         p.u[0] = count as u32;
-        PlanOut { variant: variant.def("WG", EW_WG), bind, params: p, groups: count.div_ceil(EW_WG as usize), groups_3d: None }
+        let bind = bind.into_iter().map(Bind::whole).collect();
+        vec![PlanOut { variant: variant.def("WG", EW_WG), bind, params: p, groups: count.div_ceil(EW_WG as usize), groups_3d: None }]
     };
     match &t.op {
         Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } => {
@@ -262,22 +282,45 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
             }
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;
             p.u[2] = (b.ne[3] / a.ne[3]) as u32;
-            let bind = vec![id, t.src[0], t.src[1]];
-            if t.ne[1] <= MAT_VEC_MAX_N {
-                p.u[0] = n as u32;
-                let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
-                Ok(PlanOut { variant: v, bind, params: p, groups: n, groups_3d: None })
+            // Weights larger than one storage binding run as several launches over row ranges.
+            let usable = (gpu.limits.max_storage_buffer_binding_size as usize)
+                .saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
+            let chunk = if a.nbytes() <= usable {
+                a.ne[1]
+            } else if a.ne[2] * a.ne[3] == 1 && a.nb[1] <= usable {
+                usable / a.nb[1]
             } else {
-                let (bm, bn, _) = MM_TILE;
-                let z = t.ne[2] * t.ne[3];
-                let gx = t.ne[0].div_ceil(bm as usize);
-                let gy = t.ne[1].div_ceil(bn as usize);
-                if z > 65535 || gx > 65535 || gy > 65535 {
-                    return Err(format!("{:?} needs too many workgroups", t.ne));
+                return Err(format!("src0 of {} bytes exceeds a storage binding and is not a 2-D matrix", a.nbytes()));
+            };
+            let (bm, bn, _) = MM_TILE;
+            let mut out = Vec::new();
+            for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
+                let rc = chunk.min(a.ne[1] - r0);
+                let mut p = p;
+                p.desc[0][0] = rc as u32;
+                p.desc[1][1] = rc as u32;
+                let bind = vec![
+                    Bind { id, skip: r0 * t.nb[0], span: None },
+                    Bind { id: t.src[0], skip: r0 * a.nb[1], span: Some(rc * a.nb[1]) },
+                    Bind::whole(t.src[1]),
+                ];
+                let outputs = rc * t.ne[1] * t.ne[2] * t.ne[3];
+                if t.ne[1] <= MAT_VEC_MAX_N {
+                    p.u[0] = outputs as u32;
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
+                    out.push(PlanOut { variant: v, bind, params: p, groups: outputs, groups_3d: None });
+                } else {
+                    let z = t.ne[2] * t.ne[3];
+                    let gx = rc.div_ceil(bm as usize);
+                    let gy = t.ne[1].div_ceil(bn as usize);
+                    if z > 65535 || gx > 65535 || gy > 65535 {
+                        return Err(format!("{:?} needs too many workgroups", t.ne));
+                    }
+                    let v = mat_mat_variant(a.dtype, b.dtype);
+                    out.push(PlanOut { variant: v, bind, params: p, groups: 0, groups_3d: Some([gx as u32, gy as u32, z as u32]) });
                 }
-                let v = mat_mat_variant(a.dtype, b.dtype);
-                Ok(PlanOut { variant: v, bind, params: p, groups: 0, groups_3d: Some([gx as u32, gy as u32, z as u32]) })
             }
+            Ok(out)
         }
         Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
             let (q, k, v) = (srcs[0], srcs[1], srcs[2]);
@@ -303,9 +346,9 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
             if mask.is_none() {
                 p.desc[4] = [1, 1, 1, 1, 0, 0, 0, 0];
             }
-            let bind = vec![id, t.src[0], t.src[1], t.src[2], t.src.get(3).copied().unwrap_or(id)];
+            let bind = [id, t.src[0], t.src[1], t.src[2], t.src.get(3).copied().unwrap_or(id)].map(Bind::whole).to_vec();
             let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax);
-            Ok(PlanOut { variant: var, bind, params: p, groups, groups_3d: None })
+            Ok(vec![PlanOut { variant: var, bind, params: p, groups, groups_3d: None }])
         }
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => {
             let a = srcs[0].dtype;
@@ -355,8 +398,9 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<PlanOut, 
 }
 
 /// A row family's plan: one workgroup per row.
-fn rows(variant: Variant, bind: Vec<TensorId>, params: Params, n_rows: usize) -> PlanOut {
-    PlanOut { variant: variant.def("WG", ROW_WG), bind, params, groups: n_rows, groups_3d: None }
+fn rows(variant: Variant, bind: Vec<TensorId>, params: Params, n_rows: usize) -> Vec<PlanOut> {
+    let bind = bind.into_iter().map(Bind::whole).collect();
+    vec![PlanOut { variant: variant.def("WG", ROW_WG), bind, params, groups: n_rows, groups_3d: None }]
 }
 
 /// ALiBi parameters (ggml's): m0, m1 and n_head_log2 for `heads` heads.
@@ -380,17 +424,22 @@ pub(crate) fn supported(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<()> {
 }
 
 /// The launches of node `id` (none for views and leaves).
-pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Option<Launch>> {
+pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Vec<Launch>> {
     let t = graph.get(id);
     if t.op.is_view() || t.op == Op::None || t.nelements() == 0 {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let out = plan(gpu, graph, id).map_err(|why| unsupported(gpu, graph, id, why))?;
-    let groups = match out.groups_3d {
-        Some(g) => g,
-        None => grid(out.groups).ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
-    };
-    Ok(Some(Launch { variant: out.variant, bind: out.bind, params: out.params, groups }))
+    let plans = plan(gpu, graph, id).map_err(|why| unsupported(gpu, graph, id, why))?;
+    plans
+        .into_iter()
+        .map(|out| {
+            let groups = match out.groups_3d {
+                Some(g) => g,
+                None => grid(out.groups).ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
+            };
+            Ok(Launch { variant: out.variant, bind: out.bind, params: out.params, groups })
+        })
+        .collect()
 }
 
 fn unary_variant(op: u32, from: DType, to: DType) -> Variant {

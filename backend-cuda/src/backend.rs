@@ -1,0 +1,233 @@
+//! [`CudaBackend`]: a stream on one GPU that computes graphs, copies asynchronously and records
+//! events.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use tessera_core::{Backend, Buffer, Error, Event, Graph, Result, TensorId};
+
+use crate::blas::Blas;
+use crate::driver::DeviceShared;
+use crate::graphs::{GraphCache, GraphMode};
+use crate::memory::CudaBuffer;
+use crate::ops::Encoder;
+
+/// A stream of work on one GPU.
+///
+/// [`Backend::compute`] encodes the nodes into a command list first (an unsupported node is an
+/// error before anything runs), then runs the list eagerly or through a CUDA graph
+/// ([`crate::graphs`]). Scratch memory for the ops comes from an arena owned by the backend that
+/// grows, stream-ordered, when a graph needs more.
+pub struct CudaBackend {
+    graphs: GraphCache,
+    blas: Blas,
+    scratch: u64,
+    scratch_cap: usize,
+    tf32: bool,
+    fuse: bool,
+    stream: Arc<CudaStream>,
+    dev: Arc<DeviceShared>,
+}
+
+impl CudaBackend {
+    pub(crate) fn new(dev: Arc<DeviceShared>) -> Result<CudaBackend> {
+        dev.bind()?;
+        let stream = dev.ctx.new_stream().map_err(|e| dev.err("creating a stream", e))?;
+        let blas = Blas::new(dev.clone(), stream.cu_stream())?;
+        let tf32 = std::env::var("TESSERA_CUDA_TF32").is_ok_and(|v| v == "1");
+        let fuse = std::env::var("TESSERA_CUDA_FUSION").map(|v| v != "0").unwrap_or(true);
+        Ok(CudaBackend { graphs: GraphCache::new(), blas, scratch: 0, scratch_cap: 0, tf32, fuse, stream, dev })
+    }
+
+    /// How the last [`Backend::compute`] ran (eagerly, or through a captured, updated or
+    /// replayed CUDA graph).
+    pub fn graph_mode(&self) -> GraphMode {
+        self.graphs.mode
+    }
+
+    /// Turns CUDA graphs on or off (on by default unless `TESSERA_CUDA_GRAPHS=0`).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Turns fused kernels on or off (on by default unless `TESSERA_CUDA_FUSION=0`).
+    pub fn set_fusion(&mut self, on: bool) {
+        self.fuse = on;
+    }
+
+    /// Lets F32 matrix products use TF32 tensor cores (off by default unless
+    /// `TESSERA_CUDA_TF32=1`).
+    pub fn set_tf32(&mut self, on: bool) {
+        self.tf32 = on;
+    }
+
+    fn err(&self, what: &str, e: cudarc::driver::DriverError) -> Error {
+        self.dev.err(what, e)
+    }
+
+    /// The CUDA buffer of this device behind `b`, if it is one.
+    fn own<'b>(&self, b: &'b dyn Buffer) -> Option<&'b CudaBuffer> {
+        b.as_any().downcast_ref::<CudaBuffer>().filter(|c| c.ordinal() == self.dev.ordinal)
+    }
+
+    /// Makes the scratch arena at least `need` bytes.
+    fn grow_scratch(&mut self, need: usize) -> Result<()> {
+        let size = need.max(self.scratch_cap * 3 / 2).div_ceil(1 << 20) << 20;
+        let s = self.stream.cu_stream();
+        self.dev.pool.free(&self.dev, self.scratch, s);
+        self.scratch = 0;
+        self.scratch_cap = 0;
+        self.scratch = self.dev.pool.alloc(&self.dev, size, s)?;
+        self.scratch_cap = size;
+        log::debug!("{}: scratch arena of {size} bytes", self.dev.name);
+        Ok(())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            log::warn!("{}: {}", self.dev.name, crate::driver::describe(e));
+        }
+        self.dev.pool.free(&self.dev, self.scratch, self.stream.cu_stream());
+    }
+}
+
+/// A point in a CUDA stream.
+pub struct CudaEventMark {
+    event: CudaEvent,
+    device: String,
+}
+
+impl Event for CudaEventMark {
+    fn synchronize(&self) -> Result<()> {
+        self.event.synchronize().map_err(|e| crate::driver::drv(&self.device, "waiting for an event", e))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        self.dev.name.clone()
+    }
+
+    fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        self.dev.bind()?;
+        let mut enc = Encoder::new(&self.dev, graph, self.scratch, self.scratch_cap, self.tf32, self.fuse);
+        enc.encode(nodes)?;
+        let cmds = if enc.scratch_fits() {
+            enc.cmds
+        } else {
+            let need = enc.scratch_need;
+            drop(enc);
+            self.grow_scratch(need)?;
+            let mut enc = Encoder::new(&self.dev, graph, self.scratch, self.scratch_cap, self.tf32, self.fuse);
+            enc.encode(nodes)?;
+            enc.cmds
+        };
+        let (dev, blas, s) = (&self.dev, &self.blas, self.stream.cu_stream());
+        self.graphs.run(dev, s, blas, cmds)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.dev.bind()?;
+        self.stream.synchronize().map_err(|e| self.err("synchronizing the stream", e))
+    }
+
+    fn set_async(&mut self, buffer: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        let Some(b) = self.own(buffer) else {
+            self.synchronize()?;
+            return buffer.set(offset, data);
+        };
+        b.check_range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: the range was checked. From pageable memory the driver has copied `data`
+        // into its staging area before returning; page-locked `data` must stay unchanged until
+        // the next synchronize (the trait's ordering rule).
+        unsafe { sys::cuMemcpyHtoDAsync_v2(b.device_ptr() + offset as u64, data.as_ptr().cast(), data.len(), self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| self.err("copying to the device", e))
+    }
+
+    fn get_async(&mut self, buffer: &dyn Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        let Some(b) = self.own(buffer) else {
+            self.synchronize()?;
+            return buffer.get(offset, out);
+        };
+        b.check_range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: the range was checked; the bytes are valid after the next synchronize.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), b.device_ptr() + offset as u64, out.len(), self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| self.err("copying from the device", e))
+    }
+
+    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+        src.check_range(src_offset, len)?;
+        dst.check_range(dst_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let s = self.stream.cu_stream();
+        let src_cuda = src.as_any().downcast_ref::<CudaBuffer>();
+        let dst_cuda = dst.as_any().downcast_ref::<CudaBuffer>();
+        self.dev.bind()?;
+        // SAFETY (each arm): both ranges were checked above; host memory involved belongs to
+        // buffers the caller keeps alive until the stream is synchronized.
+        let r = match (src_cuda, dst_cuda) {
+            (Some(a), Some(b)) if a.ordinal() == self.dev.ordinal && b.ordinal() == self.dev.ordinal => unsafe {
+                sys::cuMemcpyDtoDAsync_v2(b.device_ptr() + dst_offset as u64, a.device_ptr() + src_offset as u64, len, s)
+            },
+            (Some(a), Some(b)) => unsafe {
+                sys::cuMemcpyPeerAsync(
+                    b.device_ptr() + dst_offset as u64,
+                    b.dev.ctx.cu_ctx(),
+                    a.device_ptr() + src_offset as u64,
+                    a.dev.ctx.cu_ctx(),
+                    len,
+                    s,
+                )
+            },
+            (None, Some(b)) if b.ordinal() == self.dev.ordinal && src.host_ptr().is_some() => unsafe {
+                let p = src.host_ptr().unwrap_or(std::ptr::null_mut()).add(src_offset);
+                sys::cuMemcpyHtoDAsync_v2(b.device_ptr() + dst_offset as u64, p as *const _, len, s)
+            },
+            (Some(a), None) if a.ordinal() == self.dev.ordinal && dst.host_ptr().is_some() => unsafe {
+                let p = dst.host_ptr().unwrap_or(std::ptr::null_mut()).add(dst_offset);
+                sys::cuMemcpyDtoHAsync_v2(p as *mut _, a.device_ptr() + src_offset as u64, len, s)
+            },
+            _ => {
+                self.synchronize()?;
+                return dst.copy_from(dst_offset, src, src_offset, len);
+            }
+        };
+        r.result().map_err(|e| self.err("copying between buffers", e))
+    }
+
+    fn record_event(&mut self) -> Result<Option<Arc<dyn Event>>> {
+        self.dev.bind()?;
+        let event = self.dev.ctx.new_event(None).map_err(|e| self.err("creating an event", e))?;
+        event.record(&self.stream).map_err(|e| self.err("recording an event", e))?;
+        Ok(Some(Arc::new(CudaEventMark { event, device: self.dev.name.clone() })))
+    }
+
+    fn wait_event(&mut self, event: &dyn Event) -> Result<()> {
+        match event.as_any().downcast_ref::<CudaEventMark>() {
+            Some(e) => {
+                self.dev.bind()?;
+                self.stream.wait(&e.event).map_err(|err| self.err("waiting for an event", err))
+            }
+            None => event.synchronize(),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The command list a graph is encoded into before anything runs: kernel launches, cuBLAS
+//! GEMMs and copies. A list runs eagerly, one command after another on the backend's
+//! stream, or is captured into a CUDA graph ([`crate::graphs`]); comparing two lists is how a
+//! graph seen before is recognised.
+//!
+//! Every kernel takes one argument, [`KParams`], mirrored by `struct KParams` in
+//! `kernels/common.cuh`: up to five tensors (address, `ne`, `nb`), two extra addresses, and
+//! eight float and eight integer parameters whose meaning each kernel documents.
+
+use cudarc::driver::sys;
+use tessera_core::Result;
+
+use crate::blas::Blas;
+use crate::driver::DeviceShared;
+use crate::kernels::Func;
+
+/// A tensor as a kernel sees it: device address, elements per axis and byte strides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct TArg {
+    pub ptr: u64,
+    pub ne: [i64; 4],
+    pub nb: [i64; 4],
+}
+
+/// The one argument of every kernel (see the module docs). `t[0]` is the destination,
+/// `t[1..]` the sources in order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct KParams {
+    pub t: [TArg; 5],
+    pub aux: [u64; 2],
+    pub f: [f32; 8],
+    pub i: [i32; 8],
+}
+
+/// Element types of a cuBLAS operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemmType {
+    F32,
+    F16,
+    BF16,
+}
+
+/// `C[m, n] = A^T B` in column-major terms (A stored `k x m` with leading dimension `lda`), F32
+/// C, over `batch` matrices: strided, or through device arrays of pointers at `ptrs` (A, B, C
+/// pointer arrays of `batch` entries each, one after another).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GemmCmd {
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub ab_type: GemmType,
+    pub a: u64,
+    pub lda: i32,
+    pub stride_a: i64,
+    pub b: u64,
+    pub ldb: i32,
+    pub stride_b: i64,
+    pub c: u64,
+    pub ldc: i32,
+    pub stride_c: i64,
+    pub batch: i32,
+    pub ptrs: Option<u64>,
+    pub tf32: bool,
+}
+
+/// One step of a computation.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Cmd {
+    /// A kernel launch.
+    Kernel {
+        func: Func,
+        /// Kernel name (for errors and logs).
+        name: &'static str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        p: Box<KParams>,
+    },
+    /// A cuBLAS GEMM.
+    Gemm(GemmCmd),
+    /// Copies `len` bytes on the device.
+    Copy { dst: u64, src: u64, len: usize },
+}
+
+impl Cmd {
+    /// Whether two commands are the same launch up to their argument values (a graph of the
+    /// one can be updated to the other in place).
+    pub(crate) fn same_kind(&self, other: &Cmd) -> bool {
+        match (self, other) {
+            (Cmd::Kernel { func: f1, grid: g1, block: b1, smem: s1, .. }, Cmd::Kernel { func: f2, grid: g2, block: b2, smem: s2, .. }) => {
+                f1 == f2 && g1 == g2 && b1 == b2 && s1 == s2
+            }
+            (Cmd::Gemm(a), Cmd::Gemm(b)) => {
+                a.m == b.m && a.n == b.n && a.k == b.k && a.ab_type == b.ab_type && a.batch == b.batch && a.ptrs.is_some() == b.ptrs.is_some()
+            }
+            (Cmd::Copy { .. }, Cmd::Copy { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// Submits the command to `stream`.
+    pub(crate) fn run(&self, dev: &DeviceShared, stream: sys::CUstream, blas: &Blas) -> Result<()> {
+        match self {
+            Cmd::Kernel { func, name, grid, block, smem, p } => {
+                let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
+                // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh mirrors
+                // its layout); the driver copies the parameter before returning. Every address
+                // in it was checked against its buffer when the command was encoded.
+                unsafe {
+                    sys::cuLaunchKernel(
+                        func.0,
+                        grid[0],
+                        grid[1],
+                        grid[2],
+                        block[0],
+                        block[1],
+                        block[2],
+                        *smem,
+                        stream,
+                        &mut arg,
+                        std::ptr::null_mut(),
+                    )
+                }
+                .result()
+                .map_err(|e| dev.err(&format!("launching kernel {name}"), e))
+            }
+            Cmd::Gemm(g) => blas.gemm(g),
+            Cmd::Copy { dst, src, len } => {
+                // SAFETY: both ranges were checked when encoded.
+                unsafe { sys::cuMemcpyDtoDAsync_v2(*dst, *src, *len, stream) }
+                    .result()
+                    .map_err(|e| dev.err("copying device memory", e))
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! [`CudaBackendReg`] (the registry's entry) and [`CudaDevice`] (one GPU).
+
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
+
+use tessera_core::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Graph, Memory, Result, TensorId};
+
+use crate::backend::CudaBackend;
+use crate::driver::{describe, driver_version, probe_libraries, DeviceShared};
+use crate::memory::{CudaBuffer, CudaBufferType, PinnedBufferType};
+
+/// The CUDA backend's registry entry: one device per GPU the driver reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaBackendReg;
+
+impl CudaBackendReg {
+    /// The registry entry (devices are found when the registry asks for them).
+    pub fn new() -> Self {
+        CudaBackendReg
+    }
+}
+
+/// Opens every GPU once per process; later calls share the devices (and their kernel caches and
+/// memory pools).
+fn open_all() -> std::result::Result<Vec<Arc<DeviceShared>>, String> {
+    static DEVICES: OnceLock<std::result::Result<Vec<Arc<DeviceShared>>, String>> = OnceLock::new();
+    DEVICES
+        .get_or_init(|| {
+            probe_libraries()?;
+            // cudarc panics on a missing symbol; every symbol used was probed above, so a panic
+            // here would be a bug, but it must still not escape to the caller.
+            std::panic::catch_unwind(|| {
+                cudarc::driver::result::init().map_err(|e| format!("no CUDA devices: cuInit failed: {}", describe(e)))?;
+                let version = driver_version().map_err(|e| format!("no CUDA devices: {}", describe(e)))?;
+                let count = cudarc::driver::result::device::get_count()
+                    .map_err(|e| format!("no CUDA devices: counting devices failed: {}", describe(e)))?;
+                if count <= 0 {
+                    return Err("no CUDA devices: the driver found no GPU".to_string());
+                }
+                (0..count as usize)
+                    .map(|i| DeviceShared::open(i, version).map_err(|e| format!("no CUDA devices: {e}")))
+                    .collect()
+            })
+            .unwrap_or_else(|_| Err("no CUDA devices: the CUDA libraries failed while loading".into()))
+        })
+        .clone()
+}
+
+impl BackendReg for CudaBackendReg {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String> {
+        Ok(open_all()?.into_iter().map(|d| Arc::new(CudaDevice::new(d)) as Arc<dyn Device>).collect())
+    }
+}
+
+/// One NVIDIA GPU (`cuda:N`).
+pub struct CudaDevice {
+    shared: Arc<DeviceShared>,
+    buffer_type: Arc<dyn BufferType>,
+    pinned: Arc<dyn BufferType>,
+}
+
+impl CudaDevice {
+    fn new(shared: Arc<DeviceShared>) -> CudaDevice {
+        let buffer_type = Arc::new(CudaBufferType { dev: shared.clone() });
+        let pinned = Arc::new(PinnedBufferType { dev: shared.clone() });
+        CudaDevice { shared, buffer_type, pinned }
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.shared.ordinal
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.shared.cc
+    }
+
+    /// A new stream on the device, as its concrete type (for graph and fusion controls).
+    pub fn cuda_backend(&self) -> Result<CudaBackend> {
+        CudaBackend::new(self.shared.clone())
+    }
+
+    /// Compiles every kernel file now (in parallel, into the disk cache) instead of at first
+    /// use; files already cached are only read.
+    pub fn warm_up_kernels(&self) -> Result<()> {
+        let files: Vec<&'static str> = crate::kernels::kernel_files().collect();
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = files.iter().map(|&f| s.spawn(move || self.shared.kernels.cubin(f).map(|_| ()))).collect();
+            jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|_| Err(tessera_core::Error::Device {
+                device: self.shared.name.clone(),
+                reason: "a kernel compile thread panicked".into(),
+            })))
+        })
+    }
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> String {
+        self.shared.name.clone()
+    }
+
+    fn description(&self) -> String {
+        let s = &self.shared;
+        format!(
+            "{} ({} MiB, compute capability {}.{}, {} SMs)",
+            s.model,
+            s.total_mem >> 20,
+            s.cc.0,
+            s.cc.1,
+            s.sm_count
+        )
+    }
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Gpu
+    }
+
+    fn memory(&self) -> Memory {
+        match self.shared.mem_info() {
+            Ok((free, total)) => Memory { free, total },
+            Err(_) => Memory { free: 0, total: self.shared.total_mem },
+        }
+    }
+
+    fn buffer_type(&self) -> Arc<dyn BufferType> {
+        self.buffer_type.clone()
+    }
+
+    fn host_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
+        Some(self.pinned.clone())
+    }
+
+    fn new_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(CudaBackend::new(self.shared.clone())?))
+    }
+
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        crate::ops::supports(graph, id)
+    }
+
+    fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
+        buffer.as_any().downcast_ref::<CudaBuffer>().is_some_and(|b| b.ordinal() == self.shared.ordinal)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,58 @@
+//! flash_attn_ext (kernels/attention.cu).
+
+use tessera_core::dtype::DType;
+use tessera_core::{Result, TensorId};
+
+use super::norm::alibi;
+use super::{params, Encoder};
+use crate::cmd::TArg;
+
+/// Keys per shared-memory tile (KTILE in attention.cu).
+const KTILE: usize = 32;
+
+/// Fused attention of q, k, v with an optional mask.
+pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: f32, softcap: f32) -> Result<()> {
+    let t = enc.graph.get(id);
+    let (q, k, v) = (t.src[0], t.src[1], t.src[2]);
+    let (tq, tk, tv) = (enc.graph.get(q), enc.graph.get(k), enc.graph.get(v));
+    let mask = t.src.get(3).copied();
+    let (qa, ka, va, da) = (enc.arg(q)?, enc.arg(k)?, enc.arg(v)?, enc.arg(id)?);
+    let (ma, mask_type) = match mask {
+        Some(m) => (enc.arg(m)?, if enc.graph.get(m).dtype == DType::F16 { 2 } else { 1 }),
+        None => (TArg::default(), 0),
+    };
+    let (d, dv) = (tq.ne[0], tv.ne[0]);
+    let (heads, kv_heads) = (tq.ne[2], tk.ne[2]);
+    let gqa = heads / kv_heads;
+    let rows = tq.ne[1] * gqa;
+    let rpw = if rows <= 4 { 1 } else if rows <= 8 { 2 } else { 4 };
+    let qt = 4 * rpw;
+    let tiles = rows.div_ceil(qt);
+    let base_blocks = tiles * kv_heads * tq.ne[3];
+    let nkv = tk.ne[1];
+    // Split the keys when there are too few blocks to fill the GPU, keeping >= 2 tiles each.
+    let target = 2 * enc.dev.sm_count as usize;
+    let nsplit = if base_blocks >= target { 1 } else { target.div_ceil(base_blocks).min(nkv.div_ceil(2 * KTILE)).clamp(1, 256) };
+    let mut p = params(da, &[qa, ka, va, ma]);
+    p.f[0] = if softcap != 0.0 { scale / softcap } else { scale };
+    p.f[1] = softcap;
+    let (m0, m1, nl) = alibi(max_bias, heads);
+    p.f[2] = m0;
+    p.f[3] = m1;
+    p.i[0] = nl;
+    p.i[1] = i32::from(max_bias > 0.0);
+    p.i[2] = nsplit as i32;
+    p.i[4] = mask_type;
+    let rows_total = rows * kv_heads * tq.ne[3];
+    if nsplit > 1 {
+        p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
+    }
+    let smem = 4 * (qt * d + KTILE * (d + 1) + KTILE * dv + qt * KTILE);
+    let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
+    let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
+    enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
+    if nsplit > 1 {
+        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [128, 1, 1], 0, p)?;
+    }
+    Ok(())
+}

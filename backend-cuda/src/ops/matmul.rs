@@ -1,0 +1,196 @@
+//! mul_mat: `dst[m, n] = sum_k src0[k, m] src1[k, n]`, batched over dims 2-3 with src0
+//! broadcast (kernels/matmul.cu, mmvq.cu).
+//!
+//! - F32, F16 and BF16 weights go to cuBLAS (src1 converted to the weight type where it differs
+//!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
+//!   arrays when src0 is broadcast.
+//! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
+//!   weight byte once (src1 quantized to 8-bit blocks first).
+//! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
+//!   scratch memory stays bounded) and multiplied by cuBLAS.
+
+use tessera_core::dtype::DType;
+use tessera_core::{Result, Tensor, TensorId};
+
+use super::copy::{dequantizable, to_contiguous};
+use super::{params, Encoder};
+use crate::cmd::{Cmd, GemmCmd, GemmType, TArg};
+
+/// Most bytes of dequantized weights held at once.
+const DEQUANT_SLICE: usize = 64 << 20;
+
+/// Types with a mat-vec kernel.
+fn has_mmvq(d: DType) -> bool {
+    matches!(d, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K)
+}
+
+/// Whether mul_mat of these operands is implemented.
+pub(super) fn supported(a: &Tensor, b: &Tensor) -> bool {
+    let plain = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16);
+    (plain || dequantizable(a.dtype))
+        && a.rows_contiguous()
+        && a.nb[1] >= a.row_bytes()
+        && matches!(b.dtype, DType::F32 | DType::F16)
+        && a.ne[0] <= i32::MAX as usize
+}
+
+fn gemm_type(d: DType) -> GemmType {
+    match d {
+        DType::F16 => GemmType::F16,
+        DType::BF16 => GemmType::BF16,
+        _ => GemmType::F32,
+    }
+}
+
+/// The alignment (bytes) the mat-vec kernel of a type needs for its rows.
+fn mmvq_align(d: DType) -> u64 {
+    match d {
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => 4,
+        _ => 2,
+    }
+}
+
+/// Encodes a mul_mat node.
+pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
+    let t = enc.graph.get(id);
+    let (a, b) = (t.src[0], t.src[1]);
+    let (ta, tb) = (enc.graph.get(a), enc.graph.get(b));
+    let (aa, ba, da) = (enc.arg(a)?, enc.arg(b)?, enc.arg(id)?);
+    if ta.dtype.is_quantized() {
+        let n = tb.ne[1];
+        let batches = tb.ne[2] * tb.ne[3];
+        let al = mmvq_align(ta.dtype);
+        let aligned = aa.ptr.is_multiple_of(al) && aa.nb[1..].iter().all(|&s| (s as u64).is_multiple_of(al));
+        if (1..=8).contains(&n) && has_mmvq(ta.dtype) && aligned && batches <= 65535 {
+            let q8 = quantize_q8(enc, ba, tb.dtype)?;
+            return mmvq(enc, ta.dtype, aa, da, q8, n);
+        }
+        return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
+    }
+    let ty = ta.dtype;
+    let es = ty.type_size() as i64;
+    let b_ok = tb.dtype == ty && ba.nb[0] == es && ba.nb[1] >= ba.ne[0] * es && ba.nb[1..].iter().all(|&s| s % es == 0);
+    let bm = if b_ok { ba } else { to_contiguous(enc, ba, tb.dtype, ty)? };
+    gemm(enc, gemm_type(ty), es, aa, bm, da)
+}
+
+/// Quantizes src1's columns into 8-bit blocks in scratch; returns (qs, ds) addresses.
+pub(super) fn quantize_q8(enc: &mut Encoder, b: TArg, bt: DType) -> Result<(u64, u64)> {
+    let blocks = (b.ne[0] / 32) * b.ne[1] * b.ne[2] * b.ne[3];
+    let qs = enc.scratch((blocks * 32) as usize);
+    let ds = enc.scratch((blocks * 8) as usize);
+    let mut p = params(TArg::default(), &[b]);
+    p.aux = [qs, ds];
+    let grid = (blocks as u64).div_ceil(8).min(u32::MAX as u64 / 2) as u32;
+    enc.launch("mmvq", &format!("quantize_q8_1_{}", bt.name()), [grid, 1, 1], [256, 1, 1], 0, p)?;
+    Ok((qs, ds))
+}
+
+fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize) -> Result<()> {
+    let mut p = params(d, &[a]);
+    p.aux = [q8.0, q8.1];
+    p.i[0] = (d.ne[2] / a.ne[2]) as i32;
+    p.i[1] = (d.ne[3] / a.ne[3]) as i32;
+    let rows = a.ne[1] as u64;
+    let grid = [rows.div_ceil(4) as u32, (d.ne[2] * d.ne[3]) as u32, 1];
+    enc.launch("mmvq", &format!("mmvq_{}_{n}", qt.name()), grid, [128, 1, 1], 0, p)
+}
+
+/// One or more cuBLAS GEMMs computing `d = a^T b` for all batches (a and b of one element
+/// type of `es` bytes, columns contiguous; d contiguous f32).
+fn gemm(enc: &mut Encoder, ty: GemmType, es: i64, a: TArg, b: TArg, d: TArg) -> Result<()> {
+    let (m, n, k) = (a.ne[1], b.ne[1], a.ne[0]);
+    let (r2, r3) = (d.ne[2] / a.ne[2], d.ne[3] / a.ne[3]);
+    let base = GemmCmd {
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        ab_type: ty,
+        a: a.ptr,
+        lda: (a.nb[1] / es) as i32,
+        stride_a: a.nb[2] / es,
+        b: b.ptr,
+        ldb: (b.nb[1] / es) as i32,
+        stride_b: b.nb[2] / es,
+        c: d.ptr,
+        ldc: m as i32,
+        stride_c: d.nb[2] / 4,
+        batch: d.ne[2] as i32,
+        ptrs: None,
+        tf32: enc.tf32,
+    };
+    if r2 == 1 && r3 == 1 {
+        // Strided over dim 2, one call per index of dim 3.
+        for i3 in 0..d.ne[3] {
+            let mut g = base;
+            g.a += (i3 * a.nb[3]) as u64;
+            g.b += (i3 * b.nb[3]) as u64;
+            g.c += (i3 * d.nb[3]) as u64;
+            enc.cmds.push(Cmd::Gemm(g));
+        }
+        return Ok(());
+    }
+    // src0 broadcast: pointer arrays built on the device.
+    let batches = d.ne[2] * d.ne[3];
+    let arrays = enc.scratch((3 * batches * 8) as usize);
+    let mut p = params(d, &[a, b]);
+    p.i[0] = r2 as i32;
+    p.i[1] = r3 as i32;
+    p.aux[0] = arrays;
+    enc.launch_flat("matmul", "batch_ptrs", batches, p)?;
+    let mut g = base;
+    g.batch = batches as i32;
+    g.ptrs = Some(arrays);
+    enc.cmds.push(Cmd::Gemm(g));
+    Ok(())
+}
+
+/// A quantized mul_mat through F16: each weight matrix is dequantized a slice of rows at a
+/// time and multiplied with src1 converted to contiguous F16.
+fn dequant_gemm(enc: &mut Encoder, qt: DType, a: TArg, b: TArg, bt: DType, d: TArg) -> Result<()> {
+    let bh = to_contiguous(enc, b, bt, DType::F16)?;
+    let (k, m) = (a.ne[0], a.ne[1]);
+    let (r2, r3) = (d.ne[2] / a.ne[2], d.ne[3] / a.ne[3]);
+    let slice = ((DEQUANT_SLICE as i64 / (2 * k)).max(256) / 256 * 256).min(m).max(1);
+    let wbuf = enc.scratch((slice * k * 2) as usize);
+    let name = format!("dequant_f16_{}", qt.name());
+    for i03 in 0..a.ne[3] {
+        for i02 in 0..a.ne[2] {
+            let mut m0 = 0;
+            while m0 < m {
+                let rows = slice.min(m - m0);
+                let mut src = a;
+                src.ptr += (i02 * a.nb[2] + i03 * a.nb[3] + m0 * a.nb[1]) as u64;
+                src.ne = [k, rows, 1, 1];
+                let w = TArg { ptr: wbuf, ne: [k, rows, 1, 1], nb: [2, 2 * k, 2 * k * rows, 2 * k * rows] };
+                enc.launch_flat("matmul", &name, (k / 32) * rows, params(w, &[src]))?;
+                // Every src1 batch that uses this weight matrix: i2 in [i02 r2, (i02+1) r2),
+                // i3 in [i03 r3, (i03+1) r3); strided over i2 with the weights shared.
+                for i3 in i03 * r3..(i03 + 1) * r3 {
+                    let i2 = i02 * r2;
+                    let g = GemmCmd {
+                        m: rows as i32,
+                        n: b.ne[1] as i32,
+                        k: k as i32,
+                        ab_type: GemmType::F16,
+                        a: wbuf,
+                        lda: k as i32,
+                        stride_a: 0,
+                        b: bh.ptr + (i2 * bh.nb[2] + i3 * bh.nb[3]) as u64,
+                        ldb: (bh.nb[1] / 2) as i32,
+                        stride_b: bh.nb[2] / 2,
+                        c: d.ptr + (i2 * d.nb[2] + i3 * d.nb[3] + m0 * 4) as u64,
+                        ldc: m as i32,
+                        stride_c: d.nb[2] / 4,
+                        batch: r2 as i32,
+                        ptrs: None,
+                        tf32: false,
+                    };
+                    enc.cmds.push(Cmd::Gemm(g));
+                }
+                m0 += rows;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! Throughput figures on a real GPU (ignored by default; run with `--ignored --nocapture`).
+//! Each prints one line per figure; results are checked to be finite, not timed against a bound.
+
+mod common;
+
+use std::time::Instant;
+
+use common::*;
+use tessera_core::dtype::DType;
+use tessera_core::{Backend, Graph, TensorId};
+
+/// Runs the graph `iters` times after a warm-up and returns seconds per run.
+fn time_graph(dev: &std::sync::Arc<dyn tessera_core::Device>, g: &mut Graph, inputs: &[(TensorId, Vec<u8>)], outs: &[TensorId], iters: usize) -> f64 {
+    let mut be = concrete(dev).cuda_backend().unwrap();
+    let _ = run(dev, &mut be, g, inputs, outs);
+    let nodes: Vec<TensorId> = g.ids().collect();
+    for _ in 0..3 {
+        be.compute(g, &nodes).unwrap();
+    }
+    be.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..iters {
+        be.compute(g, &nodes).unwrap();
+    }
+    be.synchronize().unwrap();
+    let s = t.elapsed().as_secs_f64() / iters as f64;
+    let out = read(g, outs);
+    assert!(from_bytes(DType::F32, &out[0], 16).iter().all(|v| v.is_finite()));
+    s
+}
+
+#[test]
+#[ignore]
+fn mat_vec_bandwidth() {
+    let Some(dev) = cuda() else { return };
+    let (m, k) = (4096usize, 14336usize);
+    let mut rng = Rng::new(11);
+    let x = rng.vec(k * 64, -1.0, 1.0);
+    for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::F16] {
+        let bytes = m * dt.row_size(k).unwrap();
+        // One weight repeated (largely L2-resident), and 8 weights rotated (> 200 MB: DRAM).
+        for rotated in [false, true] {
+            for n in [1usize, 2, 4, 8] {
+                if rotated && n != 1 {
+                    continue;
+                }
+                let wdata: Vec<f32> = (0..m * k).map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1).collect();
+                let wb = to_bytes(dt, &wdata);
+                let mut g = Graph::new();
+                let v = g.input("v", DType::F32, &[k, n]).unwrap();
+                let mut inputs = vec![(v, to_bytes(DType::F32, &x[..k * n]))];
+                let mut outs = Vec::new();
+                let nw = if rotated { 8 } else { 1 };
+                let ws: Vec<TensorId> = (0..nw)
+                    .map(|i| {
+                        let w = g.input(&format!("w{i}"), dt, &[k, m]).unwrap();
+                        inputs.push((w, wb.clone()));
+                        w
+                    })
+                    .collect();
+                for i in 0..8 {
+                    outs.push(g.mul_mat(ws[i % nw], v).unwrap());
+                }
+                let s = time_graph(&dev, &mut g, &inputs, &outs, 50) / 8.0;
+                println!(
+                    "mul_mat {} m={m} k={k} n={n} {}: {:.1} us, {:.0} GB/s",
+                    dt.name(),
+                    if rotated { "8 weights rotated" } else { "one weight repeated" },
+                    s * 1e6,
+                    bytes as f64 / s / 1e9
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn gemm_throughput() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(12);
+    for (dt, bt, n) in [(DType::F16, DType::F16, 4096usize), (DType::F16, DType::F16, 8192), (DType::BF16, DType::F32, 8192), (DType::F32, DType::F32, 4096)] {
+        let vals = rng.vec(1 << 20, -1.0, 1.0);
+        let fill = |len: usize| -> Vec<f32> { (0..len).map(|i| vals[i % vals.len()]).collect() };
+        let mut g = Graph::new();
+        let a = g.input("a", dt, &[n, n]).unwrap();
+        let b = g.input("b", bt, &[n, n]).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        let inputs = vec![(a, to_bytes(dt, &fill(n * n))), (b, to_bytes(bt, &fill(n * n)))];
+        let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
+        println!("gemm {}x{} {n}^3: {:.3} ms, {:.1} TFLOP/s", dt.name(), bt.name(), s * 1e3, 2.0 * (n as f64).powi(3) / s / 1e12);
+    }
+    // Prefill-shaped quantized product (dequantize to f16 + cuBLAS).
+    for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        let (m, k, n) = (4096usize, 14336usize, 512usize);
+        let w: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+        let mut g = Graph::new();
+        let a = g.input("a", dt, &[k, m]).unwrap();
+        let b = g.input("b", DType::F32, &[k, n]).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        let inputs = vec![(a, to_bytes(dt, &w)), (b, to_bytes(DType::F32, &rng.vec(k * n, -1.0, 1.0)))];
+        let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
+        println!("mul_mat {} m={m} k={k} n={n}: {:.1} us, {:.1} TFLOP/s", dt.name(), s * 1e6, 2.0 * (m * k * n) as f64 / s / 1e12);
+    }
+}
+
+#[test]
+#[ignore]
+fn attention_decode() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(13);
+    for nkv in [4096usize, 8192, 16384] {
+        let (d, heads, kvh) = (128usize, 32usize, 4usize);
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[d, 1, heads]).unwrap();
+        let k = g.input("k", DType::F16, &[d, nkv, kvh]).unwrap();
+        let v = g.input("v", DType::F16, &[d, nkv, kvh]).unwrap();
+        let y = g.flash_attn_ext(q, k, v, None, 0.088, 0.0, 0.0).unwrap();
+        let kv = rng.vec(d * nkv * kvh, -1.0, 1.0);
+        let inputs = vec![(q, to_bytes(DType::F32, &rng.vec(d * heads, -1.0, 1.0))), (k, to_bytes(DType::F16, &kv)), (v, to_bytes(DType::F16, &kv))];
+        let s = time_graph(&dev, &mut g, &inputs, &[y], 50);
+        println!("flash_attn decode d={d} heads={heads}/{kvh} kv={nkv} f16: {:.1} us", s * 1e6);
+    }
+    let (d, heads, kvh, n) = (128usize, 32usize, 8usize, 4096usize);
+    let mut g = Graph::new();
+    let q = g.input("q", DType::F32, &[d, n, heads]).unwrap();
+    let k = g.input("k", DType::F16, &[d, n, kvh]).unwrap();
+    let v = g.input("v", DType::F16, &[d, n, kvh]).unwrap();
+    let y = g.flash_attn_ext(q, k, v, None, 0.088, 0.0, 0.0).unwrap();
+    let inputs = vec![
+        (q, to_bytes(DType::F32, &rng.vec(d * n * heads, -1.0, 1.0))),
+        (k, to_bytes(DType::F16, &rng.vec(d * n * kvh, -1.0, 1.0))),
+        (v, to_bytes(DType::F16, &rng.vec(d * n * kvh, -1.0, 1.0))),
+    ];
+    let s = time_graph(&dev, &mut g, &inputs, &[y], 3);
+    println!("flash_attn prefill d={d} heads={heads}/{kvh} n={n}: {:.2} ms, {:.1} TFLOP/s", s * 1e3, 4.0 * (n * n * d * heads) as f64 / s / 1e12);
+}

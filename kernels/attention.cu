@@ -1,0 +1,211 @@
+// flash_attn_ext: softmax(q k^T * scale [softcapped] + slope * mask) v, without materialising
+// the scores.
+//
+// fattn_<k>_<v>_<rpw>: t[0] dst f32 [dv, heads, nq, b] (contiguous), t[1] q f32 [d, nq, heads, b],
+// t[2] k [d, nkv, kv_heads, bk], t[3] v [dv, nkv, kv_heads, bk] (f32 or f16, any strides),
+// t[4] mask [nkv, >= nq, m2, m3] (i[4]: 0 none, 1 f32, 2 f16; dims 2-3 broadcast by modulo).
+// f[0] scale (already divided by the softcap when one is set), f[1] softcap (0: none),
+// f[2] m0, f[3] m1, i[0] n_head_log2, i[1] ALiBi on; i[2] number of KV splits.
+//
+// The query rows of one KV head (nq * gqa of them: query i of head g*gqa + j is row i*gqa + j)
+// are cut into tiles of 4 * rpw rows; a block of 4 warps takes one tile, one KV head and one
+// split of the KV range, each warp rpw rows. K and V come through shared memory 32 keys at a
+// time; each lane scores one key, the softmax runs online per row, and each lane accumulates
+// dv/32 output columns. With one split the block writes the result; with several it writes
+// (max, sum, unnormalised output) per row to aux[0] and fattn_combine merges them.
+#include "common.cuh"
+
+#define KTILE 32
+#define MAXDV 256
+
+__device__ __forceinline__ float alibi_slope(const KParams& p, int h) {
+    if (!p.i[1]) return 1.0f;
+    const int nl = p.i[0];
+    return h < nl ? powf(p.f[2], (float)(h + 1)) : powf(p.f[3], (float)(2 * (h - nl) + 1));
+}
+
+template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
+    extern __shared__ float smem[];
+    const TArg& dst = p.t[0];
+    const TArg& q = p.t[1];
+    const TArg& k = p.t[2];
+    const TArg& v = p.t[3];
+    const TArg& mask = p.t[4];
+    const int D = (int)q.ne[0], DV = (int)v.ne[0];
+    const int QT = 4 * RPW;
+    const int heads = (int)q.ne[2], kv_heads = (int)k.ne[2];
+    const int gqa = heads / kv_heads;
+    const i64 nq = q.ne[1], nkv = k.ne[1];
+    const i64 rows = nq * gqa;
+    const int g = blockIdx.y % kv_heads;
+    const i64 b = blockIdx.y / kv_heads;
+    const i64 bk = b / (q.ne[3] / k.ne[3]);
+    const int nsplit = p.i[2], split = blockIdx.z;
+    const i64 per_split = (nkv + nsplit - 1) / nsplit;
+    const i64 kv0 = split * per_split, kv1 = min(nkv, kv0 + per_split);
+    const int mask_type = p.i[4];
+
+    float* Qs = smem;                      // [QT][D]
+    float* Ks = Qs + QT * D;               // [KTILE][D + 1]
+    float* Vs = Ks + KTILE * (D + 1);      // [KTILE][DV]
+    float* Ps = Vs + KTILE * DV;           // [QT][KTILE]
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const i64 r0 = (i64)blockIdx.x * QT;
+
+    for (int idx = tid; idx < QT * D; idx += blockDim.x) {
+        const int rr = idx / D, dd = idx % D;
+        const i64 r = r0 + rr;
+        float x = 0.0f;
+        if (r < rows) {
+            const i64 iq = r / gqa;
+            const int h = g * gqa + (int)(r % gqa);
+            x = F32::load(at(q, dd, iq, h, b)) * p.f[0];
+        }
+        Qs[idx] = x;
+    }
+
+    float m[RPW], l[RPW], o[RPW][MAXDV / 32];
+    float slope[RPW];
+    i64 iqs[RPW];
+    int hs[RPW];
+    bool valid[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; j++) {
+        const i64 r = r0 + warp * RPW + j;
+        valid[j] = r < rows;
+        iqs[j] = valid[j] ? r / gqa : 0;
+        hs[j] = g * gqa + (int)(valid[j] ? r % gqa : 0);
+        slope[j] = alibi_slope(p, hs[j]);
+        m[j] = NEG_INF;
+        l[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAXDV / 32; i++) o[j][i] = 0.0f;
+    }
+
+    for (i64 c0 = kv0; c0 < kv1; c0 += KTILE) {
+        __syncthreads();
+        for (int idx = tid; idx < KTILE * D; idx += blockDim.x) {
+            const int c = idx / D, dd = idx % D;
+            Ks[c * (D + 1) + dd] = c0 + c < kv1 ? K::load(at(k, dd, c0 + c, g, bk)) : 0.0f;
+        }
+        for (int idx = tid; idx < KTILE * DV; idx += blockDim.x) {
+            const int c = idx / DV, dd = idx % DV;
+            Vs[idx] = c0 + c < kv1 ? V::load(at(v, dd, c0 + c, g, bk)) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < RPW; j++) {
+            if (!valid[j]) continue;
+            const int rr = warp * RPW + j;
+            const i64 c = c0 + lane;
+            float s = NEG_INF;
+            if (c < kv1) {
+                const float* qr = Qs + rr * D;
+                const float* kr = Ks + lane * (D + 1);
+                float acc = 0.0f;
+                for (int dd = 0; dd < D; dd++) acc += qr[dd] * kr[dd];
+                s = acc;
+                if (p.f[1] != 0.0f) s = p.f[1] * tanhf(s);
+                if (mask_type) {
+                    const char* mp = at(mask, c, iqs[j], bcast(hs[j], mask.ne[2]), bcast(b, mask.ne[3]));
+                    s += slope[j] * (mask_type == 1 ? F32::load(mp) : F16::load(mp));
+                }
+            }
+            const float mt = warp_max(s);
+            const float mn = fmaxf(m[j], mt);
+            const float pv = mn == NEG_INF ? 0.0f : expf(s - mn);
+            const float alpha = m[j] == NEG_INF ? (mn == NEG_INF ? 1.0f : 0.0f) : expf(m[j] - mn);
+            l[j] = l[j] * alpha + warp_sum(pv);
+            m[j] = mn;
+            Ps[rr * KTILE + lane] = pv;
+#pragma unroll
+            for (int i = 0; i < MAXDV / 32; i++) o[j][i] *= alpha;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < RPW; j++) {
+            if (!valid[j]) continue;
+            const float* pr = Ps + (warp * RPW + j) * KTILE;
+            for (int c = 0; c < KTILE; c++) {
+                const float pc = pr[c];
+                const float* vr = Vs + c * DV;
+#pragma unroll
+                for (int i = 0; i < MAXDV / 32; i++) {
+                    const int col = lane + 32 * i;
+                    if (col < DV) o[j][i] += pc * vr[col];
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < RPW; j++) {
+        if (!valid[j]) continue;
+        if (nsplit == 1) {
+            const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
+#pragma unroll
+            for (int i = 0; i < MAXDV / 32; i++) {
+                const int col = lane + 32 * i;
+                if (col < DV) F32::store(at(dst, col, hs[j], iqs[j], b), o[j][i] * inv);
+            }
+        } else {
+            const i64 row = (b * kv_heads + g) * rows + r0 + warp * RPW + j;
+            float* part = (float*)p.aux[0] + (row * nsplit + split) * (DV + 2);
+            if (lane == 0) {
+                part[0] = m[j];
+                part[1] = l[j];
+            }
+#pragma unroll
+            for (int i = 0; i < MAXDV / 32; i++) {
+                const int col = lane + 32 * i;
+                if (col < DV) part[2 + col] = o[j][i];
+            }
+        }
+    }
+}
+
+#define FATTN(nk, K, nv, V)                                                                \
+    KERNEL fattn_##nk##_##nv##_1(const KParams p) { fattn<K, V, 1>(p); }                   \
+    KERNEL fattn_##nk##_##nv##_2(const KParams p) { fattn<K, V, 2>(p); }                   \
+    KERNEL fattn_##nk##_##nv##_4(const KParams p) { fattn<K, V, 4>(p); }
+FATTN(f32, F32, f32, F32)
+FATTN(f32, F32, f16, F16)
+FATTN(f16, F16, f32, F32)
+FATTN(f16, F16, f16, F16)
+
+// One block per query row (in the partials' order); t[0] dst, t[1] q, t[2] k, t[3] v as above.
+KERNEL fattn_combine(const KParams p) {
+    const TArg& dst = p.t[0];
+    const TArg& q = p.t[1];
+    const TArg& k = p.t[2];
+    const TArg& v = p.t[3];
+    const int DV = (int)v.ne[0];
+    const int heads = (int)q.ne[2], kv_heads = (int)k.ne[2];
+    const int gqa = heads / kv_heads;
+    const i64 rows = q.ne[1] * gqa;
+    const int nsplit = p.i[2];
+    const i64 row = blockIdx.x;
+    const i64 r = row % rows;
+    const int g = (int)((row / rows) % kv_heads);
+    const i64 b = row / rows / kv_heads;
+    const i64 iq = r / gqa;
+    const int h = g * gqa + (int)(r % gqa);
+    const float* part = (const float*)p.aux[0] + row * nsplit * (DV + 2);
+    float mx = NEG_INF;
+    for (int s = 0; s < nsplit; s++) mx = fmaxf(mx, part[s * (DV + 2)]);
+    float total = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+        const float ms = part[s * (DV + 2)];
+        if (ms != NEG_INF) total += part[s * (DV + 2) + 1] * expf(ms - mx);
+    }
+    const float inv = total == 0.0f ? 0.0f : 1.0f / total;
+    for (int col = threadIdx.x; col < DV; col += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < nsplit; s++) {
+            const float ms = part[s * (DV + 2)];
+            if (ms != NEG_INF) acc += part[s * (DV + 2) + 2 + col] * expf(ms - mx);
+        }
+        F32::store(at(dst, col, h, iq, b), acc * inv);
+    }
+}

@@ -1,0 +1,157 @@
+// Shared definitions of tessera's CUDA kernels. The backend splices this text into every
+// kernel file before NVRTC compiles it (no CUDA headers are needed).
+//
+// Every kernel takes one argument, KParams (mirrored by `KParams` in backend-cuda/src/cmd.rs):
+// t[0] is the destination tensor, t[1..4] the sources in op order, each with its device
+// address, elements per axis (ne) and byte strides (nb); aux holds extra addresses (scratch),
+// f and i the op's float and integer parameters.
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef signed char i8;
+
+struct TArg {
+    u64 ptr;
+    i64 ne[4];
+    i64 nb[4];
+};
+
+struct KParams {
+    TArg t[5];
+    u64 aux[2];
+    float f[8];
+    int i[8];
+};
+
+#define KERNEL extern "C" __global__ void
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ---- scalar conversions (round to nearest even, as the host's `half` crate does) ----
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 b) {
+    return __uint_as_float(((u32)b) << 16);
+}
+
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (u16)((u >> 16) | 0x40u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// ---- element types: load as float, store from float ----
+
+struct F32 {
+    static const int size = 4;
+    static __device__ __forceinline__ float load(const char* p) { return *(const float*)p; }
+    static __device__ __forceinline__ void store(char* p, float v) { *(float*)p = v; }
+};
+
+struct F16 {
+    static const int size = 2;
+    static __device__ __forceinline__ float load(const char* p) { return h2f(*(const u16*)p); }
+    static __device__ __forceinline__ void store(char* p, float v) { *(u16*)p = f2h(v); }
+};
+
+struct BF16 {
+    static const int size = 2;
+    static __device__ __forceinline__ float load(const char* p) { return bf2f(*(const u16*)p); }
+    static __device__ __forceinline__ void store(char* p, float v) { *(u16*)p = f2bf(v); }
+};
+
+// ---- addressing ----
+
+__device__ __forceinline__ char* at(const TArg& t, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return (char*)t.ptr + i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+// i modulo n for broadcasting, cheap in the usual cases n == 1 and i < n.
+__device__ __forceinline__ i64 bcast(i64 i, i64 n) {
+    return n == 1 ? 0 : (i < n ? i : i % n);
+}
+
+// Splits a flat index over dims 1..3 of ne into (i1, i2, i3).
+__device__ __forceinline__ void split_rows(i64 r, const i64* ne, i64& i1, i64& i2, i64& i3) {
+    i1 = r % ne[1];
+    i64 q = r / ne[1];
+    i2 = q % ne[2];
+    i3 = q / ne[2];
+}
+
+// Grid-stride loops over the elements of a 4-D shape: blockIdx.z/gridDim.z walk dims 2-3,
+// blockIdx.y/gridDim.y dim 1, the x dimension dim 0. The body sees i0, i1, i2, i3.
+#define FOR_EACH_ELEMENT(ne)                                                                  \
+    for (i64 i23 = blockIdx.z; i23 < (ne)[2] * (ne)[3]; i23 += gridDim.z)                  \
+        for (i64 i1 = blockIdx.y, i2 = i23 % (ne)[2], i3 = i23 / (ne)[2]; i1 < (ne)[1];     \
+             i1 += gridDim.y)                                                                \
+            for (i64 i0 = (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < (ne)[0];          \
+                 i0 += (i64)gridDim.x * blockDim.x)
+
+// ---- reductions ----
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the sum.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    v = warp_sum(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    v = l < (int)(blockDim.x / 32) ? part[l] : 0.0f;
+    return warp_sum(v);
+}
+
+// Maximum over the block (as block_sum).
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    v = warp_max(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    v = l < (int)(blockDim.x / 32) ? part[l] : NEG_INF;
+    return warp_max(v);
+}
+
+// ---- activations shared by several op families ----
+
+__device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float act_gelu(float x) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
+}
+
+__device__ __forceinline__ float act_gelu_erf(float x) {
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}

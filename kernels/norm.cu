@@ -1,0 +1,73 @@
+// Row normalisation: rms_norm, norm (layer norm without affine part), and rms_norm fused with
+// the multiplication by a weight that follows it in every Llama block.
+//
+// One block per row. t[0] dst (contiguous f32), t[1] src (f32, any strides); f[0] = eps.
+// rms_norm_mul_f32 also takes t[2], an f32 weight broadcast over the result (index modulo).
+#include "common.cuh"
+
+__device__ __forceinline__ void row_of(const KParams& p, i64& i1, i64& i2, i64& i3) {
+    split_rows(blockIdx.x, p.t[1].ne, i1, i2, i3);
+}
+
+KERNEL rms_norm_f32(const KParams p) {
+    const TArg& d = p.t[0];
+    const TArg& s = p.t[1];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const char* x = at(s, 0, i1, i2, i3);
+    float sum = 0.0f;
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        const float v = F32::load(x + i * s.nb[0]);
+        sum += v * v;
+    }
+    sum = block_sum(sum);
+    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
+    char* y = at(d, 0, i1, i2, i3);
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        F32::store(y + i * d.nb[0], F32::load(x + i * s.nb[0]) * scale);
+    }
+}
+
+KERNEL rms_norm_mul_f32(const KParams p) {
+    const TArg& d = p.t[0];
+    const TArg& s = p.t[1];
+    const TArg& w = p.t[2];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const char* x = at(s, 0, i1, i2, i3);
+    float sum = 0.0f;
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        const float v = F32::load(x + i * s.nb[0]);
+        sum += v * v;
+    }
+    sum = block_sum(sum);
+    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
+    char* y = at(d, 0, i1, i2, i3);
+    const char* wr = at(w, 0, bcast(i1, w.ne[1]), bcast(i2, w.ne[2]), bcast(i3, w.ne[3]));
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        const float v = F32::load(x + i * s.nb[0]) * scale;
+        F32::store(y + i * d.nb[0], v * F32::load(wr + bcast(i, w.ne[0]) * w.nb[0]));
+    }
+}
+
+KERNEL norm_f32(const KParams p) {
+    const TArg& d = p.t[0];
+    const TArg& s = p.t[1];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const char* x = at(s, 0, i1, i2, i3);
+    float sum = 0.0f;
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) sum += F32::load(x + i * s.nb[0]);
+    const float mean = block_sum(sum) / (float)s.ne[0];
+    float var = 0.0f;
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        const float v = F32::load(x + i * s.nb[0]) - mean;
+        var += v * v;
+    }
+    var = block_sum(var) / (float)s.ne[0];
+    const float scale = 1.0f / sqrtf(var + p.f[0]);
+    char* y = at(d, 0, i1, i2, i3);
+    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
+        F32::store(y + i * d.nb[0], (F32::load(x + i * s.nb[0]) - mean) * scale);
+    }
+}

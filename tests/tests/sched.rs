@@ -1,0 +1,192 @@
+//! The scheduler's own logic, with a mock "device" whose memory the CPU cannot use and which
+//! lacks some ops: placement by weights, CPU fallback, cross-device copies, and results equal to
+//! running everything on the CPU.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use tessera::cpu::{CpuBuffer, CpuDevice};
+use tessera_core::backend::{Backend, Buffer, BufferType, Device, DeviceKind, Memory};
+use tessera_core::{DType, Graph, Op, Result, Scheduler, TensorId};
+
+/// Memory of the mock device: host memory underneath, but not offered to the CPU as such.
+struct MockBuffer(Arc<CpuBuffer>);
+
+impl Buffer for MockBuffer {
+    fn name(&self) -> String {
+        "mock".into()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.0.set(offset, data)
+    }
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.0.get(offset, out)
+    }
+    fn clear(&self, value: u8) -> Result<()> {
+        self.0.clear(value)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+struct MockType;
+
+impl BufferType for MockType {
+    fn name(&self) -> String {
+        "mock".into()
+    }
+    fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        Ok(Arc::new(MockBuffer(Arc::new(CpuBuffer::new(size)?))))
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+}
+
+/// A device that runs everything but SOFT_MAX, on its own memory only.
+struct MockDevice {
+    cpu: CpuDevice,
+}
+
+impl Device for MockDevice {
+    fn name(&self) -> String {
+        "mock:0".into()
+    }
+    fn description(&self) -> String {
+        "mock GPU".into()
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Gpu
+    }
+    fn memory(&self) -> Memory {
+        Memory::default()
+    }
+    fn buffer_type(&self) -> Arc<dyn BufferType> {
+        Arc::new(MockType)
+    }
+    fn new_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(MockBackend { inner: self.cpu.new_backend()? }))
+    }
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        !matches!(graph.get(id).op, Op::SoftMax { .. }) && self.cpu.supports_op(graph, id)
+    }
+    fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
+        buffer.as_any().is::<MockBuffer>()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+struct MockBackend {
+    inner: Box<dyn Backend>,
+}
+
+impl Backend for MockBackend {
+    fn name(&self) -> String {
+        "mock:0".into()
+    }
+    fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        // Run on the CPU over the host memory underneath, refusing anything outside our memory.
+        let mut g = graph.clone();
+        for id in graph.ids() {
+            if let Some(d) = graph.get(id).data.clone() {
+                let mock = d.buffer.as_any().downcast_ref::<MockBuffer>();
+                if let Some(m) = mock {
+                    g.get_mut(id).data = None;
+                    g.bind(id, m.0.clone(), d.offset)?;
+                } else if nodes.iter().any(|&n| graph.get(n).src.iter().any(|&s| graph.root(s).0 == id)) {
+                    panic!("the scheduler gave the mock device a tensor in memory it cannot use: {}", graph.label(id));
+                }
+            }
+        }
+        self.inner.compute(&g, nodes)
+    }
+    fn synchronize(&mut self) -> Result<()> {
+        self.inner.synchronize()
+    }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// y = softmax(W x + b): W on the mock device, b on the CPU.
+fn build(w_buf: Arc<dyn Buffer>, b_buf: Arc<dyn Buffer>) -> (Graph, TensorId, TensorId) {
+    let mut g = Graph::new();
+    let w = g.weight("w", DType::F32, &[16, 8], w_buf, 0).unwrap();
+    let b = g.weight("b", DType::F32, &[8], b_buf, 0).unwrap();
+    let x = g.input("x", DType::F32, &[16, 3]).unwrap();
+    let h = g.mul_mat(w, x).unwrap();
+    let h = g.add(h, b).unwrap();
+    let y = g.soft_max_ext(h, None, 1.0, 0.0).unwrap();
+    let y = g.scale(y, 2.0).unwrap();
+    g.set_output(y);
+    (g, x, y)
+}
+
+fn run(devices: Vec<Arc<dyn Device>>, w_dev: &dyn Device, b_dev: &dyn Device) -> (Vec<f32>, usize, usize) {
+    let w: Vec<f32> = (0..128).map(|i| ((i * 37 % 29) as f32 - 14.0) / 10.0).collect();
+    let b: Vec<f32> = (0..8).map(|i| i as f32 / 7.0 - 0.5).collect();
+    let x: Vec<f32> = (0..48).map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0).collect();
+    let wb = w_dev.buffer_type().alloc(512).unwrap();
+    wb.set(0, &f32s(&w)).unwrap();
+    let bb = b_dev.buffer_type().alloc(32).unwrap();
+    bb.set(0, &f32s(&b)).unwrap();
+    let (mut g, xi, y) = build(wb, bb);
+    let mut sched = Scheduler::new(devices).unwrap();
+    let plan = sched.plan(&mut g).unwrap();
+    let xd = g.data_or_err(xi).unwrap();
+    xd.buffer.set(xd.offset, &f32s(&x)).unwrap();
+    sched.compute(&g, &plan).unwrap();
+    let yd = g.data_or_err(y).unwrap();
+    let mut out = vec![0u8; 8 * 3 * 4];
+    yd.buffer.get(yd.offset, &mut out).unwrap();
+    let copies = plan.splits.iter().map(|s| s.copies.len()).sum();
+    (out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), plan.splits.len(), copies)
+}
+
+#[test]
+fn weights_decide_placement_and_copies_cross_devices() {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let (want, splits, copies) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
+    assert_eq!((splits, copies), (1, 0));
+    // W on the mock device pulls mul_mat there (the input x is allocated there too); add reads
+    // b from CPU memory, so it runs on the CPU and W x is copied out; soft_max, which the mock
+    // lacks, stays there; scale returns to the preferred mock device.
+    let (got, splits, copies) = run(vec![mock.clone(), cpu.clone()], mock.as_ref(), cpu.as_ref());
+    assert_eq!(splits, 3, "mock (mul_mat), cpu (add, soft_max), mock (scale)");
+    assert_eq!(copies, 2, "W x to the CPU, the softmax back");
+    assert_eq!(got, want, "the split run equals the CPU run bit for bit");
+    let s: f32 = got[..8].iter().sum();
+    assert!((s - 2.0).abs() < 1e-5, "each row is 2 x softmax: {s}");
+}
+
+#[test]
+fn an_op_the_device_lacks_falls_back_to_the_cpu() {
+    // Everything on the mock device's memory, so only soft_max (which it lacks) leaves it.
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let (want, _, _) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
+    let (got, splits, copies) = run(vec![mock.clone(), cpu.clone()], mock.as_ref(), mock.as_ref());
+    assert_eq!(splits, 3, "mock (mul_mat, add), cpu (soft_max), mock (scale)");
+    assert_eq!(copies, 2, "h to the CPU, softmax back to the mock device");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn an_op_no_device_can_run_where_its_memory_is_is_an_error() {
+    // soft_max reads memory only the mock device can use, and only the mock device is given.
+    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let wb = mock.buffer_type().alloc(512).unwrap();
+    let bb = mock.buffer_type().alloc(32).unwrap();
+    let (mut g, _, _) = build(wb, bb);
+    let mut sched = Scheduler::new(vec![mock]).unwrap();
+    let err = sched.plan(&mut g).unwrap_err().to_string();
+    assert!(err.contains("SOFT_MAX"), "{err}");
+}

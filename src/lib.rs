@@ -14,6 +14,10 @@
 pub use tessera_core as core;
 pub use tessera_core::{DType, Device, Error, Graph, Registry, Result, TensorId};
 pub use tessera_cpu as cpu;
+#[cfg(feature = "cuda")]
+pub use tessera_cuda as cuda;
+#[cfg(feature = "wgpu")]
+pub use tessera_wgpu as wgpu;
 
 use std::sync::Arc;
 

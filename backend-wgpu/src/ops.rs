@@ -96,8 +96,9 @@ const QUANT_OUT: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
 const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
-/// src0 tile of the tiled mat-mat: BM x BK, and src1's BN x BK.
-const MM_TILE: (u32, u32, u32) = (64, 64, 16);
+/// Tiles of the tiled mat-mat (BM, BN, BK: BM x BK of src0 and BN x BK of src1 per step):
+/// the large one when dst has at least BM rows and BN columns, else the small one.
+const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
 
@@ -292,7 +293,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             } else {
                 return Err(format!("src0 of {} bytes exceeds a storage binding and is not a 2-D matrix", a.nbytes()));
             };
-            let (bm, bn, _) = MM_TILE;
+            let tile = *MM_TILES.iter().rev().find(|&&(bm, bn, _)| t.ne[0] >= bm as usize && t.ne[1] >= bn as usize).unwrap_or(&MM_TILES[0]);
+            let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
                 let rc = chunk.min(a.ne[1] - r0);
@@ -316,7 +318,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     if z > 65535 || gx > 65535 || gy > 65535 {
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
-                    let v = mat_mat_variant(a.dtype, b.dtype);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile);
                     out.push(PlanOut { variant: v, bind, params: p, groups: 0, groups_3d: Some([gx as u32, gy as u32, z as u32]) });
                 }
             }
@@ -487,19 +489,19 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
         .def("QUANT", u32::from(a.is_quantized()))
         .def("SUBGROUPS", u32::from(subgroups))
         .def("WG", ROW_WG)
-        .def("BM", MM_TILE.0)
-        .def("BN", MM_TILE.1)
-        .def("BK", MM_TILE.2)
+        .def("BM", MM_TILES[0].0)
+        .def("BN", MM_TILES[0].1)
+        .def("BK", MM_TILES[0].2)
         .ty("T0", a)
         .ty("T1", b)
 }
 
-fn mat_mat_variant(a: DType, b: DType) -> Variant {
+fn mat_mat_variant(a: DType, b: DType, (bm, bn, bk): (u32, u32, u32)) -> Variant {
     Variant::new(Family::MulMat, "mat_mat")
         .def("QUANT", u32::from(a.is_quantized()))
-        .def("BM", MM_TILE.0)
-        .def("BN", MM_TILE.1)
-        .def("BK", MM_TILE.2)
+        .def("BM", bm)
+        .def("BN", bn)
+        .def("BK", bk)
         .ty("T0", a)
         .ty("T1", b)
 }
@@ -586,7 +588,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             for &a in FLOATS.iter().chain(&QUANT) {
                 for b in [DType::F32, DType::F16] {
                     v.push(mat_vec_variant(a, b, subgroups));
-                    v.push(mat_mat_variant(a, b));
+                    for tile in MM_TILES {
+                        v.push(mat_mat_variant(a, b, tile));
+                    }
                 }
             }
         }

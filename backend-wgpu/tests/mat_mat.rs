@@ -1,0 +1,72 @@
+//! Tiled mat-mat on shapes past one tile, with ragged edges, for float and quantized weights,
+//! against a host product of the same (dequantized) values.
+
+mod common;
+
+use std::sync::Arc;
+
+use tessera_core::alloc::GraphAllocator;
+use tessera_core::quant::{dequantize_row, quantize_row};
+use tessera_core::{DType, Graph};
+
+/// Runs dst = a^T b for a [k, m] of `dtype` and b [k, n] f32 and checks it within `tol` NMSE.
+fn check(dtype: DType, m: usize, n: usize, k: usize) {
+    let Some(dev) = common::device() else { return };
+    let vals: Vec<f32> = (0..k * m).map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut bytes = vec![0u8; dtype.row_size(k).unwrap() * m];
+    let row = dtype.row_size(k).unwrap();
+    let mut a = vec![0f32; k * m];
+    for r in 0..m {
+        quantize_row(dtype, &vals[r * k..(r + 1) * k], &mut bytes[r * row..(r + 1) * row]).unwrap();
+        dequantize_row(dtype, &bytes[r * row..(r + 1) * row], &mut a[r * k..(r + 1) * k]).unwrap();
+    }
+    let b: Vec<f32> = (0..k * n).map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0).collect();
+    let bt = dev.buffer_type();
+    let wbuf = bt.alloc(bytes.len()).unwrap();
+    wbuf.set(0, &bytes).unwrap();
+    let mut g = Graph::new();
+    let wa = g.weight("a", dtype, &[k, m], wbuf, 0).unwrap();
+    let ib = g.input("b", DType::F32, &[k, n]).unwrap();
+    let out = g.mul_mat(wa, ib).unwrap();
+    g.set_output(out);
+    let nodes: Vec<_> = g.ids().collect();
+    let mut alloc = GraphAllocator::new(Arc::clone(&bt));
+    alloc.alloc(&mut g, &nodes).unwrap();
+    let bd = g.data(ib).unwrap();
+    bd.buffer.set(bd.offset, bytemuck::cast_slice(&b)).unwrap();
+    let mut backend = dev.new_backend().unwrap();
+    backend.compute(&g, &nodes).unwrap();
+    backend.synchronize().unwrap();
+    let od = g.data(out).unwrap();
+    let mut got = vec![0f32; m * n];
+    od.buffer.get(od.offset, bytemuck::cast_slice_mut(&mut got)).unwrap();
+    let (mut err, mut norm) = (0f64, 0f64);
+    for j in 0..n {
+        for i in 0..m {
+            let want: f64 = (0..k).map(|x| f64::from(a[i * k + x]) * f64::from(b[j * k + x])).sum();
+            err += (f64::from(got[j * m + i]) - want).powi(2);
+            norm += want * want;
+        }
+    }
+    assert!(err / norm < 1e-9, "{dtype} {m}x{n}x{k}: nmse {}", err / norm);
+}
+
+#[test]
+fn large_tiles_f32() {
+    check(DType::F32, 200, 150, 96);
+}
+
+#[test]
+fn large_tiles_f16() {
+    check(DType::F16, 131, 257, 64);
+}
+
+#[test]
+fn large_tiles_q4_0() {
+    check(DType::Q4_0, 129, 130, 128);
+}
+
+#[test]
+fn large_tiles_q6_k() {
+    check(DType::Q6_K, 140, 128, 256);
+}

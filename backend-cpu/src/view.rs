@@ -43,6 +43,9 @@ impl TView {
     /// The memory of tensor `id` of `graph`; `write`: the op writes it (so it must not be a
     /// read-only buffer).
     pub fn new(graph: &Graph, id: TensorId, write: bool) -> Result<Self> {
+        if id.index() >= graph.len() {
+            return Err(Error::Invalid(format!("tensor #{} is not in the graph", id.0)));
+        }
         let t = graph.get(id);
         let data = graph.data_or_err(id)?;
         let buf = &data.buffer;

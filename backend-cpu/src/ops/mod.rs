@@ -54,21 +54,22 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
     }
     let t = graph.get(id);
     let s = |i| src_type(graph, t, i);
-    let quant_rows_ok = |i: usize| -> Result<bool> {
-        let st = graph.get(t.src[i]);
-        Ok(!st.dtype.is_quantized() || st.rows_contiguous())
-    };
+    // Quantized rows are converted whole, so their blocks must be adjacent.
+    let quant_rows_ok = |i: usize| t.src.get(i).is_some_and(|&x| {
+        let st = graph.get(x);
+        !st.dtype.is_quantized() || st.rows_contiguous()
+    });
     let ok = match &t.op {
         Op::None | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose => true,
         Op::Cpy | Op::Cont | Op::Dup => {
             let from = s(0)?;
             let to = t.dtype;
             let convertible = from == to || (float_or_quant(from) && float_or_quant(to));
-            convertible && quant_rows_ok(0)? && (!to.is_quantized() || t.nb[0] == to.type_size())
+            convertible && quant_rows_ok(0) && (!to.is_quantized() || t.nb[0] == to.type_size())
         }
         Op::GetRows => {
             let a = s(0)?;
-            (float_or_quant(a) || a == DType::I32) && s(1)? == DType::I32 && quant_rows_ok(0)?
+            (float_or_quant(a) || a == DType::I32) && s(1)? == DType::I32 && quant_rows_ok(0)
         }
         Op::SetRows => {
             float_or_quant(t.dtype)
@@ -78,7 +79,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         }
         Op::MulMat => {
             let (a, b) = (s(0)?, s(1)?);
-            float_or_quant(a) && float(b) && quant_rows_ok(0)? && t.dtype == DType::F32
+            float_or_quant(a) && float(b) && quant_rows_ok(0) && t.dtype == DType::F32
         }
         Op::Binary(_) => float(s(0)?) && float(s(1)?) && float(t.dtype),
         Op::Scale { .. } | Op::Unary(_) | Op::Clamp { .. } => float(s(0)?) && float(t.dtype),
@@ -118,7 +119,10 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         return Ok(());
     }
     let dst = TView::new(graph, id, true)?;
-    let src = |i: usize| TView::new(graph, t.src[i], false);
+    let src = |i: usize| {
+        let id = t.src.get(i).ok_or_else(|| Error::Invalid(format!("{} node lacks source {i}", t.op.name())))?;
+        TView::new(graph, *id, false)
+    };
     let opt = |i: usize| t.src.get(i).map(|&x| TView::new(graph, x, false)).transpose();
     match &t.op {
         Op::None | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose => Ok(()),

@@ -2,14 +2,15 @@
 // broadcast (op family "mul_mat"). src0 has any type T0 (quantized rows dequantized here),
 // src1 is f32 or f16 (T1), dst f32.
 //
-// mat_vec: one workgroup per element of dst, its invocations striding over 32-element groups
-//   of the row; used for small n (generation). Q4_0, Q4_1 and Q8_0 read whole words of a
-//   block; other types dequantize element by element. With SUBGROUPS the partial sums are
-//   added with subgroupAdd before the workgroup step.
+// mat_vec: one workgroup per ROWS rows of one column of dst, its invocations striding over
+//   32-element groups of the rows: each loads a group of src1 once and uses it for the ROWS
+//   rows. Used for small n (generation). Q4_0, Q4_1 and Q8_0 read whole words of a block;
+//   other types dequantize element by element. With SUBGROUPS the partial sums are added with
+//   subgroupAdd before the workgroup step.
 // mat_mat: BM x BN tiles of dst per workgroup of 256 invocations (16 x 16, each BM/16 x BN/16
 //   outputs), stepping through k in BK-deep tiles of src0 and src1 staged in workgroup memory.
 //
-// Params: u.x: dst elements (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3.
+// Params: u.x: workgroups (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3.
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -41,8 +42,19 @@ fn y1(yb: u32, k: u32) -> f32 {
     return ld1(yb + k * P.s1.nb.x);
 }
 
-// The dot product of 32-element group g of the src0 row at byte r with the src1 column at yb.
-fn dot32(r: u32, yb: u32, g: u32) -> f32 {
+// The 32 values of src1 that the current group multiplies (loaded once, used for ROWS rows).
+var<private> yv: array<f32, 32>;
+
+// Loads group g of the src1 column at byte yb into yv (zeros past the row's end).
+fn load_y(yb: u32, g: u32) {
+    let k0 = g * 32u;
+    for (var e = 0u; e < 32u; e++) {
+        yv[e] = select(0.0, y1(yb, k0 + e), k0 + e < P.s0.ne.x);
+    }
+}
+
+// The dot product of 32-element group g of the src0 row at byte r with yv.
+fn dot32(r: u32, g: u32) -> f32 {
     let k0 = g * 32u;
     switch T0 {
         case 2u: {
@@ -51,8 +63,8 @@ fn dot32(r: u32, yb: u32, g: u32) -> f32 {
             for (var w = 0u; w < 4u; w++) {
                 let q = word0(b + 2u + 4u * w);
                 for (var t = 0u; t < 4u; t++) {
-                    let j = k0 + 4u * w + t;
-                    s += (f32((q >> (8u * t)) & 15u) - 8.0) * y1(yb, j) + (f32((q >> (8u * t + 4u)) & 15u) - 8.0) * y1(yb, j + 16u);
+                    let j = 4u * w + t;
+                    s += (f32((q >> (8u * t)) & 15u) - 8.0) * yv[j] + (f32((q >> (8u * t + 4u)) & 15u) - 8.0) * yv[j + 16u];
                 }
             }
             return s * half0(b);
@@ -64,11 +76,9 @@ fn dot32(r: u32, yb: u32, g: u32) -> f32 {
             for (var w = 0u; w < 4u; w++) {
                 let q = word0(b + 4u + 4u * w);
                 for (var t = 0u; t < 4u; t++) {
-                    let j = k0 + 4u * w + t;
-                    let ya = y1(yb, j);
-                    let yc = y1(yb, j + 16u);
-                    s += f32((q >> (8u * t)) & 15u) * ya + f32((q >> (8u * t + 4u)) & 15u) * yc;
-                    sy += ya + yc;
+                    let j = 4u * w + t;
+                    s += f32((q >> (8u * t)) & 15u) * yv[j] + f32((q >> (8u * t + 4u)) & 15u) * yv[j + 16u];
+                    sy += yv[j] + yv[j + 16u];
                 }
             }
             return s * half0(b) + sy * half0(b + 2u);
@@ -79,21 +89,24 @@ fn dot32(r: u32, yb: u32, g: u32) -> f32 {
             for (var w = 0u; w < 8u; w++) {
                 let q = word0(b + 2u + 4u * w);
                 for (var t = 0u; t < 4u; t++) {
-                    s += f32(bitcast<i32>(q << (24u - 8u * t)) >> 24u) * y1(yb, k0 + 4u * w + t);
+                    s += f32(bitcast<i32>(q << (24u - 8u * t)) >> 24u) * yv[4u * w + t];
                 }
             }
             return s * half0(b);
         }
         default: {
             var s = 0.0;
-            let end = min(k0 + 32u, P.s0.ne.x);
-            for (var k = k0; k < end; k++) {
-                s += w0(r, k) * y1(yb, k);
+            let n = min(32u, P.s0.ne.x - k0);
+            for (var e = 0u; e < n; e++) {
+                s += w0(r, k0 + e) * yv[e];
             }
             return s;
         }
     }
 }
+
+const ROWS: u32 = {{ROWS}}u;
+var<workgroup> parts: array<f32, {{WG}} * ROWS>;
 
 @compute @workgroup_size({{WG}})
 fn mat_vec(
@@ -109,31 +122,43 @@ fn mat_vec(
     if o >= P.u.x {
         return;
     }
-    let c = coords(o, P.d.ne);
-    let r = row0(c.x, c.z, c.w);
+    let mm = P.d.ne.x;
+    let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+    let m0 = c.x * ROWS;
     let yb = col1(c.y, c.z, c.w);
     let groups = (P.s0.ne.x + 31u) / 32u;
-    var acc = 0.0;
+    var acc: array<f32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        acc[r] = 0.0;
+    }
     for (var g = li; g < groups; g += {{WG}}u) {
-        acc += dot32(r, yb, g);
+        load_y(yb, g);
+        for (var r = 0u; r < ROWS; r++) {
+            acc[r] += dot32(row0(min(m0 + r, mm - 1u), c.z, c.w), g);
+        }
     }
 #if SUBGROUPS
-    let part = subgroupAdd(acc);
-    if sli == 0u {
-        red[li / ssz] = part;
+    let nsg = ({{WG}}u + ssz - 1u) / ssz;
+    for (var r = 0u; r < ROWS; r++) {
+        let part = subgroupAdd(acc[r]);
+        if sli == 0u {
+            parts[r * nsg + li / ssz] = part;
+        }
     }
     workgroupBarrier();
-    if li == 0u {
+    if li < ROWS && m0 + li < mm {
         var s = 0.0;
-        for (var i = 0u; i < ({{WG}}u + ssz - 1u) / ssz; i++) {
-            s += red[i];
+        for (var i = 0u; i < nsg; i++) {
+            s += parts[li * nsg + i];
         }
-        st(P.off.x + at(c, P.d.nb), s);
+        st(P.off.x + at(vec4<u32>(m0 + li, c.yzw), P.d.nb), s);
     }
 #else
-    let s = wg_sum(acc, li);
-    if li == 0u {
-        st(P.off.x + at(c, P.d.nb), s);
+    for (var r = 0u; r < ROWS; r++) {
+        let s = wg_sum(acc[r], li);
+        if li == 0u && m0 + r < mm {
+            st(P.off.x + at(vec4<u32>(m0 + r, c.yzw), P.d.nb), s);
+        }
     }
 #endif
 }

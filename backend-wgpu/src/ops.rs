@@ -99,6 +99,8 @@ const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
 /// Tiles of the tiled mat-mat (BM, BN, BK: BM x BK of src0 and BN x BK of src1 per step):
 /// the large one when dst has at least BM rows and BN columns, else the small one.
 const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
+/// Rows of src0 per mat-vec workgroup (they share each load of src1).
+const MV_ROWS: u32 = 4;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
 
@@ -306,11 +308,11 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     Bind { id: t.src[0], skip: r0 * a.nb[1], span: Some(rc * a.nb[1]) },
                     Bind::whole(t.src[1]),
                 ];
-                let outputs = rc * t.ne[1] * t.ne[2] * t.ne[3];
                 if t.ne[1] <= MAT_VEC_MAX_N {
-                    p.u[0] = outputs as u32;
+                    let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+                    p.u[0] = groups as u32;
                     let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
-                    out.push(PlanOut { variant: v, bind, params: p, groups: outputs, groups_3d: None });
+                    out.push(PlanOut { variant: v, bind, params: p, groups, groups_3d: None });
                 } else {
                     let z = t.ne[2] * t.ne[3];
                     let gx = rc.div_ceil(bm as usize);
@@ -489,6 +491,7 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
         .def("QUANT", u32::from(a.is_quantized()))
         .def("SUBGROUPS", u32::from(subgroups))
         .def("WG", ROW_WG)
+        .def("ROWS", MV_ROWS)
         .def("BM", MM_TILES[0].0)
         .def("BN", MM_TILES[0].1)
         .def("BK", MM_TILES[0].2)
@@ -498,6 +501,7 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
 
 fn mat_mat_variant(a: DType, b: DType, (bm, bn, bk): (u32, u32, u32)) -> Variant {
     Variant::new(Family::MulMat, "mat_mat")
+        .def("ROWS", MV_ROWS)
         .def("QUANT", u32::from(a.is_quantized()))
         .def("BM", bm)
         .def("BN", bn)

@@ -19,7 +19,10 @@ impl CpuBackend {
     /// A backend with `threads` worker threads (0: one per hardware thread); `precise` as in
     /// [`CpuBackend::set_precise`].
     pub fn new(threads: usize, precise: bool) -> Result<Self> {
-        Ok(CpuBackend { pool: Arc::new(build_pool(threads)?), precise })
+        Ok(CpuBackend {
+            pool: Arc::new(build_pool(threads)?),
+            precise,
+        })
     }
 
     /// Changes the number of worker threads (0: one per hardware thread).
@@ -48,12 +51,19 @@ impl CpuBackend {
 
 /// A rayon pool of `threads` workers (0: one per hardware thread).
 fn build_pool(threads: usize) -> Result<ThreadPool> {
-    let n = if threads == 0 { crate::host::threads() } else { threads };
+    let n = if threads == 0 {
+        crate::host::threads()
+    } else {
+        threads
+    };
     ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("tessera-cpu-{i}"))
         .build()
-        .map_err(|e| Error::Device { device: "cpu".into(), reason: format!("cannot start {n} threads: {e}") })
+        .map_err(|e| Error::Device {
+            device: "cpu".into(),
+            reason: format!("cannot start {n} threads: {e}"),
+        })
 }
 
 impl Backend for CpuBackend {
@@ -62,8 +72,11 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
-        let ctx = Ctx { precise: self.precise };
-        self.pool.install(|| nodes.iter().try_for_each(|&id| ops::run(&ctx, graph, id)))
+        let ctx = Ctx {
+            precise: self.precise,
+        };
+        self.pool
+            .install(|| nodes.iter().try_for_each(|&id| ops::run(&ctx, graph, id)))
     }
 
     fn synchronize(&mut self) -> Result<()> {

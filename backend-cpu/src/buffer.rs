@@ -49,7 +49,10 @@ impl BufferType for CpuBufferType {
 /// Where a buffer's bytes live.
 enum Storage {
     /// Memory this buffer allocated (`None` for a zero-size buffer).
-    Owned { ptr: Option<NonNull<u8>>, layout: Layout },
+    Owned {
+        ptr: Option<NonNull<u8>>,
+        layout: Layout,
+    },
     /// Caller-provided bytes, read-only.
     Host(Arc<dyn HostBytes>),
 }
@@ -70,20 +73,32 @@ impl CpuBuffer {
     /// Allocates `size` zeroed bytes aligned to [`CPU_ALIGNMENT`]; [`Error::OutOfMemory`] when
     /// the system refuses (never an abort). A zero-size buffer allocates nothing.
     pub fn new(size: usize) -> Result<Self> {
-        let oom = || Error::OutOfMemory { device: "cpu".into(), bytes: size };
+        let oom = || Error::OutOfMemory {
+            device: "cpu".into(),
+            bytes: size,
+        };
         let layout = Layout::from_size_align(size, CPU_ALIGNMENT).map_err(|_| oom())?;
         if size == 0 {
-            return Ok(CpuBuffer { storage: Storage::Owned { ptr: None, layout } });
+            return Ok(CpuBuffer {
+                storage: Storage::Owned { ptr: None, layout },
+            });
         }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(oom)?;
-        Ok(CpuBuffer { storage: Storage::Owned { ptr: Some(ptr), layout } })
+        Ok(CpuBuffer {
+            storage: Storage::Owned {
+                ptr: Some(ptr),
+                layout,
+            },
+        })
     }
 
     /// Wraps caller bytes without copying; the buffer is read-only.
     pub fn from_host(bytes: Arc<dyn HostBytes>) -> Self {
-        CpuBuffer { storage: Storage::Host(bytes) }
+        CpuBuffer {
+            storage: Storage::Host(bytes),
+        }
     }
 
     /// Whether writes are refused (the buffer wraps caller bytes).
@@ -101,7 +116,10 @@ impl CpuBuffer {
 
     /// An error for a write into read-only bytes.
     fn read_only_error(&self) -> Error {
-        Error::Buffer { buffer: self.name(), reason: "it wraps read-only host bytes and cannot be written".into() }
+        Error::Buffer {
+            buffer: self.name(),
+            reason: "it wraps read-only host bytes and cannot be written".into(),
+        }
     }
 
     /// The writable start address, or an error for a read-only buffer.
@@ -115,7 +133,11 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        if let Storage::Owned { ptr: Some(p), layout } = &self.storage {
+        if let Storage::Owned {
+            ptr: Some(p),
+            layout,
+        } = &self.storage
+        {
             // SAFETY: `p` was allocated in `new` with exactly this layout and is freed once.
             unsafe { std::alloc::dealloc(p.as_ptr(), *layout) };
         }
@@ -165,7 +187,13 @@ impl Buffer for CpuBuffer {
         Ok(())
     }
 
-    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
         let Some(sp) = src.host_ptr() else {
             let mut staging = vec![0u8; len];

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use tessera_core::backend::HostBytes;
 use tessera_core::graph::Graph;
-use tessera_core::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Memory, Result, TensorId};
+use tessera_core::{
+    Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Memory, Result, TensorId,
+};
 
 use crate::backend::CpuBackend;
 use crate::buffer::{CpuBuffer, CpuBufferType};
@@ -43,7 +45,10 @@ impl CpuDevice {
     /// The CPU with one thread per hardware thread and the fast (activation-quantizing)
     /// `mul_mat`.
     pub fn new() -> Self {
-        CpuDevice { threads: host::threads(), precise: false }
+        CpuDevice {
+            threads: host::threads(),
+            precise: false,
+        }
     }
 
     /// The same device whose backends use `n` threads (0 means one per hardware thread).

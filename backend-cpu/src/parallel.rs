@@ -24,9 +24,14 @@ where
         return f(0..n);
     }
     // A few pieces per thread balance uneven items without paying for tiny tasks.
-    let pieces = (threads * 4).min(n).min(total / (MIN_PARALLEL_WORK / 4)).max(threads.min(n));
+    let pieces = (threads * 4)
+        .min(n)
+        .min(total / (MIN_PARALLEL_WORK / 4))
+        .max(threads.min(n));
     let step = n.div_ceil(pieces);
-    (0..n.div_ceil(step)).into_par_iter().try_for_each(|p| f(p * step..((p + 1) * step).min(n)))
+    (0..n.div_ceil(step))
+        .into_par_iter()
+        .try_for_each(|p| f(p * step..((p + 1) * step).min(n)))
 }
 
 /// Calls `f(row, chunk)` for each `row_len`-long chunk of `data` (a scratch matrix being
@@ -39,10 +44,16 @@ where
     let n = data.len() / row_len.max(1);
     let threads = rayon::current_num_threads();
     if row_len == 0 || threads <= 1 || n <= 1 || n.saturating_mul(cost) < MIN_PARALLEL_WORK {
-        return data.chunks_mut(row_len.max(1)).enumerate().try_for_each(|(r, c)| f(r, c));
+        return data
+            .chunks_mut(row_len.max(1))
+            .enumerate()
+            .try_for_each(|(r, c)| f(r, c));
     }
     let min_len = (MIN_PARALLEL_WORK / 4 / cost.max(1)).max(1);
-    data.par_chunks_mut(row_len).enumerate().with_min_len(min_len).try_for_each(|(r, c)| f(r, c))
+    data.par_chunks_mut(row_len)
+        .enumerate()
+        .with_min_len(min_len)
+        .try_for_each(|(r, c)| f(r, c))
 }
 
 #[cfg(test)]
@@ -53,7 +64,10 @@ mod tests {
 
     #[test]
     fn every_item_runs_once() {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
         for n in [0, 1, 7, 1000, 100_000] {
             let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             pool.install(|| {

@@ -12,9 +12,9 @@
 //! ops the graph allocator plans (`dst` sharing `src0`'s memory, same layout) correct: a row
 //! is never borrowed for reading while it is written.
 
-use tessera_core::graph::Graph;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use tessera_core::graph::Graph;
 use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::{DType, Error, Result, TensorId};
 
@@ -44,7 +44,10 @@ impl TView {
     /// read-only buffer).
     pub fn new(graph: &Graph, id: TensorId, write: bool) -> Result<Self> {
         if id.index() >= graph.len() {
-            return Err(Error::Invalid(format!("tensor #{} is not in the graph", id.0)));
+            return Err(Error::Invalid(format!(
+                "tensor #{} is not in the graph",
+                id.0
+            )));
         }
         let t = graph.get(id);
         let data = graph.data_or_err(id)?;
@@ -52,20 +55,38 @@ impl TView {
         let Some(ptr) = buf.host_ptr() else {
             return Err(Error::Unsupported {
                 backend: "cpu".into(),
-                what: format!("tensor '{}' in buffer {}, which is not host memory", t.label(id), buf.name()),
+                what: format!(
+                    "tensor '{}' in buffer {}, which is not host memory",
+                    t.label(id),
+                    buf.name()
+                ),
             });
         };
-        if write && buf.as_any().downcast_ref::<CpuBuffer>().is_some_and(CpuBuffer::is_read_only) {
+        if write
+            && buf
+                .as_any()
+                .downcast_ref::<CpuBuffer>()
+                .is_some_and(CpuBuffer::is_read_only)
+        {
             return Err(Error::Buffer {
                 buffer: buf.name(),
-                reason: format!("tensor '{}' would be written, but the buffer is read-only", t.label(id)),
+                reason: format!(
+                    "tensor '{}' would be written, but the buffer is read-only",
+                    t.label(id)
+                ),
             });
         }
         let span = t.nbytes();
         buf.check_range(data.offset, span)?;
         // SAFETY: offset + span lies inside the buffer, checked just above.
         let base = unsafe { ptr.add(data.offset) };
-        Ok(TView { dtype: t.dtype, ne: t.ne, nb: t.nb, base, span })
+        Ok(TView {
+            dtype: t.dtype,
+            ne: t.ne,
+            nb: t.nb,
+            base,
+            span,
+        })
     }
 
     /// Rows (ne1 * ne2 * ne3).
@@ -103,7 +124,11 @@ impl TView {
 
     /// The address of the `len` bytes at `off`, checked against the tensor's span.
     fn at(&self, off: usize, len: usize) -> *mut u8 {
-        assert!(off + len <= self.span, "tensor access {off}+{len} past its {} bytes", self.span);
+        assert!(
+            off + len <= self.span,
+            "tensor access {off}+{len} past its {} bytes",
+            self.span
+        );
         // SAFETY: inside the span checked against the buffer in `new`.
         unsafe { self.base.add(off) }
     }
@@ -283,7 +308,10 @@ mod tests {
         let mut out = [0f32; 3];
         row_to_f32(DType::F32, &bytes[1..], &mut out).unwrap();
         assert_eq!(out, vals);
-        let h: Vec<u8> = vals.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+        let h: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
         row_to_f32(DType::F16, &h, &mut out).unwrap();
         assert_eq!(out, vals);
     }

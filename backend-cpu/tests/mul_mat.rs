@@ -12,7 +12,15 @@ use tessera_core::{Backend, DType, Graph};
 use tessera_cpu::{CpuBackend, CpuBufferType};
 
 /// out[m, n, b2, b3] = sum_k w[k, m, b2 / r2, b3 / r3] * x[k, n, b2, b3], in f64.
-fn naive(w: &[f32], x: &[f32], k: usize, m: usize, n: usize, wb: [usize; 2], xb: [usize; 2]) -> Vec<f32> {
+fn naive(
+    w: &[f32],
+    x: &[f32],
+    k: usize,
+    m: usize,
+    n: usize,
+    wb: [usize; 2],
+    xb: [usize; 2],
+) -> Vec<f32> {
     let (r2, r3) = (xb[0] / wb[0], xb[1] / wb[1]);
     let mut out = vec![0f32; m * n * xb[0] * xb[1]];
     for b3 in 0..xb[1] {
@@ -21,7 +29,9 @@ fn naive(w: &[f32], x: &[f32], k: usize, m: usize, n: usize, wb: [usize; 2], xb:
             let xo = (b2 + xb[0] * b3) * n * k;
             for j in 0..n {
                 for i in 0..m {
-                    let s: f64 = (0..k).map(|t| f64::from(w[wo + i * k + t]) * f64::from(x[xo + j * k + t])).sum();
+                    let s: f64 = (0..k)
+                        .map(|t| f64::from(w[wo + i * k + t]) * f64::from(x[xo + j * k + t]))
+                        .sum();
                     out[((b3 * xb[0] + b2) * n + j) * m + i] = s as f32;
                 }
             }
@@ -32,7 +42,16 @@ fn naive(w: &[f32], x: &[f32], k: usize, m: usize, n: usize, wb: [usize; 2], xb:
 
 /// Runs w (type `wt`) x x (type `xt`) with the given batches; returns (result, f64 reference).
 #[allow(clippy::too_many_arguments)]
-fn case(wt: DType, xt: DType, k: usize, m: usize, n: usize, wb: [usize; 2], xb: [usize; 2], precise: bool) -> (Vec<f32>, Vec<f32>) {
+fn case(
+    wt: DType,
+    xt: DType,
+    k: usize,
+    m: usize,
+    n: usize,
+    wb: [usize; 2],
+    xb: [usize; 2],
+    precise: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let w = rand_vec(k * m * wb[0] * wb[1], 20);
     let x = round_trip(xt, &rand_vec(k * n * xb[0] * xb[1], 21));
     let wq: Vec<f32> = w.chunks(k).flat_map(|r| round_trip(wt, r)).collect();
@@ -40,13 +59,21 @@ fn case(wt: DType, xt: DType, k: usize, m: usize, n: usize, wb: [usize; 2], xb: 
     let tw = c.input(wt, &[k, m, wb[0], wb[1]], &w);
     let tx = c.input(xt, &[k, n, xb[0], xb[1]], &x);
     let y = c.g.mul_mat(tw, tx).unwrap();
-    let out = c.run_f32(&mut CpuBackend::new(2, precise).unwrap(), &[y]).unwrap().remove(0);
+    let out = c
+        .run_f32(&mut CpuBackend::new(2, precise).unwrap(), &[y])
+        .unwrap()
+        .remove(0);
     (out, naive(&wq, &x, k, m, n, wb, xb))
 }
 
 #[test]
 fn float_weights_match_f64() {
-    for (wt, xt) in [(DType::F32, DType::F32), (DType::F16, DType::F32), (DType::BF16, DType::F32), (DType::F16, DType::F16)] {
+    for (wt, xt) in [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+        (DType::F16, DType::F16),
+    ] {
         let (out, want) = case(wt, xt, 70, 37, 45, [2, 1], [4, 3], false);
         let e = nmse(&out, &want);
         assert!(e < 1e-10, "{wt} x {xt}: nmse {e}");
@@ -90,7 +117,10 @@ fn activations_may_be_a_transposed_view() {
     let t = c.g.transpose(tx).unwrap();
     let y = c.g.mul_mat(tw, t).unwrap();
     let out = c.run(&[y]).unwrap().remove(0);
-    let x: Vec<f32> = (0..n).flat_map(|j| (0..k).map(move |t| (j, t))).map(|(j, t)| xt[t * n + j]).collect();
+    let x: Vec<f32> = (0..n)
+        .flat_map(|j| (0..k).map(move |t| (j, t)))
+        .map(|(j, t)| xt[t * n + j])
+        .collect();
     let e = nmse(&out, &naive(&w, &x, k, m, n, [1, 1], [1, 1]));
     assert!(e < 1e-10, "nmse {e}");
 }
@@ -103,7 +133,9 @@ fn bench(wt: DType, k: usize, m: usize, n: usize, threads: usize, reps: usize) {
     let y = g.mul_mat(tw, tx).unwrap();
     g.set_output(y);
     let ids: Vec<_> = g.ids().collect();
-    GraphAllocator::new(Arc::new(CpuBufferType)).alloc(&mut g, &ids).unwrap();
+    GraphAllocator::new(Arc::new(CpuBufferType))
+        .alloc(&mut g, &ids)
+        .unwrap();
     let w = rand_vec(k * m, 1);
     let mut wq = vec![0u8; wt.row_size(k).unwrap() * m];
     for (r, q) in w.chunks(k).zip(wq.chunks_mut(wt.row_size(k).unwrap())) {
@@ -111,7 +143,10 @@ fn bench(wt: DType, k: usize, m: usize, n: usize, threads: usize, reps: usize) {
     }
     let d = g.data(tw).unwrap();
     d.buffer.set(d.offset, &wq).unwrap();
-    let x: Vec<u8> = rand_vec(k * n, 2).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x: Vec<u8> = rand_vec(k * n, 2)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let d = g.data(tx).unwrap();
     d.buffer.set(d.offset, &x).unwrap();
     let mut be = CpuBackend::new(threads, false).unwrap();
@@ -138,7 +173,14 @@ fn bench_mul_mat() {
     if let Ok(spec) = std::env::var("BENCH") {
         let f: Vec<&str> = spec.split(',').collect();
         let num = |i: usize| f[i].parse::<usize>().unwrap();
-        bench(DType::from_name(f[0]).unwrap(), num(1), num(2), num(3), num(4), num(5));
+        bench(
+            DType::from_name(f[0]).unwrap(),
+            num(1),
+            num(2),
+            num(3),
+            num(4),
+            num(5),
+        );
         return;
     }
     bench(DType::Q4_0, 14336, 4096, 1, threads, 10);

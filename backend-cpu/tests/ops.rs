@@ -39,7 +39,11 @@ fn binary_ops_in_f16_and_bf16() {
 fn an_op_may_write_over_its_first_source() {
     // Bind the result to the very bytes of its source, as the graph allocator does.
     let mut c = Case::new();
-    let ta = c.input(DType::F32, &[5, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
+    let ta = c.input(
+        DType::F32,
+        &[5, 2],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0],
+    );
     let tb = c.input(DType::F32, &[5], &[1.0; 5]);
     let y = c.g.add(ta, tb).unwrap();
     let buf = tessera_core::BufferType::alloc(&tessera_cpu::CpuBufferType, 64).unwrap();
@@ -85,7 +89,10 @@ fn unary_reads_a_transposed_view() {
     let a = c.input(DType::F32, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let t = c.g.transpose(a).unwrap();
     let y = c.g.unary(t, UnaryOp::Neg).unwrap();
-    assert_eq!(c.run(&[y]).unwrap()[0], vec![-1.0, -4.0, -2.0, -5.0, -3.0, -6.0]);
+    assert_eq!(
+        c.run(&[y]).unwrap()[0],
+        vec![-1.0, -4.0, -2.0, -5.0, -3.0, -6.0]
+    );
 }
 
 #[test]
@@ -121,7 +128,11 @@ fn glu_with_one_or_two_sources() {
 #[test]
 fn rms_norm_and_norm_by_hand() {
     let mut c = Case::new();
-    let a = c.input(DType::F32, &[4, 2], &[1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0]);
+    let a = c.input(
+        DType::F32,
+        &[4, 2],
+        &[1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0],
+    );
     let r = c.g.rms_norm(a, 1e-12).unwrap();
     let n = c.g.norm(a, 1e-12).unwrap();
     let out = c.run(&[r, n]).unwrap();
@@ -129,7 +140,11 @@ fn rms_norm_and_norm_by_hand() {
     assert_close(&out[0][..4], &[1.0 / s, 2.0 / s, 3.0 / s, 4.0 / s], 1e-6);
     assert_close(&out[0][4..], &[1.0; 4], 1e-6);
     let sd = 1.25f32.sqrt();
-    assert_close(&out[1][..4], &[-1.5 / sd, -0.5 / sd, 0.5 / sd, 1.5 / sd], 1e-6);
+    assert_close(
+        &out[1][..4],
+        &[-1.5 / sd, -0.5 / sd, 0.5 / sd, 1.5 / sd],
+        1e-6,
+    );
     assert_close(&out[1][4..], &[0.0; 4], 1e-6);
 }
 
@@ -175,7 +190,11 @@ fn softmax_alibi_adds_head_slopes_times_the_mask() {
     for (h, slope) in [(0usize, 2f32.powi(-4)), (1, 2f32.powi(-8))] {
         let e: Vec<f32> = (0..3).map(|i| (slope * i as f32).exp()).collect();
         let s: f32 = e.iter().sum();
-        assert_close(&out[0][h * 3..h * 3 + 3], &e.iter().map(|v| v / s).collect::<Vec<_>>(), 1e-6);
+        assert_close(
+            &out[0][h * 3..h * 3 + 3],
+            &e.iter().map(|v| v / s).collect::<Vec<_>>(),
+            1e-6,
+        );
     }
 }
 
@@ -191,7 +210,12 @@ fn diag_mask_inf_hides_the_future() {
 // ---- rope ----
 
 fn rope_params(n_dims: usize, mode: RopeMode) -> RopeParams {
-    RopeParams { n_dims, mode, freq_base: 10000.0, freq_scale: 1.0 }
+    RopeParams {
+        n_dims,
+        mode,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+    }
 }
 
 #[test]
@@ -213,7 +237,10 @@ fn rope_turns_pairs_by_position_times_frequency() {
     // n_dims 4 of 6: pairs k = 0, 1 with theta_k = pos * 10000^(-k/2); dims 4, 5 untouched.
     let th = [pos, pos * 10000f32.powf(-0.5)];
     let rot = |a: f32, b: f32, t: f32| (a * t.cos() - b * t.sin(), a * t.sin() + b * t.cos());
-    for (mode, pairs) in [(RopeMode::Normal, [(0, 1), (2, 3)]), (RopeMode::Neox, [(0, 2), (1, 3)])] {
+    for (mode, pairs) in [
+        (RopeMode::Normal, [(0, 1), (2, 3)]),
+        (RopeMode::Neox, [(0, 2), (1, 3)]),
+    ] {
         let mut c = Case::new();
         let a = c.input(DType::F32, &[6, 1, 1], &x);
         let p = c.ints(&[1], &[3]);
@@ -244,11 +271,23 @@ fn rope_in_f16() {
 
 /// softmax(q k^T * scale + mask) v for one query row, in f64.
 #[allow(clippy::too_many_arguments)]
-fn naive_attention(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], d: usize, dv: usize, scale: f32, cap: f32) -> Vec<f32> {
+fn naive_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+    d: usize,
+    dv: usize,
+    scale: f32,
+    cap: f32,
+) -> Vec<f32> {
     let n_kv = k.len() / d;
     let s: Vec<f64> = (0..n_kv)
         .map(|j| {
-            let mut s: f64 = (0..d).map(|i| f64::from(q[i]) * f64::from(k[j * d + i])).sum::<f64>() * f64::from(scale);
+            let mut s: f64 = (0..d)
+                .map(|i| f64::from(q[i]) * f64::from(k[j * d + i]))
+                .sum::<f64>()
+                * f64::from(scale);
             if cap != 0.0 {
                 s = f64::from(cap) * (s / f64::from(cap)).tanh();
             }
@@ -258,7 +297,15 @@ fn naive_attention(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], d: usize, dv: 
     let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
     let sum: f64 = e.iter().sum();
-    (0..dv).map(|i| (0..n_kv).map(|j| e[j] * f64::from(v[j * dv + i])).sum::<f64>() / sum).map(|x| x as f32).collect()
+    (0..dv)
+        .map(|i| {
+            (0..n_kv)
+                .map(|j| e[j] * f64::from(v[j * dv + i]))
+                .sum::<f64>()
+                / sum
+        })
+        .map(|x| x as f32)
+        .collect()
 }
 
 #[test]
@@ -280,7 +327,9 @@ fn flash_attention_matches_a_naive_softmax() {
         let tk = c.input(kv_type, &[d, n_kv, h_kv], &k);
         let tv = c.input(kv_type, &[dv, n_kv, h_kv], &v);
         let tm = c.input(DType::F16, &[n_kv, 4], &mask);
-        let y = c.g.flash_attn_ext(tq, tk, tv, Some(tm), 0.3, 0.0, cap).unwrap();
+        let y =
+            c.g.flash_attn_ext(tq, tk, tv, Some(tm), 0.3, 0.0, cap)
+                .unwrap();
         let out = c.run(&[y]).unwrap().remove(0);
         let mut want = vec![0f32; dv * h * n_q];
         for iq in 0..n_q {
@@ -328,10 +377,21 @@ fn get_rows_of_i32_and_f16() {
     let i = c.ints(&[2], &[2, 1]);
     let y = c.g.get_rows(a, i).unwrap();
     let yh = c.g.get_rows(h, i).unwrap();
-    let outs = c.run_on(&mut tessera_cpu::CpuBackend::new(1, false).unwrap(), &[y, yh]).unwrap();
-    let ints: Vec<i32> = outs[0].chunks(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+    let outs = c
+        .run_on(
+            &mut tessera_cpu::CpuBackend::new(1, false).unwrap(),
+            &[y, yh],
+        )
+        .unwrap();
+    let ints: Vec<i32> = outs[0]
+        .chunks(4)
+        .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     assert_eq!(ints, vec![16_777_217, 6, 3, 4]);
-    let f: Vec<f32> = outs[1].chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let f: Vec<f32> = outs[1]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     assert_eq!(f, vec![4.5, 5.5, 2.5, 3.5]);
 }
 
@@ -342,7 +402,10 @@ fn set_rows_writes_converted_rows_at_i32_and_i64_indices() {
     let src = c.input(DType::F32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let idx = c.longs(&[2], &[3, 1]);
     let y = c.g.set_rows(dst, src, idx).unwrap();
-    assert_eq!(c.run(&[y]).unwrap()[0], vec![0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 1.0, 2.0]);
+    assert_eq!(
+        c.run(&[y]).unwrap()[0],
+        vec![0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 1.0, 2.0]
+    );
 
     let x = rand_vec(32 * 2, 5);
     let mut c = Case::new();
@@ -390,9 +453,17 @@ fn quantized_copies_dequantize_and_copy_blocks_exactly() {
     // Into a reshaped destination: elements keep their flat order.
     let b = c.g.new_tensor(DType::Q4_0, &[64]).unwrap();
     let r = c.g.cpy(a, b).unwrap();
-    let out = c.run_on(&mut tessera_cpu::CpuBackend::new(2, false).unwrap(), &[a, f, same, r]).unwrap();
+    let out = c
+        .run_on(
+            &mut tessera_cpu::CpuBackend::new(2, false).unwrap(),
+            &[a, f, same, r],
+        )
+        .unwrap();
     let dq = round_trip(DType::Q4_0, &x);
-    let f: Vec<f32> = out[1].chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let f: Vec<f32> = out[1]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     assert_eq!(f, dq);
     assert_eq!(out[2], out[0]);
     assert_eq!(out[3], out[0]);
@@ -443,12 +514,29 @@ fn sums_means_and_argmax() {
     let am = c.g.argmax(a).unwrap();
     let h = c.input(DType::F16, &[2], &[1.5, 2.5]);
     let sh = c.g.sum(h).unwrap();
-    let raw = c.run_on(&mut tessera_cpu::CpuBackend::new(1, false).unwrap(), &[s, sr, m, sh, am]).unwrap();
-    let out: Vec<Vec<f32>> =
-        raw[..4].iter().map(|b| b.chunks(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect()).collect();
+    let raw = c
+        .run_on(
+            &mut tessera_cpu::CpuBackend::new(1, false).unwrap(),
+            &[s, sr, m, sh, am],
+        )
+        .unwrap();
+    let out: Vec<Vec<f32>> = raw[..4]
+        .iter()
+        .map(|b| {
+            b.chunks(4)
+                .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+                .collect()
+        })
+        .collect();
     assert_eq!(out[0], vec![7.5]);
     assert_eq!(out[1], vec![11.0, -3.5]);
     assert_close(&out[2], &[11.0 / 3.0, -3.5 / 3.0], 1e-6);
     assert_eq!(out[3], vec![4.0]);
-    assert_eq!(raw[4], [1i32, 2].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    assert_eq!(
+        raw[4],
+        [1i32, 2]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+    );
 }

@@ -7,7 +7,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use common::Case;
-use tessera_core::{Backend, BackendReg, Buffer, BufferType, DType, Device, DeviceKind, Error, Graph};
+use tessera_core::{
+    Backend, BackendReg, Buffer, BufferType, DType, Device, DeviceKind, Error, Graph,
+};
 use tessera_cpu::{CpuBackend, CpuBackendReg, CpuBuffer, CpuBufferType, CpuDevice};
 
 #[test]
@@ -49,7 +51,10 @@ fn buffers_are_aligned_and_range_checked() {
     b.get(9, &mut out).unwrap();
     assert_eq!(out, [0, 1, 2, 3]);
     assert!(matches!(b.set(98, &[1, 2, 3]), Err(Error::Buffer { .. })));
-    assert!(matches!(b.get(usize::MAX, &mut out), Err(Error::Buffer { .. })));
+    assert!(matches!(
+        b.get(usize::MAX, &mut out),
+        Err(Error::Buffer { .. })
+    ));
     b.clear(7).unwrap();
     b.get(0, &mut out).unwrap();
     assert_eq!(out, [7; 4]);
@@ -77,7 +82,11 @@ fn host_bytes_are_wrapped_read_only_without_copying() {
     assert_eq!(out, [5, 6, 7]);
     assert!(matches!(buf.set(0, &[1]), Err(Error::Buffer { .. })));
     assert!(buf.clear(0).is_err());
-    assert!(buf.as_any().downcast_ref::<CpuBuffer>().unwrap().is_read_only());
+    assert!(buf
+        .as_any()
+        .downcast_ref::<CpuBuffer>()
+        .unwrap()
+        .is_read_only());
     assert!(dev.can_use_buffer(buf.as_ref()));
 }
 
@@ -85,7 +94,10 @@ fn host_bytes_are_wrapped_read_only_without_copying() {
 fn weights_in_host_bytes_are_read_and_results_there_refused() {
     let vals = [1.0f32, 2.0, 3.0, 4.0];
     let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let buf = CpuDevice::new().buffer_from_host(Arc::new(bytes)).unwrap().unwrap();
+    let buf = CpuDevice::new()
+        .buffer_from_host(Arc::new(bytes))
+        .unwrap()
+        .unwrap();
     let mut c = Case::new();
     let w = c.g.weight("w", DType::F32, &[4], buf.clone(), 0).unwrap();
     let y = c.g.scale(w, 2.0).unwrap();
@@ -127,12 +139,17 @@ impl Buffer for DeviceOnly {
 #[test]
 fn memory_that_is_not_host_memory_is_unsupported() {
     let mut g = Graph::new();
-    let w = g.weight("w", DType::F32, &[4], Arc::new(DeviceOnly), 0).unwrap();
+    let w = g
+        .weight("w", DType::F32, &[4], Arc::new(DeviceOnly), 0)
+        .unwrap();
     let y = g.scale(w, 2.0).unwrap();
     g.bind(y, CpuBufferType.alloc(16).unwrap(), 0).unwrap();
     assert!(!CpuDevice::new().can_use_buffer(&DeviceOnly));
     let mut be = CpuBackend::new(1, false).unwrap();
-    assert!(matches!(be.compute(&g, &[y]), Err(Error::Unsupported { .. })));
+    assert!(matches!(
+        be.compute(&g, &[y]),
+        Err(Error::Unsupported { .. })
+    ));
 }
 
 #[test]
@@ -146,7 +163,10 @@ fn unbound_tensors_and_unsupported_types_are_errors() {
     assert!(dev.supports_op(&g, m));
     g.get_mut(m).dtype = DType::Q4_0;
     assert!(!dev.supports_op(&g, m));
-    assert!(matches!(be.compute(&g, &[m]), Err(Error::Unsupported { .. })));
+    assert!(matches!(
+        be.compute(&g, &[m]),
+        Err(Error::Unsupported { .. })
+    ));
 }
 
 #[test]

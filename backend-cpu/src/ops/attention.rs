@@ -38,7 +38,12 @@ struct Row {
 }
 
 /// Runs flash_attn_ext into `dst`.
-pub(crate) fn run(p: &Params, dst: &TView, [q, k, v]: [&TView; 3], mask: Option<&TView>) -> Result<()> {
+pub(crate) fn run(
+    p: &Params,
+    dst: &TView,
+    [q, k, v]: [&TView; 3],
+    mask: Option<&TView>,
+) -> Result<()> {
     let (d, n_q, heads, batches) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let (dv, n_kv) = (v.ne[0], k.ne[1]);
     let fits = k.ne[0] == d
@@ -62,74 +67,103 @@ pub(crate) fn run(p: &Params, dst: &TView, [q, k, v]: [&TView; 3], mask: Option<
     let (gqa, bqa) = (heads / k.ne[2], batches / k.ne[3]);
     let q_blocks = n_q.div_ceil(QUERY_BLOCK);
     // With a softcap, the scale is applied inside the tanh.
-    let (scale, cap) = if p.softcap != 0.0 { (p.scale / p.softcap, p.softcap) } else { (p.scale, 0.0) };
+    let (scale, cap) = if p.softcap != 0.0 {
+        (p.scale / p.softcap, p.softcap)
+    } else {
+        (p.scale, 0.0)
+    };
 
-    for_ranges(heads * batches * q_blocks, n_q.min(QUERY_BLOCK) * n_kv * (d + dv), |tasks| {
-        let mut qs = vec![0f32; QUERY_BLOCK * d];
-        let mut masks = vec![0f32; if mask.is_some() { QUERY_BLOCK * n_kv } else { 0 }];
-        let mut krow = vec![0f32; d];
-        let mut vrow = vec![0f32; dv];
-        let mut out = vec![0f32; dv];
-        let mut state: Vec<Row> =
-            (0..QUERY_BLOCK).map(|_| Row { max: f32::NEG_INFINITY, sum: 0.0, acc: vec![0f32; dv] }).collect();
-        for task in tasks {
-            let qb = task % q_blocks;
-            let h = (task / q_blocks) % heads;
-            let b = task / (q_blocks * heads);
-            let rows = qb * QUERY_BLOCK..((qb + 1) * QUERY_BLOCK).min(n_q);
-            let nr = rows.len();
-            let slope = alibi_slope(p.max_bias, h, heads);
-            for (r, iq) in rows.clone().enumerate() {
-                q.load_row([iq, h, b], &mut qs[r * d..(r + 1) * d])?;
-                if let Some(m) = mask {
-                    m.load_row([iq, h % m.ne[2], b % m.ne[3]], &mut masks[r * n_kv..(r + 1) * n_kv])?;
+    for_ranges(
+        heads * batches * q_blocks,
+        n_q.min(QUERY_BLOCK) * n_kv * (d + dv),
+        |tasks| {
+            let mut qs = vec![0f32; QUERY_BLOCK * d];
+            let mut masks = vec![
+                0f32;
+                if mask.is_some() {
+                    QUERY_BLOCK * n_kv
+                } else {
+                    0
                 }
-                let s = &mut state[r];
-                s.max = f32::NEG_INFINITY;
-                s.sum = 0.0;
-                s.acc.fill(0.0);
-            }
-            let kv = [0, h / gqa, b / bqa];
-            for j in 0..n_kv {
-                let bias = |r: usize| if mask.is_some() { slope * masks[r * n_kv + j] } else { 0.0 };
-                if (0..nr).all(|r| bias(r) == f32::NEG_INFINITY) {
-                    continue;
-                }
-                k.load_row([j, kv[1], kv[2]], &mut krow)?;
-                v.load_row([j, kv[1], kv[2]], &mut vrow)?;
-                for (r, s) in state.iter_mut().enumerate().take(nr) {
-                    let mut score = dot(&qs[r * d..(r + 1) * d], &krow) * scale;
-                    if cap != 0.0 {
-                        score = cap * score.tanh();
+            ];
+            let mut krow = vec![0f32; d];
+            let mut vrow = vec![0f32; dv];
+            let mut out = vec![0f32; dv];
+            let mut state: Vec<Row> = (0..QUERY_BLOCK)
+                .map(|_| Row {
+                    max: f32::NEG_INFINITY,
+                    sum: 0.0,
+                    acc: vec![0f32; dv],
+                })
+                .collect();
+            for task in tasks {
+                let qb = task % q_blocks;
+                let h = (task / q_blocks) % heads;
+                let b = task / (q_blocks * heads);
+                let rows = qb * QUERY_BLOCK..((qb + 1) * QUERY_BLOCK).min(n_q);
+                let nr = rows.len();
+                let slope = alibi_slope(p.max_bias, h, heads);
+                for (r, iq) in rows.clone().enumerate() {
+                    q.load_row([iq, h, b], &mut qs[r * d..(r + 1) * d])?;
+                    if let Some(m) = mask {
+                        m.load_row(
+                            [iq, h % m.ne[2], b % m.ne[3]],
+                            &mut masks[r * n_kv..(r + 1) * n_kv],
+                        )?;
                     }
-                    score += bias(r);
-                    if score == f32::NEG_INFINITY {
+                    let s = &mut state[r];
+                    s.max = f32::NEG_INFINITY;
+                    s.sum = 0.0;
+                    s.acc.fill(0.0);
+                }
+                let kv = [0, h / gqa, b / bqa];
+                for j in 0..n_kv {
+                    let bias = |r: usize| {
+                        if mask.is_some() {
+                            slope * masks[r * n_kv + j]
+                        } else {
+                            0.0
+                        }
+                    };
+                    if (0..nr).all(|r| bias(r) == f32::NEG_INFINITY) {
                         continue;
                     }
-                    if score > s.max {
-                        let shrink = (s.max - score).exp();
-                        for a in s.acc.iter_mut() {
-                            *a *= shrink;
+                    k.load_row([j, kv[1], kv[2]], &mut krow)?;
+                    v.load_row([j, kv[1], kv[2]], &mut vrow)?;
+                    for (r, s) in state.iter_mut().enumerate().take(nr) {
+                        let mut score = dot(&qs[r * d..(r + 1) * d], &krow) * scale;
+                        if cap != 0.0 {
+                            score = cap * score.tanh();
                         }
-                        s.sum = s.sum * shrink + 1.0;
-                        s.max = score;
-                        axpy(&mut s.acc, 1.0, &vrow);
-                    } else {
-                        let w = (score - s.max).exp();
-                        s.sum += w;
-                        axpy(&mut s.acc, w, &vrow);
+                        score += bias(r);
+                        if score == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        if score > s.max {
+                            let shrink = (s.max - score).exp();
+                            for a in s.acc.iter_mut() {
+                                *a *= shrink;
+                            }
+                            s.sum = s.sum * shrink + 1.0;
+                            s.max = score;
+                            axpy(&mut s.acc, 1.0, &vrow);
+                        } else {
+                            let w = (score - s.max).exp();
+                            s.sum += w;
+                            axpy(&mut s.acc, w, &vrow);
+                        }
                     }
                 }
-            }
-            for (r, iq) in rows.enumerate() {
-                let s = &state[r];
-                let inv = if s.sum == 0.0 { 0.0 } else { 1.0 / s.sum };
-                for (o, &a) in out.iter_mut().zip(&s.acc) {
-                    *o = a * inv;
+                for (r, iq) in rows.enumerate() {
+                    let s = &state[r];
+                    let inv = if s.sum == 0.0 { 0.0 } else { 1.0 / s.sum };
+                    for (o, &a) in out.iter_mut().zip(&s.acc) {
+                        *o = a * inv;
+                    }
+                    dst.store_row([h, iq, b], &out)?;
                 }
-                dst.store_row([h, iq, b], &out)?;
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+    )
 }

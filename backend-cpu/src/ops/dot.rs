@@ -10,7 +10,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             acc[l] += x[l] * y[l];
@@ -47,14 +52,30 @@ mod avx2 {
     pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let (mut s0, mut s1, mut s2, mut s3) =
-            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut s0, mut s1, mut s2, mut s3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
         let mut i = 0;
         while i + 32 <= n {
             s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), s1);
-            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 16)), _mm256_loadu_ps(pb.add(i + 16)), s2);
-            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 24)), _mm256_loadu_ps(pb.add(i + 24)), s3);
+            s1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 8)),
+                _mm256_loadu_ps(pb.add(i + 8)),
+                s1,
+            );
+            s2 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 16)),
+                _mm256_loadu_ps(pb.add(i + 16)),
+                s2,
+            );
+            s3 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 24)),
+                _mm256_loadu_ps(pb.add(i + 24)),
+                s3,
+            );
             i += 32;
         }
         while i + 8 <= n {
@@ -81,7 +102,10 @@ mod avx2 {
         let va = _mm256_set1_ps(a);
         let mut i = 0;
         while i + 8 <= n {
-            _mm256_storeu_ps(py.add(i), _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), va, _mm256_loadu_ps(py.add(i))));
+            _mm256_storeu_ps(
+                py.add(i),
+                _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), va, _mm256_loadu_ps(py.add(i))),
+            );
             i += 8;
         }
         while i < n {
@@ -100,7 +124,11 @@ mod tests {
         for n in [0, 5, 8, 37, 100] {
             let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
             let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
-            let want: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+            let want: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                .sum();
             assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-3, "n {n}");
             let mut y = b.clone();
             axpy(&mut y, 2.0, &a);

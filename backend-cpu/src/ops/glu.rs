@@ -9,7 +9,13 @@ use crate::view::TView;
 
 /// Runs swiglu / geglu. With `up` absent each row of `a` is gate then up (up then gate when
 /// `swapped`); with `up` present `a` is the gate.
-pub(crate) fn run(op: GluOp, swapped: bool, dst: &TView, a: &TView, up: Option<&TView>) -> Result<()> {
+pub(crate) fn run(
+    op: GluOp,
+    swapped: bool,
+    dst: &TView,
+    a: &TView,
+    up: Option<&TView>,
+) -> Result<()> {
     let act: fn(f32) -> f32 = match op {
         GluOp::Swiglu => silu,
         GluOp::Geglu => gelu,

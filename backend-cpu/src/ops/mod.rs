@@ -40,9 +40,16 @@ fn float_or_quant(t: DType) -> bool {
 
 /// The type of source `i` of `t`, or an error when the node lacks it.
 fn src_type(graph: &Graph, t: &Tensor, i: usize) -> Result<DType> {
-    let id = *t.src.get(i).ok_or_else(|| Error::Invalid(format!("{} node lacks source {i}", t.op.name())))?;
+    let id = *t
+        .src
+        .get(i)
+        .ok_or_else(|| Error::Invalid(format!("{} node lacks source {i}", t.op.name())))?;
     if id.index() >= graph.len() {
-        return Err(Error::Invalid(format!("{} node has source #{} outside its graph", t.op.name(), id.0)));
+        return Err(Error::Invalid(format!(
+            "{} node has source #{} outside its graph",
+            t.op.name(),
+            id.0
+        )));
     }
     Ok(graph.get(id).dtype)
 }
@@ -50,15 +57,20 @@ fn src_type(graph: &Graph, t: &Tensor, i: usize) -> Result<DType> {
 /// Checks that this backend runs node `id`: its op, with its source and result types.
 pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
     if id.index() >= graph.len() {
-        return Err(Error::Invalid(format!("node #{} is not in the graph", id.0)));
+        return Err(Error::Invalid(format!(
+            "node #{} is not in the graph",
+            id.0
+        )));
     }
     let t = graph.get(id);
     let s = |i| src_type(graph, t, i);
     // Quantized rows are converted whole, so their blocks must be adjacent.
-    let quant_rows_ok = |i: usize| t.src.get(i).is_some_and(|&x| {
-        let st = graph.get(x);
-        !st.dtype.is_quantized() || st.rows_contiguous()
-    });
+    let quant_rows_ok = |i: usize| {
+        t.src.get(i).is_some_and(|&x| {
+            let st = graph.get(x);
+            !st.dtype.is_quantized() || st.rows_contiguous()
+        })
+    };
     let ok = match &t.op {
         Op::None | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose => true,
         Op::Cpy | Op::Cont | Op::Dup => {
@@ -83,17 +95,19 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         }
         Op::Binary(_) => float(s(0)?) && float(s(1)?) && float(t.dtype),
         Op::Scale { .. } | Op::Unary(_) | Op::Clamp { .. } => float(s(0)?) && float(t.dtype),
-        Op::Glu { .. } => {
-            float(s(0)?) && float(t.dtype) && (t.src.len() == 1 || float(s(1)?))
-        }
+        Op::Glu { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() == 1 || float(s(1)?)),
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::DiagMaskInf(_) => float(s(0)?) && float(t.dtype),
         Op::SoftMax { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() < 2 || float(s(1)?)),
         Op::Rope(_) => float(s(0)?) && float(t.dtype) && s(1)? == DType::I32,
         Op::FlashAttnExt { .. } => {
-            float(s(0)?) && float(s(1)?) && float(s(2)?) && (t.src.len() < 4 || float(s(3)?))
+            float(s(0)?)
+                && float(s(1)?)
+                && float(s(2)?)
+                && (t.src.len() < 4 || float(s(3)?))
                 && t.dtype == DType::F32
         }
-        Op::Concat(_) | Op::Repeat => !s(0)?.is_quantized() && !t.dtype.is_quantized(),
+        Op::Concat(dim) => *dim < 4 && !s(0)?.is_quantized() && s(1)? == s(0)? && t.dtype == s(0)?,
+        Op::Repeat => !s(0)?.is_quantized() && t.dtype == s(0)?,
         Op::Pad(_) => float(s(0)?) && float(t.dtype),
         Op::Sum | Op::SumRows | Op::Mean => float(s(0)?) && t.dtype == DType::F32,
         Op::Argmax => float(s(0)?) && t.dtype == DType::I32,
@@ -102,11 +116,26 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        let types: Vec<String> =
-            t.src.iter().map(|&x| graph.get(x).dtype.name().to_string()).collect();
+        let types: Vec<&str> = t
+            .src
+            .iter()
+            .map(|&x| {
+                if x.index() < graph.len() {
+                    graph.get(x).dtype.name()
+                } else {
+                    "?"
+                }
+            })
+            .collect();
         Err(Error::Unsupported {
             backend: "cpu".into(),
-            what: format!("{} of ({}) -> {} (tensor '{}')", t.op.name(), types.join(", "), t.dtype, t.label(id)),
+            what: format!(
+                "{} of ({}) -> {} (tensor '{}')",
+                t.op.name(),
+                types.join(", "),
+                t.dtype,
+                t.label(id)
+            ),
         })
     }
 }
@@ -120,10 +149,18 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
     }
     let dst = TView::new(graph, id, true)?;
     let src = |i: usize| {
-        let id = t.src.get(i).ok_or_else(|| Error::Invalid(format!("{} node lacks source {i}", t.op.name())))?;
+        let id = t
+            .src
+            .get(i)
+            .ok_or_else(|| Error::Invalid(format!("{} node lacks source {i}", t.op.name())))?;
         TView::new(graph, *id, false)
     };
-    let opt = |i: usize| t.src.get(i).map(|&x| TView::new(graph, x, false)).transpose();
+    let opt = |i: usize| {
+        t.src
+            .get(i)
+            .map(|&x| TView::new(graph, x, false))
+            .transpose()
+    };
     match &t.op {
         Op::None | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose => Ok(()),
         Op::Cpy | Op::Cont | Op::Dup => copy::run(&dst, &src(0)?),
@@ -143,11 +180,21 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         Op::Glu { op, swapped } => glu::run(*op, *swapped, &dst, &src(0)?, opt(1)?.as_ref()),
         Op::RmsNorm { eps } => norm::rms_norm(&dst, &src(0)?, *eps),
         Op::Norm { eps } => norm::norm(&dst, &src(0)?, *eps),
-        Op::SoftMax { scale, max_bias } => softmax::soft_max(&dst, &src(0)?, opt(1)?.as_ref(), *scale, *max_bias),
+        Op::SoftMax { scale, max_bias } => {
+            softmax::soft_max(&dst, &src(0)?, opt(1)?.as_ref(), *scale, *max_bias)
+        }
         Op::DiagMaskInf(n_past) => softmax::diag_mask_inf(&dst, &src(0)?, *n_past),
         Op::Rope(p) => rope::run(p, &dst, &src(0)?, &src(1)?),
-        Op::FlashAttnExt { scale, max_bias, logit_softcap } => attention::run(
-            &attention::Params { scale: *scale, max_bias: *max_bias, softcap: *logit_softcap },
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            logit_softcap,
+        } => attention::run(
+            &attention::Params {
+                scale: *scale,
+                max_bias: *max_bias,
+                softcap: *logit_softcap,
+            },
             &dst,
             [&src(0)?, &src(1)?, &src(2)?],
             opt(3)?.as_ref(),

@@ -51,10 +51,15 @@ impl Plan {
             && b.ne[3].checked_rem(a.ne[3]) == Some(0)
             && dst.ne == [a.ne[1], b.ne[1], b.ne[2], b.ne[3]];
         if !fits {
-            return Err(Error::Invalid(format!("mul_mat: shapes {:?} x {:?} -> {:?} do not fit", a.ne, b.ne, dst.ne)));
+            return Err(Error::Invalid(format!(
+                "mul_mat: shapes {:?} x {:?} -> {:?} do not fit",
+                a.ne, b.ne, dst.ne
+            )));
         }
         let (m, n) = (a.ne[1], b.ne[1]);
-        let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1)).clamp(4, 64).min(m.max(1));
+        let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1))
+            .clamp(4, 64)
+            .min(m.max(1));
         Ok(Plan {
             k: a.ne[0],
             m,
@@ -100,7 +105,9 @@ impl Plan {
 /// Runs mul_mat into `dst` (F32).
 pub(crate) fn run(ctx: &Ctx, dst: &TView, a: &TView, b: &TView) -> Result<()> {
     if !a.rows_contiguous() {
-        return Err(Error::Invalid("mul_mat: src0 rows must be contiguous".into()));
+        return Err(Error::Invalid(
+            "mul_mat: src0 rows must be contiguous".into(),
+        ));
     }
     if a.ne[0] == 0 {
         // An empty inner dimension: every sum is 0.

@@ -23,7 +23,11 @@ pub(crate) fn norm(dst: &TView, src: &TView, eps: f32) -> Result<()> {
     map_rows(dst, src, 4, |_, a, out| {
         let n = a.len() as f64;
         let mean = (a.iter().map(|&x| f64::from(x)).sum::<f64>() / n) as f32;
-        let var: f64 = a.iter().map(|&x| f64::from(x - mean) * f64::from(x - mean)).sum::<f64>() / n;
+        let var: f64 = a
+            .iter()
+            .map(|&x| f64::from(x - mean) * f64::from(x - mean))
+            .sum::<f64>()
+            / n;
         let s = 1.0 / (var as f32 + eps).sqrt();
         for (o, &x) in out.iter_mut().zip(a) {
             *o = (x - mean) * s;

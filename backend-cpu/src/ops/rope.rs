@@ -13,7 +13,10 @@ use crate::view::TView;
 pub(crate) fn run(p: &RopeParams, dst: &TView, src: &TView, pos: &TView) -> Result<()> {
     let n = src.ne[0];
     if p.n_dims & 1 != 0 || p.n_dims > n {
-        return Err(Error::Invalid(format!("rope: n_dims {} must be even and at most {n}", p.n_dims)));
+        return Err(Error::Invalid(format!(
+            "rope: n_dims {} must be even and at most {n}",
+            p.n_dims
+        )));
     }
     let half = p.n_dims / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);

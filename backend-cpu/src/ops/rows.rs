@@ -42,7 +42,10 @@ pub(crate) fn get_rows(dst: &TView, src: &TView, idx: &TView) -> Result<()> {
 /// Runs on one thread: two rows with the same index must not be written at once.
 pub(crate) fn set_rows(dst: &TView, src: &TView, idx: &TView) -> Result<()> {
     if !matches!(idx.dtype, DType::I32 | DType::I64) {
-        return Err(Error::Invalid(format!("set_rows: indices must be i32 or i64, not {}", idx.dtype)));
+        return Err(Error::Invalid(format!(
+            "set_rows: indices must be i32 or i64, not {}",
+            idx.dtype
+        )));
     }
     let mut buf = vec![0f32; src.ne[0]];
     for r in 0..src.nrows() {

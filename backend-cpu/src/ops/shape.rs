@@ -28,7 +28,7 @@ fn move_unit(dst: &TView, to: [usize; 4], src: &TView, from: [usize; 4]) {
 
 /// `a` then `b` along `dim`.
 pub(crate) fn concat(dst: &TView, a: &TView, b: &TView, dim: usize) -> Result<()> {
-    let split = a.ne[dim.min(3)];
+    let split = a.ne[dim];
     for_each_element(dst, |i| {
         if i[dim] < split {
             move_unit(dst, i, a, i);
@@ -43,7 +43,12 @@ pub(crate) fn concat(dst: &TView, a: &TView, b: &TView, dim: usize) -> Result<()
 /// `src` tiled: dst(i) = src(i mod src.ne).
 pub(crate) fn repeat(dst: &TView, src: &TView) -> Result<()> {
     for_each_element(dst, |i| {
-        let j = [i[0] % src.ne[0], i[1] % src.ne[1], i[2] % src.ne[2], i[3] % src.ne[3]];
+        let j = [
+            i[0] % src.ne[0],
+            i[1] % src.ne[1],
+            i[2] % src.ne[2],
+            i[3] % src.ne[3],
+        ];
         move_unit(dst, i, src, j);
     })
 }

@@ -26,7 +26,13 @@ pub(crate) fn alibi_slope(max_bias: f32, head: usize, n_head: usize) -> f32 {
 /// softmax(x * scale + slope * mask) over each row. The mask row is the row's index along
 /// dim 1, its dims 2-3 broadcast; the slope uses the head index i2 of ne2 heads. A row that
 /// is entirely -inf gives zeros.
-pub(crate) fn soft_max(dst: &TView, src: &TView, mask: Option<&TView>, scale: f32, max_bias: f32) -> Result<()> {
+pub(crate) fn soft_max(
+    dst: &TView,
+    src: &TView,
+    mask: Option<&TView>,
+    scale: f32,
+    max_bias: f32,
+) -> Result<()> {
     let n_head = src.ne[2];
     let n = src.ne[0];
     for_ranges(dst.nrows(), n * 8, |rows| {
@@ -74,7 +80,11 @@ fn softmax_in_place(w: &mut [f32]) {
 pub(crate) fn diag_mask_inf(dst: &TView, src: &TView, n_past: usize) -> Result<()> {
     map_rows(dst, src, 1, |i, a, out| {
         for (i0, (o, &x)) in out.iter_mut().zip(a).enumerate() {
-            *o = if i0 > n_past + i[0] { f32::NEG_INFINITY } else { x };
+            *o = if i0 > n_past + i[0] {
+                f32::NEG_INFINITY
+            } else {
+                x
+            };
         }
     })
 }

@@ -26,7 +26,10 @@ impl Case {
 
     /// An input of `dtype` holding `vals` (converted row by row, quantized if need be).
     pub fn input(&mut self, dtype: DType, ne: &[usize], vals: &[f32]) -> TensorId {
-        let id = self.g.input(&format!("in{}", self.inputs.len()), dtype, ne).unwrap();
+        let id = self
+            .g
+            .input(&format!("in{}", self.inputs.len()), dtype, ne)
+            .unwrap();
         let n0 = ne[0];
         let row = dtype.row_size(n0).unwrap();
         let mut bytes = vec![0u8; vals.len() / n0 * row];
@@ -39,15 +42,23 @@ impl Case {
 
     /// An I32 input.
     pub fn ints(&mut self, ne: &[usize], vals: &[i32]) -> TensorId {
-        let id = self.g.input(&format!("in{}", self.inputs.len()), DType::I32, ne).unwrap();
-        self.inputs.push((id, vals.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        let id = self
+            .g
+            .input(&format!("in{}", self.inputs.len()), DType::I32, ne)
+            .unwrap();
+        self.inputs
+            .push((id, vals.iter().flat_map(|v| v.to_le_bytes()).collect()));
         id
     }
 
     /// An I64 input.
     pub fn longs(&mut self, ne: &[usize], vals: &[i64]) -> TensorId {
-        let id = self.g.input(&format!("in{}", self.inputs.len()), DType::I64, ne).unwrap();
-        self.inputs.push((id, vals.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        let id = self
+            .g
+            .input(&format!("in{}", self.inputs.len()), DType::I64, ne)
+            .unwrap();
+        self.inputs
+            .push((id, vals.iter().flat_map(|v| v.to_le_bytes()).collect()));
         id
     }
 
@@ -84,7 +95,11 @@ impl Case {
     }
 
     /// Runs on `backend` and returns `outs` (contiguous) as f32.
-    pub fn run_f32(&mut self, backend: &mut CpuBackend, outs: &[TensorId]) -> Result<Vec<Vec<f32>>> {
+    pub fn run_f32(
+        &mut self,
+        backend: &mut CpuBackend,
+        outs: &[TensorId],
+    ) -> Result<Vec<Vec<f32>>> {
         let bytes = self.run_on(backend, outs)?;
         Ok(outs
             .iter()
@@ -111,7 +126,11 @@ pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
 /// Normalised mean squared error sum((a-b)^2) / sum(b^2) against the reference `b`.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|&y| f64::from(y).powi(2)).sum();
     num / den
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tessera_core::backend::Backend;
+use tessera_core::backend::{Backend, Buffer};
 use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::WgpuBuffer;
@@ -57,12 +57,7 @@ impl WgpuBackend {
     fn binding(&self, graph: &Graph, bind: &Bind) -> Result<(Window, wgpu::Buffer, u32)> {
         let id = bind.id;
         let data = graph.data_or_err(id)?;
-        let buf = data
-            .buffer
-            .as_any()
-            .downcast_ref::<WgpuBuffer>()
-            .filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
-            .ok_or_else(|| Error::Buffer {
+        let buf = self.own(data.buffer.as_ref()).ok_or_else(|| Error::Buffer {
                 buffer: data.buffer.name(),
                 reason: format!("tensor '{}' is not in memory of {}", graph.label(id), self.gpu.name),
             })?;
@@ -119,6 +114,50 @@ impl Backend for WgpuBackend {
     }
 
     fn synchronize(&mut self) -> Result<()> {
+        // Flush queued writes (set_async) before waiting.
+        self.gpu.queue.submit([]);
         self.gpu.wait()
+    }
+
+    /// Word-aligned writes to this device's buffers are queued in stream order without
+    /// waiting; others fall back to a synchronize and a blocking write.
+    fn set_async(&mut self, buffer: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        match self.own(buffer) {
+            Some(b) if (offset | data.len()) & 3 == 0 => {
+                b.check_range(offset, data.len())?;
+                self.gpu.queue.write_buffer(&b.buffer, offset as u64, data);
+                Ok(())
+            }
+            _ => {
+                self.synchronize()?;
+                buffer.set(offset, data)
+            }
+        }
+    }
+
+    /// Word-aligned copies between two of this device's buffers are recorded in stream order
+    /// without waiting; others fall back to a synchronize and a blocking copy.
+    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+        match (self.own(src), self.own(dst)) {
+            (Some(s), Some(d)) if s.id != d.id && (src_offset | dst_offset | len) & 3 == 0 => {
+                s.check_range(src_offset, len)?;
+                d.check_range(dst_offset, len)?;
+                let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(&s.buffer, src_offset as u64, &d.buffer, dst_offset as u64, len as u64);
+                self.gpu.queue.submit([enc.finish()]);
+                self.gpu.check()
+            }
+            _ => {
+                self.synchronize()?;
+                dst.copy_from(dst_offset, src, src_offset, len)
+            }
+        }
+    }
+}
+
+impl WgpuBackend {
+    /// `buffer` as one of this device's buffers.
+    fn own<'a>(&self, buffer: &'a dyn Buffer) -> Option<&'a WgpuBuffer> {
+        buffer.as_any().downcast_ref::<WgpuBuffer>().filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
     }
 }

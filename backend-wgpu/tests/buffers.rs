@@ -46,3 +46,21 @@ fn too_large_is_an_error() {
         Ok(_) => panic!("allocated usize::MAX / 2 bytes"),
     }
 }
+
+#[test]
+fn async_writes_and_copies_are_ordered() {
+    let Some(dev) = common::device() else { return };
+    let bt = dev.buffer_type();
+    let (a, b) = (bt.alloc(64).unwrap(), bt.alloc(64).unwrap());
+    let mut backend = dev.new_backend().unwrap();
+    let data: Vec<u8> = (0..64u8).collect();
+    backend.set_async(a.as_ref(), 0, &data).unwrap();
+    backend.copy_async(a.as_ref(), 8, b.as_ref(), 16, 32).unwrap();
+    backend.set_async(a.as_ref(), 1, &[200, 201]).unwrap();
+    backend.copy_async(a.as_ref(), 0, b.as_ref(), 1, 3).unwrap();
+    backend.synchronize().unwrap();
+    let mut got = vec![0u8; 64];
+    b.get(0, &mut got).unwrap();
+    assert_eq!(&got[1..4], &[0, 200, 201]);
+    assert_eq!(&got[16..48], &data[8..40]);
+}

@@ -5,7 +5,8 @@
 // t[2] k [d, nkv, kv_heads, bk], t[3] v [dv, nkv, kv_heads, bk] (f32 or f16, any strides),
 // t[4] mask [nkv, >= nq, m2, m3] (i[4]: 0 none, 1 f32, 2 f16; dims 2-3 broadcast by modulo).
 // f[0] scale (already divided by the softcap when one is set), f[1] softcap (0: none),
-// f[2] m0, f[3] m1, i[0] n_head_log2, i[1] ALiBi on; i[2] number of KV splits.
+// f[2] m0, f[3] m1, i[0] n_head_log2, i[1] ALiBi on; i[2] number of KV splits; i[5] = 1 when
+// K and V rows are aligned to four elements (loaded four at a time). d and dv are multiples of 4.
 //
 // The query rows of one KV head (nq * gqa of them: query i of head g*gqa + j is row i*gqa + j)
 // are cut into tiles of 4 * rpw rows; a block of 4 warps takes one tile, one KV head and one
@@ -18,6 +19,33 @@
 #define KTILE 32
 #define MAXDV 256
 
+// Four consecutive elements of a K or V row (aligned to four elements) as floats.
+template <class T> __device__ __forceinline__ float4 load4(const char* p);
+template <> __device__ __forceinline__ float4 load4<F32>(const char* p) { return *(const float4*)p; }
+template <> __device__ __forceinline__ float4 load4<F16>(const char* p) {
+    const uint2 u = *(const uint2*)p;
+    return make_float4(h2f((u16)u.x), h2f((u16)(u.x >> 16)), h2f((u16)u.y), h2f((u16)(u.y >> 16)));
+}
+
+// A tile of KTILE rows (keys c0 .. c0+KTILE, zero past kv1) of t, n elements each, into smem
+// rows `stride` floats apart. vec: rows are aligned to four elements (load four at a time).
+template <class T>
+__device__ __forceinline__ void load_tile(const TArg& t, float* dst, int n, int stride, i64 c0, i64 kv1, int g, i64 bk, bool vec) {
+    if (vec) {
+        const int nq = n / 4;
+        for (int idx = threadIdx.x; idx < KTILE * nq; idx += blockDim.x) {
+            const int c = idx / nq, d4 = (idx - c * nq) * 4;
+            const float4 x = c0 + c < kv1 ? load4<T>(at(t, d4, c0 + c, g, bk)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(float4*)(dst + c * stride + d4) = x;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < KTILE * n; idx += blockDim.x) {
+            const int c = idx / n, dd = idx - c * n;
+            dst[c * stride + dd] = c0 + c < kv1 ? T::load(at(t, dd, c0 + c, g, bk)) : 0.0f;
+        }
+    }
+}
+
 __device__ __forceinline__ float alibi_slope(const KParams& p, int h) {
     if (!p.i[1]) return 1.0f;
     const int nl = p.i[0];
@@ -25,7 +53,8 @@ __device__ __forceinline__ float alibi_slope(const KParams& p, int h) {
 }
 
 template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
-    extern __shared__ float smem[];
+    extern __shared__ float4 smem4[];
+    float* smem = (float*)smem4;
     const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
@@ -46,8 +75,8 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
     const int mask_type = p.i[4];
 
     float* Qs = smem;                      // [QT][D]
-    float* Ks = Qs + QT * D;               // [KTILE][D + 1]
-    float* Vs = Ks + KTILE * (D + 1);      // [KTILE][DV]
+    float* Ks = Qs + QT * D;               // [KTILE][D + 4]
+    float* Vs = Ks + KTILE * (D + 4);      // [KTILE][DV]
     float* Ps = Vs + KTILE * DV;           // [QT][KTILE]
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -85,14 +114,8 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
 
     for (i64 c0 = kv0; c0 < kv1; c0 += KTILE) {
         __syncthreads();
-        for (int idx = tid; idx < KTILE * D; idx += blockDim.x) {
-            const int c = idx / D, dd = idx % D;
-            Ks[c * (D + 1) + dd] = c0 + c < kv1 ? K::load(at(k, dd, c0 + c, g, bk)) : 0.0f;
-        }
-        for (int idx = tid; idx < KTILE * DV; idx += blockDim.x) {
-            const int c = idx / DV, dd = idx % DV;
-            Vs[idx] = c0 + c < kv1 ? V::load(at(v, dd, c0 + c, g, bk)) : 0.0f;
-        }
+        load_tile<K>(k, Ks, D, D + 4, c0, kv1, g, bk, p.i[5] != 0);
+        load_tile<V>(v, Vs, DV, DV, c0, kv1, g, bk, p.i[5] != 0);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < RPW; j++) {
@@ -101,10 +124,14 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
             const i64 c = c0 + lane;
             float s = NEG_INF;
             if (c < kv1) {
-                const float* qr = Qs + rr * D;
-                const float* kr = Ks + lane * (D + 1);
+                const float4* qr = (const float4*)(Qs + rr * D);
+                const float4* kr = (const float4*)(Ks + lane * (D + 4));
                 float acc = 0.0f;
-                for (int dd = 0; dd < D; dd++) acc += qr[dd] * kr[dd];
+#pragma unroll 4
+                for (int dd = 0; dd < D / 4; dd++) {
+                    const float4 a = qr[dd], b = kr[dd];
+                    acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+                }
                 s = acc;
                 if (p.f[1] != 0.0f) s = p.f[1] * tanhf(s);
                 if (mask_type) {

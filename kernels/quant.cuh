@@ -160,11 +160,8 @@ template <> __device__ void deq32<Q6_K>(const u8* b, int s, float* out) {
 
 __device__ __forceinline__ float inverse(float d) { return d != 0.0f ? __frcp_rn(d) : 0.0f; }
 
-__device__ __forceinline__ void put_h(u8* p, float v) {
-    const u16 h = f2h(v);
-    p[0] = (u8)h;
-    p[1] = (u8)(h >> 8);
-}
+// Stores an f16 (every f16 field of a block is 2-byte aligned).
+__device__ __forceinline__ void put_h(u8* p, float v) { *(u16*)p = f2h(v); }
 
 // The value of largest magnitude (the first one, keeping its sign).
 __device__ __forceinline__ float max_magnitude(const float* x) {

@@ -5,6 +5,9 @@
 // freq_base^(-2 / n_dims); i[0] n_dims, i[1] mode (0: adjacent pairs (2k, 2k+1), 1: NEOX halves
 // (k, k + n_dims/2)). Pair k rotates by theta = freq_scale * pos * theta_scale^k; dimensions
 // from n_dims on are copied. One thread per pair.
+//
+// rope_set_rows_<cache>_<idx>: the rope of an f32 K (as above) written into KV-cache rows
+// (set_rows fused in; see the kernel).
 #include "common.cuh"
 
 // theta_scale^k by repeated multiplication, the order of the host reference.
@@ -14,38 +17,70 @@ __device__ __forceinline__ float rope_theta(float pos, float theta_scale, float 
     return freq_scale * t;
 }
 
+// Pair k of row (i1, i2, i3): the two dimensions it covers and their new values.
+template <class T>
+__device__ __forceinline__ void rope_pair(const KParams& p, i64 k, i64 i1, i64 i2, i64 i3, i64& a, i64& b, float& y0, float& y1) {
+    const TArg& s = p.t[1];
+    const int n_dims = p.i[0];
+    if (2 * k >= n_dims) {
+        a = 2 * k;
+        b = 2 * k + 1;
+        y0 = T::load(at(s, a, i1, i2, i3));
+        y1 = T::load(at(s, b, i1, i2, i3));
+        return;
+    }
+    if (p.i[1]) {
+        a = k;
+        b = k + n_dims / 2;
+    } else {
+        a = 2 * k;
+        b = 2 * k + 1;
+    }
+    const float ps = (float)*(const int*)at(p.t[2], i2, 0, 0, 0);
+    const float theta = rope_theta(ps, p.f[1], p.f[0], (int)k);
+    const float c = cosf(theta), sn = sinf(theta);
+    const float x0 = T::load(at(s, a, i1, i2, i3));
+    const float x1 = T::load(at(s, b, i1, i2, i3));
+    y0 = x0 * c - x1 * sn;
+    y1 = x0 * sn + x1 * c;
+}
+
 template <class T> __device__ void rope(const KParams& p) {
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
-    const TArg& pos = p.t[2];
-    const int n_dims = p.i[0], neox = p.i[1];
     const i64 pairs[4] = {s.ne[0] / 2, s.ne[1], s.ne[2], s.ne[3]};
     FOR_EACH_ELEMENT(pairs) {
-        const i64 k = i0;
         i64 a, b;
-        if (2 * k >= n_dims) {
-            a = 2 * k;
-            b = 2 * k + 1;
-            T::store(at(d, a, i1, i2, i3), T::load(at(s, a, i1, i2, i3)));
-            T::store(at(d, b, i1, i2, i3), T::load(at(s, b, i1, i2, i3)));
-            continue;
-        }
-        if (neox) {
-            a = k;
-            b = k + n_dims / 2;
-        } else {
-            a = 2 * k;
-            b = 2 * k + 1;
-        }
-        const float ps = (float)*(const int*)at(pos, i2, 0, 0, 0);
-        const float theta = rope_theta(ps, p.f[1], p.f[0], (int)k);
-        const float c = cosf(theta), sn = sinf(theta);
-        const float x0 = T::load(at(s, a, i1, i2, i3));
-        const float x1 = T::load(at(s, b, i1, i2, i3));
-        T::store(at(d, a, i1, i2, i3), x0 * c - x1 * sn);
-        T::store(at(d, b, i1, i2, i3), x0 * sn + x1 * c);
+        float y0, y1;
+        rope_pair<T>(p, i0, i1, i2, i3, a, b, y0, y1);
+        T::store(at(d, a, i1, i2, i3), y0);
+        T::store(at(d, b, i1, i2, i3), y1);
     }
 }
 
 KERNEL rope_f32(const KParams p) { rope<F32>(p); }
 KERNEL rope_f16(const KParams p) { rope<F16>(p); }
+
+// Rope of f32 src [hd, heads, tokens] written straight into rows of a cache t[0]
+// [hd * heads, rows] of type D: token i2 goes to row idx[i2] (t[3], i32 or i64 indices).
+template <class D, class I> __device__ void rope_set_rows(const KParams& p) {
+    const TArg& c = p.t[0];
+    const TArg& s = p.t[1];
+    const TArg& idx = p.t[3];
+    const i64 hd = s.ne[0];
+    const i64 pairs[4] = {hd / 2, s.ne[1], s.ne[2], 1};
+    FOR_EACH_ELEMENT(pairs) {
+        const i64 row = (i64) * (const I*)at(idx, i2, 0, 0, 0);
+        if (row < 0 || row >= c.ne[1]) continue;
+        i64 a, b;
+        float y0, y1;
+        rope_pair<F32>(p, i0, i1, i2, i3, a, b, y0, y1);
+        D::store(at(c, i1 * hd + a, row, 0, 0), y0);
+        D::store(at(c, i1 * hd + b, row, 0, 0), y1);
+    }
+}
+
+KERNEL rope_set_rows_f16_i32(const KParams p) { rope_set_rows<F16, int>(p); }
+KERNEL rope_set_rows_f16_i64(const KParams p) { rope_set_rows<F16, i64>(p); }
+KERNEL rope_set_rows_f32_i32(const KParams p) { rope_set_rows<F32, int>(p); }
+KERNEL rope_set_rows_f32_i64(const KParams p) { rope_set_rows<F32, i64>(p); }

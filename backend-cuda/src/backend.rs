@@ -46,6 +46,11 @@ impl CudaBackend {
         self.graphs.mode
     }
 
+    /// How many commands (kernel launches, GEMMs, copies) the last [`Backend::compute`] encoded.
+    pub fn last_command_count(&self) -> usize {
+        self.graphs.last_len()
+    }
+
     /// Turns CUDA graphs on or off (on by default unless `TESSERA_CUDA_GRAPHS=0`).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);

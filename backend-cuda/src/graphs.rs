@@ -82,11 +82,18 @@ impl GraphCache {
         }
     }
 
+    /// Commands in the last list run.
+    pub(crate) fn last_len(&self) -> usize {
+        self.last.len()
+    }
+
     /// Runs a command list on `stream`.
     pub(crate) fn run(&mut self, dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: Vec<Cmd>) -> Result<()> {
         if !self.enabled || self.failures >= MAX_FAILURES || cmds.is_empty() {
             self.mode = GraphMode::Eager;
-            return eager(dev, stream, blas, &cmds);
+            eager(dev, stream, blas, &cmds)?;
+            self.last = cmds;
+            return Ok(());
         }
         if let Some(ex) = &self.exec {
             if cmds == self.last {

@@ -43,11 +43,15 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     p.i[1] = i32::from(max_bias > 0.0);
     p.i[2] = nsplit as i32;
     p.i[4] = mask_type;
+    // Rows aligned to four elements: K and V tiles load four elements at a time.
+    let es = |t: DType| if t == DType::F16 { 2i64 } else { 4 };
+    let vec4 = |a: &TArg, t: DType| a.nb[0] == es(t) && a.ptr.is_multiple_of(4 * es(t) as u64) && a.nb[1..].iter().all(|&s| s % (4 * es(t)) == 0);
+    p.i[5] = i32::from(vec4(&ka, tk.dtype) && vec4(&va, tv.dtype));
     let rows_total = rows * kv_heads * tq.ne[3];
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
     }
-    let smem = 4 * (qt * d + KTILE * (d + 1) + KTILE * dv + qt * KTILE);
+    let smem = 4 * (qt * d + KTILE * (d + 4) + KTILE * dv + qt * KTILE);
     let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;

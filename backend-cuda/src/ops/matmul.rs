@@ -20,7 +20,7 @@ use crate::cmd::{Cmd, GemmCmd, GemmType, TArg};
 const DEQUANT_SLICE: usize = 64 << 20;
 
 /// Types with a mat-vec kernel.
-fn has_mmvq(d: DType) -> bool {
+pub(super) fn has_mmvq(d: DType) -> bool {
     matches!(d, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K)
 }
 
@@ -50,6 +50,12 @@ fn mmvq_align(d: DType) -> u64 {
     }
 }
 
+/// Whether the weights' rows are aligned as the mat-vec kernel of their type needs.
+pub(super) fn mmvq_aligned(d: DType, a: &TArg) -> bool {
+    let al = mmvq_align(d);
+    a.ptr.is_multiple_of(al) && a.nb[1..].iter().all(|&s| (s as u64).is_multiple_of(al))
+}
+
 /// Encodes a mul_mat node.
 pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let t = enc.graph.get(id);
@@ -59,9 +65,7 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if ta.dtype.is_quantized() {
         let n = tb.ne[1];
         let batches = tb.ne[2] * tb.ne[3];
-        let al = mmvq_align(ta.dtype);
-        let aligned = aa.ptr.is_multiple_of(al) && aa.nb[1..].iter().all(|&s| (s as u64).is_multiple_of(al));
-        if (1..=8).contains(&n) && has_mmvq(ta.dtype) && aligned && batches <= 65535 {
+        if (1..=8).contains(&n) && has_mmvq(ta.dtype) && mmvq_aligned(ta.dtype, &aa) && batches <= 65535 {
             let q8 = quantize_q8(enc, ba, tb.dtype)?;
             return mmvq(enc, ta.dtype, aa, da, q8, n);
         }
@@ -92,7 +96,7 @@ fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
     let rows = a.ne[1] as u64;
-    let grid = [rows.div_ceil(4) as u32, (d.ne[2] * d.ne[3]) as u32, 1];
+    let grid = [rows as u32, (d.ne[2] * d.ne[3]) as u32, 1];
     enc.launch("mmvq", &format!("mmvq_{}_{n}", qt.name()), grid, [128, 1, 1], 0, p)
 }
 

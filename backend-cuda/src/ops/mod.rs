@@ -10,6 +10,7 @@
 mod attention;
 mod copy;
 mod elementwise;
+mod fused;
 mod matmul;
 mod misc;
 mod norm;
@@ -37,11 +38,14 @@ pub(crate) struct Encoder<'a> {
     pub tf32: bool,
     /// Whether fused kernels may replace op sequences.
     pub fuse: bool,
+    /// Readers of each tensor (for fusion: an intermediate read elsewhere must be kept).
+    uses: Vec<u32>,
 }
 
 impl<'a> Encoder<'a> {
     pub(crate) fn new(dev: &'a DeviceShared, graph: &'a Graph, scratch_base: u64, scratch_cap: usize, tf32: bool, fuse: bool) -> Self {
-        Encoder { dev, graph, cmds: Vec::new(), scratch_base, scratch_cap, node_scratch: 0, scratch_need: 0, tf32, fuse }
+        let uses = if fuse { fused::use_counts(graph) } else { Vec::new() };
+        Encoder { dev, graph, cmds: Vec::new(), scratch_base, scratch_cap, node_scratch: 0, scratch_need: 0, tf32, fuse, uses }
     }
 
     /// Encodes `nodes` in order (fusing where it can).
@@ -53,6 +57,13 @@ impl<'a> Encoder<'a> {
             if matches!(t.op, Op::None) || t.op.is_view() || t.nelements() == 0 {
                 i += 1;
                 continue;
+            }
+            if self.fuse {
+                let used = fused::try_fuse(self, nodes, i)?;
+                if used > 0 {
+                    i += used;
+                    continue;
+                }
             }
             encode_node(self, nodes[i])?;
             i += 1;
@@ -84,6 +95,11 @@ impl<'a> Encoder<'a> {
             a.nb[d] = t.nb[d] as i64;
         }
         Ok(a)
+    }
+
+    /// Whether `id` is read by exactly one node and is not an output.
+    pub(crate) fn single_use(&self, id: TensorId) -> bool {
+        self.uses.get(id.index()) == Some(&1)
     }
 
     /// `bytes` of scratch memory for the node being encoded (256-byte aligned).
@@ -206,7 +222,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::SoftMax { .. } | Op::DiagMaskInf(_) => t.dtype == DType::F32,
         Op::Rope(_) => matches!(t.dtype, DType::F32 | DType::F16),
         Op::FlashAttnExt { .. } => match (src(0), src(2)) {
-            (Some(q), Some(v)) => q.ne[0] <= 256 && v.ne[0] <= 256,
+            (Some(q), Some(v)) => q.ne[0] <= 256 && v.ne[0] <= 256 && q.ne[0].is_multiple_of(4) && v.ne[0].is_multiple_of(4),
             _ => false,
         },
         Op::Concat(_) | Op::Repeat => matches!(t.dtype.type_size(), 2 | 4 | 8) && !t.dtype.is_quantized(),

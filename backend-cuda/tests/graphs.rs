@@ -1,0 +1,172 @@
+//! CUDA graph replay and fused kernels, checked against eager, unfused runs of the same graph
+//! (and skipped with a message when no CUDA device is present).
+
+mod common;
+
+use common::*;
+use tessera_core::alloc::GraphAllocator;
+use tessera_core::dtype::DType;
+use tessera_core::{Backend, Graph, RopeMode, RopeParams, TensorId};
+use tessera_cuda::GraphMode;
+
+/// A decode step of a small Llama-like block: norm + weight, K projection with rope stored
+/// into an F16 cache, gate/up/swiglu, and a Q projection.
+struct Block {
+    g: Graph,
+    inputs: Vec<TensorId>,
+    outputs: Vec<TensorId>,
+}
+
+fn block(tokens: usize) -> Block {
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[576, tokens]).unwrap();
+    let wn = g.input("wn", DType::F32, &[576]).unwrap();
+    let wq = g.input("wq", DType::Q4_0, &[576, 576]).unwrap();
+    let wk = g.input("wk", DType::Q8_0, &[576, 192]).unwrap();
+    let wg = g.input("wg", DType::Q4_1, &[576, 1536]).unwrap();
+    let wu = g.input("wu", DType::Q4_1, &[576, 1536]).unwrap();
+    let pos = g.input("pos", DType::I32, &[tokens]).unwrap();
+    let idx = g.input("idx", DType::I64, &[tokens]).unwrap();
+    let cache = g.input("cache", DType::F16, &[192, 64]).unwrap();
+    let h = g.rms_norm(x, 1e-5).unwrap();
+    let hn = g.mul(h, wn).unwrap();
+    let k = g.mul_mat(wk, hn).unwrap();
+    let k3 = g.reshape(k, &[64, 3, tokens]).unwrap();
+    let p = RopeParams { n_dims: 64, mode: RopeMode::Normal, freq_base: 10000.0, freq_scale: 1.0 };
+    let kr = g.rope(k3, pos, p).unwrap();
+    let kv = g.reshape(kr, &[192, tokens]).unwrap();
+    let st = g.set_rows(cache, kv, idx).unwrap();
+    let gate = g.mul_mat(wg, hn).unwrap();
+    let up = g.mul_mat(wu, hn).unwrap();
+    let sw = g.swiglu_split(gate, up).unwrap();
+    let q = g.mul_mat(wq, hn).unwrap();
+    Block { g, inputs: vec![x, wn, wq, wk, wg, wu, pos, idx, cache], outputs: vec![st, sw, q] }
+}
+
+/// Input bytes for a block, step `step` (positions and cache rows move with it).
+fn block_inputs(b: &Block, rng: &mut Rng, tokens: usize, step: usize) -> Vec<(TensorId, Vec<u8>)> {
+    let [x, wn, wq, wk, wg, wu, pos, idx, cache] = b.inputs[..] else { unreachable!() };
+    let positions: Vec<f32> = (0..tokens).map(|t| (step * tokens + t) as f32).collect();
+    let rows: Vec<u8> = (0..tokens).flat_map(|t| (((step * tokens + t) % 64) as i64).to_le_bytes()).collect();
+    vec![
+        (x, to_bytes(DType::F32, &rng.vec(576 * tokens, -1.0, 1.0))),
+        (wn, to_bytes(DType::F32, &rng.vec(576, 0.5, 1.5))),
+        (wq, to_bytes(DType::Q4_0, &rng.vec(576 * 576, -0.1, 0.1))),
+        (wk, to_bytes(DType::Q8_0, &rng.vec(576 * 192, -0.1, 0.1))),
+        (wg, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
+        (wu, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
+        (pos, to_bytes(DType::I32, &positions)),
+        (idx, rows),
+        (cache, to_bytes(DType::F16, &rng.vec(192 * 64, -1.0, 1.0))),
+    ]
+}
+
+fn outputs_f32(b: &Block, bytes: &[Vec<u8>]) -> Vec<Vec<f32>> {
+    b.outputs
+        .iter()
+        .zip(bytes)
+        .map(|(&o, v)| {
+            let t = b.g.get(o);
+            from_bytes(t.dtype, v, t.nelements())
+        })
+        .collect()
+}
+
+#[test]
+fn fused_kernels_match_unfused_ops() {
+    let Some(dev) = cuda() else { return };
+    for tokens in [1usize, 5] {
+        let mut results = Vec::new();
+        let mut counts = Vec::new();
+        for fuse in [true, false] {
+            let mut b = block(tokens);
+            let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
+            let mut be = concrete(&dev).cuda_backend().unwrap();
+            be.set_fusion(fuse);
+            let outs = b.outputs.clone();
+            let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
+            counts.push(be.last_command_count());
+            results.push(outputs_f32(&b, &out));
+        }
+        for (i, name) in ["rope+set_rows cache", "gate/up/swiglu", "q after rms_norm*w"].iter().enumerate() {
+            check(&format!("fused vs unfused {name}, {tokens} tokens"), &results[0][i], &results[1][i], 1e-10);
+        }
+        println!("{tokens} tokens: {} commands fused, {} unfused", counts[0], counts[1]);
+        assert!(counts[0] < counts[1], "fusion removed no launch");
+    }
+}
+
+#[test]
+fn graphs_replay_and_update() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(22);
+    let mut b = block(1);
+    let outs = b.outputs.clone();
+    let nodes: Vec<TensorId> = b.g.ids().collect();
+    for &o in &outs {
+        b.g.set_output(o);
+    }
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut b.g, &nodes).unwrap();
+    let mut be = concrete(&dev).cuda_backend().unwrap();
+    let mut eager = concrete(&dev).cuda_backend().unwrap();
+    eager.set_graphs(false);
+    let mut modes = Vec::new();
+    for step in 0..4 {
+        let inputs = block_inputs(&b, &mut rng, 1, step);
+        set_inputs(&b.g, &inputs);
+        be.compute(&b.g, &nodes).unwrap();
+        be.synchronize().unwrap();
+        modes.push(be.graph_mode());
+        let got = outputs_f32(&b, &read(&b.g, &outs));
+        set_inputs(&b.g, &inputs);
+        eager.compute(&b.g, &nodes).unwrap();
+        eager.synchronize().unwrap();
+        let want = outputs_f32(&b, &read(&b.g, &outs));
+        for i in 0..outs.len() {
+            check(&format!("graph step {step} ({:?}) output {i}", modes[step]), &got[i], &want[i], 0.0);
+        }
+    }
+    assert_eq!(modes, vec![GraphMode::Eager, GraphMode::Captured, GraphMode::Replayed, GraphMode::Replayed]);
+    // The same graph in other memory: the executable graph is updated, not rebuilt.
+    let mut b2 = block(1);
+    for &o in &outs {
+        b2.g.set_output(o);
+    }
+    let mut alloc2 = GraphAllocator::new(dev.buffer_type());
+    alloc2.alloc(&mut b2.g, &nodes).unwrap();
+    let inputs = block_inputs(&b2, &mut rng, 1, 9);
+    set_inputs(&b2.g, &inputs);
+    be.compute(&b2.g, &nodes).unwrap();
+    be.synchronize().unwrap();
+    let mode = be.graph_mode();
+    let got = outputs_f32(&b2, &read(&b2.g, &outs));
+    set_inputs(&b2.g, &inputs);
+    eager.compute(&b2.g, &nodes).unwrap();
+    eager.synchronize().unwrap();
+    let want = outputs_f32(&b2, &read(&b2.g, &outs));
+    for i in 0..outs.len() {
+        check(&format!("moved graph ({mode:?}) output {i}"), &got[i], &want[i], 0.0);
+    }
+    assert_eq!(mode, GraphMode::Updated);
+    println!("graph modes: {modes:?}, then {mode:?}; {} commands per step", be.last_command_count());
+}
+
+#[test]
+fn out_of_memory_is_an_error() {
+    let Some(dev) = cuda() else { return };
+    match dev.buffer_type().alloc(1 << 50) {
+        Err(tessera_core::Error::OutOfMemory { bytes, .. }) => println!("ok out of memory: {bytes} bytes"),
+        Err(e) => panic!("expected OutOfMemory, got {e}"),
+        Ok(_) => panic!("a petabyte allocation succeeded"),
+    }
+    // Freed blocks come back from the pool: many allocations of one size do not grow memory.
+    let before = dev.memory().free;
+    for _ in 0..100 {
+        let b = dev.buffer_type().alloc(64 << 20).unwrap();
+        b.clear(1).unwrap();
+    }
+    let after = dev.memory().free;
+    assert!(before.abs_diff(after) < 512 << 20, "memory grew from {before} to {after} free");
+    println!("ok pool reuse: free {} MiB before, {} MiB after 100 x 64 MiB", before >> 20, after >> 20);
+}

@@ -379,7 +379,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
         }
         Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) => {
             let a = srcs[0].dtype;
-            if !FLOATS.contains(&a) && !(a == DType::I32 && t.op == Op::Repeat) {
+            if !(FLOATS.contains(&a) || (a == DType::I32 && t.op == Op::Repeat)) {
                 return Err(format!("type {a}"));
             }
             let op = match t.op {

@@ -23,11 +23,10 @@ where
     if threads <= 1 || n <= 1 || total < MIN_PARALLEL_WORK {
         return f(0..n);
     }
-    // A few pieces per thread balance uneven items without paying for tiny tasks.
-    let pieces = (threads * 4)
-        .min(n)
-        .min(total / (MIN_PARALLEL_WORK / 4))
-        .max(threads.min(n));
+    // Several pieces per thread balance uneven items and busy cores, but no piece is tiny.
+    let pieces = n
+        .min(threads * 8)
+        .min((total / (MIN_PARALLEL_WORK / 4)).max(threads));
     let step = n.div_ceil(pieces);
     (0..n.div_ceil(step))
         .into_par_iter()

@@ -23,6 +23,8 @@ use crate::view::TView;
 
 /// Bytes of weight rows a tile aims to keep in the first-level cache.
 const TILE_WEIGHT_BYTES: usize = 16 * 1024;
+/// Most weight rows in a tile.
+const MAX_TILE_ROWS: usize = 64;
 /// Columns of src1 per tile.
 const TILE_COLS: usize = 32;
 
@@ -135,11 +137,14 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     let batches = b.ne[2] * b.ne[3];
     for_ranges(p.tiles(batches), p.tile_work(), |range| {
         p.for_tiles(range, |b2, b3, rows, js| {
+            let mut xs: [&[u8]; MAX_TILE_ROWS] = [&[]; MAX_TILE_ROWS];
+            for (x, i) in xs.iter_mut().zip(rows.clone()) {
+                *x = a.row([i, b2 / p.r2, b3 / p.r3]);
+            }
             let col0 = p.n * (b2 + p.e2 * b3);
             for j in js {
                 let y = &cols[(col0 + j) * vrow..(col0 + j + 1) * vrow];
-                for i in rows.clone() {
-                    let x = a.row([i, b2 / p.r2, b3 / p.r3]);
+                for (&x, i) in xs.iter().zip(rows.clone()) {
                     dst.set([i, j, b2, b3], vec_dot(a.dtype, p.k, x, y));
                 }
             }

@@ -60,7 +60,7 @@ impl Plan {
         }
         let (m, n) = (a.ne[1], b.ne[1]);
         let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1))
-            .clamp(4, 64)
+            .clamp(4, MAX_TILE_ROWS)
             .min(m.max(1));
         Ok(Plan {
             k: a.ne[0],

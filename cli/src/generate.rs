@@ -77,6 +77,9 @@ pub struct GenerateArgs {
     /// Print one JSON object (prompt ids, generated ids, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Keep generating past end-of-generation tokens (for comparisons with fixed-length runs).
+    #[arg(long)]
+    ignore_eog: bool,
 }
 
 /// Runs `tessera generate`.
@@ -84,7 +87,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty".into()));
     }
-    let params = a.sample.params()?;
+    let mut params = a.sample.params()?;
+    params.stop_at_eog = !a.ignore_eog;
     let model = load::load(&a.model)?;
     let text = if a.chat {
         model.template.render(&[Message::new("user", a.prompt.clone())], true)?

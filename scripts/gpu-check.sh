@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU machine's whole check-and-measure sequence, in one call (see BENCHMARKS.md):
+# conformance of the CUDA and wgpu backends against the CPU, greedy generation of the test
+# model on cuda:0 and wgpu:0 against llama.cpp's tokens, tessera bench on each device, op perf,
+# and PyTorch anchors measured in the same run. Long logs go under $OUT; a short table is
+# printed last.
+#
+# Before it (from the checkout, on the build machine):
+#   cargo build --release --all-features -p tessera-cli && strip target/release/tessera
+#   mkdir -p .gpu && cp ../shared/reference/smollm2-greedy.json .gpu/ &&
+#     (cd .gpu && split -b 49000000 ~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf part-)
+# Call 1 (device tool): carry .gpu/part-aa; command: mkdir -p /root/m && cp .gpu/part-aa /root/m/
+# Call 2, at once (the machine stays warm 30 s): carry .gl, target/release/tessera, .gpu/part-ab,
+#   .gpu/part-ac, .gpu/smollm2-greedy.json; command: bash scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
+BIN=./target/release/tessera
+MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export NODEVICE_SELECT=1
+for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
+
+summary=()
+row() { summary+=("| $1 | $2 |"); }
+
+if [ ! -f "$MODEL" ]; then
+  cat /root/m/part-aa .gpu/part-ab .gpu/part-ac > "$MODEL"
+fi
+if [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$SHA" ]; then
+  echo "model checksum mismatch"; row "test model" "CHECKSUM MISMATCH"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+$BIN devices 2>&1 | tee "$OUT/devices.txt"
+
+for b in cuda:0 wgpu:0; do
+  timeout 300 $BIN ops test --backend "$b" > "$OUT/ops-${b%%:*}.log" 2>&1
+  row "ops test --backend $b" "$(tail -1 "$OUT/ops-${b%%:*}.log")"
+done
+
+timeout 300 python3 scripts/gpu_greedy.py $BIN "$MODEL" .gpu/smollm2-greedy.json cpu cuda:0 wgpu:0 > "$OUT/greedy.log" 2>&1
+while read -r line; do row "greedy vs llama.cpp" "$line"; done < <(grep 'prompts match' "$OUT/greedy.log")
+
+for d in cuda:0 wgpu:0 cpu; do
+  timeout 240 $BIN bench --model "$MODEL" --device "$d" -p 512 -n 128 -r 3 > "$OUT/bench-${d%%:*}.log" 2>&1
+  while read -r line; do row "bench $d" "$line"; done < <(grep 'pp512\|tg128' "$OUT/bench-${d%%:*}.log" | awk -F'|' '{print $4 $5}')
+done
+
+for b in cuda:0 wgpu:0; do
+  timeout 150 $BIN ops perf --backend "$b" --op MUL_MAT --name 'm=4096' > "$OUT/perf-${b%%:*}.log" 2>&1
+done
+
+timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
+
+echo; echo "== perf (mul_mat m=4096 k=14336) =="; grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
+echo; cat "$OUT/torch.md"
+echo; echo "| check | result |"; echo "|---|---|"
+printf '%s\n' "${summary[@]}"

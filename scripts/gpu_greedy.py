@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Greedy generation of the test model on each given device against llama.cpp's tokens
+(smollm2-greedy.json), to the first step where llama.cpp's top-2 gap is below 0.5, and against
+the CPU's tokens. Usage: gpu_greedy.py BINARY MODEL REFERENCE_JSON DEVICE [DEVICE...]
+Prints one line per prompt and device, and a summary line per device; exits 1 on a mismatch."""
+import json
+import subprocess
+import sys
+
+binary, model, ref_path, devices = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+ref = json.load(open(ref_path))
+bad = 0
+for dev in devices:
+    ok = 0
+    for p in ref["prompts"]:
+        want = p["generated_ids"]
+        tie = next((i for i, s in enumerate(p["steps"]) if s["margin_top1_top2"] < 0.5), len(want))
+        cmd = [binary, "generate", "--model", model, "--device", dev, "--prompt", p["prompt_text"],
+               "--temp", "0", "--max-tokens", str(len(want)), "--ignore-eog", "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{dev} {p['name']}: FAILED to run: {r.stderr.strip()[-300:]}")
+            bad += 1
+            continue
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        if out["prompt_ids"] != p["prompt_ids"]:
+            print(f"{dev} {p['name']}: prompt tokenized differently")
+            bad += 1
+            continue
+        got = out["ids"]
+        matched = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        verdict = "ok" if matched >= tie else "MISMATCH"
+        if matched >= tie:
+            ok += 1
+        else:
+            bad += 1
+        print(f"{dev} {p['name']}: matched {matched}/{len(want)}, first near-tie {tie}: {verdict}; "
+              f"{out['gen_tokens_per_sec']:.1f} tok/s")
+    print(f"{dev}: {ok}/{len(ref['prompts'])} prompts match llama.cpp to the first near-tie")
+sys.exit(1 if bad else 0)

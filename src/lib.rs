@@ -21,6 +21,7 @@ pub use tessera_wgpu as wgpu;
 
 use std::sync::Arc;
 
+use tessera_core::meta::{MetaDevice, SplitRatios};
 use tessera_core::BackendReg;
 
 /// The compiled-in backends, most preferred first for this platform. The CPU comes last: it
@@ -59,11 +60,30 @@ pub fn registry() -> Registry {
     Registry::new(backend_regs())
 }
 
-/// The device a spec names (`cpu`, `cuda:0`, `wgpu:1`), or the best one present for `auto`.
+/// The device a spec names (`cpu`, `cuda:0`, `wgpu:1`, or a meta device `meta:cpu,wgpu:0` with
+/// automatic split ratios), or the best one present for `auto`.
 pub fn device(registry: &Registry, spec: &str) -> Result<Arc<dyn Device>> {
-    if spec.trim() == "auto" {
+    let spec = spec.trim();
+    if spec == "auto" {
         registry.best()
+    } else if spec.starts_with("meta:") {
+        meta_device(registry, spec, &SplitRatios::Auto)
     } else {
         registry.find(spec)
     }
+}
+
+/// A meta device (`meta:cpu,cuda:0`: tensor parallelism over the parts, found in `registry`)
+/// dividing work by `ratios`.
+pub fn meta_device(registry: &Registry, spec: &str, ratios: &SplitRatios) -> Result<Arc<dyn Device>> {
+    let parts = tessera_core::meta::parse_spec(spec)?
+        .iter()
+        .map(|p| {
+            registry.find(p).map_err(|e| match e {
+                Error::NoSuchDevice(what) => Error::NoSuchDevice(format!("{what}, a part of {spec}")),
+                other => other,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(MetaDevice::new(parts, ratios)?))
 }

@@ -8,6 +8,7 @@ pub mod dtype;
 pub mod error;
 pub mod gguf;
 pub mod graph;
+pub mod meta;
 pub mod op;
 pub mod quant;
 pub mod registry;

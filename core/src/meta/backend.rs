@@ -1,0 +1,308 @@
+//! [`MetaBackend`]: runs a graph over the parts of a meta device.
+//!
+//! A graph is planned once ([`super::plan`]) and the plan kept while the same graph comes back
+//! (the plan cache compares the graph's structure and bindings tensor by tensor, holding the
+//! buffers it compares so their addresses cannot be reused). A run then: uploads the staged
+//! inputs' slices to every part; runs each stage on every part (work is submitted part after
+//! part; parts with asynchronous backends run side by side); all-reduces the partial results
+//! between stages; and gathers the results the caller reads back into their memory.
+
+use std::sync::Arc;
+
+use crate::alloc::GraphAllocator;
+use crate::backend::{Backend, Buffer, Communicator, ReduceType};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::op::Op;
+use crate::tensor::{TensorFlags, TensorId, MAX_DIMS};
+
+use super::buffer::{place_slice, slice_of};
+use super::device::Shared;
+use super::plan::{self, Action, Plan};
+use super::reduce::HostReduce;
+use super::split::SplitState;
+
+/// Plans kept per backend (a model context alternates a prompt graph and a decode graph).
+const PLAN_CACHE: usize = 4;
+
+/// What identifies a tensor for the plan cache.
+#[derive(PartialEq)]
+struct TensorKey {
+    dtype: DType,
+    ne: [usize; MAX_DIMS],
+    nb: [usize; MAX_DIMS],
+    op: Op,
+    src: Vec<TensorId>,
+    view_src: Option<TensorId>,
+    view_offset: usize,
+    flags: TensorFlags,
+    data: Option<(usize, usize)>,
+}
+
+/// A graph's structure and bindings, compared to find its plan again.
+struct GraphKey {
+    nodes: Vec<TensorId>,
+    tensors: Vec<TensorKey>,
+    /// The bound buffers, held so that no other buffer can take their addresses.
+    _held: Vec<Arc<dyn Buffer>>,
+}
+
+impl GraphKey {
+    fn new(g: &Graph, nodes: &[TensorId]) -> GraphKey {
+        let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
+        let tensors = g
+            .ids()
+            .map(|id| {
+                let t = g.get(id);
+                let data = t.data.as_ref().map(|d| {
+                    let addr = Arc::as_ptr(&d.buffer) as *const u8 as usize;
+                    if !held.iter().any(|h| Arc::as_ptr(h) as *const u8 as usize == addr) {
+                        held.push(d.buffer.clone());
+                    }
+                    (addr, d.offset)
+                });
+                TensorKey {
+                    dtype: t.dtype,
+                    ne: t.ne,
+                    nb: t.nb,
+                    op: t.op.clone(),
+                    src: t.src.clone(),
+                    view_src: t.view_src,
+                    view_offset: t.view_offset,
+                    flags: t.flags,
+                    data,
+                }
+            })
+            .collect();
+        GraphKey { nodes: nodes.to_vec(), tensors, _held: held }
+    }
+
+    fn matches(&self, g: &Graph, nodes: &[TensorId]) -> bool {
+        self.nodes == nodes
+            && self.tensors.len() == g.len()
+            && g.ids().zip(&self.tensors).all(|(id, k)| {
+                let t = g.get(id);
+                k.ne == t.ne
+                    && k.nb == t.nb
+                    && k.dtype == t.dtype
+                    && k.src == t.src
+                    && k.view_src == t.view_src
+                    && k.view_offset == t.view_offset
+                    && k.flags == t.flags
+                    && k.op == t.op
+                    && k.data == t.data.as_ref().map(|d| (Arc::as_ptr(&d.buffer) as *const u8 as usize, d.offset))
+            })
+    }
+}
+
+/// A stream over every part of a meta device.
+pub struct MetaBackend {
+    shared: Arc<Shared>,
+    backends: Vec<Box<dyn Backend>>,
+    allocators: Vec<GraphAllocator>,
+    plans: Vec<(GraphKey, Plan)>,
+    comm: Option<Box<dyn Communicator>>,
+    host: HostReduce,
+}
+
+impl MetaBackend {
+    pub(crate) fn new(shared: Arc<Shared>) -> Result<MetaBackend> {
+        let backends = shared.parts.iter().map(|d| d.new_backend()).collect::<Result<Vec<_>>>()?;
+        let allocators = shared.parts.iter().map(|d| GraphAllocator::new(d.buffer_type())).collect();
+        let comm = match shared.parts.first() {
+            Some(first) if shared.parts.len() > 1 && shared.same_backend() => first.communicator(&shared.parts)?,
+            _ => None,
+        };
+        if let Some(c) = &comm {
+            if c.size() != shared.parts.len() {
+                return Err(Error::Device {
+                    device: shared.name.clone(),
+                    reason: format!("the communicator has {} ranks for {} parts", c.size(), shared.parts.len()),
+                });
+            }
+        }
+        Ok(MetaBackend { shared, backends, allocators, plans: Vec::new(), comm, host: HostReduce::default() })
+    }
+
+    /// Whether all-reduces go through a backend communicator (NCCL, say) rather than the host.
+    pub fn has_communicator(&self) -> bool {
+        self.comm.is_some()
+    }
+
+    fn plan_index(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<usize> {
+        if let Some(i) = self.plans.iter().position(|(k, _)| k.matches(graph, nodes)) {
+            return Ok(i);
+        }
+        let s = &self.shared;
+        let plan = plan::build(graph, nodes, &mut self.allocators, s.policy, &s.ratios, &s.name)?;
+        log::debug!(
+            "{}: planned {} nodes in {} stages, {} uploads, {} gathers",
+            s.name,
+            nodes.len(),
+            plan.reduces.len() + 1,
+            plan.uploads.len(),
+            plan.gathers.len()
+        );
+        if self.plans.len() >= PLAN_CACHE {
+            self.plans.remove(0);
+        }
+        self.plans.push((GraphKey::new(graph, nodes), plan));
+        Ok(self.plans.len() - 1)
+    }
+}
+
+/// The memory of part tensor `p`.
+fn part_data(plan: &Plan, j: usize, p: TensorId) -> Result<(Arc<dyn Buffer>, usize)> {
+    let d = plan.parts[j].graph.data_or_err(p)?;
+    Ok((d.buffer, d.offset))
+}
+
+fn run(
+    plan: &Plan,
+    graph: &Graph,
+    backends: &mut [Box<dyn Backend>],
+    comm: &mut Option<Box<dyn Communicator>>,
+    host: &mut HostReduce,
+) -> Result<()> {
+    // Host bytes handed to async writes stay alive until the final synchronize.
+    let mut keep: Vec<Vec<u8>> = Vec::new();
+    for up in &plan.uploads {
+        let t = graph.get(up.tensor);
+        let data = graph.data_or_err(up.tensor)?;
+        let mut full = vec![0u8; t.nbytes()];
+        data.buffer.get(data.offset, &mut full)?;
+        for (j, p) in up.part.iter().enumerate() {
+            let Some(p) = *p else { continue };
+            let (buf, off) = part_data(plan, j, p)?;
+            let bytes = slice_of(t.dtype, t.ne, &up.state, j, &full);
+            backends[j].set_async(buf.as_ref(), off, &bytes)?;
+            keep.push(bytes);
+        }
+    }
+    let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
+    for s in 0..n_stages {
+        for (j, b) in backends.iter_mut().enumerate() {
+            let part = &plan.parts[j];
+            for action in &part.stages[s] {
+                match action {
+                    Action::Compute(nodes) => b.compute(&part.graph, nodes)?,
+                    Action::Zero(p) => {
+                        let (buf, off) = part_data(plan, j, *p)?;
+                        let zeros = vec![0u8; part.graph.get(*p).nbytes()];
+                        b.set_async(buf.as_ref(), off, &zeros)?;
+                        keep.push(zeros);
+                    }
+                }
+            }
+        }
+        if let Some(items) = plan.reduces.get(s) {
+            for item in items {
+                let bufs = item
+                    .part
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &p)| part_data(plan, j, p))
+                    .collect::<Result<Vec<_>>>()?;
+                match comm {
+                    Some(c) => {
+                        for b in backends.iter_mut() {
+                            b.synchronize()?;
+                        }
+                        c.all_reduce(&bufs, item.count, ReduceType::F32)?;
+                    }
+                    None => host.all_reduce(backends, &bufs, item.count)?,
+                }
+            }
+        }
+    }
+    gather(plan, graph, backends)?;
+    for b in backends.iter_mut() {
+        b.synchronize()?;
+    }
+    drop(keep);
+    Ok(())
+}
+
+/// Reads the results back into the caller's memory: slices joined, partial sums added, a
+/// mirrored result from the first part that holds it.
+fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Result<()> {
+    let mut bufs: Vec<Vec<Option<Vec<u8>>>> = Vec::with_capacity(plan.gathers.len());
+    for gt in &plan.gathers {
+        let mut per_part: Vec<Option<Vec<u8>>> = vec![None; backends.len()];
+        let first = gt.part.iter().position(Option::is_some);
+        for (j, p) in gt.part.iter().enumerate() {
+            let Some(p) = *p else { continue };
+            if gt.state == SplitState::Mirrored && Some(j) != first {
+                continue;
+            }
+            let (buf, off) = part_data(plan, j, p)?;
+            let mut bytes = vec![0u8; plan.parts[j].graph.get(p).nbytes()];
+            backends[j].get_async(buf.as_ref(), off, &mut bytes)?;
+            per_part[j] = Some(bytes);
+        }
+        bufs.push(per_part);
+    }
+    if plan.gathers.is_empty() {
+        return Ok(());
+    }
+    for b in backends.iter_mut() {
+        b.synchronize()?;
+    }
+    for (gt, per_part) in plan.gathers.iter().zip(bufs) {
+        let t = graph.get(gt.tensor);
+        let data = graph.data_or_err(gt.tensor)?;
+        let n = t.nbytes();
+        let mut full = vec![0u8; n];
+        match &gt.state {
+            SplitState::Mirrored => {
+                if let Some(b) = per_part.into_iter().flatten().next() {
+                    full.copy_from_slice(&b[..n]);
+                }
+            }
+            SplitState::Split(_) => {
+                for (j, b) in per_part.iter().enumerate() {
+                    if let Some(b) = b {
+                        place_slice(t.dtype, t.ne, &gt.state, j, b, &mut full);
+                    }
+                }
+            }
+            SplitState::Partial => {
+                if t.dtype != DType::F32 {
+                    return Err(Error::Split {
+                        tensor: graph.label(gt.tensor),
+                        op: t.op.name(),
+                        reason: "a partial result must be f32 to be summed".into(),
+                    });
+                }
+                let mut sum = vec![0f32; n / 4];
+                for b in per_part.iter().flatten() {
+                    for (s, c) in sum.iter_mut().zip(b.chunks_exact(4)) {
+                        *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+                for (o, s) in full.chunks_exact_mut(4).zip(&sum) {
+                    o.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+        }
+        data.buffer.set(data.offset, &full)?;
+    }
+    Ok(())
+}
+
+impl Backend for MetaBackend {
+    fn name(&self) -> String {
+        self.shared.name.clone()
+    }
+
+    fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        let i = self.plan_index(graph, nodes)?;
+        let MetaBackend { plans, backends, comm, host, .. } = self;
+        run(&plans[i].1, graph, backends, comm, host)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.backends.iter_mut().try_for_each(|b| b.synchronize())
+    }
+}

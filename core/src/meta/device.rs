@@ -1,0 +1,233 @@
+//! [`MetaDevice`]: a device made of other devices, of any kinds, that runs one graph as tensor
+//! parallelism.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::backend::{Backend, Buffer, BufferType, Device, DeviceKind, Memory};
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::tensor::{Tensor, TensorId};
+
+use super::backend::MetaBackend;
+use super::buffer::{MetaBuffer, MetaBufferType, Placed, ShardedTensor};
+use super::plan::{self, InputPolicy};
+use super::ratio;
+use super::split::{normalize_ratios, partition_units, SplitState};
+
+/// How work is divided among the parts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SplitRatios {
+    /// From each part's free memory and a short measured mat-vec benchmark (see
+    /// [`super::auto_ratios`]).
+    Auto,
+    /// Shares given by the caller, one per part (any positive scale; zero means the part holds
+    /// empty slices).
+    Given(Vec<f64>),
+}
+
+impl SplitRatios {
+    /// Parses `auto` or a comma-separated list of shares (`0.6,0.4`, `3,1`).
+    pub fn parse(s: &str) -> Result<SplitRatios> {
+        let s = s.trim();
+        if s.is_empty() || s.eq_ignore_ascii_case("auto") {
+            return Ok(SplitRatios::Auto);
+        }
+        let ratios = s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<f64>()
+                    .map_err(|_| Error::Invalid(format!("split ratio '{}' is not a number (write e.g. 0.6,0.4 or auto)", x.trim())))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SplitRatios::Given(ratios))
+    }
+}
+
+/// What a meta device and its backends share.
+pub(crate) struct Shared {
+    pub parts: Vec<Arc<dyn Device>>,
+    pub ratios: Vec<f64>,
+    pub policy: InputPolicy,
+    pub name: String,
+}
+
+impl Shared {
+    /// Whether every part comes from one backend (`cuda:0`, `cuda:1`), so that the backend may
+    /// offer a communicator over them.
+    pub fn same_backend(&self) -> bool {
+        let backend = |d: &Arc<dyn Device>| d.name().split(':').next().unwrap_or_default().to_string();
+        self.parts.first().is_some_and(|f| self.parts.iter().all(|p| backend(p) == backend(f)))
+    }
+}
+
+/// A device made of N devices of any kinds (named `meta:<part>,<part>,...`). Its graphs run as
+/// tensor parallelism: weights and caches are split by their registered states, computed
+/// tensors by the per-op rules, and partial results are all-reduced (see [`crate::meta`]).
+#[derive(Clone)]
+pub struct MetaDevice {
+    shared: Arc<Shared>,
+}
+
+impl MetaDevice {
+    /// A meta device over `parts` (at least one), dividing work by `ratios`.
+    pub fn new(parts: Vec<Arc<dyn Device>>, ratios: &SplitRatios) -> Result<MetaDevice> {
+        if parts.is_empty() {
+            return Err(Error::Invalid("a meta device needs at least one part".into()));
+        }
+        if let Some(m) = parts.iter().find(|p| p.kind() == DeviceKind::Meta) {
+            return Err(Error::Invalid(format!("a meta device cannot contain another meta device ({})", m.name())));
+        }
+        let ratios = match ratios {
+            SplitRatios::Given(r) => normalize_ratios(r, parts.len())?,
+            SplitRatios::Auto => ratio::auto_ratios(&parts)?,
+        };
+        let name = format!("meta:{}", parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(","));
+        Ok(MetaDevice { shared: Arc::new(Shared { parts, ratios, policy: InputPolicy::Mirrored, name }) })
+    }
+
+    /// The meta device behind a `dyn Device`, if it is one.
+    pub fn from_device(device: &dyn Device) -> Option<&MetaDevice> {
+        device.as_any().downcast_ref::<MetaDevice>()
+    }
+
+    /// The same parts and ratios with another policy for staged inputs.
+    pub fn with_input_policy(&self, policy: InputPolicy) -> MetaDevice {
+        let s = &self.shared;
+        MetaDevice {
+            shared: Arc::new(Shared { parts: s.parts.clone(), ratios: s.ratios.clone(), policy, name: s.name.clone() }),
+        }
+    }
+
+    /// Each part's share of the work (summing to 1).
+    pub fn ratios(&self) -> &[f64] {
+        &self.shared.ratios
+    }
+
+    /// The policy for staged inputs.
+    pub fn input_policy(&self) -> InputPolicy {
+        self.shared.policy
+    }
+
+    /// Divides `total` elements among the parts by the ratios, in whole units of `unit`
+    /// elements (`what` names the dimension in errors).
+    pub fn split_counts(&self, total: usize, unit: usize, what: &str) -> Result<Vec<usize>> {
+        partition_units(total, unit, &self.shared.ratios, what)
+    }
+
+    /// A sharded buffer of virtual size `size` holding `tensors` at their offsets: every part
+    /// gets one buffer of its own device with its slices, packed and aligned. Whole tensors are
+    /// then written and read with [`Buffer::set`] and [`Buffer::get`] at their offsets (the
+    /// slices are scattered and gathered), and graphs bind them as with any buffer.
+    pub fn alloc_sharded(&self, size: usize, tensors: &[ShardedTensor]) -> Result<Arc<dyn Buffer>> {
+        let parts = &self.shared.parts;
+        let n = parts.len();
+        let mut order: Vec<&ShardedTensor> = tensors.iter().collect();
+        order.sort_by_key(|t| t.offset);
+        let mut end = 0;
+        for t in &order {
+            let bytes = Tensor::contiguous_strides(t.dtype, t.ne)[3] * t.ne[3];
+            let bad = |r: String| Error::Invalid(format!("sharded tensor at byte {}: {r}", t.offset));
+            if t.offset < end {
+                return Err(bad("it overlaps the tensor before it".into()));
+            }
+            end = t.offset.checked_add(bytes).ok_or(Error::Overflow("sharded tensor end"))?;
+            if end > size {
+                return Err(bad(format!("it ends at {end}, past the buffer's {size} bytes")));
+            }
+            t.state.check_fits(t.dtype, t.ne, n).map_err(bad)?;
+            if t.state == SplitState::Partial && t.dtype != crate::dtype::DType::F32 {
+                return Err(bad("a partial tensor must be f32".into()));
+            }
+        }
+        let mut placed: Vec<Placed> = tensors.iter().map(|t| Placed { tensor: t.clone(), part_offsets: vec![0; n] }).collect();
+        let mut bufs = Vec::with_capacity(n);
+        for (j, dev) in parts.iter().enumerate() {
+            let bt = dev.buffer_type();
+            let align = bt.alignment().max(1);
+            let mut used = 0usize;
+            for p in placed.iter_mut() {
+                let t = &p.tensor;
+                let ne = super::split::part_shape(t.ne, &t.state, j);
+                let bytes = Tensor::contiguous_strides(t.dtype, ne)[3] * ne[3];
+                let off = used.div_ceil(align) * align;
+                p.part_offsets[j] = off;
+                used = off + bytes;
+            }
+            if used > bt.max_size() {
+                return Err(Error::OutOfMemory { device: dev.name(), bytes: used });
+            }
+            bufs.push(bt.alloc(used.max(1))?);
+        }
+        Ok(Arc::new(MetaBuffer::sharded(self.shared.name.clone(), size, bufs, placed)))
+    }
+
+    /// Checks that nodes `nodes` of `graph` can be split over the parts, as a run would: every
+    /// state derives, or the error names the tensor and op that cannot be split.
+    pub fn check(&self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        let s = &self.shared;
+        plan::check(graph, nodes, s.parts.len(), s.policy, &s.ratios, &s.name)
+    }
+}
+
+impl Device for MetaDevice {
+    fn name(&self) -> String {
+        self.shared.name.clone()
+    }
+
+    fn description(&self) -> String {
+        let parts: Vec<String> = self
+            .shared
+            .parts
+            .iter()
+            .zip(&self.shared.ratios)
+            .map(|(p, r)| format!("{} {:.0}%", p.name(), r * 100.0))
+            .collect();
+        format!("tensor parallel over {}", parts.join(", "))
+    }
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Meta
+    }
+
+    fn memory(&self) -> Memory {
+        self.shared.parts.iter().fold(Memory::default(), |m, p| {
+            let pm = p.memory();
+            Memory { free: m.free.saturating_add(pm.free), total: m.total.saturating_add(pm.total) }
+        })
+    }
+
+    fn buffer_type(&self) -> Arc<dyn BufferType> {
+        let alignment = self.shared.parts.iter().map(|p| p.buffer_type().alignment()).max().unwrap_or(64);
+        Arc::new(MetaBufferType { name: self.shared.name.clone(), alignment })
+    }
+
+    fn new_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(MetaBackend::new(self.shared.clone())?))
+    }
+
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        self.shared.parts.iter().all(|p| p.supports_op(graph, id))
+    }
+
+    fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
+        match buffer.as_any().downcast_ref::<MetaBuffer>() {
+            Some(m) if m.is_sharded() => {
+                let bufs = m.part_buffers();
+                bufs.len() == self.shared.parts.len()
+                    && self.shared.parts.iter().zip(bufs).all(|(p, b)| p.can_use_buffer(b.as_ref()))
+            }
+            Some(_) => true,
+            None => buffer.is_host(),
+        }
+    }
+
+    fn parts(&self) -> Vec<Arc<dyn Device>> {
+        self.shared.parts.clone()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -40,3 +40,384 @@ fn splittable_cases_match_the_cpu_on_two_cpu_parts() {
     let s = conformance(&[0.7, 0.3]);
     assert_eq!(s.failed(), 0, "{}", s.totals());
 }
+
+#[test]
+fn splittable_cases_match_the_cpu_on_three_cpu_parts() {
+    let s = conformance(&[0.5, 0.3, 0.2]);
+    assert_eq!(s.failed(), 0, "{}", s.totals());
+    assert!(s.passed() > 700, "{}", s.totals());
+}
+
+// ---- hand-built graphs with sharded weights ----
+
+use std::sync::Mutex;
+
+use tessera_core::alloc::GraphAllocator;
+use tessera_core::meta::{check_plan, AxisSplit, Segment, ShardedTensor, SplitState};
+use tessera_core::quant::quantize_row;
+use tessera_core::{Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler, TensorId};
+
+/// A CPU device whose backends record the shape of every node they compute.
+struct Recording {
+    inner: Arc<dyn Device>,
+    log: Arc<Mutex<Vec<(String, [usize; 4])>>>,
+}
+
+struct RecordingBackend {
+    inner: Box<dyn Backend>,
+    log: Arc<Mutex<Vec<(String, [usize; 4])>>>,
+}
+
+impl Backend for RecordingBackend {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        let mut log = self.log.lock().unwrap();
+        for &n in nodes {
+            let t = graph.get(n);
+            log.push((t.op.name().to_string(), t.ne));
+        }
+        drop(log);
+        self.inner.compute(graph, nodes)
+    }
+    fn synchronize(&mut self) -> Result<()> {
+        self.inner.synchronize()
+    }
+}
+
+impl Device for Recording {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn description(&self) -> String {
+        self.inner.description()
+    }
+    fn kind(&self) -> DeviceKind {
+        self.inner.kind()
+    }
+    fn memory(&self) -> Memory {
+        self.inner.memory()
+    }
+    fn buffer_type(&self) -> Arc<dyn BufferType> {
+        self.inner.buffer_type()
+    }
+    fn new_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(RecordingBackend { inner: self.inner.new_backend()?, log: self.log.clone() }))
+    }
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        self.inner.supports_op(graph, id)
+    }
+    fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
+        self.inner.can_use_buffer(buffer)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A meta device of recording CPU parts, and each part's log.
+fn recording_meta(ratios: &[f64]) -> (Arc<dyn Device>, Vec<Arc<Mutex<Vec<(String, [usize; 4])>>>>) {
+    let logs: Vec<_> = ratios.iter().map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let parts: Vec<Arc<dyn Device>> =
+        logs.iter().map(|l| Arc::new(Recording { inner: cpu(), log: l.clone() }) as Arc<dyn Device>).collect();
+    let m = MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).unwrap();
+    (Arc::new(m), logs)
+}
+
+/// A weight: name, type, shape, state on a meta device, and random values.
+struct W {
+    dtype: DType,
+    ne: [usize; 4],
+    state: SplitState,
+    data: Vec<u8>,
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 20000) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn weight(dtype: DType, ne: [usize; 4], state: SplitState, seed: u32) -> W {
+    let n: usize = ne.iter().product();
+    let v = values(n, seed);
+    let row = ne[0] / dtype.block_size() * dtype.type_size();
+    let mut data = vec![0u8; row * n / ne[0]];
+    for (r, out) in data.chunks_exact_mut(row).enumerate() {
+        quantize_row(dtype, &v[r * ne[0]..(r + 1) * ne[0]], out).unwrap();
+    }
+    W { dtype, ne, state, data }
+}
+
+/// Puts the weights on `dev`: a sharded buffer on a meta device, a plain one elsewhere.
+fn place(dev: &Arc<dyn Device>, ws: &[W]) -> Result<(Arc<dyn Buffer>, Vec<usize>)> {
+    let mut offs = Vec::new();
+    let mut end = 0;
+    for w in ws {
+        offs.push(end);
+        end += w.data.len().div_ceil(64) * 64;
+    }
+    let buf = match MetaDevice::from_device(dev.as_ref()) {
+        Some(m) => {
+            let specs: Vec<ShardedTensor> = ws
+                .iter()
+                .zip(&offs)
+                .map(|(w, &offset)| ShardedTensor { offset, dtype: w.dtype, ne: w.ne, state: w.state.clone() })
+                .collect();
+            m.alloc_sharded(end, &specs)?
+        }
+        None => dev.buffer_type().alloc(end)?,
+    };
+    for (w, &o) in ws.iter().zip(&offs) {
+        buf.set(o, &w.data)?;
+    }
+    Ok((buf, offs))
+}
+
+type BuildFn = dyn Fn(&mut Graph, &[TensorId], TensorId) -> Result<Vec<TensorId>>;
+
+/// Runs a graph of weights `ws` and one f32 input `x` on `dev`; returns the outputs.
+fn eval(dev: &Arc<dyn Device>, ws: &[W], x_ne: &[usize], build: &BuildFn) -> Result<Vec<Vec<f32>>> {
+    let (buf, offs) = place(dev, ws)?;
+    let mut g = Graph::new();
+    let mut wid = Vec::new();
+    for (i, (w, &o)) in ws.iter().zip(&offs).enumerate() {
+        wid.push(g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)?);
+    }
+    let x = g.input("x", DType::F32, x_ne)?;
+    let outs = build(&mut g, &wid, x)?;
+    for &o in &outs {
+        g.set_output(o);
+    }
+    let nodes: Vec<TensorId> = g.ids().collect();
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut g, &nodes)?;
+    let xv: Vec<u8> = values(x_ne.iter().product(), 99).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xd = g.data_or_err(x)?;
+    xd.buffer.set(xd.offset, &xv)?;
+    let mut b = dev.new_backend()?;
+    for _ in 0..2 {
+        b.compute(&g, &nodes)?;
+        b.synchronize()?;
+    }
+    outs.iter()
+        .map(|&o| {
+            let d = g.data_or_err(o)?;
+            let mut bytes = vec![0u8; g.get(o).nbytes()];
+            d.buffer.get(d.offset, &mut bytes)?;
+            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        })
+        .collect()
+}
+
+fn nmse(want: &[f32], got: &[f32]) -> f64 {
+    assert_eq!(want.len(), got.len());
+    let num: f64 = want.iter().zip(got).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|a| (*a as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn assert_close(want: &[Vec<f32>], got: &[Vec<f32>], tol: f64) {
+    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+        let e = nmse(w, g);
+        assert!(e <= tol, "output {i}: nmse {e:e} > {tol:e}");
+    }
+}
+
+/// A two-layer MLP: column-parallel first layer, row-parallel second (a partial result summed
+/// across the parts before the residual add and the norm).
+fn mlp_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
+    let (k, m, o) = (64, 96, 64);
+    let hidden = tessera_core::meta::partition_units(m, 32, ratios, "hidden").unwrap();
+    vec![
+        weight(dtype, [k, m, 1, 1], SplitState::split(1, hidden.clone()), 1),
+        weight(dtype, [m, o, 1, 1], SplitState::split(0, hidden), 2),
+        weight(DType::F32, [o, 1, 1, 1], SplitState::Mirrored, 3),
+    ]
+}
+
+fn mlp(g: &mut Graph, w: &[TensorId], x: TensorId) -> Result<Vec<TensorId>> {
+    let h = g.mul_mat(w[0], x)?;
+    let h = g.unary(h, tessera_core::UnaryOp::Silu)?;
+    let y = g.mul_mat(w[1], h)?;
+    let z = g.add(y, x)?;
+    let n = g.rms_norm(z, 1e-5)?;
+    let n = g.mul(n, w[2])?;
+    Ok(vec![n, y])
+}
+
+#[test]
+fn column_then_row_parallel_matches_the_cpu_and_computes_slices() {
+    for dtype in [DType::F32, DType::Q8_0, DType::Q4_0] {
+        let ratios = [0.7, 0.3];
+        let want = eval(&cpu(), &mlp_weights(&ratios, dtype), &[64, 5], &mlp).unwrap();
+        let (dev, logs) = recording_meta(&ratios);
+        let got = eval(&dev, &mlp_weights(&ratios, dtype), &[64, 5], &mlp).unwrap();
+        assert_close(&want, &got, 1e-10);
+        // Part 1 computed its 32 hidden rows of the first mul_mat, and a full-shape partial of the second.
+        let log = logs[1].lock().unwrap();
+        let mm: Vec<[usize; 4]> = log.iter().filter(|(op, _)| op == "MUL_MAT").map(|(_, ne)| *ne).collect();
+        assert_eq!(mm[..2], [[32, 5, 1, 1], [64, 5, 1, 1]], "{dtype}: {mm:?}");
+    }
+}
+
+#[test]
+fn a_part_with_an_empty_slice_adds_nothing() {
+    let ratios = [0.6, 0.4, 0.0];
+    let want = eval(&cpu(), &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp).unwrap();
+    let (dev, logs) = recording_meta(&ratios);
+    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp).unwrap();
+    assert_close(&want, &got, 1e-10);
+    let log = logs[2].lock().unwrap();
+    assert!(!log.iter().any(|(op, _)| op == "MUL_MAT"), "the empty part ran a mul_mat: {log:?}");
+}
+
+#[test]
+fn a_fused_qkv_weight_splits_each_segment() {
+    // Q of 16 rows, K and V of 8: part 0 takes 12 of Q and 6 of K and of V.
+    let seg = AxisSplit::with_segments(
+        1,
+        vec![Segment { counts: vec![12, 4], repeat: 1 }, Segment { counts: vec![6, 2], repeat: 2 }],
+    )
+    .unwrap();
+    let ws = || vec![weight(DType::F32, [32, 32, 1, 1], SplitState::Split(seg.clone()), 7)];
+    let build = |g: &mut Graph, w: &[TensorId], x: TensorId| -> Result<Vec<TensorId>> {
+        let qkv = g.mul_mat(w[0], x)?;
+        let row = g.get(qkv).nb[1];
+        let q = g.view(qkv, &[16, 4], &[row], 0)?;
+        let k = g.view(qkv, &[8, 4], &[row], 16 * 4)?;
+        let v = g.view(qkv, &[8, 4], &[row], 24 * 4)?;
+        let q = g.scale(q, 2.0)?;
+        let k = g.unary(k, tessera_core::UnaryOp::Neg)?;
+        let v = g.cont(v)?;
+        Ok(vec![q, k, v])
+    };
+    let want = eval(&cpu(), &ws(), &[32, 4], &build).unwrap();
+    let (dev, logs) = recording_meta(&[0.75, 0.25]);
+    let got = eval(&dev, &ws(), &[32, 4], &build).unwrap();
+    assert_close(&want, &got, 0.0);
+    let log = logs[1].lock().unwrap();
+    let shapes: Vec<(String, [usize; 4])> = log.iter().filter(|(op, _)| op != "MUL_MAT").cloned().collect();
+    assert_eq!(
+        shapes[..3],
+        [("SCALE".into(), [4, 4, 1, 1]), ("NEG".into(), [2, 4, 1, 1]), ("CONT".into(), [2, 4, 1, 1])]
+    );
+}
+
+#[test]
+fn a_graph_that_cannot_be_split_names_the_tensor_and_op() {
+    let ratios = [0.5, 0.5];
+    let ws = mlp_weights(&ratios, DType::F32);
+    let build = |g: &mut Graph, w: &[TensorId], x: TensorId| -> Result<Vec<TensorId>> {
+        let h = g.mul_mat(w[0], x)?;
+        let n = g.rms_norm(h, 1e-5)?;
+        g.set_name(n, "normed_hidden");
+        Ok(vec![n])
+    };
+    let err = eval(&meta(&ratios).as_ref().clone_meta(), &ws, &[64, 2], &build).unwrap_err();
+    match &err {
+        Error::Split { tensor, op, reason } => {
+            assert_eq!(tensor, "normed_hidden");
+            assert_eq!(*op, "RMS_NORM");
+            assert!(reason.contains("whole rows"), "{reason}");
+        }
+        other => panic!("expected a split error, got {other}"),
+    }
+}
+
+trait CloneMeta {
+    fn clone_meta(&self) -> Arc<dyn Device>;
+}
+
+impl CloneMeta for dyn Device {
+    /// The same meta device with the default (mirrored) input policy, as the model runner uses it.
+    fn clone_meta(&self) -> Arc<dyn Device> {
+        Arc::new(MetaDevice::from_device(self).unwrap().with_input_policy(InputPolicy::Mirrored))
+    }
+}
+
+#[test]
+fn the_scheduler_runs_a_meta_device_and_checks_its_splits() {
+    let ratios = [0.25, 0.75];
+    let dev: Arc<dyn Device> = meta(&ratios).clone_meta();
+    let ws = mlp_weights(&ratios, DType::Q8_0);
+    let (buf, offs) = place(&dev, &ws).unwrap();
+    let mut g = Graph::new();
+    let w: Vec<TensorId> =
+        ws.iter().zip(&offs).enumerate().map(|(i, (w, &o))| g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o).unwrap()).collect();
+    let x = g.input("x", DType::F32, &[64, 4]).unwrap();
+    let outs = mlp(&mut g, &w, x).unwrap();
+    g.set_output(outs[0]);
+    let mut sched = Scheduler::new(vec![dev.clone(), cpu()]).unwrap();
+    let plan = sched.plan(&mut g).unwrap();
+    assert_eq!(plan.devices_used(), 1);
+    check_plan(sched.devices(), &g, &plan).unwrap();
+    let xd = g.data_or_err(x).unwrap();
+    let xv: Vec<u8> = values(256, 99).iter().flat_map(|v| v.to_le_bytes()).collect();
+    xd.buffer.set(xd.offset, &xv).unwrap();
+    sched.compute(&g, &plan).unwrap();
+    let d = g.data_or_err(outs[0]).unwrap();
+    let mut got = vec![0u8; 256 * 4];
+    d.buffer.get(d.offset, &mut got).unwrap();
+    let got: Vec<f32> = got.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let want = eval(&cpu(), &ws, &[64, 4], &mlp).unwrap();
+    assert!(nmse(&want[0], &got) < 1e-10);
+}
+
+#[test]
+fn sharded_buffers_scatter_and_gather_whole_tensors() {
+    let dev = meta(&[0.5, 0.5]);
+    let m = MetaDevice::from_device(dev.as_ref()).unwrap();
+    let ws = [
+        weight(DType::Q4_0, [128, 3, 1, 1], SplitState::split(0, vec![96, 32]), 1),
+        weight(DType::F16, [4, 6, 2, 1], SplitState::split(2, vec![1, 1]), 2),
+        weight(DType::F32, [5, 3, 1, 1], SplitState::Mirrored, 3),
+    ];
+    let (buf, offs) = place(&dev, &ws).unwrap();
+    for (w, &o) in ws.iter().zip(&offs) {
+        let mut back = vec![0u8; w.data.len()];
+        buf.get(o, &mut back).unwrap();
+        assert_eq!(back, w.data);
+    }
+    // Part 1 holds one Q4_0 block per row of the first tensor.
+    let meta_buf = buf.as_any().downcast_ref::<tessera_core::meta::MetaBuffer>().unwrap();
+    assert!(meta_buf.part_buffers()[1].size() < meta_buf.part_buffers()[0].size());
+    // Cutting a quantization block, a part count that does not match, overlapping tensors.
+    let bad = |state: SplitState, ne: [usize; 4], dtype: DType| {
+        m.alloc_sharded(1 << 16, &[ShardedTensor { offset: 0, dtype, ne, state }]).err().map(|e| e.to_string())
+    };
+    assert!(bad(SplitState::split(0, vec![80, 48]), [128, 3, 1, 1], DType::Q4_0).unwrap().contains("cut"));
+    assert!(bad(SplitState::split(1, vec![1, 1, 1]), [128, 3, 1, 1], DType::F32).is_some());
+    assert!(bad(SplitState::split(1, vec![1, 1]), [128, 3, 1, 1], DType::F32).unwrap().contains("add up"));
+    // A partial write of a sharded tensor is refused.
+    assert!(buf.set(offs[0], &ws[0].data[..10]).is_err());
+}
+
+#[test]
+fn bad_meta_specs_and_ratios_give_clear_errors() {
+    let reg = tessera::registry();
+    let e = tessera::device(&reg, "meta:cpu,nosuch:3").err().unwrap();
+    assert!(matches!(e, Error::NoSuchDevice(_)) && e.to_string().contains("nosuch:3"), "{e}");
+    let e = tessera::device(&reg, "meta:cpu,,cpu").err().unwrap();
+    assert!(e.to_string().contains("empty part"), "{e}");
+    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, 0.3, 0.2])).err().unwrap();
+    assert!(e.to_string().contains("3 entries") && e.to_string().contains("2 parts"), "{e}");
+    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, -0.5])).err().unwrap();
+    assert!(e.to_string().contains("negative"), "{e}");
+    assert!(SplitRatios::parse("0.6,x").is_err());
+    assert_eq!(SplitRatios::parse("auto").unwrap(), SplitRatios::Auto);
+    assert_eq!(SplitRatios::parse("3,1").unwrap(), SplitRatios::Given(vec![3.0, 1.0]));
+    // Automatic ratios of two identical parts are even; a meta device lists its parts.
+    let d = tessera::device(&reg, "meta:cpu,cpu").unwrap();
+    assert_eq!(d.name(), "meta:cpu,cpu");
+    assert_eq!(d.kind(), DeviceKind::Meta);
+    assert_eq!(d.parts().len(), 2);
+    assert_eq!(MetaDevice::from_device(d.as_ref()).unwrap().ratios(), &[0.5, 0.5]);
+}

@@ -57,15 +57,18 @@ use tessera_core::meta::{check_plan, AxisSplit, Segment, ShardedTensor, SplitSta
 use tessera_core::quant::quantize_row;
 use tessera_core::{Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler, TensorId};
 
+/// Ops and shapes a part computed.
+type Log = Arc<Mutex<Vec<(String, [usize; 4])>>>;
+
 /// A CPU device whose backends record the shape of every node they compute.
 struct Recording {
     inner: Arc<dyn Device>,
-    log: Arc<Mutex<Vec<(String, [usize; 4])>>>,
+    log: Log,
 }
 
 struct RecordingBackend {
     inner: Box<dyn Backend>,
-    log: Arc<Mutex<Vec<(String, [usize; 4])>>>,
+    log: Log,
 }
 
 impl Backend for RecordingBackend {
@@ -117,7 +120,7 @@ impl Device for Recording {
 }
 
 /// A meta device of recording CPU parts, and each part's log.
-fn recording_meta(ratios: &[f64]) -> (Arc<dyn Device>, Vec<Arc<Mutex<Vec<(String, [usize; 4])>>>>) {
+fn recording_meta(ratios: &[f64]) -> (Arc<dyn Device>, Vec<Log>) {
     let logs: Vec<_> = ratios.iter().map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
     let parts: Vec<Arc<dyn Device>> =
         logs.iter().map(|l| Arc::new(Recording { inner: cpu(), log: l.clone() }) as Arc<dyn Device>).collect();

@@ -109,7 +109,10 @@ impl TView {
 
     /// Byte offset of element (i0, i1, i2, i3) (i0 a block start for quantized types).
     fn offset(&self, [i0, i1, i2, i3]: [usize; 4]) -> usize {
-        i0 / self.dtype.block_size() * self.nb[0] + self.row_offset([i1, i2, i3])
+        // Plain types (the per-element accesses) skip the division.
+        let bs = self.dtype.block_size();
+        let b0 = if bs == 1 { i0 } else { i0 / bs };
+        b0 * self.nb[0] + self.row_offset([i1, i2, i3])
     }
 
     /// Bytes of a contiguous row.

@@ -138,8 +138,9 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     for_ranges(p.tiles(batches), p.tile_work(), |range| {
         p.for_tiles(range, |b2, b3, rows, js| {
             let mut xs: [&[u8]; MAX_TILE_ROWS] = [&[]; MAX_TILE_ROWS];
+            let (a2, a3) = (b2 / p.r2, b3 / p.r3);
             for (x, i) in xs.iter_mut().zip(rows.clone()) {
-                *x = a.row([i, b2 / p.r2, b3 / p.r3]);
+                *x = a.row([i, a2, a3]);
             }
             let col0 = p.n * (b2 + p.e2 * b3);
             for j in js {

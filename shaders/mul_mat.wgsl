@@ -4,8 +4,8 @@
 //
 // mat_vec: one workgroup per ROWS rows of one column of dst, its invocations striding over
 //   32-element groups of the rows: each loads a group of src1 once and uses it for the ROWS
-//   rows. Used for small n (generation). Q4_0, Q4_1 and Q8_0 read whole words of a block;
-//   other types dequantize element by element. With SUBGROUPS the partial sums are added with
+//   rows. Used for small n (generation). f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K read whole
+//   words of a block; other types dequantize element by element. With SUBGROUPS the partial sums are added with
 //   subgroupAdd before the workgroup step.
 // mat_mat: BM x BN tiles of dst per workgroup of 256 invocations (16 x 16, each BM/16 x BN/16
 //   outputs), stepping through k in BK-deep tiles of src0 and src1 staged in workgroup memory.
@@ -94,15 +94,71 @@ fn dot32(r: u32, g: u32) -> f32 {
             }
             return s * half0(b);
         }
-        default: {
-            var s = 0.0;
-            let n = min(32u, P.s0.ne.x - k0);
-            for (var e = 0u; e < n; e++) {
-                s += w0(r, k0 + e) * yv[e];
+        case 1u: {
+            // f16: whole words (two values) when the group is full and word aligned.
+            let b = r + k0 * 2u;
+            if (b & 3u) == 0u && k0 + 32u <= P.s0.ne.x {
+                var s = 0.0;
+                for (var w = 0u; w < 16u; w++) {
+                    let q = src0[(b >> 2u) + w];
+                    s += half(q) * yv[2u * w] + half(q >> 16u) * yv[2u * w + 1u];
+                }
+                return s;
             }
-            return s;
         }
+        case 12u: {
+            // Q4_K: the group is sub-block j of its 256-value block; 32 nibbles in 8 words.
+            let b = r + (g / 8u) * 144u;
+            let j = g % 8u;
+            let sm = scale_min_k4(b + 4u, j);
+            let qb = b + 16u + 32u * (j / 2u);
+            let sh = 4u * (j % 2u);
+            var s = 0.0;
+            var sy = 0.0;
+            for (var w = 0u; w < 8u; w++) {
+                let q = word0(qb + 4u * w) >> sh;
+                for (var t = 0u; t < 4u; t++) {
+                    let y = yv[4u * w + t];
+                    s += f32((q >> (8u * t)) & 15u) * y;
+                    sy += y;
+                }
+            }
+            return half0(b) * f32(sm.x) * s - half0(b + 2u) * f32(sm.y) * sy;
+        }
+        case 14u: {
+            // Q6_K: 32 values of one quarter of a half block: low nibbles from ql, two high bits
+            // from qh, two 16-value sub-blocks with their own i8 scales.
+            let b = r + (g / 8u) * 210u;
+            let j = g % 8u;
+            let n = j / 4u;
+            let m = j % 4u;
+            let lb = b + 64u * n + 32u * (m % 2u);
+            let hb = b + 128u + 32u * n;
+            var s0 = 0.0;
+            var s1 = 0.0;
+            for (var w = 0u; w < 8u; w++) {
+                let lo = word0(lb + 4u * w) >> (4u * (m / 2u));
+                let hi = word0(hb + 4u * w) >> (2u * m);
+                for (var t = 0u; t < 4u; t++) {
+                    let q = f32(i32(((lo >> (8u * t)) & 15u) | (((hi >> (8u * t)) & 3u) << 4u)) - 32);
+                    if w < 4u {
+                        s0 += q * yv[4u * w + t];
+                    } else {
+                        s1 += q * yv[4u * w + t];
+                    }
+                }
+            }
+            return half0(b + 208u) * (i8_0(b + 192u + 2u * j) * s0 + i8_0(b + 193u + 2u * j) * s1);
+        }
+        default: {}
     }
+    // Every other case: element by element.
+    var s = 0.0;
+    let n = min(32u, P.s0.ne.x - k0);
+    for (var e = 0u; e < n; e++) {
+        s += w0(r, k0 + e) * yv[e];
+    }
+    return s;
 }
 
 const ROWS: u32 = {{ROWS}}u;

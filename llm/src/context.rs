@@ -56,7 +56,7 @@ impl Context {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }
         let device = model.device().clone();
-        let kv = KvCache::new(cfg, device.as_ref(), n_ctx, params.kv_type)?;
+        let kv = KvCache::new(cfg, device.as_ref(), n_ctx, params.kv_type, model.sharding())?;
         let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
         if device.kind() != tessera_core::DeviceKind::Cpu {
             devices.push(model.fallback().clone());
@@ -130,6 +130,7 @@ impl Context {
             None => {
                 let (mut graph, io) = forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
                 let plan = self.sched.plan(&mut graph)?;
+                tessera_core::meta::check_plan(self.sched.devices(), &graph, &plan)?;
                 log::debug!("new step graph {:?}: {} tensors, {} splits", shape, graph.len(), plan.splits.len());
                 // Keep the prompt graph and the decode graph; drop older shapes.
                 if self.steps.len() >= 2 {

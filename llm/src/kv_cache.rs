@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tessera_core::{Buffer, DType, Device, Error, Graph, Result, TensorId};
 
 use crate::config::LlamaConfig;
+use crate::shard::Sharding;
 
 /// A KV cache on one device.
 pub struct KvCache {
@@ -17,8 +18,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Allocates a cache of `n_ctx` positions of `dtype` (F16 or F32) on `device`.
-    pub fn new(cfg: &LlamaConfig, device: &dyn Device, n_ctx: usize, dtype: DType) -> Result<Self> {
+    /// Allocates a cache of `n_ctx` positions of `dtype` (F16 or F32) on `device` (on a meta
+    /// device, `shard` splits it by KV heads).
+    pub fn new(cfg: &LlamaConfig, device: &dyn Device, n_ctx: usize, dtype: DType, shard: Option<&Sharding>) -> Result<Self> {
         if !matches!(dtype, DType::F16 | DType::F32) {
             return Err(Error::Invalid(format!("KV cache type must be f16 or f32, not {dtype}")));
         }
@@ -30,7 +32,10 @@ impl KvCache {
             .checked_mul(n_ctx)
             .and_then(|m| m.checked_mul(2 * cfg.n_layer))
             .ok_or(Error::Overflow("KV cache size"))?;
-        let buffer = device.buffer_type().alloc(size.max(1))?;
+        let buffer = match shard {
+            Some(sh) => sh.alloc_kv(cfg, n_ctx, dtype, size)?,
+            None => device.buffer_type().alloc(size.max(1))?,
+        };
         buffer.clear(0)?;
         Ok(KvCache { buffer, dtype, n_ctx, row, n_layer: cfg.n_layer })
     }

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod sampling;
+pub mod shard;
 pub mod tokenizer;
 pub mod weights;
 

@@ -8,6 +8,7 @@ use tessera_core::{Device, Result};
 
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
+use crate::shard::Sharding;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
@@ -24,6 +25,7 @@ pub struct Model {
     device: Arc<dyn Device>,
     fallback: Arc<dyn Device>,
     file: GgufFile,
+    shard: Option<Sharding>,
 }
 
 impl Model {
@@ -49,8 +51,9 @@ impl Model {
         let config = LlamaConfig::from_gguf(&file)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
-        let weights = Weights::load(&file, device.as_ref(), progress)?;
-        Ok(Model { config, tokenizer, template, weights, device, fallback, file })
+        let shard = Sharding::new(&config, &file, device.as_ref())?;
+        let weights = Weights::load_with(&file, device.as_ref(), shard.as_ref(), progress)?;
+        Ok(Model { config, tokenizer, template, weights, device, fallback, file, shard })
     }
 
     /// The device holding the weights.
@@ -66,5 +69,10 @@ impl Model {
     /// The GGUF file.
     pub fn file(&self) -> &GgufFile {
         &self.file
+    }
+
+    /// How the model is split over the parts of a meta device (None on a plain device).
+    pub fn sharding(&self) -> Option<&Sharding> {
+        self.shard.as_ref()
     }
 }

@@ -8,6 +8,8 @@ use tessera_core::backend::HostBytes;
 use tessera_core::gguf::GgufFile;
 use tessera_core::{Buffer, DType, Device, Error, Result};
 
+use crate::shard::Sharding;
+
 /// One weight tensor: where it lives and what it is.
 #[derive(Clone)]
 pub struct WeightTensor {
@@ -31,6 +33,11 @@ pub struct Weights {
 impl Weights {
     /// Puts the file's tensors on `device`; `progress(done, total)` is called as bytes upload.
     pub fn load(file: &GgufFile, device: &dyn Device, progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+        Self::load_with(file, device, None, progress)
+    }
+
+    /// As [`Weights::load`]; on a meta device, `shard` puts each part's slices on that part.
+    pub fn load_with(file: &GgufFile, device: &dyn Device, shard: Option<&Sharding>, progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
         let total: u64 = file.tensors.iter().map(|t| t.size).sum();
         let data_offset = file.data_offset as usize;
         let mut map = HashMap::new();
@@ -64,7 +71,16 @@ impl Weights {
         let mut done = 0u64;
         let bytes = file.bytes();
         for (size, members) in groups {
-            let buf = bt.alloc(size.max(1))?;
+            let buf = match shard {
+                Some(sh) => {
+                    let specs: Vec<_> = members.iter().map(|&(i, off)| {
+                        let t = &file.tensors[i];
+                        (t.name.as_str(), t.dtype, ne_usize(&t.ne), off)
+                    }).collect();
+                    sh.alloc_weights(size, &specs)?
+                }
+                None => bt.alloc(size.max(1))?,
+            };
             for (i, off) in members {
                 let t = &file.tensors[i];
                 let start = data_offset + t.offset as usize;

@@ -201,8 +201,11 @@ FATTN(f32, F32, f16, F16)
 FATTN(f16, F16, f32, F32)
 FATTN(f16, F16, f16, F16)
 
-// One block per query row (in the partials' order); t[0] dst, t[1] q, t[2] k, t[3] v as above.
+// One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
+// weights are found in parallel, then each thread sums its output columns over the splits.
+// t[0] dst, t[1] q, t[2] k, t[3] v as above.
 KERNEL fattn_combine(const KParams p) {
+    __shared__ float wts[256];
     const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
@@ -219,20 +222,17 @@ KERNEL fattn_combine(const KParams p) {
     const i64 iq = r / gqa;
     const int h = g * gqa + (int)(r % gqa);
     const float* part = (const float*)p.aux[0] + row * nsplit * (DV + 2);
-    float mx = NEG_INF;
-    for (int s = 0; s < nsplit; s++) mx = fmaxf(mx, part[s * (DV + 2)]);
-    float total = 0.0f;
-    for (int s = 0; s < nsplit; s++) {
-        const float ms = part[s * (DV + 2)];
-        if (ms != NEG_INF) total += part[s * (DV + 2) + 1] * expf(ms - mx);
-    }
+    const int s = threadIdx.x;
+    const float ms = s < nsplit ? part[s * (DV + 2)] : NEG_INF;
+    const float mx = block_max(ms);
+    const float wv = (s < nsplit && ms != NEG_INF) ? expf(ms - mx) : 0.0f;
+    if (s < 256) wts[s] = wv;
+    const float total = block_sum(s < nsplit ? wv * part[s * (DV + 2) + 1] : 0.0f);
     const float inv = total == 0.0f ? 0.0f : 1.0f / total;
     for (int col = threadIdx.x; col < DV; col += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < nsplit; s++) {
-            const float ms = part[s * (DV + 2)];
-            if (ms != NEG_INF) acc += part[s * (DV + 2) + 2 + col] * expf(ms - mx);
-        }
+#pragma unroll 4
+        for (int i = 0; i < nsplit; i++) acc += wts[i] * part[i * (DV + 2) + 2 + col];
         F32::store(at(dst, col, h, iq, b), acc * inv);
     }
 }

@@ -7,10 +7,9 @@
 // One warp per block.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
-// (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3. One block of 4 warps per
-// output row and batch; the threads walk the row in tasks of TV values (32, 64 for Q4_K/Q5_K,
-// 128 for Q6_K), load the task's weights into registers once and take their integer dot
-// products (dp4a) with every column; the warps' sums are added through shared memory.
+// (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3. One warp per output row; the
+// lanes walk the row in tasks of TV values (32, 64 for Q4_K/Q5_K, 128 for Q6_K), load the task's
+// weights into registers once and take their integer dot products (dp4a) with every column.
 //
 // mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type):
 // dst = silu(gate x) * (up x), the gate/up/swiglu of a Llama block for one token.
@@ -280,28 +279,14 @@ template <> struct Mmvq<Q6_K> {
     }
 };
 
-// Sums each column's partial results over the block's warps; thread c < NC gets column c.
-template <int NC> __device__ __forceinline__ void block_reduce_cols(float* acc) {
-    __shared__ float part[32][NC];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int c = 0; c < NC; c++) {
-        const float v = warp_sum(acc[c]);
-        if (lane == 0) part[w][c] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < NC) {
-        float v = 0.0f;
-        for (int i = 0; i < (int)(blockDim.x / 32); i++) v += part[i][threadIdx.x];
-        acc[0] = v;
-    }
-}
-
-// One block per output row (blockIdx.x) and batch (blockIdx.y); all its threads walk the row.
+// One warp per output row (4 rows per block), batch blockIdx.y. Each lane prefetches into L2
+// the weights it will read two iterations ahead, so that more of the row is in flight.
 template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     const TArg& d = p.t[0];
     const TArg& w = p.t[1];
-    const i64 row = blockIdx.x;
+    const i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= w.ne[1]) return;
+    const int lane = threadIdx.x % 32;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
     const u8* wrow = (const u8*)at(w, 0, row, i2 / p.i[0], i3 / p.i[1]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
@@ -310,30 +295,36 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] = 0.0f;
     const i64 tasks = w.ne[0] / Mmvq<Q>::TV;
-    for (i64 t = threadIdx.x; t < tasks; t += blockDim.x) Mmvq<Q>::template dot<NC>(wrow, t, act, c0, acc);
-    block_reduce_cols<NC>(acc);
-    if (threadIdx.x < NC) F32::store(at(d, row, threadIdx.x, i2, i3), acc[0]);
+    const int task_bytes = QInfo<Q>::bytes * Mmvq<Q>::TV / QInfo<Q>::block;
+    for (i64 t = lane; t < tasks; t += 32) {
+        if (t + 64 < tasks) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + (t + 64) * task_bytes));
+        Mmvq<Q>::template dot<NC>(wrow, t, act, c0, acc);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const float v = warp_sum(acc[c]);
+        if (lane == 0) F32::store(at(d, row, c, i2, i3), v);
+    }
 }
 
 template <int Q> __device__ void mmvq_glu(const KParams& p) {
     const TArg& d = p.t[0];
     const TArg& wg = p.t[1];
     const TArg& wu = p.t[2];
-    const i64 row = blockIdx.x;
+    const i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= wg.ne[1]) return;
+    const int lane = threadIdx.x % 32;
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
     const u8* g = (const u8*)at(wg, 0, row, 0, 0);
     const u8* u = (const u8*)at(wu, 0, row, 0, 0);
-    float acc[2] = {0.0f, 0.0f};
+    float ag[1] = {0.0f}, au[1] = {0.0f};
     const i64 tasks = wg.ne[0] / Mmvq<Q>::TV;
-    for (i64 t = threadIdx.x; t < tasks; t += blockDim.x) {
-        Mmvq<Q>::template dot<1>(g, t, act, 0, acc);
-        Mmvq<Q>::template dot<1>(u, t, act, 0, acc + 1);
+    for (i64 t = lane; t < tasks; t += 32) {
+        Mmvq<Q>::template dot<1>(g, t, act, 0, ag);
+        Mmvq<Q>::template dot<1>(u, t, act, 0, au);
     }
-    block_reduce_cols<2>(acc);
-    __shared__ float gu[2];
-    if (threadIdx.x < 2) gu[threadIdx.x] = acc[0];
-    __syncthreads();
-    if (threadIdx.x == 0) F32::store(at(d, row, 0, 0, 0), act_silu(gu[0]) * gu[1]);
+    const float vg = warp_sum(ag[0]), vu = warp_sum(au[0]);
+    if (lane == 0) F32::store(at(d, row, 0, 0, 0), act_silu(vg) * vu);
 }
 
 #define MMVQ(nq, Q)                                                          \

@@ -38,14 +38,15 @@ fn mat_vec_bandwidth() {
     let x = rng.vec(k * 64, -1.0, 1.0);
     for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::F16] {
         let bytes = m * dt.row_size(k).unwrap();
+        let wdata: Vec<f32> = (0..m * k).map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1).collect();
+        let wb = to_bytes(dt, &wdata);
+        drop(wdata);
         // One weight repeated (largely L2-resident), and 8 weights rotated (> 200 MB: DRAM).
         for rotated in [false, true] {
             for n in [1usize, 2, 4, 8] {
                 if rotated && n != 1 {
                     continue;
                 }
-                let wdata: Vec<f32> = (0..m * k).map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1).collect();
-                let wb = to_bytes(dt, &wdata);
                 let mut g = Graph::new();
                 let v = g.input("v", DType::F32, &[k, n]).unwrap();
                 let mut inputs = vec![(v, to_bytes(DType::F32, &x[..k * n]))];

@@ -208,9 +208,12 @@ fn copies_and_conversions() {
         let qb = to_bytes(q, &x);
         let mut g = Graph::new();
         let a = g.input("a", q, &[512, 2]).unwrap();
-        let f = g.cast(a, DType::F32).unwrap();
+        // The destination is an input so that its memory is kept (the allocator pins a view's
+        // root only when the root itself is flagged).
+        let b = g.input("b", DType::F32, &[512, 2]).unwrap();
+        let f = g.cpy(a, b).unwrap();
         let d = g.dup(a).unwrap();
-        let out = run(&dev, &mut be, &mut g, &[(a, qb.clone())], &[f, d]);
+        let out = run(&dev, &mut be, &mut g, &[(a, qb.clone()), (b, vec![0u8; 4096])], &[f, d]);
         check(&format!("dequantize {}", q.name()), &from_bytes(DType::F32, &out[0], 1024), &from_bytes(q, &qb, 1024), 0.0);
         assert_eq!(out[1], qb, "dup {}", q.name());
     }

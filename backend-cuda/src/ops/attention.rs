@@ -30,9 +30,9 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     let tiles = rows.div_ceil(qt);
     let base_blocks = tiles * kv_heads * tq.ne[3];
     let nkv = tk.ne[1];
-    // Split the keys when there are too few blocks to fill the GPU, keeping >= 2 tiles each.
+    // Split the keys when there are too few blocks to fill the GPU, keeping >= 4 tiles each.
     let target = 2 * enc.dev.sm_count as usize;
-    let nsplit = if base_blocks >= target { 1 } else { target.div_ceil(base_blocks).min(nkv.div_ceil(2 * KTILE)).clamp(1, 256) };
+    let nsplit = if base_blocks >= target { 1 } else { target.div_ceil(base_blocks).min(nkv.div_ceil(4 * KTILE)).clamp(1, 256) };
     let mut p = params(da, &[qa, ka, va, ma]);
     p.f[0] = if softcap != 0.0 { scale / softcap } else { scale };
     p.f[1] = softcap;
@@ -56,7 +56,7 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
     if nsplit > 1 {
-        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [128, 1, 1], 0, p)?;
+        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [256, 1, 1], 0, p)?;
     }
     Ok(())
 }

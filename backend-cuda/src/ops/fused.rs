@@ -93,7 +93,7 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let q8 = quantize_q8(enc, xa, x.dtype)?;
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux = [q8.0, q8.1];
-    let grid = wg.ne[1] as u32;
+    let grid = (wg.ne[1] as u64).div_ceil(4) as u32;
     enc.launch("mmvq", &format!("mmvq_glu_{}", wg.dtype.name()), [grid, 1, 1], [128, 1, 1], 0, p)?;
     Ok(3)
 }

@@ -96,7 +96,7 @@ fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
     let rows = a.ne[1] as u64;
-    let grid = [rows as u32, (d.ne[2] * d.ne[3]) as u32, 1];
+    let grid = [rows.div_ceil(4) as u32, (d.ne[2] * d.ne[3]) as u32, 1];
     enc.launch("mmvq", &format!("mmvq_{}_{n}", qt.name()), grid, [128, 1, 1], 0, p)
 }
 

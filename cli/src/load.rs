@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
+use tessera::core::meta::{MetaDevice, SplitRatios};
 use tessera::cpu::CpuDevice;
 use tessera::{Device, Error, Result};
 use tessera_llm::{fetch, Model};
@@ -16,9 +17,14 @@ pub struct ModelArgs {
     /// GGUF model file; without it the test model (SmolLM2-135M-Instruct Q4_1) is fetched and cached.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Device: auto (the best present), cpu, cuda:0, wgpu:0.
+    /// Device: auto (the best present), cpu, cuda:0, wgpu:0, or meta:DEV,DEV[,...] to split the
+    /// model over several devices (tensor parallelism).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// How a meta device divides the model: auto (from free memory and a measured mat-vec) or a
+    /// share per part (0.6,0.4).
+    #[arg(long, default_value = "auto")]
+    pub split: String,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -39,6 +45,12 @@ fn cpu(args: &ModelArgs) -> Arc<dyn Device> {
 pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
     let fallback = cpu(args);
     let spec = args.device.trim();
+    if spec.starts_with("meta:") {
+        return Ok((meta_device(spec, &args.split, &fallback)?, fallback));
+    }
+    if args.split.trim() != "auto" {
+        return Err(Error::Invalid(format!("--split divides a meta device (--device meta:DEV,DEV), not {spec}")));
+    }
     if spec == "cpu" {
         return Ok((fallback.clone(), fallback));
     }
@@ -48,6 +60,26 @@ pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
         return Ok((fallback.clone(), fallback));
     }
     Ok((dev, fallback))
+}
+
+/// A meta device from its spec (`meta:cpu,cuda:0`) and split (`auto`, `0.6,0.4`): a `cpu` part
+/// is `cpu` (as configured by the flags), the others come from the registry.
+pub fn meta_device(spec: &str, split: &str, cpu: &Arc<dyn Device>) -> Result<Arc<dyn Device>> {
+    let ratios = SplitRatios::parse(split)?;
+    let reg = tessera::registry();
+    let parts = tessera::core::meta::parse_spec(spec)?
+        .iter()
+        .map(|p| {
+            if p == "cpu" {
+                return Ok(cpu.clone());
+            }
+            tessera::device(&reg, p).map_err(|e| match e {
+                Error::NoSuchDevice(what) => Error::NoSuchDevice(format!("{what}, a part of {spec}")),
+                other => other,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(MetaDevice::new(parts, &ratios)?))
 }
 
 /// The model path: `--model`, or the cached test model (fetched with a progress bar).

@@ -21,8 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List every device of every compiled-in backend.
-    Devices,
+    /// List every device of every compiled-in backend (and a meta device's parts with --meta).
+    Devices(devices::DevicesArgs),
     /// Generate text from a prompt, streaming it.
     Generate(generate::GenerateArgs),
     /// Chat interactively with the model's chat template.
@@ -40,7 +40,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Devices => devices::run(),
+        Command::Devices(a) => devices::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
         Command::Tokenize(a) => tokenize::run(a),

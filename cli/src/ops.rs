@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
+use tessera::core::meta::{InputPolicy, MetaDevice};
 use tessera::cpu::CpuDevice;
 use tessera::{Device, Error, Result};
 use tessera_conformance::{perf, test, test_registry, Filter, Options, Reference, Summary};
@@ -19,8 +20,9 @@ pub enum OpsCommand {
 /// Which device and cases.
 #[derive(Args, Debug)]
 pub struct OpsArgs {
-    /// Device or backend to test (cpu, cuda, cuda:0, wgpu:0); every device when absent. The CPU
-    /// is checked against an independent f64 implementation, every other device against the CPU.
+    /// Device or backend to test (cpu, cuda, cuda:0, wgpu:0, meta:cpu,cpu); every device when
+    /// absent. The CPU is checked against an independent f64 implementation, every other device
+    /// against the CPU.
     #[arg(long)]
     backend: Option<String>,
     /// Only these ops (comma-separated, e.g. MUL_MAT,rope).
@@ -35,6 +37,9 @@ pub struct OpsArgs {
     /// Skip the large cases (automatic on software adapters).
     #[arg(long)]
     skip_large: bool,
+    /// A meta backend's split: auto or a share per part (0.6,0.4).
+    #[arg(long, default_value = "auto")]
+    split: String,
 }
 
 impl OpsArgs {
@@ -54,9 +59,17 @@ impl OpsArgs {
     }
 }
 
-fn device(spec: &str) -> Result<Arc<dyn Device>> {
+/// The device under test. A meta device (`meta:cpu,cpu`) splits each case's inputs as far as
+/// its ops allow; a case that cannot be split at all is skipped with the reason.
+fn device(spec: &str, split: &str) -> Result<Arc<dyn Device>> {
     if spec == "cpu" {
         return Ok(Arc::new(CpuDevice::new()));
+    }
+    if spec.starts_with("meta:") {
+        let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+        let dev = crate::load::meta_device(spec, split, &cpu)?;
+        let meta = MetaDevice::from_device(dev.as_ref()).ok_or_else(|| Error::Invalid(format!("{spec} is not a meta device")))?;
+        return Ok(Arc::new(meta.with_input_policy(InputPolicy::MostSplit)));
     }
     tessera::device(&tessera::registry(), spec)
 }
@@ -78,7 +91,7 @@ fn run_test(a: OpsArgs) -> Result<()> {
     let summaries: Vec<Summary> = match &a.backend {
         None => test_registry(&tessera::registry(), &options, &mut print_line),
         Some(spec) => {
-            let dev = device(spec)?;
+            let dev = device(spec, &a.split)?;
             let reference = if dev.kind() == tessera::core::DeviceKind::Cpu {
                 Reference::F64
             } else {
@@ -110,7 +123,7 @@ fn run_test(a: OpsArgs) -> Result<()> {
 }
 
 fn run_perf(a: OpsArgs) -> Result<()> {
-    let dev = device(a.backend.as_deref().unwrap_or("cpu"))?;
+    let dev = device(a.backend.as_deref().unwrap_or("cpu"), &a.split)?;
     let filter = a.filter()?;
     println!("perf on {}", dev.name());
     let results = perf(&dev, &filter, &mut |r| println!("{r}"));

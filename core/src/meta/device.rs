@@ -191,8 +191,14 @@ impl Device for MetaDevice {
         DeviceKind::Meta
     }
 
+    /// The parts' memory added up, each device counted once (two `cpu` parts share the host's).
     fn memory(&self) -> Memory {
+        let mut seen: Vec<String> = Vec::new();
         self.shared.parts.iter().fold(Memory::default(), |m, p| {
+            if seen.contains(&p.name()) {
+                return m;
+            }
+            seen.push(p.name());
             let pm = p.memory();
             Memory { free: m.free.saturating_add(pm.free), total: m.total.saturating_add(pm.total) }
         })

@@ -4,6 +4,7 @@
 mod bench;
 mod devices;
 mod generate;
+mod gguf;
 mod load;
 mod ops;
 mod progress;
@@ -34,6 +35,9 @@ enum Command {
     /// The op conformance suite and op benchmarks.
     #[command(subcommand)]
     Ops(ops::OpsCommand),
+    /// GGUF tools: synthetic random-weight models, trimmed models.
+    #[command(subcommand)]
+    Gguf(gguf::GgufCommand),
 }
 
 fn main() {
@@ -46,6 +50,7 @@ fn main() {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Ops(c) => ops::run(c),
+        Command::Gguf(c) => gguf::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

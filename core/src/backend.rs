@@ -6,7 +6,7 @@
 //! - **Who checks what.** Graph builders ([`crate::Graph`]) check shapes, strides and types
 //!   when a node is made. A backend may assume a graph it is given is well formed, but must
 //!   check that every tensor it touches has memory it can reach ([`Device::can_use_buffer`]) and
-//!   return [`Error::Unsupported`] for an op or type it lacks; [`Backend::supports_op`] lets the
+//!   return [`Error::Unsupported`] for an op or type it lacks; [`Device::supports_op`] lets the
 //!   scheduler ask first. Buffers check every offset and length against their size.
 //! - **Nothing panics.** A missing driver or library means the backend lists no devices and
 //!   says why ([`BackendReg::devices`]); an allocation that fails is [`Error::OutOfMemory`]; a

@@ -69,7 +69,7 @@ pub enum Error {
     /// A GGUF file that cannot be read.
     #[error("GGUF {path}: {reason}")]
     Gguf {
-        /// The file (or "<memory>").
+        /// The file (or `<memory>`).
         path: String,
         /// What is wrong, and where in the file.
         reason: String,

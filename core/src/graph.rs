@@ -227,7 +227,7 @@ impl Graph {
         Ok(self.push(t))
     }
 
-    /// A view of `a` with shape `ne`, strides `nb` (nb[0] is implied) and byte offset.
+    /// A view of `a` with shape `ne`, strides `nb` (`nb[0]` is implied) and byte offset.
     pub fn view(&mut self, a: TensorId, ne: &[usize], nb: &[usize], offset: usize) -> Result<TensorId> {
         self.check_id(a, "VIEW")?;
         let ne = pad_ne(ne, "VIEW")?;
@@ -272,7 +272,7 @@ impl Graph {
         self.view_node(a, Op::Reshape, ne, nb, 0)
     }
 
-    /// `a` with axis i moved to position axes[i] (ggml's permute).
+    /// `a` with axis `i` moved to position `axes[i]` (ggml's permute).
     pub fn permute(&mut self, a: TensorId, axes: [usize; 4]) -> Result<TensorId> {
         self.check_id(a, "PERMUTE")?;
         let mut seen = [false; 4];
@@ -632,7 +632,7 @@ impl Graph {
         self.node(DType::F32, ne, Op::SoftMax { scale, max_bias }, src)
     }
 
-    /// Rotary position embedding: `a` [head_dim, heads, tokens, 1] (F32 or F16), `pos` I32 [tokens].
+    /// Rotary position embedding: `a` `[head_dim, heads, tokens, 1]` (F32 or F16), `pos` I32 `[tokens]`.
     pub fn rope(&mut self, a: TensorId, pos: TensorId, p: RopeParams) -> Result<TensorId> {
         self.check_id(a, "ROPE")?;
         self.check_id(pos, "ROPE")?;
@@ -756,7 +756,7 @@ impl Graph {
         self.node(DType::F32, ne, Op::Pad(p), vec![a])
     }
 
-    /// Sum of every element: F32 [1].
+    /// Sum of every element: F32 `[1]`.
     pub fn sum(&mut self, a: TensorId) -> Result<TensorId> {
         self.check_id(a, "SUM")?;
         let t = self.get(a);
@@ -787,7 +787,7 @@ impl Graph {
         self.row_reduce(a, Op::Mean)
     }
 
-    /// Index of the largest value of each row of a 2-D F32 tensor: I32 [ne1].
+    /// Index of the largest value of each row of a 2-D F32 tensor: I32 `[ne1]`.
     pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
         self.check_id(a, "ARGMAX")?;
         let t = self.get(a);

@@ -52,9 +52,9 @@ impl std::fmt::Debug for TensorData {
 pub struct Tensor {
     /// Element type.
     pub dtype: DType,
-    /// Elements along each axis; ne[0] is the contiguous one.
+    /// Elements along each axis; `ne[0]` is the contiguous one.
     pub ne: [usize; MAX_DIMS],
-    /// Byte stride of each axis (nb[0] is the block or element size for contiguous rows).
+    /// Byte stride of each axis (`nb[0]` is the block or element size for contiguous rows).
     pub nb: [usize; MAX_DIMS],
     /// How the tensor is computed.
     pub op: Op,
@@ -74,7 +74,7 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// Contiguous strides for a type and shape (ne[0] a whole number of blocks).
+    /// Contiguous strides for a type and shape (`ne[0]` a whole number of blocks).
     pub fn contiguous_strides(dtype: DType, ne: [usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
         let mut nb = [0; MAX_DIMS];
         nb[0] = dtype.type_size();
@@ -89,7 +89,7 @@ impl Tensor {
         self.ne.iter().product()
     }
 
-    /// Number of rows (elements / ne[0]).
+    /// Number of rows (elements / `ne[0]`).
     pub fn nrows(&self) -> usize {
         self.ne[1] * self.ne[2] * self.ne[3]
     }
@@ -126,7 +126,7 @@ impl Tensor {
         (0..MAX_DIMS).all(|i| self.ne[i] == 1 || self.nb[i] == expect[i])
     }
 
-    /// Whether each row's elements are contiguous (nb[0] is the element or block size).
+    /// Whether each row's elements are contiguous (`nb[0]` is the element or block size).
     pub fn rows_contiguous(&self) -> bool {
         self.nb[0] == self.dtype.type_size()
     }

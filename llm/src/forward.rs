@@ -21,15 +21,15 @@ pub struct StepShape {
 /// The graph's inputs and output.
 #[derive(Clone, Copy, Debug)]
 pub struct StepIo {
-    /// I32 [n_tokens]: token ids.
+    /// I32 `[n_tokens]`: token ids.
     pub tokens: TensorId,
-    /// I32 [n_tokens]: positions.
+    /// I32 `[n_tokens]`: positions.
     pub pos: TensorId,
-    /// I64 [n_tokens]: KV cache rows written.
+    /// I64 `[n_tokens]`: KV cache rows written.
     pub kv_rows: TensorId,
-    /// F16 [n_kv, n_tokens]: 0 where a token may attend a cell, -inf elsewhere.
+    /// F16 `[n_kv, n_tokens]`: 0 where a token may attend a cell, -inf elsewhere.
     pub mask: TensorId,
-    /// F32 [n_vocab, n_out]: the logits.
+    /// F32 `[n_vocab, n_out]`: the logits.
     pub logits: TensorId,
 }
 

@@ -1,5 +1,33 @@
 //! tessera-llm: run GGUF Llama-family models on tessera: tokenizer, model graph, KV cache,
-//! sampling, chat templates and generation.
+//! sampling, chat templates and generation; and make synthetic or trimmed models ([`synth`]).
+//!
+//! # Example
+//!
+//! Load a model onto the best device present (the CPU runs what that device cannot) and stream
+//! a completion:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use tessera::cpu::CpuDevice;
+//! use tessera::Device;
+//! use tessera_llm::generate::{generate, GenerateParams};
+//! use tessera_llm::{Context, ContextParams, Model};
+//!
+//! # fn main() -> tessera::Result<()> {
+//! let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+//! let device = tessera::registry().best()?;
+//! let model = Arc::new(Model::load("model.gguf", device, cpu, &mut |_, _| {})?);
+//! let mut ctx = Context::new(model.clone(), ContextParams::default())?;
+//! let prompt = model.tokenizer.encode("Once upon a time", true, false)?;
+//! let out = generate(&mut ctx, &prompt, &GenerateParams::default(), &mut |text| {
+//!     print!("{text}");
+//!     true // keep going
+//! })?;
+//! println!("\n{:.1} tokens/s", out.gen_tps());
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 pub mod chat;
 pub mod config;
@@ -11,6 +39,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod sampling;
 pub mod shard;
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,6 +1,16 @@
 //! Tests of the GGUF reader and writer: round trips, every kind of damage, the real model.
 
+use super::write::TensorData;
 use super::*;
+
+/// The bytes a writer holds for a tensor (tests add only byte tensors to the writers they
+/// inspect).
+fn held<'a>(d: &'a TensorData<'a>) -> &'a [u8] {
+    match d {
+        TensorData::Bytes(b) => b,
+        TensorData::Produced(_) => panic!("a produced tensor holds no bytes"),
+    }
+}
 
 /// A small valid file: metadata of every type (nested arrays included) and three tensors.
 fn sample_writer() -> GgufWriter<'static> {
@@ -102,9 +112,9 @@ fn gguf_round_trip_bytes() {
         assert_eq!(t.dtype, wt.dtype);
         assert_eq!(t.ne, wt.ne);
         assert_eq!(t.n_dims, wt.n_dims);
-        assert_eq!(t.size, data.len() as u64);
+        assert_eq!(t.size, held(data).len() as u64);
         assert_eq!(t.offset % 32, 0);
-        assert_eq!(f.tensor_data(t), &data[..]);
+        assert_eq!(f.tensor_data(t), held(data));
     }
     let q = f.tensor("w.q4_0").unwrap();
     assert_eq!(
@@ -181,7 +191,7 @@ fn gguf_round_trip_file_and_alignment() {
     assert_eq!(f.data_offset % 64, 0);
     for (t, (_, data)) in f.tensors.iter().zip(&w.tensors) {
         assert_eq!(t.offset % 64, 0);
-        assert_eq!(f.tensor_data(t), &data[..]);
+        assert_eq!(f.tensor_data(t), held(data));
     }
     let shared = f.mapping();
     let t = f.tensor("w.f32").unwrap();
@@ -189,6 +199,66 @@ fn gguf_round_trip_file_and_alignment() {
     assert_eq!(&shared[start..start + 8], &[0, 0, 0, 0, 0, 0, 0x80, 0x3f]);
     drop(f);
     assert_eq!(shared.len() as u64, std::fs::metadata(&path).unwrap().len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gguf_produced_tensors() {
+    // A produced tensor writes the same file as one given as bytes.
+    let f32_data: Vec<u8> = (0..8).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let calls = std::cell::Cell::new(0);
+    let mut given = GgufWriter::new();
+    given
+        .add_tensor("a", DType::F32, &[4, 2], f32_data.clone())
+        .unwrap();
+    given
+        .add_tensor("b", DType::F32, &[4, 2], f32_data.clone())
+        .unwrap();
+    let mut produced = GgufWriter::new();
+    produced
+        .add_tensor("a", DType::F32, &[4, 2], f32_data.clone())
+        .unwrap();
+    produced
+        .add_tensor_with("b", DType::F32, &[4, 2], |w| {
+            calls.set(calls.get() + 1);
+            // In two pieces, as a streaming producer writes.
+            w.write_all(&f32_data[..12])
+                .map_err(|e| Error::io("test", e))?;
+            w.write_all(&f32_data[12..])
+                .map_err(|e| Error::io("test", e))
+        })
+        .unwrap();
+    assert!(produced
+        .add_tensor_with("b", DType::F32, &[4], |_| Ok(()))
+        .is_err());
+    assert_eq!(produced.to_bytes().unwrap(), given.to_bytes().unwrap());
+    assert_eq!(calls.get(), 1);
+
+    // A producer that writes the wrong size, or fails, fails the write and leaves no file.
+    let dir = std::env::temp_dir().join(format!("tessera-gguf-produced-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.gguf");
+    let mut short = GgufWriter::new();
+    short
+        .add_tensor_with("s", DType::F32, &[4], |w| {
+            w.write_all(&[0; 12]).map_err(|e| Error::io("test", e))
+        })
+        .unwrap();
+    let e = short.write_file(&path).unwrap_err().to_string();
+    assert!(e.contains("'s'") && e.contains("wrote 12 bytes"), "{e}");
+    let mut failing = GgufWriter::new();
+    failing
+        .add_tensor_with("f", DType::F32, &[4], |_| {
+            Err(Error::Invalid("no data".into()))
+        })
+        .unwrap();
+    let e = failing.write_file(&path).unwrap_err().to_string();
+    assert_eq!(e, "no data");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "files left behind"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -22,8 +22,29 @@ use crate::error::{Error, Result};
 #[derive(Debug, Default)]
 pub struct GgufWriter<'a> {
     pub(super) metadata: Vec<(String, GgufValue)>,
-    pub(super) tensors: Vec<(GgufTensorInfo, Cow<'a, [u8]>)>,
+    pub(super) tensors: Vec<(GgufTensorInfo, TensorData<'a>)>,
     alignment: Option<u64>,
+}
+
+/// Writes one tensor's bytes, in order, while the file is written
+/// ([`GgufWriter::add_tensor_with`]).
+type TensorProducer<'a> = Box<dyn Fn(&mut dyn Write) -> Result<()> + 'a>;
+
+/// Where a tensor's bytes come from.
+pub(super) enum TensorData<'a> {
+    /// Given (or borrowed) when the tensor was added.
+    Bytes(Cow<'a, [u8]>),
+    /// Made when the file is written.
+    Produced(TensorProducer<'a>),
+}
+
+impl std::fmt::Debug for TensorData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            TensorData::Produced(_) => f.write_str("Produced"),
+        }
+    }
 }
 
 fn invalid(reason: String) -> Error {
@@ -65,6 +86,18 @@ fn check_value(key: &str, v: &GgufValue, depth: u32) -> Result<()> {
 struct Counting<W> {
     inner: W,
     n: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 impl<W: Write> Counting<W> {
@@ -165,8 +198,42 @@ impl<'a> GgufWriter<'a> {
         ne: &[u64],
         data: impl Into<Cow<'a, [u8]>>,
     ) -> Result<()> {
-        let name = name.into();
+        let info = self.tensor_info(name.into(), dtype, ne)?;
         let data = data.into();
+        if info.size != data.len() as u64 {
+            return Err(invalid(format!(
+                "tensor '{}': {dtype} shape {ne:?} takes {} bytes but {} were given",
+                info.name,
+                info.size,
+                data.len()
+            )));
+        }
+        self.tensors.push((info, TensorData::Bytes(data)));
+        Ok(())
+    }
+
+    /// Adds a tensor whose bytes are made while the file is written: `produce` is called once
+    /// per write ([`GgufWriter::write_to`], [`GgufWriter::write_file`]), in tensor order, and
+    /// must write exactly the size the type and shape give (else that write fails; a file
+    /// being written with [`GgufWriter::write_file`] is then removed). Nothing of the tensor is
+    /// held in memory by the writer, so files larger than memory can be made; the producer
+    /// should give the same bytes every time it is called. An error it returns ends the write
+    /// and is returned as it is.
+    pub fn add_tensor_with(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        ne: &[u64],
+        produce: impl Fn(&mut dyn Write) -> Result<()> + 'a,
+    ) -> Result<()> {
+        let info = self.tensor_info(name.into(), dtype, ne)?;
+        self.tensors
+            .push((info, TensorData::Produced(Box::new(produce))));
+        Ok(())
+    }
+
+    /// Checks a new tensor's name and shape and makes its info (offset filled in when written).
+    fn tensor_info(&self, name: String, dtype: DType, ne: &[u64]) -> Result<GgufTensorInfo> {
         if self.tensors.iter().any(|(t, _)| t.name == name) {
             return Err(invalid(format!("duplicate tensor name '{name}'")));
         }
@@ -180,33 +247,53 @@ impl<'a> GgufWriter<'a> {
         full[..ne.len()].copy_from_slice(ne);
         let size =
             tensor_size(dtype, &full).map_err(|r| invalid(format!("tensor '{name}': {r}")))?;
-        if size != data.len() as u64 {
-            return Err(invalid(format!(
-                "tensor '{name}': {dtype} shape {ne:?} takes {size} bytes but {} were given",
-                data.len()
-            )));
-        }
-        let info = GgufTensorInfo {
+        Ok(GgufTensorInfo {
             name,
             dtype,
             ne: full,
             n_dims: ne.len() as u32,
             offset: 0,
             size,
-        };
-        self.tensors.push((info, data));
-        Ok(())
+        })
     }
 
     /// Writes the file to `w`.
     pub fn write_to(&self, w: impl Write) -> Result<()> {
-        self.write_inner(w)
-            .map_err(|e| Error::io("writing GGUF", e))
+        self.write_inner(w, "writing GGUF")
     }
 
-    fn write_inner(&self, w: impl Write) -> std::io::Result<()> {
+    /// Writes the file; I/O errors name `ctx`.
+    fn write_inner(&self, w: impl Write, ctx: &str) -> Result<()> {
+        let io = |e| Error::io(ctx, e);
         let align = self.alignment();
         let mut w = Counting { inner: w, n: 0 };
+        self.write_header(&mut w).map_err(io)?;
+        for (t, data) in &self.tensors {
+            match data {
+                TensorData::Bytes(b) => w.put(b).map_err(io)?,
+                TensorData::Produced(produce) => {
+                    let start = w.n;
+                    produce(&mut w)?;
+                    let wrote = w.n - start;
+                    if wrote != t.size {
+                        return Err(invalid(format!(
+                            "tensor '{}': its producer wrote {wrote} bytes, but {} {:?} takes {}",
+                            t.name,
+                            t.dtype,
+                            t.shape(),
+                            t.size
+                        )));
+                    }
+                }
+            }
+            w.pad_to(align).map_err(io)?;
+        }
+        w.inner.flush().map_err(io)
+    }
+
+    /// Writes everything before the tensor data: header, metadata, tensor infos, padding.
+    fn write_header<W: Write>(&self, w: &mut Counting<W>) -> std::io::Result<()> {
+        let align = self.alignment();
         w.put(&GGUF_MAGIC)?;
         w.put(&WRITE_VERSION.to_le_bytes())?;
         w.put(&(self.tensors.len() as u64).to_le_bytes())?;
@@ -232,12 +319,7 @@ impl<'a> GgufWriter<'a> {
                 )
             })?;
         }
-        w.pad_to(align)?;
-        for (_, data) in &self.tensors {
-            w.put(data)?;
-            w.pad_to(align)?;
-        }
-        w.inner.flush()
+        w.pad_to(align)
     }
 
     /// The file as bytes.
@@ -279,18 +361,17 @@ impl<'a> GgufWriter<'a> {
     }
 
     fn write_temp(&self, tmp: &Path) -> Result<()> {
-        let ctx = || format!("writing {}", tmp.display());
+        let ctx = format!("writing {}", tmp.display());
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(tmp)
-            .map_err(|e| Error::io(ctx(), e))?;
-        let mut buf = std::io::BufWriter::new(file);
-        self.write_inner(&mut buf)
-            .map_err(|e| Error::io(ctx(), e))?;
+            .map_err(|e| Error::io(ctx.clone(), e))?;
+        let mut buf = std::io::BufWriter::with_capacity(1 << 20, file);
+        self.write_inner(&mut buf, &ctx)?;
         let file = buf
             .into_inner()
-            .map_err(|e| Error::io(ctx(), e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(ctx(), e))
+            .map_err(|e| Error::io(ctx.clone(), e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(ctx, e))
     }
 }

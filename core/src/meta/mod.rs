@@ -45,7 +45,7 @@
 //!   something is written (inputs and read-back results).
 //! - **Mixed device kinds overlap their transfers.** The generic all-reduce moves the tensor in
 //!   chunks through host memory with every backend's async copies, adding one chunk while the
-//!   parts copy out the next ([`reduce`] module); a backend communicator (NCCL for CUDA, from
+//!   parts copy out the next (the `reduce` module); a backend communicator (NCCL for CUDA, from
 //!   [`Device::communicator`]) replaces it when every part comes from one backend and offers one.
 //! - **Ratios are rounded to whole units** (quantization blocks, heads with their GQA group) by
 //!   largest remainders, and chosen automatically from a measured mat-vec benchmark limited by
@@ -55,7 +55,7 @@
 //!
 //! # Running
 //!
-//! [`MetaBackend::compute`] plans a graph once (`plan`): states, one graph per part with
+//! [`MetaBackend`]'s [`compute`](crate::Backend::compute) plans a graph once (`plan`): states, one graph per part with
 //! sliced shapes, stages cut at the all-reduces, and the transfers of inputs and results. It
 //! keeps a few plans and finds them again by comparing the graph's structure and bindings. A run
 //! uploads staged inputs' slices, runs the stages on every part with the all-reduces between

@@ -19,7 +19,7 @@
 //! decode to their text. One UTF-8 character may span several tokens: [`StreamDecoder`]
 //! emits text only once it is complete.
 
-mod bpe;
+pub(crate) mod bpe;
 mod pretok;
 mod spm;
 

@@ -1,0 +1,103 @@
+//! `tessera gguf synth` and `tessera gguf trim`: make random-weight models of a known shape, and
+//! cut real models down to their first layers.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::builder::PossibleValuesParser;
+use clap::{Args, Subcommand};
+use tessera::{DType, Result};
+use tessera_llm::fetch;
+use tessera_llm::synth::{self, Like};
+
+use crate::progress;
+
+/// GGUF model tools.
+#[derive(Subcommand)]
+pub enum GgufCommand {
+    /// Write a random-weight Llama model shaped like a known one.
+    Synth(SynthArgs),
+    /// Keep the first N layers of a model.
+    Trim(TrimArgs),
+}
+
+/// Arguments of `tessera gguf synth`.
+#[derive(Args)]
+pub struct SynthArgs {
+    /// The shape: smollm2-135m (the test model's exact layout and tokenizer), llama-1b
+    /// (Llama 3.2 1B) or llama-8b (Llama 3 8B), the Llama shapes with a generated vocabulary.
+    #[arg(long, value_parser = PossibleValuesParser::new(Like::NAMES))]
+    like: String,
+    /// Type of the weight matrices.
+    #[arg(long = "type", value_parser = PossibleValuesParser::new(["q4_0", "q4_1", "q8_0", "q4_k", "f16"]))]
+    dtype: String,
+    /// The file to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Arguments of `tessera gguf trim`.
+#[derive(Args)]
+pub struct TrimArgs {
+    /// How many layers to keep (from the first).
+    #[arg(long)]
+    layers: usize,
+    /// The model to trim.
+    input: PathBuf,
+    /// The file to write.
+    output: PathBuf,
+}
+
+/// Runs a `tessera gguf` command.
+pub fn run(cmd: GgufCommand) -> Result<()> {
+    match cmd {
+        GgufCommand::Synth(a) => run_synth(a),
+        GgufCommand::Trim(a) => run_trim(a),
+    }
+}
+
+fn run_synth(a: SynthArgs) -> Result<()> {
+    let like = Like::from_name(&a.like)?;
+    let dtype = DType::from_name(&a.dtype)?;
+    if like == Like::Smollm2_135m {
+        // The layout and tokenizer come from the test model: fetch it first, with its own bar.
+        let pb = progress::bytes_bar("fetching the test model");
+        let r = fetch::test_model(&mut progress::fetch_reporter(&pb));
+        pb.finish_and_clear();
+        r?;
+    }
+    let t0 = Instant::now();
+    let pb = progress::bytes_bar(&format!("writing {} {}", like.name(), dtype.name()));
+    let r = synth::synth(like, dtype, &a.out, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    });
+    pb.finish_and_clear();
+    r?;
+    report(&a.out, t0);
+    Ok(())
+}
+
+fn run_trim(a: TrimArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let pb = progress::bytes_bar(&format!("writing the first {} layers", a.layers));
+    let r = synth::trim(&a.input, a.layers, &a.output, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    });
+    pb.finish_and_clear();
+    r?;
+    report(&a.output, t0);
+    Ok(())
+}
+
+/// Prints what was written, and how long it took.
+fn report(path: &std::path::Path, t0: Instant) {
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "wrote {} ({:.1} MB) in {:.1} s",
+        path.display(),
+        size as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,302 @@
+//! Synthetic and trimmed models: their layout, their tokenizer, and that they load and generate
+//! on the CPU with finite logits.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tessera::core::gguf::{GgufFile, GgufWriter};
+use tessera::cpu::CpuDevice;
+use tessera::{DType, Device};
+use tessera_llm::generate::{generate, GenerateParams};
+use tessera_llm::sampling::SamplerConfig;
+use tessera_llm::synth::{self, Like, Shape, SYNTH_TYPES};
+use tessera_llm::tokenizer::Tokenizer;
+use tessera_llm::{Context, ContextParams, Model};
+
+/// A path in a fresh temporary directory (removed by [`Scratch`]'s drop).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("tessera-synth-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn entries(&self) -> usize {
+        std::fs::read_dir(&self.0).unwrap().count()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A small Llama shape (fast to write and run).
+fn small(tied_output: bool) -> Shape {
+    Shape {
+        n_embd: 256,
+        n_layer: 2,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        n_vocab: 2000,
+        rope_base: 500_000.0,
+        n_ctx_train: 2048,
+        tied_output,
+    }
+}
+
+/// Loads a model on the CPU, decodes a few tokens greedily checking that every logit is
+/// finite, then runs [`generate`] on it. Returns the model.
+fn load_and_generate(path: &Path) -> Arc<Model> {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let model = Arc::new(Model::load(path, cpu.clone(), cpu, &mut |_, _| {}).unwrap());
+    let params = ContextParams {
+        n_ctx: 256,
+        ..Default::default()
+    };
+    let mut ctx = Context::new(model.clone(), params).unwrap();
+    let prompt = model
+        .tokenizer
+        .encode("Once upon a time", true, false)
+        .unwrap();
+    let mut logits = ctx.eval(&prompt, false).unwrap();
+    for step in 0..4 {
+        assert_eq!(logits.len(), model.config.n_vocab);
+        assert!(
+            logits.iter().all(|x| x.is_finite()),
+            "non-finite logit at step {step}"
+        );
+        let next = common::argmax(&logits) as u32;
+        logits = ctx.eval(&[next], false).unwrap();
+    }
+    ctx.clear();
+    let params = GenerateParams {
+        max_tokens: 4,
+        sampler: SamplerConfig::greedy(),
+        stop_at_eog: false,
+    };
+    let g = generate(&mut ctx, &prompt, &params, &mut |_| true).unwrap();
+    assert_eq!(g.ids.len(), 4);
+    model
+}
+
+#[test]
+fn synth_smollm2_q8_0_copies_the_layout_and_generates() {
+    let dir = Scratch::new("smollm2");
+    let out = dir.file("smollm2-q8_0.gguf");
+    let mut last = (0, 0);
+    synth::synth(Like::Smollm2_135m, DType::Q8_0, &out, &mut |d, t| {
+        last = (d, t)
+    })
+    .unwrap();
+    assert!(
+        last.0 == last.1 && last.1 > 100_000_000,
+        "progress ended at {last:?}"
+    );
+
+    let real = GgufFile::open(common::model_path()).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(f.metadata.len(), real.metadata.len());
+    for ((k, v), (rk, rv)) in f.metadata.iter().zip(&real.metadata) {
+        assert_eq!(k, rk);
+        if k == "general.file_type" {
+            assert_eq!(v.as_u32(), Some(7), "MOSTLY_Q8_0");
+        } else {
+            assert_eq!(v, rv, "{k}");
+        }
+    }
+    assert_eq!(f.tensors.len(), 272);
+    for (t, r) in f.tensors.iter().zip(&real.tensors) {
+        assert_eq!((&t.name, t.ne), (&r.name, r.ne));
+        let want = match r.dtype {
+            DType::Q4_1 => DType::Q8_0,
+            other => other,
+        };
+        assert_eq!(t.dtype, want, "{}", t.name);
+    }
+    assert!(f.tensor("output.weight").is_err(), "tied output");
+    load_and_generate(&out);
+}
+
+#[test]
+fn synth_llama_shapes_in_every_type_generate() {
+    let dir = Scratch::new("shapes");
+    for (i, &dtype) in SYNTH_TYPES.iter().enumerate() {
+        let tied = i % 2 == 0;
+        let out = dir.file(&format!("small-{}.gguf", dtype.name()));
+        synth::synth_shape(&small(tied), dtype, &out, &mut |_, _| {}).unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        assert_eq!(f.tensors.len(), 1 + 2 * 9 + 1 + usize::from(!tied));
+        assert_eq!(f.get_u32("llama.block_count").unwrap(), 2);
+        for t in &f.tensors {
+            let want = if t.n_dims == 1 { DType::F32 } else { dtype };
+            assert_eq!(t.dtype, want, "{}", t.name);
+        }
+        let model = load_and_generate(&out);
+        assert_eq!(model.config.n_vocab, 2000);
+        assert_eq!(model.config.head_dim, 64);
+    }
+}
+
+#[test]
+fn synth_is_deterministic() {
+    let dir = Scratch::new("determinism");
+    let (a, b) = (dir.file("a.gguf"), dir.file("b.gguf"));
+    synth::synth_shape(&small(true), DType::Q4_0, &a, &mut |_, _| {}).unwrap();
+    synth::synth_shape(&small(true), DType::Q4_0, &b, &mut |_, _| {}).unwrap();
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn synth_generated_vocab_round_trips() {
+    // The full Llama 3 vocabulary size, on a tiny model.
+    let dir = Scratch::new("vocab");
+    let out = dir.file("vocab.gguf");
+    let shape = Shape {
+        n_embd: 64,
+        n_layer: 1,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        n_vocab: 128_256,
+        ..small(true)
+    };
+    synth::synth_shape(&shape, DType::Q8_0, &out, &mut |_, _| {}).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    assert_eq!(tok.n_vocab(), 128_256);
+    assert_eq!((tok.bos(), tok.eos()), (Some(128_000), Some(128_001)));
+    assert!(tok.is_eog(tok.token_id("<|eot_id|>").unwrap()));
+    for text in [
+        "Once upon a time, the little boat left the harbour.",
+        "  leading spaces, tabs\tand\nnew lines  ",
+        "numbers 1234567 and 3.14159; symbols #@$%^&*()[]{}",
+        "ünïcödé, 日本語のテキスト, emoji 😀👍",
+        "",
+    ] {
+        let ids = tok.encode(text, false, false).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+        if text.contains("boat") {
+            assert!(
+                ids.len() < text.len() / 2,
+                "merges apply: {} tokens",
+                ids.len()
+            );
+        }
+    }
+    let ids = tok
+        .encode("<|start_header_id|>user<|end_header_id|>", true, true)
+        .unwrap();
+    assert_eq!(ids[0], 128_000, "BOS added");
+    assert_eq!(ids[1], tok.token_id("<|start_header_id|>").unwrap());
+    assert_eq!(
+        *ids.last().unwrap(),
+        tok.token_id("<|end_header_id|>").unwrap()
+    );
+    load_and_generate(&out);
+}
+
+#[test]
+fn trim_test_model_to_two_layers() {
+    let dir = Scratch::new("trim");
+    let out = dir.file("trim2.gguf");
+    let real = GgufFile::open(common::model_path()).unwrap();
+    let mut last = (0, 0);
+    synth::trim(&common::model_path(), 2, &out, &mut |d, t| last = (d, t)).unwrap();
+    assert_eq!(last.0, last.1);
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(f.get_u32("llama.block_count").unwrap(), 2);
+    assert_eq!(f.tensors.len(), 2 * 9 + 2);
+    assert_eq!(f.metadata.len(), real.metadata.len());
+    for ((k, v), (_, rv)) in f.metadata.iter().zip(&real.metadata) {
+        if k != "llama.block_count" {
+            assert_eq!(v, rv, "{k}");
+        }
+    }
+    for t in &f.tensors {
+        let r = real.tensor(&t.name).unwrap();
+        assert_eq!((t.dtype, t.ne), (r.dtype, r.ne));
+        assert!(
+            f.tensor_data(t) == real.tensor_data(r),
+            "{} differs",
+            t.name
+        );
+    }
+    let model = load_and_generate(&out);
+    assert_eq!(model.config.n_layer, 2);
+}
+
+#[test]
+fn synth_and_trim_reject_bad_input() {
+    let dir = Scratch::new("errors");
+    let out = dir.file("out.gguf");
+    let model = common::model_path();
+    for layers in [0, 31] {
+        let e = synth::trim(&model, layers, &out, &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("cannot keep {layers} layers")) && e.contains("has 30"),
+            "{e}"
+        );
+    }
+    // A GGUF file of another architecture, and a file that is not GGUF.
+    let bert = dir.file("bert.gguf");
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "bert").unwrap();
+    w.write_file(&bert).unwrap();
+    let e = synth::trim(&bert, 1, &out, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'bert' is not supported"), "{e}");
+    let text = dir.file("notes.txt");
+    std::fs::write(&text, "not a model").unwrap();
+    assert!(synth::trim(&text, 1, &out, &mut |_, _| {}).is_err());
+    assert!(synth::trim(&dir.file("missing.gguf"), 1, &out, &mut |_, _| {}).is_err());
+
+    let e = synth::synth_shape(&small(true), DType::Q5_1, &out, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not q5_1"), "{e}");
+    let e = synth::synth(Like::Llama8b, DType::BF16, &out, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not bf16"), "{e}");
+    let odd = Shape {
+        n_head: 5,
+        ..small(true)
+    };
+    assert!(synth::synth_shape(&odd, DType::Q4_0, &out, &mut |_, _| {}).is_err());
+    let ragged = Shape {
+        n_embd: 200,
+        n_head: 5,
+        n_head_kv: 5,
+        ..small(true)
+    };
+    let e = synth::synth_shape(&ragged, DType::Q4_0, &out, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not whole q4_0 blocks"), "{e}");
+    let tiny = Shape {
+        n_vocab: 100,
+        ..small(true)
+    };
+    assert!(synth::synth_shape(&tiny, DType::Q4_0, &out, &mut |_, _| {}).is_err());
+    assert!(Like::from_name("gpt-5")
+        .unwrap_err()
+        .to_string()
+        .contains("llama-8b"));
+    assert_eq!(Like::from_name("llama-1b").unwrap(), Like::Llama1b);
+    // Nothing was written but the two inputs.
+    assert_eq!(dir.entries(), 2);
+}

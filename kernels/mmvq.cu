@@ -279,8 +279,7 @@ template <> struct Mmvq<Q6_K> {
     }
 };
 
-// One warp per output row (4 rows per block), batch blockIdx.y. Each lane prefetches into L2
-// the weights it will read two iterations ahead, so that more of the row is in flight.
+// One warp per output row (4 rows per block), batch blockIdx.y.
 template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     const TArg& d = p.t[0];
     const TArg& w = p.t[1];
@@ -295,11 +294,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] = 0.0f;
     const i64 tasks = w.ne[0] / Mmvq<Q>::TV;
-    const int task_bytes = QInfo<Q>::bytes * Mmvq<Q>::TV / QInfo<Q>::block;
-    for (i64 t = lane; t < tasks; t += 32) {
-        if (t + 64 < tasks) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + (t + 64) * task_bytes));
-        Mmvq<Q>::template dot<NC>(wrow, t, act, c0, acc);
-    }
+    for (i64 t = lane; t < tasks; t += 32) Mmvq<Q>::template dot<NC>(wrow, t, act, c0, acc);
 #pragma unroll
     for (int c = 0; c < NC; c++) {
         const float v = warp_sum(acc[c]);

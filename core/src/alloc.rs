@@ -115,10 +115,16 @@ pub fn plan(graph: &Graph, nodes: &[TensorId], alignment: usize) -> Plan {
             last_use[r.index()] = Some(pos);
         }
     }
-    let pinned = |id: TensorId| {
+    // A root is pinned (never freed or reused) when it, or any view of it, is an input or an
+    // output: a copy into a view marked as output must keep the root's memory.
+    let mut pinned_root = vec![false; n];
+    for id in graph.ids() {
         let f = graph.get(id).flags;
-        f.input || f.output
-    };
+        if f.input || f.output {
+            pinned_root[graph.root(id).0.index()] = true;
+        }
+    }
+    let pinned = |id: TensorId| pinned_root[id.index()];
 
     let mut free = FreeList::default();
     let mut offset_of: Vec<Option<usize>> = vec![None; n];
@@ -275,5 +281,23 @@ mod tests {
         let off = |id: TensorId| p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o).unwrap();
         assert_ne!(off(b), off(a), "exp must not run in place over an output");
         assert_ne!(off(c), off(a), "later tensors must not reuse an output's block");
+    }
+
+    #[test]
+    fn a_copy_into_a_view_marked_output_keeps_its_root() {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[256]).unwrap();
+        let dst = g.new_tensor(DType::F32, &[256]).unwrap();
+        let y = g.unary(x, crate::UnaryOp::Neg).unwrap();
+        let c = g.cpy(y, dst).unwrap();
+        g.set_output(c);
+        let z = g.unary(x, crate::UnaryOp::Exp).unwrap();
+        let w = g.unary(z, crate::UnaryOp::Sqr).unwrap();
+        let nodes: Vec<TensorId> = g.ids().collect();
+        let p = plan(&g, &nodes, 64);
+        let off = |id: TensorId| p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o).unwrap();
+        for later in [z, w] {
+            assert_ne!(off(later), off(dst), "the copy's destination is an output: keep it");
+        }
     }
 }

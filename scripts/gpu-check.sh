@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-BIN=./target/release/tessera
+BIN=${BIN:-./target/release/tessera}
 MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export NODEVICE_SELECT=1

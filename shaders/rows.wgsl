@@ -4,7 +4,7 @@
 // (any type T0; quantized rows dequantized), written as f32 (raw words for i32: OP 1).
 // set_rows: one invocation per element of src0 (the f32 rows b): written to dst row
 // idx[i1, i2 % ., i3 % .] (i32 or i64 indices: T1), converted to DT.
-// set_rows into a quantized dst (OP 3, QDST): one invocation per 32-value block of src0.
+// set_rows into a quantized dst (OP 3, QDST): one invocation per QK-value block of src0.
 // Defines: OP 0 get_rows, 1 get_rows raw words, 2 set_rows, 3 quantizing set_rows; QUANT:
 // T0 is quantized. Params: u.x: invocations.
 
@@ -22,12 +22,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
 #if QDST
-    let c = coords(i * 32u, P.s0.ne);
+    let c = coords(i * QK, P.s0.ne);
     let r = index1(P.off.z + c.y * P.s1.nb.x + (c.z % P.s1.ne.y) * P.s1.nb.y + (c.w % P.s1.ne.z) * P.s1.nb.z);
-    for (var j = 0u; j < 32u; j++) {
+    for (var j = 0u; j < QK; j++) {
         xs[j] = ld0(P.off.y + at(c, P.s0.nb) + j * P.s0.nb.x);
     }
-    quantize_block(DT, P.off.x + r * P.d.nb.y + c.z * P.d.nb.z + c.w * P.d.nb.w + (c.x / 32u) * P.d.nb.x);
+    quantize_block(DT, P.off.x + r * P.d.nb.y + c.z * P.d.nb.z + c.w * P.d.nb.w + (c.x / QK) * P.d.nb.x);
 #else
     if OP == 2u {
         let c = coords(i, P.s0.ne);

@@ -4,7 +4,8 @@
 // dst's logical order (dst may have another shape of the same element count: cpy).
 // Defines: OP: 0 convert-copy, 1 scale, 2 clamp, 3 raw 32-bit copy, 4 dequantizing copy
 // (src0 quantized, rows contiguous), 5 byte copy of quantized rows into a contiguous dst
-// (one invocation per word of dst), 6 quantizing copy (one invocation per block of dst),
+// (one invocation per word of dst), 6 quantizing copy (one invocation per block of dst,
+// QK values),
 // 10 + i for the i-th op of UnaryOp::ALL.
 // Params: f.x, f.y: scale and bias, or min and max; u.x: invocations; u.y, u.z: bytes and
 // row bytes of the byte copy.
@@ -82,8 +83,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         copy_bytes(i);
         return;
     }
-    for (var j = 0u; j < 32u; j++) {
-        xs[j] = ld0(P.off.y + at(coords(i * 32u + j, P.s0.ne), P.s0.nb));
+    for (var j = 0u; j < QK; j++) {
+        xs[j] = ld0(P.off.y + at(coords(i * QK + j, P.s0.ne), P.s0.nb));
     }
     quantize_block(DT, P.off.x + i * P.d.nb.x);
 #else

@@ -77,7 +77,7 @@ pub(crate) struct Launch {
 const EW_WG: u32 = 256;
 /// Invocations per workgroup of the row families (one workgroup per row).
 const ROW_WG: u32 = 64;
-/// Quantized types whose blocks the shaders dequantize.
+/// Quantized types whose blocks the shaders dequantize, and quantize into (cpy, set_rows).
 pub(crate) const QUANT: [DType; 10] = [
     DType::Q4_0,
     DType::Q4_1,
@@ -90,8 +90,6 @@ pub(crate) const QUANT: [DType; 10] = [
     DType::Q5_K,
     DType::Q6_K,
 ];
-/// Quantized types the shaders quantize into (cpy and set_rows).
-const QUANT_OUT: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0];
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
@@ -161,7 +159,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
     let ew = |variant: Variant, bind: Vec<TensorId>, mut p: Params, count: usize| {
         p.u[0] = count as u32;
         let bind = bind.into_iter().map(Bind::whole).collect();
-        vec![PlanOut { variant: variant.def("WG", EW_WG), bind, params: p, groups: count.div_ceil(EW_WG as usize), groups_3d: None }]
+        let wg = ew_wg(&variant);
+        vec![PlanOut { variant: variant.def("WG", wg), bind, params: p, groups: count.div_ceil(wg as usize), groups_3d: None }]
     };
     match &t.op {
         Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } => {
@@ -197,8 +196,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 p.u[1] = t.nbytes() as u32;
                 p.u[2] = t.row_bytes() as u32;
                 return Ok(ew(unary_variant(5, from, to), vec![id, t.src[0]], p, t.nbytes() / 4 + 2));
-            } else if FLOATS.contains(&from) && QUANT_OUT.contains(&to) && t.is_contiguous() {
-                return Ok(ew(unary_variant(6, from, to), vec![id, t.src[0]], p, n / 32));
+            } else if FLOATS.contains(&from) && QUANT.contains(&to) && t.is_contiguous() {
+                return Ok(ew(unary_variant(6, from, to), vec![id, t.src[0]], p, n / to.block_size()));
             } else {
                 return Err(format!("copy from {from} to {to}"));
             };
@@ -269,13 +268,13 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
         }
         Op::SetRows => {
             let (d, idx) = (t.dtype, srcs[2].dtype);
-            if !FLOATS.contains(&d) && !QUANT_OUT.contains(&d) {
+            if !FLOATS.contains(&d) && !QUANT.contains(&d) {
                 return Err(format!("destination type {d}"));
             }
             // Slots: dst = a (this node's memory), src0 = the f32 rows, src1 = indices.
             p.desc[1] = desc(srcs[1]);
             p.desc[2] = desc(srcs[2]);
-            let (op, count) = if d.is_quantized() { (3, srcs[1].nelements() / 32) } else { (2, srcs[1].nelements()) };
+            let (op, count) = if d.is_quantized() { (3, srcs[1].nelements() / d.block_size()) } else { (2, srcs[1].nelements()) };
             Ok(ew(rows_variant(op, DType::F32, idx, d), vec![id, t.src[1], t.src[2]], p, count))
         }
         Op::MulMat => {
@@ -398,6 +397,17 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             Ok(ew(shape_variant(4, DType::F32, DType::F32), vec![id, id, id], p, n))
         }
         op => Err(format!("op {}", op.name())),
+    }
+}
+
+/// Invocations per workgroup of an element-wise variant: one for quantizing into K types (their
+/// scratch is workgroup memory, see `quantize.wgsl`), else [`EW_WG`].
+fn ew_wg(v: &Variant) -> u32 {
+    let kquant = [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K].iter().any(|t| v.is_type("DT", *t));
+    if kquant {
+        1
+    } else {
+        EW_WG
     }
 }
 
@@ -531,7 +541,10 @@ fn shape_variant(op: u32, a: DType, to: DType) -> Variant {
 #[cfg(test)]
 pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
     let mut v = Vec::new();
-    let ew = |x: Variant| x.def("WG", EW_WG);
+    let ew = |x: Variant| {
+        let wg = ew_wg(&x);
+        x.def("WG", wg)
+    };
     let row = |x: Variant| x.def("WG", ROW_WG);
     match family {
         Family::Unary => {
@@ -550,7 +563,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 v.push(ew(unary_variant(5, q, q)));
             }
             for &a in &FLOATS {
-                for &q in &QUANT_OUT {
+                for &q in &QUANT {
                     v.push(ew(unary_variant(6, a, q)));
                 }
             }
@@ -583,7 +596,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 for &d in &FLOATS {
                     v.push(ew(rows_variant(2, DType::F32, idx, d)));
                 }
-                for &d in &QUANT_OUT {
+                for &d in &QUANT {
                     v.push(ew(rows_variant(3, DType::F32, idx, d)));
                 }
             }

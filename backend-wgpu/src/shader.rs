@@ -16,8 +16,8 @@
 //! and the code that differs between variants is a `#if` block or a constant, never a copy.
 //! The defines every variant has (with their defaults) are `T0`..`T3` and `DT` (source and
 //! destination types as GGUF type ids, 0 = f32), `DST16` and `ATOMIC` (derived: the
-//! destination is 16-bit; it is 16-bit or quantized, and written with atomics), `QDST`
-//! (derived: the destination is quantized),
+//! destination is 16-bit; it is 16-bit or quantized, and written with atomics), `QDST`, `QK`
+//! and `KQUANT` (derived: the destination is quantized, its block size, it is a K type),
 //! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
 //! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32).
 //!
@@ -142,6 +142,11 @@ impl Variant {
         self.def(name, t.gguf_id())
     }
 
+    /// Whether the type define `name` is `t`.
+    pub fn is_type(&self, name: &str, t: DType) -> bool {
+        self.get(name) == Some(t.gguf_id())
+    }
+
     /// A define's value.
     fn get(&self, name: &str) -> Option<u32> {
         self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
@@ -157,8 +162,15 @@ impl Variant {
     pub fn source(&self) -> Result<String, String> {
         let dt = self.get("DT").unwrap_or(0);
         let dst16 = u32::from(dt == DType::F16.gguf_id() || dt == DType::BF16.gguf_id());
-        let qdst = u32::from(DType::ALL.iter().any(|t| t.is_quantized() && t.gguf_id() == dt));
-        let v = self.clone().def("DST16", dst16).def("ATOMIC", dst16 | qdst).def("QDST", qdst);
+        let qk = DType::ALL.iter().find(|t| t.is_quantized() && t.gguf_id() == dt).map_or(0, |t| t.block_size() as u32);
+        let qdst = u32::from(qk > 0);
+        let v = self
+            .clone()
+            .def("DST16", dst16)
+            .def("ATOMIC", dst16 | qdst)
+            .def("QDST", qdst)
+            .def("QK", qk)
+            .def("KQUANT", u32::from(qk == 256));
         let mut out = String::new();
         v.expand("common", COMMON, &mut out)?;
         if self.family.dequantizes() {

@@ -113,3 +113,29 @@ fn heads_that_cannot_be_divided_are_refused() {
     let msg = e.to_string();
     assert!(msg.contains("3 KV heads") && msg.contains("ratio 0"), "{msg}");
 }
+
+/// A CPU and a wgpu adapter (lavapipe in CI) as one meta device; skipped, saying so, when the
+/// facade has no wgpu device (built without the `wgpu` feature).
+#[test]
+fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
+    let Ok(gpu) = tessera::registry().find("wgpu:0") else {
+        println!("skipped: no wgpu:0 device (build with the wgpu feature)");
+        return;
+    };
+    let r = reference("smollm2-greedy.json");
+    let cpu = cpu_model();
+    let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
+    let model = load(Arc::new(MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap())).unwrap();
+    // Software Vulkan is slow: two short prompts, a few steps.
+    const N: usize = 6;
+    for p in r["prompts"].as_array().unwrap().iter().filter(|p| ["raw_france", "raw_list"].contains(&p["name"].as_str().unwrap())) {
+        let prompt = ids(&p["prompt_ids"]);
+        let (toks, logits) = greedy(&cpu, &prompt, N);
+        let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(N);
+        let (got, _) = greedy(&model, &prompt, N);
+        let matched = got.iter().zip(&toks).take_while(|(a, b)| a == b).count();
+        let name = p["name"].as_str().unwrap();
+        println!("  {} {name}: matched {matched}/{N}, first near-tie at {tie}", model.device().name());
+        assert!(matched >= tie, "{name}: diverged at step {matched} before the near-tie at {tie}");
+    }
+}

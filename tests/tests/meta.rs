@@ -424,3 +424,24 @@ fn bad_meta_specs_and_ratios_give_clear_errors() {
     assert_eq!(d.parts().len(), 2);
     assert_eq!(MetaDevice::from_device(d.as_ref()).unwrap().ratios(), &[0.5, 0.5]);
 }
+
+/// A CPU and a wgpu adapter (lavapipe in CI) as one meta device; skipped, saying so, when the
+/// facade has no wgpu device (built without the `wgpu` feature).
+#[test]
+fn splittable_cases_match_the_cpu_on_cpu_and_wgpu_parts() {
+    let Ok(gpu) = tessera::registry().find("wgpu:0") else {
+        println!("skipped: no wgpu:0 device (build with the wgpu feature)");
+        return;
+    };
+    let m = MetaDevice::new(vec![cpu(), gpu], &SplitRatios::Given(vec![0.6, 0.4])).unwrap();
+    let dev: Arc<dyn Device> = Arc::new(m.with_input_policy(InputPolicy::MostSplit));
+    let mut options = Options::default();
+    options.filter.skip_large = true;
+    let s = test(&dev, &Reference::Device(cpu()), &options, &mut |_| {});
+    println!("{s}");
+    for f in s.failures() {
+        eprintln!("{f}");
+    }
+    assert_eq!(s.failed(), 0, "{}", s.totals());
+    assert!(s.passed() > 700, "{}", s.totals());
+}

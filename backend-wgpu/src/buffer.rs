@@ -85,7 +85,7 @@ impl WgpuBuffer {
     /// largest binding size starting at the aligned offset at or below the tensor.
     pub(crate) fn window(&self, offset: usize, len: usize, what: &str) -> Result<(Window, u32)> {
         let total = self.buffer.size();
-        let max = self.gpu.limits.max_storage_buffer_binding_size / 4 * 4;
+        let max = self.gpu.max_binding();
         let (base, size) = if total <= max {
             (0, total)
         } else {

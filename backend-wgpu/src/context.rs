@@ -145,6 +145,12 @@ impl Gpu {
         }
     }
 
+    /// Bytes of the largest storage binding the shaders use: the adapter's limit, at most 2 GiB
+    /// (the shaders address bytes in u32), a multiple of 4.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(1 << 31) / 4 * 4
+    }
+
     /// A fresh buffer id.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

@@ -285,7 +285,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;
             p.u[2] = (b.ne[3] / a.ne[3]) as u32;
             // Weights larger than one storage binding run as several launches over row ranges.
-            let usable = (gpu.limits.max_storage_buffer_binding_size as usize)
+            let usable = (gpu.max_binding() as usize)
                 .saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
             let chunk = if a.nbytes() <= usable {
                 a.ne[1]

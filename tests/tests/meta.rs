@@ -445,3 +445,18 @@ fn splittable_cases_match_the_cpu_on_cpu_and_wgpu_parts() {
     assert_eq!(s.failed(), 0, "{}", s.totals());
     assert!(s.passed() > 700, "{}", s.totals());
 }
+
+#[test]
+fn partial_results_can_be_summed_in_bf16() {
+    let ratios = [0.7, 0.3];
+    let want = eval(&cpu(), &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
+    let (dev, logs) = recording_meta(&ratios);
+    let dev: Arc<dyn Device> = Arc::new(MetaDevice::from_device(dev.as_ref()).unwrap().with_bf16_reduce(0));
+    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
+    // bf16 keeps 8 significant bits: about 4e-3 relative per value.
+    assert_close(&want, &got, 1e-4);
+    let e = nmse(&want[0], &got[0]);
+    assert!(e > 0.0, "the bf16 path ran as f32");
+    let log = logs[0].lock().unwrap();
+    assert!(log.iter().filter(|(op, _)| op == "CPY").count() >= 2, "no casts around the all-reduce: {log:?}");
+}

@@ -135,7 +135,7 @@ impl MetaBackend {
             return Ok(i);
         }
         let s = &self.shared;
-        let plan = plan::build(graph, nodes, &mut self.allocators, s.policy, &s.ratios, &s.name)?;
+        let plan = plan::build(graph, nodes, &mut self.allocators, s.policy, &s.ratios, s.bf16_above, &s.name)?;
         log::debug!(
             "{}: planned {} nodes in {} stages, {} uploads, {} gathers",
             s.name,
@@ -209,9 +209,9 @@ fn run(
                         for b in backends.iter_mut() {
                             b.synchronize()?;
                         }
-                        c.all_reduce(&bufs, item.count, ReduceType::F32)?;
+                        c.all_reduce(&bufs, item.count, if item.bf16 { ReduceType::BF16 } else { ReduceType::F32 })?;
                     }
-                    None => host.all_reduce(backends, &bufs, item.count)?,
+                    None => host.all_reduce(backends, &bufs, item.count, item.bf16)?,
                 }
             }
         }

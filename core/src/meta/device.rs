@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub ratios: Vec<f64>,
     pub policy: InputPolicy,
     pub name: String,
+    /// Partial results of at least this many bytes are all-reduced in bf16.
+    pub bf16_above: Option<usize>,
 }
 
 impl Shared {
@@ -84,7 +86,7 @@ impl MetaDevice {
             SplitRatios::Auto => ratio::auto_ratios(&parts)?,
         };
         let name = format!("meta:{}", parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(","));
-        Ok(MetaDevice { shared: Arc::new(Shared { parts, ratios, policy: InputPolicy::Mirrored, name }) })
+        Ok(MetaDevice { shared: Arc::new(Shared { parts, ratios, policy: InputPolicy::Mirrored, name, bf16_above: None }) })
     }
 
     /// The meta device behind a `dyn Device`, if it is one.
@@ -92,12 +94,29 @@ impl MetaDevice {
         device.as_any().downcast_ref::<MetaDevice>()
     }
 
+    fn with(&self, change: impl FnOnce(&mut Shared)) -> MetaDevice {
+        let s = &self.shared;
+        let mut shared = Shared {
+            parts: s.parts.clone(),
+            ratios: s.ratios.clone(),
+            policy: s.policy,
+            name: s.name.clone(),
+            bf16_above: s.bf16_above,
+        };
+        change(&mut shared);
+        MetaDevice { shared: Arc::new(shared) }
+    }
+
     /// The same parts and ratios with another policy for staged inputs.
     pub fn with_input_policy(&self, policy: InputPolicy) -> MetaDevice {
-        let s = &self.shared;
-        MetaDevice {
-            shared: Arc::new(Shared { parts: s.parts.clone(), ratios: s.ratios.clone(), policy, name: s.name.clone() }),
-        }
+        self.with(|s| s.policy = policy)
+    }
+
+    /// The same device, all-reducing partial results of at least `min_bytes` bytes in bf16:
+    /// each part casts its partial sum to bf16, the bf16 values are summed (in f32) and cast
+    /// back. Half the bytes move, at bf16's precision (8 significant bits).
+    pub fn with_bf16_reduce(&self, min_bytes: usize) -> MetaDevice {
+        self.with(|s| s.bf16_above = Some(min_bytes))
     }
 
     /// Each part's share of the work (summing to 1).

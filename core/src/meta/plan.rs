@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use crate::alloc::GraphAllocator;
 use crate::backend::Buffer;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::op::Op;
@@ -82,6 +83,8 @@ pub(crate) struct Transfer {
 pub(crate) struct ReduceItem {
     pub part: Vec<TensorId>,
     pub count: usize,
+    /// The values move and add as bf16 (cast from f32 before, back after).
+    pub bf16: bool,
 }
 
 /// A planned graph.
@@ -212,7 +215,7 @@ impl Deriver<'_> {
                         if self.inputs.contains_key(&root) || self.d.state(root) != Some(&SplitState::Partial) {
                             return Err(split_err(g, id, &format!("its source '{}' is partial but cannot be summed", g.label(root))));
                         }
-                        if g.get(root).dtype != crate::dtype::DType::F32 {
+                        if g.get(root).dtype != DType::F32 {
                             return Err(split_err(g, root, "a partial result must be f32 to be summed across parts"));
                         }
                         self.d.reduced[root.index()] = true;
@@ -492,6 +495,29 @@ impl PartBuilder<'_> {
         Ok(p)
     }
 
+    /// For partial f32 root `p`: a bf16 copy of it (`to`, what is all-reduced) and the copy
+    /// back into `p` after the all-reduce (`back`).
+    fn bf16_pair(&mut self, p: TensorId) -> (TensorId, TensorId) {
+        let t = self.pg.get(p).clone();
+        let nb = Tensor::contiguous_strides(DType::BF16, t.ne);
+        let node = |dtype, nb, op, src, view_src, name: String| Tensor {
+            dtype,
+            ne: t.ne,
+            nb,
+            op,
+            src,
+            view_src,
+            view_offset: 0,
+            name,
+            flags: TensorFlags::default(),
+            data: None,
+        };
+        let leaf = self.push(node(DType::BF16, nb, Op::None, vec![], None, format!("{}#bf16", t.name)));
+        let to = self.push(node(DType::BF16, nb, Op::Cpy, vec![p, leaf], Some(leaf), format!("{}#to_bf16", t.name)));
+        let back = self.push(node(t.dtype, t.nb, Op::Cpy, vec![to, p], Some(p), format!("{}#summed", t.name)));
+        (to, back)
+    }
+
     /// The part tensor's root and its byte offset in it.
     fn root_of(&self, p: TensorId) -> (TensorId, usize) {
         self.pg.root(p)
@@ -621,6 +647,14 @@ impl PartBuilder<'_> {
     }
 }
 
+/// Appends node `p` to the stage's last compute action (or starts one).
+fn push_compute(stage: &mut Vec<Action>, p: TensorId) {
+    match stage.last_mut() {
+        Some(Action::Compute(list)) => list.push(p),
+        _ => stage.push(Action::Compute(vec![p])),
+    }
+}
+
 /// Plans `nodes` of `g` over the parts (`allocators[j]` gives part `j`'s compute memory).
 pub(crate) fn build(
     g: &Graph,
@@ -628,8 +662,10 @@ pub(crate) fn build(
     allocators: &mut [GraphAllocator],
     policy: InputPolicy,
     ratios: &[f64],
+    bf16_above: Option<usize>,
     device: &str,
 ) -> Result<Plan> {
+    let bf16 = |r: TensorId| bf16_above.is_some_and(|min| g.get(r).nbytes() >= min);
     let n_parts = allocators.len();
     let sh = shape(g, nodes)?;
     let srcs = sources(g, &sh.inputs, n_parts)?;
@@ -658,6 +694,7 @@ pub(crate) fn build(
 
     let mut parts = Vec::with_capacity(n_parts);
     let mut part_maps = Vec::with_capacity(n_parts);
+    let mut bf16_maps: Vec<HashMap<TensorId, TensorId>> = Vec::with_capacity(n_parts);
     for (j, alloc) in allocators.iter_mut().enumerate() {
         let mut b = PartBuilder {
             g,
@@ -671,9 +708,24 @@ pub(crate) fn build(
         };
         let mut stages: Vec<Vec<Action>> = vec![Vec::new()];
         let mut order: Vec<TensorId> = Vec::new();
+        let mut bf16_of: HashMap<TensorId, TensorId> = HashMap::new();
         for &id in &computed {
-            if !d.reduce_before[id.index()].is_empty() {
+            let before = &d.reduce_before[id.index()];
+            if !before.is_empty() {
+                let mut backs = Vec::new();
+                for &r in before.iter().filter(|&&r| bf16(r)) {
+                    let pr = b.part(r)?;
+                    let (to, back) = b.bf16_pair(pr);
+                    push_compute(stages.last_mut().expect("never empty"), to);
+                    order.push(to);
+                    bf16_of.insert(r, to);
+                    backs.push(back);
+                }
                 stages.push(Vec::new());
+                for back in backs {
+                    push_compute(stages.last_mut().expect("pushed above"), back);
+                    order.push(back);
+                }
             }
             let p = b.part(id)?;
             order.push(p);
@@ -690,10 +742,9 @@ pub(crate) fn build(
             } else {
                 Action::Compute(vec![p])
             };
-            let stage = stages.last_mut().expect("pushed above");
-            match (stage.last_mut(), action) {
-                (Some(Action::Compute(list)), Action::Compute(one)) => list.extend(one),
-                (_, a) => stage.push(a),
+            match action {
+                Action::Compute(_) => push_compute(stages.last_mut().expect("never empty"), p),
+                zero => stages.last_mut().expect("never empty").push(zero),
             }
         }
         for &r in &visible {
@@ -713,6 +764,7 @@ pub(crate) fn build(
         alloc_list.extend(order);
         alloc.alloc(&mut b.pg, &alloc_list)?;
         part_maps.push(b.map);
+        bf16_maps.push(bf16_of);
         parts.push(PartPlan { graph: b.pg, stages });
     }
 
@@ -737,12 +789,15 @@ pub(crate) fn build(
         }
         let mut items = Vec::new();
         for &r in before {
-            let ids = part_ids(r);
-            let part: Vec<TensorId> = ids.iter().flatten().copied().collect();
+            let part: Vec<TensorId> = if bf16(r) {
+                bf16_maps.iter().filter_map(|m| m.get(&r).copied()).collect()
+            } else {
+                part_ids(r).into_iter().flatten().collect()
+            };
             if part.len() != n_parts {
                 return Err(split_err(g, r, "a partial result has no memory on some part"));
             }
-            items.push(ReduceItem { part, count: g.get(r).nelements() });
+            items.push(ReduceItem { part, count: g.get(r).nelements(), bf16: bf16(r) });
         }
         reduces.push(items);
     }

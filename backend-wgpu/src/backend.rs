@@ -1,8 +1,9 @@
 //! [`WgpuBackend`]: a stream on one device. A graph is turned into launches, their parameter
 //! blocks are written into one uniform buffer (each at a dynamic offset), and every dispatch
 //! is recorded in one compute pass of one command buffer and submitted once; nothing is read
-//! back. Pipelines and bind groups come from the device's caches, so a graph run again costs
-//! only the encoding.
+//! back. The resolved dispatches (pipelines, bind groups, parameters) are kept as a
+//! [`Recording`] under the graph's fingerprint: a graph run again (a model's step graph, token
+//! after token) is replayed from it without deciding anything again.
 
 use std::sync::Arc;
 
@@ -12,6 +13,28 @@ use tessera_core::{Error, Graph, Result, TensorId};
 use crate::buffer::WgpuBuffer;
 use crate::context::{Gpu, Window, PARAMS_SIZE};
 use crate::ops::{self, Bind};
+
+/// One dispatch of a recorded graph.
+struct Dispatch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    group: Arc<wgpu::BindGroup>,
+    /// Offset of its parameter block.
+    offset: u32,
+    groups: [u32; 3],
+}
+
+/// A graph's dispatches, decided and resolved once and replayed while the graph (its nodes,
+/// shapes, types, op parameters and memory: [`ops::fingerprint`]) stays the same.
+pub(crate) struct Recording {
+    /// The fingerprint it was recorded for.
+    pub key: Vec<u64>,
+    /// Ids of the buffers it binds (sorted), so that freeing one forgets it.
+    pub buffers: Vec<u64>,
+    /// The parameter buffer its bind groups use, and the blocks to write there.
+    params: wgpu::Buffer,
+    bytes: Vec<u8>,
+    dispatches: Vec<Dispatch>,
+}
 
 /// A stream of work on one wgpu device.
 pub struct WgpuBackend {
@@ -53,6 +76,41 @@ impl WgpuBackend {
         Ok((id, buf))
     }
 
+    /// Decides the launches of `nodes` and resolves their pipelines, bind groups and
+    /// parameters into a [`Recording`] (`None`: nothing to run).
+    fn record(&mut self, graph: &Graph, nodes: &[TensorId], key: Vec<u64>) -> Result<Option<Recording>> {
+        let mut launches = Vec::new();
+        for &id in nodes {
+            launches.extend(ops::launches(&self.gpu, graph, id)?);
+        }
+        if launches.is_empty() {
+            return Ok(None);
+        }
+        let stride = PARAMS_SIZE.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
+        let (params_id, params) = self.params_buffer(stride * launches.len() as u64)?;
+        let mut bytes = vec![0u8; (stride as usize) * launches.len()];
+        let mut dispatches = Vec::with_capacity(launches.len());
+        let mut buffers = vec![params_id];
+        for (i, l) in launches.iter_mut().enumerate() {
+            let mut storage = Vec::with_capacity(l.bind.len());
+            for (k, bind) in l.bind.iter().enumerate() {
+                let (win, buf, off) = self.binding(graph, bind)?;
+                l.params.set_offset(k, off);
+                buffers.push(win.id);
+                storage.push((win, buf));
+            }
+            let at = i * stride as usize;
+            bytes[at..at + PARAMS_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&l.params));
+            let pipeline = self.gpu.pipeline(&l.variant)?;
+            let refs: Vec<(Window, &wgpu::Buffer)> = storage.iter().map(|(w, b)| (w.clone(), b)).collect();
+            let group = self.gpu.bind_group(l.variant.family, &refs, (params_id, &params));
+            dispatches.push(Dispatch { pipeline, group, offset: (i as u64 * stride) as u32, groups: l.groups });
+        }
+        buffers.sort_unstable();
+        buffers.dedup();
+        Ok(Some(Recording { key, buffers, params, bytes, dispatches }))
+    }
+
     /// The window and wgpu buffer of a binding's memory, and its byte offset in the window.
     fn binding(&self, graph: &Graph, bind: &Bind) -> Result<(Window, wgpu::Buffer, u32)> {
         let id = bind.id;
@@ -74,39 +132,28 @@ impl Backend for WgpuBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         self.gpu.check()?;
-        let mut launches = Vec::new();
-        for &id in nodes {
-            launches.extend(ops::launches(&self.gpu, graph, id)?);
-        }
-        if launches.is_empty() {
-            return Ok(());
-        }
-        let stride = PARAMS_SIZE.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
-        let (params_id, params_buf) = self.params_buffer(stride * launches.len() as u64)?;
-        let mut bytes = vec![0u8; (stride as usize) * launches.len()];
-        let mut encoded = Vec::with_capacity(launches.len());
-        for (i, l) in launches.iter_mut().enumerate() {
-            let mut storage = Vec::with_capacity(l.bind.len());
-            for (k, bind) in l.bind.iter().enumerate() {
-                let (win, buf, off) = self.binding(graph, bind)?;
-                l.params.set_offset(k, off);
-                storage.push((win, buf));
-            }
-            let at = i * stride as usize;
-            bytes[at..at + PARAMS_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&l.params));
-            let pipeline = self.gpu.pipeline(&l.variant)?;
-            let refs: Vec<(Window, &wgpu::Buffer)> = storage.iter().map(|(w, b)| (w.clone(), b)).collect();
-            let group = self.gpu.bind_group(l.variant.family, &refs, (params_id, &params_buf));
-            encoded.push((pipeline, group, (i as u64 * stride) as u32, l.groups));
-        }
-        self.gpu.queue.write_buffer(&params_buf, 0, &bytes);
+        let mut key = Vec::with_capacity(nodes.len() * 48);
+        ops::fingerprint(graph, nodes, &mut key);
+        let hash = key.iter().fold(0u64, |h, &x| (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95));
+        let rec = match self.gpu.recording(hash, &key) {
+            Some(rec) => rec,
+            None => match self.record(graph, nodes, key)? {
+                Some(rec) => {
+                    let rec = Arc::new(rec);
+                    self.gpu.keep_recording(hash, rec.clone());
+                    rec
+                }
+                None => return Ok(()),
+            },
+        };
+        self.gpu.queue.write_buffer(&rec.params, 0, &rec.bytes);
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tessera graph") });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            for (pipeline, group, offset, g) in &encoded {
-                pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, group.as_ref(), &[*offset]);
-                pass.dispatch_workgroups(g[0], g[1], g[2]);
+            for d in &rec.dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, d.group.as_ref(), &[d.offset]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
         }
         self.gpu.queue.submit([enc.finish()]);

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_core::{Error, Result};
 
+use crate::backend::Recording;
 use crate::shader::{Family, Variant};
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
@@ -77,7 +78,12 @@ pub(crate) struct Gpu {
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
     /// Bind groups by the windows they bind.
     bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
+    /// Recorded graphs by the hash of their fingerprint.
+    recordings: Mutex<HashMap<u64, Arc<Recording>>>,
 }
+
+/// Recorded graphs kept at most; past it the oldest are not told apart: all are dropped.
+const MAX_RECORDINGS: usize = 64;
 
 impl Gpu {
     /// Opens `adapter` with its own limits and the features tessera uses that it has.
@@ -126,6 +132,7 @@ impl Gpu {
             layouts,
             pipelines: Mutex::default(),
             bind_groups: Mutex::default(),
+            recordings: Mutex::default(),
         }))
     }
 
@@ -258,9 +265,24 @@ impl Gpu {
         g
     }
 
-    /// Forgets the bind groups that bind buffer `id` (it is being freed).
+    /// Forgets the bind groups and recordings that bind buffer `id` (it is being freed).
     pub fn forget_buffer(&self, id: u64) {
         lock(&self.bind_groups).retain(|k, _| k.params != id && k.windows.iter().all(|w| w.id != id));
+        lock(&self.recordings).retain(|_, r| r.buffers.binary_search(&id).is_err());
+    }
+
+    /// The recording of a graph with fingerprint `key` (hashed to `hash`), if there is one.
+    pub fn recording(&self, hash: u64, key: &[u64]) -> Option<Arc<Recording>> {
+        lock(&self.recordings).get(&hash).filter(|r| r.key == key).cloned()
+    }
+
+    /// Keeps a recording.
+    pub fn keep_recording(&self, hash: u64, rec: Arc<Recording>) {
+        let mut all = lock(&self.recordings);
+        if all.len() >= MAX_RECORDINGS {
+            all.clear();
+        }
+        all.insert(hash, rec);
     }
 }
 

@@ -4,13 +4,14 @@
 //! (the plan cache compares the graph's structure and bindings tensor by tensor, holding the
 //! buffers it compares so their addresses cannot be reused). A run then: uploads the staged
 //! inputs' slices to every part; runs each stage on every part (work is submitted part after
-//! part; parts with asynchronous backends run side by side); all-reduces the partial results
+//! part, asynchronous GPU parts first, so that they run side by side with a CPU part, which
+//! computes in the calling thread); all-reduces the partial results
 //! between stages; and gathers the results the caller reads back into their memory.
 
 use std::sync::Arc;
 
 use crate::alloc::GraphAllocator;
-use crate::backend::{Backend, Buffer, Communicator, ReduceType};
+use crate::backend::{Backend, Buffer, Communicator, DeviceKind, ReduceType};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -99,6 +100,9 @@ impl GraphKey {
 /// A stream over every part of a meta device.
 pub struct MetaBackend {
     shared: Arc<Shared>,
+    /// The order work is submitted to the parts in: parts that compute asynchronously (GPUs)
+    /// first, so they run while a CPU part computes its share in the calling thread.
+    order: Vec<usize>,
     backends: Vec<Box<dyn Backend>>,
     allocators: Vec<GraphAllocator>,
     plans: Vec<(GraphKey, Plan)>,
@@ -122,7 +126,9 @@ impl MetaBackend {
                 });
             }
         }
-        Ok(MetaBackend { shared, backends, allocators, plans: Vec::new(), comm, host: HostReduce::default() })
+        let mut order: Vec<usize> = (0..shared.parts.len()).collect();
+        order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
+        Ok(MetaBackend { shared, order, backends, allocators, plans: Vec::new(), comm, host: HostReduce::default() })
     }
 
     /// Whether all-reduces go through a backend communicator (NCCL, say) rather than the host.
@@ -161,6 +167,7 @@ fn part_data(plan: &Plan, j: usize, p: TensorId) -> Result<(Arc<dyn Buffer>, usi
 fn run(
     plan: &Plan,
     graph: &Graph,
+    order: &[usize],
     backends: &mut [Box<dyn Backend>],
     comm: &mut Option<Box<dyn Communicator>>,
     host: &mut HostReduce,
@@ -182,8 +189,8 @@ fn run(
     }
     let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
     for s in 0..n_stages {
-        for (j, b) in backends.iter_mut().enumerate() {
-            let part = &plan.parts[j];
+        for &j in order {
+            let (b, part) = (&mut backends[j], &plan.parts[j]);
             for action in &part.stages[s] {
                 match action {
                     Action::Compute(nodes) => b.compute(&part.graph, nodes)?,
@@ -298,8 +305,8 @@ impl Backend for MetaBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         let i = self.plan_index(graph, nodes)?;
-        let MetaBackend { plans, backends, comm, host, .. } = self;
-        run(&plans[i].1, graph, backends, comm, host)
+        let MetaBackend { plans, order, backends, comm, host, .. } = self;
+        run(&plans[i].1, graph, order, backends, comm, host)
     }
 
     fn synchronize(&mut self) -> Result<()> {

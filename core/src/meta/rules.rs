@@ -136,8 +136,8 @@ fn units(t: &Tensor, m: usize) -> usize {
 
 /// Expresses `view` (of contiguous `root`, split as `x`) in root coordinates.
 pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::result::Result<Strided, String> {
-    if !root.is_contiguous() {
-        return Err("the viewed tensor is not contiguous".into());
+    if !root.is_contiguous() || root.nelements() == 0 {
+        return Err("the viewed tensor is empty or not contiguous".into());
     }
     let bs = root.dtype.block_size();
     let u = root.nb;

@@ -24,6 +24,9 @@ use super::split::{byte_chunks, SplitState};
 pub struct MetaBufferType {
     pub(crate) name: String,
     pub(crate) alignment: usize,
+    /// The smallest of the parts' largest buffers: a sharded buffer no larger than this fits
+    /// every part (a slice is never larger than its tensor).
+    pub(crate) max_size: usize,
 }
 
 impl BufferType for MetaBufferType {
@@ -37,6 +40,10 @@ impl BufferType for MetaBufferType {
 
     fn alignment(&self) -> usize {
         self.alignment
+    }
+
+    fn max_size(&self) -> usize {
+        self.max_size
     }
 
     fn is_host(&self) -> bool {

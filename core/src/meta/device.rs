@@ -224,8 +224,10 @@ impl Device for MetaDevice {
     }
 
     fn buffer_type(&self) -> Arc<dyn BufferType> {
-        let alignment = self.shared.parts.iter().map(|p| p.buffer_type().alignment()).max().unwrap_or(64);
-        Arc::new(MetaBufferType { name: self.shared.name.clone(), alignment })
+        let types: Vec<Arc<dyn BufferType>> = self.shared.parts.iter().map(|p| p.buffer_type()).collect();
+        let alignment = types.iter().map(|t| t.alignment()).max().unwrap_or(64);
+        let max_size = types.iter().map(|t| t.max_size()).min().unwrap_or(usize::MAX);
+        Arc::new(MetaBufferType { name: self.shared.name.clone(), alignment, max_size })
     }
 
     fn new_backend(&self) -> Result<Box<dyn Backend>> {

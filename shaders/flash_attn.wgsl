@@ -5,11 +5,13 @@
 // (online softmax); each invocation accumulates dims li, li + WG, ... of the output.
 // src0 q [D, n_q, H, B] f32; src1 k [D, n_kv, Hk, Bk] and src2 v [DV, n_kv, Hk, Bk] (T1, T2:
 // f32 or f16); src3 the mask [n_kv, >= n_q, m2, m3] (T3); dst [DV, H, n_q, B] f32.
-// Defines: DMAX: largest D and DV (a multiple of WG).
+// Defines: DMAX: largest D and DV; WG: keys per step (64, or 256 for long caches).
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B); u.y: has mask; u.z: n_head_log2; u.w: H / Hk; off4.y: B / Bk.
 
 const DMAX: u32 = {{DMAX}}u;
+// Output dims per invocation.
+const PER: u32 = (DMAX + {{WG}}u - 1u) / {{WG}}u;
 const NEG_INF: f32 = -3.4028235e38;
 
 var<workgroup> qs: array<f32, DMAX>;
@@ -50,8 +52,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         qs[i] = ld0(qb + i * P.s0.nb.x);
     }
     workgroupBarrier();
-    var acc: array<f32, DMAX / {{WG}}u>;
-    for (var t = 0u; t < DMAX / {{WG}}u; t++) {
+    var acc: array<f32, PER>;
+    for (var t = 0u; t < PER; t++) {
         acc[t] = 0.0;
     }
     var run_max = NEG_INF;
@@ -82,7 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         ps[li] = p;
         run_sum = run_sum * corr + wg_sum(p, li);
         let count = min({{WG}}u, nkv - j0);
-        for (var t = 0u; t < DMAX / {{WG}}u; t++) {
+        for (var t = 0u; t < PER; t++) {
             let e = li + t * {{WG}}u;
             if e < dv {
                 var a = acc[t] * corr;
@@ -96,7 +98,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         workgroupBarrier();
     }
     let inv = select(1.0 / run_sum, 0.0, run_sum == 0.0);
-    for (var t = 0u; t < DMAX / {{WG}}u; t++) {
+    for (var t = 0u; t < PER; t++) {
         let e = li + t * {{WG}}u;
         if e < dv {
             st(P.off.x + e * P.d.nb.x + h * P.d.nb.y + iq * P.d.nb.z + b * P.d.nb.w, acc[t] * inv);

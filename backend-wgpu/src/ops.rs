@@ -95,6 +95,8 @@ pub(crate) const QUANT: [DType; 10] = [
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
 const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
+/// Invocations (keys per step) of flash attention: the larger from this many keys on.
+const FA_WG: [u32; 2] = [64, 256];
 /// Tiles of the tiled mat-mat (BM, BN, BK: BM x BK of src0 and BN x BK of src1 per step):
 /// the large one when dst has at least BM rows and BN columns, else the small one.
 const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
@@ -351,7 +353,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 p.desc[4] = [1, 1, 1, 1, 0, 0, 0, 0];
             }
             let bind = [id, t.src[0], t.src[1], t.src[2], t.src.get(3).copied().unwrap_or(id)].map(Bind::whole).to_vec();
-            let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax);
+            let wg = if k.ne[1] >= FA_WG[1] as usize { FA_WG[1] } else { FA_WG[0] };
+            let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax).def("WG", wg);
             Ok(vec![PlanOut { variant: var, bind, params: p, groups, groups_3d: None }])
         }
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => {
@@ -663,7 +666,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 for val in [DType::F32, DType::F16] {
                     for m in [None, Some(DType::F16)] {
                         for d in FA_DMAX {
-                            v.push(flash_attn_variant(k, val, m, d));
+                            for wg in FA_WG {
+                                v.push(flash_attn_variant(k, val, m, d).def("WG", wg));
+                            }
                         }
                     }
                 }

@@ -100,10 +100,13 @@ impl Device for WgpuDevice {
         }
     }
 
-    /// wgpu cannot ask a device for its memory: `total` is the adapter's largest buffer (a
-    /// lower bound of its memory), `free` that less what tessera has allocated.
+    /// `total` is the largest device-local memory heap where the adapter is a Vulkan one (wgpu
+    /// has no memory query of its own), else the adapter's largest buffer (a lower bound);
+    /// `free` is that less what tessera has allocated.
     fn memory(&self) -> Memory {
-        let total = usize::try_from(self.adapter.limits().max_buffer_size).unwrap_or(usize::MAX);
+        let total = vulkan_heap(&self.adapter)
+            .or_else(|| usize::try_from(self.adapter.limits().max_buffer_size).ok())
+            .unwrap_or(usize::MAX);
         let used = self.gpu.get().and_then(|g| g.as_ref().ok()).map_or(0, |g| g.allocated.load(std::sync::atomic::Ordering::Relaxed));
         Memory { free: total.saturating_sub(used), total }
     }
@@ -136,4 +139,25 @@ impl Device for WgpuDevice {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// The size of the largest device-local memory heap of a Vulkan adapter.
+#[cfg(any(target_os = "linux", target_os = "windows", target_os = "android"))]
+fn vulkan_heap(adapter: &wgpu::Adapter) -> Option<usize> {
+    // SAFETY: the hal adapter is only read (a property query of its physical device, through
+    // the instance that created it) while the guard keeps it alive.
+    unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let props = hal.shared_instance().raw_instance().get_physical_device_memory_properties(hal.raw_physical_device());
+        let heaps = props.memory_heaps.get(..props.memory_heap_count as usize)?;
+        // Bit 0 of a heap's flags is VK_MEMORY_HEAP_DEVICE_LOCAL_BIT.
+        let best = heaps.iter().filter(|h| h.flags.as_raw() & 1 != 0).map(|h| h.size).max()?;
+        usize::try_from(best).ok()
+    }
+}
+
+/// Elsewhere wgpu has no Vulkan adapters to ask.
+#[cfg(not(any(target_os = "linux", target_os = "windows", target_os = "android")))]
+fn vulkan_heap(_adapter: &wgpu::Adapter) -> Option<usize> {
+    None
 }

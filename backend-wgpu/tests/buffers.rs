@@ -34,6 +34,8 @@ fn unaligned_set_get_copy_clear() {
     assert!(a.set(100, &[0; 4]).is_err());
     assert!(a.get(101, &mut [0; 4]).is_err());
     assert!(dev.can_use_buffer(a.as_ref()));
+    let mem = dev.memory();
+    assert!(mem.total >= 1 << 20 && mem.free <= mem.total, "{mem:?}");
 }
 
 #[test]

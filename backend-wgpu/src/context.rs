@@ -82,7 +82,7 @@ pub(crate) struct Gpu {
     recordings: Mutex<HashMap<u64, Arc<Recording>>>,
 }
 
-/// Recorded graphs kept at most; past it the oldest are not told apart: all are dropped.
+/// Recorded graphs kept at most; when full, all are dropped and recording starts over.
 const MAX_RECORDINGS: usize = 64;
 
 impl Gpu {

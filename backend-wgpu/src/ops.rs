@@ -148,7 +148,12 @@ struct PlanOut {
 fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanOut>, String> {
     let t = graph.get(id);
     let srcs: Vec<&Tensor> = t.src.iter().map(|&s| graph.get(s)).collect();
-    for x in std::iter::once(t).chain(srcs.iter().copied()) {
+    // A mul_mat's weights may be larger: they are bound in row ranges (below).
+    let whole = srcs.iter().enumerate().filter(|&(k, _)| !(k == 0 && t.op == Op::MulMat)).map(|(_, s)| *s);
+    if srcs.first().is_some_and(|a| a.nb.iter().any(|&b| b >= u32::MAX as usize / 2)) {
+        return Err("strides too large for 32-bit indexing".into());
+    }
+    for x in std::iter::once(t).chain(whole) {
         if !fits_u32(x) {
             return Err(format!("a tensor of {:?} is too large for 32-bit indexing", x.ne));
         }

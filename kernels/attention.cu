@@ -14,6 +14,14 @@
 // time; each lane scores one key, the softmax runs online per row, and each lane accumulates
 // dv/32 output columns. With one split the block writes the result; with several it writes
 // (max, sum, unnormalised output) per row to aux[0] and fattn_combine merges them.
+//
+// fattn_vec_<k>_<v>: the same parameters, for at most VEC_ROWS query rows per KV head (one
+// token's heads in decoding), K and V rows aligned to four elements, dv a power of two from 8
+// to 256. A block of 256 threads takes one KV head and one split of at most 1024 keys (the host
+// splits longer ranges): each thread scores whole keys against every row (scores kept in
+// shared memory), one warp per row takes the softmax, then groups of dv / 8 lanes (8 columns a
+// lane) sum probability times V over their share of the keys; the groups of a warp are added
+// by shuffles, the warps through shared memory. Splits are combined as above.
 #include "common.cuh"
 
 #define KTILE 32
@@ -200,6 +208,170 @@ FATTN(f32, F32, f32, F32)
 FATTN(f32, F32, f16, F16)
 FATTN(f16, F16, f32, F32)
 FATTN(f16, F16, f16, F16)
+
+#define VEC_ROWS 4
+
+template <class K, class V> __device__ void fattn_vec(const KParams& p) {
+    extern __shared__ float4 smem4[];
+    float* smem = (float*)smem4;
+    const TArg& dst = p.t[0];
+    const TArg& q = p.t[1];
+    const TArg& k = p.t[2];
+    const TArg& v = p.t[3];
+    const TArg& mask = p.t[4];
+    const int D = (int)q.ne[0], DV = (int)v.ne[0];
+    const int heads = (int)q.ne[2], kv_heads = (int)k.ne[2];
+    const int gqa = heads / kv_heads;
+    const i64 nkv = k.ne[1];
+    const int R = (int)(q.ne[1] * gqa);
+    const int g = blockIdx.y % kv_heads;
+    const i64 b = blockIdx.y / kv_heads;
+    const i64 bk = b / (q.ne[3] / k.ne[3]);
+    const int nsplit = p.i[2], split = blockIdx.z;
+    const i64 per_split = (nkv + nsplit - 1) / nsplit;
+    const i64 kv0 = min(nkv, split * per_split);
+    const int kvn = (int)(min(nkv, kv0 + per_split) - kv0);
+    const int mask_type = p.i[4];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+    float* Qs = smem;                   // [VEC_ROWS][D]
+    float* S = Qs + VEC_ROWS * D;       // [VEC_ROWS][per_split]: scores, then probabilities
+    float* ML = S + VEC_ROWS * per_split;  // [VEC_ROWS][2]: max and sum per row
+    float* O = ML + 2 * VEC_ROWS;       // [warps][VEC_ROWS][DV]: the warps' output sums
+
+    int hs[VEC_ROWS];
+    i64 iqs[VEC_ROWS];
+    float slope[VEC_ROWS];
+#pragma unroll
+    for (int r = 0; r < VEC_ROWS; r++) {
+        const int rr = r < R ? r : 0;
+        iqs[r] = rr / gqa;
+        hs[r] = g * gqa + rr % gqa;
+        slope[r] = alibi_slope(p, hs[r]);
+    }
+    for (int idx = tid; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, dd = idx - r * D;
+        Qs[idx] = F32::load(at(q, dd, r / gqa, g * gqa + r % gqa, b)) * p.f[0];
+    }
+    __syncthreads();
+
+    // Scores: one key per thread at a time, against every row.
+    for (int c = tid; c < kvn; c += blockDim.x) {
+        const char* kr = at(k, 0, kv0 + c, g, bk);
+        float acc[VEC_ROWS];
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) acc[r] = 0.0f;
+#pragma unroll 8
+        for (int d4 = 0; d4 < D / 4; d4++) {
+            const float4 kv = load4<K>(kr + 4 * d4 * K::size);
+#pragma unroll
+            for (int r = 0; r < VEC_ROWS; r++) {
+                if (r < R) {
+                    const float4 qv = *(const float4*)(Qs + r * D + 4 * d4);
+                    acc[r] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) {
+            if (r >= R) continue;
+            float s = acc[r];
+            if (p.f[1] != 0.0f) s = p.f[1] * tanhf(s);
+            if (mask_type) {
+                const char* mp = at(mask, kv0 + c, iqs[r], bcast(hs[r], mask.ne[2]), bcast(b, mask.ne[3]));
+                s += slope[r] * (mask_type == 1 ? F32::load(mp) : F16::load(mp));
+            }
+            S[r * per_split + c] = s;
+        }
+    }
+    __syncthreads();
+
+    // Softmax numerators: one warp per row.
+    for (int r = warp; r < R; r += blockDim.x / 32) {
+        float* sr = S + r * per_split;
+        float mx = NEG_INF;
+        for (int c = lane; c < kvn; c += 32) mx = fmaxf(mx, sr[c]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int c = lane; c < kvn; c += 32) {
+            const float e = mx == NEG_INF ? 0.0f : expf(sr[c] - mx);
+            sr[c] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            ML[2 * r] = mx;
+            ML[2 * r + 1] = sum;
+        }
+    }
+    __syncthreads();
+
+    // Probability times V: a lane takes 8 consecutive columns (a chunk) of every key of its
+    // group; the DV / 8 lanes of a group cover a V row, the groups of a warp are summed by
+    // shuffles and the warps' sums in shared memory.
+    const int chunks = DV / 8, gpw = 32 / chunks, warps = blockDim.x / 32;
+    const int grp = warp * gpw + lane / chunks, ch = lane % chunks, groups = warps * gpw;
+    float acc[VEC_ROWS][8];
+#pragma unroll
+    for (int r = 0; r < VEC_ROWS; r++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[r][e] = 0.0f;
+#pragma unroll 2
+    for (int c = grp; c < kvn; c += groups) {
+        const char* vr = at(v, 8 * ch, kv0 + c, g, bk);
+        const float4 v0 = load4<V>(vr), v1 = load4<V>(vr + 4 * V::size);
+        const float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) {
+            if (r < R) {
+                const float pc = S[r * per_split + c];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][e] += pc * vv[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < VEC_ROWS; r++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            for (int o = chunks; o < 32; o <<= 1) acc[r][e] += __shfl_xor_sync(0xffffffffu, acc[r][e], o);
+        }
+    }
+    if (lane < chunks) {
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) {
+            if (r < R) {
+                float* dst8 = O + (warp * VEC_ROWS + r) * DV + 8 * ch;
+#pragma unroll
+                for (int e = 0; e < 8; e++) dst8[e] = acc[r][e];
+            }
+        }
+    }
+    __syncthreads();
+
+    for (int idx = tid; idx < R * DV; idx += blockDim.x) {
+        const int r = idx / DV, col = idx - r * DV;
+        float o = 0.0f;
+        for (int wi = 0; wi < warps; wi++) o += O[(wi * VEC_ROWS + r) * DV + col];
+        const float l = ML[2 * r + 1];
+        if (nsplit == 1) {
+            F32::store(at(dst, col, g * gqa + r % gqa, r / gqa, b), l == 0.0f ? 0.0f : o / l);
+        } else {
+            const i64 row = (b * kv_heads + g) * R + r;
+            float* part = (float*)p.aux[0] + (row * nsplit + split) * (DV + 2);
+            if (col == 0) {
+                part[0] = ML[2 * r];
+                part[1] = l;
+            }
+            part[2 + col] = o;
+        }
+    }
+}
+
+KERNEL fattn_vec_f32_f32(const KParams p) { fattn_vec<F32, F32>(p); }
+KERNEL fattn_vec_f32_f16(const KParams p) { fattn_vec<F32, F16>(p); }
+KERNEL fattn_vec_f16_f32(const KParams p) { fattn_vec<F16, F32>(p); }
+KERNEL fattn_vec_f16_f16(const KParams p) { fattn_vec<F16, F16>(p); }
 
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
 // weights are found in parallel, then each thread sums its output columns over the splits.

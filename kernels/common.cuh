@@ -21,7 +21,7 @@ struct TArg {
 
 struct KParams {
     TArg t[5];
-    u64 aux[2];
+    u64 aux[4];
     float f[8];
     int i[8];
 };

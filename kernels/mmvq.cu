@@ -7,7 +7,8 @@
 // One warp per block.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
-// (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3. One warp per output row; the
+// (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
+// residual of dst's shape added to each result (a fused add). One warp per output row; the
 // lanes walk the row in tasks of TV values (32, 64 for Q4_K/Q5_K, 128 for Q6_K), load the task's
 // weights into registers once and take their integer dot products (dp4a) with every column.
 //
@@ -298,7 +299,9 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
 #pragma unroll
     for (int c = 0; c < NC; c++) {
         const float v = warp_sum(acc[c]);
-        if (lane == 0) F32::store(at(d, row, c, i2, i3), v);
+        if (lane == 0) {
+            F32::store(at(d, row, c, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v);
+        }
     }
 }
 
@@ -322,6 +325,30 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     if (lane == 0) F32::store(at(d, row, 0, 0, 0), act_silu(vg) * vu);
 }
 
+// Up to three matrices by one column in one launch (Q, K and V of one token): t[1], t[2],
+// t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
+// contiguous f32 vectors at t[0].ptr, t[4].ptr and aux[2]. One warp per row of the stacked
+// matrices.
+template <int Q> __device__ void mmvq_multi(const KParams& p) {
+    i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int j = 0;
+    while (j < 3 && row >= p.i[j]) {
+        row -= p.i[j];
+        j++;
+    }
+    if (j == 3) return;
+    const int lane = threadIdx.x % 32;
+    const TArg& w = p.t[1 + j];
+    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
+    const u8* wrow = (const u8*)at(w, 0, row, 0, 0);
+    float acc[1] = {0.0f};
+    const i64 tasks = w.ne[0] / Mmvq<Q>::TV;
+    for (i64 t = lane; t < tasks; t += 32) Mmvq<Q>::template dot<1>(wrow, t, act, 0, acc);
+    const float v = warp_sum(acc[0]);
+    float* d = (float*)(j == 0 ? p.t[0].ptr : j == 1 ? p.t[4].ptr : p.aux[2]);
+    if (lane == 0) d[row] = v;
+}
+
 #define MMVQ(nq, Q)                                                          \
     KERNEL mmvq_##nq##_1(const KParams p) { mmvq<Q, 1>(p); }                 \
     KERNEL mmvq_##nq##_2(const KParams p) { mmvq<Q, 2>(p); }                 \
@@ -331,7 +358,8 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     KERNEL mmvq_##nq##_6(const KParams p) { mmvq<Q, 6>(p); }                 \
     KERNEL mmvq_##nq##_7(const KParams p) { mmvq<Q, 7>(p); }                 \
     KERNEL mmvq_##nq##_8(const KParams p) { mmvq<Q, 8>(p); }                 \
-    KERNEL mmvq_glu_##nq(const KParams p) { mmvq_glu<Q>(p); }
+    KERNEL mmvq_glu_##nq(const KParams p) { mmvq_glu<Q>(p); }                \
+    KERNEL mmvq_multi_##nq(const KParams p) { mmvq_multi<Q>(p); }
 
 MMVQ(q4_0, Q4_0)
 MMVQ(q4_1, Q4_1)

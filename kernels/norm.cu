@@ -2,7 +2,10 @@
 // the multiplication by a weight that follows it in every Llama block.
 //
 // One block per row. t[0] dst (contiguous f32), t[1] src (f32, any strides); f[0] = eps.
-// rms_norm_mul_f32 also takes t[2], an f32 weight broadcast over the result (index modulo).
+// rms_norm_mul_f32 also takes t[2], an f32 weight broadcast over the result (index modulo);
+// with aux[0] set (ne[0] a multiple of 32, blockDim a multiple of 32) it also writes the result
+// as quantize_q8_1 of mmvq.cu does (aux[0] int8 values, aux[1] (d, d * sum) per block, column =
+// row), for the mat-vec products that read it next.
 #include "common.cuh"
 
 __device__ __forceinline__ void row_of(const KParams& p, i64& i1, i64& i2, i64& i3) {
@@ -44,9 +47,20 @@ KERNEL rms_norm_mul_f32(const KParams p) {
     const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
     char* y = at(d, 0, i1, i2, i3);
     const char* wr = at(w, 0, bcast(i1, w.ne[1]), bcast(i2, w.ne[2]), bcast(i3, w.ne[3]));
+    const bool q8 = p.aux[0] != 0;
     for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
-        const float v = F32::load(x + i * s.nb[0]) * scale;
-        F32::store(y + i * d.nb[0], v * F32::load(wr + bcast(i, w.ne[0]) * w.nb[0]));
+        const float v = F32::load(x + i * s.nb[0]) * scale * F32::load(wr + bcast(i, w.ne[0]) * w.nb[0]);
+        F32::store(y + i * d.nb[0], v);
+        if (q8) {
+            // The warp holds one 32-value block: quantized exactly as quantize_q8_1 would.
+            const float amax = warp_max(fabsf(v));
+            const float dq = amax / 127.0f;
+            const int qv = dq == 0.0f ? 0 : __float2int_rn(v / dq);
+            const float sum = warp_sum((float)qv);
+            const i64 blk = (i64)blockIdx.x * (s.ne[0] / 32) + i / 32;
+            ((i8*)p.aux[0])[blk * 32 + i % 32] = (i8)qv;
+            if (i % 32 == 0) ((float2*)p.aux[1])[blk] = make_float2(dq, dq * sum);
+        }
     }
 }
 

@@ -92,6 +92,7 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        self.graphs.log_profile(&self.dev.name);
         if let Err(e) = self.stream.synchronize() {
             log::warn!("{}: {}", self.dev.name, crate::driver::describe(e));
         }
@@ -122,6 +123,7 @@ impl Backend for CudaBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         self.dev.bind()?;
+        let started = self.graphs.profiling().then(std::time::Instant::now);
         let mut enc = Encoder::new(&self.dev, graph, self.scratch, self.scratch_cap, self.tf32, self.fuse);
         enc.encode(nodes)?;
         let cmds = if enc.scratch_fits() {
@@ -134,6 +136,9 @@ impl Backend for CudaBackend {
             enc.encode(nodes)?;
             enc.cmds
         };
+        if let Some(t) = started {
+            self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);
+        }
         let (dev, blas, s) = (&self.dev, &self.blas, self.stream.cu_stream());
         self.graphs.run(dev, s, blas, cmds)
     }

@@ -13,6 +13,11 @@
 //!   the list runs eagerly; after [`MAX_FAILURES`] failures graphs are off for the backend.
 //!
 //! `TESSERA_CUDA_GRAPHS=0` turns graphs off.
+//!
+//! `TESSERA_CUDA_PROFILE=1` times every command inside a captured graph (an event recorded
+//! between commands) and logs, at debug level when the backend is dropped, the GPU time per
+//! kernel name summed over all profiled runs: where a step's time goes. Profiled runs
+//! instantiate a fresh graph every time, so they are slow on the host.
 
 use cudarc::driver::sys;
 use tessera_core::Result;
@@ -57,8 +62,69 @@ pub enum GraphMode {
     Replayed,
 }
 
+/// GPU time per command name, gathered when `TESSERA_CUDA_PROFILE=1`.
+#[derive(Default)]
+struct Profile {
+    /// Runs profiled.
+    runs: u32,
+    /// Host milliseconds spent encoding the profiled runs' command lists, one entry a run.
+    encode_ms: Vec<f64>,
+    /// (name, total milliseconds, commands) in first-seen order.
+    rows: Vec<(&'static str, f64, u32)>,
+}
+
+impl Profile {
+    fn add(&mut self, name: &'static str, ms: f64) {
+        match self.rows.iter_mut().find(|r| r.0 == name) {
+            Some(r) => {
+                r.1 += ms;
+                r.2 += 1;
+            }
+            None => self.rows.push((name, ms, 1)),
+        }
+    }
+
+    fn log(&self, device: &str) {
+        if self.runs == 0 {
+            return;
+        }
+        let runs = f64::from(self.runs);
+        let total: f64 = self.rows.iter().map(|r| r.1).sum();
+        let count: u32 = self.rows.iter().map(|r| r.2).sum();
+        log::debug!(
+            "{device}: profile of {} runs: {:.1} us GPU and {:.1} commands per run; host encoding {:.1} us median",
+            self.runs,
+            1e3 * total / runs,
+            f64::from(count) / runs,
+            1e3 * median(&self.encode_ms)
+        );
+        let mut rows = self.rows.clone();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (name, ms, n) in rows {
+            log::debug!("  {name:<28} {:>9.1} us/run {:>6.1} per run {:>7.2} us each", 1e3 * ms / runs, f64::from(n) / runs, 1e3 * ms / f64::from(n));
+        }
+    }
+}
+
+/// The median of `v` (0 when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The name a command is profiled under.
+fn cmd_name(c: &Cmd) -> &'static str {
+    match c {
+        Cmd::Kernel { name, .. } => name,
+        Cmd::Gemm(_) => "cublas gemm",
+        Cmd::Copy { .. } => "device copy",
+    }
+}
+
 /// The graph state of one backend.
 pub(crate) struct GraphCache {
+    profile: Option<Profile>,
     enabled: bool,
     failures: u32,
     last: Vec<Cmd>,
@@ -70,7 +136,8 @@ pub(crate) struct GraphCache {
 impl GraphCache {
     pub(crate) fn new() -> GraphCache {
         let enabled = std::env::var("TESSERA_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        GraphCache { enabled, failures: 0, last: Vec::new(), exec: None, mode: GraphMode::Eager }
+        let profile = std::env::var("TESSERA_CUDA_PROFILE").is_ok_and(|v| v == "1").then(Profile::default);
+        GraphCache { profile, enabled, failures: 0, last: Vec::new(), exec: None, mode: GraphMode::Eager }
     }
 
     /// Turns graphs on or off for this backend.
@@ -87,8 +154,33 @@ impl GraphCache {
         self.last.len()
     }
 
+    /// Whether commands are being profiled.
+    pub(crate) fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    /// Adds host encoding time to the profile (nothing unless profiling).
+    pub(crate) fn note_encode(&mut self, ms: f64) {
+        if let Some(p) = &mut self.profile {
+            p.encode_ms.push(ms);
+        }
+    }
+
+    /// Logs the profile gathered so far (nothing unless profiling).
+    pub(crate) fn log_profile(&self, device: &str) {
+        if let Some(p) = &self.profile {
+            p.log(device);
+        }
+    }
+
     /// Runs a command list on `stream`.
     pub(crate) fn run(&mut self, dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: Vec<Cmd>) -> Result<()> {
+        if let Some(prof) = &mut self.profile {
+            self.mode = GraphMode::Captured;
+            profiled(dev, stream, blas, &cmds, prof)?;
+            self.last = cmds;
+            return Ok(());
+        }
         if !self.enabled || self.failures >= MAX_FAILURES || cmds.is_empty() {
             self.mode = GraphMode::Eager;
             eager(dev, stream, blas, &cmds)?;
@@ -167,6 +259,72 @@ impl GraphCache {
         self.last = cmds;
         Ok(())
     }
+}
+
+/// Owned CUDA events, destroyed on drop.
+struct Events(Vec<sys::CUevent>);
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        for &e in &self.0 {
+            // SAFETY: each event was created here and is destroyed once.
+            unsafe {
+                let _ = sys::cuEventDestroy_v2(e);
+            }
+        }
+    }
+}
+
+/// Runs the commands as one captured graph with an event recorded before the first and after
+/// each, waits for it, and adds each command's GPU time to `prof`.
+fn profiled(dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: &[Cmd], prof: &mut Profile) -> Result<()> {
+    let mut ev = Events(Vec::with_capacity(cmds.len() + 1));
+    for _ in 0..=cmds.len() {
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: e is a valid out-pointer.
+        unsafe { sys::cuEventCreate(&mut e, 0) }.result().map_err(|err| dev.err("creating a profiling event", err))?;
+        ev.0.push(e);
+    }
+    let record = |e: sys::CUevent| {
+        // SAFETY: the event and stream are valid; an external record becomes a graph node.
+        unsafe { sys::cuEventRecordWithFlags(e, stream, sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32) }
+            .result()
+            .map_err(|err| dev.err("recording a profiling event", err))
+    };
+    // SAFETY: the stream is valid and not being captured.
+    unsafe { sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }
+        .result()
+        .map_err(|e| dev.err("beginning a profiling capture", e))?;
+    let mut failed = record(ev.0[0]).err();
+    for (c, &e) in cmds.iter().zip(&ev.0[1..]) {
+        if failed.is_some() {
+            break;
+        }
+        failed = c.run(dev, stream, blas).and_then(|()| record(e)).err();
+    }
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above; graph is a valid out-pointer.
+    let ended = unsafe { sys::cuStreamEndCapture(stream, &mut graph) }.result();
+    let g = Exec { graph, exec: std::ptr::null_mut() };
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    ended.map_err(|e| dev.err("ending a profiling capture", e))?;
+    let mut g = g;
+    // SAFETY: the graph was just captured; exec is a valid out-pointer.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }.result().map_err(|e| dev.err("instantiating a profiling graph", e))?;
+    // SAFETY: the executable graph and the stream are valid.
+    unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().map_err(|e| dev.err("launching a profiling graph", e))?;
+    // SAFETY: the stream is valid.
+    unsafe { sys::cuStreamSynchronize(stream) }.result().map_err(|e| dev.err("waiting for a profiling graph", e))?;
+    for (c, w) in cmds.iter().zip(ev.0.windows(2)) {
+        let mut ms = 0.0f32;
+        // SAFETY: both events were recorded by the finished graph.
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, w[0], w[1]) }.result().map_err(|e| dev.err("reading a profiling event", e))?;
+        prof.add(cmd_name(c), f64::from(ms));
+    }
+    prof.runs += 1;
+    Ok(())
 }
 
 /// Runs commands one after another.

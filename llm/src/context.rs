@@ -154,11 +154,13 @@ impl Context {
                 // Token i sits at position p0 + i and sees every cell up to it.
                 row[..p0 + i + 1].fill(f16::ZERO);
             }
-            set(g, step.io.tokens, bytemuck::cast_slice(&ids))?;
-            set(g, step.io.pos, bytemuck::cast_slice(&pos))?;
-            set(g, step.io.kv_rows, bytemuck::cast_slice(&rows))?;
+            // Queued on the device's stream ahead of the step: no round trip per input.
+            let be = self.sched.backend_mut(0);
+            set(be, g, step.io.tokens, bytemuck::cast_slice(&ids))?;
+            set(be, g, step.io.pos, bytemuck::cast_slice(&pos))?;
+            set(be, g, step.io.kv_rows, bytemuck::cast_slice(&rows))?;
             let mask_bytes: Vec<u8> = mask.iter().flat_map(|h| h.to_le_bytes()).collect();
-            set(g, step.io.mask, &mask_bytes)?;
+            set(be, g, step.io.mask, &mask_bytes)?;
         }
         let step = &self.steps[idx];
         self.sched.compute(&step.graph, &step.plan)?;
@@ -171,7 +173,9 @@ impl Context {
     }
 }
 
-fn set(g: &Graph, id: tessera_core::TensorId, bytes: &[u8]) -> Result<()> {
+/// Writes an input tensor through `backend`, ordered with its stream (`bytes` is pageable
+/// memory: the copy has taken it when this returns).
+fn set(backend: &mut dyn tessera_core::Backend, g: &Graph, id: tessera_core::TensorId, bytes: &[u8]) -> Result<()> {
     let d = g.data_or_err(id)?;
-    d.buffer.set(d.offset, bytes)
+    backend.set_async(d.buffer.as_ref(), d.offset, bytes)
 }

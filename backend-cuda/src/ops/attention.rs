@@ -5,10 +5,18 @@ use tessera_core::{Result, TensorId};
 
 use super::norm::alibi;
 use super::{params, Encoder};
-use crate::cmd::TArg;
+use crate::cmd::{KParams, TArg};
 
 /// Keys per shared-memory tile (KTILE in attention.cu).
 const KTILE: usize = 32;
+/// Most query rows per KV head of the decoding kernel (VEC_ROWS in attention.cu).
+const VEC_ROWS: usize = 4;
+/// Most keys per split of the decoding kernel.
+const VEC_KEYS: usize = 1024;
+/// Threads per block of the decoding kernel.
+const VEC_THREADS: usize = 256;
+/// Keys per split below which the decoding kernel does not split further.
+const VEC_MIN_KEYS: usize = 256;
 
 /// Fused attention of q, k, v with an optional mask.
 pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: f32, softcap: f32) -> Result<()> {
@@ -48,6 +56,9 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     let vec4 = |a: &TArg, t: DType| a.nb[0] == es(t) && a.ptr.is_multiple_of(4 * es(t) as u64) && a.nb[1..].iter().all(|&s| s % (4 * es(t)) == 0);
     p.i[5] = i32::from(vec4(&ka, tk.dtype) && vec4(&va, tv.dtype));
     let rows_total = rows * kv_heads * tq.ne[3];
+    if rows <= VEC_ROWS && p.i[5] == 1 && (8..=256).contains(&dv) && dv.is_power_of_two() {
+        return flash_attn_vec(enc, p, [tk.dtype, tv.dtype], [d, dv], base_blocks, nkv, rows_total);
+    }
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
     }
@@ -55,6 +66,29 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
+    if nsplit > 1 {
+        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [256, 1, 1], 0, p)?;
+    }
+    Ok(())
+}
+
+/// The decoding kernel (fattn_vec): `p` as for fattn (split count set here), `types` of K and
+/// V, `dims` (d, dv), `blocks` without splitting, `nkv` keys, `rows_total` query rows in all.
+fn flash_attn_vec(enc: &mut Encoder, mut p: KParams, types: [DType; 2], dims: [usize; 2], blocks: usize, nkv: usize, rows_total: usize) -> Result<()> {
+    let [d, dv] = dims;
+    // Enough splits to fill the GPU twice over, none shorter than VEC_MIN_KEYS keys, none
+    // longer than VEC_KEYS.
+    let fill = (2 * enc.dev.sm_count as usize).div_ceil(blocks.max(1));
+    let nsplit = fill.min(nkv.div_ceil(VEC_MIN_KEYS)).max(nkv.div_ceil(VEC_KEYS)).clamp(1, 256);
+    let per_split = nkv.div_ceil(nsplit);
+    p.i[2] = nsplit as i32;
+    if nsplit > 1 {
+        p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
+    }
+    let smem = 4 * (VEC_ROWS * d + VEC_ROWS * per_split + 2 * VEC_ROWS + VEC_THREADS / 32 * VEC_ROWS * dv);
+    let name = format!("fattn_vec_{}_{}", types[0].name(), types[1].name());
+    let grid = [1, blocks as u32, nsplit as u32];
+    enc.launch("attention", &name, grid, [VEC_THREADS as u32, 1, 1], smem as u32, p)?;
     if nsplit > 1 {
         enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [256, 1, 1], 0, p)?;
     }

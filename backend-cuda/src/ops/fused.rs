@@ -1,9 +1,14 @@
 //! Fused kernels: op sequences of a Llama block replaced by one kernel each, when the
 //! intermediate results are read by nothing else.
 //!
-//! - `rms_norm(x) * w` (the mul right after the norm): one pass per row (norm.cu).
+//! - `rms_norm(x) * w` (the mul right after the norm): one pass per row (norm.cu), which also
+//!   quantizes the result for the mat-vec products when they read it next.
 //! - `swiglu(W_gate x, W_up x)` for one token with quantized weights: both mat-vecs and the
 //!   activation in one kernel that quantizes x once (mmvq.cu).
+//! - `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels): the
+//!   mat-vec kernel adds `r` as it stores (mmvq.cu).
+//! - two or three mul_mats of one token by the same vector (Q, K and V), with quantized
+//!   weights of one type: one mat-vec launch over the stacked rows (mmvq.cu).
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
 //!   F32) KV cache (rope.cu).
 //!
@@ -12,7 +17,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{BinaryOp, GluOp, Op, Result, TensorId};
 
-use super::matmul::{has_mmvq, mmvq_aligned, quantize_q8};
+use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, quantize_q8};
 use super::rope::rope_params;
 use super::{params, Encoder};
 
@@ -41,6 +46,14 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
     if n > 0 {
         return Ok(n);
     }
+    let n = mmvq_add(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    let n = mmvq_multi(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
     rope_set_rows(enc, nodes, i)
 }
 
@@ -61,8 +74,43 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize
     let mut p = params(enc.arg(m)?, &[enc.arg(tr.src[0])?, enc.arg(w)?]);
     p.f[0] = eps;
     let rows = (tr.nrows() as u64).min(i32::MAX as u64) as u32;
+    let q8 = if feeds_mmvq(enc, nodes, i + 2, m)? {
+        let blocks = tr.nelements() / 32;
+        Some((enc.scratch(blocks * 32), enc.scratch(blocks * 8)))
+    } else {
+        None
+    };
+    if let Some((qs, ds)) = q8 {
+        p.aux[..2].copy_from_slice(&[qs, ds]);
+    }
     enc.launch("norm", "rms_norm_mul_f32", [rows, 1, 1], [super::norm::row_block(tr.ne[0] as i64), 1, 1], 0, p)?;
+    if let Some(q) = q8 {
+        enc.q8 = Some((m, q));
+    }
     Ok(2)
+}
+
+/// Whether the next node that runs (from `nodes[j]`, past leaves and views) is a mul_mat of
+/// quantized weights by `x` (F32, rows of a multiple of 32 values) that runs as mat-vec kernels,
+/// which then take `x` quantized by the node that makes it.
+fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Result<bool> {
+    let g = enc.graph;
+    let tx = g.get(x);
+    if tx.dtype != DType::F32 || !tx.ne[0].is_multiple_of(32) || !tx.is_contiguous() {
+        return Ok(false);
+    }
+    for &n in nodes.iter().skip(j).take(8) {
+        let t = g.get(n);
+        if matches!(t.op, Op::None) || t.op.is_view() {
+            continue;
+        }
+        if t.op != Op::MulMat || t.src[1] != x {
+            return Ok(false);
+        }
+        let w = g.get(t.src[0]);
+        return Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?));
+    }
+    Ok(false)
 }
 
 fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
@@ -90,12 +138,102 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
         return Ok(0);
     }
     let xa = enc.arg(tg.src[1])?;
-    let q8 = quantize_q8(enc, xa, x.dtype)?;
+    let q8 = quantize_q8(enc, tg.src[1], xa, x.dtype)?;
     let mut p = params(enc.arg(s)?, &[ga, ua]);
-    p.aux = [q8.0, q8.1];
+    p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let grid = (wg.ne[1] as u64).div_ceil(4) as u32;
     enc.launch("mmvq", &format!("mmvq_glu_{}", wg.dtype.name()), [grid, 1, 1], [128, 1, 1], 0, p)?;
     Ok(3)
+}
+
+fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let g = enc.graph;
+    let (Some(&m), Some(&a)) = (nodes.get(i), nodes.get(i + 1)) else { return Ok(0) };
+    let (tm, ta) = (g.get(m), g.get(a));
+    if tm.op != Op::MulMat || ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 || !enc.single_use(m) {
+        return Ok(0);
+    }
+    let r = if ta.src[1] == m { ta.src[0] } else { ta.src[1] };
+    if r == m || (ta.src[0] != m && ta.src[1] != m) {
+        return Ok(0);
+    }
+    let (tw, tx, tr) = (g.get(tm.src[0]), g.get(tm.src[1]), g.get(r));
+    if !tw.dtype.is_quantized() || tm.dtype != DType::F32 || ta.dtype != DType::F32 || tr.dtype != DType::F32 || tr.ne != tm.ne || ta.ne != tm.ne {
+        return Ok(0);
+    }
+    let wa = enc.arg(tm.src[0])?;
+    if !mmvq_fits(tw, tx, &wa) {
+        return Ok(0);
+    }
+    let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(r)?, enc.arg(a)?);
+    let q8 = quantize_q8(enc, tm.src[1], xa, tx.dtype)?;
+    mmvq(enc, tw.dtype, wa, da, q8, tx.ne[1], Some(ra))?;
+    // The add's result may sit where a quantized tensor was: nothing is reused past here.
+    enc.q8 = None;
+    Ok(2)
+}
+
+/// Whether mul_mat `m` is one token by quantized weights, unbatched, with a contiguous result:
+/// its (weights, vector) when so.
+fn one_token_mmvq(enc: &Encoder, m: TensorId) -> Result<Option<(TensorId, TensorId)>> {
+    let g = enc.graph;
+    let tm = g.get(m);
+    if tm.op != Op::MulMat || !tm.is_contiguous() || tm.dtype != DType::F32 {
+        return Ok(None);
+    }
+    let (tw, tx) = (g.get(tm.src[0]), g.get(tm.src[1]));
+    let one = tx.ne[1] == 1 && tx.ne[2] == 1 && tx.ne[3] == 1 && tw.ne[2] == 1 && tw.ne[3] == 1;
+    if !one || !tw.dtype.is_quantized() || !mmvq_fits(tw, tx, &enc.arg(tm.src[0])?) {
+        return Ok(None);
+    }
+    Ok(Some((tm.src[0], tm.src[1])))
+}
+
+fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let g = enc.graph;
+    let Some((w0, x)) = one_token_mmvq(enc, nodes[i])? else { return Ok(0) };
+    let (qt, k) = (g.get(w0).dtype, g.get(w0).ne[0]);
+    // Following mul_mats by the same vector, past views and leaves (which run nothing).
+    let mut found = vec![(nodes[i], w0)];
+    let mut end = i + 1;
+    for (j, &n) in nodes.iter().enumerate().skip(i + 1).take(8) {
+        let t = g.get(n);
+        if matches!(t.op, Op::None) || t.op.is_view() {
+            continue;
+        }
+        match one_token_mmvq(enc, n)? {
+            Some((w, xn)) if xn == x && g.get(w).dtype == qt && g.get(w).ne[0] == k => {
+                found.push((n, w));
+                end = j + 1;
+                if found.len() == 3 {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    if found.len() < 2 {
+        return Ok(0);
+    }
+    let tx = g.get(x);
+    let xa = enc.arg(x)?;
+    let q8 = quantize_q8(enc, x, xa, tx.dtype)?;
+    let mut p = params(enc.arg(found[0].0)?, &[enc.arg(found[0].1)?, enc.arg(found[1].1)?]);
+    p.t[4] = enc.arg(found[1].0)?;
+    p.aux[0] = q8.0;
+    p.aux[1] = q8.1;
+    let mut rows = 0;
+    for (j, &(m, w)) in found.iter().enumerate() {
+        if j == 2 {
+            p.t[3] = enc.arg(w)?;
+            p.aux[2] = enc.arg(m)?.ptr;
+        }
+        let r = g.get(w).ne[1];
+        p.i[j] = r as i32;
+        rows += r;
+    }
+    enc.launch("mmvq", &format!("mmvq_multi_{}", qt.name()), [(rows as u64).div_ceil(4) as u32, 1, 1], [128, 1, 1], 0, p)?;
+    Ok(end - i)
 }
 
 fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
@@ -106,22 +244,28 @@ fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usiz
     if tk.dtype != DType::F32 || tk.ne[3] != 1 || !enc.single_use(k) {
         return Ok(0);
     }
-    // Optionally one reshape of the rotated K, then the set_rows.
+    // Optionally one reshape of the rotated K, then the set_rows; leaves and views in between
+    // (the cache tensors) run nothing and are passed over.
     let mut j = i + 1;
     let mut rows_src = k;
-    if let Some(&v) = nodes.get(j) {
+    let s = loop {
+        let Some(&v) = nodes.get(j) else { return Ok(0) };
         let tv = g.get(v);
-        if matches!(tv.op, Op::Reshape) && tv.src[0] == k {
+        if tv.op == Op::SetRows {
+            break v;
+        }
+        if matches!(tv.op, Op::Reshape) && tv.src[0] == k && rows_src == k {
             if !enc.single_use(v) || tv.ne != [tk.ne[0] * tk.ne[1], tk.ne[2], 1, 1] {
                 return Ok(0);
             }
             rows_src = v;
-            j += 1;
+        } else if !(matches!(tv.op, Op::None) || tv.op.is_view()) || j >= i + 8 {
+            return Ok(0);
         }
-    }
-    let Some(&s) = nodes.get(j) else { return Ok(0) };
+        j += 1;
+    };
     let ts = g.get(s);
-    if ts.op != Op::SetRows || ts.src[1] != rows_src {
+    if ts.src[1] != rows_src {
         return Ok(0);
     }
     let (cache, idx) = (g.get(ts.src[0]), g.get(ts.src[2]));

@@ -63,11 +63,9 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let (ta, tb) = (enc.graph.get(a), enc.graph.get(b));
     let (aa, ba, da) = (enc.arg(a)?, enc.arg(b)?, enc.arg(id)?);
     if ta.dtype.is_quantized() {
-        let n = tb.ne[1];
-        let batches = tb.ne[2] * tb.ne[3];
-        if (1..=8).contains(&n) && has_mmvq(ta.dtype) && mmvq_aligned(ta.dtype, &aa) && batches <= 65535 {
-            let q8 = quantize_q8(enc, ba, tb.dtype)?;
-            return mmvq(enc, ta.dtype, aa, da, q8, n);
+        if mmvq_fits(ta, tb, &aa) {
+            let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
+            return mmvq(enc, ta.dtype, aa, da, q8, tb.ne[1], None);
         }
         return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
     }
@@ -78,21 +76,40 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     gemm(enc, gemm_type(ty), es, aa, bm, da)
 }
 
-/// Quantizes src1's columns into 8-bit blocks in scratch; returns (qs, ds) addresses.
-pub(super) fn quantize_q8(enc: &mut Encoder, b: TArg, bt: DType) -> Result<(u64, u64)> {
+/// Quantizes the columns of tensor `id` (at `b`, of type `bt`) into 8-bit blocks in scratch;
+/// returns (qs, ds) addresses. The blocks the previous mul_mat node made of the same tensor
+/// are reused ([`Encoder::q8`]).
+pub(super) fn quantize_q8(enc: &mut Encoder, id: TensorId, b: TArg, bt: DType) -> Result<(u64, u64)> {
+    if let Some((src, q8)) = enc.q8 {
+        if src == id {
+            return Ok(q8);
+        }
+    }
     let blocks = (b.ne[0] / 32) * b.ne[1] * b.ne[2] * b.ne[3];
     let qs = enc.scratch((blocks * 32) as usize);
     let ds = enc.scratch((blocks * 8) as usize);
     let mut p = params(TArg::default(), &[b]);
-    p.aux = [qs, ds];
+    p.aux[..2].copy_from_slice(&[qs, ds]);
     let grid = (blocks as u64).div_ceil(8).min(u32::MAX as u64 / 2) as u32;
     enc.launch("mmvq", &format!("quantize_q8_1_{}", bt.name()), [grid, 1, 1], [256, 1, 1], 0, p)?;
+    enc.q8 = Some((id, (qs, ds)));
     Ok((qs, ds))
 }
 
-fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize) -> Result<()> {
+/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec kernels.
+pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
+    (1..=8).contains(&b.ne[1]) && has_mmvq(a.dtype) && mmvq_aligned(a.dtype, aa) && b.ne[2] * b.ne[3] <= 65535
+}
+
+/// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
+/// `residual` (F32, d's shape) when given.
+pub(super) fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize, residual: Option<TArg>) -> Result<()> {
     let mut p = params(d, &[a]);
-    p.aux = [q8.0, q8.1];
+    if let Some(r) = residual {
+        p.t[2] = r;
+        p.i[2] = 1;
+    }
+    p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
     let rows = a.ne[1] as u64;

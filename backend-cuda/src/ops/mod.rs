@@ -40,12 +40,16 @@ pub(crate) struct Encoder<'a> {
     pub fuse: bool,
     /// Readers of each tensor (for fusion: an intermediate read elsewhere must be kept).
     uses: Vec<u32>,
+    /// The last mat-vec activation quantized into scratch (the tensor and the (qs, ds)
+    /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
+    /// one token), as long as no other node runs and no scratch is taken in between.
+    pub q8: Option<(TensorId, (u64, u64))>,
 }
 
 impl<'a> Encoder<'a> {
     pub(crate) fn new(dev: &'a DeviceShared, graph: &'a Graph, scratch_base: u64, scratch_cap: usize, tf32: bool, fuse: bool) -> Self {
         let uses = if fuse { fused::use_counts(graph) } else { Vec::new() };
-        Encoder { dev, graph, cmds: Vec::new(), scratch_base, scratch_cap, node_scratch: 0, scratch_need: 0, tf32, fuse, uses }
+        Encoder { dev, graph, cmds: Vec::new(), scratch_base, scratch_cap, node_scratch: 0, scratch_need: 0, tf32, fuse, uses, q8: None }
     }
 
     /// Encodes `nodes` in order (fusing where it can).
@@ -57,6 +61,9 @@ impl<'a> Encoder<'a> {
             if matches!(t.op, Op::None) || t.op.is_view() || t.nelements() == 0 {
                 i += 1;
                 continue;
+            }
+            if t.op != Op::MulMat {
+                self.q8 = None;
             }
             if self.fuse {
                 let used = fused::try_fuse(self, nodes, i)?;
@@ -104,6 +111,7 @@ impl<'a> Encoder<'a> {
 
     /// `bytes` of scratch memory for the node being encoded (256-byte aligned).
     pub(crate) fn scratch(&mut self, bytes: usize) -> u64 {
+        self.q8 = None;
         let off = self.node_scratch;
         self.node_scratch = (off + bytes).div_ceil(ALIGNMENT) * ALIGNMENT;
         self.scratch_need = self.scratch_need.max(self.node_scratch);

@@ -13,8 +13,8 @@
 //! the first-level cache while its columns stream past them, and consecutive tiles on one
 //! thread share weight rows. The tiles are spread over the thread pool.
 
-use tessera_core::quant::{quantize_row, vec_dot, vec_dot_type};
-use tessera_core::{Error, Result};
+use tessera_core::quant::{quantize_row, vec_dot_tile, vec_dot_type};
+use tessera_core::{DType, Error, Result};
 
 use super::dot::dot;
 use super::Ctx;
@@ -59,7 +59,8 @@ impl Plan {
             )));
         }
         let (m, n) = (a.ne[1], b.ne[1]);
-        let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1))
+        // A multiple of 4 rows, so that the kernels' row groups (2 or 4) divide it.
+        let tile_rows = (TILE_WEIGHT_BYTES / row_bytes.max(1) / 4 * 4)
             .clamp(4, MAX_TILE_ROWS)
             .min(m.max(1));
         Ok(Plan {
@@ -142,16 +143,51 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
             for (x, i) in xs.iter_mut().zip(rows.clone()) {
                 *x = a.row([i, a2, a3]);
             }
+            let xs = &xs[..rows.len()];
             let col0 = p.n * (b2 + p.e2 * b3);
-            for j in js {
-                let y = &cols[(col0 + j) * vrow..(col0 + j + 1) * vrow];
-                for (&x, i) in xs.iter().zip(rows.clone()) {
-                    dst.set([i, j, b2, b3], vec_dot(a.dtype, p.k, x, y));
-                }
+            let col = |j: usize| &cols[(col0 + j) * vrow..(col0 + j + 1) * vrow];
+            let put = |r: usize, j: usize, v: f32| dst.set([rows.start + r, j, b2, b3], v);
+            let mut j = js.start;
+            while j + 4 <= js.end {
+                let ys = [col(j), col(j + 1), col(j + 2), col(j + 3)];
+                tile_rows::<4, 4>(a.dtype, p.k, xs, &ys, |r, c, v| put(r, j + c, v));
+                j += 4;
+            }
+            for j in j..js.end {
+                tile_rows::<4, 1>(a.dtype, p.k, xs, &[col(j)], |r, _, v| put(r, j, v));
             }
             Ok(())
         })
     })
+}
+
+/// The dot products of the weight rows `xs` with the `C` columns `ys`, `R` rows at a time, as
+/// `put(row, column, value)`.
+fn tile_rows<const R: usize, const C: usize>(
+    dtype: DType,
+    k: usize,
+    xs: &[&[u8]],
+    ys: &[&[u8]; C],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    let mut emit = |r0: usize, out: &[[f32; C]]| {
+        for (r, o) in out.iter().enumerate() {
+            for (c, &v) in o.iter().enumerate() {
+                put(r0 + r, c, v);
+            }
+        }
+    };
+    let groups = xs.chunks_exact(R);
+    let rest = groups.remainder();
+    for (g, x) in groups.enumerate() {
+        if let Ok(x) = <&[&[u8]; R]>::try_from(x) {
+            emit(g * R, &vec_dot_tile::<R, C>(dtype, k, x, ys));
+        }
+    }
+    let r0 = xs.len() - rest.len();
+    for (r, &x) in rest.iter().enumerate() {
+        emit(r0 + r, &vec_dot_tile::<1, C>(dtype, k, &[x], ys));
+    }
 }
 
 /// Float math: columns and tiles of weight rows converted to f32, then f32 dot products.

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 use super::k_search::scale_min_k4;
 use super::Kernels;
+use crate::dtype::DType;
 
 /// The AVX2 kernel table, when this CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<&'static Kernels> {
@@ -26,6 +27,46 @@ pub(super) fn kernels() -> Option<&'static Kernels> {
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
     ok.then_some(&AVX2)
+}
+
+/// Dot products of `R` weight rows with `C` activation rows (`C` at most 4) over their first
+/// `nb` blocks, for Q4_0, Q4_1 and Q8_0 weights: `out[r][c]` is the dot product of `xs[r]` with
+/// `ys[c]`. Each unpacked weight block meets `C` activation blocks, and each activation block
+/// `R` weight blocks, while they are in registers. The AVX-512 VNNI kernels are used when
+/// `allow_vnni` is true and the CPU has them. `None` for other types, for `C` above 4, when a
+/// slice holds fewer than `nb` blocks, or when this CPU lacks AVX2, FMA or F16C.
+pub(super) fn dot_tile<const R: usize, const C: usize>(
+    dtype: DType,
+    nb: usize,
+    xs: &[&[u8]; R],
+    ys: &[&[u8]; C],
+    allow_vnni: bool,
+) -> Option<[[f32; C]; R]> {
+    if C > 4 || kernels().is_none() {
+        return None;
+    }
+    let (xt, yt) = (dtype.type_size(), super::vec_dot_type(dtype).type_size());
+    if xs.iter().any(|x| x.len() < nb * xt) || ys.iter().any(|y| y.len() < nb * yt) {
+        return None;
+    }
+    let vnni = allow_vnni
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    // SAFETY: `kernels` confirmed AVX2, FMA and F16C, and the `_vnni` kernels run only when
+    // AVX-512 F, VL and VNNI were detected too; every slice holds `nb` blocks of its type
+    // (checked just above), which is all the kernels read; C <= 4 as `tile_q4_1` needs.
+    unsafe {
+        match dtype {
+            DType::Q4_0 if vnni => Some(tile_q_0_vnni::<true, R, C>(nb, xs, ys)),
+            DType::Q8_0 if vnni => Some(tile_q_0_vnni::<false, R, C>(nb, xs, ys)),
+            DType::Q4_1 if vnni => Some(tile_q4_1_vnni::<R, C>(nb, xs, ys)),
+            DType::Q4_0 => Some(tile_q_0::<true, R, C>(nb, xs, ys)),
+            DType::Q8_0 => Some(tile_q_0::<false, R, C>(nb, xs, ys)),
+            DType::Q4_1 => Some(tile_q4_1::<R, C>(nb, xs, ys)),
+            _ => None,
+        }
+    }
 }
 
 /// Declares a safe wrapper `$name` around the `unsafe` AVX2 kernel `$imp`.
@@ -141,6 +182,136 @@ unsafe fn dot_q4_0_avx2(x: &[u8], y: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
     }
     hsum(acc)
+}
+
+/// The two f16 at `p` (lanes 0 and 1; lanes 2 and 3 are 0), as f32; `p` must point at 4
+/// readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f_pair_at(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
+}
+
+/// The f16 at `p` as f32; `p` must point at 2 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Defines the tile kernels `$q_0` (Q4_0 or Q8_0 by Q8_0) and `$q4_1` (Q4_1 by Q8_1) for the
+/// target features `$features`, with `$dot` as the block's integer dot product: one body, built
+/// once for AVX2 and once for AVX-512 VNNI (which also has 32 vector registers, so the tile's
+/// accumulators do not spill).
+macro_rules! tile_kernels {
+    ($features:literal, $q_0:ident, $q4_1:ident, $dot:ident) => {
+        /// An R x C tile of Q4_0 x Q8_0 (`Q4` true) or Q8_0 x Q8_0 (`Q4` false) dot products over `nb`
+        /// blocks. Safety: every `xs[r]` and `ys[c]` holds at least `nb` blocks.
+        #[target_feature(enable = $features)]
+        unsafe fn $q_0<const Q4: bool, const R: usize, const C: usize>(
+            nb: usize,
+            xs: &[&[u8]; R],
+            ys: &[&[u8]; C],
+        ) -> [[f32; C]; R] {
+            let xt = if Q4 { 18 } else { 34 };
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for b in 0..nb {
+                let mut dy = [0f32; C];
+                for (d, y) in dy.iter_mut().zip(ys) {
+                    *d = h2f_at(y.as_ptr().add(34 * b));
+                }
+                for (acc, x) in acc.iter_mut().zip(xs) {
+                    let p = x.as_ptr().add(xt * b);
+                    let qx = if Q4 {
+                        _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
+                    } else {
+                        _mm256_loadu_si256(p.add(2) as *const __m256i)
+                    };
+                    // |x| times y with x's sign: unsigned by signed bytes, as maddubs wants.
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    let dx = _mm256_set1_ps(h2f_at(p));
+                    for ((a, y), &d) in acc.iter_mut().zip(ys).zip(&dy) {
+                        let qy = _mm256_loadu_si256(y.as_ptr().add(34 * b + 2) as *const __m256i);
+                        let s = $dot(ax, _mm256_sign_epi8(qy, qx));
+                        *a = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(d)), s, *a);
+                    }
+                }
+            }
+            let mut out = [[0f32; C]; R];
+            for (o, acc) in out.iter_mut().zip(&acc) {
+                for (o, &a) in o.iter_mut().zip(acc) {
+                    *o = hsum(a);
+                }
+            }
+            out
+        }
+
+        /// An R x C tile of Q4_1 x Q8_1 dot products over `nb` blocks (C at most 4). Safety: every
+        /// `xs[r]` and `ys[c]` holds at least `nb` blocks.
+        #[target_feature(enable = $features)]
+        unsafe fn $q4_1<const R: usize, const C: usize>(
+            nb: usize,
+            xs: &[&[u8]; R],
+            ys: &[&[u8]; C],
+        ) -> [[f32; C]; R] {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            // Lane c of mins[r]: the sum of m_x * s_y of row r and column c.
+            let mut mins = [_mm_setzero_ps(); R];
+            for b in 0..nb {
+                let mut dy = [0f32; C];
+                let mut sy = _mm_setzero_ps();
+                for (c, (d, y)) in dy.iter_mut().zip(ys).enumerate() {
+                    // [d_y, s_y, 0, 0]; s_y goes to lane c of sy.
+                    let ds = h2f_pair_at(y.as_ptr().add(36 * b));
+                    *d = _mm_cvtss_f32(ds);
+                    sy = match c {
+                        0 => _mm_insert_ps::<0b01_00_0000>(sy, ds),
+                        1 => _mm_insert_ps::<0b01_01_0000>(sy, ds),
+                        2 => _mm_insert_ps::<0b01_10_0000>(sy, ds),
+                        _ => _mm_insert_ps::<0b01_11_0000>(sy, ds),
+                    };
+                }
+                for ((acc, m), x) in acc.iter_mut().zip(&mut mins).zip(xs) {
+                    let p = x.as_ptr().add(20 * b);
+                    let qx = nibbles(p.add(4));
+                    // [d_x, m_x, 0, 0]
+                    let dm = h2f_pair_at(p);
+                    *m = _mm_fmadd_ps(_mm_permute_ps::<0b01_01_01_01>(dm), sy, *m);
+                    let dx = _mm256_broadcastss_ps(dm);
+                    for ((a, y), &d) in acc.iter_mut().zip(ys).zip(&dy) {
+                        let qy = _mm256_loadu_si256(y.as_ptr().add(36 * b + 4) as *const __m256i);
+                        let s = $dot(qx, qy);
+                        *a = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(d)), s, *a);
+                    }
+                }
+            }
+            let mut out = [[0f32; C]; R];
+            for ((o, acc), m) in out.iter_mut().zip(&acc).zip(&mins) {
+                let mut lanes = [0f32; 4];
+                _mm_storeu_ps(lanes.as_mut_ptr(), *m);
+                for ((o, &a), &l) in o.iter_mut().zip(acc).zip(&lanes) {
+                    *o = hsum(a) + l;
+                }
+            }
+            out
+        }
+    };
+}
+
+tile_kernels!("avx2,fma,f16c", tile_q_0, tile_q4_1, dot_u8_i8);
+tile_kernels!(
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    tile_q_0_vnni,
+    tile_q4_1_vnni,
+    dot_u8_i8_vnni
+);
+
+/// [`dot_u8_i8`] with one AVX-512 VNNI instruction (exact: no 16-bit saturation on the way).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn dot_u8_i8_vnni(u: __m256i, s: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
 }
 
 /// Q4_1 x Q8_1.

@@ -248,6 +248,36 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// Dot products of `R` weight rows `xs` (type `dtype`, `n` elements each) with `C` activation
+/// rows `ys` (in `vec_dot_type(dtype)`): `out[r][c]` is `vec_dot(dtype, n, xs[r], ys[c])` up to
+/// the rounding of f32 sums.
+///
+/// This is the kernel of a quantized matrix product with several columns: for Q4_0, Q4_1 and
+/// Q8_0 on CPUs with AVX2 (and `C` at most 4) one pass over the blocks computes the whole tile,
+/// so each weight block is unpacked once for `C` columns and each activation block is loaded
+/// once for `R` rows. Other types and CPUs compute the `R * C` dot products one by one.
+/// Lengths are treated as in [`vec_dot`].
+pub fn vec_dot_tile<const R: usize, const C: usize>(
+    dtype: DType,
+    n: usize,
+    xs: &[&[u8]; R],
+    ys: &[&[u8]; C],
+) -> [[f32; C]; R] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (xt, yt) = (dtype.type_size(), vec_dot_type(dtype).type_size());
+        let nb = xs
+            .iter()
+            .map(|x| x.len() / xt)
+            .chain(ys.iter().map(|y| y.len() / yt))
+            .fold(n / dtype.block_size(), usize::min);
+        if let Some(out) = avx2::dot_tile(dtype, nb, xs, ys, true) {
+            return out;
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|c| vec_dot(dtype, n, xs[r], ys[c])))
+}
+
 /// An f16 from its little-endian bytes, as f32.
 fn f16_of(b: [u8; 2]) -> f32 {
     f16::from_le_bytes(b).to_f32()

@@ -153,9 +153,13 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
     if srcs.first().is_some_and(|a| a.nb.iter().any(|&b| b >= u32::MAX as usize / 2)) {
         return Err("strides too large for 32-bit indexing".into());
     }
+    let usable = (gpu.max_binding() as usize).saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
     for x in std::iter::once(t).chain(whole) {
         if !fits_u32(x) {
             return Err(format!("a tensor of {:?} is too large for 32-bit indexing", x.ne));
+        }
+        if x.nbytes() > usable {
+            return Err(format!("a tensor of {} bytes exceeds the largest storage binding ({usable} bytes)", x.nbytes()));
         }
     }
     let mut p = Params::default();
@@ -293,8 +297,6 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;
             p.u[2] = (b.ne[3] / a.ne[3]) as u32;
             // Weights larger than one storage binding run as several launches over row ranges.
-            let usable = (gpu.max_binding() as usize)
-                .saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
             let chunk = if a.nbytes() <= usable {
                 a.ne[1]
             } else if a.ne[2] * a.ne[3] == 1 && a.nb[1] <= usable {

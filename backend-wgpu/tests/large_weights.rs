@@ -1,5 +1,6 @@
 //! A mul_mat whose weights are larger than one storage binding (128 MiB on lavapipe) runs as
-//! several launches over row ranges and gives the host's result.
+//! several launches over row ranges and gives the host's result; other ops on such a tensor
+//! are not supported.
 
 mod common;
 
@@ -24,6 +25,13 @@ fn weights_past_one_binding_are_split() {
     let b = g.input("y", DType::F32, &[k, 1]).unwrap();
     let out = g.mul_mat(a, b).unwrap();
     g.set_output(out);
+    // Other ops on a tensor past one binding are refused up front, so the scheduler can place
+    // them elsewhere.
+    let mut g2 = g.clone();
+    let idx = g2.input("idx", DType::I32, &[2]).unwrap();
+    let rows = g2.get_rows(a, idx).unwrap();
+    assert!(dev.supports_op(&g2, out));
+    assert!(!dev.supports_op(&g2, rows));
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(Arc::clone(&bt));
     alloc.alloc(&mut g, &nodes).unwrap();

@@ -4,7 +4,8 @@
 //!
 //! [`supported`] and [`launches`] share one decision per op ([`plan`]), so that
 //! `Device::supports_op` says true exactly when a launch can be built. The variants [`plan`]
-//! can ask for are listed family by family by [`variants`], which the naga test validates.
+//! can ask for are listed family by family by `variants` (test builds), which the naga test
+//! validates.
 
 use bytemuck::{Pod, Zeroable};
 use tessera_core::{BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, Tensor, TensorId, UnaryOp};

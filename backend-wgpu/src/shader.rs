@@ -21,7 +21,7 @@
 //! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
 //! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32).
 //!
-//! Every variant the backend can build is listed by [`all_variants`], and the unit test
+//! Every variant the backend can build is listed by `all_variants` (test builds), and the unit test
 //! `every_variant_validates` runs each through naga's WGSL front end and validator with no
 //! GPU, which is why pipelines are built as trusted modules at run time.
 

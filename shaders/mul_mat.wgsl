@@ -49,7 +49,11 @@ var<private> yv: array<f32, 32>;
 fn load_y(yb: u32, g: u32) {
     let k0 = g * 32u;
     for (var e = 0u; e < 32u; e++) {
-        yv[e] = select(0.0, y1(yb, k0 + e), k0 + e < P.s0.ne.x);
+        var y = 0.0;
+        if k0 + e < P.s0.ne.x {
+            y = y1(yb, k0 + e);
+        }
+        yv[e] = y;
     }
 }
 

@@ -10,9 +10,10 @@
 
 const OP: u32 = {{OP}}u;
 
-// The row index stored at byte b of src1 (i32, or the low word of an i64).
-fn index1(b: u32) -> u32 {
-    return src1[b >> 2u];
+// The row index stored at byte b of src1 (i32, or the low word of an i64), clamped below
+// `rows`: an index out of range reads or writes the last row rather than outside the tensor.
+fn index1(b: u32, rows: u32) -> u32 {
+    return min(src1[b >> 2u], rows - 1u);
 }
 
 @compute @workgroup_size({{WG}})
@@ -23,7 +24,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
 #if QDST
     let c = coords(i * QK, P.s0.ne);
-    let r = index1(P.off.z + c.y * P.s1.nb.x + (c.z % P.s1.ne.y) * P.s1.nb.y + (c.w % P.s1.ne.z) * P.s1.nb.z);
+    let r = index1(P.off.z + c.y * P.s1.nb.x + (c.z % P.s1.ne.y) * P.s1.nb.y + (c.w % P.s1.ne.z) * P.s1.nb.z, P.d.ne.y);
     for (var j = 0u; j < QK; j++) {
         xs[j] = ld0(P.off.y + at(c, P.s0.nb) + j * P.s0.nb.x);
     }
@@ -32,12 +33,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if OP == 2u {
         let c = coords(i, P.s0.ne);
         let ib = P.off.z + c.y * P.s1.nb.x + (c.z % P.s1.ne.y) * P.s1.nb.y + (c.w % P.s1.ne.z) * P.s1.nb.z;
-        let r = index1(ib);
+        let r = index1(ib, P.d.ne.y);
         st(P.off.x + at(vec4<u32>(c.x, r, c.z, c.w), P.d.nb), ld0(P.off.y + at(c, P.s0.nb)));
         return;
     }
     let c = coords(i, P.d.ne);
-    let r = index1(P.off.z + c.y * P.s1.nb.x + c.z * P.s1.nb.y + c.w * P.s1.nb.z);
+    let r = index1(P.off.z + c.y * P.s1.nb.x + c.z * P.s1.nb.y + c.w * P.s1.nb.z, P.s0.ne.y);
     let row = P.off.y + r * P.s0.nb.y + c.z * P.s0.nb.z + c.w * P.s0.nb.w;
     let db = P.off.x + at(c, P.d.nb);
 #if QUANT

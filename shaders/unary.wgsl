@@ -68,7 +68,9 @@ fn copy_bytes(i: u32) {
             mask |= 0xffu << (8u * k);
         }
     }
-    put_bits(w, mask, word);
+    if mask != 0u {
+        put_bits(w, mask, word);
+    }
 }
 #endif
 

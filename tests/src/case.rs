@@ -17,6 +17,14 @@ pub enum Tolerance {
     Nmse(f64),
     /// Every value equal (integer results, same-type copies).
     Exact,
+    /// Results quantized into a block type: NMSE at most `nmse`, and no value further than
+    /// `max_abs` from the reference's (see [`Tolerance::quantized`]).
+    Quantized {
+        /// The largest NMSE allowed.
+        nmse: f64,
+        /// The largest difference of one value.
+        max_abs: f64,
+    },
 }
 
 impl Tolerance {
@@ -30,14 +38,23 @@ impl Tolerance {
     /// The largest NMSE allowed (0 for [`Tolerance::Exact`]).
     pub fn threshold(self) -> f64 {
         match self {
-            Tolerance::Nmse(t) => t,
+            Tolerance::Nmse(t) | Tolerance::Quantized { nmse: t, .. } => t,
             Tolerance::Exact => 0.0,
         }
     }
 
-    /// The tolerance for results quantized into `dtype` from `n` values uniform in [-1, 1]:
-    /// roughly one quantized value off by one step (ggml's estimate), for the types with a
-    /// step; 1e-6 otherwise.
+    /// The tolerance for results quantized into `dtype` from `n` values uniform in [-1, 1]
+    /// (compared after dequantizing both).
+    ///
+    /// Two correct quantizers can disagree where a value sits on a rounding tie or where a
+    /// float comparison in a scale search goes the other way (fused multiply-adds, a reciprocal
+    /// instead of a division): ggml's estimate of "one value off by one step" fails a GPU for
+    /// two such ties. So the simple block types allow four values one step off, and the K types,
+    /// whose super-block scale search may settle on another, equally good, scale for a whole
+    /// sub-block, allow an eighth of the type's own quantization noise (`step^2 / 4` in NMSE
+    /// for uniform inputs), at most 2e-4. Either way no single value may be more than one and a half steps
+    /// from the reference's: two good quantizations of one input are each within a step of it,
+    /// while a wrong layout, scale or packing moves a value by several steps.
     pub fn quantized(dtype: DType, n: usize) -> Tolerance {
         let bits = match dtype {
             DType::Q2_K => 2.0,
@@ -49,7 +66,12 @@ impl Tolerance {
             _ => return Tolerance::Nmse(1e-6),
         };
         let step: f64 = 2.0 / f64::powf(2.0, bits);
-        Tolerance::Nmse(step * step / (0.25 * n.max(1) as f64))
+        let one_step = step * step / (0.25 * n.max(1) as f64);
+        let k_type = matches!(dtype, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K);
+        // (capped at 2e-4: for the coarsest types an eighth of the noise would hide a whole
+        // sub-block with a wrong scale)
+        let nmse = if k_type { (step * step / 4.0 / 8.0).min(2e-4).max(one_step) } else { 4.0 * one_step };
+        Tolerance::Quantized { nmse, max_abs: 1.5 * step }
     }
 }
 

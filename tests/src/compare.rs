@@ -39,6 +39,12 @@ pub(crate) fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Compari
             let failure = Some(format!("value {i} differs (out {o}, reference {r})"));
             return Comparison { nmse: nmse(reference, out), failure };
         }
+        if let Tolerance::Quantized { max_abs, .. } = tol {
+            if (r - o).abs() > max_abs {
+                let failure = Some(format!("value {i} differs by more than {max_abs:.3e} (out {o}, reference {r})"));
+                return Comparison { nmse: nmse(reference, out), failure };
+            }
+        }
         err += (r - o) * (r - o);
         norm += r * r;
     }

@@ -3,20 +3,23 @@
 //!
 //! Two paths:
 //! - **Quantized weights** (the default): every src1 column is quantized once, up front, to the
-//!   weights' dot-product type (`vec_dot_type`, as ggml does), and each output is one
-//!   `vec_dot` of a weight row with a column, straight on the blocks.
+//!   weights' dot-product type (`vec_dot_type`, as ggml does), and the products are computed
+//!   straight on the blocks by `vec_dot_tile`: 4 weight rows by 4 columns in one pass (4 rows by
+//!   1 column for a lone column, as in decoding), so that each unpacked weight block is used for
+//!   4 columns and each activation block for 4 rows while they are in registers.
 //! - **Float math** (float weights, or quantized weights in precise mode): src1 columns are
 //!   converted to f32 once; weight rows are converted (dequantized) to f32 a tile at a time and
-//!   multiplied with f32 dot products. Nothing larger than a tile is ever dequantized.
+//!   multiplied with f32 dot products, 2 rows by 4 columns per pass (`dot_tile`). Nothing larger
+//!   than a tile is ever dequantized.
 //!
 //! Work is split into tiles of a few weight rows by a few columns: a tile's weight rows stay in
 //! the first-level cache while its columns stream past them, and consecutive tiles on one
 //! thread share weight rows. The tiles are spread over the thread pool.
 
 use tessera_core::quant::{quantize_row, vec_dot_tile, vec_dot_type};
-use tessera_core::{DType, Error, Result};
+use tessera_core::{Error, Result};
 
-use super::dot::dot;
+use super::dot::dot_tile;
 use super::Ctx;
 use crate::parallel::{for_ranges, for_rows_mut};
 use crate::view::TView;
@@ -123,7 +126,8 @@ pub(crate) fn run(ctx: &Ctx, dst: &TView, a: &TView, b: &TView) -> Result<()> {
     }
 }
 
-/// Quantized weights: columns quantized to the dot type once, then `vec_dot` per output.
+/// Quantized weights: columns quantized to the dot type once, then `vec_dot_tile` per group of
+/// rows and columns.
 fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     let p = Plan::new(dst, a, b, a.dtype.row_size(a.ne[0])?)?;
     let vt = vec_dot_type(a.dtype);
@@ -150,24 +154,38 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
             let mut j = js.start;
             while j + 4 <= js.end {
                 let ys = [col(j), col(j + 1), col(j + 2), col(j + 3)];
-                tile_rows::<4, 4>(a.dtype, p.k, xs, &ys, |r, c, v| put(r, j + c, v));
+                let (t, k) = (a.dtype, p.k);
+                tile_rows::<_, 4, 4>(
+                    xs,
+                    &ys,
+                    |x, y| vec_dot_tile(t, k, x, y),
+                    |x, y| vec_dot_tile(t, k, x, y),
+                    |r, c, v| put(r, j + c, v),
+                );
                 j += 4;
             }
             for j in j..js.end {
-                tile_rows::<4, 1>(a.dtype, p.k, xs, &[col(j)], |r, _, v| put(r, j, v));
+                let (t, k) = (a.dtype, p.k);
+                tile_rows::<_, 4, 1>(
+                    xs,
+                    &[col(j)],
+                    |x, y| vec_dot_tile(t, k, x, y),
+                    |x, y| vec_dot_tile(t, k, x, y),
+                    |r, _, v| put(r, j, v),
+                );
             }
             Ok(())
         })
     })
 }
 
-/// The dot products of the weight rows `xs` with the `C` columns `ys`, `R` rows at a time, as
-/// `put(row, column, value)`.
-fn tile_rows<const R: usize, const C: usize>(
-    dtype: DType,
-    k: usize,
-    xs: &[&[u8]],
-    ys: &[&[u8]; C],
+/// The dot products of the weight rows `xs` with the `C` columns `ys`, `R` rows at a time with
+/// `full` and the rows left over one at a time with `one`, as `put(row, column, value)`.
+fn tile_rows<T: ?Sized, const R: usize, const C: usize>(
+    xs: &[&T],
+    ys: &[&T; C],
+    full: impl Fn(&[&T; R], &[&T; C]) -> [[f32; C]; R],
+    one: impl Fn(&[&T; 1], &[&T; C]) -> [[f32; C]; 1],
     mut put: impl FnMut(usize, usize, f32),
 ) {
     let mut emit = |r0: usize, out: &[[f32; C]]| {
@@ -180,17 +198,17 @@ fn tile_rows<const R: usize, const C: usize>(
     let groups = xs.chunks_exact(R);
     let rest = groups.remainder();
     for (g, x) in groups.enumerate() {
-        if let Ok(x) = <&[&[u8]; R]>::try_from(x) {
-            emit(g * R, &vec_dot_tile::<R, C>(dtype, k, x, ys));
+        if let Ok(x) = <&[&T; R]>::try_from(x) {
+            emit(g * R, &full(x, ys));
         }
     }
     let r0 = xs.len() - rest.len();
     for (r, &x) in rest.iter().enumerate() {
-        emit(r0 + r, &vec_dot_tile::<1, C>(dtype, k, &[x], ys));
+        emit(r0 + r, &one(&[x], ys));
     }
 }
 
-/// Float math: columns and tiles of weight rows converted to f32, then f32 dot products.
+/// Float math: columns and tiles of weight rows converted to f32, then f32 dot-product tiles.
 fn float(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     let p = Plan::new(dst, a, b, a.ne[0] * std::mem::size_of::<f32>())?;
     let k = p.k;
@@ -211,11 +229,22 @@ fn float(dst: &TView, a: &TView, b: &TView) -> Result<()> {
                 loaded = Some(key);
             }
             let col0 = p.n * (b2 + p.e2 * b3);
-            for j in js {
-                let y = &cols[(col0 + j) * k..(col0 + j + 1) * k];
-                for (t, i) in tile.chunks_exact(k).zip(rows.clone()) {
-                    dst.set([i, j, b2, b3], dot(t, y));
-                }
+            let col = |j: usize| &cols[(col0 + j) * k..(col0 + j + 1) * k];
+            let mut xs: [&[f32]; MAX_TILE_ROWS] = [&[]; MAX_TILE_ROWS];
+            for (x, t) in xs.iter_mut().zip(tile.chunks_exact(k)) {
+                *x = t;
+            }
+            let xs = &xs[..rows.len()];
+            let put = |r: usize, j: usize, v: f32| dst.set([rows.start + r, j, b2, b3], v);
+            let mut j = js.start;
+            while j + 4 <= js.end {
+                let ys = [col(j), col(j + 1), col(j + 2), col(j + 3)];
+                tile_rows::<_, 2, 4>(xs, &ys, dot_tile, dot_tile, |r, c, v| put(r, j + c, v));
+                j += 4;
+            }
+            for j in j..js.end {
+                let ys = [col(j)];
+                tile_rows::<_, 4, 1>(xs, &ys, dot_tile, dot_tile, |r, _, v| put(r, j, v));
             }
             Ok(())
         })?;

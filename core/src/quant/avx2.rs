@@ -153,6 +153,16 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
 }
 
+/// [`nibbles`] without a cross-lane insert: the 16 bytes are loaded into both halves and the
+/// upper half shifted by 4, which keeps the shuffle port free for the kernels' broadcasts.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_wide(p: *const u8) -> __m256i {
+    let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(q, _mm256_set1_epi8(15))
+}
+
 /// The 8 i32 pair sums of unsigned bytes `u` times signed bytes `s` (`u * s` must fit i16 per
 /// pair, which holds for |u| <= 128 and |s| <= 127).
 #[inline]
@@ -224,7 +234,7 @@ macro_rules! tile_kernels {
                 for (acc, x) in acc.iter_mut().zip(xs) {
                     let p = x.as_ptr().add(xt * b);
                     let qx = if Q4 {
-                        _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
+                        _mm256_sub_epi8(nibbles_wide(p.add(2)), _mm256_set1_epi8(8))
                     } else {
                         _mm256_loadu_si256(p.add(2) as *const __m256i)
                     };
@@ -274,10 +284,15 @@ macro_rules! tile_kernels {
                 }
                 for ((acc, m), x) in acc.iter_mut().zip(&mut mins).zip(xs) {
                     let p = x.as_ptr().add(20 * b);
-                    let qx = nibbles(p.add(4));
+                    let qx = nibbles_wide(p.add(4));
                     // [d_x, m_x, 0, 0]
                     let dm = h2f_pair_at(p);
-                    *m = _mm_fmadd_ps(_mm_permute_ps::<0b01_01_01_01>(dm), sy, *m);
+                    *m = if C == 1 {
+                        // Lane 1 gathers m_x * s_y of the one column (sy holds it in lane 0).
+                        _mm_fmadd_ps(dm, _mm_moveldup_ps(sy), *m)
+                    } else {
+                        _mm_fmadd_ps(_mm_permute_ps::<0b01_01_01_01>(dm), sy, *m)
+                    };
                     let dx = _mm256_broadcastss_ps(dm);
                     for ((a, y), &d) in acc.iter_mut().zip(ys).zip(&dy) {
                         let qy = _mm256_loadu_si256(y.as_ptr().add(36 * b + 4) as *const __m256i);
@@ -289,7 +304,9 @@ macro_rules! tile_kernels {
             let mut out = [[0f32; C]; R];
             for ((o, acc), m) in out.iter_mut().zip(&acc).zip(&mins) {
                 let mut lanes = [0f32; 4];
-                _mm_storeu_ps(lanes.as_mut_ptr(), *m);
+                // With one column its sum is in lane 1 (see above).
+                let m = if C == 1 { _mm_movehdup_ps(*m) } else { *m };
+                _mm_storeu_ps(lanes.as_mut_ptr(), m);
                 for ((o, &a), &l) in o.iter_mut().zip(acc).zip(&lanes) {
                     *o = hsum(a) + l;
                 }

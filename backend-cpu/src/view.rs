@@ -215,6 +215,26 @@ impl TView {
         self.write_plain(self.offset(i), v)
     }
 
+    /// Stores `vals` as elements `i0`, `i0 + 1`, ... of row (i1, i2, i3): with one range check
+    /// and plain stores when the row holds adjacent F32 values, element by element otherwise.
+    /// The run's length is a constant, so that the stores compile to a fixed-size copy rather
+    /// than a call to `memcpy`.
+    pub fn set_run<const N: usize>(&self, [i0, i1, i2, i3]: [usize; 4], vals: &[f32; N]) {
+        if self.dtype == DType::F32 && self.nb[0] == 4 {
+            let p = self.at(self.offset([i0, i1, i2, i3]), 4 * vals.len());
+            for (k, v) in vals.iter().enumerate() {
+                // SAFETY: `at` checked the whole run; unaligned writes are allowed.
+                unsafe {
+                    std::ptr::write_unaligned(p.add(4 * k).cast::<[u8; 4]>(), v.to_le_bytes())
+                }
+            }
+            return;
+        }
+        for (k, &v) in vals.iter().enumerate() {
+            self.set([i0 + k, i1, i2, i3], v);
+        }
+    }
+
     /// Element `i` of an I32 or I64 tensor (indices, positions).
     pub fn get_int(&self, i: [usize; 4]) -> i64 {
         let off = self.offset(i);

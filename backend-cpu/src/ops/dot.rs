@@ -177,7 +177,11 @@ mod tests {
     fn dot_tile_matches_dot() {
         fn check<const R: usize, const C: usize>(n: usize) {
             let rows: Vec<Vec<f32>> = (0..R + C)
-                .map(|r| (0..n).map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.25 - 2.0).collect())
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.25 - 2.0)
+                        .collect()
+                })
                 .collect();
             let xs: [&[f32]; R] = std::array::from_fn(|r| rows[r].as_slice());
             let ys: [&[f32]; C] = std::array::from_fn(|c| rows[R + c].as_slice());
@@ -185,7 +189,10 @@ mod tests {
             for r in 0..R {
                 for c in 0..C {
                     let want = dot(xs[r], ys[c]);
-                    assert!((out[r][c] - want).abs() <= 1e-4 * (1.0 + want.abs()), "n {n}");
+                    assert!(
+                        (out[r][c] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "n {n}"
+                    );
                 }
             }
         }

@@ -150,7 +150,13 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
             let xs = &xs[..rows.len()];
             let col0 = p.n * (b2 + p.e2 * b3);
             let col = |j: usize| &cols[(col0 + j) * vrow..(col0 + j + 1) * vrow];
-            let put = |r: usize, j: usize, v: f32| dst.set([rows.start + r, j, b2, b3], v);
+            let out = |j: usize| Out {
+                dst,
+                row0: rows.start,
+                col0: j,
+                b2,
+                b3,
+            };
             let mut j = js.start;
             while j + 4 <= js.end {
                 let ys = [col(j), col(j + 1), col(j + 2), col(j + 3)];
@@ -160,7 +166,7 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
                     &ys,
                     |x, y| vec_dot_tile(t, k, x, y),
                     |x, y| vec_dot_tile(t, k, x, y),
-                    |r, c, v| put(r, j + c, v),
+                    &out(j),
                 );
                 j += 4;
             }
@@ -171,7 +177,7 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
                     &[col(j)],
                     |x, y| vec_dot_tile(t, k, x, y),
                     |x, y| vec_dot_tile(t, k, x, y),
-                    |r, _, v| put(r, j, v),
+                    &out(j),
                 );
             }
             Ok(())
@@ -179,32 +185,47 @@ fn quantized(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     })
 }
 
+/// Where a group of results goes: rows from `row0` and columns from `col0` of batch (b2, b3).
+struct Out<'a> {
+    dst: &'a TView,
+    row0: usize,
+    col0: usize,
+    b2: usize,
+    b3: usize,
+}
+
+impl Out<'_> {
+    /// Stores `vals` as rows `row0 + r ..` of column `col0 + c`.
+    fn put<const N: usize>(&self, r: usize, c: usize, vals: &[f32; N]) {
+        self.dst
+            .set_run([self.row0 + r, self.col0 + c, self.b2, self.b3], vals);
+    }
+}
+
 /// The dot products of the weight rows `xs` with the `C` columns `ys`, `R` rows at a time with
-/// `full` and the rows left over one at a time with `one`, as `put(row, column, value)`.
+/// `full` and the rows left over one at a time with `one`, into `out`.
 fn tile_rows<T: ?Sized, const R: usize, const C: usize>(
     xs: &[&T],
     ys: &[&T; C],
     full: impl Fn(&[&T; R], &[&T; C]) -> [[f32; C]; R],
     one: impl Fn(&[&T; 1], &[&T; C]) -> [[f32; C]; 1],
-    mut put: impl FnMut(usize, usize, f32),
+    out: &Out,
 ) {
-    let mut emit = |r0: usize, out: &[[f32; C]]| {
-        for (r, o) in out.iter().enumerate() {
-            for (c, &v) in o.iter().enumerate() {
-                put(r0 + r, c, v);
-            }
-        }
-    };
     let groups = xs.chunks_exact(R);
     let rest = groups.remainder();
     for (g, x) in groups.enumerate() {
         if let Ok(x) = <&[&T; R]>::try_from(x) {
-            emit(g * R, &full(x, ys));
+            let tile = full(x, ys);
+            for c in 0..C {
+                out.put(g * R, c, &tile.map(|o| o[c]));
+            }
         }
     }
     let r0 = xs.len() - rest.len();
     for (r, &x) in rest.iter().enumerate() {
-        emit(r0 + r, &one(&[x], ys));
+        for (c, &v) in one(&[x], ys)[0].iter().enumerate() {
+            out.put(r0 + r, c, &[v]);
+        }
     }
 }
 
@@ -235,16 +256,22 @@ fn float(dst: &TView, a: &TView, b: &TView) -> Result<()> {
                 *x = t;
             }
             let xs = &xs[..rows.len()];
-            let put = |r: usize, j: usize, v: f32| dst.set([rows.start + r, j, b2, b3], v);
+            let out = |j: usize| Out {
+                dst,
+                row0: rows.start,
+                col0: j,
+                b2,
+                b3,
+            };
             let mut j = js.start;
             while j + 4 <= js.end {
                 let ys = [col(j), col(j + 1), col(j + 2), col(j + 3)];
-                tile_rows::<_, 2, 4>(xs, &ys, dot_tile, dot_tile, |r, c, v| put(r, j + c, v));
+                tile_rows::<_, 2, 4>(xs, &ys, dot_tile, dot_tile, &out(j));
                 j += 4;
             }
             for j in j..js.end {
                 let ys = [col(j)];
-                tile_rows::<_, 4, 1>(xs, &ys, dot_tile, dot_tile, |r, _, v| put(r, j, v));
+                tile_rows::<_, 4, 1>(xs, &ys, dot_tile, dot_tile, &out(j));
             }
             Ok(())
         })?;

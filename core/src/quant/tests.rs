@@ -394,7 +394,10 @@ fn quant_tile_kernels_match_scalar() {
             for (r, row) in out.iter().enumerate() {
                 for (c, &got) in row.iter().enumerate() {
                     let want = scalar(&xs[r], &ys[c]);
-                    assert!(close(got, want), "{t} {R}x{C} n={n} ({r}, {c}): {got} vs {want}");
+                    assert!(
+                        close(got, want),
+                        "{t} {R}x{C} n={n} ({r}, {c}): {got} vs {want}"
+                    );
                 }
             }
         }

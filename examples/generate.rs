@@ -18,7 +18,9 @@ use tessera_llm::{fetch, Context, ContextParams, Model};
 
 fn main() -> tessera::Result<()> {
     let mut args = std::env::args().skip(1);
-    let prompt = args.next().unwrap_or_else(|| "Once upon a time".to_string());
+    let prompt = args
+        .next()
+        .unwrap_or_else(|| "Once upon a time".to_string());
     let path = match args.next() {
         Some(p) => p.into(),
         None => fetch::test_model(&mut |_| {})?,
@@ -38,7 +40,10 @@ fn main() -> tessera::Result<()> {
 
     // Sample up to 64 tokens (temperature 0.8, top-k 40, top-p 0.95 by default), printing each
     // piece of text as soon as it is complete; returning false from the callback would stop.
-    let params = GenerateParams { max_tokens: 64, ..Default::default() };
+    let params = GenerateParams {
+        max_tokens: 64,
+        ..Default::default()
+    };
     print!("{prompt}");
     let out = generate(&mut ctx, &prompt_ids, &params, &mut |piece| {
         print!("{piece}");

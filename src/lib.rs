@@ -75,12 +75,18 @@ pub fn device(registry: &Registry, spec: &str) -> Result<Arc<dyn Device>> {
 
 /// A meta device (`meta:cpu,cuda:0`: tensor parallelism over the parts, found in `registry`)
 /// dividing work by `ratios`.
-pub fn meta_device(registry: &Registry, spec: &str, ratios: &SplitRatios) -> Result<Arc<dyn Device>> {
+pub fn meta_device(
+    registry: &Registry,
+    spec: &str,
+    ratios: &SplitRatios,
+) -> Result<Arc<dyn Device>> {
     let parts = tessera_core::meta::parse_spec(spec)?
         .iter()
         .map(|p| {
             registry.find(p).map_err(|e| match e {
-                Error::NoSuchDevice(what) => Error::NoSuchDevice(format!("{what}, a part of {spec}")),
+                Error::NoSuchDevice(what) => {
+                    Error::NoSuchDevice(format!("{what}, a part of {spec}"))
+                }
                 other => other,
             })
         })

@@ -33,11 +33,25 @@ pub struct CudaBackend {
 impl CudaBackend {
     pub(crate) fn new(dev: Arc<DeviceShared>) -> Result<CudaBackend> {
         dev.bind()?;
-        let stream = dev.ctx.new_stream().map_err(|e| dev.err("creating a stream", e))?;
+        let stream = dev
+            .ctx
+            .new_stream()
+            .map_err(|e| dev.err("creating a stream", e))?;
         let blas = Blas::new(dev.clone(), stream.cu_stream())?;
         let tf32 = std::env::var("TESSERA_CUDA_TF32").is_ok_and(|v| v == "1");
-        let fuse = std::env::var("TESSERA_CUDA_FUSION").map(|v| v != "0").unwrap_or(true);
-        Ok(CudaBackend { graphs: GraphCache::new(), blas, scratch: 0, scratch_cap: 0, tf32, fuse, stream, dev })
+        let fuse = std::env::var("TESSERA_CUDA_FUSION")
+            .map(|v| v != "0")
+            .unwrap_or(true);
+        Ok(CudaBackend {
+            graphs: GraphCache::new(),
+            blas,
+            scratch: 0,
+            scratch_cap: 0,
+            tf32,
+            fuse,
+            stream,
+            dev,
+        })
     }
 
     /// How the last [`Backend::compute`] ran (eagerly, or through a captured, updated or
@@ -73,7 +87,9 @@ impl CudaBackend {
 
     /// The CUDA buffer of this device behind `b`, if it is one.
     fn own<'b>(&self, b: &'b dyn Buffer) -> Option<&'b CudaBuffer> {
-        b.as_any().downcast_ref::<CudaBuffer>().filter(|c| c.ordinal() == self.dev.ordinal)
+        b.as_any()
+            .downcast_ref::<CudaBuffer>()
+            .filter(|c| c.ordinal() == self.dev.ordinal)
     }
 
     /// Makes the scratch arena at least `need` bytes.
@@ -96,7 +112,9 @@ impl Drop for CudaBackend {
         if let Err(e) = self.stream.synchronize() {
             log::warn!("{}: {}", self.dev.name, crate::driver::describe(e));
         }
-        self.dev.pool.free(&self.dev, self.scratch, self.stream.cu_stream());
+        self.dev
+            .pool
+            .free(&self.dev, self.scratch, self.stream.cu_stream());
     }
 }
 
@@ -108,7 +126,9 @@ pub struct CudaEventMark {
 
 impl Event for CudaEventMark {
     fn synchronize(&self) -> Result<()> {
-        self.event.synchronize().map_err(|e| crate::driver::drv(&self.device, "waiting for an event", e))
+        self.event
+            .synchronize()
+            .map_err(|e| crate::driver::drv(&self.device, "waiting for an event", e))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -124,7 +144,14 @@ impl Backend for CudaBackend {
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         self.dev.bind()?;
         let started = self.graphs.profiling().then(std::time::Instant::now);
-        let mut enc = Encoder::new(&self.dev, graph, self.scratch, self.scratch_cap, self.tf32, self.fuse);
+        let mut enc = Encoder::new(
+            &self.dev,
+            graph,
+            self.scratch,
+            self.scratch_cap,
+            self.tf32,
+            self.fuse,
+        );
         enc.encode(nodes)?;
         let cmds = if enc.scratch_fits() {
             enc.cmds
@@ -132,7 +159,14 @@ impl Backend for CudaBackend {
             let need = enc.scratch_need;
             drop(enc);
             self.grow_scratch(need)?;
-            let mut enc = Encoder::new(&self.dev, graph, self.scratch, self.scratch_cap, self.tf32, self.fuse);
+            let mut enc = Encoder::new(
+                &self.dev,
+                graph,
+                self.scratch,
+                self.scratch_cap,
+                self.tf32,
+                self.fuse,
+            );
             enc.encode(nodes)?;
             enc.cmds
         };
@@ -145,7 +179,9 @@ impl Backend for CudaBackend {
 
     fn synchronize(&mut self) -> Result<()> {
         self.dev.bind()?;
-        self.stream.synchronize().map_err(|e| self.err("synchronizing the stream", e))
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronizing the stream", e))
     }
 
     fn set_async(&mut self, buffer: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
@@ -161,9 +197,16 @@ impl Backend for CudaBackend {
         // SAFETY: the range was checked. From pageable memory the driver has copied `data`
         // into its staging area before returning; page-locked `data` must stay unchanged until
         // the next synchronize (the trait's ordering rule).
-        unsafe { sys::cuMemcpyHtoDAsync_v2(b.device_ptr() + offset as u64, data.as_ptr().cast(), data.len(), self.stream.cu_stream()) }
-            .result()
-            .map_err(|e| self.err("copying to the device", e))
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                b.device_ptr() + offset as u64,
+                data.as_ptr().cast(),
+                data.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| self.err("copying to the device", e))
     }
 
     fn get_async(&mut self, buffer: &dyn Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
@@ -177,12 +220,26 @@ impl Backend for CudaBackend {
         }
         self.dev.bind()?;
         // SAFETY: the range was checked; the bytes are valid after the next synchronize.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), b.device_ptr() + offset as u64, out.len(), self.stream.cu_stream()) }
-            .result()
-            .map_err(|e| self.err("copying from the device", e))
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr().cast(),
+                b.device_ptr() + offset as u64,
+                out.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| self.err("copying from the device", e))
     }
 
-    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+    fn copy_async(
+        &mut self,
+        src: &dyn Buffer,
+        src_offset: usize,
+        dst: &dyn Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         src.check_range(src_offset, len)?;
         dst.check_range(dst_offset, len)?;
         if len == 0 {
@@ -195,8 +252,15 @@ impl Backend for CudaBackend {
         // SAFETY (each arm): both ranges were checked above; host memory involved belongs to
         // buffers the caller keeps alive until the stream is synchronized.
         let r = match (src_cuda, dst_cuda) {
-            (Some(a), Some(b)) if a.ordinal() == self.dev.ordinal && b.ordinal() == self.dev.ordinal => unsafe {
-                sys::cuMemcpyDtoDAsync_v2(b.device_ptr() + dst_offset as u64, a.device_ptr() + src_offset as u64, len, s)
+            (Some(a), Some(b))
+                if a.ordinal() == self.dev.ordinal && b.ordinal() == self.dev.ordinal =>
+            unsafe {
+                sys::cuMemcpyDtoDAsync_v2(
+                    b.device_ptr() + dst_offset as u64,
+                    a.device_ptr() + src_offset as u64,
+                    len,
+                    s,
+                )
             },
             (Some(a), Some(b)) => unsafe {
                 sys::cuMemcpyPeerAsync(
@@ -209,11 +273,17 @@ impl Backend for CudaBackend {
                 )
             },
             (None, Some(b)) if b.ordinal() == self.dev.ordinal && src.host_ptr().is_some() => unsafe {
-                let p = src.host_ptr().unwrap_or(std::ptr::null_mut()).add(src_offset);
+                let p = src
+                    .host_ptr()
+                    .unwrap_or(std::ptr::null_mut())
+                    .add(src_offset);
                 sys::cuMemcpyHtoDAsync_v2(b.device_ptr() + dst_offset as u64, p as *const _, len, s)
             },
             (Some(a), None) if a.ordinal() == self.dev.ordinal && dst.host_ptr().is_some() => unsafe {
-                let p = dst.host_ptr().unwrap_or(std::ptr::null_mut()).add(dst_offset);
+                let p = dst
+                    .host_ptr()
+                    .unwrap_or(std::ptr::null_mut())
+                    .add(dst_offset);
                 sys::cuMemcpyDtoHAsync_v2(p as *mut _, a.device_ptr() + src_offset as u64, len, s)
             },
             _ => {
@@ -221,21 +291,33 @@ impl Backend for CudaBackend {
                 return dst.copy_from(dst_offset, src, src_offset, len);
             }
         };
-        r.result().map_err(|e| self.err("copying between buffers", e))
+        r.result()
+            .map_err(|e| self.err("copying between buffers", e))
     }
 
     fn record_event(&mut self) -> Result<Option<Arc<dyn Event>>> {
         self.dev.bind()?;
-        let event = self.dev.ctx.new_event(None).map_err(|e| self.err("creating an event", e))?;
-        event.record(&self.stream).map_err(|e| self.err("recording an event", e))?;
-        Ok(Some(Arc::new(CudaEventMark { event, device: self.dev.name.clone() })))
+        let event = self
+            .dev
+            .ctx
+            .new_event(None)
+            .map_err(|e| self.err("creating an event", e))?;
+        event
+            .record(&self.stream)
+            .map_err(|e| self.err("recording an event", e))?;
+        Ok(Some(Arc::new(CudaEventMark {
+            event,
+            device: self.dev.name.clone(),
+        })))
     }
 
     fn wait_event(&mut self, event: &dyn Event) -> Result<()> {
         match event.as_any().downcast_ref::<CudaEventMark>() {
             Some(e) => {
                 self.dev.bind()?;
-                self.stream.wait(&e.event).map_err(|err| self.err("waiting for an event", err))
+                self.stream
+                    .wait(&e.event)
+                    .map_err(|err| self.err("waiting for an event", err))
             }
             None => event.synchronize(),
         }

@@ -25,7 +25,10 @@ pub(crate) struct Blas {
 unsafe impl Send for Blas {}
 
 fn blas_err(dev: &DeviceShared, what: &str, s: bsys::cublasStatus_t) -> Error {
-    Error::Device { device: dev.name.clone(), reason: format!("cuBLAS {what}: {s:?}") }
+    Error::Device {
+        device: dev.name.clone(),
+        reason: format!("cuBLAS {what}: {s:?}"),
+    }
 }
 
 fn check(dev: &DeviceShared, what: &str, s: bsys::cublasStatus_t) -> Result<()> {
@@ -42,7 +45,9 @@ impl Blas {
         dev.bind()?;
         let mut handle: bsys::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        check(&dev, "create", unsafe { bsys::cublasCreate_v2(&mut handle) })?;
+        check(&dev, "create", unsafe {
+            bsys::cublasCreate_v2(&mut handle)
+        })?;
         let workspace = match dev.pool.alloc(&dev, WORKSPACE, stream) {
             Ok(w) => w,
             Err(e) => {
@@ -51,11 +56,24 @@ impl Blas {
                 return Err(e);
             }
         };
-        let b = Blas { dev, handle, workspace, stream };
+        let b = Blas {
+            dev,
+            handle,
+            workspace,
+            stream,
+        };
         // SAFETY: the handle, stream and workspace are valid for the handle's life.
         unsafe {
-            check(&b.dev, "set stream", bsys::cublasSetStream_v2(handle, stream.cast()))?;
-            check(&b.dev, "set workspace", bsys::cublasSetWorkspace_v2(handle, workspace as *mut _, WORKSPACE))?;
+            check(
+                &b.dev,
+                "set stream",
+                bsys::cublasSetStream_v2(handle, stream.cast()),
+            )?;
+            check(
+                &b.dev,
+                "set workspace",
+                bsys::cublasSetWorkspace_v2(handle, workspace as *mut _, WORKSPACE),
+            )?;
         }
         Ok(b)
     }
@@ -134,7 +152,11 @@ impl Blas {
                 }
             }
         };
-        check(&self.dev, &format!("GEMM m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch), s)
+        check(
+            &self.dev,
+            &format!("GEMM m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch),
+            s,
+        )
     }
 }
 

@@ -89,11 +89,29 @@ impl Cmd {
     /// one can be updated to the other in place).
     pub(crate) fn same_kind(&self, other: &Cmd) -> bool {
         match (self, other) {
-            (Cmd::Kernel { func: f1, grid: g1, block: b1, smem: s1, .. }, Cmd::Kernel { func: f2, grid: g2, block: b2, smem: s2, .. }) => {
-                f1 == f2 && g1 == g2 && b1 == b2 && s1 == s2
-            }
+            (
+                Cmd::Kernel {
+                    func: f1,
+                    grid: g1,
+                    block: b1,
+                    smem: s1,
+                    ..
+                },
+                Cmd::Kernel {
+                    func: f2,
+                    grid: g2,
+                    block: b2,
+                    smem: s2,
+                    ..
+                },
+            ) => f1 == f2 && g1 == g2 && b1 == b2 && s1 == s2,
             (Cmd::Gemm(a), Cmd::Gemm(b)) => {
-                a.m == b.m && a.n == b.n && a.k == b.k && a.ab_type == b.ab_type && a.batch == b.batch && a.ptrs.is_some() == b.ptrs.is_some()
+                a.m == b.m
+                    && a.n == b.n
+                    && a.k == b.k
+                    && a.ab_type == b.ab_type
+                    && a.batch == b.batch
+                    && a.ptrs.is_some() == b.ptrs.is_some()
             }
             (Cmd::Copy { .. }, Cmd::Copy { .. }) => true,
             _ => false,
@@ -103,7 +121,14 @@ impl Cmd {
     /// Submits the command to `stream`.
     pub(crate) fn run(&self, dev: &DeviceShared, stream: sys::CUstream, blas: &Blas) -> Result<()> {
         match self {
-            Cmd::Kernel { func, name, grid, block, smem, p } => {
+            Cmd::Kernel {
+                func,
+                name,
+                grid,
+                block,
+                smem,
+                p,
+            } => {
                 let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
                 // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh mirrors
                 // its layout); the driver copies the parameter before returning. Every address

@@ -3,7 +3,9 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use tessera_core::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Graph, Memory, Result, TensorId};
+use tessera_core::{
+    Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Graph, Memory, Result, TensorId,
+};
 
 use crate::backend::CudaBackend;
 use crate::driver::{describe, driver_version, probe_libraries, DeviceShared};
@@ -30,18 +32,25 @@ fn open_all() -> std::result::Result<Vec<Arc<DeviceShared>>, String> {
             // cudarc panics on a missing symbol; every symbol used was probed above, so a panic
             // here would be a bug, but it must still not escape to the caller.
             std::panic::catch_unwind(|| {
-                cudarc::driver::result::init().map_err(|e| format!("no CUDA devices: cuInit failed: {}", describe(e)))?;
-                let version = driver_version().map_err(|e| format!("no CUDA devices: {}", describe(e)))?;
-                let count = cudarc::driver::result::device::get_count()
-                    .map_err(|e| format!("no CUDA devices: counting devices failed: {}", describe(e)))?;
+                cudarc::driver::result::init()
+                    .map_err(|e| format!("no CUDA devices: cuInit failed: {}", describe(e)))?;
+                let version =
+                    driver_version().map_err(|e| format!("no CUDA devices: {}", describe(e)))?;
+                let count = cudarc::driver::result::device::get_count().map_err(|e| {
+                    format!("no CUDA devices: counting devices failed: {}", describe(e))
+                })?;
                 if count <= 0 {
                     return Err("no CUDA devices: the driver found no GPU".to_string());
                 }
                 (0..count as usize)
-                    .map(|i| DeviceShared::open(i, version).map_err(|e| format!("no CUDA devices: {e}")))
+                    .map(|i| {
+                        DeviceShared::open(i, version).map_err(|e| format!("no CUDA devices: {e}"))
+                    })
                     .collect()
             })
-            .unwrap_or_else(|_| Err("no CUDA devices: the CUDA libraries failed while loading".into()))
+            .unwrap_or_else(|_| {
+                Err("no CUDA devices: the CUDA libraries failed while loading".into())
+            })
         })
         .clone()
 }
@@ -52,7 +61,10 @@ impl BackendReg for CudaBackendReg {
     }
 
     fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String> {
-        Ok(open_all()?.into_iter().map(|d| Arc::new(CudaDevice::new(d)) as Arc<dyn Device>).collect())
+        Ok(open_all()?
+            .into_iter()
+            .map(|d| Arc::new(CudaDevice::new(d)) as Arc<dyn Device>)
+            .collect())
     }
 }
 
@@ -65,9 +77,17 @@ pub struct CudaDevice {
 
 impl CudaDevice {
     fn new(shared: Arc<DeviceShared>) -> CudaDevice {
-        let buffer_type = Arc::new(CudaBufferType { dev: shared.clone() });
-        let pinned = Arc::new(PinnedBufferType { dev: shared.clone() });
-        CudaDevice { shared, buffer_type, pinned }
+        let buffer_type = Arc::new(CudaBufferType {
+            dev: shared.clone(),
+        });
+        let pinned = Arc::new(PinnedBufferType {
+            dev: shared.clone(),
+        });
+        CudaDevice {
+            shared,
+            buffer_type,
+            pinned,
+        }
     }
 
     /// The device ordinal.
@@ -90,11 +110,18 @@ impl CudaDevice {
     pub fn warm_up_kernels(&self) -> Result<()> {
         let files: Vec<&'static str> = crate::kernels::kernel_files().collect();
         std::thread::scope(|s| {
-            let jobs: Vec<_> = files.iter().map(|&f| s.spawn(move || self.shared.kernels.cubin(f).map(|_| ()))).collect();
-            jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|_| Err(tessera_core::Error::Device {
-                device: self.shared.name.clone(),
-                reason: "a kernel compile thread panicked".into(),
-            })))
+            let jobs: Vec<_> = files
+                .iter()
+                .map(|&f| s.spawn(move || self.shared.kernels.cubin(f).map(|_| ())))
+                .collect();
+            jobs.into_iter().try_for_each(|j| {
+                j.join().unwrap_or_else(|_| {
+                    Err(tessera_core::Error::Device {
+                        device: self.shared.name.clone(),
+                        reason: "a kernel compile thread panicked".into(),
+                    })
+                })
+            })
         })
     }
 }
@@ -123,7 +150,10 @@ impl Device for CudaDevice {
     fn memory(&self) -> Memory {
         match self.shared.mem_info() {
             Ok((free, total)) => Memory { free, total },
-            Err(_) => Memory { free: 0, total: self.shared.total_mem },
+            Err(_) => Memory {
+                free: 0,
+                total: self.shared.total_mem,
+            },
         }
     }
 
@@ -144,7 +174,10 @@ impl Device for CudaDevice {
     }
 
     fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
-        buffer.as_any().downcast_ref::<CudaBuffer>().is_some_and(|b| b.ordinal() == self.shared.ordinal)
+        buffer
+            .as_any()
+            .downcast_ref::<CudaBuffer>()
+            .is_some_and(|b| b.ordinal() == self.shared.ordinal)
     }
 
     fn as_any(&self) -> &dyn Any {

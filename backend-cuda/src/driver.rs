@@ -90,7 +90,10 @@ const CUBLAS_SYMBOLS: &[&str] = &[
 /// only the symbol's presence is checked; the pointer is never called).
 macro_rules! missing_symbol {
     ($lib:expr, $names:expr) => {
-        $names.iter().copied().find(|n: &&'static str| $lib.get::<*const std::ffi::c_void>(n.as_bytes()).is_err())
+        $names
+            .iter()
+            .copied()
+            .find(|n: &&'static str| $lib.get::<*const std::ffi::c_void>(n.as_bytes()).is_err())
     };
 }
 
@@ -104,7 +107,9 @@ pub(crate) fn probe_libraries() -> std::result::Result<(), String> {
             return Err("no CUDA devices: libcuda.so.1 not found (no NVIDIA driver)".into());
         }
         if let Some(s) = missing_symbol!(sys::culib(), DRIVER_SYMBOLS) {
-            return Err(format!("no CUDA devices: the NVIDIA driver library lacks {s} (driver too old)"));
+            return Err(format!(
+                "no CUDA devices: the NVIDIA driver library lacks {s} (driver too old)"
+            ));
         }
         if !cudarc::nvrtc::sys::is_culib_present() {
             return Err("no CUDA devices: libnvrtc not found (NVRTC compiles tessera's kernels; install the CUDA runtime libraries)".into());
@@ -113,7 +118,9 @@ pub(crate) fn probe_libraries() -> std::result::Result<(), String> {
             return Err(format!("no CUDA devices: libnvrtc lacks {s}"));
         }
         if !cudarc::cublas::sys::is_culib_present() {
-            return Err("no CUDA devices: libcublas not found (install the CUDA runtime libraries)".into());
+            return Err(
+                "no CUDA devices: libcublas not found (install the CUDA runtime libraries)".into(),
+            );
         }
         if let Some(s) = missing_symbol!(cudarc::cublas::sys::culib(), CUBLAS_SYMBOLS) {
             return Err(format!("no CUDA devices: libcublas lacks {s}"));
@@ -124,7 +131,10 @@ pub(crate) fn probe_libraries() -> std::result::Result<(), String> {
 
 /// An [`Error::Device`] for a failed driver call.
 pub(crate) fn drv(device: &str, what: &str, e: DriverError) -> Error {
-    Error::Device { device: device.to_string(), reason: format!("{what}: {}", describe(e)) }
+    Error::Device {
+        device: device.to_string(),
+        reason: format!("{what}: {}", describe(e)),
+    }
 }
 
 /// The driver's name and text for an error code.
@@ -178,7 +188,12 @@ impl Pool {
 
     /// Allocates `bytes` ordered on `stream` (the memory may be used on `stream` at once, on
     /// other streams after `stream` is synchronized).
-    pub(crate) fn alloc(&self, dev: &DeviceShared, bytes: usize, stream: sys::CUstream) -> Result<u64> {
+    pub(crate) fn alloc(
+        &self,
+        dev: &DeviceShared,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<u64> {
         if bytes == 0 {
             return Ok(0);
         }
@@ -188,7 +203,9 @@ impl Pool {
             // SAFETY: ptr is a valid out-pointer; the pool and stream belong to this context.
             unsafe {
                 match self.pool {
-                    Some(pool) => sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream).result()?,
+                    Some(pool) => {
+                        sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream).result()?
+                    }
                     None => sys::cuMemAlloc_v2(&mut ptr, bytes).result()?,
                 }
             }
@@ -208,7 +225,10 @@ impl Pool {
                 }
                 attempt().map_err(|e| {
                     if is_oom(&e) {
-                        Error::OutOfMemory { device: dev.name.clone(), bytes }
+                        Error::OutOfMemory {
+                            device: dev.name.clone(),
+                            bytes,
+                        }
                     } else {
                         drv(&dev.name, "allocating device memory", e)
                     }
@@ -231,7 +251,11 @@ impl Pool {
             }
         };
         if let Err(e) = r {
-            log::warn!("{}: freeing device memory failed: {}", dev.name, describe(e));
+            log::warn!(
+                "{}: freeing device memory failed: {}",
+                dev.name,
+                describe(e)
+            );
         }
     }
 }
@@ -267,12 +291,18 @@ impl DeviceShared {
         let name = format!("cuda:{ordinal}");
         let ctx = CudaContext::new(ordinal).map_err(|e| drv(&name, "creating a context", e))?;
         let model = ctx.name().map_err(|e| drv(&name, "reading the name", e))?;
-        let cc = ctx.compute_capability().map_err(|e| drv(&name, "reading the compute capability", e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| drv(&name, "reading the compute capability", e))?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| drv(&name, "reading the SM count", e))? as u32;
-        let total_mem = ctx.total_mem().map_err(|e| drv(&name, "reading the memory size", e))?;
-        let transfer = ctx.new_stream().map_err(|e| drv(&name, "creating a stream", e))?;
+        let total_mem = ctx
+            .total_mem()
+            .map_err(|e| drv(&name, "reading the memory size", e))?;
+        let transfer = ctx
+            .new_stream()
+            .map_err(|e| drv(&name, "creating a stream", e))?;
         let pool = Pool::new(&ctx);
         let kernels = KernelSet::new(&name, cc, driver_version);
         Ok(Arc::new(DeviceShared {
@@ -291,7 +321,9 @@ impl DeviceShared {
 
     /// Makes the context current on this thread.
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| drv(&self.name, "binding the context", e))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| drv(&self.name, "binding the context", e))
     }
 
     /// An [`Error::Device`] for a failed call on this device.
@@ -305,20 +337,26 @@ impl DeviceShared {
             self.transfer.lock().unwrap_or_else(|p| p.into_inner());
         self.bind()?;
         let r = f(guard.cu_stream())?;
-        guard.synchronize().map_err(|e| self.err("waiting for a transfer", e))?;
+        guard
+            .synchronize()
+            .map_err(|e| self.err("waiting for a transfer", e))?;
         Ok(r)
     }
 
     /// Waits for all work on the device (every stream).
     pub(crate) fn synchronize_all(&self) -> Result<()> {
         self.bind()?;
-        self.ctx.synchronize().map_err(|e| self.err("synchronizing the device", e))
+        self.ctx
+            .synchronize()
+            .map_err(|e| self.err("synchronizing the device", e))
     }
 
     /// Free and total memory.
     pub(crate) fn mem_info(&self) -> Result<(usize, usize)> {
         self.bind()?;
-        self.ctx.mem_get_info().map_err(|e| self.err("reading free memory", e))
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| self.err("reading free memory", e))
     }
 }
 

@@ -101,7 +101,12 @@ impl Profile {
         let mut rows = self.rows.clone();
         rows.sort_by(|a, b| b.1.total_cmp(&a.1));
         for (name, ms, n) in rows {
-            log::debug!("  {name:<28} {:>9.1} us/run {:>6.1} per run {:>7.2} us each", 1e3 * ms / runs, f64::from(n) / runs, 1e3 * ms / f64::from(n));
+            log::debug!(
+                "  {name:<28} {:>9.1} us/run {:>6.1} per run {:>7.2} us each",
+                1e3 * ms / runs,
+                f64::from(n) / runs,
+                1e3 * ms / f64::from(n)
+            );
         }
     }
 }
@@ -135,9 +140,20 @@ pub(crate) struct GraphCache {
 
 impl GraphCache {
     pub(crate) fn new() -> GraphCache {
-        let enabled = std::env::var("TESSERA_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        let profile = std::env::var("TESSERA_CUDA_PROFILE").is_ok_and(|v| v == "1").then(Profile::default);
-        GraphCache { profile, enabled, failures: 0, last: Vec::new(), exec: None, mode: GraphMode::Eager }
+        let enabled = std::env::var("TESSERA_CUDA_GRAPHS")
+            .map(|v| v != "0")
+            .unwrap_or(true);
+        let profile = std::env::var("TESSERA_CUDA_PROFILE")
+            .is_ok_and(|v| v == "1")
+            .then(Profile::default);
+        GraphCache {
+            profile,
+            enabled,
+            failures: 0,
+            last: Vec::new(),
+            exec: None,
+            mode: GraphMode::Eager,
+        }
     }
 
     /// Turns graphs on or off for this backend.
@@ -174,7 +190,13 @@ impl GraphCache {
     }
 
     /// Runs a command list on `stream`.
-    pub(crate) fn run(&mut self, dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: Vec<Cmd>) -> Result<()> {
+    pub(crate) fn run(
+        &mut self,
+        dev: &DeviceShared,
+        stream: sys::CUstream,
+        blas: &Blas,
+        cmds: Vec<Cmd>,
+    ) -> Result<()> {
         if let Some(prof) = &mut self.profile {
             self.mode = GraphMode::Captured;
             profiled(dev, stream, blas, &cmds, prof)?;
@@ -190,12 +212,15 @@ impl GraphCache {
         if let Some(ex) = &self.exec {
             if cmds == self.last {
                 // SAFETY: the executable graph and the stream are valid.
-                unsafe { sys::cuGraphLaunch(ex.exec, stream) }.result().map_err(|e| dev.err("launching a CUDA graph", e))?;
+                unsafe { sys::cuGraphLaunch(ex.exec, stream) }
+                    .result()
+                    .map_err(|e| dev.err("launching a CUDA graph", e))?;
                 self.mode = GraphMode::Replayed;
                 return Ok(());
             }
         }
-        let same_shape = self.last.len() == cmds.len() && self.last.iter().zip(&cmds).all(|(a, b)| a.same_kind(b));
+        let same_shape = self.last.len() == cmds.len()
+            && self.last.iter().zip(&cmds).all(|(a, b)| a.same_kind(b));
         let seen = cmds == self.last;
         if !(seen || (same_shape && self.exec.is_some())) {
             // New work: run it eagerly and remember it.
@@ -209,7 +234,10 @@ impl GraphCache {
             Ok(g) => g,
             Err(why) => {
                 self.failures += 1;
-                log::debug!("{}: CUDA graph capture failed ({why}); running eagerly", dev.name);
+                log::debug!(
+                    "{}: CUDA graph capture failed ({why}); running eagerly",
+                    dev.name
+                );
                 self.exec = None;
                 self.mode = GraphMode::Eager;
                 eager(dev, stream, blas, &cmds)?;
@@ -244,7 +272,11 @@ impl GraphCache {
                     let _ = sys::cuGraphDestroy(graph);
                 }
                 self.failures += 1;
-                log::debug!("{}: instantiating a CUDA graph failed: {}", dev.name, describe(e));
+                log::debug!(
+                    "{}: instantiating a CUDA graph failed: {}",
+                    dev.name,
+                    describe(e)
+                );
                 self.mode = GraphMode::Eager;
                 eager(dev, stream, blas, &cmds)?;
                 self.last = cmds;
@@ -252,10 +284,20 @@ impl GraphCache {
             }
             self.exec = Some(Exec { graph, exec });
         }
-        let ex = self.exec.as_ref().map(|e| e.exec).unwrap_or(std::ptr::null_mut());
+        let ex = self
+            .exec
+            .as_ref()
+            .map(|e| e.exec)
+            .unwrap_or(std::ptr::null_mut());
         // SAFETY: ex is the valid executable graph just made or updated.
-        unsafe { sys::cuGraphLaunch(ex, stream) }.result().map_err(|e| dev.err("launching a CUDA graph", e))?;
-        self.mode = if updated { GraphMode::Updated } else { GraphMode::Captured };
+        unsafe { sys::cuGraphLaunch(ex, stream) }
+            .result()
+            .map_err(|e| dev.err("launching a CUDA graph", e))?;
+        self.mode = if updated {
+            GraphMode::Updated
+        } else {
+            GraphMode::Captured
+        };
         self.last = cmds;
         Ok(())
     }
@@ -277,24 +319,43 @@ impl Drop for Events {
 
 /// Runs the commands as one captured graph with an event recorded before the first and after
 /// each, waits for it, and adds each command's GPU time to `prof`.
-fn profiled(dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: &[Cmd], prof: &mut Profile) -> Result<()> {
+fn profiled(
+    dev: &DeviceShared,
+    stream: sys::CUstream,
+    blas: &Blas,
+    cmds: &[Cmd],
+    prof: &mut Profile,
+) -> Result<()> {
     let mut ev = Events(Vec::with_capacity(cmds.len() + 1));
     for _ in 0..=cmds.len() {
         let mut e: sys::CUevent = std::ptr::null_mut();
         // SAFETY: e is a valid out-pointer.
-        unsafe { sys::cuEventCreate(&mut e, 0) }.result().map_err(|err| dev.err("creating a profiling event", err))?;
+        unsafe { sys::cuEventCreate(&mut e, 0) }
+            .result()
+            .map_err(|err| dev.err("creating a profiling event", err))?;
         ev.0.push(e);
     }
     let record = |e: sys::CUevent| {
         // SAFETY: the event and stream are valid; an external record becomes a graph node.
-        unsafe { sys::cuEventRecordWithFlags(e, stream, sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32) }
-            .result()
-            .map_err(|err| dev.err("recording a profiling event", err))
+        unsafe {
+            sys::cuEventRecordWithFlags(
+                e,
+                stream,
+                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+        }
+        .result()
+        .map_err(|err| dev.err("recording a profiling event", err))
     };
     // SAFETY: the stream is valid and not being captured.
-    unsafe { sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }
-        .result()
-        .map_err(|e| dev.err("beginning a profiling capture", e))?;
+    unsafe {
+        sys::cuStreamBeginCapture_v2(
+            stream,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    }
+    .result()
+    .map_err(|e| dev.err("beginning a profiling capture", e))?;
     let mut failed = record(ev.0[0]).err();
     for (c, &e) in cmds.iter().zip(&ev.0[1..]) {
         if failed.is_some() {
@@ -305,22 +366,33 @@ fn profiled(dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: &[Cmd]
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: ends the capture begun above; graph is a valid out-pointer.
     let ended = unsafe { sys::cuStreamEndCapture(stream, &mut graph) }.result();
-    let g = Exec { graph, exec: std::ptr::null_mut() };
+    let g = Exec {
+        graph,
+        exec: std::ptr::null_mut(),
+    };
     if let Some(e) = failed {
         return Err(e);
     }
     ended.map_err(|e| dev.err("ending a profiling capture", e))?;
     let mut g = g;
     // SAFETY: the graph was just captured; exec is a valid out-pointer.
-    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }.result().map_err(|e| dev.err("instantiating a profiling graph", e))?;
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }
+        .result()
+        .map_err(|e| dev.err("instantiating a profiling graph", e))?;
     // SAFETY: the executable graph and the stream are valid.
-    unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().map_err(|e| dev.err("launching a profiling graph", e))?;
+    unsafe { sys::cuGraphLaunch(g.exec, stream) }
+        .result()
+        .map_err(|e| dev.err("launching a profiling graph", e))?;
     // SAFETY: the stream is valid.
-    unsafe { sys::cuStreamSynchronize(stream) }.result().map_err(|e| dev.err("waiting for a profiling graph", e))?;
+    unsafe { sys::cuStreamSynchronize(stream) }
+        .result()
+        .map_err(|e| dev.err("waiting for a profiling graph", e))?;
     for (c, w) in cmds.iter().zip(ev.0.windows(2)) {
         let mut ms = 0.0f32;
         // SAFETY: both events were recorded by the finished graph.
-        unsafe { sys::cuEventElapsedTime_v2(&mut ms, w[0], w[1]) }.result().map_err(|e| dev.err("reading a profiling event", e))?;
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, w[0], w[1]) }
+            .result()
+            .map_err(|e| dev.err("reading a profiling event", e))?;
         prof.add(cmd_name(c), f64::from(ms));
     }
     prof.runs += 1;
@@ -336,11 +408,21 @@ fn eager(dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: &[Cmd]) -
 }
 
 /// Captures the commands into a new graph; the stream is left out of capture mode either way.
-fn capture(dev: &DeviceShared, stream: sys::CUstream, blas: &Blas, cmds: &[Cmd]) -> std::result::Result<sys::CUgraph, String> {
+fn capture(
+    dev: &DeviceShared,
+    stream: sys::CUstream,
+    blas: &Blas,
+    cmds: &[Cmd],
+) -> std::result::Result<sys::CUgraph, String> {
     // SAFETY: the stream is valid and not being captured.
-    unsafe { sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }
-        .result()
-        .map_err(describe)?;
+    unsafe {
+        sys::cuStreamBeginCapture_v2(
+            stream,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    }
+    .result()
+    .map_err(describe)?;
     let mut failed = None;
     for c in cmds {
         if let Err(e) = c.run(dev, stream, blas) {

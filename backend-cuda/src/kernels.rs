@@ -107,7 +107,12 @@ fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(d).join("tessera").join("kernels"));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tessera").join("kernels"))
+    std::env::var_os("HOME").map(|h| {
+        PathBuf::from(h)
+            .join(".cache")
+            .join("tessera")
+            .join("kernels")
+    })
 }
 
 /// NVRTC's version (major, minor).
@@ -121,16 +126,30 @@ fn nvrtc_version() -> (i32, i32) {
 }
 
 /// Compiles CUDA C to a CUBIN for `arch` (e.g. `sm_90`); `Err` holds a message with NVRTC's log.
-fn nvrtc_compile(file: &str, source: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
+fn nvrtc_compile(
+    file: &str,
+    source: &str,
+    options: &[String],
+) -> std::result::Result<Vec<u8>, String> {
     let src = CString::new(source).map_err(|_| "source contains a NUL byte".to_string())?;
     let name = CString::new(format!("{file}.cu")).map_err(|_| "bad file name".to_string())?;
-    let opts: Vec<CString> = options.iter().map(|o| CString::new(o.as_str()).unwrap_or_default()).collect();
+    let opts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap_or_default())
+        .collect();
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: every pointer passed lives until the program is destroyed at the end of this
     // block; sizes come from NVRTC itself.
     unsafe {
         let mut prog: nsys::nvrtcProgram = std::ptr::null_mut();
-        let r = nsys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null());
+        let r = nsys::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
         if r != nsys::nvrtcResult::NVRTC_SUCCESS {
             return Err(format!("nvrtcCreateProgram failed: {r:?}"));
         }
@@ -140,7 +159,9 @@ fn nvrtc_compile(file: &str, source: &str, options: &[String]) -> std::result::R
             let _ = nsys::nvrtcGetProgramLogSize(prog, &mut size);
             let mut log = vec![0u8; size.max(1)];
             let _ = nsys::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast());
-            let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_string();
+            let log = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .to_string();
             Err(format!("{compiled:?}\n{log}"))
         } else {
             let mut size = 0usize;
@@ -164,7 +185,11 @@ fn nvrtc_compile(file: &str, source: &str, options: &[String]) -> std::result::R
 
 /// The NVRTC options every file is compiled with.
 fn options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--device-as-default-execution-space".into()]
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--device-as-default-execution-space".into(),
+    ]
 }
 
 /// Compiles every kernel file for `arch` (e.g. `sm_90`) with NVRTC alone, no GPU or driver
@@ -179,7 +204,9 @@ pub fn compile_all(arch: &str) -> std::result::Result<Vec<(&'static str, usize)>
         .iter()
         .map(|(file, _)| {
             let src = expanded_source(file).unwrap_or_default();
-            nvrtc_compile(file, &src, &options(arch)).map(|bin| (*file, bin.len())).map_err(|log| format!("kernels/{file}.cu: {log}"))
+            nvrtc_compile(file, &src, &options(arch))
+                .map(|bin| (*file, bin.len()))
+                .map_err(|log| format!("kernels/{file}.cu: {log}"))
         })
         .collect()
 }
@@ -206,7 +233,6 @@ impl KernelSet {
         }
     }
 
-
     /// The CUBIN of a file, from the disk cache or compiled now.
     pub(crate) fn cubin(&self, file: &'static str) -> Result<Vec<u8>> {
         let source = expanded_source(file).ok_or_else(|| Error::Device {
@@ -223,31 +249,58 @@ impl KernelSet {
             format!("nvrtc {nv_major}.{nv_minor}").into_bytes(),
         ];
         let parts: Vec<&[u8]> = key_parts.iter().map(|p| p.as_slice()).collect();
-        let key = format!("{:016x}{:016x}", fnv(0xcbf2_9ce4_8422_2325, &parts), fnv(0x6c62_272e_07bb_0142, &parts));
+        let key = format!(
+            "{:016x}{:016x}",
+            fnv(0xcbf2_9ce4_8422_2325, &parts),
+            fnv(0x6c62_272e_07bb_0142, &parts)
+        );
         let path = cache_dir().map(|d| d.join(format!("{file}-{}-{key}.cubin", self.arch)));
         if let Some(p) = &path {
             if let Ok(bin) = std::fs::read(p) {
                 if bin.starts_with(b"\x7fELF") {
-                    log::debug!("{}: kernels/{file}.cu from the cache ({})", self.device, p.display());
+                    log::debug!(
+                        "{}: kernels/{file}.cu from the cache ({})",
+                        self.device,
+                        p.display()
+                    );
                     return Ok(bin);
                 }
             }
         }
-        log::info!("{}: compiling kernels/{file}.cu for {} with NVRTC {nv_major}.{nv_minor}", self.device, self.arch);
+        log::info!(
+            "{}: compiling kernels/{file}.cu for {} with NVRTC {nv_major}.{nv_minor}",
+            self.device,
+            self.arch
+        );
         let started = std::time::Instant::now();
         let bin = nvrtc_compile(file, &source, &options).map_err(|log| Error::Device {
             device: self.device.clone(),
-            reason: format!("kernels/{file}.cu failed to compile with NVRTC for {}: {log}", self.arch),
+            reason: format!(
+                "kernels/{file}.cu failed to compile with NVRTC for {}: {log}",
+                self.arch
+            ),
         })?;
-        log::debug!("{}: kernels/{file}.cu compiled in {:.2} s", self.device, started.elapsed().as_secs_f64());
+        log::debug!(
+            "{}: kernels/{file}.cu compiled in {:.2} s",
+            self.device,
+            started.elapsed().as_secs_f64()
+        );
         if let Some(p) = &path {
-            let stored = p.parent().map(std::fs::create_dir_all).transpose().and_then(|_| {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                std::fs::write(&tmp, &bin)?;
-                std::fs::rename(&tmp, p)
-            });
+            let stored = p
+                .parent()
+                .map(std::fs::create_dir_all)
+                .transpose()
+                .and_then(|_| {
+                    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                    std::fs::write(&tmp, &bin)?;
+                    std::fs::rename(&tmp, p)
+                });
             if let Err(e) = stored {
-                log::warn!("{}: could not store kernels/{file}.cu in the cache {}: {e}", self.device, p.display());
+                log::warn!(
+                    "{}: could not store kernels/{file}.cu in the cache {}: {e}",
+                    self.device,
+                    p.display()
+                );
             }
         }
         Ok(bin)
@@ -255,7 +308,12 @@ impl KernelSet {
 
     /// The loaded module of a file (compiled outside the lock, so files compile in parallel).
     fn module(&self, ctx: &Arc<CudaContext>, file: &'static str) -> Result<Arc<CudaModule>> {
-        if let Some(m) = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(file) {
+        if let Some(m) = self
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(file)
+        {
             return Ok(m.clone());
         }
         let bin = self.cubin(file)?;
@@ -263,16 +321,23 @@ impl KernelSet {
         if let Some(m) = mods.get(file) {
             return Ok(m.clone());
         }
-        let m = ctx.load_module(Ptx::from_binary(bin)).map_err(|e| Error::Device {
-            device: self.device.clone(),
-            reason: format!("loading kernels/{file}.cu: {}", crate::driver::describe(e)),
-        })?;
+        let m = ctx
+            .load_module(Ptx::from_binary(bin))
+            .map_err(|e| Error::Device {
+                device: self.device.clone(),
+                reason: format!("loading kernels/{file}.cu: {}", crate::driver::describe(e)),
+            })?;
         mods.insert(file, m.clone());
         Ok(m)
     }
 
     /// Kernel `name` of file `file`, with its name kept for errors.
-    pub(crate) fn func(&self, ctx: &Arc<CudaContext>, file: &'static str, name: &str) -> Result<(Func, &'static str)> {
+    pub(crate) fn func(
+        &self,
+        ctx: &Arc<CudaContext>,
+        file: &'static str,
+        name: &str,
+    ) -> Result<(Func, &'static str)> {
         {
             let funcs = self.funcs.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((f, n)) = funcs.get(name) {
@@ -282,12 +347,18 @@ impl KernelSet {
         let m = self.module(ctx, file)?;
         let f = m.load_function(name).map_err(|e| Error::Device {
             device: self.device.clone(),
-            reason: format!("kernels/{file}.cu has no kernel {name}: {}", crate::driver::describe(e)),
+            reason: format!(
+                "kernels/{file}.cu has no kernel {name}: {}",
+                crate::driver::describe(e)
+            ),
         })?;
         let raw = Func(f.cu_function());
         // Kernel names are a small fixed set: each is kept once for the life of the process.
         let kept: &'static str = Box::leak(name.to_string().into_boxed_str());
-        self.funcs.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), (f, kept));
+        self.funcs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), (f, kept));
         Ok((raw, kept))
     }
 

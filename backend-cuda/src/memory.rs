@@ -101,7 +101,13 @@ impl Buffer for CudaBuffer {
         })
     }
 
-    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
         src.check_range(src_offset, len)?;
         if len == 0 {
@@ -116,10 +122,18 @@ impl Buffer for CudaBuffer {
                     if s.dev.ordinal == self.dev.ordinal {
                         sys::cuMemcpyDtoDAsync_v2(dst, from, len, stream)
                     } else {
-                        sys::cuMemcpyPeerAsync(dst, self.dev.ctx.cu_ctx(), from, s.dev.ctx.cu_ctx(), len, stream)
+                        sys::cuMemcpyPeerAsync(
+                            dst,
+                            self.dev.ctx.cu_ctx(),
+                            from,
+                            s.dev.ctx.cu_ctx(),
+                            len,
+                            stream,
+                        )
                     }
                 };
-                r.result().map_err(|e| self.dev.err("copying between buffers", e))
+                r.result()
+                    .map_err(|e| self.dev.err("copying between buffers", e))
             });
         }
         if let Some(p) = src.host_ptr() {
@@ -191,7 +205,11 @@ impl Drop for PinnedBuffer {
         }
         // SAFETY: ptr came from cuMemHostAlloc and is freed once.
         if let Err(e) = unsafe { sys::cuMemFreeHost(self.ptr.cast()) }.result() {
-            log::warn!("{}: freeing pinned memory failed: {}", self.dev.name, crate::driver::describe(e));
+            log::warn!(
+                "{}: freeing pinned memory failed: {}",
+                self.dev.name,
+                crate::driver::describe(e)
+            );
         }
     }
 }
@@ -213,7 +231,9 @@ impl Buffer for PinnedBuffer {
         self.check_range(offset, data.len())?;
         if !data.is_empty() {
             // SAFETY: the range lies inside the allocation (checked).
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len())
+            };
         }
         Ok(())
     }
@@ -222,7 +242,9 @@ impl Buffer for PinnedBuffer {
         self.check_range(offset, out.len())?;
         if !out.is_empty() {
             // SAFETY: the range lies inside the allocation (checked).
-            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len())
+            };
         }
         Ok(())
     }
@@ -235,7 +257,13 @@ impl Buffer for PinnedBuffer {
         Ok(())
     }
 
-    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
         // SAFETY: the range lies inside the allocation (checked).
         let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) };
@@ -268,12 +296,19 @@ impl BufferType for PinnedBufferType {
             match r {
                 Ok(()) => {}
                 Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                    return Err(Error::OutOfMemory { device: format!("{} pinned", dev.name), bytes: size })
+                    return Err(Error::OutOfMemory {
+                        device: format!("{} pinned", dev.name),
+                        bytes: size,
+                    })
                 }
                 Err(e) => return Err(dev.err("allocating pinned memory", e)),
             }
         }
-        Ok(Arc::new(PinnedBuffer { dev, ptr: ptr.cast(), size }))
+        Ok(Arc::new(PinnedBuffer {
+            dev,
+            ptr: ptr.cast(),
+            size,
+        }))
     }
 
     fn alignment(&self) -> usize {

@@ -10,7 +10,13 @@ use tessera_core::dtype::DType;
 use tessera_core::{Backend, Graph, TensorId};
 
 /// Runs the graph `iters` times after a warm-up and returns seconds per run.
-fn time_graph(dev: &std::sync::Arc<dyn tessera_core::Device>, g: &mut Graph, inputs: &[(TensorId, Vec<u8>)], outs: &[TensorId], iters: usize) -> f64 {
+fn time_graph(
+    dev: &std::sync::Arc<dyn tessera_core::Device>,
+    g: &mut Graph,
+    inputs: &[(TensorId, Vec<u8>)],
+    outs: &[TensorId],
+    iters: usize,
+) -> f64 {
     let mut be = concrete(dev).cuda_backend().unwrap();
     let _ = run(dev, &mut be, g, inputs, outs);
     let nodes: Vec<TensorId> = g.ids().collect();
@@ -25,7 +31,9 @@ fn time_graph(dev: &std::sync::Arc<dyn tessera_core::Device>, g: &mut Graph, inp
     be.synchronize().unwrap();
     let s = t.elapsed().as_secs_f64() / iters as f64;
     let out = read(g, outs);
-    assert!(from_bytes(DType::F32, &out[0], 16).iter().all(|v| v.is_finite()));
+    assert!(from_bytes(DType::F32, &out[0], 16)
+        .iter()
+        .all(|v| v.is_finite()));
     s
 }
 
@@ -36,9 +44,20 @@ fn mat_vec_bandwidth() {
     let (m, k) = (4096usize, 14336usize);
     let mut rng = Rng::new(11);
     let x = rng.vec(k * 64, -1.0, 1.0);
-    for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::F16] {
+    for dt in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q5_0,
+        DType::F16,
+    ] {
         let bytes = m * dt.row_size(k).unwrap();
-        let wdata: Vec<f32> = (0..m * k).map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1).collect();
+        let wdata: Vec<f32> = (0..m * k)
+            .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
+            .collect();
         let wb = to_bytes(dt, &wdata);
         drop(wdata);
         // One weight repeated (largely L2-resident), and 8 weights rotated (> 200 MB: DRAM).
@@ -66,7 +85,11 @@ fn mat_vec_bandwidth() {
                 println!(
                     "mul_mat {} m={m} k={k} n={n} {}: {:.1} us, {:.0} GB/s",
                     dt.name(),
-                    if rotated { "8 weights rotated" } else { "one weight repeated" },
+                    if rotated {
+                        "8 weights rotated"
+                    } else {
+                        "one weight repeated"
+                    },
                     s * 1e6,
                     bytes as f64 / s / 1e9
                 );
@@ -80,28 +103,52 @@ fn mat_vec_bandwidth() {
 fn gemm_throughput() {
     let Some(dev) = cuda() else { return };
     let mut rng = Rng::new(12);
-    for (dt, bt, n) in [(DType::F16, DType::F16, 4096usize), (DType::F16, DType::F16, 8192), (DType::BF16, DType::F32, 8192), (DType::F32, DType::F32, 4096)] {
+    for (dt, bt, n) in [
+        (DType::F16, DType::F16, 4096usize),
+        (DType::F16, DType::F16, 8192),
+        (DType::BF16, DType::F32, 8192),
+        (DType::F32, DType::F32, 4096),
+    ] {
         let vals = rng.vec(1 << 20, -1.0, 1.0);
         let fill = |len: usize| -> Vec<f32> { (0..len).map(|i| vals[i % vals.len()]).collect() };
         let mut g = Graph::new();
         let a = g.input("a", dt, &[n, n]).unwrap();
         let b = g.input("b", bt, &[n, n]).unwrap();
         let y = g.mul_mat(a, b).unwrap();
-        let inputs = vec![(a, to_bytes(dt, &fill(n * n))), (b, to_bytes(bt, &fill(n * n)))];
+        let inputs = vec![
+            (a, to_bytes(dt, &fill(n * n))),
+            (b, to_bytes(bt, &fill(n * n))),
+        ];
         let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
-        println!("gemm {}x{} {n}^3: {:.3} ms, {:.1} TFLOP/s", dt.name(), bt.name(), s * 1e3, 2.0 * (n as f64).powi(3) / s / 1e12);
+        println!(
+            "gemm {}x{} {n}^3: {:.3} ms, {:.1} TFLOP/s",
+            dt.name(),
+            bt.name(),
+            s * 1e3,
+            2.0 * (n as f64).powi(3) / s / 1e12
+        );
     }
     // Prefill-shaped quantized product (dequantize to f16 + cuBLAS).
     for dt in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
         let (m, k, n) = (4096usize, 14336usize, 512usize);
-        let w: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+        let w: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
         let mut g = Graph::new();
         let a = g.input("a", dt, &[k, m]).unwrap();
         let b = g.input("b", DType::F32, &[k, n]).unwrap();
         let y = g.mul_mat(a, b).unwrap();
-        let inputs = vec![(a, to_bytes(dt, &w)), (b, to_bytes(DType::F32, &rng.vec(k * n, -1.0, 1.0)))];
+        let inputs = vec![
+            (a, to_bytes(dt, &w)),
+            (b, to_bytes(DType::F32, &rng.vec(k * n, -1.0, 1.0))),
+        ];
         let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
-        println!("mul_mat {} m={m} k={k} n={n}: {:.1} us, {:.1} TFLOP/s", dt.name(), s * 1e6, 2.0 * (m * k * n) as f64 / s / 1e12);
+        println!(
+            "mul_mat {} m={m} k={k} n={n}: {:.1} us, {:.1} TFLOP/s",
+            dt.name(),
+            s * 1e6,
+            2.0 * (m * k * n) as f64 / s / 1e12
+        );
     }
 }
 
@@ -118,9 +165,16 @@ fn attention_decode() {
         let v = g.input("v", DType::F16, &[d, nkv, kvh]).unwrap();
         let y = g.flash_attn_ext(q, k, v, None, 0.088, 0.0, 0.0).unwrap();
         let kv = rng.vec(d * nkv * kvh, -1.0, 1.0);
-        let inputs = vec![(q, to_bytes(DType::F32, &rng.vec(d * heads, -1.0, 1.0))), (k, to_bytes(DType::F16, &kv)), (v, to_bytes(DType::F16, &kv))];
+        let inputs = vec![
+            (q, to_bytes(DType::F32, &rng.vec(d * heads, -1.0, 1.0))),
+            (k, to_bytes(DType::F16, &kv)),
+            (v, to_bytes(DType::F16, &kv)),
+        ];
         let s = time_graph(&dev, &mut g, &inputs, &[y], 50);
-        println!("flash_attn decode d={d} heads={heads}/{kvh} kv={nkv} f16: {:.1} us", s * 1e6);
+        println!(
+            "flash_attn decode d={d} heads={heads}/{kvh} kv={nkv} f16: {:.1} us",
+            s * 1e6
+        );
     }
     let (d, heads, kvh, n) = (128usize, 32usize, 8usize, 4096usize);
     let mut g = Graph::new();
@@ -134,5 +188,9 @@ fn attention_decode() {
         (v, to_bytes(DType::F16, &rng.vec(d * n * kvh, -1.0, 1.0))),
     ];
     let s = time_graph(&dev, &mut g, &inputs, &[y], 3);
-    println!("flash_attn prefill d={d} heads={heads}/{kvh} n={n}: {:.2} ms, {:.1} TFLOP/s", s * 1e3, 4.0 * (n * n * d * heads) as f64 / s / 1e12);
+    println!(
+        "flash_attn prefill d={d} heads={heads}/{kvh} n={n}: {:.2} ms, {:.1} TFLOP/s",
+        s * 1e3,
+        4.0 * (n * n * d * heads) as f64 / s / 1e12
+    );
 }

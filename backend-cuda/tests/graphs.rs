@@ -32,7 +32,12 @@ fn block(tokens: usize) -> Block {
     let hn = g.mul(h, wn).unwrap();
     let k = g.mul_mat(wk, hn).unwrap();
     let k3 = g.reshape(k, &[64, 3, tokens]).unwrap();
-    let p = RopeParams { n_dims: 64, mode: RopeMode::Normal, freq_base: 10000.0, freq_scale: 1.0 };
+    let p = RopeParams {
+        n_dims: 64,
+        mode: RopeMode::Normal,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+    };
     let kr = g.rope(k3, pos, p).unwrap();
     let kv = g.reshape(kr, &[192, tokens]).unwrap();
     let st = g.set_rows(cache, kv, idx).unwrap();
@@ -40,14 +45,22 @@ fn block(tokens: usize) -> Block {
     let up = g.mul_mat(wu, hn).unwrap();
     let sw = g.swiglu_split(gate, up).unwrap();
     let q = g.mul_mat(wq, hn).unwrap();
-    Block { g, inputs: vec![x, wn, wq, wk, wg, wu, pos, idx, cache], outputs: vec![st, sw, q] }
+    Block {
+        g,
+        inputs: vec![x, wn, wq, wk, wg, wu, pos, idx, cache],
+        outputs: vec![st, sw, q],
+    }
 }
 
 /// Input bytes for a block, step `step` (positions and cache rows move with it).
 fn block_inputs(b: &Block, rng: &mut Rng, tokens: usize, step: usize) -> Vec<(TensorId, Vec<u8>)> {
-    let [x, wn, wq, wk, wg, wu, pos, idx, cache] = b.inputs[..] else { unreachable!() };
+    let [x, wn, wq, wk, wg, wu, pos, idx, cache] = b.inputs[..] else {
+        unreachable!()
+    };
     let positions: Vec<f32> = (0..tokens).map(|t| (step * tokens + t) as f32).collect();
-    let rows: Vec<u8> = (0..tokens).flat_map(|t| (((step * tokens + t) % 64) as i64).to_le_bytes()).collect();
+    let rows: Vec<u8> = (0..tokens)
+        .flat_map(|t| (((step * tokens + t) % 64) as i64).to_le_bytes())
+        .collect();
     vec![
         (x, to_bytes(DType::F32, &rng.vec(576 * tokens, -1.0, 1.0))),
         (wn, to_bytes(DType::F32, &rng.vec(576, 0.5, 1.5))),
@@ -88,10 +101,25 @@ fn fused_kernels_match_unfused_ops() {
             counts.push(be.last_command_count());
             results.push(outputs_f32(&b, &out));
         }
-        for (i, name) in ["rope+set_rows cache", "gate/up/swiglu", "q after rms_norm*w"].iter().enumerate() {
-            check(&format!("fused vs unfused {name}, {tokens} tokens"), &results[0][i], &results[1][i], 1e-10);
+        for (i, name) in [
+            "rope+set_rows cache",
+            "gate/up/swiglu",
+            "q after rms_norm*w",
+        ]
+        .iter()
+        .enumerate()
+        {
+            check(
+                &format!("fused vs unfused {name}, {tokens} tokens"),
+                &results[0][i],
+                &results[1][i],
+                1e-10,
+            );
         }
-        println!("{tokens} tokens: {} commands fused, {} unfused", counts[0], counts[1]);
+        println!(
+            "{tokens} tokens: {} commands fused, {} unfused",
+            counts[0], counts[1]
+        );
         assert!(counts[0] < counts[1], "fusion removed no launch");
     }
 }
@@ -124,10 +152,23 @@ fn graphs_replay_and_update() {
         eager.synchronize().unwrap();
         let want = outputs_f32(&b, &read(&b.g, &outs));
         for i in 0..outs.len() {
-            check(&format!("graph step {step} ({:?}) output {i}", modes[step]), &got[i], &want[i], 0.0);
+            check(
+                &format!("graph step {step} ({:?}) output {i}", modes[step]),
+                &got[i],
+                &want[i],
+                0.0,
+            );
         }
     }
-    assert_eq!(modes, vec![GraphMode::Eager, GraphMode::Captured, GraphMode::Replayed, GraphMode::Replayed]);
+    assert_eq!(
+        modes,
+        vec![
+            GraphMode::Eager,
+            GraphMode::Captured,
+            GraphMode::Replayed,
+            GraphMode::Replayed
+        ]
+    );
     // The same graph in other memory: the executable graph is updated, not rebuilt.
     let mut b2 = block(1);
     for &o in &outs {
@@ -146,17 +187,27 @@ fn graphs_replay_and_update() {
     eager.synchronize().unwrap();
     let want = outputs_f32(&b2, &read(&b2.g, &outs));
     for i in 0..outs.len() {
-        check(&format!("moved graph ({mode:?}) output {i}"), &got[i], &want[i], 0.0);
+        check(
+            &format!("moved graph ({mode:?}) output {i}"),
+            &got[i],
+            &want[i],
+            0.0,
+        );
     }
     assert_eq!(mode, GraphMode::Updated);
-    println!("graph modes: {modes:?}, then {mode:?}; {} commands per step", be.last_command_count());
+    println!(
+        "graph modes: {modes:?}, then {mode:?}; {} commands per step",
+        be.last_command_count()
+    );
 }
 
 #[test]
 fn out_of_memory_is_an_error() {
     let Some(dev) = cuda() else { return };
     match dev.buffer_type().alloc(1 << 50) {
-        Err(tessera_core::Error::OutOfMemory { bytes, .. }) => println!("ok out of memory: {bytes} bytes"),
+        Err(tessera_core::Error::OutOfMemory { bytes, .. }) => {
+            println!("ok out of memory: {bytes} bytes")
+        }
         Err(e) => panic!("expected OutOfMemory, got {e}"),
         Ok(_) => panic!("a petabyte allocation succeeded"),
     }
@@ -167,6 +218,13 @@ fn out_of_memory_is_an_error() {
         b.clear(1).unwrap();
     }
     let after = dev.memory().free;
-    assert!(before.abs_diff(after) < 512 << 20, "memory grew from {before} to {after} free");
-    println!("ok pool reuse: free {} MiB before, {} MiB after 100 x 64 MiB", before >> 20, after >> 20);
+    assert!(
+        before.abs_diff(after) < 512 << 20,
+        "memory grew from {before} to {after} free"
+    );
+    println!(
+        "ok pool reuse: free {} MiB before, {} MiB after 100 x 64 MiB",
+        before >> 20,
+        after >> 20
+    );
 }

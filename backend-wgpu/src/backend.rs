@@ -68,7 +68,10 @@ impl WgpuBackend {
                     mapped_at_creation: false,
                 })
             },
-            || Error::OutOfMemory { device: gpu.name.clone(), bytes: cap as usize },
+            || Error::OutOfMemory {
+                device: gpu.name.clone(),
+                bytes: cap as usize,
+            },
             |e| gpu.err(format!("parameter buffer of {cap} bytes: {e}")),
         )?;
         let id = gpu.next_id();
@@ -78,7 +81,12 @@ impl WgpuBackend {
 
     /// Decides the launches of `nodes` and resolves their pipelines, bind groups and
     /// parameters into a [`Recording`] (`None`: nothing to run).
-    fn record(&mut self, graph: &Graph, nodes: &[TensorId], key: Vec<u64>) -> Result<Option<Recording>> {
+    fn record(
+        &mut self,
+        graph: &Graph,
+        nodes: &[TensorId],
+        key: Vec<u64>,
+    ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
         for &id in nodes {
             launches.extend(ops::launches(&self.gpu, graph, id)?);
@@ -86,7 +94,9 @@ impl WgpuBackend {
         if launches.is_empty() {
             return Ok(None);
         }
-        let stride = PARAMS_SIZE.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
+        let stride = PARAMS_SIZE.max(u64::from(
+            self.gpu.limits.min_uniform_buffer_offset_alignment,
+        ));
         let (params_id, params) = self.params_buffer(stride * launches.len() as u64)?;
         let mut bytes = vec![0u8; (stride as usize) * launches.len()];
         let mut dispatches = Vec::with_capacity(launches.len());
@@ -102,25 +112,52 @@ impl WgpuBackend {
             let at = i * stride as usize;
             bytes[at..at + PARAMS_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&l.params));
             let pipeline = self.gpu.pipeline(&l.variant)?;
-            let refs: Vec<(Window, &wgpu::Buffer)> = storage.iter().map(|(w, b)| (w.clone(), b)).collect();
-            let group = self.gpu.bind_group(l.variant.family, &refs, (params_id, &params));
-            dispatches.push(Dispatch { pipeline, group, offset: (i as u64 * stride) as u32, groups: l.groups });
+            let refs: Vec<(Window, &wgpu::Buffer)> =
+                storage.iter().map(|(w, b)| (w.clone(), b)).collect();
+            let group = self
+                .gpu
+                .bind_group(l.variant.family, &refs, (params_id, &params));
+            dispatches.push(Dispatch {
+                pipeline,
+                group,
+                offset: (i as u64 * stride) as u32,
+                groups: l.groups,
+            });
         }
         buffers.sort_unstable();
         buffers.dedup();
-        Ok(Some(Recording { key, buffers, params, bytes, dispatches }))
+        Ok(Some(Recording {
+            key,
+            buffers,
+            params,
+            bytes,
+            dispatches,
+        }))
     }
 
     /// The window and wgpu buffer of a binding's memory, and its byte offset in the window.
     fn binding(&self, graph: &Graph, bind: &Bind) -> Result<(Window, wgpu::Buffer, u32)> {
         let id = bind.id;
         let data = graph.data_or_err(id)?;
-        let buf = self.own(data.buffer.as_ref()).ok_or_else(|| Error::Buffer {
+        let buf = self
+            .own(data.buffer.as_ref())
+            .ok_or_else(|| Error::Buffer {
                 buffer: data.buffer.name(),
-                reason: format!("tensor '{}' is not in memory of {}", graph.label(id), self.gpu.name),
+                reason: format!(
+                    "tensor '{}' is not in memory of {}",
+                    graph.label(id),
+                    self.gpu.name
+                ),
             })?;
-        let span = bind.span.unwrap_or_else(|| graph.get(id).nbytes().saturating_sub(bind.skip)).max(1);
-        let (win, off) = buf.window(data.offset + bind.skip, span, &format!("tensor '{}'", graph.label(id)))?;
+        let span = bind
+            .span
+            .unwrap_or_else(|| graph.get(id).nbytes().saturating_sub(bind.skip))
+            .max(1);
+        let (win, off) = buf.window(
+            data.offset + bind.skip,
+            span,
+            &format!("tensor '{}'", graph.label(id)),
+        )?;
         Ok((win, buf.buffer.clone(), off))
     }
 }
@@ -134,7 +171,9 @@ impl Backend for WgpuBackend {
         self.gpu.check()?;
         let mut key = Vec::with_capacity(nodes.len() * 48);
         ops::fingerprint(graph, nodes, &mut key);
-        let hash = key.iter().fold(0u64, |h, &x| (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95));
+        let hash = key.iter().fold(0u64, |h, &x| {
+            (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
+        });
         let rec = match self.gpu.recording(hash, &key) {
             Some(rec) => rec,
             None => match self.record(graph, nodes, key)? {
@@ -147,9 +186,17 @@ impl Backend for WgpuBackend {
             },
         };
         self.gpu.queue.write_buffer(&rec.params, 0, &rec.bytes);
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tessera graph") });
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("tessera graph"),
+            });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
             for d in &rec.dispatches {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, d.group.as_ref(), &[d.offset]);
@@ -184,13 +231,29 @@ impl Backend for WgpuBackend {
 
     /// Word-aligned copies between two of this device's buffers are recorded in stream order
     /// without waiting; others fall back to a synchronize and a blocking copy.
-    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+    fn copy_async(
+        &mut self,
+        src: &dyn Buffer,
+        src_offset: usize,
+        dst: &dyn Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         match (self.own(src), self.own(dst)) {
             (Some(s), Some(d)) if s.id != d.id && (src_offset | dst_offset | len) & 3 == 0 => {
                 s.check_range(src_offset, len)?;
                 d.check_range(dst_offset, len)?;
-                let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-                enc.copy_buffer_to_buffer(&s.buffer, src_offset as u64, &d.buffer, dst_offset as u64, len as u64);
+                let mut enc = self
+                    .gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(
+                    &s.buffer,
+                    src_offset as u64,
+                    &d.buffer,
+                    dst_offset as u64,
+                    len as u64,
+                );
                 self.gpu.queue.submit([enc.finish()]);
                 self.gpu.check()
             }
@@ -205,6 +268,9 @@ impl Backend for WgpuBackend {
 impl WgpuBackend {
     /// `buffer` as one of this device's buffers.
     fn own<'a>(&self, buffer: &'a dyn Buffer) -> Option<&'a WgpuBuffer> {
-        buffer.as_any().downcast_ref::<WgpuBuffer>().filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
+        buffer
+            .as_any()
+            .downcast_ref::<WgpuBuffer>()
+            .filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
     }
 }

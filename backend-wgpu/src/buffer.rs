@@ -61,7 +61,10 @@ impl WgpuBuffer {
         if alloc > gpu.limits.max_buffer_size {
             return Err(Error::Buffer {
                 buffer: gpu.name.clone(),
-                reason: format!("{size} bytes is past the adapter's largest buffer ({} bytes)", gpu.limits.max_buffer_size),
+                reason: format!(
+                    "{size} bytes is past the adapter's largest buffer ({} bytes)",
+                    gpu.limits.max_buffer_size
+                ),
             });
         }
         let buffer = gpu.scoped(
@@ -69,15 +72,29 @@ impl WgpuBuffer {
                 gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("tessera"),
                     size: alloc,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_DST
+                        | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 })
             },
-            || Error::OutOfMemory { device: gpu.name.clone(), bytes: size },
-            |e| Error::Buffer { buffer: gpu.name.clone(), reason: format!("allocating {size} bytes: {e}") },
+            || Error::OutOfMemory {
+                device: gpu.name.clone(),
+                bytes: size,
+            },
+            |e| Error::Buffer {
+                buffer: gpu.name.clone(),
+                reason: format!("allocating {size} bytes: {e}"),
+            },
         )?;
-        gpu.allocated.fetch_add(alloc as usize, std::sync::atomic::Ordering::Relaxed);
-        Ok(WgpuBuffer { gpu: gpu.clone(), buffer, id: gpu.next_id(), size })
+        gpu.allocated
+            .fetch_add(alloc as usize, std::sync::atomic::Ordering::Relaxed);
+        Ok(WgpuBuffer {
+            gpu: gpu.clone(),
+            buffer,
+            id: gpu.next_id(),
+            size,
+        })
     }
 
     /// The window to bind for a tensor at `offset` spanning `len` bytes, and the tensor's byte
@@ -102,7 +119,14 @@ impl WgpuBuffer {
                 ),
             });
         }
-        Ok((Window { id: self.id, base, size }, (offset as u64 - base) as u32))
+        Ok((
+            Window {
+                id: self.id,
+                base,
+                size,
+            },
+            (offset as u64 - base) as u32,
+        ))
     }
 
     /// Reads `[start, start + len)` (4-byte aligned) through a mapped staging buffer.
@@ -117,10 +141,18 @@ impl WgpuBuffer {
                     mapped_at_creation: false,
                 })
             },
-            || Error::OutOfMemory { device: gpu.name.clone(), bytes: len as usize },
-            |e| Error::Buffer { buffer: self.name(), reason: format!("staging {len} bytes: {e}") },
+            || Error::OutOfMemory {
+                device: gpu.name.clone(),
+                bytes: len as usize,
+            },
+            |e| Error::Buffer {
+                buffer: self.name(),
+                reason: format!("staging {len} bytes: {e}"),
+            },
         )?;
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, len);
         gpu.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -130,10 +162,17 @@ impl WgpuBuffer {
         gpu.wait()?;
         match rx.recv() {
             Ok(Ok(())) => {}
-            _ => return Err(gpu.err(format!("mapping {len} bytes of {} for reading failed", self.name()))),
+            _ => {
+                return Err(gpu.err(format!(
+                    "mapping {len} bytes of {} for reading failed",
+                    self.name()
+                )))
+            }
         }
         let out = {
-            let view = staging.get_mapped_range(..).map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
             view.to_vec()
         };
         staging.unmap();
@@ -151,7 +190,10 @@ impl WgpuBuffer {
 impl Drop for WgpuBuffer {
     fn drop(&mut self) {
         self.gpu.forget_buffer(self.id);
-        self.gpu.allocated.fetch_sub(self.buffer.size() as usize, std::sync::atomic::Ordering::Relaxed);
+        self.gpu.allocated.fetch_sub(
+            self.buffer.size() as usize,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
@@ -202,7 +244,10 @@ impl Buffer for WgpuBuffer {
 
     fn clear(&self, value: u8) -> Result<()> {
         if value == 0 {
-            let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             enc.clear_buffer(&self.buffer, 0, None);
             self.gpu.queue.submit([enc.finish()]);
             return self.gpu.check();
@@ -213,24 +258,42 @@ impl Buffer for WgpuBuffer {
         let mut at = 0;
         while at < total {
             let n = CHUNK.min(total - at);
-            self.gpu.queue.write_buffer(&self.buffer, at as u64, &fill[..n]);
+            self.gpu
+                .queue
+                .write_buffer(&self.buffer, at as u64, &fill[..n]);
             at += n;
         }
         self.gpu.queue.submit([]);
         self.gpu.check()
     }
 
-    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
         src.check_range(src_offset, len)?;
-        let direct = src
-            .as_any()
-            .downcast_ref::<WgpuBuffer>()
-            .filter(|s| Arc::ptr_eq(&s.gpu, &self.gpu) && s.id != self.id && (offset | src_offset | len) & 3 == 0);
+        let direct = src.as_any().downcast_ref::<WgpuBuffer>().filter(|s| {
+            Arc::ptr_eq(&s.gpu, &self.gpu)
+                && s.id != self.id
+                && (offset | src_offset | len) & 3 == 0
+        });
         match direct {
             Some(s) => {
-                let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-                enc.copy_buffer_to_buffer(&s.buffer, src_offset as u64, &self.buffer, offset as u64, len as u64);
+                let mut enc = self
+                    .gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(
+                    &s.buffer,
+                    src_offset as u64,
+                    &self.buffer,
+                    offset as u64,
+                    len as u64,
+                );
                 self.gpu.queue.submit([enc.finish()]);
                 self.gpu.check()
             }
@@ -260,7 +323,10 @@ impl BufferType for UnopenedBufferType {
     }
 
     fn alloc(&self, _size: usize) -> Result<Arc<dyn Buffer>> {
-        Err(Error::Device { device: self.name.clone(), reason: self.reason.clone() })
+        Err(Error::Device {
+            device: self.name.clone(),
+            reason: self.reason.clone(),
+        })
     }
 
     fn is_host(&self) -> bool {

@@ -90,7 +90,8 @@ impl Gpu {
     pub fn open(name: String, adapter: &wgpu::Adapter) -> Result<Arc<Gpu>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let desc = wgpu::DeviceDescriptor {
             label: Some("tessera"),
@@ -100,8 +101,11 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| Error::Device { device: name.clone(), reason: format!("cannot open {}: {e}", info.name) })?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::Device {
+                device: name.clone(),
+                reason: format!("cannot open {}: {e}", info.name),
+            })?;
         let error: Arc<Mutex<Option<String>>> = Arc::default();
         let slot = error.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -117,14 +121,23 @@ impl Gpu {
             flag.store(true, Ordering::SeqCst);
         });
         let layouts = (0..=MAX_STORAGE).map(|n| make_layout(&device, n)).collect();
-        log::debug!("wgpu: opened {} ({:?}, {:?}) with {:?}", info.name, info.backend, info.device_type, features);
+        log::debug!(
+            "wgpu: opened {} ({:?}, {:?}) with {:?}",
+            info.name,
+            info.backend,
+            info.device_type,
+            features
+        );
         Ok(Arc::new(Gpu {
             name,
             device,
             queue,
             limits,
             subgroups: features.contains(wgpu::Features::SUBGROUP),
-            f16_in_f32: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
+            f16_in_f32: adapter
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
             error,
             lost,
             allocated: AtomicUsize::new(0),
@@ -138,7 +151,10 @@ impl Gpu {
 
     /// An error of this device.
     pub fn err(&self, reason: impl Into<String>) -> Error {
-        Error::Device { device: self.name.clone(), reason: reason.into() }
+        Error::Device {
+            device: self.name.clone(),
+            reason: reason.into(),
+        }
     }
 
     /// Returns the error the handler recorded since the last check, or a lost device.
@@ -165,7 +181,12 @@ impl Gpu {
 
     /// Runs `f` inside out-of-memory and validation error scopes; an error caught becomes
     /// `on_oom` or `on_invalid`.
-    pub fn scoped<T>(&self, f: impl FnOnce() -> T, on_oom: impl FnOnce() -> Error, on_invalid: impl FnOnce(String) -> Error) -> Result<T> {
+    pub fn scoped<T>(
+        &self,
+        f: impl FnOnce() -> T,
+        on_oom: impl FnOnce() -> Error,
+        on_invalid: impl FnOnce(String) -> Error,
+    ) -> Result<T> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
@@ -193,7 +214,11 @@ impl Gpu {
         if let Some(p) = lock(&self.pipelines).get(v) {
             return Ok(p.clone());
         }
-        let source = v.clone().def("F16", u32::from(self.f16_in_f32)).source().map_err(|e| self.err(e))?;
+        let source = v
+            .clone()
+            .def("F16", u32::from(self.f16_in_f32))
+            .source()
+            .map_err(|e| self.err(e))?;
         let label = v.label();
         let layout = &self.layouts[v.family.storage_bindings()].1;
         let pipeline = self.scoped(
@@ -203,21 +228,25 @@ impl Gpu {
                 // the tensor shapes they are given, so the checks are not needed.
                 let module = unsafe {
                     self.device.create_shader_module_trusted(
-                        wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) },
+                        wgpu::ShaderModuleDescriptor {
+                            label: Some(&label),
+                            source: wgpu::ShaderSource::Wgsl(source.into()),
+                        },
                         wgpu::ShaderRuntimeChecks::unchecked(),
                     )
                 };
-                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&label),
-                    layout: Some(layout),
-                    module: &module,
-                    entry_point: Some(v.entry),
-                    compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &[],
-                        zero_initialize_workgroup_memory: false,
-                    },
-                    cache: None,
-                })
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&label),
+                        layout: Some(layout),
+                        module: &module,
+                        entry_point: Some(v.entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &[],
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    })
             },
             || self.err(format!("out of memory building shader {label}")),
             |e| self.err(format!("shader {label}: {e}")),
@@ -230,8 +259,16 @@ impl Gpu {
 
     /// The bind group binding `storage` (windows of buffers, destination first) and the
     /// parameter buffer, built (and cached) on first use.
-    pub fn bind_group(&self, family: Family, storage: &[(Window, &wgpu::Buffer)], params: (u64, &wgpu::Buffer)) -> Arc<wgpu::BindGroup> {
-        let key = BindKey { windows: storage.iter().map(|(w, _)| w.clone()).collect(), params: params.0 };
+    pub fn bind_group(
+        &self,
+        family: Family,
+        storage: &[(Window, &wgpu::Buffer)],
+        params: (u64, &wgpu::Buffer),
+    ) -> Arc<wgpu::BindGroup> {
+        let key = BindKey {
+            windows: storage.iter().map(|(w, _)| w.clone()).collect(),
+            params: params.0,
+        };
         if let Some(g) = lock(&self.bind_groups).get(&key) {
             return g.clone();
         }
@@ -267,13 +304,17 @@ impl Gpu {
 
     /// Forgets the bind groups and recordings that bind buffer `id` (it is being freed).
     pub fn forget_buffer(&self, id: u64) {
-        lock(&self.bind_groups).retain(|k, _| k.params != id && k.windows.iter().all(|w| w.id != id));
+        lock(&self.bind_groups)
+            .retain(|k, _| k.params != id && k.windows.iter().all(|w| w.id != id));
         lock(&self.recordings).retain(|_, r| r.buffers.binary_search(&id).is_err());
     }
 
     /// The recording of a graph with fingerprint `key` (hashed to `hash`), if there is one.
     pub fn recording(&self, hash: u64, key: &[u64]) -> Option<Arc<Recording>> {
-        lock(&self.recordings).get(&hash).filter(|r| r.key == key).cloned()
+        lock(&self.recordings)
+            .get(&hash)
+            .filter(|r| r.key == key)
+            .cloned()
     }
 
     /// Keeps a recording.
@@ -310,7 +351,10 @@ fn make_layout(device: &wgpu::Device, n: usize) -> (wgpu::BindGroupLayout, wgpu:
         },
         count: None,
     });
-    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: None,
+        entries: &entries,
+    });
     let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
         label: None,
         bind_group_layouts: &[Some(&bgl)],

@@ -53,7 +53,13 @@ impl BackendReg for WgpuBackendReg {
         Ok(adapters
             .into_iter()
             .enumerate()
-            .map(|(i, adapter)| Arc::new(WgpuDevice { index: i, adapter, gpu: OnceLock::new() }) as Arc<dyn Device>)
+            .map(|(i, adapter)| {
+                Arc::new(WgpuDevice {
+                    index: i,
+                    adapter,
+                    gpu: OnceLock::new(),
+                }) as Arc<dyn Device>
+            })
             .collect())
     }
 }
@@ -71,7 +77,10 @@ impl WgpuDevice {
         self.gpu
             .get_or_init(|| Gpu::open(self.name(), &self.adapter).map_err(|e| e.to_string()))
             .clone()
-            .map_err(|reason| tessera_core::Error::Device { device: self.name(), reason })
+            .map_err(|reason| tessera_core::Error::Device {
+                device: self.name(),
+                reason,
+            })
     }
 
     /// The adapter's description from wgpu.
@@ -87,8 +96,18 @@ impl Device for WgpuDevice {
 
     fn description(&self) -> String {
         let i = self.adapter.get_info();
-        let driver = if i.driver_info.is_empty() { i.driver.clone() } else { format!("{} {}", i.driver, i.driver_info) };
-        format!("{} ({:?}, {:?}, driver {})", i.name, i.backend, i.device_type, driver.trim())
+        let driver = if i.driver_info.is_empty() {
+            i.driver.clone()
+        } else {
+            format!("{} {}", i.driver, i.driver_info)
+        };
+        format!(
+            "{} ({:?}, {:?}, driver {})",
+            i.name,
+            i.backend,
+            i.device_type,
+            driver.trim()
+        )
     }
 
     fn kind(&self) -> DeviceKind {
@@ -107,14 +126,22 @@ impl Device for WgpuDevice {
         let total = vulkan_heap(&self.adapter)
             .or_else(|| usize::try_from(self.adapter.limits().max_buffer_size).ok())
             .unwrap_or(usize::MAX);
-        let used = self.gpu.get().and_then(|g| g.as_ref().ok()).map_or(0, |g| g.allocated.load(std::sync::atomic::Ordering::Relaxed));
-        Memory { free: total.saturating_sub(used), total }
+        let used = self.gpu.get().and_then(|g| g.as_ref().ok()).map_or(0, |g| {
+            g.allocated.load(std::sync::atomic::Ordering::Relaxed)
+        });
+        Memory {
+            free: total.saturating_sub(used),
+            total,
+        }
     }
 
     fn buffer_type(&self) -> Arc<dyn BufferType> {
         match self.gpu() {
             Ok(gpu) => Arc::new(WgpuBufferType { gpu }),
-            Err(e) => Arc::new(crate::buffer::UnopenedBufferType { name: self.name(), reason: e.to_string() }),
+            Err(e) => Arc::new(crate::buffer::UnopenedBufferType {
+                name: self.name(),
+                reason: e.to_string(),
+            }),
         }
     }
 
@@ -148,10 +175,17 @@ fn vulkan_heap(adapter: &wgpu::Adapter) -> Option<usize> {
     // the instance that created it) while the guard keeps it alive.
     unsafe {
         let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
-        let props = hal.shared_instance().raw_instance().get_physical_device_memory_properties(hal.raw_physical_device());
+        let props = hal
+            .shared_instance()
+            .raw_instance()
+            .get_physical_device_memory_properties(hal.raw_physical_device());
         let heaps = props.memory_heaps.get(..props.memory_heap_count as usize)?;
         // Bit 0 of a heap's flags is VK_MEMORY_HEAP_DEVICE_LOCAL_BIT.
-        let best = heaps.iter().filter(|h| h.flags.as_raw() & 1 != 0).map(|h| h.size).max()?;
+        let best = heaps
+            .iter()
+            .filter(|h| h.flags.as_raw() & 1 != 0)
+            .map(|h| h.size)
+            .max()?;
         usize::try_from(best).ok()
     }
 }

@@ -8,7 +8,9 @@
 //! validates.
 
 use bytemuck::{Pod, Zeroable};
-use tessera_core::{BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, Tensor, TensorId, UnaryOp};
+use tessera_core::{
+    BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, Tensor, TensorId, UnaryOp,
+};
 
 use crate::buffer::WgpuBuffer;
 use crate::context::Gpu;
@@ -59,7 +61,11 @@ pub(crate) struct Bind {
 impl Bind {
     /// The whole of tensor `id`.
     fn whole(id: TensorId) -> Bind {
-        Bind { id, skip: 0, span: None }
+        Bind {
+            id,
+            skip: 0,
+            span: None,
+        }
     }
 }
 
@@ -109,7 +115,10 @@ const MAT_VEC_MAX_N: usize = 4;
 /// Why a node cannot run here.
 fn unsupported(gpu: &Gpu, graph: &Graph, id: TensorId, why: impl std::fmt::Display) -> Error {
     let t = graph.get(id);
-    Error::Unsupported { backend: gpu.name.clone(), what: format!("{} of '{}' ({})", t.op.name(), graph.label(id), why) }
+    Error::Unsupported {
+        backend: gpu.name.clone(),
+        what: format!("{} of '{}' ({})", t.op.name(), graph.label(id), why),
+    }
 }
 
 /// The shape and strides of a tensor as the shaders see them.
@@ -124,7 +133,9 @@ fn desc(t: &Tensor) -> [u32; 8] {
 
 /// Whether every count and byte offset of a tensor fits the shaders' u32 arithmetic.
 fn fits_u32(t: &Tensor) -> bool {
-    t.nbytes() < u32::MAX as usize / 2 && t.nelements() < u32::MAX as usize / 2 && t.nb.iter().all(|&b| b < u32::MAX as usize / 2)
+    t.nbytes() < u32::MAX as usize / 2
+        && t.nelements() < u32::MAX as usize / 2
+        && t.nb.iter().all(|&b| b < u32::MAX as usize / 2)
 }
 
 /// Workgroup counts for `n` workgroups laid out over x then y.
@@ -150,17 +161,31 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
     let t = graph.get(id);
     let srcs: Vec<&Tensor> = t.src.iter().map(|&s| graph.get(s)).collect();
     // A mul_mat's weights may be larger: they are bound in row ranges (below).
-    let whole = srcs.iter().enumerate().filter(|&(k, _)| !(k == 0 && t.op == Op::MulMat)).map(|(_, s)| *s);
-    if srcs.first().is_some_and(|a| a.nb.iter().any(|&b| b >= u32::MAX as usize / 2)) {
+    let whole = srcs
+        .iter()
+        .enumerate()
+        .filter(|&(k, _)| !(k == 0 && t.op == Op::MulMat))
+        .map(|(_, s)| *s);
+    if srcs
+        .first()
+        .is_some_and(|a| a.nb.iter().any(|&b| b >= u32::MAX as usize / 2))
+    {
         return Err("strides too large for 32-bit indexing".into());
     }
-    let usable = (gpu.max_binding() as usize).saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
+    let usable = (gpu.max_binding() as usize)
+        .saturating_sub(gpu.limits.min_storage_buffer_offset_alignment as usize + 16);
     for x in std::iter::once(t).chain(whole) {
         if !fits_u32(x) {
-            return Err(format!("a tensor of {:?} is too large for 32-bit indexing", x.ne));
+            return Err(format!(
+                "a tensor of {:?} is too large for 32-bit indexing",
+                x.ne
+            ));
         }
         if x.nbytes() > usable {
-            return Err(format!("a tensor of {} bytes exceeds the largest storage binding ({usable} bytes)", x.nbytes()));
+            return Err(format!(
+                "a tensor of {} bytes exceeds the largest storage binding ({usable} bytes)",
+                x.nbytes()
+            ));
         }
     }
     let mut p = Params::default();
@@ -173,7 +198,13 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
         p.u[0] = count as u32;
         let bind = bind.into_iter().map(Bind::whole).collect();
         let wg = ew_wg(&variant);
-        vec![PlanOut { variant: variant.def("WG", wg), bind, params: p, groups: count.div_ceil(wg as usize), groups_3d: None }]
+        vec![PlanOut {
+            variant: variant.def("WG", wg),
+            bind,
+            params: p,
+            groups: count.div_ceil(wg as usize),
+            groups_3d: None,
+        }]
     };
     match &t.op {
         Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } => {
@@ -189,7 +220,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     p.f[1] = *max;
                     2
                 }
-                _ => 10 + UnaryOp::ALL.iter().position(|x| Op::Unary(*x) == t.op).unwrap_or(0) as u32,
+                _ => {
+                    10 + UnaryOp::ALL
+                        .iter()
+                        .position(|x| Op::Unary(*x) == t.op)
+                        .unwrap_or(0) as u32
+                }
             };
             if !FLOATS.contains(&a) {
                 return Err(format!("type {a}"));
@@ -208,9 +244,19 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             } else if from == to && from.is_quantized() && t.is_contiguous() {
                 p.u[1] = t.nbytes() as u32;
                 p.u[2] = t.row_bytes() as u32;
-                return Ok(ew(unary_variant(5, from, to), vec![id, t.src[0]], p, t.nbytes() / 4 + 2));
+                return Ok(ew(
+                    unary_variant(5, from, to),
+                    vec![id, t.src[0]],
+                    p,
+                    t.nbytes() / 4 + 2,
+                ));
             } else if FLOATS.contains(&from) && QUANT.contains(&to) && t.is_contiguous() {
-                return Ok(ew(unary_variant(6, from, to), vec![id, t.src[0]], p, n / to.block_size()));
+                return Ok(ew(
+                    unary_variant(6, from, to),
+                    vec![id, t.src[0]],
+                    p,
+                    n / to.block_size(),
+                ));
             } else {
                 return Err(format!("copy from {from} to {to}"));
             };
@@ -221,7 +267,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             if !FLOATS.contains(&a) || !FLOATS.contains(&c) {
                 return Err(format!("types {a} and {c}"));
             }
-            Ok(ew(binary_variant(*b, a, c), vec![id, t.src[0], t.src[1]], p, n))
+            Ok(ew(
+                binary_variant(*b, a, c),
+                vec![id, t.src[0], t.src[1]],
+                p,
+                n,
+            ))
         }
         Op::Glu { op, swapped } => {
             let a = srcs[0].dtype;
@@ -287,12 +338,23 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             // Slots: dst = a (this node's memory), src0 = the f32 rows, src1 = indices.
             p.desc[1] = desc(srcs[1]);
             p.desc[2] = desc(srcs[2]);
-            let (op, count) = if d.is_quantized() { (3, srcs[1].nelements() / d.block_size()) } else { (2, srcs[1].nelements()) };
-            Ok(ew(rows_variant(op, DType::F32, idx, d), vec![id, t.src[1], t.src[2]], p, count))
+            let (op, count) = if d.is_quantized() {
+                (3, srcs[1].nelements() / d.block_size())
+            } else {
+                (2, srcs[1].nelements())
+            };
+            Ok(ew(
+                rows_variant(op, DType::F32, idx, d),
+                vec![id, t.src[1], t.src[2]],
+                p,
+                count,
+            ))
         }
         Op::MulMat => {
             let (a, b) = (srcs[0], srcs[1]);
-            if !(FLOATS.contains(&a.dtype) || QUANT.contains(&a.dtype)) || !matches!(b.dtype, DType::F32 | DType::F16) {
+            if !(FLOATS.contains(&a.dtype) || QUANT.contains(&a.dtype))
+                || !matches!(b.dtype, DType::F32 | DType::F16)
+            {
                 return Err(format!("types {} x {}", a.dtype, b.dtype));
             }
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;
@@ -303,9 +365,16 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             } else if a.ne[2] * a.ne[3] == 1 && a.nb[1] <= usable {
                 usable / a.nb[1]
             } else {
-                return Err(format!("src0 of {} bytes exceeds a storage binding and is not a 2-D matrix", a.nbytes()));
+                return Err(format!(
+                    "src0 of {} bytes exceeds a storage binding and is not a 2-D matrix",
+                    a.nbytes()
+                ));
             };
-            let tile = *MM_TILES.iter().rev().find(|&&(bm, bn, _)| t.ne[0] >= bm as usize && t.ne[1] >= bn as usize).unwrap_or(&MM_TILES[0]);
+            let tile = *MM_TILES
+                .iter()
+                .rev()
+                .find(|&&(bm, bn, _)| t.ne[0] >= bm as usize && t.ne[1] >= bn as usize)
+                .unwrap_or(&MM_TILES[0]);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -314,15 +383,29 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 p.desc[0][0] = rc as u32;
                 p.desc[1][1] = rc as u32;
                 let bind = vec![
-                    Bind { id, skip: r0 * t.nb[0], span: None },
-                    Bind { id: t.src[0], skip: r0 * a.nb[1], span: Some(rc * a.nb[1]) },
+                    Bind {
+                        id,
+                        skip: r0 * t.nb[0],
+                        span: None,
+                    },
+                    Bind {
+                        id: t.src[0],
+                        skip: r0 * a.nb[1],
+                        span: Some(rc * a.nb[1]),
+                    },
                     Bind::whole(t.src[1]),
                 ];
                 if t.ne[1] <= MAT_VEC_MAX_N {
                     let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
-                    out.push(PlanOut { variant: v, bind, params: p, groups, groups_3d: None });
+                    out.push(PlanOut {
+                        variant: v,
+                        bind,
+                        params: p,
+                        groups,
+                        groups_3d: None,
+                    });
                 } else {
                     let z = t.ne[2] * t.ne[3];
                     let gx = rc.div_ceil(bm as usize);
@@ -331,19 +414,34 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
                     let v = mat_mat_variant(a.dtype, b.dtype, tile);
-                    out.push(PlanOut { variant: v, bind, params: p, groups: 0, groups_3d: Some([gx as u32, gy as u32, z as u32]) });
+                    out.push(PlanOut {
+                        variant: v,
+                        bind,
+                        params: p,
+                        groups: 0,
+                        groups_3d: Some([gx as u32, gy as u32, z as u32]),
+                    });
                 }
             }
             Ok(out)
         }
-        Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            logit_softcap,
+        } => {
             let (q, k, v) = (srcs[0], srcs[1], srcs[2]);
             let mask = srcs.get(3).map(|m| m.dtype);
             let need = q.ne[0].max(v.ne[0]) as u32;
             let Some(&dmax) = FA_DMAX.iter().find(|&&d| d >= need) else {
-                return Err(format!("head size {need} (at most {})", FA_DMAX[FA_DMAX.len() - 1]));
+                return Err(format!(
+                    "head size {need} (at most {})",
+                    FA_DMAX[FA_DMAX.len() - 1]
+                ));
             };
-            if !matches!(k.dtype, DType::F32 | DType::F16) || !matches!(v.dtype, DType::F32 | DType::F16) {
+            if !matches!(k.dtype, DType::F32 | DType::F16)
+                || !matches!(v.dtype, DType::F32 | DType::F16)
+            {
                 return Err(format!("k and v types {} and {}", k.dtype, v.dtype));
             }
             if mask.is_some_and(|m| !matches!(m, DType::F32 | DType::F16)) {
@@ -360,10 +458,28 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             if mask.is_none() {
                 p.desc[4] = [1, 1, 1, 1, 0, 0, 0, 0];
             }
-            let bind = [id, t.src[0], t.src[1], t.src[2], t.src.get(3).copied().unwrap_or(id)].map(Bind::whole).to_vec();
-            let wg = if k.ne[1] >= FA_WG[1] as usize { FA_WG[1] } else { FA_WG[0] };
+            let bind = [
+                id,
+                t.src[0],
+                t.src[1],
+                t.src[2],
+                t.src.get(3).copied().unwrap_or(id),
+            ]
+            .map(Bind::whole)
+            .to_vec();
+            let wg = if k.ne[1] >= FA_WG[1] as usize {
+                FA_WG[1]
+            } else {
+                FA_WG[0]
+            };
             let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax).def("WG", wg);
-            Ok(vec![PlanOut { variant: var, bind, params: p, groups, groups_3d: None }])
+            Ok(vec![PlanOut {
+                variant: var,
+                bind,
+                params: p,
+                groups,
+                groups_3d: None,
+            }])
         }
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => {
             let a = srcs[0].dtype;
@@ -378,7 +494,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             };
             let rows_n = if op == 3 { 1 } else { srcs[0].nrows() };
             p.u[0] = rows_n as u32;
-            Ok(rows(reduce_variant(op, a, t.dtype), vec![id, t.src[0]], p, rows_n))
+            Ok(rows(
+                reduce_variant(op, a, t.dtype),
+                vec![id, t.src[0]],
+                p,
+                rows_n,
+            ))
         }
         Op::Concat(axis) => {
             let a = srcs[0].dtype;
@@ -386,7 +507,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 return Err(format!("type {a}"));
             }
             p.u[1] = *axis as u32;
-            Ok(ew(shape_variant(0, a, a), vec![id, t.src[0], t.src[1]], p, n))
+            Ok(ew(
+                shape_variant(0, a, a),
+                vec![id, t.src[0], t.src[1]],
+                p,
+                n,
+            ))
         }
         Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) => {
             let a = srcs[0].dtype;
@@ -401,12 +527,22 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             if let Op::DiagMaskInf(n_past) = t.op {
                 p.u[1] = n_past as u32;
             }
-            Ok(ew(shape_variant(op, a, t.dtype), vec![id, t.src[0], id], p, n))
+            Ok(ew(
+                shape_variant(op, a, t.dtype),
+                vec![id, t.src[0], id],
+                p,
+                n,
+            ))
         }
         Op::Arange { start, step, .. } => {
             p.f[0] = *start;
             p.f[1] = *step;
-            Ok(ew(shape_variant(4, DType::F32, DType::F32), vec![id, id, id], p, n))
+            Ok(ew(
+                shape_variant(4, DType::F32, DType::F32),
+                vec![id, id, id],
+                p,
+                n,
+            ))
         }
         op => Err(format!("op {}", op.name())),
     }
@@ -415,7 +551,15 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
 /// Invocations per workgroup of an element-wise variant: one for quantizing into K types (their
 /// scratch is workgroup memory, see `quantize.wgsl`), else [`EW_WG`].
 fn ew_wg(v: &Variant) -> u32 {
-    let kquant = [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K].iter().any(|t| v.is_type("DT", *t));
+    let kquant = [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ]
+    .iter()
+    .any(|t| v.is_type("DT", *t));
     if kquant {
         1
     } else {
@@ -426,7 +570,13 @@ fn ew_wg(v: &Variant) -> u32 {
 /// A row family's plan: one workgroup per row.
 fn rows(variant: Variant, bind: Vec<TensorId>, params: Params, n_rows: usize) -> Vec<PlanOut> {
     let bind = bind.into_iter().map(Bind::whole).collect();
-    vec![PlanOut { variant: variant.def("WG", ROW_WG), bind, params, groups: n_rows, groups_3d: None }]
+    vec![PlanOut {
+        variant: variant.def("WG", ROW_WG),
+        bind,
+        params,
+        groups: n_rows,
+        groups_3d: None,
+    }]
 }
 
 /// ALiBi parameters (ggml's): m0, m1 and n_head_log2 for `heads` heads.
@@ -446,7 +596,9 @@ pub(crate) fn supported(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<()> {
     if t.op.is_view() || t.op == Op::None {
         return Ok(());
     }
-    plan(gpu, graph, id).map(|_| ()).map_err(|why| unsupported(gpu, graph, id, why))
+    plan(gpu, graph, id)
+        .map(|_| ())
+        .map_err(|why| unsupported(gpu, graph, id, why))
 }
 
 /// The launches of node `id` (none for views and leaves).
@@ -461,9 +613,15 @@ pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Vec<Lau
         .map(|out| {
             let groups = match out.groups_3d {
                 Some(g) => g,
-                None => grid(out.groups).ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
+                None => grid(out.groups)
+                    .ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
             };
-            Ok(Launch { variant: out.variant, bind: out.bind, params: out.params, groups })
+            Ok(Launch {
+                variant: out.variant,
+                bind: out.bind,
+                params: out.params,
+                groups,
+            })
         })
         .collect()
 }
@@ -489,7 +647,11 @@ fn tensor_words(graph: &Graph, id: TensorId, out: &mut Vec<u64>) {
     out.extend(t.ne.iter().chain(&t.nb).map(|&x| x as u64));
     match graph.data(id) {
         Some(d) => {
-            let buffer = d.buffer.as_any().downcast_ref::<WgpuBuffer>().map_or(u64::MAX, |b| b.id);
+            let buffer = d
+                .buffer
+                .as_any()
+                .downcast_ref::<WgpuBuffer>()
+                .map_or(u64::MAX, |b| b.id);
             out.extend([buffer, d.offset as u64]);
         }
         None => out.extend([u64::MAX, u64::MAX]),
@@ -499,15 +661,32 @@ fn tensor_words(graph: &Graph, id: TensorId, out: &mut Vec<u64>) {
 /// An op and its parameters, as words.
 fn op_words(op: &Op, out: &mut Vec<u64>) {
     let f = |x: f32| u64::from(x.to_bits());
-    let name = op.name().bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let name = op
+        .name()
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     out.push(name);
     match op {
         Op::Permute(a) | Op::Pad(a) => out.extend(a.iter().map(|&x| x as u64)),
-        Op::Scale { scale: a, bias: b } | Op::Clamp { min: a, max: b } | Op::SoftMax { scale: a, max_bias: b } => out.extend([f(*a), f(*b)]),
+        Op::Scale { scale: a, bias: b }
+        | Op::Clamp { min: a, max: b }
+        | Op::SoftMax {
+            scale: a,
+            max_bias: b,
+        } => out.extend([f(*a), f(*b)]),
         Op::Glu { swapped, .. } => out.push(u64::from(*swapped)),
         Op::RmsNorm { eps } | Op::Norm { eps } => out.push(f(*eps)),
-        Op::Rope(p) => out.extend([p.n_dims as u64, u64::from(p.mode == RopeMode::Neox), f(p.freq_base), f(p.freq_scale)]),
-        Op::FlashAttnExt { scale, max_bias, logit_softcap } => out.extend([f(*scale), f(*max_bias), f(*logit_softcap)]),
+        Op::Rope(p) => out.extend([
+            p.n_dims as u64,
+            u64::from(p.mode == RopeMode::Neox),
+            f(p.freq_base),
+            f(p.freq_scale),
+        ]),
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            logit_softcap,
+        } => out.extend([f(*scale), f(*max_bias), f(*logit_softcap)]),
         Op::Concat(x) | Op::DiagMaskInf(x) => out.push(*x as u64),
         Op::Arange { start, stop, step } => out.extend([f(*start), f(*stop), f(*step)]),
         _ => {}
@@ -515,7 +694,10 @@ fn op_words(op: &Op, out: &mut Vec<u64>) {
 }
 
 fn unary_variant(op: u32, from: DType, to: DType) -> Variant {
-    Variant::new(Family::Unary, "main").def("OP", op).ty("T0", from).ty("DT", to)
+    Variant::new(Family::Unary, "main")
+        .def("OP", op)
+        .ty("T0", from)
+        .ty("DT", to)
 }
 
 fn binary_variant(op: BinaryOp, a: DType, b: DType) -> Variant {
@@ -525,12 +707,20 @@ fn binary_variant(op: BinaryOp, a: DType, b: DType) -> Variant {
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
     };
-    Variant::new(Family::Binary, "main").def("OP", code).ty("T0", a).ty("T1", b).ty("DT", a)
+    Variant::new(Family::Binary, "main")
+        .def("OP", code)
+        .ty("T0", a)
+        .ty("T1", b)
+        .ty("DT", a)
 }
 
 fn glu_variant(op: GluOp, a: DType) -> Variant {
     let code = u32::from(op == GluOp::Geglu);
-    Variant::new(Family::Glu, "main").def("OP", code).ty("T0", a).ty("T1", a).ty("DT", a)
+    Variant::new(Family::Glu, "main")
+        .def("OP", code)
+        .ty("T0", a)
+        .ty("T1", a)
+        .ty("DT", a)
 }
 
 fn norm_variant(op: u32) -> Variant {
@@ -587,12 +777,20 @@ fn flash_attn_variant(k: DType, v: DType, mask: Option<DType>, dmax: u32) -> Var
 }
 
 fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
-    Variant::new(Family::Reduce, "main").def("OP", op).ty("T0", a).ty("DT", to)
+    Variant::new(Family::Reduce, "main")
+        .def("OP", op)
+        .ty("T0", a)
+        .ty("DT", to)
 }
 
 fn shape_variant(op: u32, a: DType, to: DType) -> Variant {
     let raw = u32::from(a == DType::I32);
-    Variant::new(Family::Shape, "main").def("OP", op).def("RAW", raw).ty("T0", a).ty("T1", a).ty("DT", to)
+    Variant::new(Family::Shape, "main")
+        .def("OP", op)
+        .def("RAW", raw)
+        .ty("T0", a)
+        .ty("T1", a)
+        .ty("DT", to)
 }
 
 /// Every variant [`plan`] can ask for in `family` (with subgroups on or off), for the naga test.

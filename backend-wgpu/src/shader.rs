@@ -104,7 +104,13 @@ impl Family {
     pub fn storage_bindings(self) -> usize {
         match self {
             Family::Unary | Family::Norm | Family::Reduce => 2,
-            Family::Binary | Family::Glu | Family::SoftMax | Family::Rope | Family::Rows | Family::MulMat | Family::Shape => 3,
+            Family::Binary
+            | Family::Glu
+            | Family::SoftMax
+            | Family::Rope
+            | Family::Rows
+            | Family::MulMat
+            | Family::Shape => 3,
             Family::FlashAttn => 5,
         }
     }
@@ -124,8 +130,21 @@ pub(crate) struct Variant {
 impl Variant {
     /// A variant with the default defines.
     pub fn new(family: Family, entry: &'static str) -> Self {
-        let defs = vec![("DT", 0), ("F16", 0), ("SUBGROUPS", 0), ("T0", 0), ("T1", 0), ("T2", 0), ("T3", 0), ("WG", 64)];
-        Variant { family, entry, defs }
+        let defs = vec![
+            ("DT", 0),
+            ("F16", 0),
+            ("SUBGROUPS", 0),
+            ("T0", 0),
+            ("T1", 0),
+            ("T2", 0),
+            ("T3", 0),
+            ("WG", 64),
+        ];
+        Variant {
+            family,
+            entry,
+            defs,
+        }
     }
 
     /// Sets a define.
@@ -155,14 +174,22 @@ impl Variant {
     /// A label for logs and errors: `family.entry[A=1,B=2]`.
     pub fn label(&self) -> String {
         let defs: Vec<String> = self.defs.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        format!("{}.{}[{}]", self.family.file().0, self.entry, defs.join(","))
+        format!(
+            "{}.{}[{}]",
+            self.family.file().0,
+            self.entry,
+            defs.join(",")
+        )
     }
 
     /// The expanded WGSL source.
     pub fn source(&self) -> Result<String, String> {
         let dt = self.get("DT").unwrap_or(0);
         let dst16 = u32::from(dt == DType::F16.gguf_id() || dt == DType::BF16.gguf_id());
-        let qk = DType::ALL.iter().find(|t| t.is_quantized() && t.gguf_id() == dt).map_or(0, |t| t.block_size() as u32);
+        let qk = DType::ALL
+            .iter()
+            .find(|t| t.is_quantized() && t.gguf_id() == dt)
+            .map_or(0, |t| t.block_size() as u32);
         let qdst = u32::from(qk > 0);
         let v = self
             .clone()
@@ -197,16 +224,25 @@ impl Variant {
                 let outer = kept(&stack);
                 stack.push((outer, on));
             } else if t == "#else" {
-                let top = stack.last_mut().ok_or_else(|| format!("{}: #else without #if", where_()))?;
+                let top = stack
+                    .last_mut()
+                    .ok_or_else(|| format!("{}: #else without #if", where_()))?;
                 top.1 = !top.1;
             } else if t == "#endif" {
-                stack.pop().ok_or_else(|| format!("{}: #endif without #if", where_()))?;
+                stack
+                    .pop()
+                    .ok_or_else(|| format!("{}: #endif without #if", where_()))?;
             } else if kept(&stack) {
                 let mut rest = line;
                 while let Some(start) = rest.find("{{") {
-                    let end = rest[start..].find("}}").ok_or_else(|| format!("{}: unclosed {{{{", where_()))? + start;
+                    let end = rest[start..]
+                        .find("}}")
+                        .ok_or_else(|| format!("{}: unclosed {{{{", where_()))?
+                        + start;
                     let name = &rest[start + 2..end];
-                    let value = self.get(name).ok_or_else(|| format!("{}: no define {name} in {}", where_(), self.label()))?;
+                    let value = self.get(name).ok_or_else(|| {
+                        format!("{}: no define {name} in {}", where_(), self.label())
+                    })?;
                     out.push_str(&rest[..start]);
                     out.push_str(&value.to_string());
                     rest = &rest[end + 2..];
@@ -230,7 +266,11 @@ pub(crate) fn all_variants() -> Vec<Variant> {
     for f in Family::ALL {
         for sub in [false, true] {
             for f16 in [0, 1] {
-                v.extend(crate::ops::variants(f, sub).into_iter().map(|x| x.def("F16", f16)));
+                v.extend(
+                    crate::ops::variants(f, sub)
+                        .into_iter()
+                        .map(|x| x.def("F16", f16)),
+                );
             }
         }
     }
@@ -258,7 +298,9 @@ mod tests {
             validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
             validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
         }
-        validator.validate(&module).map_err(|e| e.emit_to_string(&src))?;
+        validator
+            .validate(&module)
+            .map_err(|e| e.emit_to_string(&src))?;
         if !module.entry_points.iter().any(|e| e.name == v.entry) {
             return Err(format!("no entry point {}", v.entry));
         }
@@ -275,14 +317,25 @@ mod tests {
                 failures.push(format!("{}:\n{e}", v.label()));
             }
         }
-        assert!(failures.is_empty(), "{} of {} variants fail:\n{}", failures.len(), all.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {} variants fail:\n{}",
+            failures.len(),
+            all.len(),
+            failures.join("\n")
+        );
     }
 
     #[test]
     fn template_expands_and_rejects() {
         let v = Variant::new(Family::Unary, "main").def("A", 1);
         let mut out = String::new();
-        v.expand("t", "x{{A}}y\n#if A\nkeep\n#if B\ndrop\n#else\nkeep2\n#endif\n#else\ndrop2\n#endif\n", &mut out).unwrap();
+        v.expand(
+            "t",
+            "x{{A}}y\n#if A\nkeep\n#if B\ndrop\n#else\nkeep2\n#endif\n#else\ndrop2\n#endif\n",
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, "x1y\nkeep\nkeep2\n");
         assert!(v.expand("t", "{{NOPE}}", &mut String::new()).is_err());
         assert!(v.expand("t", "#if A\n", &mut String::new()).is_err());

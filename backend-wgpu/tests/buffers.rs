@@ -57,7 +57,9 @@ fn async_writes_and_copies_are_ordered() {
     let mut backend = dev.new_backend().unwrap();
     let data: Vec<u8> = (0..64u8).collect();
     backend.set_async(a.as_ref(), 0, &data).unwrap();
-    backend.copy_async(a.as_ref(), 8, b.as_ref(), 16, 32).unwrap();
+    backend
+        .copy_async(a.as_ref(), 8, b.as_ref(), 16, 32)
+        .unwrap();
     backend.set_async(a.as_ref(), 1, &[200, 201]).unwrap();
     backend.copy_async(a.as_ref(), 0, b.as_ref(), 1, 3).unwrap();
     backend.synchronize().unwrap();

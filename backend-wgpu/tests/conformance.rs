@@ -17,11 +17,18 @@ fn run(reference: Reference, what: &str) {
         Ok(list) => Filter::ops(&list),
         Err(_) => Filter::all(),
     };
-    let options = Options { filter, ..Options::default() };
+    let options = Options {
+        filter,
+        ..Options::default()
+    };
     let start = std::time::Instant::now();
     let summary = test(&dev, &reference, &options, &mut |_| {});
     println!("{summary}");
-    println!("{} cases against {what} in {:.1} s", summary.results.len(), start.elapsed().as_secs_f64());
+    println!(
+        "{} cases against {what} in {:.1} s",
+        summary.results.len(),
+        start.elapsed().as_secs_f64()
+    );
     for f in summary.failures() {
         eprintln!("{f}");
     }

@@ -16,7 +16,9 @@ fn weights_past_one_binding_are_split() {
     let (k, m) = (1024usize, 70_000usize);
     let bt = dev.buffer_type();
     // Small integers times 1/8: exact in f16, and the products sum exactly in f32.
-    let w: Vec<f16> = (0..k * m).map(|i| f16::from_f32(((i * 7 + i / k) % 17) as f32 / 8.0 - 1.0)).collect();
+    let w: Vec<f16> = (0..k * m)
+        .map(|i| f16::from_f32(((i * 7 + i / k) % 17) as f32 / 8.0 - 1.0))
+        .collect();
     let y: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 / 4.0 - 1.25).collect();
     let wbuf = bt.alloc(k * m * 2).unwrap();
     wbuf.set(0, bytemuck::cast_slice(&w)).unwrap();
@@ -42,9 +44,14 @@ fn weights_past_one_binding_are_split() {
     backend.synchronize().unwrap();
     let od = g.data(out).unwrap();
     let mut got = vec![0f32; m];
-    od.buffer.get(od.offset, bytemuck::cast_slice_mut(&mut got)).unwrap();
+    od.buffer
+        .get(od.offset, bytemuck::cast_slice_mut(&mut got))
+        .unwrap();
     for (r, &v) in got.iter().enumerate() {
         let want: f32 = (0..k).map(|i| w[r * k + i].to_f32() * y[i]).sum();
-        assert!((v - want).abs() <= 1e-3 * want.abs().max(1.0), "row {r}: {v} vs {want}");
+        assert!(
+            (v - want).abs() <= 1e-3 * want.abs().max(1.0),
+            "row {r}: {v} vs {want}"
+        );
     }
 }

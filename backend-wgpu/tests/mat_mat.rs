@@ -12,15 +12,29 @@ use tessera_core::{DType, Graph};
 /// Runs dst = a^T b for a [k, m] of `dtype` and b [k, n] f32 and checks it within `tol` NMSE.
 fn check(dtype: DType, m: usize, n: usize, k: usize) {
     let Some(dev) = common::device() else { return };
-    let vals: Vec<f32> = (0..k * m).map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0).collect();
+    let vals: Vec<f32> = (0..k * m)
+        .map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
     let mut bytes = vec![0u8; dtype.row_size(k).unwrap() * m];
     let row = dtype.row_size(k).unwrap();
     let mut a = vec![0f32; k * m];
     for r in 0..m {
-        quantize_row(dtype, &vals[r * k..(r + 1) * k], &mut bytes[r * row..(r + 1) * row]).unwrap();
-        dequantize_row(dtype, &bytes[r * row..(r + 1) * row], &mut a[r * k..(r + 1) * k]).unwrap();
+        quantize_row(
+            dtype,
+            &vals[r * k..(r + 1) * k],
+            &mut bytes[r * row..(r + 1) * row],
+        )
+        .unwrap();
+        dequantize_row(
+            dtype,
+            &bytes[r * row..(r + 1) * row],
+            &mut a[r * k..(r + 1) * k],
+        )
+        .unwrap();
     }
-    let b: Vec<f32> = (0..k * n).map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0).collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0)
+        .collect();
     let bt = dev.buffer_type();
     let wbuf = bt.alloc(bytes.len()).unwrap();
     wbuf.set(0, &bytes).unwrap();
@@ -39,16 +53,24 @@ fn check(dtype: DType, m: usize, n: usize, k: usize) {
     backend.synchronize().unwrap();
     let od = g.data(out).unwrap();
     let mut got = vec![0f32; m * n];
-    od.buffer.get(od.offset, bytemuck::cast_slice_mut(&mut got)).unwrap();
+    od.buffer
+        .get(od.offset, bytemuck::cast_slice_mut(&mut got))
+        .unwrap();
     let (mut err, mut norm) = (0f64, 0f64);
     for j in 0..n {
         for i in 0..m {
-            let want: f64 = (0..k).map(|x| f64::from(a[i * k + x]) * f64::from(b[j * k + x])).sum();
+            let want: f64 = (0..k)
+                .map(|x| f64::from(a[i * k + x]) * f64::from(b[j * k + x]))
+                .sum();
             err += (f64::from(got[j * m + i]) - want).powi(2);
             norm += want * want;
         }
     }
-    assert!(err / norm < 1e-9, "{dtype} {m}x{n}x{k}: nmse {}", err / norm);
+    assert!(
+        err / norm < 1e-9,
+        "{dtype} {m}x{n}x{k}: nmse {}",
+        err / norm
+    );
 }
 
 #[test]

@@ -30,7 +30,9 @@ fn put(g: &Graph, id: TensorId, v: &[f32]) {
 fn take(g: &Graph, id: TensorId, n: usize) -> Vec<f32> {
     let d = g.data(id).unwrap();
     let mut v = vec![0f32; n];
-    d.buffer.get(d.offset, bytemuck::cast_slice_mut(&mut v)).unwrap();
+    d.buffer
+        .get(d.offset, bytemuck::cast_slice_mut(&mut v))
+        .unwrap();
     v
 }
 
@@ -52,7 +54,11 @@ fn replayed_graphs_see_new_inputs_and_new_memory() {
         backend.synchronize().unwrap();
         let got = take(&g, out, n);
         for i in 0..n {
-            assert_eq!(got[i], xv[i] * 2.0 + xv[i] * yv[i], "round {round}, element {i}");
+            assert_eq!(
+                got[i],
+                xv[i] * 2.0 + xv[i] * yv[i],
+                "round {round}, element {i}"
+            );
         }
     }
     // The same graph in another buffer (a fresh allocator), with the first one freed.

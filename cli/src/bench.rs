@@ -48,7 +48,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let model = load::load(&a.model)?;
     let n_ctx = (a.prompt.max(a.gen + 1)).max(1);
-    let mut ctx = Context::new(model.clone(), ContextParams { n_ctx, n_ubatch: a.ubatch, ..ContextParams::default() })?;
+    let mut ctx = Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx,
+            n_ubatch: a.ubatch,
+            ..ContextParams::default()
+        },
+    )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;
     let mut rows = Vec::new();
@@ -90,7 +97,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else {
         println!("| model | device | test | t/s |");
         println!("|---|---|---|---|");
-        let name = model.file().path().rsplit('/').next().unwrap_or("").to_string();
+        let name = model
+            .file()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
         for (test, (m, sd)) in rows {
             println!("| {name} | {dev} | {test} | {m:.2} ± {sd:.2} |");
         }

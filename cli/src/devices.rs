@@ -48,14 +48,25 @@ pub fn run(a: DevicesArgs) -> Result<()> {
         }
     }
     if let Some(spec) = &a.meta {
-        let spec = if spec.starts_with("meta:") { spec.clone() } else { format!("meta:{spec}") };
+        let spec = if spec.starts_with("meta:") {
+            spec.clone()
+        } else {
+            format!("meta:{spec}")
+        };
         let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let dev = crate::load::meta_device(&spec, &a.split, &cpu)?;
         println!();
         line(dev.as_ref());
-        let ratios = MetaDevice::from_device(dev.as_ref()).map(|m| m.ratios().to_vec()).unwrap_or_default();
+        let ratios = MetaDevice::from_device(dev.as_ref())
+            .map(|m| m.ratios().to_vec())
+            .unwrap_or_default();
         for (j, (p, r)) in dev.parts().iter().zip(ratios).enumerate() {
-            println!("  part {j}: {:<10} {:>5.1}%  {}", p.name(), r * 100.0, p.description());
+            println!(
+                "  part {j}: {:<10} {:>5.1}%  {}",
+                p.name(),
+                r * 100.0,
+                p.description()
+            );
         }
     }
     Ok(())

@@ -42,8 +42,13 @@ pub struct SampleArgs {
 
 impl SampleArgs {
     fn params(&self) -> Result<GenerateParams> {
-        if !(self.temp >= 0.0) || !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
-            return Err(Error::Invalid("--temp must be >= 0, --top-p and --min-p within [0, 1]".into()));
+        if !(self.temp >= 0.0)
+            || !(0.0..=1.0).contains(&self.top_p)
+            || !(0.0..=1.0).contains(&self.min_p)
+        {
+            return Err(Error::Invalid(
+                "--temp must be >= 0, --top-p and --min-p within [0, 1]".into(),
+            ));
         }
         Ok(GenerateParams {
             max_tokens: self.max_tokens,
@@ -91,7 +96,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     params.stop_at_eog = !a.ignore_eog;
     let model = load::load(&a.model)?;
     let text = if a.chat {
-        model.template.render(&[Message::new("user", a.prompt.clone())], true)?
+        model
+            .template
+            .render(&[Message::new("user", a.prompt.clone())], true)?
     } else {
         a.prompt.clone()
     };
@@ -99,7 +106,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if ids.is_empty() {
         return Err(Error::Invalid("the prompt gives no tokens".into()));
     }
-    let mut ctx = Context::new(model.clone(), ContextParams { n_ctx: a.sample.ctx, ..ContextParams::default() })?;
+    let mut ctx = Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: a.sample.ctx,
+            ..ContextParams::default()
+        },
+    )?;
     let json = a.json;
     let mut stdout = std::io::stdout();
     let g = generate(&mut ctx, &ids, &params, &mut |piece| {
@@ -152,15 +165,34 @@ pub struct ChatArgs {
 pub fn chat(a: ChatArgs) -> Result<()> {
     let params = a.sample.params()?;
     let model = load::load(&a.model)?;
-    let mut ctx = Context::new(model.clone(), ContextParams { n_ctx: a.sample.ctx, ..ContextParams::default() })?;
-    let mut messages: Vec<Message> = a.system.iter().map(|s| Message::new("system", s.clone())).collect();
+    let mut ctx = Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: a.sample.ctx,
+            ..ContextParams::default()
+        },
+    )?;
+    let mut messages: Vec<Message> = a
+        .system
+        .iter()
+        .map(|s| Message::new("system", s.clone()))
+        .collect();
     let mut evaluated: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
-    eprintln!("chatting with {} on {} (an empty line or Ctrl-D ends)", model.config.arch, model.device().name());
+    eprintln!(
+        "chatting with {} on {} (an empty line or Ctrl-D ends)",
+        model.config.arch,
+        model.device().name()
+    );
     loop {
         eprint!("> ");
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| Error::io("reading stdin", e))? == 0 {
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| Error::io("reading stdin", e))?
+            == 0
+        {
             break;
         }
         let line = line.trim_end_matches(['\n', '\r']);
@@ -171,7 +203,11 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let rendered = model.template.render(&messages, true)?;
         let ids = model.tokenizer.encode(&rendered, true, true)?;
         // Reuse the cache for the part of the conversation already evaluated.
-        let common = evaluated.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let common = evaluated
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         let common = common.min(ids.len().saturating_sub(1));
         ctx.truncate(common);
         let mut stdout = std::io::stdout();

@@ -49,7 +49,9 @@ pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
         return Ok((meta_device(spec, &args.split, &fallback)?, fallback));
     }
     if args.split.trim() != "auto" {
-        return Err(Error::Invalid(format!("--split divides a meta device (--device meta:DEV,DEV), not {spec}")));
+        return Err(Error::Invalid(format!(
+            "--split divides a meta device (--device meta:DEV,DEV), not {spec}"
+        )));
     }
     if spec == "cpu" {
         return Ok((fallback.clone(), fallback));
@@ -74,7 +76,9 @@ pub fn meta_device(spec: &str, split: &str, cpu: &Arc<dyn Device>) -> Result<Arc
                 return Ok(cpu.clone());
             }
             tessera::device(&reg, p).map_err(|e| match e {
-                Error::NoSuchDevice(what) => Error::NoSuchDevice(format!("{what}, a part of {spec}")),
+                Error::NoSuchDevice(what) => {
+                    Error::NoSuchDevice(format!("{what}, a part of {spec}"))
+                }
                 other => other,
             })
         })
@@ -87,7 +91,10 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     match &args.model {
         Some(p) => {
             if !p.is_file() {
-                return Err(Error::Invalid(format!("model file {} not found", p.display())));
+                return Err(Error::Invalid(format!(
+                    "model file {} not found",
+                    p.display()
+                )));
             }
             Ok(p.clone())
         }

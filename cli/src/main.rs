@@ -43,7 +43,9 @@ enum Command {
 fn main() {
     // Mesa's device-select Vulkan layer prints an error when XDG_RUNTIME_DIR is unset (headless
     // machines, CI) and only reorders adapters, which tessera does itself: keep it quiet.
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
         std::env::set_var("NODEVICE_SELECT", "1");
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();

@@ -68,7 +68,8 @@ fn device(spec: &str, split: &str) -> Result<Arc<dyn Device>> {
     if spec.starts_with("meta:") {
         let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let dev = crate::load::meta_device(spec, split, &cpu)?;
-        let meta = MetaDevice::from_device(dev.as_ref()).ok_or_else(|| Error::Invalid(format!("{spec} is not a meta device")))?;
+        let meta = MetaDevice::from_device(dev.as_ref())
+            .ok_or_else(|| Error::Invalid(format!("{spec} is not a meta device")))?;
         return Ok(Arc::new(meta.with_input_policy(InputPolicy::MostSplit)));
     }
     tessera::device(&tessera::registry(), spec)
@@ -87,7 +88,10 @@ fn print_line(r: &tessera_conformance::CaseResult) {
 }
 
 fn run_test(a: OpsArgs) -> Result<()> {
-    let options = Options { filter: a.filter()?, ..Options::default() };
+    let options = Options {
+        filter: a.filter()?,
+        ..Options::default()
+    };
     let summaries: Vec<Summary> = match &a.backend {
         None => test_registry(&tessera::registry(), &options, &mut print_line),
         Some(spec) => {
@@ -99,7 +103,15 @@ fn run_test(a: OpsArgs) -> Result<()> {
             };
             let mut opts = options.clone();
             opts.filter.skip_large |= dev.kind() == tessera::core::DeviceKind::Software;
-            println!("device {} vs {}", dev.name(), if matches!(reference, Reference::F64) { "f64 reference" } else { "cpu" });
+            println!(
+                "device {} vs {}",
+                dev.name(),
+                if matches!(reference, Reference::F64) {
+                    "f64 reference"
+                } else {
+                    "cpu"
+                }
+            );
             vec![test(&dev, &reference, &opts, &mut print_line)]
         }
     };

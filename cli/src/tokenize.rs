@@ -1,12 +1,11 @@
 //! `tessera tokenize`.
 
 use clap::Args;
-use tessera::Result;
 use tessera::core::gguf::GgufFile;
+use tessera::Result;
 use tessera_llm::tokenizer::Tokenizer;
 
 use crate::load::{self, ModelArgs};
-
 
 /// Arguments of `tessera tokenize`.
 #[derive(Args, Debug)]
@@ -31,11 +30,22 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&a.text, true, !a.no_parse_special)?;
     if a.json {
-        let pieces: Vec<String> =
-            ids.iter().map(|&i| tok.token_to_piece(i).map(|b| String::from_utf8_lossy(b).into_owned())).collect::<Result<_>>()?;
+        let pieces: Vec<String> = ids
+            .iter()
+            .map(|&i| {
+                tok.token_to_piece(i)
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            })
+            .collect::<Result<_>>()?;
         println!("{}", serde_json::json!({ "ids": ids, "pieces": pieces }));
     } else {
-        println!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
+        println!(
+            "{}",
+            ids.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     Ok(())
 }

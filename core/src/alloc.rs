@@ -16,8 +16,14 @@ use crate::tensor::TensorId;
 pub fn runs_in_place(op: &Op) -> bool {
     matches!(
         op,
-        Op::Unary(_) | Op::Binary(_) | Op::Scale { .. } | Op::Clamp { .. } | Op::RmsNorm { .. }
-            | Op::Norm { .. } | Op::SoftMax { .. } | Op::Rope(_)
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Scale { .. }
+            | Op::Clamp { .. }
+            | Op::RmsNorm { .. }
+            | Op::Norm { .. }
+            | Op::SoftMax { .. }
+            | Op::Rope(_)
     )
 }
 
@@ -76,7 +82,9 @@ impl FreeList {
         let pos = self.blocks.partition_point(|b| b.0 < off);
         self.blocks.insert(pos, (off, size));
         // Merge neighbours.
-        if pos + 1 < self.blocks.len() && self.blocks[pos].0 + self.blocks[pos].1 == self.blocks[pos + 1].0 {
+        if pos + 1 < self.blocks.len()
+            && self.blocks[pos].0 + self.blocks[pos].1 == self.blocks[pos + 1].0
+        {
             self.blocks[pos].1 += self.blocks[pos + 1].1;
             self.blocks.remove(pos + 1);
         }
@@ -196,7 +204,10 @@ pub fn plan(graph: &Graph, nodes: &[TensorId], alignment: usize) -> Plan {
             }
         }
     }
-    Plan { offsets, size: free.end }
+    Plan {
+        offsets,
+        size: free.end,
+    }
 }
 
 /// Plans and allocates compute memory for graphs, keeping one buffer and growing it only when
@@ -209,7 +220,10 @@ pub struct GraphAllocator {
 impl GraphAllocator {
     /// An allocator drawing from a buffer type.
     pub fn new(buffer_type: Arc<dyn BufferType>) -> Self {
-        GraphAllocator { buffer_type, buffer: None }
+        GraphAllocator {
+            buffer_type,
+            buffer: None,
+        }
     }
 
     /// The buffer currently held, if any.
@@ -225,7 +239,11 @@ impl GraphAllocator {
         if !reuse {
             self.buffer = None; // free the old one first
             self.buffer = Some(self.buffer_type.alloc(need)?);
-            log::debug!("graph allocator: {} bytes of {}", need, self.buffer_type.name());
+            log::debug!(
+                "graph allocator: {} bytes of {}",
+                need,
+                self.buffer_type.name()
+            );
         }
         let buf = self.buffer.clone().expect("allocated above");
         for (id, off) in p.offsets {
@@ -259,8 +277,10 @@ mod tests {
         // x and w are inputs (live throughout), a/b one block, c/d one small block.
         assert!(p.size <= 3 * 4096 + 64, "planned {} bytes", p.size);
         // The inputs never overlap anything.
-        let ranges: Vec<(usize, usize)> =
-            [x, w, a].iter().map(|&i| (off(i).unwrap(), off(i).unwrap() + 4096)).collect();
+        let ranges: Vec<(usize, usize)> = [x, w, a]
+            .iter()
+            .map(|&i| (off(i).unwrap(), off(i).unwrap() + 4096))
+            .collect();
         for (i, r) in ranges.iter().enumerate() {
             for s in &ranges[i + 1..] {
                 assert!(r.1 <= s.0 || s.1 <= r.0, "{r:?} overlaps {s:?}");
@@ -278,9 +298,19 @@ mod tests {
         let c = g.unary(b, crate::UnaryOp::Sqr).unwrap();
         let nodes: Vec<TensorId> = g.ids().collect();
         let p = plan(&g, &nodes, 64);
-        let off = |id: TensorId| p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o).unwrap();
+        let off = |id: TensorId| {
+            p.offsets
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, o)| *o)
+                .unwrap()
+        };
         assert_ne!(off(b), off(a), "exp must not run in place over an output");
-        assert_ne!(off(c), off(a), "later tensors must not reuse an output's block");
+        assert_ne!(
+            off(c),
+            off(a),
+            "later tensors must not reuse an output's block"
+        );
     }
 
     #[test]
@@ -295,9 +325,19 @@ mod tests {
         let w = g.unary(z, crate::UnaryOp::Sqr).unwrap();
         let nodes: Vec<TensorId> = g.ids().collect();
         let p = plan(&g, &nodes, 64);
-        let off = |id: TensorId| p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o).unwrap();
+        let off = |id: TensorId| {
+            p.offsets
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, o)| *o)
+                .unwrap()
+        };
         for later in [z, w] {
-            assert_ne!(off(later), off(dst), "the copy's destination is an output: keep it");
+            assert_ne!(
+                off(later),
+                off(dst),
+                "the copy's destination is an output: keep it"
+            );
         }
     }
 }

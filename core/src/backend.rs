@@ -165,24 +165,48 @@ pub trait Buffer: Send + Sync + Any {
     fn clear(&self, value: u8) -> Result<()>;
     /// Copies `len` bytes from `src` at `src_offset` into this buffer at `offset`. The default
     /// stages through host memory; backends override it for copies they can do directly.
-    fn copy_from(&self, offset: usize, src: &dyn Buffer, src_offset: usize, len: usize) -> Result<()> {
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         let mut staging = vec![0u8; len];
         src.get(src_offset, &mut staging)?;
         self.set(offset, &staging)
     }
     /// Writes `rows` rows of `row_len` bytes from `data` (rows `src_pitch` apart) to rows
     /// `dst_pitch` apart from `offset`. The default loops over rows.
-    fn set_2d(&self, offset: usize, dst_pitch: usize, data: &[u8], src_pitch: usize, row_len: usize, rows: usize) -> Result<()> {
+    fn set_2d(
+        &self,
+        offset: usize,
+        dst_pitch: usize,
+        data: &[u8],
+        src_pitch: usize,
+        row_len: usize,
+        rows: usize,
+    ) -> Result<()> {
         for r in 0..rows {
             let s = r * src_pitch;
-            let row = data.get(s..s + row_len).ok_or_else(|| self.range_error(s, row_len))?;
+            let row = data
+                .get(s..s + row_len)
+                .ok_or_else(|| self.range_error(s, row_len))?;
             self.set(offset + r * dst_pitch, row)?;
         }
         Ok(())
     }
     /// Reads `rows` rows of `row_len` bytes, `src_pitch` apart from `offset`, into `out` rows
     /// `dst_pitch` apart. The default loops over rows.
-    fn get_2d(&self, offset: usize, src_pitch: usize, out: &mut [u8], dst_pitch: usize, row_len: usize, rows: usize) -> Result<()> {
+    fn get_2d(
+        &self,
+        offset: usize,
+        src_pitch: usize,
+        out: &mut [u8],
+        dst_pitch: usize,
+        row_len: usize,
+        rows: usize,
+    ) -> Result<()> {
         for r in 0..rows {
             let d = r * dst_pitch;
             let len = out.len();
@@ -200,7 +224,11 @@ pub trait Buffer: Send + Sync + Any {
     fn range_error(&self, offset: usize, len: usize) -> Error {
         Error::Buffer {
             buffer: self.name(),
-            reason: format!("access {offset}..{} is past its {} bytes", offset.saturating_add(len), self.size()),
+            reason: format!(
+                "access {offset}..{} is past its {} bytes",
+                offset.saturating_add(len),
+                self.size()
+            ),
         }
     }
     /// Checks `offset..offset+len` lies inside the buffer.
@@ -243,7 +271,14 @@ pub trait Backend: Send {
     }
     /// Copies between buffers (possibly of another backend kind), ordered with this stream.
     /// Default: a synchronize, then [`Buffer::copy_from`].
-    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+    fn copy_async(
+        &mut self,
+        src: &dyn Buffer,
+        src_offset: usize,
+        dst: &dyn Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.synchronize()?;
         dst.copy_from(dst_offset, src, src_offset, len)
     }
@@ -274,7 +309,12 @@ pub trait Communicator: Send {
     fn size(&self) -> usize;
     /// Sums `count` elements at each `(buffer, offset)` (one per rank, in rank order) and
     /// leaves the sum in every one, in place.
-    fn all_reduce(&mut self, bufs: &[(Arc<dyn Buffer>, usize)], count: usize, dtype: ReduceType) -> Result<()>;
+    fn all_reduce(
+        &mut self,
+        bufs: &[(Arc<dyn Buffer>, usize)],
+        count: usize,
+        dtype: ReduceType,
+    ) -> Result<()>;
 }
 
 /// A backend's entry in the registry.

@@ -114,7 +114,11 @@ impl DType {
     pub fn row_size(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
         if n % bs != 0 {
-            return Err(Error::NotWholeBlocks { dtype: self, n, block: bs });
+            return Err(Error::NotWholeBlocks {
+                dtype: self,
+                n,
+                block: bs,
+            });
         }
         (n / bs)
             .checked_mul(self.type_size())

@@ -104,12 +104,19 @@ pub enum Error {
 impl Error {
     /// An I/O error with context.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io {
+            context: context.into(),
+            source,
+        }
     }
 
     /// An [`Error::InvalidOp`].
     pub fn op(tensor: impl Into<String>, op: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidOp { tensor: tensor.into(), op, reason: reason.into() }
+        Error::InvalidOp {
+            tensor: tensor.into(),
+            op,
+            reason: reason.into(),
+        }
     }
 }
 

@@ -49,7 +49,10 @@ impl Graph {
 
     /// Looks a tensor up by name.
     pub fn find(&self, name: &str) -> Option<TensorId> {
-        self.tensors.iter().position(|t| t.name == name).map(|i| TensorId(i as u32))
+        self.tensors
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| TensorId(i as u32))
     }
 
     /// Sets a tensor's name; returns the id for chaining.
@@ -68,9 +71,15 @@ impl Graph {
         let t = &self.tensors[id.index()];
         let label = t.label(id);
         if t.view_src.is_some() {
-            return Err(Error::op(label, t.op.name(), "a view cannot be bound; bind its source"));
+            return Err(Error::op(
+                label,
+                t.op.name(),
+                "a view cannot be bound; bind its source",
+            ));
         }
-        let end = offset.checked_add(t.nbytes()).ok_or(Error::Overflow("tensor end"))?;
+        let end = offset
+            .checked_add(t.nbytes())
+            .ok_or(Error::Overflow("tensor end"))?;
         if end > buffer.size() {
             return Err(Error::Buffer {
                 buffer: buffer.name(),
@@ -96,17 +105,20 @@ impl Graph {
     /// Where a tensor's bytes are, resolving views; `None` when not yet bound or allocated.
     pub fn data(&self, id: TensorId) -> Option<TensorData> {
         let (root, off) = self.root(id);
-        self.get(root)
-            .data
-            .as_ref()
-            .map(|d| TensorData { buffer: d.buffer.clone(), offset: d.offset + off })
+        self.get(root).data.as_ref().map(|d| TensorData {
+            buffer: d.buffer.clone(),
+            offset: d.offset + off,
+        })
     }
 
     /// Like [`Graph::data`], but an error naming the tensor when it has no memory.
     pub fn data_or_err(&self, id: TensorId) -> Result<TensorData> {
         self.data(id).ok_or_else(|| Error::Buffer {
             buffer: "(none)".into(),
-            reason: format!("tensor '{}' has no memory bound or allocated", self.label(id)),
+            reason: format!(
+                "tensor '{}' has no memory bound or allocated",
+                self.label(id)
+            ),
         })
     }
 
@@ -128,12 +140,22 @@ impl Graph {
 
     fn check_id(&self, id: TensorId, op: &'static str) -> Result<()> {
         if id.index() >= self.tensors.len() {
-            return Err(Error::op(format!("#{}", id.0), op, "no such tensor in this graph"));
+            return Err(Error::op(
+                format!("#{}", id.0),
+                op,
+                "no such tensor in this graph",
+            ));
         }
         Ok(())
     }
 
-    fn node(&mut self, dtype: DType, ne: [usize; MAX_DIMS], op: Op, src: Vec<TensorId>) -> Result<TensorId> {
+    fn node(
+        &mut self,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        op: Op,
+        src: Vec<TensorId>,
+    ) -> Result<TensorId> {
         let name = op.name();
         if dtype.is_quantized() && ne[0] % dtype.block_size() != 0 {
             return Err(Error::op(
@@ -197,7 +219,14 @@ impl Graph {
 
     // ---- views ----
 
-    fn view_node(&mut self, a: TensorId, op: Op, ne: [usize; 4], nb: [usize; 4], offset: usize) -> Result<TensorId> {
+    fn view_node(
+        &mut self,
+        a: TensorId,
+        op: Op,
+        ne: [usize; 4],
+        nb: [usize; 4],
+        offset: usize,
+    ) -> Result<TensorId> {
         let (root, base) = self.root(a);
         let src = self.get(a);
         let dtype = src.dtype;
@@ -221,19 +250,32 @@ impl Graph {
             return Err(self.err(
                 a,
                 t.op.name(),
-                format!("view ends at byte {end}, past the {root_bytes} bytes of '{}'", self.label(root)),
+                format!(
+                    "view ends at byte {end}, past the {root_bytes} bytes of '{}'",
+                    self.label(root)
+                ),
             ));
         }
         Ok(self.push(t))
     }
 
     /// A view of `a` with shape `ne`, strides `nb` (`nb[0]` is implied) and byte offset.
-    pub fn view(&mut self, a: TensorId, ne: &[usize], nb: &[usize], offset: usize) -> Result<TensorId> {
+    pub fn view(
+        &mut self,
+        a: TensorId,
+        ne: &[usize],
+        nb: &[usize],
+        offset: usize,
+    ) -> Result<TensorId> {
         self.check_id(a, "VIEW")?;
         let ne = pad_ne(ne, "VIEW")?;
         let dtype = self.get(a).dtype;
         if dtype.is_quantized() && ne[0] % dtype.block_size() != 0 {
-            return Err(self.err(a, "VIEW", "a view of a quantized tensor must keep whole blocks"));
+            return Err(self.err(
+                a,
+                "VIEW",
+                "a view of a quantized tensor must keep whole blocks",
+            ));
         }
         let mut full = Tensor::contiguous_strides(dtype, ne);
         if nb.len() + 1 > MAX_DIMS {
@@ -262,7 +304,13 @@ impl Graph {
             return Err(self.err(
                 a,
                 "RESHAPE",
-                format!("{:?} has {} elements but the source {:?} has {}", ne, n, t.ne, t.nelements()),
+                format!(
+                    "{:?} has {} elements but the source {:?} has {}",
+                    ne,
+                    n,
+                    t.ne,
+                    t.nelements()
+                ),
             ));
         }
         let nb = Tensor::contiguous_strides(t.dtype, ne);
@@ -278,7 +326,11 @@ impl Graph {
         let mut seen = [false; 4];
         for &x in &axes {
             if x >= 4 || seen[x] {
-                return Err(self.err(a, "PERMUTE", format!("{axes:?} is not a permutation of 0..4")));
+                return Err(self.err(
+                    a,
+                    "PERMUTE",
+                    format!("{axes:?} is not a permutation of 0..4"),
+                ));
             }
             seen[x] = true;
         }
@@ -318,7 +370,11 @@ impl Graph {
         self.check_id(b, "CPY")?;
         let (ta, tb) = (self.get(a), self.get(b));
         if ta.nelements() != tb.nelements() {
-            return Err(self.err(a, "CPY", format!("{:?} and {:?} differ in element count", ta.ne, tb.ne)));
+            return Err(self.err(
+                a,
+                "CPY",
+                format!("{:?} and {:?} differ in element count", ta.ne, tb.ne),
+            ));
         }
         check_convertible(ta.dtype, tb.dtype).map_err(|r| self.err(a, "CPY", r))?;
         if tb.dtype.is_quantized() && !tb.is_contiguous() {
@@ -382,22 +438,35 @@ impl Graph {
         self.check_id(idx, "GET_ROWS")?;
         let (ta, ti) = (self.get(a), self.get(idx));
         if ti.dtype != DType::I32 {
-            return Err(self.err(idx, "GET_ROWS", format!("indices must be i32, not {}", ti.dtype)));
+            return Err(self.err(
+                idx,
+                "GET_ROWS",
+                format!("indices must be i32, not {}", ti.dtype),
+            ));
         }
         if ti.ne[3] != 1 || ta.ne[2] != ti.ne[1] || ta.ne[3] != ti.ne[2] {
             return Err(self.err(
                 idx,
                 "GET_ROWS",
-                format!("indices {:?} do not match source {:?} (need [m, ne2, ne3])", ti.ne, ta.ne),
+                format!(
+                    "indices {:?} do not match source {:?} (need [m, ne2, ne3])",
+                    ti.ne, ta.ne
+                ),
             ));
         }
         if !ta.rows_contiguous() {
             return Err(self.err(a, "GET_ROWS", "source rows must be contiguous"));
         }
-        if !matches!(ta.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) && !ta.dtype.is_quantized() {
+        if !matches!(ta.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32)
+            && !ta.dtype.is_quantized()
+        {
             return Err(self.err(a, "GET_ROWS", format!("type {} unsupported", ta.dtype)));
         }
-        let out_t = if ta.dtype == DType::I32 { DType::I32 } else { DType::F32 };
+        let out_t = if ta.dtype == DType::I32 {
+            DType::I32
+        } else {
+            DType::F32
+        };
         let ne = [ta.ne[0], ti.ne[0], ta.ne[2], ta.ne[3]];
         self.node(out_t, ne, Op::GetRows, vec![a, idx])
     }
@@ -410,20 +479,47 @@ impl Graph {
         }
         let (ta, tb, ti) = (self.get(a), self.get(b), self.get(idx));
         if !matches!(ti.dtype, DType::I32 | DType::I64) {
-            return Err(self.err(idx, "SET_ROWS", format!("indices must be i32 or i64, not {}", ti.dtype)));
+            return Err(self.err(
+                idx,
+                "SET_ROWS",
+                format!("indices must be i32 or i64, not {}", ti.dtype),
+            ));
         }
         if tb.dtype != DType::F32 {
-            return Err(self.err(b, "SET_ROWS", format!("source rows must be f32, not {}", tb.dtype)));
+            return Err(self.err(
+                b,
+                "SET_ROWS",
+                format!("source rows must be f32, not {}", tb.dtype),
+            ));
         }
         check_convertible(DType::F32, ta.dtype).map_err(|r| self.err(a, "SET_ROWS", r))?;
         if ta.ne[0] != tb.ne[0] {
-            return Err(self.err(b, "SET_ROWS", format!("row length {} != destination's {}", tb.ne[0], ta.ne[0])));
+            return Err(self.err(
+                b,
+                "SET_ROWS",
+                format!("row length {} != destination's {}", tb.ne[0], ta.ne[0]),
+            ));
         }
-        if ti.ne[0] != tb.ne[1] || tb.ne[2] % ti.ne[1] != 0 || tb.ne[3] % ti.ne[2] != 0 || ti.ne[3] != 1 {
-            return Err(self.err(idx, "SET_ROWS", format!("indices {:?} do not match rows {:?}", ti.ne, tb.ne)));
+        if ti.ne[0] != tb.ne[1]
+            || tb.ne[2] % ti.ne[1] != 0
+            || tb.ne[3] % ti.ne[2] != 0
+            || ti.ne[3] != 1
+        {
+            return Err(self.err(
+                idx,
+                "SET_ROWS",
+                format!("indices {:?} do not match rows {:?}", ti.ne, tb.ne),
+            ));
         }
         if ta.ne[2] != tb.ne[2] || ta.ne[3] != tb.ne[3] {
-            return Err(self.err(b, "SET_ROWS", format!("rows {:?} and destination {:?} differ in dims 2-3", tb.ne, ta.ne)));
+            return Err(self.err(
+                b,
+                "SET_ROWS",
+                format!(
+                    "rows {:?} and destination {:?} differ in dims 2-3",
+                    tb.ne, ta.ne
+                ),
+            ));
         }
         if !ta.rows_contiguous() {
             return Err(self.err(a, "SET_ROWS", "destination rows must be contiguous"));
@@ -453,15 +549,30 @@ impl Graph {
         self.check_id(b, "MUL_MAT")?;
         let (ta, tb) = (self.get(a), self.get(b));
         if ta.ne[0] != tb.ne[0] {
-            return Err(self.err(a, "MUL_MAT", format!("inner dims differ: {:?} x {:?}", ta.ne, tb.ne)));
+            return Err(self.err(
+                a,
+                "MUL_MAT",
+                format!("inner dims differ: {:?} x {:?}", ta.ne, tb.ne),
+            ));
         }
         if tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
-            return Err(self.err(b, "MUL_MAT", format!("batch dims of {:?} are not multiples of {:?}", tb.ne, ta.ne)));
+            return Err(self.err(
+                b,
+                "MUL_MAT",
+                format!("batch dims of {:?} are not multiples of {:?}", tb.ne, ta.ne),
+            ));
         }
         if !matches!(tb.dtype, DType::F32 | DType::F16) {
-            return Err(self.err(b, "MUL_MAT", format!("src1 must be f32 or f16, not {}", tb.dtype)));
+            return Err(self.err(
+                b,
+                "MUL_MAT",
+                format!("src1 must be f32 or f16, not {}", tb.dtype),
+            ));
         }
-        if matches!(ta.dtype, DType::I32 | DType::I64 | DType::Q8_1 | DType::Q8_K) {
+        if matches!(
+            ta.dtype,
+            DType::I32 | DType::I64 | DType::Q8_1 | DType::Q8_K
+        ) {
             return Err(self.err(a, "MUL_MAT", format!("src0 type {} unsupported", ta.dtype)));
         }
         if !ta.rows_contiguous() {
@@ -480,11 +591,19 @@ impl Graph {
         let (ta, tb) = (self.get(a), self.get(b));
         for i in 0..4 {
             if tb.ne[i] == 0 || ta.ne[i] % tb.ne[i] != 0 {
-                return Err(self.err(b, name, format!("{:?} does not broadcast over {:?}", tb.ne, ta.ne)));
+                return Err(self.err(
+                    b,
+                    name,
+                    format!("{:?} does not broadcast over {:?}", tb.ne, ta.ne),
+                ));
             }
         }
         if !ta.dtype.is_float() || !tb.dtype.is_float() {
-            return Err(self.err(a, name, format!("float types only, got {} and {}", ta.dtype, tb.dtype)));
+            return Err(self.err(
+                a,
+                name,
+                format!("float types only, got {} and {}", ta.dtype, tb.dtype),
+            ));
         }
         let (dt, ne) = (ta.dtype, ta.ne);
         self.node(dt, ne, Op::Binary(op), vec![a, b])
@@ -569,7 +688,14 @@ impl Graph {
         self.check_id(up, o.name())?;
         let (tg, tu) = (self.get(gate), self.get(up));
         if tg.ne != tu.ne || tg.dtype != tu.dtype {
-            return Err(self.err(up, o.name(), format!("gate {:?} {} and up {:?} {} differ", tg.ne, tg.dtype, tu.ne, tu.dtype)));
+            return Err(self.err(
+                up,
+                o.name(),
+                format!(
+                    "gate {:?} {} and up {:?} {} differ",
+                    tg.ne, tg.dtype, tu.ne, tu.dtype
+                ),
+            ));
         }
         if tg.dtype != DType::F32 && tg.dtype != DType::F16 {
             return Err(self.err(gate, o.name(), format!("f32 or f16 only, got {}", tg.dtype)));
@@ -608,7 +734,13 @@ impl Graph {
 
     /// softmax(a * scale + slope * mask) over rows; the mask (F32 or F16) is [ne0, >= ne1, d2, d3]
     /// with d2, d3 dividing a's, broadcast.
-    pub fn soft_max_ext(&mut self, a: TensorId, mask: Option<TensorId>, scale: f32, max_bias: f32) -> Result<TensorId> {
+    pub fn soft_max_ext(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
         self.check_id(a, "SOFT_MAX")?;
         let ta = self.get(a);
         if ta.dtype != DType::F32 {
@@ -619,10 +751,22 @@ impl Graph {
             self.check_id(m, "SOFT_MAX")?;
             let tm = self.get(m);
             if !matches!(tm.dtype, DType::F32 | DType::F16) {
-                return Err(self.err(m, "SOFT_MAX", format!("mask must be f32 or f16, not {}", tm.dtype)));
+                return Err(self.err(
+                    m,
+                    "SOFT_MAX",
+                    format!("mask must be f32 or f16, not {}", tm.dtype),
+                ));
             }
-            if tm.ne[0] != ta.ne[0] || tm.ne[1] < ta.ne[1] || ta.ne[2] % tm.ne[2] != 0 || ta.ne[3] % tm.ne[3] != 0 {
-                return Err(self.err(m, "SOFT_MAX", format!("mask {:?} does not fit {:?}", tm.ne, ta.ne)));
+            if tm.ne[0] != ta.ne[0]
+                || tm.ne[1] < ta.ne[1]
+                || ta.ne[2] % tm.ne[2] != 0
+                || ta.ne[3] % tm.ne[3] != 0
+            {
+                return Err(self.err(
+                    m,
+                    "SOFT_MAX",
+                    format!("mask {:?} does not fit {:?}", tm.ne, ta.ne),
+                ));
             }
             src.push(m);
         } else if max_bias != 0.0 {
@@ -641,10 +785,21 @@ impl Graph {
             return Err(self.err(a, "ROPE", format!("f32 or f16 only, got {}", ta.dtype)));
         }
         if tp.dtype != DType::I32 || tp.ne[0] != ta.ne[2] || tp.nelements() != tp.ne[0] {
-            return Err(self.err(pos, "ROPE", format!("positions must be i32 [{}], got {} {:?}", ta.ne[2], tp.dtype, tp.ne)));
+            return Err(self.err(
+                pos,
+                "ROPE",
+                format!(
+                    "positions must be i32 [{}], got {} {:?}",
+                    ta.ne[2], tp.dtype, tp.ne
+                ),
+            ));
         }
         if p.n_dims == 0 || p.n_dims % 2 != 0 || p.n_dims > ta.ne[0] {
-            return Err(self.err(a, "ROPE", format!("n_dims {} must be even and at most {}", p.n_dims, ta.ne[0])));
+            return Err(self.err(
+                a,
+                "ROPE",
+                format!("n_dims {} must be even and at most {}", p.n_dims, ta.ne[0]),
+            ));
         }
         if !(p.freq_base > 0.0) || !p.freq_scale.is_finite() {
             return Err(self.err(a, "ROPE", "freq_base must be > 0 and freq_scale finite"));
@@ -671,34 +826,76 @@ impl Graph {
         }
         let (tq, tk, tv) = (self.get(q), self.get(k), self.get(v));
         if tq.dtype != DType::F32 {
-            return Err(self.err(q, "FLASH_ATTN_EXT", format!("q must be f32, not {}", tq.dtype)));
+            return Err(self.err(
+                q,
+                "FLASH_ATTN_EXT",
+                format!("q must be f32, not {}", tq.dtype),
+            ));
         }
         for (id, t) in [(k, tk), (v, tv)] {
             if !matches!(t.dtype, DType::F32 | DType::F16) {
-                return Err(self.err(id, "FLASH_ATTN_EXT", format!("k and v must be f32 or f16, not {}", t.dtype)));
+                return Err(self.err(
+                    id,
+                    "FLASH_ATTN_EXT",
+                    format!("k and v must be f32 or f16, not {}", t.dtype),
+                ));
             }
         }
-        if tk.ne[0] != tq.ne[0] || tk.ne[1] != tv.ne[1] || tk.ne[2] != tv.ne[2] || tk.ne[3] != tv.ne[3] {
-            return Err(self.err(k, "FLASH_ATTN_EXT", format!("q {:?}, k {:?}, v {:?} do not fit", tq.ne, tk.ne, tv.ne)));
+        if tk.ne[0] != tq.ne[0]
+            || tk.ne[1] != tv.ne[1]
+            || tk.ne[2] != tv.ne[2]
+            || tk.ne[3] != tv.ne[3]
+        {
+            return Err(self.err(
+                k,
+                "FLASH_ATTN_EXT",
+                format!("q {:?}, k {:?}, v {:?} do not fit", tq.ne, tk.ne, tv.ne),
+            ));
         }
         if tk.ne[2] == 0 || tq.ne[2] % tk.ne[2] != 0 || tq.ne[3] % tk.ne[3] != 0 {
-            return Err(self.err(k, "FLASH_ATTN_EXT", format!("{} query heads are not a multiple of {} kv heads", tq.ne[2], tk.ne[2])));
+            return Err(self.err(
+                k,
+                "FLASH_ATTN_EXT",
+                format!(
+                    "{} query heads are not a multiple of {} kv heads",
+                    tq.ne[2], tk.ne[2]
+                ),
+            ));
         }
         let mut src = vec![q, k, v];
         if let Some(m) = mask {
             self.check_id(m, "FLASH_ATTN_EXT")?;
             let tm = self.get(m);
-            if !matches!(tm.dtype, DType::F32 | DType::F16) || tm.ne[0] != tk.ne[1] || tm.ne[1] < tq.ne[1]
-                || tq.ne[2] % tm.ne[2] != 0 || tq.ne[3] % tm.ne[3] != 0
+            if !matches!(tm.dtype, DType::F32 | DType::F16)
+                || tm.ne[0] != tk.ne[1]
+                || tm.ne[1] < tq.ne[1]
+                || tq.ne[2] % tm.ne[2] != 0
+                || tq.ne[3] % tm.ne[3] != 0
             {
-                return Err(self.err(m, "FLASH_ATTN_EXT", format!("mask {} {:?} does not fit n_kv {} x n_q {}", tm.dtype, tm.ne, tk.ne[1], tq.ne[1])));
+                return Err(self.err(
+                    m,
+                    "FLASH_ATTN_EXT",
+                    format!(
+                        "mask {} {:?} does not fit n_kv {} x n_q {}",
+                        tm.dtype, tm.ne, tk.ne[1], tq.ne[1]
+                    ),
+                ));
             }
             src.push(m);
         } else if max_bias != 0.0 {
             return Err(self.err(q, "FLASH_ATTN_EXT", "ALiBi (max_bias) needs a mask"));
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];
-        self.node(DType::F32, ne, Op::FlashAttnExt { scale, max_bias, logit_softcap }, src)
+        self.node(
+            DType::F32,
+            ne,
+            Op::FlashAttnExt {
+                scale,
+                max_bias,
+                logit_softcap,
+            },
+            src,
+        )
     }
 
     // ---- shape ops ----
@@ -712,11 +909,22 @@ impl Graph {
             return Err(self.err(a, "CONCAT", format!("dim {dim} out of range")));
         }
         if ta.dtype != tb.dtype || ta.dtype.is_quantized() {
-            return Err(self.err(b, "CONCAT", format!("types {} and {} must match and not be quantized", ta.dtype, tb.dtype)));
+            return Err(self.err(
+                b,
+                "CONCAT",
+                format!(
+                    "types {} and {} must match and not be quantized",
+                    ta.dtype, tb.dtype
+                ),
+            ));
         }
         for i in 0..4 {
             if i != dim && ta.ne[i] != tb.ne[i] {
-                return Err(self.err(b, "CONCAT", format!("{:?} and {:?} differ outside dim {dim}", ta.ne, tb.ne)));
+                return Err(self.err(
+                    b,
+                    "CONCAT",
+                    format!("{:?} and {:?} differ outside dim {dim}", ta.ne, tb.ne),
+                ));
             }
         }
         let mut ne = ta.ne;
@@ -792,7 +1000,11 @@ impl Graph {
         self.check_id(a, "ARGMAX")?;
         let t = self.get(a);
         if t.dtype != DType::F32 || t.ne[2] != 1 || t.ne[3] != 1 {
-            return Err(self.err(a, "ARGMAX", format!("needs a 2-D f32 tensor, got {} {:?}", t.dtype, t.ne)));
+            return Err(self.err(
+                a,
+                "ARGMAX",
+                format!("needs a 2-D f32 tensor, got {} {:?}", t.dtype, t.ne),
+            ));
         }
         let n = t.ne[1];
         self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, vec![a])
@@ -807,15 +1019,28 @@ impl Graph {
     pub fn arange(&mut self, start: f32, stop: f32, step: f32) -> Result<TensorId> {
         let n = ((stop - start) / step).ceil();
         if !(step != 0.0 && n.is_finite() && n >= 0.0 && n < 1e9) {
-            return Err(Error::op(format!("#{}", self.len()), "ARANGE", format!("bad range {start}..{stop} step {step}")));
+            return Err(Error::op(
+                format!("#{}", self.len()),
+                "ARANGE",
+                format!("bad range {start}..{stop} step {step}"),
+            ));
         }
-        self.node(DType::F32, [n as usize, 1, 1, 1], Op::Arange { start, stop, step }, vec![])
+        self.node(
+            DType::F32,
+            [n as usize, 1, 1, 1],
+            Op::Arange { start, stop, step },
+            vec![],
+        )
     }
 }
 
 fn pad_ne(ne: &[usize], op: &'static str) -> Result<[usize; MAX_DIMS]> {
     if ne.is_empty() || ne.len() > MAX_DIMS {
-        return Err(Error::op("(new)", op, format!("a shape has 1 to 4 dims, got {}", ne.len())));
+        return Err(Error::op(
+            "(new)",
+            op,
+            format!("a shape has 1 to 4 dims, got {}", ne.len()),
+        ));
     }
     let mut out = [1; MAX_DIMS];
     out[..ne.len()].copy_from_slice(ne);

@@ -281,8 +281,12 @@ impl Op {
                 UnaryOp::Tanh => "TANH",
             },
             Op::Clamp { .. } => "CLAMP",
-            Op::Glu { op: GluOp::Swiglu, .. } => "SWIGLU",
-            Op::Glu { op: GluOp::Geglu, .. } => "GEGLU",
+            Op::Glu {
+                op: GluOp::Swiglu, ..
+            } => "SWIGLU",
+            Op::Glu {
+                op: GluOp::Geglu, ..
+            } => "GEGLU",
             Op::RmsNorm { .. } => "RMS_NORM",
             Op::Norm { .. } => "NORM",
             Op::SoftMax { .. } => "SOFT_MAX",
@@ -302,6 +306,9 @@ impl Op {
 
     /// Whether the op only reinterprets its source's memory (no kernel runs).
     pub fn is_view(&self) -> bool {
-        matches!(self, Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose)
+        matches!(
+            self,
+            Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose
+        )
     }
 }

@@ -24,7 +24,10 @@ impl Registry {
     pub fn new(regs: Vec<Box<dyn BackendReg>>) -> Self {
         let backends = regs
             .iter()
-            .map(|r| BackendDevices { backend: r.name(), devices: r.devices() })
+            .map(|r| BackendDevices {
+                backend: r.name(),
+                devices: r.devices(),
+            })
             .collect();
         Registry { backends }
     }
@@ -55,7 +58,9 @@ impl Registry {
         if let Some(b) = self.backends.iter().find(|b| b.backend == spec) {
             return match &b.devices {
                 Ok(ds) if !ds.is_empty() => Ok(ds[0].clone()),
-                Ok(_) => Err(Error::NoSuchDevice(format!("{spec} (the backend found no devices)"))),
+                Ok(_) => Err(Error::NoSuchDevice(format!(
+                    "{spec} (the backend found no devices)"
+                ))),
                 Err(why) => Err(Error::NoSuchDevice(format!("{spec} ({why})"))),
             };
         }
@@ -73,11 +78,19 @@ impl Registry {
     /// the first CPU, else whatever comes first (software adapters last).
     pub fn best(&self) -> Result<Arc<dyn Device>> {
         let devices = self.devices();
-        for kind in [DeviceKind::Gpu, DeviceKind::IGpu, DeviceKind::Cpu, DeviceKind::Software] {
+        for kind in [
+            DeviceKind::Gpu,
+            DeviceKind::IGpu,
+            DeviceKind::Cpu,
+            DeviceKind::Software,
+        ] {
             if let Some(d) = devices.iter().find(|d| d.kind() == kind) {
                 return Ok(d.clone());
             }
         }
-        devices.first().cloned().ok_or_else(|| Error::NoSuchDevice("(any)".into()))
+        devices
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::NoSuchDevice("(any)".into()))
     }
 }

@@ -64,11 +64,23 @@ impl Scheduler {
     /// A scheduler over `devices`, most preferred first (put the CPU last as the fallback).
     pub fn new(devices: Vec<Arc<dyn Device>>) -> Result<Self> {
         if devices.is_empty() {
-            return Err(Error::Invalid("a scheduler needs at least one device".into()));
+            return Err(Error::Invalid(
+                "a scheduler needs at least one device".into(),
+            ));
         }
-        let backends = devices.iter().map(|d| d.new_backend()).collect::<Result<Vec<_>>>()?;
-        let allocators = devices.iter().map(|d| GraphAllocator::new(d.buffer_type())).collect();
-        Ok(Scheduler { devices, backends, allocators })
+        let backends = devices
+            .iter()
+            .map(|d| d.new_backend())
+            .collect::<Result<Vec<_>>>()?;
+        let allocators = devices
+            .iter()
+            .map(|d| GraphAllocator::new(d.buffer_type()))
+            .collect();
+        Ok(Scheduler {
+            devices,
+            backends,
+            allocators,
+        })
     }
 
     /// The devices, in priority order.
@@ -83,8 +95,9 @@ impl Scheduler {
 
     fn device_for_memory(&self, graph: &Graph, id: TensorId, node: TensorId) -> Option<usize> {
         let data = graph.data(id)?;
-        let usable: Vec<usize> =
-            (0..self.devices.len()).filter(|&i| self.devices[i].can_use_buffer(data.buffer.as_ref())).collect();
+        let usable: Vec<usize> = (0..self.devices.len())
+            .filter(|&i| self.devices[i].can_use_buffer(data.buffer.as_ref()))
+            .collect();
         usable
             .iter()
             .copied()
@@ -126,16 +139,27 @@ impl Scheduler {
                     }
                 }
                 pick.filter(|&d| self.devices[d].supports_op(graph, id))
-                    .or_else(|| (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id)))
+                    .or_else(|| {
+                        (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id))
+                    })
             };
             let dev = dev.ok_or_else(|| Error::Unsupported {
-                backend: self.devices.iter().map(|d| d.name()).collect::<Vec<_>>().join(","),
+                backend: self
+                    .devices
+                    .iter()
+                    .map(|d| d.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
                 what: format!("{} for tensor '{}'", t.op.name(), graph.label(id)),
             })?;
             if !t.op.is_view() && !self.devices[dev].supports_op(graph, id) {
                 return Err(Error::Unsupported {
                     backend: self.devices[dev].name(),
-                    what: format!("{} for tensor '{}' (its memory is there)", t.op.name(), graph.label(id)),
+                    what: format!(
+                        "{} for tensor '{}' (its memory is there)",
+                        t.op.name(),
+                        graph.label(id)
+                    ),
                 });
             }
             placement[id.index()] = Some(dev);
@@ -147,7 +171,10 @@ impl Scheduler {
             let srcs = graph.get(id).src.clone();
             for s in srcs {
                 let (root, _) = graph.root(s);
-                if graph.get(root).op == Op::None && graph.get(root).data.is_none() && placement[root.index()].is_none() {
+                if graph.get(root).op == Op::None
+                    && graph.get(root).data.is_none()
+                    && placement[root.index()].is_none()
+                {
                     placement[root.index()] = placement[id.index()];
                 }
             }
@@ -155,14 +182,19 @@ impl Scheduler {
 
         // Cut into splits and add copies for sources whose memory the split's device cannot use.
         let mut splits: Vec<Split> = Vec::new();
-        let mut copy_of: std::collections::HashMap<(TensorId, usize), TensorId> = Default::default();
+        let mut copy_of: std::collections::HashMap<(TensorId, usize), TensorId> =
+            Default::default();
         for &id in &order {
             if graph.get(id).op.is_view() {
                 continue;
             }
             let dev = placement[id.index()].expect("placed above");
             if splits.last().map(|s| s.device) != Some(dev) {
-                splits.push(Split { device: dev, nodes: Vec::new(), copies: Vec::new() });
+                splits.push(Split {
+                    device: dev,
+                    nodes: Vec::new(),
+                    copies: Vec::new(),
+                });
             }
             let srcs = graph.get(id).src.clone();
             let mut new_srcs = srcs.clone();
@@ -183,7 +215,11 @@ impl Scheduler {
                         let c = add_copy(graph, root)?;
                         placement.push(Some(dev));
                         copy_of.insert(key, c);
-                        splits.last_mut().expect("pushed above").copies.push((root, c));
+                        splits
+                            .last_mut()
+                            .expect("pushed above")
+                            .copies
+                            .push((root, c));
                         // Keep the source's memory until the copy has run.
                         if graph.get(root).data.is_none() {
                             graph.get_mut(root).flags.output = true;
@@ -191,7 +227,11 @@ impl Scheduler {
                         c
                     }
                 };
-                new_srcs[k] = if s == root { copy } else { add_view_of_copy(graph, s, copy, &mut placement, dev) };
+                new_srcs[k] = if s == root {
+                    copy
+                } else {
+                    add_view_of_copy(graph, s, copy, &mut placement, dev)
+                };
             }
             if new_srcs != srcs {
                 graph.get_mut(id).src = new_srcs;
@@ -228,7 +268,13 @@ impl Scheduler {
                 let s = graph.data_or_err(src)?;
                 let d = graph.data_or_err(dst)?;
                 let len = graph.get(src).nbytes();
-                self.backends[split.device].copy_async(s.buffer.as_ref(), s.offset, d.buffer.as_ref(), d.offset, len)?;
+                self.backends[split.device].copy_async(
+                    s.buffer.as_ref(),
+                    s.offset,
+                    d.buffer.as_ref(),
+                    d.offset,
+                    len,
+                )?;
             }
             self.backends[split.device].compute(graph, &split.nodes)?;
             dirty[split.device] = true;
@@ -250,11 +296,21 @@ fn add_copy(graph: &mut Graph, root: TensorId) -> Result<TensorId> {
     let ct = graph.get_mut(c);
     ct.nb = nb; // same layout, so views of the copy keep their strides and offsets
     ct.name = name;
-    ct.flags = TensorFlags { input: true, output: false, weight: false };
+    ct.flags = TensorFlags {
+        input: true,
+        output: false,
+        weight: false,
+    };
     Ok(c)
 }
 
-fn add_view_of_copy(graph: &mut Graph, view: TensorId, copy: TensorId, placement: &mut Vec<Option<usize>>, dev: usize) -> TensorId {
+fn add_view_of_copy(
+    graph: &mut Graph,
+    view: TensorId,
+    copy: TensorId,
+    placement: &mut Vec<Option<usize>>,
+    dev: usize,
+) -> TensorId {
     let v: Tensor = graph.get(view).clone();
     let mut nv = v;
     nv.view_src = Some(copy);

@@ -107,7 +107,11 @@ impl Tensor {
         let bs = self.dtype.block_size();
         // Rows of blocks span whole blocks; a plain type's axis 0 may be strided (transposed),
         // so its span is one element plus the strides of the rest, as in ggml.
-        let mut n = if bs == 1 { self.dtype.type_size() + (self.ne[0] - 1) * self.nb[0] } else { self.ne[0] / bs * self.nb[0] };
+        let mut n = if bs == 1 {
+            self.dtype.type_size() + (self.ne[0] - 1) * self.nb[0]
+        } else {
+            self.ne[0] / bs * self.nb[0]
+        };
         for i in 1..MAX_DIMS {
             n += (self.ne[i] - 1) * self.nb[i];
         }

@@ -51,21 +51,30 @@ fn mismatched_shapes_and_types() {
     let mut g = Graph::new();
     let a = named(&mut g, "a", DType::F32, &[64, 8]);
     let b = named(&mut g, "b", DType::F32, &[32, 8]);
-    says(g.mul_mat(a, b).unwrap_err(), &["'a'", "MUL_MAT", "inner dims"]);
+    says(
+        g.mul_mat(a, b).unwrap_err(),
+        &["'a'", "MUL_MAT", "inner dims"],
+    );
     let c = named(&mut g, "c", DType::F32, &[3, 8]);
     says(g.add(a, c).unwrap_err(), &["'c'", "ADD", "broadcast"]);
     let i = named(&mut g, "idx", DType::F32, &[4]);
     says(g.get_rows(a, i).unwrap_err(), &["'idx'", "GET_ROWS", "i32"]);
     let q = named(&mut g, "q", DType::Q4_0, &[64, 8]);
     says(g.mul_mat(a, q).unwrap_err(), &["'q'", "src1"]);
-    says(g.rms_norm(q, 1e-5).unwrap_err(), &["'q'", "RMS_NORM", "f32"]);
+    says(
+        g.rms_norm(q, 1e-5).unwrap_err(),
+        &["'q'", "RMS_NORM", "f32"],
+    );
 }
 
 #[test]
 fn a_view_past_its_source() {
     let mut g = Graph::new();
     let a = named(&mut g, "a", DType::F32, &[16, 4]);
-    says(g.view(a, &[16, 2], &[64], 3 * 64).unwrap_err(), &["'a'", "VIEW", "past"]);
+    says(
+        g.view(a, &[16, 2], &[64], 3 * 64).unwrap_err(),
+        &["'a'", "VIEW", "past"],
+    );
     assert!(g.view(a, &[16, 2], &[64], 2 * 64).is_ok());
 }
 
@@ -73,7 +82,10 @@ fn a_view_past_its_source() {
 fn a_reshape_that_changes_the_element_count() {
     let mut g = Graph::new();
     let a = named(&mut g, "a", DType::F32, &[16, 4]);
-    says(g.reshape(a, &[10, 6]).unwrap_err(), &["'a'", "RESHAPE", "elements"]);
+    says(
+        g.reshape(a, &[10, 6]).unwrap_err(),
+        &["'a'", "RESHAPE", "elements"],
+    );
     let t = g.transpose(a).unwrap();
     says(g.reshape(t, &[64]).unwrap_err(), &["RESHAPE", "contiguous"]);
 }
@@ -81,8 +93,14 @@ fn a_reshape_that_changes_the_element_count() {
 #[test]
 fn a_quantized_row_that_is_not_whole_blocks() {
     let mut g = Graph::new();
-    says(g.new_tensor(DType::Q4_0, &[33, 2]).unwrap_err(), &["q4_0", "blocks"]);
-    says(DType::Q4_K.row_size(300).unwrap_err(), &["300", "q4_K", "256"]);
+    says(
+        g.new_tensor(DType::Q4_0, &[33, 2]).unwrap_err(),
+        &["q4_0", "blocks"],
+    );
+    says(
+        DType::Q4_K.row_size(300).unwrap_err(),
+        &["300", "q4_K", "256"],
+    );
 }
 
 #[test]
@@ -90,14 +108,20 @@ fn a_buffer_too_small_for_its_tensors() {
     let mut g = Graph::new();
     let a = named(&mut g, "weights", DType::F32, &[16, 4]);
     let buf: Arc<dyn Buffer> = Arc::new(VecBuffer(std::sync::Mutex::new(vec![0; 100])));
-    says(g.bind(a, buf.clone(), 0).unwrap_err(), &["'weights'", "256", "100"]);
+    says(
+        g.bind(a, buf.clone(), 0).unwrap_err(),
+        &["'weights'", "256", "100"],
+    );
     says(buf.set(90, &[0; 20]).unwrap_err(), &["vec", "past"]);
 }
 
 #[test]
 fn shapes_whose_product_overflows_and_bad_params() {
     let mut g = Graph::new();
-    says(g.new_tensor(DType::F32, &[usize::MAX / 2, 4]).unwrap_err(), &["too large"]);
+    says(
+        g.new_tensor(DType::F32, &[usize::MAX / 2, 4]).unwrap_err(),
+        &["too large"],
+    );
     let a = named(&mut g, "a", DType::F32, &[16]);
     says(g.clamp(a, 2.0, 1.0).unwrap_err(), &["'a'", "CLAMP"]);
     says(g.permute(a, [0, 0, 1, 2]).unwrap_err(), &["'a'", "PERMUTE"]);

@@ -37,7 +37,11 @@ pub struct LlamaConfig {
 }
 
 /// Architectures this runner knows, with their rope pairing.
-const ARCHES: &[(&str, RopeMode)] = &[("llama", RopeMode::Normal), ("mistral", RopeMode::Normal), ("granite", RopeMode::Normal)];
+const ARCHES: &[(&str, RopeMode)] = &[
+    ("llama", RopeMode::Normal),
+    ("mistral", RopeMode::Normal),
+    ("granite", RopeMode::Normal),
+];
 
 impl LlamaConfig {
     /// Reads the config from a GGUF file's metadata.
@@ -47,7 +51,11 @@ impl LlamaConfig {
             .iter()
             .find(|(a, _)| *a == arch)
             .map(|(_, m)| *m)
-            .ok_or_else(|| Error::Model(format!("architecture '{arch}' is not supported (supported: llama, mistral, granite)")))?;
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "architecture '{arch}' is not supported (supported: llama, mistral, granite)"
+                ))
+            })?;
         let key = |k: &str| format!("{arch}.{k}");
         let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&key(k))? as usize) };
         let n_embd = u("embedding_length")?;
@@ -70,20 +78,32 @@ impl LlamaConfig {
             None => head_dim,
         };
         if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(Error::Model(format!("rope dimension {n_rot} does not fit head width {head_dim}")));
+            return Err(Error::Model(format!(
+                "rope dimension {n_rot} does not fit head width {head_dim}"
+            )));
         }
-        let rope_base = f.get(&key("rope.freq_base")).and_then(|v| v.as_f32()).unwrap_or(10000.0);
+        let rope_base = f
+            .get(&key("rope.freq_base"))
+            .and_then(|v| v.as_f32())
+            .unwrap_or(10000.0);
         let rope_freq_scale = match f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
             None | Some("none") => 1.0,
             Some("linear") => {
-                let factor = f.get(&key("rope.scaling.factor")).and_then(|v| v.as_f32()).unwrap_or(1.0);
+                let factor = f
+                    .get(&key("rope.scaling.factor"))
+                    .and_then(|v| v.as_f32())
+                    .unwrap_or(1.0);
                 if factor > 0.0 {
                     1.0 / factor
                 } else {
                     1.0
                 }
             }
-            Some(other) => return Err(Error::Model(format!("rope scaling '{other}' is not supported"))),
+            Some(other) => {
+                return Err(Error::Model(format!(
+                    "rope scaling '{other}' is not supported"
+                )))
+            }
         };
         let rms_eps = f.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         let n_vocab = match f.get(&key("vocab_size")) {

@@ -26,7 +26,11 @@ pub struct ContextParams {
 
 impl Default for ContextParams {
     fn default() -> Self {
-        ContextParams { n_ctx: 0, n_ubatch: 512, kv_type: DType::F16 }
+        ContextParams {
+            n_ctx: 0,
+            n_ubatch: 512,
+            kv_type: DType::F16,
+        }
     }
 }
 
@@ -51,18 +55,35 @@ impl Context {
     /// A context for `model` on the model's device (the CPU runs what the device cannot).
     pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Self> {
         let cfg = &model.config;
-        let n_ctx = if params.n_ctx == 0 { cfg.n_ctx_train.min(4096) } else { params.n_ctx };
+        let n_ctx = if params.n_ctx == 0 {
+            cfg.n_ctx_train.min(4096)
+        } else {
+            params.n_ctx
+        };
         if params.n_ubatch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }
         let device = model.device().clone();
-        let kv = KvCache::new(cfg, device.as_ref(), n_ctx, params.kv_type, model.sharding())?;
+        let kv = KvCache::new(
+            cfg,
+            device.as_ref(),
+            n_ctx,
+            params.kv_type,
+            model.sharding(),
+        )?;
         let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
         if device.kind() != tessera_core::DeviceKind::Cpu {
             devices.push(model.fallback().clone());
         }
         let sched = Scheduler::new(devices)?;
-        Ok(Context { model, sched, kv, n_ubatch: params.n_ubatch, n_past: 0, steps: Vec::new() })
+        Ok(Context {
+            model,
+            sched,
+            kv,
+            n_ubatch: params.n_ubatch,
+            n_past: 0,
+            steps: Vec::new(),
+        })
     }
 
     /// Positions already in the cache.
@@ -94,11 +115,15 @@ impl Context {
     /// (`n_vocab` values), or of every token (`n_vocab` per token, in order) when `all_logits`.
     pub fn eval(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         if tokens.is_empty() {
-            return Err(Error::Invalid("nothing to evaluate: the token list is empty".into()));
+            return Err(Error::Invalid(
+                "nothing to evaluate: the token list is empty".into(),
+            ));
         }
         let n_vocab = self.model.config.n_vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::Invalid(format!("token id {bad} is past the vocabulary of {n_vocab}")));
+            return Err(Error::Invalid(format!(
+                "token id {bad} is past the vocabulary of {n_vocab}"
+            )));
         }
         if self.n_past + tokens.len() > self.kv.n_ctx() {
             return Err(Error::Invalid(format!(
@@ -124,19 +149,34 @@ impl Context {
     fn eval_batch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let n_kv = (self.n_past + n).div_ceil(KV_PAD) * KV_PAD;
-        let shape = StepShape { n_tokens: n, n_kv: n_kv.min(self.kv.n_ctx()), all_logits: all_logits && n > 1 };
+        let shape = StepShape {
+            n_tokens: n,
+            n_kv: n_kv.min(self.kv.n_ctx()),
+            all_logits: all_logits && n > 1,
+        };
         let idx = match self.steps.iter().position(|s| s.shape == shape) {
             Some(i) => i,
             None => {
-                let (mut graph, io) = forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
+                let (mut graph, io) =
+                    forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
                 let plan = self.sched.plan(&mut graph)?;
                 tessera_core::meta::check_plan(self.sched.devices(), &graph, &plan)?;
-                log::debug!("new step graph {:?}: {} tensors, {} splits", shape, graph.len(), plan.splits.len());
+                log::debug!(
+                    "new step graph {:?}: {} tensors, {} splits",
+                    shape,
+                    graph.len(),
+                    plan.splits.len()
+                );
                 // Keep the prompt graph and the decode graph; drop older shapes.
                 if self.steps.len() >= 2 {
                     self.steps.remove(0);
                 }
-                self.steps.push(Step { shape, graph, plan, io });
+                self.steps.push(Step {
+                    shape,
+                    graph,
+                    plan,
+                    io,
+                });
                 self.steps.len() - 1
             }
         };
@@ -169,13 +209,21 @@ impl Context {
         let count = step.graph.get(step.io.logits).nelements();
         let mut bytes = vec![0u8; count * 4];
         data.buffer.get(data.offset, &mut bytes)?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
 
 /// Writes an input tensor through `backend`, ordered with its stream (`bytes` is pageable
 /// memory: the copy has taken it when this returns).
-fn set(backend: &mut dyn tessera_core::Backend, g: &Graph, id: tessera_core::TensorId, bytes: &[u8]) -> Result<()> {
+fn set(
+    backend: &mut dyn tessera_core::Backend,
+    g: &Graph,
+    id: tessera_core::TensorId,
+    bytes: &[u8],
+) -> Result<()> {
     let d = g.data_or_err(id)?;
     backend.set_async(d.buffer.as_ref(), d.offset, bytes)
 }

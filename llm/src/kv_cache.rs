@@ -20,9 +20,17 @@ pub struct KvCache {
 impl KvCache {
     /// Allocates a cache of `n_ctx` positions of `dtype` (F16 or F32) on `device` (on a meta
     /// device, `shard` splits it by KV heads).
-    pub fn new(cfg: &LlamaConfig, device: &dyn Device, n_ctx: usize, dtype: DType, shard: Option<&Sharding>) -> Result<Self> {
+    pub fn new(
+        cfg: &LlamaConfig,
+        device: &dyn Device,
+        n_ctx: usize,
+        dtype: DType,
+        shard: Option<&Sharding>,
+    ) -> Result<Self> {
         if !matches!(dtype, DType::F16 | DType::F32) {
-            return Err(Error::Invalid(format!("KV cache type must be f16 or f32, not {dtype}")));
+            return Err(Error::Invalid(format!(
+                "KV cache type must be f16 or f32, not {dtype}"
+            )));
         }
         if n_ctx == 0 {
             return Err(Error::Invalid("the context size must be at least 1".into()));
@@ -37,7 +45,13 @@ impl KvCache {
             None => device.buffer_type().alloc(size.max(1))?,
         };
         buffer.clear(0)?;
-        Ok(KvCache { buffer, dtype, n_ctx, row, n_layer: cfg.n_layer })
+        Ok(KvCache {
+            buffer,
+            dtype,
+            n_ctx,
+            row,
+            n_layer: cfg.n_layer,
+        })
     }
 
     /// Positions the cache holds.
@@ -51,9 +65,18 @@ impl KvCache {
     }
 
     /// Adds layer `layer`'s K (`v` false) or V matrix to a graph, bound to the cache's memory.
-    pub fn tensor(&self, g: &mut Graph, layer: usize, v: bool, n_embd_kv: usize) -> Result<TensorId> {
+    pub fn tensor(
+        &self,
+        g: &mut Graph,
+        layer: usize,
+        v: bool,
+        n_embd_kv: usize,
+    ) -> Result<TensorId> {
         if layer >= self.n_layer {
-            return Err(Error::Invalid(format!("layer {layer} past the cache's {}", self.n_layer)));
+            return Err(Error::Invalid(format!(
+                "layer {layer} past the cache's {}",
+                self.n_layer
+            )));
         }
         let id = g.new_tensor(self.dtype, &[n_embd_kv, self.n_ctx])?;
         g.set_name(id, format!("cache_{}_l{layer}", if v { "v" } else { "k" }));

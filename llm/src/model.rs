@@ -53,7 +53,16 @@ impl Model {
         let template = ChatTemplate::from_gguf(&file)?;
         let shard = Sharding::new(&config, &file, device.as_ref())?;
         let weights = Weights::load_with(&file, device.as_ref(), shard.as_ref(), progress)?;
-        Ok(Model { config, tokenizer, template, weights, device, fallback, file, shard })
+        Ok(Model {
+            config,
+            tokenizer,
+            template,
+            weights,
+            device,
+            fallback,
+            file,
+            shard,
+        })
     }
 
     /// The device holding the weights.

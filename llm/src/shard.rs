@@ -44,8 +44,14 @@ pub struct Sharding {
 impl Sharding {
     /// The split of model `cfg` (tensor types from `file`) over `device` when it is a meta
     /// device; `None` for a plain device.
-    pub fn new(cfg: &LlamaConfig, file: &GgufFile, device: &dyn Device) -> Result<Option<Sharding>> {
-        let Some(meta) = MetaDevice::from_device(device) else { return Ok(None) };
+    pub fn new(
+        cfg: &LlamaConfig,
+        file: &GgufFile,
+        device: &dyn Device,
+    ) -> Result<Option<Sharding>> {
+        let Some(meta) = MetaDevice::from_device(device) else {
+            return Ok(None);
+        };
         let ratios = meta.ratios();
         let kv_heads = partition(cfg.n_head_kv, ratios);
         let parts = device.parts();
@@ -69,7 +75,8 @@ impl Sharding {
             .map(|t| t.dtype.block_size())
             .max()
             .unwrap_or(1);
-        let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width").map_err(|e| Error::Model(e.to_string()))?;
+        let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width")
+            .map_err(|e| Error::Model(e.to_string()))?;
         let group = cfg.n_head / cfg.n_head_kv;
         log::info!(
             "{}: KV heads {:?} (each with {group} query heads), feed-forward rows {:?}",
@@ -77,7 +84,13 @@ impl Sharding {
             kv_heads,
             ffn
         );
-        Ok(Some(Sharding { meta: meta.clone(), kv_heads, group, head_dim: cfg.head_dim, ffn }))
+        Ok(Some(Sharding {
+            meta: meta.clone(),
+            kv_heads,
+            group,
+            head_dim: cfg.head_dim,
+            ffn,
+        }))
     }
 
     /// KV heads each part holds.
@@ -91,7 +104,10 @@ impl Sharding {
     }
 
     fn q_rows(&self) -> Vec<usize> {
-        self.kv_heads.iter().map(|h| h * self.group * self.head_dim).collect()
+        self.kv_heads
+            .iter()
+            .map(|h| h * self.group * self.head_dim)
+            .collect()
     }
 
     fn kv_rows(&self) -> Vec<usize> {
@@ -100,7 +116,11 @@ impl Sharding {
 
     /// The state of weight `name` of type `dtype` and shape `ne`.
     pub fn weight_state(&self, name: &str, dtype: DType, ne: [usize; 4]) -> Result<SplitState> {
-        let kind = name.strip_prefix("blk.").and_then(|r| r.split_once('.')).map(|(_, k)| k).unwrap_or("");
+        let kind = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .map(|(_, k)| k)
+            .unwrap_or("");
         let state = match kind {
             "attn_q.weight" => SplitState::split(1, self.q_rows()),
             "attn_k.weight" | "attn_v.weight" => SplitState::split(1, self.kv_rows()),
@@ -111,9 +131,14 @@ impl Sharding {
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
             _ => SplitState::Mirrored,
         };
-        state.check_fits(dtype, ne, self.kv_heads.len()).map_err(|r| {
-            Error::Model(format!("tensor '{name}' ({dtype} {ne:?}) cannot be split over {}: {r}", self.meta_name()))
-        })?;
+        state
+            .check_fits(dtype, ne, self.kv_heads.len())
+            .map_err(|r| {
+                Error::Model(format!(
+                    "tensor '{name}' ({dtype} {ne:?}) cannot be split over {}: {r}",
+                    self.meta_name()
+                ))
+            })?;
         Ok(state)
     }
 
@@ -127,26 +152,51 @@ impl Sharding {
     }
 
     /// A sharded buffer of virtual size `size` for weights `(name, type, shape, offset)`.
-    pub fn alloc_weights(&self, size: usize, tensors: &[(&str, DType, [usize; 4], usize)]) -> Result<Arc<dyn Buffer>> {
+    pub fn alloc_weights(
+        &self,
+        size: usize,
+        tensors: &[(&str, DType, [usize; 4], usize)],
+    ) -> Result<Arc<dyn Buffer>> {
         let specs = tensors
             .iter()
-            .map(|&(name, dtype, ne, offset)| Ok(ShardedTensor { offset, dtype, ne, state: self.weight_state(name, dtype, ne)? }))
+            .map(|&(name, dtype, ne, offset)| {
+                Ok(ShardedTensor {
+                    offset,
+                    dtype,
+                    ne,
+                    state: self.weight_state(name, dtype, ne)?,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         self.meta.alloc_sharded(size, &specs)
     }
 
     /// A sharded KV cache: `n_layer` K and V matrices of `[n_embd_kv, n_ctx]` `dtype`, laid out
     /// as the plain cache is (K then V per layer), each split by KV heads.
-    pub fn alloc_kv(&self, cfg: &LlamaConfig, n_ctx: usize, dtype: DType, size: usize) -> Result<Arc<dyn Buffer>> {
+    pub fn alloc_kv(
+        &self,
+        cfg: &LlamaConfig,
+        n_ctx: usize,
+        dtype: DType,
+        size: usize,
+    ) -> Result<Arc<dyn Buffer>> {
         let n_embd_kv = cfg.n_embd_kv();
         let matrix = n_embd_kv * dtype.type_size() * n_ctx;
         let specs: Vec<ShardedTensor> = (0..2 * cfg.n_layer)
-            .map(|i| ShardedTensor { offset: i * matrix, dtype, ne: [n_embd_kv, n_ctx, 1, 1], state: self.kv_state() })
+            .map(|i| ShardedTensor {
+                offset: i * matrix,
+                dtype,
+                ne: [n_embd_kv, n_ctx, 1, 1],
+                state: self.kv_state(),
+            })
             .collect();
         self.meta.alloc_sharded(size, &specs)
     }
 }
 
 fn fmt_ratios(r: &[f64]) -> String {
-    r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(",")
+    r.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }

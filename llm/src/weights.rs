@@ -32,22 +32,43 @@ pub struct Weights {
 
 impl Weights {
     /// Puts the file's tensors on `device`; `progress(done, total)` is called as bytes upload.
-    pub fn load(file: &GgufFile, device: &dyn Device, progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+    pub fn load(
+        file: &GgufFile,
+        device: &dyn Device,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
         Self::load_with(file, device, None, progress)
     }
 
     /// As [`Weights::load`]; on a meta device, `shard` puts each part's slices on that part.
-    pub fn load_with(file: &GgufFile, device: &dyn Device, shard: Option<&Sharding>, progress: &mut dyn FnMut(u64, u64)) -> Result<Self> {
+    pub fn load_with(
+        file: &GgufFile,
+        device: &dyn Device,
+        shard: Option<&Sharding>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
         let total: u64 = file.tensors.iter().map(|t| t.size).sum();
         let data_offset = file.data_offset as usize;
         let mut map = HashMap::new();
         let host: Arc<dyn HostBytes> = Arc::new(file.mapping());
         if let Some(buf) = device.buffer_from_host(host)? {
             for t in &file.tensors {
-                map.insert(t.name.clone(), WeightTensor { buffer: buf.clone(), offset: data_offset + t.offset as usize, dtype: t.dtype, ne: ne_usize(&t.ne) });
+                map.insert(
+                    t.name.clone(),
+                    WeightTensor {
+                        buffer: buf.clone(),
+                        offset: data_offset + t.offset as usize,
+                        dtype: t.dtype,
+                        ne: ne_usize(&t.ne),
+                    },
+                );
             }
             progress(total, total);
-            return Ok(Weights { map, bytes: total as usize, mapped: true });
+            return Ok(Weights {
+                map,
+                bytes: total as usize,
+                mapped: true,
+            });
         }
         let bt = device.buffer_type();
         let align = bt.alignment().max(1);
@@ -57,9 +78,16 @@ impl Weights {
         for (i, t) in file.tensors.iter().enumerate() {
             let size = t.size as usize;
             if size > max {
-                return Err(Error::Model(format!("tensor '{}' ({size} bytes) exceeds the largest buffer of {} ({max} bytes)", t.name, device.name())));
+                return Err(Error::Model(format!(
+                    "tensor '{}' ({size} bytes) exceeds the largest buffer of {} ({max} bytes)",
+                    t.name,
+                    device.name()
+                )));
             }
-            let fits = groups.last().map(|g| g.0.div_ceil(align) * align + size <= max).unwrap_or(false);
+            let fits = groups
+                .last()
+                .map(|g| g.0.div_ceil(align) * align + size <= max)
+                .unwrap_or(false);
             if !fits {
                 groups.push((0, Vec::new()));
             }
@@ -73,10 +101,13 @@ impl Weights {
         for (size, members) in groups {
             let buf = match shard {
                 Some(sh) => {
-                    let specs: Vec<_> = members.iter().map(|&(i, off)| {
-                        let t = &file.tensors[i];
-                        (t.name.as_str(), t.dtype, ne_usize(&t.ne), off)
-                    }).collect();
+                    let specs: Vec<_> = members
+                        .iter()
+                        .map(|&(i, off)| {
+                            let t = &file.tensors[i];
+                            (t.name.as_str(), t.dtype, ne_usize(&t.ne), off)
+                        })
+                        .collect();
                     sh.alloc_weights(size, &specs)?
                 }
                 None => bt.alloc(size.max(1))?,
@@ -87,15 +118,29 @@ impl Weights {
                 buf.set(off, &bytes[start..start + t.size as usize])?;
                 done += t.size;
                 progress(done, total);
-                map.insert(t.name.clone(), WeightTensor { buffer: buf.clone(), offset: off, dtype: t.dtype, ne: ne_usize(&t.ne) });
+                map.insert(
+                    t.name.clone(),
+                    WeightTensor {
+                        buffer: buf.clone(),
+                        offset: off,
+                        dtype: t.dtype,
+                        ne: ne_usize(&t.ne),
+                    },
+                );
             }
         }
-        Ok(Weights { map, bytes: total as usize, mapped: false })
+        Ok(Weights {
+            map,
+            bytes: total as usize,
+            mapped: false,
+        })
     }
 
     /// A tensor by name; an error naming it when the file lacks it.
     pub fn get(&self, name: &str) -> Result<&WeightTensor> {
-        self.map.get(name).ok_or_else(|| Error::Model(format!("the model has no tensor '{name}'")))
+        self.map
+            .get(name)
+            .ok_or_else(|| Error::Model(format!("the model has no tensor '{name}'")))
     }
 
     /// A tensor by name, if present.
@@ -109,7 +154,10 @@ impl Weights {
         let mut want = [1usize; 4];
         want[..ne.len()].copy_from_slice(ne);
         if w.ne != want {
-            return Err(Error::Model(format!("tensor '{name}' has shape {:?}, but the metadata implies {:?}", w.ne, want)));
+            return Err(Error::Model(format!(
+                "tensor '{name}' has shape {:?}, but the metadata implies {:?}",
+                w.ne, want
+            )));
         }
         Ok(w)
     }
@@ -126,5 +174,10 @@ impl Weights {
 }
 
 fn ne_usize(ne: &[u64; 4]) -> [usize; 4] {
-    [ne[0] as usize, ne[1] as usize, ne[2] as usize, ne[3] as usize]
+    [
+        ne[0] as usize,
+        ne[1] as usize,
+        ne[2] as usize,
+        ne[3] as usize,
+    ]
 }

@@ -15,7 +15,10 @@ use tessera_llm::{Context, ContextParams, Model};
 use common::*;
 
 fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[test]
@@ -34,7 +37,10 @@ fn greedy_generation_on_every_device_matches_llama_cpp_to_the_first_near_tie() {
                 continue;
             }
         };
-        for dev in devices.into_iter().filter(|d| d.kind() != tessera::core::DeviceKind::Cpu) {
+        for dev in devices
+            .into_iter()
+            .filter(|d| d.kind() != tessera::core::DeviceKind::Cpu)
+        {
             check_device(dev);
             tested += 1;
         }
@@ -44,7 +50,9 @@ fn greedy_generation_on_every_device_matches_llama_cpp_to_the_first_near_tie() {
 
 fn check_device(dev: Arc<dyn Device>) {
     let cpu: Arc<dyn Device> = Arc::new(tessera::cpu::CpuDevice::new());
-    let model = Arc::new(Model::load(model_path(), dev.clone(), cpu, &mut |_, _| {}).expect("the model loads"));
+    let model = Arc::new(
+        Model::load(model_path(), dev.clone(), cpu, &mut |_, _| {}).expect("the model loads"),
+    );
     let r = reference("smollm2-greedy.json");
     let n_prompts = env_usize("TESSERA_GREEDY_PROMPTS", 3);
     let n_tokens = env_usize("TESSERA_GREEDY_TOKENS", 16);
@@ -54,18 +62,34 @@ fn check_device(dev: Arc<dyn Device>) {
         let want = ids(&p["generated_ids"]);
         let want = &want[..n_tokens.min(want.len())];
         let steps = p["steps"].as_array().unwrap();
-        let tie = steps.iter().position(|s| s["margin_top1_top2"].as_f64().unwrap() < 0.5).unwrap_or(steps.len()).min(want.len());
+        let tie = steps
+            .iter()
+            .position(|s| s["margin_top1_top2"].as_f64().unwrap() < 0.5)
+            .unwrap_or(steps.len())
+            .min(want.len());
         let mut ctx = Context::new(model.clone(), ContextParams::default()).unwrap();
         let mut logits = ctx.eval(&prompt, false).unwrap();
         let mut got = Vec::new();
         for _ in 0..want.len() {
-            assert!(logits.iter().all(|x| x.is_finite()), "{}: {name}: non-finite logits", dev.name());
+            assert!(
+                logits.iter().all(|x| x.is_finite()),
+                "{}: {name}: non-finite logits",
+                dev.name()
+            );
             let t = argmax(&logits) as u32;
             got.push(t);
             logits = ctx.eval(&[t], false).unwrap();
         }
         let matched = got.iter().zip(want).take_while(|(a, b)| a == b).count();
-        println!("{}: {name}: matched {matched}/{} tokens; first near-tie at step {tie}", dev.name(), want.len());
-        assert!(matched >= tie, "{}: {name}: diverged at step {matched}, before the first near-tie at {tie}", dev.name());
+        println!(
+            "{}: {name}: matched {matched}/{} tokens; first near-tie at step {tie}",
+            dev.name(),
+            want.len()
+        );
+        assert!(
+            matched >= tie,
+            "{}: {name}: diverged at step {matched}, before the first near-tie at {tie}",
+            dev.name()
+        );
     }
 }

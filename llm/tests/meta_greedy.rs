@@ -19,24 +19,41 @@ use common::*;
 const STEPS: usize = 16;
 
 fn meta(ratios: &[f64], precise: bool) -> Arc<dyn Device> {
-    let parts: Vec<Arc<dyn Device>> =
-        ratios.iter().map(|_| Arc::new(CpuDevice::new().with_precise(precise)) as Arc<dyn Device>).collect();
+    let parts: Vec<Arc<dyn Device>> = ratios
+        .iter()
+        .map(|_| Arc::new(CpuDevice::new().with_precise(precise)) as Arc<dyn Device>)
+        .collect();
     Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device"))
 }
 
 fn load(dev: Arc<dyn Device>) -> tessera::Result<Arc<Model>> {
-    Ok(Arc::new(Model::load(model_path(), dev, Arc::new(CpuDevice::new()), &mut |_, _| {})?))
+    Ok(Arc::new(Model::load(
+        model_path(),
+        dev,
+        Arc::new(CpuDevice::new()),
+        &mut |_, _| {},
+    )?))
 }
 
 /// Greedy tokens and the logits before each.
 fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut ctx = Context::new(model.clone(), ContextParams { n_ctx: 256, ..ContextParams::default() }).unwrap();
+    let mut ctx = Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: 256,
+            ..ContextParams::default()
+        },
+    )
+    .unwrap();
     let mut logits = ctx.eval(prompt, false).unwrap();
     let (mut toks, mut all) = (Vec::new(), Vec::new());
     for _ in 0..steps {
         let t = argmax(&logits) as u32;
         toks.push(t);
-        all.push(std::mem::replace(&mut logits, ctx.eval(&[t], false).unwrap()));
+        all.push(std::mem::replace(
+            &mut logits,
+            ctx.eval(&[t], false).unwrap(),
+        ));
     }
     (toks, all)
 }
@@ -44,12 +61,21 @@ fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Ve
 /// The gap between the largest and the second largest logit.
 fn margin(logits: &[f32]) -> f32 {
     let t = argmax(logits);
-    let second = logits.iter().enumerate().filter(|&(i, _)| i != t).map(|(_, &v)| v).fold(f32::MIN, f32::max);
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != t)
+        .map(|(_, &v)| v)
+        .fold(f32::MIN, f32::max);
     logits[t] - second
 }
 
 fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    let num: f64 = want.iter().zip(got).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let num: f64 = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
     num / want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
 }
 
@@ -60,7 +86,10 @@ fn meta_devices_of_cpus_generate_the_cpus_tokens() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| ["raw_count", "raw_list", "raw_france", "chat_capital"].contains(&p["name"].as_str().unwrap()))
+        .filter(|p| {
+            ["raw_count", "raw_list", "raw_france", "chat_capital"]
+                .contains(&p["name"].as_str().unwrap())
+        })
         .collect();
     assert_eq!(prompts.len(), 4);
     let cpu = cpu_model();
@@ -75,13 +104,21 @@ fn meta_devices_of_cpus_generate_the_cpus_tokens() {
     for ratios in [vec![0.7, 0.3], vec![0.5, 0.3, 0.2], vec![0.6, 0.4, 0.0]] {
         let model = load(meta(&ratios, false)).unwrap();
         let sh = model.sharding().expect("a sharded model");
-        println!("{}: KV heads {:?}, ffn rows {:?}", model.device().name(), sh.kv_heads(), sh.ffn_rows());
+        println!(
+            "{}: KV heads {:?}, ffn rows {:?}",
+            model.device().name(),
+            sh.kv_heads(),
+            sh.ffn_rows()
+        );
         for (p, (toks, tie)) in prompts.iter().zip(&want) {
             let (got, _) = greedy(&model, &ids(&p["prompt_ids"]), STEPS);
             let matched = got.iter().zip(toks).take_while(|(a, b)| a == b).count();
             let name = p["name"].as_str().unwrap();
             println!("  {ratios:?} {name}: matched {matched}/{STEPS}, first near-tie at {tie}");
-            assert!(matched >= *tie, "{ratios:?} {name}: diverged at step {matched} before the near-tie at {tie}");
+            assert!(
+                matched >= *tie,
+                "{ratios:?} {name}: diverged at step {matched} before the near-tie at {tie}"
+            );
         }
     }
 }
@@ -101,7 +138,10 @@ fn precise_meta_logits_match_the_precise_cpu() {
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
             let e = nmse(w, g);
             println!("{ratios:?} step {i}: logits nmse {e:.1e}");
-            assert!(e < 1e-6, "{ratios:?} step {i}: logits differ from the CPU's (nmse {e:e})");
+            assert!(
+                e < 1e-6,
+                "{ratios:?} step {i}: logits differ from the CPU's (nmse {e:e})"
+            );
         }
     }
 }
@@ -111,7 +151,10 @@ fn heads_that_cannot_be_divided_are_refused() {
     // Three KV heads over four parts that all ask for work.
     let e = load(meta(&[0.25; 4], false)).err().expect("the load fails");
     let msg = e.to_string();
-    assert!(msg.contains("3 KV heads") && msg.contains("ratio 0"), "{msg}");
+    assert!(
+        msg.contains("3 KV heads") && msg.contains("ratio 0"),
+        "{msg}"
+    );
 }
 
 /// A CPU and a wgpu adapter (lavapipe in CI) as one meta device; skipped, saying so, when the
@@ -125,17 +168,31 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
     let r = reference("smollm2-greedy.json");
     let cpu = cpu_model();
     let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
-    let model = load(Arc::new(MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap())).unwrap();
+    let model = load(Arc::new(
+        MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap(),
+    ))
+    .unwrap();
     // Software Vulkan is slow: two short prompts, a few steps.
     const N: usize = 6;
-    for p in r["prompts"].as_array().unwrap().iter().filter(|p| ["raw_france", "raw_list"].contains(&p["name"].as_str().unwrap())) {
+    for p in r["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| ["raw_france", "raw_list"].contains(&p["name"].as_str().unwrap()))
+    {
         let prompt = ids(&p["prompt_ids"]);
         let (toks, logits) = greedy(&cpu, &prompt, N);
         let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(N);
         let (got, _) = greedy(&model, &prompt, N);
         let matched = got.iter().zip(&toks).take_while(|(a, b)| a == b).count();
         let name = p["name"].as_str().unwrap();
-        println!("  {} {name}: matched {matched}/{N}, first near-tie at {tie}", model.device().name());
-        assert!(matched >= tie, "{name}: diverged at step {matched} before the near-tie at {tie}");
+        println!(
+            "  {} {name}: matched {matched}/{N}, first near-tie at {tie}",
+            model.device().name()
+        );
+        assert!(
+            matched >= tie,
+            "{name}: diverged at step {matched} before the near-tie at {tie}"
+        );
     }
 }

@@ -17,7 +17,10 @@ fn greedy_generation_matches_llama_cpp_to_the_first_near_tie() {
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["generated_ids"]);
         let steps = p["steps"].as_array().unwrap();
-        let tie = steps.iter().position(|s| s["margin_top1_top2"].as_f64().unwrap() < 0.5).unwrap_or(steps.len());
+        let tie = steps
+            .iter()
+            .position(|s| s["margin_top1_top2"].as_f64().unwrap() < 0.5)
+            .unwrap_or(steps.len());
         let mut ctx = Context::new(model.clone(), ContextParams::default()).unwrap();
         let mut logits = ctx.eval(&prompt, false).unwrap();
         let mut got = Vec::new();
@@ -27,7 +30,13 @@ fn greedy_generation_matches_llama_cpp_to_the_first_near_tie() {
             logits = ctx.eval(&[t], false).unwrap();
         }
         let matched = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        println!("{name}: matched {matched}/{} tokens; first near-tie at step {tie}", want.len());
-        assert!(matched >= tie, "{name}: diverged at step {matched}, before the first near-tie at {tie}");
+        println!(
+            "{name}: matched {matched}/{} tokens; first near-tie at step {tie}",
+            want.len()
+        );
+        assert!(
+            matched >= tie,
+            "{name}: diverged at step {matched}, before the first near-tie at {tie}"
+        );
     }
 }

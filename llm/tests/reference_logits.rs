@@ -24,16 +24,36 @@ struct Closeness {
 }
 
 /// Checks every prompt against llama.cpp; returns per prompt how close to the f64 pass it is.
-fn check_against_llama_cpp(model: &Arc<Model>, kv_type: DType, mode: &str) -> Vec<(String, Closeness)> {
+fn check_against_llama_cpp(
+    model: &Arc<Model>,
+    kv_type: DType,
+    mode: &str,
+) -> Vec<(String, Closeness)> {
     let llama = reference("smollm2-logits.json");
     let f64ref = reference("smollm2-logits-numpy-f64.json");
     let n_vocab = model.config.n_vocab;
     let mut out = Vec::new();
-    for (p, fp) in llama["prompts"].as_array().unwrap().iter().zip(f64ref["prompts"].as_array().unwrap()) {
+    for (p, fp) in llama["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(f64ref["prompts"].as_array().unwrap())
+    {
         let name = p["name"].as_str().unwrap();
         let ids = ids(&p["token_ids"]);
-        assert_eq!(ids, common::ids(&fp["token_ids"]), "{name}: both references use one prompt");
-        let mut ctx = Context::new(model.clone(), ContextParams { kv_type, ..ContextParams::default() }).unwrap();
+        assert_eq!(
+            ids,
+            common::ids(&fp["token_ids"]),
+            "{name}: both references use one prompt"
+        );
+        let mut ctx = Context::new(
+            model.clone(),
+            ContextParams {
+                kv_type,
+                ..ContextParams::default()
+            },
+        )
+        .unwrap();
         let logits = ctx.eval(&ids, true).unwrap();
         assert_eq!(logits.len(), ids.len() * n_vocab);
 
@@ -47,13 +67,22 @@ fn check_against_llama_cpp(model: &Arc<Model>, kv_type: DType, mode: &str) -> Ve
             let top_ids = common::ids(&lp["top_ids"]);
             let top = floats(&lp["top_logits"]);
             if top[0] - top[1] > 0.5 {
-                assert_eq!(argmax(ours) as u32, top_ids[0], "{mode} {name} pos {pos}: top-1 differs from llama.cpp's (lead {})", top[0] - top[1]);
+                assert_eq!(
+                    argmax(ours) as u32,
+                    top_ids[0],
+                    "{mode} {name} pos {pos}: top-1 differs from llama.cpp's (lead {})",
+                    top[0] - top[1]
+                );
                 top1_checked += 1;
             }
             for (&id, &l) in top_ids.iter().zip(&top) {
                 let d = (ours[id as usize] - l).abs();
                 max_diff_llama = max_diff_llama.max(d);
-                assert!(d <= 2.5, "{mode} {name} pos {pos}: logit of {id} is {} vs llama.cpp {l}", ours[id as usize]);
+                assert!(
+                    d <= 2.5,
+                    "{mode} {name} pos {pos}: logit of {id} is {} vs llama.cpp {l}",
+                    ours[id as usize]
+                );
             }
             let f_ids = common::ids(&fpos["top_ids"]);
             let f_top = floats(&fpos["top_logits"]);
@@ -69,7 +98,9 @@ fn check_against_llama_cpp(model: &Arc<Model>, kv_type: DType, mode: &str) -> Ve
             agree_f64,
             max_diff_f64,
             llama_agree: cmp["top1_agree_positions"].as_u64().unwrap() as usize,
-            llama_diff: cmp["max_abs_diff_on_llamacpp_top20_all_positions"].as_f64().unwrap() as f32,
+            llama_diff: cmp["max_abs_diff_on_llamacpp_top20_all_positions"]
+                .as_f64()
+                .unwrap() as f32,
         };
         println!(
             "{mode} {name}: {} positions; top-1 = llama.cpp's at all {top1_checked} clear positions; max |d| on llama.cpp's top-20 {max_diff_llama:.3}; \
@@ -95,19 +126,47 @@ fn default_mode_matches_llama_cpp() {
 fn precise_mode_matches_llama_cpp_and_is_closer_to_the_f64_pass() {
     let model = precise_model();
     for (name, c) in check_against_llama_cpp(&model, DType::F32, "precise") {
-        assert!(c.agree_f64 >= c.llama_agree, "{name}: top-1 agreement with the f64 pass {} < llama.cpp's {}", c.agree_f64, c.llama_agree);
-        assert!(c.max_diff_f64 <= c.llama_diff, "{name}: largest top-20 difference from the f64 pass {} > llama.cpp's {}", c.max_diff_f64, c.llama_diff);
+        assert!(
+            c.agree_f64 >= c.llama_agree,
+            "{name}: top-1 agreement with the f64 pass {} < llama.cpp's {}",
+            c.agree_f64,
+            c.llama_agree
+        );
+        assert!(
+            c.max_diff_f64 <= c.llama_diff,
+            "{name}: largest top-20 difference from the f64 pass {} > llama.cpp's {}",
+            c.max_diff_f64,
+            c.llama_diff
+        );
     }
     let f64ref = reference("smollm2-logits-numpy-f64.json");
     for fp in f64ref["prompts"].as_array().unwrap() {
         let name = fp["name"].as_str().unwrap();
         let ids = ids(&fp["token_ids"]);
-        let mut ctx = Context::new(model.clone(), ContextParams { kv_type: DType::F32, ..ContextParams::default() }).unwrap();
+        let mut ctx = Context::new(
+            model.clone(),
+            ContextParams {
+                kv_type: DType::F32,
+                ..ContextParams::default()
+            },
+        )
+        .unwrap();
         let ours = ctx.eval(&ids, false).unwrap();
         let want = floats(&fp["last_position_full_logits"]);
-        assert_eq!((ours.len(), want.len()), (model.config.n_vocab, model.config.n_vocab), "{name}: full logit vectors");
-        let max = ours.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert_eq!(
+            (ours.len(), want.len()),
+            (model.config.n_vocab, model.config.n_vocab),
+            "{name}: full logit vectors"
+        );
+        let max = ours
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         println!("precise {name}: last-position max |ours - f64| = {max:.6}");
-        assert!(max <= 0.05, "{name}: precise logits differ from the f64 pass by {max}");
+        assert!(
+            max <= 0.05,
+            "{name}: precise logits differ from the f64 pass by {max}"
+        );
     }
 }

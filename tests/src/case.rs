@@ -67,11 +67,21 @@ impl Tolerance {
         };
         let step: f64 = 2.0 / f64::powf(2.0, bits);
         let one_step = step * step / (0.25 * n.max(1) as f64);
-        let k_type = matches!(dtype, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K);
+        let k_type = matches!(
+            dtype,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K
+        );
         // (capped at 2e-4: for the coarsest types an eighth of the noise would hide a whole
         // sub-block with a wrong scale)
-        let nmse = if k_type { (step * step / 4.0 / 8.0).min(2e-4).max(one_step) } else { 4.0 * one_step };
-        Tolerance::Quantized { nmse, max_abs: 1.5 * step }
+        let nmse = if k_type {
+            (step * step / 4.0 / 8.0).min(2e-4).max(one_step)
+        } else {
+            4.0 * one_step
+        };
+        Tolerance::Quantized {
+            nmse,
+            max_abs: 1.5 * step,
+        }
     }
 }
 
@@ -90,7 +100,10 @@ impl Default for CaseGraph {
 impl CaseGraph {
     /// An empty graph.
     pub fn new() -> Self {
-        CaseGraph { graph: Graph::new(), inits: HashMap::new() }
+        CaseGraph {
+            graph: Graph::new(),
+            inits: HashMap::new(),
+        }
     }
 
     /// A leaf of uniform values in [-1, 1).
@@ -107,7 +120,10 @@ impl CaseGraph {
 
     /// How leaf `id` is filled (uniform in [-1, 1) unless the case said otherwise).
     pub fn init(&self, id: TensorId) -> Init {
-        self.inits.get(&id).copied().unwrap_or(Init::Uniform(-1.0, 1.0))
+        self.inits
+            .get(&id)
+            .copied()
+            .unwrap_or(Init::Uniform(-1.0, 1.0))
     }
 
     /// The finished graph.

@@ -19,37 +19,61 @@ fn inf_or_max(v: f64) -> bool {
 /// Compares `out` (device under test) with `reference` under `tol`.
 pub(crate) fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Comparison {
     if reference.len() != out.len() {
-        let failure = Some(format!("{} values, the reference has {}", out.len(), reference.len()));
-        return Comparison { nmse: f64::INFINITY, failure };
+        let failure = Some(format!(
+            "{} values, the reference has {}",
+            out.len(),
+            reference.len()
+        ));
+        return Comparison {
+            nmse: f64::INFINITY,
+            failure,
+        };
     }
     let (mut err, mut norm) = (0.0, 0.0);
     for (i, (&r, &o)) in reference.iter().zip(out).enumerate() {
         if r.is_nan() || o.is_nan() {
             let failure = Some(format!("NaN at index {i} (out {o}, reference {r})"));
-            return Comparison { nmse: f64::NAN, failure };
+            return Comparison {
+                nmse: f64::NAN,
+                failure,
+            };
         }
         if inf_or_max(r) || inf_or_max(o) {
             if !(inf_or_max(r) && inf_or_max(o) && r.is_sign_negative() == o.is_sign_negative()) {
-                let failure = Some(format!("inf mismatch at index {i} (out {o}, reference {r})"));
-                return Comparison { nmse: f64::INFINITY, failure };
+                let failure = Some(format!(
+                    "inf mismatch at index {i} (out {o}, reference {r})"
+                ));
+                return Comparison {
+                    nmse: f64::INFINITY,
+                    failure,
+                };
             }
             continue;
         }
         if tol == Tolerance::Exact && r != o {
             let failure = Some(format!("value {i} differs (out {o}, reference {r})"));
-            return Comparison { nmse: nmse(reference, out), failure };
+            return Comparison {
+                nmse: nmse(reference, out),
+                failure,
+            };
         }
         if let Tolerance::Quantized { max_abs, .. } = tol {
             if (r - o).abs() > max_abs {
-                let failure = Some(format!("value {i} differs by more than {max_abs:.3e} (out {o}, reference {r})"));
-                return Comparison { nmse: nmse(reference, out), failure };
+                let failure = Some(format!(
+                    "value {i} differs by more than {max_abs:.3e} (out {o}, reference {r})"
+                ));
+                return Comparison {
+                    nmse: nmse(reference, out),
+                    failure,
+                };
             }
         }
         err += (r - o) * (r - o);
         norm += r * r;
     }
     let nmse = if err == 0.0 { 0.0 } else { err / norm };
-    let failure = (nmse > tol.threshold()).then(|| format!("NMSE {nmse:.3e} > {:.3e}", tol.threshold()));
+    let failure =
+        (nmse > tol.threshold()).then(|| format!("NMSE {nmse:.3e} > {:.3e}", tol.threshold()));
     Comparison { nmse, failure }
 }
 
@@ -79,11 +103,25 @@ mod tests {
         assert!(compare(&[1.0, 2.0], &[1.0, 2.0], t).failure.is_none());
         assert!(compare(&[1.0, 2.0], &[1.0, f64::NAN], t).failure.is_some());
         assert!(compare(&[f64::NAN], &[f64::NAN], t).failure.is_some());
-        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[f64::NEG_INFINITY, 1.0], t).failure.is_none());
-        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[f32::MIN as f64, 1.0], t).failure.is_none());
-        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[f64::INFINITY, 1.0], t).failure.is_some());
-        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[0.0, 1.0], t).failure.is_some());
-        assert!(compare(&[1.0, 2.0], &[1.0, 2.0 + 1e-9], Tolerance::Exact).failure.is_some());
+        assert!(
+            compare(&[f64::NEG_INFINITY, 1.0], &[f64::NEG_INFINITY, 1.0], t)
+                .failure
+                .is_none()
+        );
+        assert!(
+            compare(&[f64::NEG_INFINITY, 1.0], &[f32::MIN as f64, 1.0], t)
+                .failure
+                .is_none()
+        );
+        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[f64::INFINITY, 1.0], t)
+            .failure
+            .is_some());
+        assert!(compare(&[f64::NEG_INFINITY, 1.0], &[0.0, 1.0], t)
+            .failure
+            .is_some());
+        assert!(compare(&[1.0, 2.0], &[1.0, 2.0 + 1e-9], Tolerance::Exact)
+            .failure
+            .is_some());
         assert!(compare(&[1.0, 2.0], &[1.0, 2.1], t).failure.is_some());
         assert!(compare(&[1.0], &[1.0, 2.0], t).failure.is_some());
     }

@@ -79,7 +79,9 @@ pub(crate) fn is_computed(graph: &Graph, id: TensorId) -> bool {
 
 /// Builds the case on `device`: checks support, lays out and fills the buffer.
 pub(crate) fn prepare(device: &dyn Device, case: &Case, seed: u64) -> Result<Prepared, Stop> {
-    let (cg, out) = case.build().map_err(|e| Stop::Fail(format!("building the graph: {e}")))?;
+    let (cg, out) = case
+        .build()
+        .map_err(|e| Stop::Fail(format!("building the graph: {e}")))?;
     let nodes: Vec<TensorId> = cg.ids().collect();
     for &id in &nodes {
         if is_computed(&cg, id) && !device.supports_op(&cg, id) {
@@ -114,27 +116,49 @@ pub(crate) fn prepare(device: &dyn Device, case: &Case, seed: u64) -> Result<Pre
         let offset = align_up(end, align);
         let len = t.nbytes();
         let before = if t.op == Op::None {
-            cg.init(id).bytes(t, &mut rng).map_err(|e| Stop::Fail(format!("filling {}: {e}", cg.label(id))))?
+            cg.init(id)
+                .bytes(t, &mut rng)
+                .map_err(|e| Stop::Fail(format!("filling {}: {e}", cg.label(id))))?
         } else {
             vec![POISON; len]
         };
         end = offset + len + SENTINEL;
-        slots.push(Slot { id, offset, len, before, written: written[id.index()] });
+        slots.push(Slot {
+            id,
+            offset,
+            len,
+            before,
+            written: written[id.index()],
+        });
     }
     let size = align_up(end, align);
     let mut image: Vec<u8> = (0..size).map(sentinel_byte).collect();
     for s in &slots {
         image[s.offset..s.offset + s.len].copy_from_slice(&s.before);
     }
-    let buffer = bt.alloc(size).map_err(|e| Stop::from_error("allocating", e))?;
-    buffer.set(0, &image).map_err(|e| Stop::from_error("writing inputs", e))?;
+    let buffer = bt
+        .alloc(size)
+        .map_err(|e| Stop::from_error("allocating", e))?;
+    buffer
+        .set(0, &image)
+        .map_err(|e| Stop::from_error("writing inputs", e))?;
     let mut graph = cg.into_graph();
     for s in &slots {
-        graph.bind(s.id, buffer.clone(), s.offset).map_err(|e| Stop::Fail(format!("binding: {e}")))?;
+        graph
+            .bind(s.id, buffer.clone(), s.offset)
+            .map_err(|e| Stop::Fail(format!("binding: {e}")))?;
     }
     let covered = view_coverage(&graph, out);
     let out = graph.root(out).0;
-    Ok(Prepared { graph, nodes, out, buffer, slots, image, covered })
+    Ok(Prepared {
+        graph,
+        nodes,
+        out,
+        buffer,
+        slots,
+        image,
+        covered,
+    })
 }
 
 /// For a result that is a view into its root: the root's bytes its elements cover.
@@ -145,7 +169,11 @@ fn view_coverage(graph: &Graph, id: TensorId) -> Option<Vec<bool>> {
     }
     let t = graph.get(id);
     let mut covered = vec![false; graph.get(root).nbytes()];
-    let (n0, width) = if t.dtype.is_quantized() { (1, t.row_bytes()) } else { (t.ne[0], t.dtype.type_size()) };
+    let (n0, width) = if t.dtype.is_quantized() {
+        (1, t.row_bytes())
+    } else {
+        (t.ne[0], t.dtype.type_size())
+    };
     for i3 in 0..t.ne[3] {
         for i2 in 0..t.ne[2] {
             for i1 in 0..t.ne[1] {
@@ -162,30 +190,47 @@ fn view_coverage(graph: &Graph, id: TensorId) -> Option<Vec<bool>> {
 
 /// Opens a backend on `device`.
 pub(crate) fn backend(device: &dyn Device) -> Result<Box<dyn Backend>, Stop> {
-    device.new_backend().map_err(|e| Stop::from_error("opening a backend", e))
+    device
+        .new_backend()
+        .map_err(|e| Stop::from_error("opening a backend", e))
 }
 
 /// Computes the whole graph once and waits for it.
 pub(crate) fn run(backend: &mut dyn Backend, p: &Prepared) -> Result<(), Stop> {
-    backend.compute(&p.graph, &p.nodes).map_err(|e| Stop::from_error("compute", e))?;
-    backend.synchronize().map_err(|e| Stop::from_error("synchronize", e))
+    backend
+        .compute(&p.graph, &p.nodes)
+        .map_err(|e| Stop::from_error("compute", e))?;
+    backend
+        .synchronize()
+        .map_err(|e| Stop::from_error("synchronize", e))
 }
 
 /// Reads the buffer back, checks that nothing outside the written tensors changed, and returns
 /// the compared tensor's values.
 pub(crate) fn collect(p: &Prepared) -> Result<Vec<f64>, Stop> {
     let mut after = vec![0u8; p.image.len()];
-    p.buffer.get(0, &mut after).map_err(|e| Stop::from_error("reading back", e))?;
+    p.buffer
+        .get(0, &mut after)
+        .map_err(|e| Stop::from_error("reading back", e))?;
     let mut covered = 0;
     for s in &p.slots {
         if let Some(i) = first_difference(&p.image[covered..s.offset], &after[covered..s.offset]) {
-            return Err(Stop::Fail(format!("write outside every tensor at byte {}", covered + i)));
+            return Err(Stop::Fail(format!(
+                "write outside every tensor at byte {}",
+                covered + i
+            )));
         }
         if !s.written && after[s.offset..s.offset + s.len] != s.before[..] {
-            return Err(Stop::Fail(format!("input '{}' was modified", p.graph.label(s.id))));
+            return Err(Stop::Fail(format!(
+                "input '{}' was modified",
+                p.graph.label(s.id)
+            )));
         }
         let tail = s.offset + s.len;
-        if let Some(i) = first_difference(&p.image[tail..tail + SENTINEL], &after[tail..tail + SENTINEL]) {
+        if let Some(i) = first_difference(
+            &p.image[tail..tail + SENTINEL],
+            &after[tail..tail + SENTINEL],
+        ) {
             return Err(Stop::Fail(format!(
                 "write past the end of '{}' (sentinel byte {i} changed)",
                 p.graph.label(s.id)
@@ -194,9 +239,16 @@ pub(crate) fn collect(p: &Prepared) -> Result<Vec<f64>, Stop> {
         covered = tail;
     }
     if let Some(i) = first_difference(&p.image[covered..], &after[covered..]) {
-        return Err(Stop::Fail(format!("write past the last tensor at byte {}", covered + i)));
+        return Err(Stop::Fail(format!(
+            "write past the last tensor at byte {}",
+            covered + i
+        )));
     }
-    let slot = p.slots.iter().find(|s| s.id == p.out).ok_or_else(|| Stop::Fail("no output slot".into()))?;
+    let slot = p
+        .slots
+        .iter()
+        .find(|s| s.id == p.out)
+        .ok_or_else(|| Stop::Fail("no output slot".into()))?;
     if let Some(covered) = &p.covered {
         let now = &after[slot.offset..slot.offset + slot.len];
         if let Some(i) = (0..slot.len).find(|&i| !covered[i] && now[i] != slot.before[i]) {
@@ -206,8 +258,11 @@ pub(crate) fn collect(p: &Prepared) -> Result<Vec<f64>, Stop> {
             )));
         }
     }
-    tensor_io::read(p.graph.get(p.out), &after[slot.offset..slot.offset + slot.len])
-        .map_err(|e| Stop::Fail(format!("reading the output: {e}")))
+    tensor_io::read(
+        p.graph.get(p.out),
+        &after[slot.offset..slot.offset + slot.len],
+    )
+    .map_err(|e| Stop::Fail(format!("reading the output: {e}")))
 }
 
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {

@@ -25,7 +25,10 @@ impl Filter {
 
     /// Every case of these comma-separated ops (`"MUL_MAT,add"`).
     pub fn ops(list: &str) -> Filter {
-        Filter { ops: split(list).map(|s| s.to_ascii_uppercase()).collect(), ..Filter::default() }
+        Filter {
+            ops: split(list).map(|s| s.to_ascii_uppercase()).collect(),
+            ..Filter::default()
+        }
     }
 
     /// Adds comma-separated type names (`"q4_0,f16"`); an unknown name is an error.
@@ -58,16 +61,30 @@ mod tests {
     fn filters_select_by_op_type_name_and_size() {
         let all = cases();
         let mm = Filter::ops("mul_mat");
-        assert!(all.iter().filter(|c| mm.matches(c)).all(|c| c.op() == "MUL_MAT"));
-        let q = Filter::ops("MUL_MAT,GET_ROWS").with_types("q4_K").expect("a known type");
+        assert!(all
+            .iter()
+            .filter(|c| mm.matches(c))
+            .all(|c| c.op() == "MUL_MAT"));
+        let q = Filter::ops("MUL_MAT,GET_ROWS")
+            .with_types("q4_K")
+            .expect("a known type");
         let picked: Vec<_> = all.iter().filter(|c| q.matches(c)).collect();
         assert!(picked.len() > 10);
         assert!(picked.iter().all(|c| c.types().contains(&DType::Q4_K)));
         assert!(Filter::all().with_types("q9_9").is_err());
-        let small = Filter { skip_large: true, ..Filter::all() };
+        let small = Filter {
+            skip_large: true,
+            ..Filter::all()
+        };
         let large = all.iter().filter(|c| !small.matches(c)).count();
         assert!((5..=30).contains(&large), "{large} large cases");
-        let named = Filter { name: "n=67".into(), ..Filter::ops("MUL_MAT") };
-        assert!(all.iter().filter(|c| named.matches(c)).all(|c| c.name().contains("n=67")));
+        let named = Filter {
+            name: "n=67".into(),
+            ..Filter::ops("MUL_MAT")
+        };
+        assert!(all
+            .iter()
+            .filter(|c| named.matches(c))
+            .all(|c| c.name().contains("n=67")));
     }
 }

@@ -48,14 +48,20 @@ impl Init {
         let integer = matches!(dtype, DType::I32 | DType::I64);
         match self {
             Init::Uniform(lo, hi) if integer => {
-                let (lo, hi) = (lo.floor() as i64, (hi.ceil() as i64).max(lo.floor() as i64 + 1));
-                row.iter_mut().for_each(|v| *v = rng.gen_range(lo..hi) as f64);
+                let (lo, hi) = (
+                    lo.floor() as i64,
+                    (hi.ceil() as i64).max(lo.floor() as i64 + 1),
+                );
+                row.iter_mut()
+                    .for_each(|v| *v = rng.gen_range(lo..hi) as f64);
             }
             Init::Uniform(lo, hi) => {
                 let (lo, hi) = (lo as f64, (hi as f64).max(lo as f64 + f64::EPSILON));
                 row.iter_mut().for_each(|v| *v = rng.gen_range(lo..hi));
             }
-            Init::Indices(n) => row.iter_mut().for_each(|v| *v = rng.gen_range(0..n.max(1)) as f64),
+            Init::Indices(n) => row
+                .iter_mut()
+                .for_each(|v| *v = rng.gen_range(0..n.max(1)) as f64),
             Init::UniqueIndices(n) => {
                 let mut all: Vec<usize> = (0..n.max(row.len())).collect();
                 all.shuffle(rng);

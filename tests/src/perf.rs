@@ -34,7 +34,11 @@ impl std::fmt::Display for PerfResult {
         if let Some(why) = &self.skipped {
             return write!(f, "  {}: skipped ({why})", self.name);
         }
-        write!(f, "  {}: {} runs, {:.2} us/run, {:.2} GB/s", self.name, self.runs, self.us_per_run, self.gb_per_s)?;
+        write!(
+            f,
+            "  {}: {} runs, {:.2} us/run, {:.2} GB/s",
+            self.name, self.runs, self.us_per_run, self.gb_per_s
+        )?;
         if let Some(g) = self.gflop_per_s {
             write!(f, ", {g:.2} GFLOP/s")?;
         }
@@ -44,7 +48,11 @@ impl std::fmt::Display for PerfResult {
 
 /// Times the perf table ([`perf_cases()`]) cases that `filter` selects on `device`, calling
 /// `on_result` after each.
-pub fn perf(device: &Arc<dyn Device>, filter: &Filter, on_result: &mut dyn FnMut(&PerfResult)) -> Vec<PerfResult> {
+pub fn perf(
+    device: &Arc<dyn Device>,
+    filter: &Filter,
+    on_result: &mut dyn FnMut(&PerfResult),
+) -> Vec<PerfResult> {
     let mut out = Vec::new();
     for case in perf_cases().iter().filter(|c| filter.matches(c)) {
         let mut r = PerfResult {
@@ -79,10 +87,13 @@ fn time_case(device: &dyn Device, case: &crate::Case) -> Result<(usize, Duration
     let start = Instant::now();
     run(b.as_mut(), &p)?; // warm-up, and the first estimate
     let first = start.elapsed().max(Duration::from_micros(1));
-    let runs = (TARGET.as_secs_f64() / first.as_secs_f64()).ceil().clamp(1.0, 1e6) as usize;
+    let runs = (TARGET.as_secs_f64() / first.as_secs_f64())
+        .ceil()
+        .clamp(1.0, 1e6) as usize;
     let start = Instant::now();
     for _ in 0..runs {
-        b.compute(&p.graph, &p.nodes).map_err(|e| Stop::Fail(e.to_string()))?;
+        b.compute(&p.graph, &p.nodes)
+            .map_err(|e| Stop::Fail(e.to_string()))?;
     }
     b.synchronize().map_err(|e| Stop::Fail(e.to_string()))?;
     Ok((runs, start.elapsed() / runs as u32, bytes_moved(&p.graph)))

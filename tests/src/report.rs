@@ -91,12 +91,19 @@ impl Summary {
 
     /// The failed cases.
     pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
-        self.results.iter().filter(|r| matches!(r.status, Status::Failed(_)))
+        self.results
+            .iter()
+            .filter(|r| matches!(r.status, Status::Failed(_)))
     }
 
     /// The last line: `N passed, M failed, K skipped`.
     pub fn totals(&self) -> String {
-        format!("{} passed, {} failed, {} skipped", self.passed(), self.failed(), self.skipped())
+        format!(
+            "{} passed, {} failed, {} skipped",
+            self.passed(),
+            self.failed(),
+            self.skipped()
+        )
     }
 }
 

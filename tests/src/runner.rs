@@ -42,7 +42,10 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { filter: Filter::all(), seed: 42 }
+        Options {
+            filter: Filter::all(),
+            seed: 42,
+        }
     }
 }
 
@@ -86,7 +89,11 @@ pub fn test_cases(
 /// reference, every other device against the CPU (or the f64 reference when there is no CPU).
 /// A backend without devices gives a [`Summary::absent`] naming it. Software devices skip the
 /// large cases.
-pub fn test_registry(registry: &Registry, options: &Options, on_result: &mut dyn FnMut(&CaseResult)) -> Vec<Summary> {
+pub fn test_registry(
+    registry: &Registry,
+    options: &Options,
+    on_result: &mut dyn FnMut(&CaseResult),
+) -> Vec<Summary> {
     let cpu = registry.find("cpu").ok();
     let mut out = Vec::new();
     for b in registry.backends() {
@@ -116,15 +123,22 @@ pub fn test_registry(registry: &Registry, options: &Options, on_result: &mut dyn
 
 /// FNV-1a of a case name: the per-case part of the seed.
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn run_case(case: &Case, device: &dyn Device, reference: &dyn Device, seed: u64) -> CaseResult {
     let name = case.name();
     let seed = seed ^ name_hash(&name);
     let tol = case.tolerance();
-    let mut result =
-        CaseResult { name, op: case.op().to_string(), status: Status::Passed, nmse: None, threshold: tol.threshold() };
+    let mut result = CaseResult {
+        name,
+        op: case.op().to_string(),
+        status: Status::Passed,
+        nmse: None,
+        threshold: tol.threshold(),
+    };
     let out = match execute(device, case, seed) {
         Ok(v) => v,
         Err(stop) => {

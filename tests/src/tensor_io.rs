@@ -23,10 +23,15 @@ fn for_rows(t: &Tensor, mut f: impl FnMut(usize, usize, usize, usize) -> Result<
 }
 
 fn slice<'a>(bytes: &'a [u8], at: usize, len: usize, t: &Tensor) -> Result<&'a [u8]> {
-    bytes.get(at..at + len).ok_or_else(|| Error::Invalid(format!(
-        "{} tensor {:?} reads bytes {at}..{} of a {}-byte span",
-        t.dtype, t.ne, at + len, bytes.len()
-    )))
+    bytes.get(at..at + len).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{} tensor {:?} reads bytes {at}..{} of a {}-byte span",
+            t.dtype,
+            t.ne,
+            at + len,
+            bytes.len()
+        ))
+    })
 }
 
 /// One plain (non-quantized) element at `bytes[0..]`.
@@ -45,7 +50,10 @@ pub(crate) fn read(t: &Tensor, bytes: &[u8]) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(t.nelements());
     if t.dtype.is_quantized() {
         if !t.rows_contiguous() {
-            return Err(Error::Invalid(format!("{} tensor with strided rows", t.dtype)));
+            return Err(Error::Invalid(format!(
+                "{} tensor with strided rows",
+                t.dtype
+            )));
         }
         let row_bytes = t.dtype.row_size(t.ne[0])?;
         let mut row = vec![0f32; t.ne[0]];
@@ -92,7 +100,11 @@ fn each<const N: usize>(values: &[f64], dst: &mut [u8], f: impl Fn(f64) -> [u8; 
 /// element 0); bytes between strided elements are left as they are.
 pub(crate) fn write(t: &Tensor, bytes: &mut [u8], values: &[f64]) -> Result<()> {
     if values.len() != t.nelements() {
-        return Err(Error::Invalid(format!("{} values for a {:?} tensor", values.len(), t.ne)));
+        return Err(Error::Invalid(format!(
+            "{} values for a {:?} tensor",
+            values.len(),
+            t.ne
+        )));
     }
     let n0 = t.ne[0];
     let size = t.dtype.type_size();
@@ -103,13 +115,17 @@ pub(crate) fn write(t: &Tensor, bytes: &mut [u8], values: &[f64]) -> Result<()> 
         k += n0;
         if t.dtype.is_quantized() || t.nb[0] == size {
             let len = bytes.len();
-            let dst = bytes.get_mut(at..at + row_bytes).ok_or_else(|| span_error(at + row_bytes, len))?;
+            let dst = bytes
+                .get_mut(at..at + row_bytes)
+                .ok_or_else(|| span_error(at + row_bytes, len))?;
             return encode_row(t.dtype, row, dst);
         }
         for (i0, &v) in row.iter().enumerate() {
             let p = at + i0 * t.nb[0];
             let len = bytes.len();
-            let dst = bytes.get_mut(p..p + size).ok_or_else(|| span_error(p + size, len))?;
+            let dst = bytes
+                .get_mut(p..p + size)
+                .ok_or_else(|| span_error(p + size, len))?;
             encode_row(t.dtype, &[v], dst)?;
         }
         Ok(())

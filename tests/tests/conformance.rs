@@ -13,7 +13,11 @@ fn cpu_matches_the_f64_reference() {
     let start = std::time::Instant::now();
     let summary = test(&cpu, &Reference::F64, &Options::default(), &mut |_| {});
     println!("{summary}");
-    println!("{} cases in {:.1} s", summary.results.len(), start.elapsed().as_secs_f64());
+    println!(
+        "{} cases in {:.1} s",
+        summary.results.len(),
+        start.elapsed().as_secs_f64()
+    );
     for f in summary.failures() {
         eprintln!("{f}");
     }
@@ -26,11 +30,17 @@ fn cpu_matches_the_f64_reference() {
 #[test]
 fn precise_cpu_mul_mat_matches_the_reference_closely() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new().with_precise(true));
-    let options = Options { filter: Filter::ops("MUL_MAT"), ..Options::default() };
+    let options = Options {
+        filter: Filter::ops("MUL_MAT"),
+        ..Options::default()
+    };
     let summary = test(&cpu, &Reference::F64, &options, &mut |_| {});
     for r in &summary.results {
         assert_eq!(r.status, Status::Passed, "{r}");
-        assert!(r.nmse.unwrap_or(1.0) < 1e-9, "precise mode is not precise: {r}");
+        assert!(
+            r.nmse.unwrap_or(1.0) < 1e-9,
+            "precise mode is not precise: {r}"
+        );
     }
 }
 
@@ -42,6 +52,12 @@ fn every_other_device_matches_the_cpu() {
             continue; // the test above
         }
         println!("{summary}");
-        assert_eq!(summary.failed(), 0, "{}: {}", summary.device, summary.totals());
+        assert_eq!(
+            summary.failed(),
+            0,
+            "{}: {}",
+            summary.device,
+            summary.totals()
+        );
     }
 }

@@ -6,8 +6,13 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use tessera_conformance::{test, CaseResult, Filter, Options, RefDevice, Reference, Status, Summary};
-use tessera_core::{Backend, Buffer, BufferType, DType, Device, DeviceKind, Error, Graph, Memory, Op, Result, TensorId};
+use tessera_conformance::{
+    test, CaseResult, Filter, Options, RefDevice, Reference, Status, Summary,
+};
+use tessera_core::{
+    Backend, Buffer, BufferType, DType, Device, DeviceKind, Error, Graph, Memory, Op, Result,
+    TensorId,
+};
 use tessera_cpu::CpuDevice;
 
 /// What the faulty device does wrong.
@@ -49,10 +54,14 @@ impl Device for Faulty {
         self.inner.buffer_type()
     }
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
-        Ok(Box::new(FaultyBackend { inner: self.inner.new_backend()?, fault: self.fault }))
+        Ok(Box::new(FaultyBackend {
+            inner: self.inner.new_backend()?,
+            fault: self.fault,
+        }))
     }
     fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
-        !(self.fault == Fault::NoMulMat && graph.get(id).op == Op::MulMat) && self.inner.supports_op(graph, id)
+        !(self.fault == Fault::NoMulMat && graph.get(id).op == Op::MulMat)
+            && self.inner.supports_op(graph, id)
     }
     fn can_use_buffer(&self, buffer: &dyn Buffer) -> bool {
         self.inner.can_use_buffer(buffer)
@@ -76,7 +85,10 @@ impl Backend for FaultyBackend {
         match self.fault {
             Fault::NoCompute => return Ok(()),
             Fault::ComputeUnsupported => {
-                return Err(Error::Unsupported { backend: "faulty".into(), what: "everything".into() })
+                return Err(Error::Unsupported {
+                    backend: "faulty".into(),
+                    what: "everything".into(),
+                })
             }
             _ => {}
         }
@@ -132,7 +144,10 @@ fn sample() -> Options {
     let mut filter =
         Filter::ops("ADD,MUL_MAT,SOFT_MAX,ARGMAX,CPY,GET_ROWS,SET_ROWS,ROPE,FLASH_ATTN_EXT,RMS_NORM,CONT,SUM,GELU");
     filter.skip_large = true;
-    Options { filter, ..Options::default() }
+    Options {
+        filter,
+        ..Options::default()
+    }
 }
 
 fn run(inner: Arc<dyn Device>, fault: Fault) -> Summary {
@@ -146,7 +161,11 @@ fn inners() -> Vec<Arc<dyn Device>> {
 
 /// Every case that ran must have failed, with a reason containing one of `why`.
 fn assert_all_fail(s: &Summary, why: &[&str]) {
-    assert!(s.results.len() > 100, "only {} cases sampled", s.results.len());
+    assert!(
+        s.results.len() > 100,
+        "only {} cases sampled",
+        s.results.len()
+    );
     let bad: Vec<&CaseResult> = s
         .results
         .iter()
@@ -155,13 +174,22 @@ fn assert_all_fail(s: &Summary, why: &[&str]) {
             _ => true,
         })
         .collect();
-    assert!(bad.is_empty(), "{} of {} cases did not fail as expected, e.g. {}", bad.len(), s.results.len(), bad[0]);
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases did not fail as expected, e.g. {}",
+        bad.len(),
+        s.results.len(),
+        bad[0]
+    );
 }
 
 #[test]
 fn a_corrupted_value_fails() {
     for inner in inners() {
-        assert_all_fail(&run(inner, Fault::CorruptOne), &["NMSE", "differs", "NaN", "inf"]);
+        assert_all_fail(
+            &run(inner, Fault::CorruptOne),
+            &["NMSE", "differs", "NaN", "inf"],
+        );
     }
 }
 
@@ -169,7 +197,10 @@ fn a_corrupted_value_fails() {
 fn a_write_past_a_tensor_fails() {
     for inner in inners() {
         // In a strided destination the byte past the view is in its root, between rows.
-        assert_all_fail(&run(inner, Fault::WritePast), &["past the end", "outside the destination view"]);
+        assert_all_fail(
+            &run(inner, Fault::WritePast),
+            &["past the end", "outside the destination view"],
+        );
     }
 }
 
@@ -192,7 +223,9 @@ fn unsupported_cases_are_skipped_never_passed() {
     let s = run(Arc::new(RefDevice), Fault::NoMulMat);
     for r in &s.results {
         match (&r.status, r.op.as_str()) {
-            (Status::Skipped(why), "MUL_MAT") => assert!(why.contains("does not support MUL_MAT"), "{r}"),
+            (Status::Skipped(why), "MUL_MAT") => {
+                assert!(why.contains("does not support MUL_MAT"), "{r}")
+            }
             (Status::Passed, op) => assert_ne!(op, "MUL_MAT", "{r}"),
             _ => panic!("unexpected {r}"),
         }

@@ -14,16 +14,26 @@ fn cpu() -> Arc<dyn Device> {
 
 fn meta(ratios: &[f64]) -> Arc<dyn Device> {
     let parts = ratios.iter().map(|_| cpu()).collect();
-    let m = MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device of CPUs");
+    let m = MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec()))
+        .expect("a meta device of CPUs");
     Arc::new(m.with_input_policy(InputPolicy::MostSplit))
 }
 
 fn conformance(ratios: &[f64]) -> Summary {
     let dev = meta(ratios);
     let start = std::time::Instant::now();
-    let summary = test(&dev, &Reference::Device(cpu()), &Options::default(), &mut |_| {});
+    let summary = test(
+        &dev,
+        &Reference::Device(cpu()),
+        &Options::default(),
+        &mut |_| {},
+    );
     println!("{summary}");
-    println!("{} cases in {:.1} s", summary.results.len(), start.elapsed().as_secs_f64());
+    println!(
+        "{} cases in {:.1} s",
+        summary.results.len(),
+        start.elapsed().as_secs_f64()
+    );
     for r in &summary.results {
         if let Status::Skipped(_) = r.status {
             println!("{r}");
@@ -55,7 +65,10 @@ use std::sync::Mutex;
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::meta::{check_plan, AxisSplit, Segment, ShardedTensor, SplitState};
 use tessera_core::quant::quantize_row;
-use tessera_core::{Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler, TensorId};
+use tessera_core::{
+    Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler,
+    TensorId,
+};
 
 /// Ops and shapes a part computed.
 type Log = Arc<Mutex<Vec<(String, [usize; 4])>>>;
@@ -106,7 +119,10 @@ impl Device for Recording {
         self.inner.buffer_type()
     }
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
-        Ok(Box::new(RecordingBackend { inner: self.inner.new_backend()?, log: self.log.clone() }))
+        Ok(Box::new(RecordingBackend {
+            inner: self.inner.new_backend()?,
+            log: self.log.clone(),
+        }))
     }
     fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
         self.inner.supports_op(graph, id)
@@ -121,9 +137,19 @@ impl Device for Recording {
 
 /// A meta device of recording CPU parts, and each part's log.
 fn recording_meta(ratios: &[f64]) -> (Arc<dyn Device>, Vec<Log>) {
-    let logs: Vec<_> = ratios.iter().map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-    let parts: Vec<Arc<dyn Device>> =
-        logs.iter().map(|l| Arc::new(Recording { inner: cpu(), log: l.clone() }) as Arc<dyn Device>).collect();
+    let logs: Vec<_> = ratios
+        .iter()
+        .map(|_| Arc::new(Mutex::new(Vec::new())))
+        .collect();
+    let parts: Vec<Arc<dyn Device>> = logs
+        .iter()
+        .map(|l| {
+            Arc::new(Recording {
+                inner: cpu(),
+                log: l.clone(),
+            }) as Arc<dyn Device>
+        })
+        .collect();
     let m = MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).unwrap();
     (Arc::new(m), logs)
 }
@@ -156,7 +182,12 @@ fn weight(dtype: DType, ne: [usize; 4], state: SplitState, seed: u32) -> W {
     for (r, out) in data.chunks_exact_mut(row).enumerate() {
         quantize_row(dtype, &v[r * ne[0]..(r + 1) * ne[0]], out).unwrap();
     }
-    W { dtype, ne, state, data }
+    W {
+        dtype,
+        ne,
+        state,
+        data,
+    }
 }
 
 /// Puts the weights on `dev`: a sharded buffer on a meta device, a plain one elsewhere.
@@ -172,7 +203,12 @@ fn place(dev: &Arc<dyn Device>, ws: &[W]) -> Result<(Arc<dyn Buffer>, Vec<usize>
             let specs: Vec<ShardedTensor> = ws
                 .iter()
                 .zip(&offs)
-                .map(|(w, &offset)| ShardedTensor { offset, dtype: w.dtype, ne: w.ne, state: w.state.clone() })
+                .map(|(w, &offset)| ShardedTensor {
+                    offset,
+                    dtype: w.dtype,
+                    ne: w.ne,
+                    state: w.state.clone(),
+                })
                 .collect();
             m.alloc_sharded(end, &specs)?
         }
@@ -202,7 +238,10 @@ fn eval(dev: &Arc<dyn Device>, ws: &[W], x_ne: &[usize], build: &BuildFn) -> Res
     let nodes: Vec<TensorId> = g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut g, &nodes)?;
-    let xv: Vec<u8> = values(x_ne.iter().product(), 99).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xv: Vec<u8> = values(x_ne.iter().product(), 99)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let xd = g.data_or_err(x)?;
     xd.buffer.set(xd.offset, &xv)?;
     let mut b = dev.new_backend()?;
@@ -215,14 +254,21 @@ fn eval(dev: &Arc<dyn Device>, ws: &[W], x_ne: &[usize], build: &BuildFn) -> Res
             let d = g.data_or_err(o)?;
             let mut bytes = vec![0u8; g.get(o).nbytes()];
             d.buffer.get(d.offset, &mut bytes)?;
-            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
         })
         .collect()
 }
 
 fn nmse(want: &[f32], got: &[f32]) -> f64 {
     assert_eq!(want.len(), got.len());
-    let num: f64 = want.iter().zip(got).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let num: f64 = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
     let den: f64 = want.iter().map(|a| (*a as f64).powi(2)).sum();
     num / den.max(1e-30)
 }
@@ -266,7 +312,11 @@ fn column_then_row_parallel_matches_the_cpu_and_computes_slices() {
         assert_close(&want, &got, 1e-10);
         // Part 1 computed its 32 hidden rows of the first mul_mat, and a full-shape partial of the second.
         let log = logs[1].lock().unwrap();
-        let mm: Vec<[usize; 4]> = log.iter().filter(|(op, _)| op == "MUL_MAT").map(|(_, ne)| *ne).collect();
+        let mm: Vec<[usize; 4]> = log
+            .iter()
+            .filter(|(op, _)| op == "MUL_MAT")
+            .map(|(_, ne)| *ne)
+            .collect();
         assert_eq!(mm[..2], [[32, 5, 1, 1], [64, 5, 1, 1]], "{dtype}: {mm:?}");
     }
 }
@@ -279,7 +329,10 @@ fn a_part_with_an_empty_slice_adds_nothing() {
     let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp).unwrap();
     assert_close(&want, &got, 1e-10);
     let log = logs[2].lock().unwrap();
-    assert!(!log.iter().any(|(op, _)| op == "MUL_MAT"), "the empty part ran a mul_mat: {log:?}");
+    assert!(
+        !log.iter().any(|(op, _)| op == "MUL_MAT"),
+        "the empty part ran a mul_mat: {log:?}"
+    );
 }
 
 #[test]
@@ -287,10 +340,26 @@ fn a_fused_qkv_weight_splits_each_segment() {
     // Q of 16 rows, K and V of 8: part 0 takes 12 of Q and 6 of K and of V.
     let seg = AxisSplit::with_segments(
         1,
-        vec![Segment { counts: vec![12, 4], repeat: 1 }, Segment { counts: vec![6, 2], repeat: 2 }],
+        vec![
+            Segment {
+                counts: vec![12, 4],
+                repeat: 1,
+            },
+            Segment {
+                counts: vec![6, 2],
+                repeat: 2,
+            },
+        ],
     )
     .unwrap();
-    let ws = || vec![weight(DType::F32, [32, 32, 1, 1], SplitState::Split(seg.clone()), 7)];
+    let ws = || {
+        vec![weight(
+            DType::F32,
+            [32, 32, 1, 1],
+            SplitState::Split(seg.clone()),
+            7,
+        )]
+    };
     let build = |g: &mut Graph, w: &[TensorId], x: TensorId| -> Result<Vec<TensorId>> {
         let qkv = g.mul_mat(w[0], x)?;
         let row = g.get(qkv).nb[1];
@@ -307,10 +376,18 @@ fn a_fused_qkv_weight_splits_each_segment() {
     let got = eval(&dev, &ws(), &[32, 4], &build).unwrap();
     assert_close(&want, &got, 0.0);
     let log = logs[1].lock().unwrap();
-    let shapes: Vec<(String, [usize; 4])> = log.iter().filter(|(op, _)| op != "MUL_MAT").cloned().collect();
+    let shapes: Vec<(String, [usize; 4])> = log
+        .iter()
+        .filter(|(op, _)| op != "MUL_MAT")
+        .cloned()
+        .collect();
     assert_eq!(
         shapes[..3],
-        [("SCALE".into(), [4, 4, 1, 1]), ("NEG".into(), [2, 4, 1, 1]), ("CONT".into(), [2, 4, 1, 1])]
+        [
+            ("SCALE".into(), [4, 4, 1, 1]),
+            ("NEG".into(), [2, 4, 1, 1]),
+            ("CONT".into(), [2, 4, 1, 1])
+        ]
     );
 }
 
@@ -342,7 +419,11 @@ trait CloneMeta {
 impl CloneMeta for dyn Device {
     /// The same meta device with the default (mirrored) input policy, as the model runner uses it.
     fn clone_meta(&self) -> Arc<dyn Device> {
-        Arc::new(MetaDevice::from_device(self).unwrap().with_input_policy(InputPolicy::Mirrored))
+        Arc::new(
+            MetaDevice::from_device(self)
+                .unwrap()
+                .with_input_policy(InputPolicy::Mirrored),
+        )
     }
 }
 
@@ -353,8 +434,15 @@ fn the_scheduler_runs_a_meta_device_and_checks_its_splits() {
     let ws = mlp_weights(&ratios, DType::Q8_0);
     let (buf, offs) = place(&dev, &ws).unwrap();
     let mut g = Graph::new();
-    let w: Vec<TensorId> =
-        ws.iter().zip(&offs).enumerate().map(|(i, (w, &o))| g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o).unwrap()).collect();
+    let w: Vec<TensorId> = ws
+        .iter()
+        .zip(&offs)
+        .enumerate()
+        .map(|(i, (w, &o))| {
+            g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)
+                .unwrap()
+        })
+        .collect();
     let x = g.input("x", DType::F32, &[64, 4]).unwrap();
     let outs = mlp(&mut g, &w, x).unwrap();
     g.set_output(outs[0]);
@@ -363,13 +451,19 @@ fn the_scheduler_runs_a_meta_device_and_checks_its_splits() {
     assert_eq!(plan.devices_used(), 1);
     check_plan(sched.devices(), &g, &plan).unwrap();
     let xd = g.data_or_err(x).unwrap();
-    let xv: Vec<u8> = values(256, 99).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xv: Vec<u8> = values(256, 99)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     xd.buffer.set(xd.offset, &xv).unwrap();
     sched.compute(&g, &plan).unwrap();
     let d = g.data_or_err(outs[0]).unwrap();
     let mut got = vec![0u8; 256 * 4];
     d.buffer.get(d.offset, &mut got).unwrap();
-    let got: Vec<f32> = got.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let got: Vec<f32> = got
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     let want = eval(&cpu(), &ws, &[64, 4], &mlp).unwrap();
     assert!(nmse(&want[0], &got) < 1e-10);
 }
@@ -379,8 +473,18 @@ fn sharded_buffers_scatter_and_gather_whole_tensors() {
     let dev = meta(&[0.5, 0.5]);
     let m = MetaDevice::from_device(dev.as_ref()).unwrap();
     let ws = [
-        weight(DType::Q4_0, [128, 3, 1, 1], SplitState::split(0, vec![96, 32]), 1),
-        weight(DType::F16, [4, 6, 2, 1], SplitState::split(2, vec![1, 1]), 2),
+        weight(
+            DType::Q4_0,
+            [128, 3, 1, 1],
+            SplitState::split(0, vec![96, 32]),
+            1,
+        ),
+        weight(
+            DType::F16,
+            [4, 6, 2, 1],
+            SplitState::split(2, vec![1, 1]),
+            2,
+        ),
         weight(DType::F32, [5, 3, 1, 1], SplitState::Mirrored, 3),
     ];
     let (buf, offs) = place(&dev, &ws).unwrap();
@@ -390,15 +494,43 @@ fn sharded_buffers_scatter_and_gather_whole_tensors() {
         assert_eq!(back, w.data);
     }
     // Part 1 holds one Q4_0 block per row of the first tensor.
-    let meta_buf = buf.as_any().downcast_ref::<tessera_core::meta::MetaBuffer>().unwrap();
+    let meta_buf = buf
+        .as_any()
+        .downcast_ref::<tessera_core::meta::MetaBuffer>()
+        .unwrap();
     assert!(meta_buf.part_buffers()[1].size() < meta_buf.part_buffers()[0].size());
     // Cutting a quantization block, a part count that does not match, overlapping tensors.
     let bad = |state: SplitState, ne: [usize; 4], dtype: DType| {
-        m.alloc_sharded(1 << 16, &[ShardedTensor { offset: 0, dtype, ne, state }]).err().map(|e| e.to_string())
+        m.alloc_sharded(
+            1 << 16,
+            &[ShardedTensor {
+                offset: 0,
+                dtype,
+                ne,
+                state,
+            }],
+        )
+        .err()
+        .map(|e| e.to_string())
     };
-    assert!(bad(SplitState::split(0, vec![80, 48]), [128, 3, 1, 1], DType::Q4_0).unwrap().contains("cut"));
-    assert!(bad(SplitState::split(1, vec![1, 1, 1]), [128, 3, 1, 1], DType::F32).is_some());
-    assert!(bad(SplitState::split(1, vec![1, 1]), [128, 3, 1, 1], DType::F32).unwrap().contains("add up"));
+    assert!(bad(
+        SplitState::split(0, vec![80, 48]),
+        [128, 3, 1, 1],
+        DType::Q4_0
+    )
+    .unwrap()
+    .contains("cut"));
+    assert!(bad(
+        SplitState::split(1, vec![1, 1, 1]),
+        [128, 3, 1, 1],
+        DType::F32
+    )
+    .is_some());
+    assert!(
+        bad(SplitState::split(1, vec![1, 1]), [128, 3, 1, 1], DType::F32)
+            .unwrap()
+            .contains("add up")
+    );
     // A partial write of a sharded tensor is refused.
     assert!(buf.set(offs[0], &ws[0].data[..10]).is_err());
 }
@@ -407,22 +539,42 @@ fn sharded_buffers_scatter_and_gather_whole_tensors() {
 fn bad_meta_specs_and_ratios_give_clear_errors() {
     let reg = tessera::registry();
     let e = tessera::device(&reg, "meta:cpu,nosuch:3").err().unwrap();
-    assert!(matches!(e, Error::NoSuchDevice(_)) && e.to_string().contains("nosuch:3"), "{e}");
+    assert!(
+        matches!(e, Error::NoSuchDevice(_)) && e.to_string().contains("nosuch:3"),
+        "{e}"
+    );
     let e = tessera::device(&reg, "meta:cpu,,cpu").err().unwrap();
     assert!(e.to_string().contains("empty part"), "{e}");
-    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, 0.3, 0.2])).err().unwrap();
-    assert!(e.to_string().contains("3 entries") && e.to_string().contains("2 parts"), "{e}");
-    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, -0.5])).err().unwrap();
+    let e = tessera::meta_device(
+        &reg,
+        "meta:cpu,cpu",
+        &SplitRatios::Given(vec![0.5, 0.3, 0.2]),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.to_string().contains("3 entries") && e.to_string().contains("2 parts"),
+        "{e}"
+    );
+    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, -0.5]))
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("negative"), "{e}");
     assert!(SplitRatios::parse("0.6,x").is_err());
     assert_eq!(SplitRatios::parse("auto").unwrap(), SplitRatios::Auto);
-    assert_eq!(SplitRatios::parse("3,1").unwrap(), SplitRatios::Given(vec![3.0, 1.0]));
+    assert_eq!(
+        SplitRatios::parse("3,1").unwrap(),
+        SplitRatios::Given(vec![3.0, 1.0])
+    );
     // Automatic ratios of two identical parts are even; a meta device lists its parts.
     let d = tessera::device(&reg, "meta:cpu,cpu").unwrap();
     assert_eq!(d.name(), "meta:cpu,cpu");
     assert_eq!(d.kind(), DeviceKind::Meta);
     assert_eq!(d.parts().len(), 2);
-    assert_eq!(MetaDevice::from_device(d.as_ref()).unwrap().ratios(), &[0.5, 0.5]);
+    assert_eq!(
+        MetaDevice::from_device(d.as_ref()).unwrap().ratios(),
+        &[0.5, 0.5]
+    );
 }
 
 /// A CPU and a wgpu adapter (lavapipe in CI) as one meta device; skipped, saying so, when the
@@ -451,12 +603,19 @@ fn partial_results_can_be_summed_in_bf16() {
     let ratios = [0.7, 0.3];
     let want = eval(&cpu(), &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
     let (dev, logs) = recording_meta(&ratios);
-    let dev: Arc<dyn Device> = Arc::new(MetaDevice::from_device(dev.as_ref()).unwrap().with_bf16_reduce(0));
+    let dev: Arc<dyn Device> = Arc::new(
+        MetaDevice::from_device(dev.as_ref())
+            .unwrap()
+            .with_bf16_reduce(0),
+    );
     let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
     // bf16 keeps 8 significant bits: about 4e-3 relative per value.
     assert_close(&want, &got, 1e-4);
     let e = nmse(&want[0], &got[0]);
     assert!(e > 0.0, "the bf16 path ran as f32");
     let log = logs[0].lock().unwrap();
-    assert!(log.iter().filter(|(op, _)| op == "CPY").count() >= 2, "no casts around the all-reduce: {log:?}");
+    assert!(
+        log.iter().filter(|(op, _)| op == "CPY").count() >= 2,
+        "no casts around the all-reduce: {log:?}"
+    );
 }

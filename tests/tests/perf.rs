@@ -9,7 +9,10 @@ use tessera_cpu::CpuDevice;
 #[test]
 fn perf_times_a_case() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let filter = Filter { name: "type_a=f32,type_b=f32,m=16,n=67,k=256,bs=[1,1]".into(), ..Filter::ops("MUL_MAT") };
+    let filter = Filter {
+        name: "type_a=f32,type_b=f32,m=16,n=67,k=256,bs=[1,1]".into(),
+        ..Filter::ops("MUL_MAT")
+    };
     let r = perf(&cpu, &filter, &mut |r| println!("{r}"));
     assert_eq!(r.len(), 1);
     assert!(r[0].skipped.is_none(), "{}", r[0]);
@@ -22,12 +25,26 @@ fn perf_times_a_case() {
 #[ignore]
 fn perf_benchmark_cases() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let filter = Filter { name: "m=4096".into(), ..Filter::ops("MUL_MAT") };
+    let filter = Filter {
+        name: "m=4096".into(),
+        ..Filter::ops("MUL_MAT")
+    };
     perf(&cpu, &filter, &mut |r| println!("{r}"));
-    let filter = Filter { name: "v=perf".into(), ..Filter::ops("RMS_NORM") };
+    let filter = Filter {
+        name: "v=perf".into(),
+        ..Filter::ops("RMS_NORM")
+    };
     perf(&cpu, &filter, &mut |r| println!("{r}"));
-    for (op, name) in [("SOFT_MAX", "ne=[4096,1,32,1]"), ("SOFT_MAX", "ne=[512,512,32,1]"), ("ROPE", "ne=[128,32,"), ("FLASH_ATTN_EXT", "kv=4096")] {
-        let filter = Filter { name: name.into(), ..Filter::ops(op) };
+    for (op, name) in [
+        ("SOFT_MAX", "ne=[4096,1,32,1]"),
+        ("SOFT_MAX", "ne=[512,512,32,1]"),
+        ("ROPE", "ne=[128,32,"),
+        ("FLASH_ATTN_EXT", "kv=4096"),
+    ] {
+        let filter = Filter {
+            name: name.into(),
+            ..Filter::ops(op)
+        };
         perf(&cpu, &filter, &mut |r| println!("{r}"));
     }
 }

@@ -69,7 +69,9 @@ impl Device for MockDevice {
         Arc::new(MockType)
     }
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
-        Ok(Box::new(MockBackend { inner: self.cpu.new_backend()? }))
+        Ok(Box::new(MockBackend {
+            inner: self.cpu.new_backend()?,
+        }))
     }
     fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
         !matches!(graph.get(id).op, Op::SoftMax { .. }) && self.cpu.supports_op(graph, id)
@@ -99,8 +101,14 @@ impl Backend for MockBackend {
                 if let Some(m) = mock {
                     g.get_mut(id).data = None;
                     g.bind(id, m.0.clone(), d.offset)?;
-                } else if nodes.iter().any(|&n| graph.get(n).src.iter().any(|&s| graph.root(s).0 == id)) {
-                    panic!("the scheduler gave the mock device a tensor in memory it cannot use: {}", graph.label(id));
+                } else if nodes
+                    .iter()
+                    .any(|&n| graph.get(n).src.iter().any(|&s| graph.root(s).0 == id))
+                {
+                    panic!(
+                        "the scheduler gave the mock device a tensor in memory it cannot use: {}",
+                        graph.label(id)
+                    );
                 }
             }
         }
@@ -129,10 +137,18 @@ fn build(w_buf: Arc<dyn Buffer>, b_buf: Arc<dyn Buffer>) -> (Graph, TensorId, Te
     (g, x, y)
 }
 
-fn run(devices: Vec<Arc<dyn Device>>, w_dev: &dyn Device, b_dev: &dyn Device) -> (Vec<f32>, usize, usize) {
-    let w: Vec<f32> = (0..128).map(|i| ((i * 37 % 29) as f32 - 14.0) / 10.0).collect();
+fn run(
+    devices: Vec<Arc<dyn Device>>,
+    w_dev: &dyn Device,
+    b_dev: &dyn Device,
+) -> (Vec<f32>, usize, usize) {
+    let w: Vec<f32> = (0..128)
+        .map(|i| ((i * 37 % 29) as f32 - 14.0) / 10.0)
+        .collect();
     let b: Vec<f32> = (0..8).map(|i| i as f32 / 7.0 - 0.5).collect();
-    let x: Vec<f32> = (0..48).map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0).collect();
+    let x: Vec<f32> = (0..48)
+        .map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0)
+        .collect();
     let wb = w_dev.buffer_type().alloc(512).unwrap();
     wb.set(0, &f32s(&w)).unwrap();
     let bb = b_dev.buffer_type().alloc(32).unwrap();
@@ -147,20 +163,31 @@ fn run(devices: Vec<Arc<dyn Device>>, w_dev: &dyn Device, b_dev: &dyn Device) ->
     let mut out = vec![0u8; 8 * 3 * 4];
     yd.buffer.get(yd.offset, &mut out).unwrap();
     let copies = plan.splits.iter().map(|s| s.copies.len()).sum();
-    (out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), plan.splits.len(), copies)
+    (
+        out.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        plan.splits.len(),
+        copies,
+    )
 }
 
 #[test]
 fn weights_decide_placement_and_copies_cross_devices() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let mock: Arc<dyn Device> = Arc::new(MockDevice {
+        cpu: CpuDevice::new(),
+    });
     let (want, splits, copies) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
     assert_eq!((splits, copies), (1, 0));
     // W on the mock device pulls mul_mat there (the input x is allocated there too); add reads
     // b from CPU memory, so it runs on the CPU and W x is copied out; soft_max, which the mock
     // lacks, stays there; scale returns to the preferred mock device.
     let (got, splits, copies) = run(vec![mock.clone(), cpu.clone()], mock.as_ref(), cpu.as_ref());
-    assert_eq!(splits, 3, "mock (mul_mat), cpu (add, soft_max), mock (scale)");
+    assert_eq!(
+        splits, 3,
+        "mock (mul_mat), cpu (add, soft_max), mock (scale)"
+    );
     assert_eq!(copies, 2, "W x to the CPU, the softmax back");
     assert_eq!(got, want, "the split run equals the CPU run bit for bit");
     let s: f32 = got[..8].iter().sum();
@@ -171,10 +198,19 @@ fn weights_decide_placement_and_copies_cross_devices() {
 fn an_op_the_device_lacks_falls_back_to_the_cpu() {
     // Everything on the mock device's memory, so only soft_max (which it lacks) leaves it.
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let mock: Arc<dyn Device> = Arc::new(MockDevice {
+        cpu: CpuDevice::new(),
+    });
     let (want, _, _) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
-    let (got, splits, copies) = run(vec![mock.clone(), cpu.clone()], mock.as_ref(), mock.as_ref());
-    assert_eq!(splits, 3, "mock (mul_mat, add), cpu (soft_max), mock (scale)");
+    let (got, splits, copies) = run(
+        vec![mock.clone(), cpu.clone()],
+        mock.as_ref(),
+        mock.as_ref(),
+    );
+    assert_eq!(
+        splits, 3,
+        "mock (mul_mat, add), cpu (soft_max), mock (scale)"
+    );
     assert_eq!(copies, 2, "h to the CPU, softmax back to the mock device");
     assert_eq!(got, want);
 }
@@ -182,7 +218,9 @@ fn an_op_the_device_lacks_falls_back_to_the_cpu() {
 #[test]
 fn an_op_no_device_can_run_where_its_memory_is_is_an_error() {
     // soft_max reads memory only the mock device can use, and only the mock device is given.
-    let mock: Arc<dyn Device> = Arc::new(MockDevice { cpu: CpuDevice::new() });
+    let mock: Arc<dyn Device> = Arc::new(MockDevice {
+        cpu: CpuDevice::new(),
+    });
     let wb = mock.buffer_type().alloc(512).unwrap();
     let bb = mock.buffer_type().alloc(32).unwrap();
     let (mut g, _, _) = build(wb, bb);

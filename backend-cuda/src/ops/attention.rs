@@ -19,30 +19,60 @@ const VEC_THREADS: usize = 256;
 const VEC_MIN_KEYS: usize = 256;
 
 /// Fused attention of q, k, v with an optional mask.
-pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: f32, softcap: f32) -> Result<()> {
+pub(super) fn flash_attn(
+    enc: &mut Encoder,
+    id: TensorId,
+    scale: f32,
+    max_bias: f32,
+    softcap: f32,
+) -> Result<()> {
     let t = enc.graph.get(id);
     let (q, k, v) = (t.src[0], t.src[1], t.src[2]);
     let (tq, tk, tv) = (enc.graph.get(q), enc.graph.get(k), enc.graph.get(v));
     let mask = t.src.get(3).copied();
     let (qa, ka, va, da) = (enc.arg(q)?, enc.arg(k)?, enc.arg(v)?, enc.arg(id)?);
     let (ma, mask_type) = match mask {
-        Some(m) => (enc.arg(m)?, if enc.graph.get(m).dtype == DType::F16 { 2 } else { 1 }),
+        Some(m) => (
+            enc.arg(m)?,
+            if enc.graph.get(m).dtype == DType::F16 {
+                2
+            } else {
+                1
+            },
+        ),
         None => (TArg::default(), 0),
     };
     let (d, dv) = (tq.ne[0], tv.ne[0]);
     let (heads, kv_heads) = (tq.ne[2], tk.ne[2]);
     let gqa = heads / kv_heads;
     let rows = tq.ne[1] * gqa;
-    let rpw = if rows <= 4 { 1 } else if rows <= 8 { 2 } else { 4 };
+    let rpw = if rows <= 4 {
+        1
+    } else if rows <= 8 {
+        2
+    } else {
+        4
+    };
     let qt = 4 * rpw;
     let tiles = rows.div_ceil(qt);
     let base_blocks = tiles * kv_heads * tq.ne[3];
     let nkv = tk.ne[1];
     // Split the keys when there are too few blocks to fill the GPU, keeping >= 4 tiles each.
     let target = 2 * enc.dev.sm_count as usize;
-    let nsplit = if base_blocks >= target { 1 } else { target.div_ceil(base_blocks).min(nkv.div_ceil(4 * KTILE)).clamp(1, 256) };
+    let nsplit = if base_blocks >= target {
+        1
+    } else {
+        target
+            .div_ceil(base_blocks)
+            .min(nkv.div_ceil(4 * KTILE))
+            .clamp(1, 256)
+    };
     let mut p = params(da, &[qa, ka, va, ma]);
-    p.f[0] = if softcap != 0.0 { scale / softcap } else { scale };
+    p.f[0] = if softcap != 0.0 {
+        scale / softcap
+    } else {
+        scale
+    };
     p.f[1] = softcap;
     let (m0, m1, nl) = alibi(max_bias, heads);
     p.f[2] = m0;
@@ -53,11 +83,23 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     p.i[4] = mask_type;
     // Rows aligned to four elements: K and V tiles load four elements at a time.
     let es = |t: DType| if t == DType::F16 { 2i64 } else { 4 };
-    let vec4 = |a: &TArg, t: DType| a.nb[0] == es(t) && a.ptr.is_multiple_of(4 * es(t) as u64) && a.nb[1..].iter().all(|&s| s % (4 * es(t)) == 0);
+    let vec4 = |a: &TArg, t: DType| {
+        a.nb[0] == es(t)
+            && a.ptr.is_multiple_of(4 * es(t) as u64)
+            && a.nb[1..].iter().all(|&s| s % (4 * es(t)) == 0)
+    };
     p.i[5] = i32::from(vec4(&ka, tk.dtype) && vec4(&va, tv.dtype));
     let rows_total = rows * kv_heads * tq.ne[3];
     if rows <= VEC_ROWS && p.i[5] == 1 && (8..=256).contains(&dv) && dv.is_power_of_two() {
-        return flash_attn_vec(enc, p, [tk.dtype, tv.dtype], [d, dv], base_blocks, nkv, rows_total);
+        return flash_attn_vec(
+            enc,
+            p,
+            [tk.dtype, tv.dtype],
+            [d, dv],
+            base_blocks,
+            nkv,
+            rows_total,
+        );
     }
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
@@ -67,30 +109,63 @@ pub(super) fn flash_attn(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: 
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
     if nsplit > 1 {
-        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [256, 1, 1], 0, p)?;
+        enc.launch(
+            "attention",
+            "fattn_combine",
+            [rows_total as u32, 1, 1],
+            [256, 1, 1],
+            0,
+            p,
+        )?;
     }
     Ok(())
 }
 
 /// The decoding kernel (fattn_vec): `p` as for fattn (split count set here), `types` of K and
 /// V, `dims` (d, dv), `blocks` without splitting, `nkv` keys, `rows_total` query rows in all.
-fn flash_attn_vec(enc: &mut Encoder, mut p: KParams, types: [DType; 2], dims: [usize; 2], blocks: usize, nkv: usize, rows_total: usize) -> Result<()> {
+fn flash_attn_vec(
+    enc: &mut Encoder,
+    mut p: KParams,
+    types: [DType; 2],
+    dims: [usize; 2],
+    blocks: usize,
+    nkv: usize,
+    rows_total: usize,
+) -> Result<()> {
     let [d, dv] = dims;
     // Enough splits to fill the GPU twice over, none shorter than VEC_MIN_KEYS keys, none
     // longer than VEC_KEYS.
     let fill = (2 * enc.dev.sm_count as usize).div_ceil(blocks.max(1));
-    let nsplit = fill.min(nkv.div_ceil(VEC_MIN_KEYS)).max(nkv.div_ceil(VEC_KEYS)).clamp(1, 256);
+    let nsplit = fill
+        .min(nkv.div_ceil(VEC_MIN_KEYS))
+        .max(nkv.div_ceil(VEC_KEYS))
+        .clamp(1, 256);
     let per_split = nkv.div_ceil(nsplit);
     p.i[2] = nsplit as i32;
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (dv + 2) * 4);
     }
-    let smem = 4 * (VEC_ROWS * d + VEC_ROWS * per_split + 2 * VEC_ROWS + VEC_THREADS / 32 * VEC_ROWS * dv);
+    let smem =
+        4 * (VEC_ROWS * d + VEC_ROWS * per_split + 2 * VEC_ROWS + VEC_THREADS / 32 * VEC_ROWS * dv);
     let name = format!("fattn_vec_{}_{}", types[0].name(), types[1].name());
     let grid = [1, blocks as u32, nsplit as u32];
-    enc.launch("attention", &name, grid, [VEC_THREADS as u32, 1, 1], smem as u32, p)?;
+    enc.launch(
+        "attention",
+        &name,
+        grid,
+        [VEC_THREADS as u32, 1, 1],
+        smem as u32,
+        p,
+    )?;
     if nsplit > 1 {
-        enc.launch("attention", "fattn_combine", [rows_total as u32, 1, 1], [256, 1, 1], 0, p)?;
+        enc.launch(
+            "attention",
+            "fattn_combine",
+            [rows_total as u32, 1, 1],
+            [256, 1, 1],
+            0,
+            p,
+        )?;
     }
     Ok(())
 }

@@ -8,14 +8,26 @@ use crate::cmd::{Cmd, TArg};
 
 /// Float types a quantized destination can be made from on the GPU.
 fn quantizable(d: DType) -> bool {
-    matches!(d, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
+    matches!(
+        d,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+    )
 }
 
 /// Quantized types the GPU can read.
 pub(super) fn dequantizable(d: DType) -> bool {
     matches!(
         d,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
     )
 }
 
@@ -55,13 +67,25 @@ pub(super) fn copy(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if s.dtype == t.dtype && s.is_contiguous() && t.is_contiguous() {
         let len = t.nbytes();
         if len > 0 && sa.ptr != da.ptr {
-            enc.cmds.push(Cmd::Copy { dst: da.ptr, src: sa.ptr, len });
+            enc.cmds.push(Cmd::Copy {
+                dst: da.ptr,
+                src: sa.ptr,
+                len,
+            });
         }
         return Ok(());
     }
     if s.dtype == t.dtype {
-        let (sa, da) = if s.dtype.is_quantized() { (as_bytes(s, sa), as_bytes(t, da)) } else { (sa, da) };
-        let size = if s.dtype.is_quantized() { 1 } else { s.dtype.type_size() };
+        let (sa, da) = if s.dtype.is_quantized() {
+            (as_bytes(s, sa), as_bytes(t, da))
+        } else {
+            (sa, da)
+        };
+        let size = if s.dtype.is_quantized() {
+            1
+        } else {
+            s.dtype.type_size()
+        };
         let mut p = params(da, &[sa]);
         p.i[0] = i32::from(sa.ne == da.ne);
         let name = format!("cpy_raw{size}");
@@ -70,14 +94,28 @@ pub(super) fn copy(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let mut p = params(da, &[sa]);
     p.i[0] = i32::from(same_shape);
     if s.dtype.is_float() && t.dtype.is_float() {
-        return launch_copy(enc, &format!("cpy_{}_{}", s.dtype.name(), t.dtype.name()), p);
+        return launch_copy(
+            enc,
+            &format!("cpy_{}_{}", s.dtype.name(), t.dtype.name()),
+            p,
+        );
     }
     if t.dtype.is_quantized() {
         let blocks = (t.nelements() / 32) as i64;
-        return enc.launch_flat("copy", &format!("quantize_{}_{}", t.dtype.name(), s.dtype.name()), blocks, p);
+        return enc.launch_flat(
+            "copy",
+            &format!("quantize_{}_{}", t.dtype.name(), s.dtype.name()),
+            blocks,
+            p,
+        );
     }
     // What is left (checked by `supported`): a quantized source into f32.
-    enc.launch_flat("copy", &format!("dequantize_{}", s.dtype.name()), (s.nelements() / 32) as i64, p)
+    enc.launch_flat(
+        "copy",
+        &format!("dequantize_{}", s.dtype.name()),
+        (s.nelements() / 32) as i64,
+        p,
+    )
 }
 
 /// Launches a cpy kernel: by coordinates over the destination when shapes match, else flat.
@@ -96,13 +134,22 @@ pub(super) fn to_contiguous(enc: &mut Encoder, src: TArg, from: DType, to: DType
     let n: i64 = src.ne.iter().product();
     let size = to.type_size() as i64;
     let ptr = enc.scratch((n * size) as usize);
-    let mut d = TArg { ptr, ne: src.ne, nb: [0; 4] };
+    let mut d = TArg {
+        ptr,
+        ne: src.ne,
+        nb: [0; 4],
+    };
     d.nb[0] = size;
     for i in 1..4 {
         d.nb[i] = d.nb[i - 1] * d.ne[i - 1];
     }
     let mut p = params(d, &[src]);
     p.i[0] = 1;
-    enc.launch_elems("copy", &format!("cpy_{}_{}", from.name(), to.name()), d.ne, p)?;
+    enc.launch_elems(
+        "copy",
+        &format!("cpy_{}_{}", from.name(), to.name()),
+        d.ne,
+        p,
+    )?;
     Ok(d)
 }

@@ -52,7 +52,11 @@ pub(super) fn binary(enc: &mut Encoder, id: TensorId, op: BinaryOp) -> Result<()
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
     };
-    let name = format!("binary_{}_{}", enc.graph.get(a).dtype.name(), enc.graph.get(b).dtype.name());
+    let name = format!(
+        "binary_{}_{}",
+        enc.graph.get(a).dtype.name(),
+        enc.graph.get(b).dtype.name()
+    );
     enc.launch_elems("binary", &name, d.ne, p)
 }
 

@@ -61,8 +61,12 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize
     let g = enc.graph;
     let r = nodes[i];
     let tr = g.get(r);
-    let Op::RmsNorm { eps } = tr.op else { return Ok(0) };
-    let Some(&m) = nodes.get(i + 1) else { return Ok(0) };
+    let Op::RmsNorm { eps } = tr.op else {
+        return Ok(0);
+    };
+    let Some(&m) = nodes.get(i + 1) else {
+        return Ok(0);
+    };
     let tm = g.get(m);
     if tm.op != Op::Binary(BinaryOp::Mul) || tm.src[0] != r || !enc.single_use(r) {
         return Ok(0);
@@ -83,7 +87,14 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize
     if let Some((qs, ds)) = q8 {
         p.aux[..2].copy_from_slice(&[qs, ds]);
     }
-    enc.launch("norm", "rms_norm_mul_f32", [rows, 1, 1], [super::norm::row_block(tr.ne[0] as i64), 1, 1], 0, p)?;
+    enc.launch(
+        "norm",
+        "rms_norm_mul_f32",
+        [rows, 1, 1],
+        [super::norm::row_block(tr.ne[0] as i64), 1, 1],
+        0,
+        p,
+    )?;
     if let Some(q) = q8 {
         enc.q8 = Some((m, q));
     }
@@ -115,9 +126,17 @@ fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Resul
 
 fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let g = enc.graph;
-    let (Some(&a), Some(&b), Some(&s)) = (nodes.get(i), nodes.get(i + 1), nodes.get(i + 2)) else { return Ok(0) };
+    let (Some(&a), Some(&b), Some(&s)) = (nodes.get(i), nodes.get(i + 1), nodes.get(i + 2)) else {
+        return Ok(0);
+    };
     let ts = g.get(s);
-    if ts.op != (Op::Glu { op: GluOp::Swiglu, swapped: false }) || ts.src.len() != 2 {
+    if ts.op
+        != (Op::Glu {
+            op: GluOp::Swiglu,
+            swapped: false,
+        })
+        || ts.src.len() != 2
+    {
         return Ok(0);
     }
     let (gate, up) = (ts.src[0], ts.src[1]);
@@ -125,12 +144,22 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
         return Ok(0);
     }
     let (tg, tu) = (g.get(gate), g.get(up));
-    if tg.op != Op::MulMat || tu.op != Op::MulMat || !enc.single_use(gate) || !enc.single_use(up) || tg.src[1] != tu.src[1] {
+    if tg.op != Op::MulMat
+        || tu.op != Op::MulMat
+        || !enc.single_use(gate)
+        || !enc.single_use(up)
+        || tg.src[1] != tu.src[1]
+    {
         return Ok(0);
     }
     let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), g.get(tg.src[1]));
     let one_token = x.ne[1] == 1 && x.ne[2] == 1 && x.ne[3] == 1 && wg.ne[2] == 1 && wg.ne[3] == 1;
-    if !one_token || wg.dtype != wu.dtype || wg.ne != wu.ne || !has_mmvq(wg.dtype) || ts.dtype != DType::F32 {
+    if !one_token
+        || wg.dtype != wu.dtype
+        || wg.ne != wu.ne
+        || !has_mmvq(wg.dtype)
+        || ts.dtype != DType::F32
+    {
         return Ok(0);
     }
     let (ga, ua) = (enc.arg(tg.src[0])?, enc.arg(tu.src[0])?);
@@ -142,15 +171,28 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let grid = (wg.ne[1] as u64).div_ceil(4) as u32;
-    enc.launch("mmvq", &format!("mmvq_glu_{}", wg.dtype.name()), [grid, 1, 1], [128, 1, 1], 0, p)?;
+    enc.launch(
+        "mmvq",
+        &format!("mmvq_glu_{}", wg.dtype.name()),
+        [grid, 1, 1],
+        [128, 1, 1],
+        0,
+        p,
+    )?;
     Ok(3)
 }
 
 fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let g = enc.graph;
-    let (Some(&m), Some(&a)) = (nodes.get(i), nodes.get(i + 1)) else { return Ok(0) };
+    let (Some(&m), Some(&a)) = (nodes.get(i), nodes.get(i + 1)) else {
+        return Ok(0);
+    };
     let (tm, ta) = (g.get(m), g.get(a));
-    if tm.op != Op::MulMat || ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 || !enc.single_use(m) {
+    if tm.op != Op::MulMat
+        || ta.op != Op::Binary(BinaryOp::Add)
+        || ta.src.len() != 2
+        || !enc.single_use(m)
+    {
         return Ok(0);
     }
     let r = if ta.src[1] == m { ta.src[0] } else { ta.src[1] };
@@ -158,7 +200,13 @@ fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
         return Ok(0);
     }
     let (tw, tx, tr) = (g.get(tm.src[0]), g.get(tm.src[1]), g.get(r));
-    if !tw.dtype.is_quantized() || tm.dtype != DType::F32 || ta.dtype != DType::F32 || tr.dtype != DType::F32 || tr.ne != tm.ne || ta.ne != tm.ne {
+    if !tw.dtype.is_quantized()
+        || tm.dtype != DType::F32
+        || ta.dtype != DType::F32
+        || tr.dtype != DType::F32
+        || tr.ne != tm.ne
+        || ta.ne != tm.ne
+    {
         return Ok(0);
     }
     let wa = enc.arg(tm.src[0])?;
@@ -191,7 +239,9 @@ fn one_token_mmvq(enc: &Encoder, m: TensorId) -> Result<Option<(TensorId, Tensor
 
 fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let g = enc.graph;
-    let Some((w0, x)) = one_token_mmvq(enc, nodes[i])? else { return Ok(0) };
+    let Some((w0, x)) = one_token_mmvq(enc, nodes[i])? else {
+        return Ok(0);
+    };
     let (qt, k) = (g.get(w0).dtype, g.get(w0).ne[0]);
     // Following mul_mats by the same vector, past views and leaves (which run nothing).
     let mut found = vec![(nodes[i], w0)];
@@ -218,7 +268,10 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
     let tx = g.get(x);
     let xa = enc.arg(x)?;
     let q8 = quantize_q8(enc, x, xa, tx.dtype)?;
-    let mut p = params(enc.arg(found[0].0)?, &[enc.arg(found[0].1)?, enc.arg(found[1].1)?]);
+    let mut p = params(
+        enc.arg(found[0].0)?,
+        &[enc.arg(found[0].1)?, enc.arg(found[1].1)?],
+    );
     p.t[4] = enc.arg(found[1].0)?;
     p.aux[0] = q8.0;
     p.aux[1] = q8.1;
@@ -232,7 +285,14 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[j] = r as i32;
         rows += r;
     }
-    enc.launch("mmvq", &format!("mmvq_multi_{}", qt.name()), [(rows as u64).div_ceil(4) as u32, 1, 1], [128, 1, 1], 0, p)?;
+    enc.launch(
+        "mmvq",
+        &format!("mmvq_multi_{}", qt.name()),
+        [(rows as u64).div_ceil(4) as u32, 1, 1],
+        [128, 1, 1],
+        0,
+        p,
+    )?;
     Ok(end - i)
 }
 
@@ -282,6 +342,11 @@ fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usiz
     let mut p = p0;
     p.t[3] = enc.arg(ts.src[2])?;
     let name = format!("rope_set_rows_{}_{}", cache.dtype.name(), idx.dtype.name());
-    enc.launch_elems("rope", &name, [tk.ne[0] as i64 / 2, tk.ne[1] as i64, tk.ne[2] as i64, 1], p)?;
+    enc.launch_elems(
+        "rope",
+        &name,
+        [tk.ne[0] as i64 / 2, tk.ne[1] as i64, tk.ne[2] as i64, 1],
+        p,
+    )?;
     Ok(j - i + 1)
 }

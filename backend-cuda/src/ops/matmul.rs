@@ -21,7 +21,17 @@ const DEQUANT_SLICE: usize = 64 << 20;
 
 /// Types with a mat-vec kernel.
 pub(super) fn has_mmvq(d: DType) -> bool {
-    matches!(d, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K)
+    matches!(
+        d,
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+    )
 }
 
 /// Whether mul_mat of these operands is implemented.
@@ -71,15 +81,27 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     }
     let ty = ta.dtype;
     let es = ty.type_size() as i64;
-    let b_ok = tb.dtype == ty && ba.nb[0] == es && ba.nb[1] >= ba.ne[0] * es && ba.nb[1..].iter().all(|&s| s % es == 0);
-    let bm = if b_ok { ba } else { to_contiguous(enc, ba, tb.dtype, ty)? };
+    let b_ok = tb.dtype == ty
+        && ba.nb[0] == es
+        && ba.nb[1] >= ba.ne[0] * es
+        && ba.nb[1..].iter().all(|&s| s % es == 0);
+    let bm = if b_ok {
+        ba
+    } else {
+        to_contiguous(enc, ba, tb.dtype, ty)?
+    };
     gemm(enc, gemm_type(ty), es, aa, bm, da)
 }
 
 /// Quantizes the columns of tensor `id` (at `b`, of type `bt`) into 8-bit blocks in scratch;
 /// returns (qs, ds) addresses. The blocks the previous mul_mat node made of the same tensor
 /// are reused ([`Encoder::q8`]).
-pub(super) fn quantize_q8(enc: &mut Encoder, id: TensorId, b: TArg, bt: DType) -> Result<(u64, u64)> {
+pub(super) fn quantize_q8(
+    enc: &mut Encoder,
+    id: TensorId,
+    b: TArg,
+    bt: DType,
+) -> Result<(u64, u64)> {
     if let Some((src, q8)) = enc.q8 {
         if src == id {
             return Ok(q8);
@@ -91,19 +113,37 @@ pub(super) fn quantize_q8(enc: &mut Encoder, id: TensorId, b: TArg, bt: DType) -
     let mut p = params(TArg::default(), &[b]);
     p.aux[..2].copy_from_slice(&[qs, ds]);
     let grid = (blocks as u64).div_ceil(8).min(u32::MAX as u64 / 2) as u32;
-    enc.launch("mmvq", &format!("quantize_q8_1_{}", bt.name()), [grid, 1, 1], [256, 1, 1], 0, p)?;
+    enc.launch(
+        "mmvq",
+        &format!("quantize_q8_1_{}", bt.name()),
+        [grid, 1, 1],
+        [256, 1, 1],
+        0,
+        p,
+    )?;
     enc.q8 = Some((id, (qs, ds)));
     Ok((qs, ds))
 }
 
 /// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec kernels.
 pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
-    (1..=8).contains(&b.ne[1]) && has_mmvq(a.dtype) && mmvq_aligned(a.dtype, aa) && b.ne[2] * b.ne[3] <= 65535
+    (1..=8).contains(&b.ne[1])
+        && has_mmvq(a.dtype)
+        && mmvq_aligned(a.dtype, aa)
+        && b.ne[2] * b.ne[3] <= 65535
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
 /// `residual` (F32, d's shape) when given.
-pub(super) fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64), n: usize, residual: Option<TArg>) -> Result<()> {
+pub(super) fn mmvq(
+    enc: &mut Encoder,
+    qt: DType,
+    a: TArg,
+    d: TArg,
+    q8: (u64, u64),
+    n: usize,
+    residual: Option<TArg>,
+) -> Result<()> {
     let mut p = params(d, &[a]);
     if let Some(r) = residual {
         p.t[2] = r;
@@ -114,7 +154,14 @@ pub(super) fn mmvq(enc: &mut Encoder, qt: DType, a: TArg, d: TArg, q8: (u64, u64
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
     let rows = a.ne[1] as u64;
     let grid = [rows.div_ceil(4) as u32, (d.ne[2] * d.ne[3]) as u32, 1];
-    enc.launch("mmvq", &format!("mmvq_{}_{n}", qt.name()), grid, [128, 1, 1], 0, p)
+    enc.launch(
+        "mmvq",
+        &format!("mmvq_{}_{n}", qt.name()),
+        grid,
+        [128, 1, 1],
+        0,
+        p,
+    )
 }
 
 /// One or more cuBLAS GEMMs computing `d = a^T b` for all batches (a and b of one element
@@ -172,7 +219,9 @@ fn dequant_gemm(enc: &mut Encoder, qt: DType, a: TArg, b: TArg, bt: DType, d: TA
     let bh = to_contiguous(enc, b, bt, DType::F16)?;
     let (k, m) = (a.ne[0], a.ne[1]);
     let (r2, r3) = (d.ne[2] / a.ne[2], d.ne[3] / a.ne[3]);
-    let slice = ((DEQUANT_SLICE as i64 / (2 * k)).max(256) / 256 * 256).min(m).max(1);
+    let slice = ((DEQUANT_SLICE as i64 / (2 * k)).max(256) / 256 * 256)
+        .min(m)
+        .max(1);
     let wbuf = enc.scratch((slice * k * 2) as usize);
     let name = format!("dequant_f16_{}", qt.name());
     for i03 in 0..a.ne[3] {
@@ -183,7 +232,11 @@ fn dequant_gemm(enc: &mut Encoder, qt: DType, a: TArg, b: TArg, bt: DType, d: TA
                 let mut src = a;
                 src.ptr += (i02 * a.nb[2] + i03 * a.nb[3] + m0 * a.nb[1]) as u64;
                 src.ne = [k, rows, 1, 1];
-                let w = TArg { ptr: wbuf, ne: [k, rows, 1, 1], nb: [2, 2 * k, 2 * k * rows, 2 * k * rows] };
+                let w = TArg {
+                    ptr: wbuf,
+                    ne: [k, rows, 1, 1],
+                    nb: [2, 2 * k, 2 * k * rows, 2 * k * rows],
+                };
                 enc.launch_flat("matmul", &name, (k / 32) * rows, params(w, &[src]))?;
                 // Every src1 batch that uses this weight matrix: i2 in [i02 r2, (i02+1) r2),
                 // i3 in [i03 r3, (i03+1) r3); strided over i2 with the weights shared.

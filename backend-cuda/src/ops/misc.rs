@@ -12,7 +12,12 @@ pub(super) fn concat(enc: &mut Encoder, id: TensorId, dim: usize) -> Result<()> 
     let d = enc.arg(id)?;
     let mut p = params(d, &[enc.arg(t.src[0])?, enc.arg(t.src[1])?]);
     p.i[0] = dim as i32;
-    enc.launch_elems("shape", &format!("concat_raw{}", t.dtype.type_size()), d.ne, p)
+    enc.launch_elems(
+        "shape",
+        &format!("concat_raw{}", t.dtype.type_size()),
+        d.ne,
+        p,
+    )
 }
 
 /// src0 tiled.
@@ -20,7 +25,12 @@ pub(super) fn repeat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let t = enc.graph.get(id);
     let d = enc.arg(id)?;
     let p = params(d, &[enc.arg(t.src[0])?]);
-    enc.launch_elems("shape", &format!("repeat_raw{}", t.dtype.type_size()), d.ne, p)
+    enc.launch_elems(
+        "shape",
+        &format!("repeat_raw{}", t.dtype.type_size()),
+        d.ne,
+        p,
+    )
 }
 
 /// src0 padded with zeros.
@@ -56,7 +66,14 @@ pub(super) fn sum_rows(enc: &mut Encoder, id: TensorId, mean: bool) -> Result<()
     let mut p = params(enc.arg(id)?, &[s]);
     p.i[0] = i32::from(mean);
     let rows = (t.nrows() as u64).min(u32::MAX as u64) as u32;
-    enc.launch("reduce", "sum_rows_f32", [rows, 1, 1], [row_block(s.ne[0]), 1, 1], 0, p)
+    enc.launch(
+        "reduce",
+        "sum_rows_f32",
+        [rows, 1, 1],
+        [row_block(s.ne[0]), 1, 1],
+        0,
+        p,
+    )
 }
 
 /// The index of each row's largest value.
@@ -65,5 +82,12 @@ pub(super) fn argmax(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let s = enc.arg(t.src[0])?;
     let p = params(enc.arg(id)?, &[s]);
     let rows = s.ne[1].clamp(1, u32::MAX as i64) as u32;
-    enc.launch("reduce", "argmax_f32", [rows, 1, 1], [row_block(s.ne[0]), 1, 1], 0, p)
+    enc.launch(
+        "reduce",
+        "argmax_f32",
+        [rows, 1, 1],
+        [row_block(s.ne[0]), 1, 1],
+        0,
+        p,
+    )
 }

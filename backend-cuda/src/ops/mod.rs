@@ -47,9 +47,32 @@ pub(crate) struct Encoder<'a> {
 }
 
 impl<'a> Encoder<'a> {
-    pub(crate) fn new(dev: &'a DeviceShared, graph: &'a Graph, scratch_base: u64, scratch_cap: usize, tf32: bool, fuse: bool) -> Self {
-        let uses = if fuse { fused::use_counts(graph) } else { Vec::new() };
-        Encoder { dev, graph, cmds: Vec::new(), scratch_base, scratch_cap, node_scratch: 0, scratch_need: 0, tf32, fuse, uses, q8: None }
+    pub(crate) fn new(
+        dev: &'a DeviceShared,
+        graph: &'a Graph,
+        scratch_base: u64,
+        scratch_cap: usize,
+        tf32: bool,
+        fuse: bool,
+    ) -> Self {
+        let uses = if fuse {
+            fused::use_counts(graph)
+        } else {
+            Vec::new()
+        };
+        Encoder {
+            dev,
+            graph,
+            cmds: Vec::new(),
+            scratch_base,
+            scratch_cap,
+            node_scratch: 0,
+            scratch_need: 0,
+            tf32,
+            fuse,
+            uses,
+            q8: None,
+        }
     }
 
     /// Encodes `nodes` in order (fusing where it can).
@@ -83,20 +106,38 @@ impl<'a> Encoder<'a> {
     pub(crate) fn arg(&self, id: TensorId) -> Result<TArg> {
         let t = self.graph.get(id);
         let data = self.graph.data_or_err(id)?;
-        let buf = data.buffer.as_any().downcast_ref::<CudaBuffer>().filter(|b| b.ordinal() == self.dev.ordinal).ok_or_else(|| {
-            Error::Unsupported {
+        let buf = data
+            .buffer
+            .as_any()
+            .downcast_ref::<CudaBuffer>()
+            .filter(|b| b.ordinal() == self.dev.ordinal)
+            .ok_or_else(|| Error::Unsupported {
                 backend: self.dev.name.clone(),
-                what: format!("tensor '{}' in buffer {} (not memory of {})", self.graph.label(id), data.buffer.name(), self.dev.name),
-            }
-        })?;
-        let end = data.offset.checked_add(t.nbytes()).ok_or(Error::Overflow("tensor end"))?;
+                what: format!(
+                    "tensor '{}' in buffer {} (not memory of {})",
+                    self.graph.label(id),
+                    data.buffer.name(),
+                    self.dev.name
+                ),
+            })?;
+        let end = data
+            .offset
+            .checked_add(t.nbytes())
+            .ok_or(Error::Overflow("tensor end"))?;
         if end > data.buffer.size() {
             return Err(Error::Buffer {
                 buffer: data.buffer.name(),
-                reason: format!("tensor '{}' ends at byte {end}, past the buffer's {}", self.graph.label(id), data.buffer.size()),
+                reason: format!(
+                    "tensor '{}' ends at byte {end}, past the buffer's {}",
+                    self.graph.label(id),
+                    data.buffer.size()
+                ),
             });
         }
-        let mut a = TArg { ptr: buf.device_ptr() + data.offset as u64, ..TArg::default() };
+        let mut a = TArg {
+            ptr: buf.device_ptr() + data.offset as u64,
+            ..TArg::default()
+        };
         for d in 0..4 {
             a.ne[d] = t.ne[d] as i64;
             a.nb[d] = t.nb[d] as i64;
@@ -124,17 +165,38 @@ impl<'a> Encoder<'a> {
     }
 
     /// Queues a kernel launch.
-    pub(crate) fn launch(&mut self, file: &'static str, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, p: KParams) -> Result<()> {
+    pub(crate) fn launch(
+        &mut self,
+        file: &'static str,
+        name: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        p: KParams,
+    ) -> Result<()> {
         let (func, name) = self.dev.kernels.func(&self.dev.ctx, file, name)?;
         if smem > 48 * 1024 {
             self.dev.kernels.allow_smem(&self.dev.name, func, smem)?;
         }
-        self.cmds.push(Cmd::Kernel { func, name, grid, block, smem, p: Box::new(p) });
+        self.cmds.push(Cmd::Kernel {
+            func,
+            name,
+            grid,
+            block,
+            smem,
+            p: Box::new(p),
+        });
         Ok(())
     }
 
     /// Queues a kernel over the elements of `shape` (see FOR_EACH_ELEMENT in common.cuh).
-    pub(crate) fn launch_elems(&mut self, file: &'static str, name: &str, shape: [i64; 4], p: KParams) -> Result<()> {
+    pub(crate) fn launch_elems(
+        &mut self,
+        file: &'static str,
+        name: &str,
+        shape: [i64; 4],
+        p: KParams,
+    ) -> Result<()> {
         if shape.contains(&0) {
             return Ok(());
         }
@@ -148,7 +210,13 @@ impl<'a> Encoder<'a> {
     }
 
     /// Queues a kernel with a flat grid-stride loop over `n` items.
-    pub(crate) fn launch_flat(&mut self, file: &'static str, name: &str, n: i64, p: KParams) -> Result<()> {
+    pub(crate) fn launch_flat(
+        &mut self,
+        file: &'static str,
+        name: &str,
+        n: i64,
+        p: KParams,
+    ) -> Result<()> {
         if n <= 0 {
             return Ok(());
         }
@@ -159,7 +227,10 @@ impl<'a> Encoder<'a> {
     /// An [`Error::Unsupported`] for node `id`.
     pub(crate) fn unsupported(&self, id: TensorId, why: &str) -> Error {
         let t = self.graph.get(id);
-        Error::Unsupported { backend: self.dev.name.clone(), what: format!("{} of '{}': {why}", t.op.name(), self.graph.label(id)) }
+        Error::Unsupported {
+            backend: self.dev.name.clone(),
+            what: format!("{} of '{}': {why}", t.op.name(), self.graph.label(id)),
+        }
     }
 }
 
@@ -195,11 +266,19 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::SoftMax { scale, max_bias } => norm::soft_max(enc, id, scale, max_bias),
         Op::DiagMaskInf(n) => norm::diag_mask_inf(enc, id, n),
         Op::Rope(p) => rope::rope(enc, id, &p),
-        Op::FlashAttnExt { scale, max_bias, logit_softcap } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap),
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            logit_softcap,
+        } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap),
         Op::Concat(dim) => misc::concat(enc, id, dim),
         Op::Repeat => misc::repeat(enc, id),
         Op::Pad(_) => misc::pad(enc, id),
-        Op::Arange { start, stop: _, step } => misc::arange(enc, id, start, step),
+        Op::Arange {
+            start,
+            stop: _,
+            step,
+        } => misc::arange(enc, id, start, step),
         Op::Sum => misc::sum(enc, id),
         Op::SumRows => misc::sum_rows(enc, id, false),
         Op::Mean => misc::sum_rows(enc, id, true),
@@ -227,13 +306,22 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
             (Some(a), Some(b)) => matmul::supported(a, b),
             _ => false,
         },
-        Op::RmsNorm { .. } | Op::Norm { .. } | Op::SoftMax { .. } | Op::DiagMaskInf(_) => t.dtype == DType::F32,
+        Op::RmsNorm { .. } | Op::Norm { .. } | Op::SoftMax { .. } | Op::DiagMaskInf(_) => {
+            t.dtype == DType::F32
+        }
         Op::Rope(_) => matches!(t.dtype, DType::F32 | DType::F16),
         Op::FlashAttnExt { .. } => match (src(0), src(2)) {
-            (Some(q), Some(v)) => q.ne[0] <= 256 && v.ne[0] <= 256 && q.ne[0].is_multiple_of(4) && v.ne[0].is_multiple_of(4),
+            (Some(q), Some(v)) => {
+                q.ne[0] <= 256
+                    && v.ne[0] <= 256
+                    && q.ne[0].is_multiple_of(4)
+                    && v.ne[0].is_multiple_of(4)
+            }
             _ => false,
         },
-        Op::Concat(_) | Op::Repeat => matches!(t.dtype.type_size(), 2 | 4 | 8) && !t.dtype.is_quantized(),
+        Op::Concat(_) | Op::Repeat => {
+            matches!(t.dtype.type_size(), 2 | 4 | 8) && !t.dtype.is_quantized()
+        }
         Op::Pad(_) | Op::Arange { .. } | Op::SumRows | Op::Mean | Op::Argmax => true,
         Op::Sum => src(0).is_some_and(|a| a.dtype.is_float()),
     }

@@ -15,7 +15,13 @@ pub(super) fn row_block(n: i64) -> u32 {
     }
 }
 
-fn row_kernel(enc: &mut Encoder, id: TensorId, file: &'static str, name: &str, eps: f32) -> Result<()> {
+fn row_kernel(
+    enc: &mut Encoder,
+    id: TensorId,
+    file: &'static str,
+    name: &str,
+    eps: f32,
+) -> Result<()> {
     let t = enc.graph.get(id);
     let d = enc.arg(id)?;
     let s = enc.arg(t.src[0])?;
@@ -66,7 +72,14 @@ pub(super) fn soft_max(enc: &mut Encoder, id: TensorId, scale: f32, max_bias: f3
         _ => "soft_max_f32_mask_f32",
     };
     let rows = (t.nrows() as u64).min(u32::MAX as u64) as u32;
-    enc.launch("softmax", name, [rows, 1, 1], [row_block(s.ne[0]), 1, 1], 0, p)
+    enc.launch(
+        "softmax",
+        name,
+        [rows, 1, 1],
+        [row_block(s.ne[0]), 1, 1],
+        0,
+        p,
+    )
 }
 
 /// Elements above the diagonal shifted by n_past set to -inf.

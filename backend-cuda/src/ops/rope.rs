@@ -14,7 +14,12 @@ pub(super) fn rope(enc: &mut Encoder, id: TensorId, rp: &RopeParams) -> Result<(
 }
 
 /// The kernel parameters of a rope (shared with the fused rope + set_rows).
-pub(super) fn rope_params(d: crate::cmd::TArg, s: crate::cmd::TArg, pos: crate::cmd::TArg, rp: &RopeParams) -> crate::cmd::KParams {
+pub(super) fn rope_params(
+    d: crate::cmd::TArg,
+    s: crate::cmd::TArg,
+    pos: crate::cmd::TArg,
+    rp: &RopeParams,
+) -> crate::cmd::KParams {
     let mut p = params(d, &[s, pos]);
     p.f[0] = rp.freq_scale;
     p.f[1] = rp.freq_base.powf(-2.0 / rp.n_dims as f32);

@@ -13,7 +13,17 @@ pub(super) fn gettable(d: DType) -> bool {
 
 /// Destination types set_rows writes.
 pub(super) fn settable(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
+    matches!(
+        d,
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+    )
 }
 
 /// Rows of src0 at the indices in src1.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::dtype::DType;
 use tessera_core::quant::{dequantize_row, quantize_row};
-use tessera_core::{BackendReg, Backend, Device, Graph, TensorId};
+use tessera_core::{Backend, BackendReg, Device, Graph, TensorId};
 use tessera_cuda::{CudaBackend, CudaBackendReg, CudaDevice};
 
 /// The first CUDA device, or `None` after printing why the test is skipped.
@@ -35,7 +35,9 @@ pub fn cuda() -> Option<Arc<dyn Device>> {
 
 /// The concrete device behind a `dyn Device`.
 pub fn concrete(d: &Arc<dyn Device>) -> &CudaDevice {
-    d.as_any().downcast_ref::<CudaDevice>().expect("a CUDA device")
+    d.as_any()
+        .downcast_ref::<CudaDevice>()
+        .expect("a CUDA device")
 }
 
 /// A small deterministic random source (xorshift64*).
@@ -80,7 +82,9 @@ pub fn from_bytes(dtype: DType, b: &[u8], n: usize) -> Vec<f32> {
 
 /// i32 values from bytes.
 pub fn i32s(b: &[u8]) -> Vec<i32> {
-    b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// What the values of a tensor of `dtype` are after a round trip through it.
@@ -115,13 +119,24 @@ pub fn nmse(out: &[f32], reference: &[f32]) -> f64 {
 /// Asserts an error below a threshold, naming the case.
 pub fn check(name: &str, out: &[f32], reference: &[f32], max: f64) {
     let e = nmse(out, reference);
-    assert!(e <= max, "{name}: NMSE {e:e} > {max:e}\n  out[..8] {:?}\n  ref[..8] {:?}", &out[..out.len().min(8)], &reference[..reference.len().min(8)]);
+    assert!(
+        e <= max,
+        "{name}: NMSE {e:e} > {max:e}\n  out[..8] {:?}\n  ref[..8] {:?}",
+        &out[..out.len().min(8)],
+        &reference[..reference.len().min(8)]
+    );
     println!("ok {name}: NMSE {e:.2e}");
 }
 
 /// Runs every node of `g` on the device with the given input bytes and returns the bytes of
 /// each output (inputs must have been made with `Graph::input`).
-pub fn run(dev: &Arc<dyn Device>, be: &mut CudaBackend, g: &mut Graph, inputs: &[(TensorId, Vec<u8>)], outputs: &[TensorId]) -> Vec<Vec<u8>> {
+pub fn run(
+    dev: &Arc<dyn Device>,
+    be: &mut CudaBackend,
+    g: &mut Graph,
+    inputs: &[(TensorId, Vec<u8>)],
+    outputs: &[TensorId],
+) -> Vec<Vec<u8>> {
     for &o in outputs {
         g.set_output(o);
     }
@@ -185,7 +200,9 @@ impl Host {
     /// Every coordinate, in row-major order.
     pub fn coords(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
         (0..ne[3]).flat_map(move |i3| {
-            (0..ne[2]).flat_map(move |i2| (0..ne[1]).flat_map(move |i1| (0..ne[0]).map(move |i0| [i0, i1, i2, i3])))
+            (0..ne[2]).flat_map(move |i2| {
+                (0..ne[1]).flat_map(move |i1| (0..ne[0]).map(move |i0| [i0, i1, i2, i3]))
+            })
         })
     }
     /// ggml's permute: axis i moves to position axes[i].

@@ -58,7 +58,10 @@ impl GraphKey {
                 let t = g.get(id);
                 let data = t.data.as_ref().map(|d| {
                     let addr = Arc::as_ptr(&d.buffer) as *const u8 as usize;
-                    if !held.iter().any(|h| Arc::as_ptr(h) as *const u8 as usize == addr) {
+                    if !held
+                        .iter()
+                        .any(|h| Arc::as_ptr(h) as *const u8 as usize == addr)
+                    {
                         held.push(d.buffer.clone());
                     }
                     (addr, d.offset)
@@ -76,7 +79,11 @@ impl GraphKey {
                 }
             })
             .collect();
-        GraphKey { nodes: nodes.to_vec(), tensors, _held: held }
+        GraphKey {
+            nodes: nodes.to_vec(),
+            tensors,
+            _held: held,
+        }
     }
 
     fn matches(&self, g: &Graph, nodes: &[TensorId]) -> bool {
@@ -92,7 +99,10 @@ impl GraphKey {
                     && k.view_offset == t.view_offset
                     && k.flags == t.flags
                     && k.op == t.op
-                    && k.data == t.data.as_ref().map(|d| (Arc::as_ptr(&d.buffer) as *const u8 as usize, d.offset))
+                    && k.data
+                        == t.data
+                            .as_ref()
+                            .map(|d| (Arc::as_ptr(&d.buffer) as *const u8 as usize, d.offset))
             })
     }
 }
@@ -112,23 +122,45 @@ pub struct MetaBackend {
 
 impl MetaBackend {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<MetaBackend> {
-        let backends = shared.parts.iter().map(|d| d.new_backend()).collect::<Result<Vec<_>>>()?;
-        let allocators = shared.parts.iter().map(|d| GraphAllocator::new(d.buffer_type())).collect();
+        let backends = shared
+            .parts
+            .iter()
+            .map(|d| d.new_backend())
+            .collect::<Result<Vec<_>>>()?;
+        let allocators = shared
+            .parts
+            .iter()
+            .map(|d| GraphAllocator::new(d.buffer_type()))
+            .collect();
         let comm = match shared.parts.first() {
-            Some(first) if shared.parts.len() > 1 && shared.same_backend() => first.communicator(&shared.parts)?,
+            Some(first) if shared.parts.len() > 1 && shared.same_backend() => {
+                first.communicator(&shared.parts)?
+            }
             _ => None,
         };
         if let Some(c) = &comm {
             if c.size() != shared.parts.len() {
                 return Err(Error::Device {
                     device: shared.name.clone(),
-                    reason: format!("the communicator has {} ranks for {} parts", c.size(), shared.parts.len()),
+                    reason: format!(
+                        "the communicator has {} ranks for {} parts",
+                        c.size(),
+                        shared.parts.len()
+                    ),
                 });
             }
         }
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
-        Ok(MetaBackend { shared, order, backends, allocators, plans: Vec::new(), comm, host: HostReduce::default() })
+        Ok(MetaBackend {
+            shared,
+            order,
+            backends,
+            allocators,
+            plans: Vec::new(),
+            comm,
+            host: HostReduce::default(),
+        })
     }
 
     /// Whether all-reduces go through a backend communicator (NCCL, say) rather than the host.
@@ -141,7 +173,15 @@ impl MetaBackend {
             return Ok(i);
         }
         let s = &self.shared;
-        let plan = plan::build(graph, nodes, &mut self.allocators, s.policy, &s.ratios, s.bf16_above, &s.name)?;
+        let plan = plan::build(
+            graph,
+            nodes,
+            &mut self.allocators,
+            s.policy,
+            &s.ratios,
+            s.bf16_above,
+            &s.name,
+        )?;
         log::debug!(
             "{}: planned {} nodes in {} stages, {} uploads, {} gathers",
             s.name,
@@ -216,7 +256,15 @@ fn run(
                         for b in backends.iter_mut() {
                             b.synchronize()?;
                         }
-                        c.all_reduce(&bufs, item.count, if item.bf16 { ReduceType::BF16 } else { ReduceType::F32 })?;
+                        c.all_reduce(
+                            &bufs,
+                            item.count,
+                            if item.bf16 {
+                                ReduceType::BF16
+                            } else {
+                                ReduceType::F32
+                            },
+                        )?;
                     }
                     None => host.all_reduce(backends, &bufs, item.count, item.bf16)?,
                 }
@@ -305,7 +353,14 @@ impl Backend for MetaBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         let i = self.plan_index(graph, nodes)?;
-        let MetaBackend { plans, order, backends, comm, host, .. } = self;
+        let MetaBackend {
+            plans,
+            order,
+            backends,
+            comm,
+            host,
+            ..
+        } = self;
         run(&plans[i].1, graph, order, backends, comm, host)
     }
 

@@ -35,7 +35,11 @@ impl BufferType for MetaBufferType {
     }
 
     fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
-        Ok(Arc::new(MetaBuffer { name: self.name.clone(), size, kind: Kind::Staged(Mutex::new(None)) }))
+        Ok(Arc::new(MetaBuffer {
+            name: self.name.clone(),
+            size,
+            kind: Kind::Staged(Mutex::new(None)),
+        }))
     }
 
     fn alignment(&self) -> usize {
@@ -78,7 +82,10 @@ enum Kind {
     /// Host bytes, allocated (zeroed, so untouched pages stay uncommitted) on first use.
     Staged(Mutex<Option<Vec<u8>>>),
     /// One buffer per part holding the registered tensors' slices.
-    Sharded { parts: Vec<Arc<dyn Buffer>>, tensors: Vec<Placed> },
+    Sharded {
+        parts: Vec<Arc<dyn Buffer>>,
+        tensors: Vec<Placed>,
+    },
 }
 
 /// A buffer of a meta device (see the module documentation).
@@ -91,9 +98,18 @@ pub struct MetaBuffer {
 impl MetaBuffer {
     /// A sharded buffer over `parts` (one per part device) holding `tensors` at
     /// `part_offsets`; `size` is the virtual size.
-    pub(crate) fn sharded(name: String, size: usize, parts: Vec<Arc<dyn Buffer>>, mut tensors: Vec<Placed>) -> MetaBuffer {
+    pub(crate) fn sharded(
+        name: String,
+        size: usize,
+        parts: Vec<Arc<dyn Buffer>>,
+        mut tensors: Vec<Placed>,
+    ) -> MetaBuffer {
         tensors.sort_by_key(|p| p.tensor.offset);
-        MetaBuffer { name, size, kind: Kind::Sharded { parts, tensors } }
+        MetaBuffer {
+            name,
+            size,
+            kind: Kind::Sharded { parts, tensors },
+        }
     }
 
     /// Whether the buffer holds registered tensors sliced over the parts.
@@ -111,17 +127,31 @@ impl MetaBuffer {
 
     /// The tensor registered at `offset`, with each part's slice (buffer and byte offset).
     pub(crate) fn registered(&self, offset: usize) -> Option<(&ShardedTensor, Slices)> {
-        let Kind::Sharded { parts, tensors } = &self.kind else { return None };
-        let i = tensors.binary_search_by_key(&offset, |p| p.tensor.offset).ok()?;
+        let Kind::Sharded { parts, tensors } = &self.kind else {
+            return None;
+        };
+        let i = tensors
+            .binary_search_by_key(&offset, |p| p.tensor.offset)
+            .ok()?;
         let p = &tensors[i];
-        Some((&p.tensor, parts.iter().cloned().zip(p.part_offsets.iter().copied()).collect()))
+        Some((
+            &p.tensor,
+            parts
+                .iter()
+                .cloned()
+                .zip(p.part_offsets.iter().copied())
+                .collect(),
+        ))
     }
 
     fn sharded_access(&self, offset: usize, len: usize) -> Result<(&Placed, &[Arc<dyn Buffer>])> {
         let Kind::Sharded { parts, tensors } = &self.kind else {
             return Err(self.range_error(offset, len));
         };
-        let found = tensors.binary_search_by_key(&offset, |p| p.tensor.offset).ok().map(|i| &tensors[i]);
+        let found = tensors
+            .binary_search_by_key(&offset, |p| p.tensor.offset)
+            .ok()
+            .map(|i| &tensors[i]);
         match found {
             Some(p) if nbytes(&p.tensor) == len => Ok((p, parts)),
             _ => Err(Error::Buffer {
@@ -139,7 +169,13 @@ fn nbytes(t: &ShardedTensor) -> usize {
 }
 
 /// Part `j`'s bytes of a registered tensor, cut from the whole tensor's bytes.
-pub(crate) fn slice_of(dtype: DType, ne: [usize; MAX_DIMS], state: &SplitState, j: usize, full: &[u8]) -> Vec<u8> {
+pub(crate) fn slice_of(
+    dtype: DType,
+    ne: [usize; MAX_DIMS],
+    state: &SplitState,
+    j: usize,
+    full: &[u8],
+) -> Vec<u8> {
     match state {
         SplitState::Split(x) => {
             let chunks = byte_chunks(dtype, ne, x, j);
@@ -154,7 +190,14 @@ pub(crate) fn slice_of(dtype: DType, ne: [usize; MAX_DIMS], state: &SplitState, 
 }
 
 /// Writes part `j`'s bytes `part` of a split tensor into the whole tensor's bytes.
-pub(crate) fn place_slice(dtype: DType, ne: [usize; MAX_DIMS], state: &SplitState, j: usize, part: &[u8], full: &mut [u8]) {
+pub(crate) fn place_slice(
+    dtype: DType,
+    ne: [usize; MAX_DIMS],
+    state: &SplitState,
+    j: usize,
+    part: &[u8],
+    full: &mut [u8],
+) {
     if let SplitState::Split(x) = state {
         for (f, p, len) in byte_chunks(dtype, ne, x, j) {
             full[f..f + len].copy_from_slice(&part[p..p + len]);
@@ -277,5 +320,8 @@ fn slice_len(t: &ShardedTensor, len: usize) -> usize {
 }
 
 fn poisoned(name: &str) -> Error {
-    Error::Buffer { buffer: name.to_string(), reason: "a thread panicked while writing it".into() }
+    Error::Buffer {
+        buffer: name.to_string(),
+        reason: "a thread panicked while writing it".into(),
+    }
 }

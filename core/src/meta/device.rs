@@ -36,9 +36,12 @@ impl SplitRatios {
         let ratios = s
             .split(',')
             .map(|x| {
-                x.trim()
-                    .parse::<f64>()
-                    .map_err(|_| Error::Invalid(format!("split ratio '{}' is not a number (write e.g. 0.6,0.4 or auto)", x.trim())))
+                x.trim().parse::<f64>().map_err(|_| {
+                    Error::Invalid(format!(
+                        "split ratio '{}' is not a number (write e.g. 0.6,0.4 or auto)",
+                        x.trim()
+                    ))
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(SplitRatios::Given(ratios))
@@ -59,8 +62,11 @@ impl Shared {
     /// Whether every part comes from one backend (`cuda:0`, `cuda:1`), so that the backend may
     /// offer a communicator over them.
     pub fn same_backend(&self) -> bool {
-        let backend = |d: &Arc<dyn Device>| d.name().split(':').next().unwrap_or_default().to_string();
-        self.parts.first().is_some_and(|f| self.parts.iter().all(|p| backend(p) == backend(f)))
+        let backend =
+            |d: &Arc<dyn Device>| d.name().split(':').next().unwrap_or_default().to_string();
+        self.parts
+            .first()
+            .is_some_and(|f| self.parts.iter().all(|p| backend(p) == backend(f)))
     }
 }
 
@@ -76,17 +82,33 @@ impl MetaDevice {
     /// A meta device over `parts` (at least one), dividing work by `ratios`.
     pub fn new(parts: Vec<Arc<dyn Device>>, ratios: &SplitRatios) -> Result<MetaDevice> {
         if parts.is_empty() {
-            return Err(Error::Invalid("a meta device needs at least one part".into()));
+            return Err(Error::Invalid(
+                "a meta device needs at least one part".into(),
+            ));
         }
         if let Some(m) = parts.iter().find(|p| p.kind() == DeviceKind::Meta) {
-            return Err(Error::Invalid(format!("a meta device cannot contain another meta device ({})", m.name())));
+            return Err(Error::Invalid(format!(
+                "a meta device cannot contain another meta device ({})",
+                m.name()
+            )));
         }
         let ratios = match ratios {
             SplitRatios::Given(r) => normalize_ratios(r, parts.len())?,
             SplitRatios::Auto => ratio::auto_ratios(&parts)?,
         };
-        let name = format!("meta:{}", parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(","));
-        Ok(MetaDevice { shared: Arc::new(Shared { parts, ratios, policy: InputPolicy::Mirrored, name, bf16_above: None }) })
+        let name = format!(
+            "meta:{}",
+            parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+        );
+        Ok(MetaDevice {
+            shared: Arc::new(Shared {
+                parts,
+                ratios,
+                policy: InputPolicy::Mirrored,
+                name,
+                bf16_above: None,
+            }),
+        })
     }
 
     /// The meta device behind a `dyn Device`, if it is one.
@@ -104,7 +126,9 @@ impl MetaDevice {
             bf16_above: s.bf16_above,
         };
         change(&mut shared);
-        MetaDevice { shared: Arc::new(shared) }
+        MetaDevice {
+            shared: Arc::new(shared),
+        }
     }
 
     /// The same parts and ratios with another policy for staged inputs.
@@ -147,20 +171,32 @@ impl MetaDevice {
         let mut end = 0;
         for t in &order {
             let bytes = Tensor::contiguous_strides(t.dtype, t.ne)[3] * t.ne[3];
-            let bad = |r: String| Error::Invalid(format!("sharded tensor at byte {}: {r}", t.offset));
+            let bad =
+                |r: String| Error::Invalid(format!("sharded tensor at byte {}: {r}", t.offset));
             if t.offset < end {
                 return Err(bad("it overlaps the tensor before it".into()));
             }
-            end = t.offset.checked_add(bytes).ok_or(Error::Overflow("sharded tensor end"))?;
+            end = t
+                .offset
+                .checked_add(bytes)
+                .ok_or(Error::Overflow("sharded tensor end"))?;
             if end > size {
-                return Err(bad(format!("it ends at {end}, past the buffer's {size} bytes")));
+                return Err(bad(format!(
+                    "it ends at {end}, past the buffer's {size} bytes"
+                )));
             }
             t.state.check_fits(t.dtype, t.ne, n).map_err(bad)?;
             if t.state == SplitState::Partial && t.dtype != crate::dtype::DType::F32 {
                 return Err(bad("a partial tensor must be f32".into()));
             }
         }
-        let mut placed: Vec<Placed> = tensors.iter().map(|t| Placed { tensor: t.clone(), part_offsets: vec![0; n] }).collect();
+        let mut placed: Vec<Placed> = tensors
+            .iter()
+            .map(|t| Placed {
+                tensor: t.clone(),
+                part_offsets: vec![0; n],
+            })
+            .collect();
         let mut bufs = Vec::with_capacity(n);
         for (j, dev) in parts.iter().enumerate() {
             let bt = dev.buffer_type();
@@ -175,11 +211,19 @@ impl MetaDevice {
                 used = off + bytes;
             }
             if used > bt.max_size() {
-                return Err(Error::OutOfMemory { device: dev.name(), bytes: used });
+                return Err(Error::OutOfMemory {
+                    device: dev.name(),
+                    bytes: used,
+                });
             }
             bufs.push(bt.alloc(used.max(1))?);
         }
-        Ok(Arc::new(MetaBuffer::sharded(self.shared.name.clone(), size, bufs, placed)))
+        Ok(Arc::new(MetaBuffer::sharded(
+            self.shared.name.clone(),
+            size,
+            bufs,
+            placed,
+        )))
     }
 
     /// Checks that nodes `nodes` of `graph` can be split over the parts, as a run would: every
@@ -219,15 +263,27 @@ impl Device for MetaDevice {
             }
             seen.push(p.name());
             let pm = p.memory();
-            Memory { free: m.free.saturating_add(pm.free), total: m.total.saturating_add(pm.total) }
+            Memory {
+                free: m.free.saturating_add(pm.free),
+                total: m.total.saturating_add(pm.total),
+            }
         })
     }
 
     fn buffer_type(&self) -> Arc<dyn BufferType> {
-        let types: Vec<Arc<dyn BufferType>> = self.shared.parts.iter().map(|p| p.buffer_type()).collect();
+        let types: Vec<Arc<dyn BufferType>> =
+            self.shared.parts.iter().map(|p| p.buffer_type()).collect();
         let alignment = types.iter().map(|t| t.alignment()).max().unwrap_or(64);
-        let max_size = types.iter().map(|t| t.max_size()).min().unwrap_or(usize::MAX);
-        Arc::new(MetaBufferType { name: self.shared.name.clone(), alignment, max_size })
+        let max_size = types
+            .iter()
+            .map(|t| t.max_size())
+            .min()
+            .unwrap_or(usize::MAX);
+        Arc::new(MetaBufferType {
+            name: self.shared.name.clone(),
+            alignment,
+            max_size,
+        })
     }
 
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
@@ -243,7 +299,12 @@ impl Device for MetaDevice {
             Some(m) if m.is_sharded() => {
                 let bufs = m.part_buffers();
                 bufs.len() == self.shared.parts.len()
-                    && self.shared.parts.iter().zip(bufs).all(|(p, b)| p.can_use_buffer(b.as_ref()))
+                    && self
+                        .shared
+                        .parts
+                        .iter()
+                        .zip(bufs)
+                        .all(|(p, b)| p.can_use_buffer(b.as_ref()))
             }
             Some(_) => true,
             None => buffer.is_host(),

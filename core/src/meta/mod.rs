@@ -80,7 +80,10 @@ pub use buffer::{MetaBuffer, MetaBufferType, ShardedTensor};
 pub use device::{MetaDevice, SplitRatios};
 pub use plan::InputPolicy;
 pub use ratio::{auto_ratios, measure_matvec, water_fill};
-pub use split::{byte_chunks, normalize_ratios, part_shape, partition, partition_units, AxisSplit, Interval, Segment, SplitState};
+pub use split::{
+    byte_chunks, normalize_ratios, part_shape, partition, partition_units, AxisSplit, Interval,
+    Segment, SplitState,
+};
 
 use crate::backend::Device;
 use crate::error::{Error, Result};
@@ -94,7 +97,9 @@ pub fn parse_spec(spec: &str) -> Result<Vec<String>> {
     let list = list.strip_prefix("meta:").unwrap_or(list);
     let parts: Vec<String> = list.split(',').map(|p| p.trim().to_string()).collect();
     if parts.iter().any(String::is_empty) {
-        return Err(Error::Invalid(format!("meta device spec '{spec}' has an empty part (write meta:cpu,cuda:0)")));
+        return Err(Error::Invalid(format!(
+            "meta device spec '{spec}' has an empty part (write meta:cpu,cuda:0)"
+        )));
     }
     Ok(parts)
 }
@@ -103,7 +108,10 @@ pub fn parse_spec(spec: &str) -> Result<Vec<String>> {
 /// ([`MetaDevice::check`]).
 pub fn check_plan(devices: &[Arc<dyn Device>], graph: &Graph, plan: &SchedPlan) -> Result<()> {
     for split in &plan.splits {
-        if let Some(m) = devices.get(split.device).and_then(|d| MetaDevice::from_device(d.as_ref())) {
+        if let Some(m) = devices
+            .get(split.device)
+            .and_then(|d| MetaDevice::from_device(d.as_ref()))
+        {
             m.check(graph, &split.nodes)?;
         }
     }

@@ -163,7 +163,10 @@ impl Deriver<'_> {
         }
         let t = self.g.get(id);
         let s = if t.op.is_view() {
-            let src = *t.src.first().ok_or_else(|| split_err(self.g, id, "a view without a source"))?;
+            let src = *t
+                .src
+                .first()
+                .ok_or_else(|| split_err(self.g, id, "a view without a source"))?;
             let ss = self.state_of(src)?;
             let (root, _) = self.g.root(id);
             let rs = self.state_of(root)?;
@@ -197,7 +200,10 @@ impl Deriver<'_> {
         let srcs = t.src.clone();
         let mut reduced_here = Vec::new();
         loop {
-            let eff = srcs.iter().map(|&s| self.effective(s)).collect::<Result<Vec<_>>>()?;
+            let eff = srcs
+                .iter()
+                .map(|&s| self.effective(s))
+                .collect::<Result<Vec<_>>>()?;
             match node_rule(g, id, &eff)? {
                 Rule::Done(state, uses) => {
                     self.d.states[id.index()] = Some(state);
@@ -212,11 +218,24 @@ impl Deriver<'_> {
                         if self.d.reduced[root.index()] {
                             continue;
                         }
-                        if self.inputs.contains_key(&root) || self.d.state(root) != Some(&SplitState::Partial) {
-                            return Err(split_err(g, id, &format!("its source '{}' is partial but cannot be summed", g.label(root))));
+                        if self.inputs.contains_key(&root)
+                            || self.d.state(root) != Some(&SplitState::Partial)
+                        {
+                            return Err(split_err(
+                                g,
+                                id,
+                                &format!(
+                                    "its source '{}' is partial but cannot be summed",
+                                    g.label(root)
+                                ),
+                            ));
                         }
                         if g.get(root).dtype != DType::F32 {
-                            return Err(split_err(g, root, "a partial result must be f32 to be summed across parts"));
+                            return Err(split_err(
+                                g,
+                                root,
+                                "a partial result must be f32 to be summed across parts",
+                            ));
                         }
                         self.d.reduced[root.index()] = true;
                         reduced_here.push(root);
@@ -232,11 +251,20 @@ impl Deriver<'_> {
 }
 
 fn split_err(g: &Graph, id: TensorId, reason: &str) -> Error {
-    Error::Split { tensor: g.label(id), op: g.get(id).op.name(), reason: reason.to_string() }
+    Error::Split {
+        tensor: g.label(id),
+        op: g.get(id).op.name(),
+        reason: reason.to_string(),
+    }
 }
 
 /// Derives every state for the given input states.
-fn derive(g: &Graph, nodes: &[TensorId], inputs: &HashMap<TensorId, SplitState>, parts: usize) -> Result<Derived> {
+fn derive(
+    g: &Graph,
+    nodes: &[TensorId],
+    inputs: &HashMap<TensorId, SplitState>,
+    parts: usize,
+) -> Result<Derived> {
     let n = g.len();
     let mut dv = Deriver {
         g,
@@ -256,7 +284,8 @@ fn derive(g: &Graph, nodes: &[TensorId], inputs: &HashMap<TensorId, SplitState>,
         if let Some(s) = s {
             let id = TensorId(i as u32);
             let t = g.get(id);
-            s.check_fits(t.dtype, t.ne, parts).map_err(|r| split_err(g, id, &r))?;
+            s.check_fits(t.dtype, t.ne, parts)
+                .map_err(|r| split_err(g, id, &r))?;
         }
     }
     Ok(dv.d)
@@ -275,7 +304,10 @@ fn shape(g: &Graph, nodes: &[TensorId]) -> Result<Shape> {
     let mut in_nodes = vec![false; n];
     for &id in nodes {
         if id.index() >= n {
-            return Err(Error::Invalid(format!("node #{} is not in the graph", id.0)));
+            return Err(Error::Invalid(format!(
+                "node #{} is not in the graph",
+                id.0
+            )));
         }
         let op = &g.get(id).op;
         if *op != Op::None && !op.is_view() {
@@ -308,30 +340,55 @@ fn shape(g: &Graph, nodes: &[TensorId]) -> Result<Shape> {
             read_outside[g.root(s).0.index()] = true;
         }
     }
-    Ok(Shape { in_nodes, inputs, read_outside })
+    Ok(Shape {
+        in_nodes,
+        inputs,
+        read_outside,
+    })
 }
 
 /// Where each input's bytes are, and the state of the sharded ones.
-fn sources(g: &Graph, inputs: &[TensorId], parts: usize) -> Result<HashMap<TensorId, (Source, Option<SplitState>)>> {
+fn sources(
+    g: &Graph,
+    inputs: &[TensorId],
+    parts: usize,
+) -> Result<HashMap<TensorId, (Source, Option<SplitState>)>> {
     let mut out = HashMap::new();
     for &id in inputs {
         let t = g.get(id);
-        let data = g.data(id).ok_or_else(|| split_err(g, id, "an input has no memory bound"))?;
+        let data = g
+            .data(id)
+            .ok_or_else(|| split_err(g, id, "an input has no memory bound"))?;
         let meta = data.buffer.as_any().downcast_ref::<MetaBuffer>();
         let entry = match meta.filter(|m| m.is_sharded()) {
             Some(m) => {
                 let (reg, slices) = m.registered(data.offset).ok_or_else(|| {
-                    split_err(g, id, &format!("it is bound at byte {} of {}, where no tensor is registered", data.offset, m.name()))
+                    split_err(
+                        g,
+                        id,
+                        &format!(
+                            "it is bound at byte {} of {}, where no tensor is registered",
+                            data.offset,
+                            m.name()
+                        ),
+                    )
                 })?;
                 if reg.dtype != t.dtype || reg.ne != t.ne || !t.is_contiguous() {
                     return Err(split_err(
                         g,
                         id,
-                        &format!("it is {} {:?} but the bytes are registered as {} {:?}", t.dtype, t.ne, reg.dtype, reg.ne),
+                        &format!(
+                            "it is {} {:?} but the bytes are registered as {} {:?}",
+                            t.dtype, t.ne, reg.dtype, reg.ne
+                        ),
                     ));
                 }
                 if slices.len() != parts {
-                    return Err(split_err(g, id, "its sharded buffer belongs to a meta device of another size"));
+                    return Err(split_err(
+                        g,
+                        id,
+                        "its sharded buffer belongs to a meta device of another size",
+                    ));
                 }
                 (Source::Sharded(slices), Some(reg.state.clone()))
             }
@@ -389,7 +446,10 @@ fn derive_with_policy(
         let d = derive(g, nodes, &fixed, ratios.len())?;
         return Ok((d, fixed));
     }
-    let cands: Vec<Vec<SplitState>> = staged.iter().map(|&id| candidates(g.get(id), ratios)).collect();
+    let cands: Vec<Vec<SplitState>> = staged
+        .iter()
+        .map(|&id| candidates(g.get(id), ratios))
+        .collect();
     let mut pick = vec![0usize; staged.len()];
     let mut best: Option<(usize, Derived, HashMap<TensorId, SplitState>)> = None;
     let mut first_err: Option<Error> = None;
@@ -426,14 +486,26 @@ fn derive_with_policy(
     match best {
         Some((score, d, states)) if score > 0 => Ok((d, states)),
         _ => {
-            let why = first_err.map(|e| e.to_string()).unwrap_or_else(|| "no input can be split".into());
-            Err(Error::Unsupported { backend: device.to_string(), what: format!("a split of this graph: {why}") })
+            let why = first_err
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "no input can be split".into());
+            Err(Error::Unsupported {
+                backend: device.to_string(),
+                what: format!("a split of this graph: {why}"),
+            })
         }
     }
 }
 
 /// Checks that the nodes of `g` can be split over `parts` parts: every state derives.
-pub(crate) fn check(g: &Graph, nodes: &[TensorId], parts: usize, policy: InputPolicy, ratios: &[f64], device: &str) -> Result<()> {
+pub(crate) fn check(
+    g: &Graph,
+    nodes: &[TensorId],
+    parts: usize,
+    policy: InputPolicy,
+    ratios: &[f64],
+    device: &str,
+) -> Result<()> {
     let sh = shape(g, nodes)?;
     let srcs = sources(g, &sh.inputs, parts)?;
     derive_with_policy(g, nodes, &srcs, policy, ratios, device).map(|_| ())
@@ -453,7 +525,11 @@ struct PartBuilder<'a> {
 
 impl PartBuilder<'_> {
     fn state(&self, id: TensorId) -> SplitState {
-        self.d.state(id).cloned().or_else(|| self.inputs.get(&id).cloned()).unwrap_or(SplitState::Mirrored)
+        self.d
+            .state(id)
+            .cloned()
+            .or_else(|| self.inputs.get(&id).cloned())
+            .unwrap_or(SplitState::Mirrored)
     }
 
     fn push(&mut self, t: Tensor) -> TensorId {
@@ -478,7 +554,11 @@ impl PartBuilder<'_> {
                 view_src: None,
                 view_offset: 0,
                 name: t.name.clone(),
-                flags: TensorFlags { input: matches!(src, Source::Staged), output: false, weight: t.flags.weight },
+                flags: TensorFlags {
+                    input: matches!(src, Source::Staged),
+                    output: false,
+                    weight: t.flags.weight,
+                },
                 data: None,
             });
             if let Source::Sharded(slices) = src {
@@ -512,9 +592,30 @@ impl PartBuilder<'_> {
             flags: TensorFlags::default(),
             data: None,
         };
-        let leaf = self.push(node(DType::BF16, nb, Op::None, vec![], None, format!("{}#bf16", t.name)));
-        let to = self.push(node(DType::BF16, nb, Op::Cpy, vec![p, leaf], Some(leaf), format!("{}#to_bf16", t.name)));
-        let back = self.push(node(t.dtype, t.nb, Op::Cpy, vec![to, p], Some(p), format!("{}#summed", t.name)));
+        let leaf = self.push(node(
+            DType::BF16,
+            nb,
+            Op::None,
+            vec![],
+            None,
+            format!("{}#bf16", t.name),
+        ));
+        let to = self.push(node(
+            DType::BF16,
+            nb,
+            Op::Cpy,
+            vec![p, leaf],
+            Some(leaf),
+            format!("{}#to_bf16", t.name),
+        ));
+        let back = self.push(node(
+            t.dtype,
+            t.nb,
+            Op::Cpy,
+            vec![to, p],
+            Some(p),
+            format!("{}#summed", t.name),
+        ));
         (to, back)
     }
 
@@ -547,10 +648,18 @@ impl PartBuilder<'_> {
             ViewMap::Reshape => {
                 let st = self.pg.get(ps);
                 if !st.is_contiguous() {
-                    return Err(split_err(g, id, &format!("part {}'s slice of its source is not contiguous", self.j)));
+                    return Err(split_err(
+                        g,
+                        id,
+                        &format!("part {}'s slice of its source is not contiguous", self.j),
+                    ));
                 }
                 let ne = part_shape(t.ne, state, self.j);
-                (ne, Tensor::contiguous_strides(t.dtype, ne), self.root_of(ps).1)
+                (
+                    ne,
+                    Tensor::contiguous_strides(t.dtype, ne),
+                    self.root_of(ps).1,
+                )
             }
             ViewMap::Strided(s) => {
                 let (ne, nb, off) = s.part_layout(t, self.pg.get(pr_root).nb, self.j);
@@ -573,7 +682,11 @@ impl PartBuilder<'_> {
 
     /// A view of part tensor `p` (a mirrored source's whole copy) selecting part `j`'s slice.
     fn narrow(&mut self, src: TensorId, x: &AxisSplit) -> Result<TensorId> {
-        let counts = x.segments.first().map(|s| s.counts.clone()).unwrap_or_default();
+        let counts = x
+            .segments
+            .first()
+            .map(|s| s.counts.clone())
+            .unwrap_or_default();
         let key = (src, x.axis, counts);
         if let Some(&v) = self.narrowed.get(&key) {
             return Ok(v);
@@ -581,7 +694,13 @@ impl PartBuilder<'_> {
         let p = self.part(src)?;
         let (root, base) = self.root_of(p);
         let st = self.pg.get(p).clone();
-        let start = x.single_range(self.j).ok_or_else(|| split_err(self.g, src, "a mirrored source narrowed by a split in segments"))?;
+        let start = x.single_range(self.j).ok_or_else(|| {
+            split_err(
+                self.g,
+                src,
+                "a mirrored source narrowed by a split in segments",
+            )
+        })?;
         let a = x.axis;
         let per = if a == 0 { st.dtype.block_size() } else { 1 };
         let mut ne = st.ne;
@@ -605,7 +724,9 @@ impl PartBuilder<'_> {
     fn computed(&mut self, id: TensorId, state: &SplitState) -> Result<TensorId> {
         let g = self.g;
         let t = g.get(id);
-        let uses = self.d.uses[id.index()].clone().unwrap_or_else(|| vec![SrcUse::AsIs; t.src.len()]);
+        let uses = self.d.uses[id.index()]
+            .clone()
+            .unwrap_or_else(|| vec![SrcUse::AsIs; t.src.len()]);
         let mut src = Vec::with_capacity(t.src.len());
         for (i, &s) in t.src.iter().enumerate() {
             src.push(match uses.get(i) {
@@ -625,7 +746,14 @@ impl PartBuilder<'_> {
             .ok_or_else(|| split_err(g, id, "an in-place result without a destination"))?;
             let dt = self.pg.get(dest);
             if dt.ne != ne {
-                return Err(split_err(g, id, &format!("part {} destination {:?} differs from the result {:?}", self.j, dt.ne, ne)));
+                return Err(split_err(
+                    g,
+                    id,
+                    &format!(
+                        "part {} destination {:?} differs from the result {:?}",
+                        self.j, dt.ne, ne
+                    ),
+                ));
             }
             let (r, off) = self.root_of(dest);
             (dt.nb, Some(r), off)
@@ -672,8 +800,11 @@ pub(crate) fn build(
     let (d, inputs) = derive_with_policy(g, nodes, &srcs, policy, ratios, device)?;
 
     // The caller-visible results gathered after the run.
-    let computed: Vec<TensorId> =
-        nodes.iter().copied().filter(|&id| sh.in_nodes[id.index()]).collect();
+    let computed: Vec<TensorId> = nodes
+        .iter()
+        .copied()
+        .filter(|&id| sh.in_nodes[id.index()])
+        .collect();
     let mut visible: Vec<TensorId> = Vec::new();
     for &id in &computed {
         let root = g.root(id).0;
@@ -736,7 +867,11 @@ pub(crate) fn build(
             let empty_src = pt.src.iter().any(|&s| b.pg.get(s).nelements() == 0);
             let action = if empty_src {
                 if d.state(id) != Some(&SplitState::Partial) {
-                    return Err(split_err(g, id, &format!("part {j} would compute it from an empty slice")));
+                    return Err(split_err(
+                        g,
+                        id,
+                        &format!("part {j} would compute it from an empty slice"),
+                    ));
                 }
                 Action::Zero(p)
             } else {
@@ -765,7 +900,10 @@ pub(crate) fn build(
         alloc.alloc(&mut b.pg, &alloc_list)?;
         part_maps.push(b.map);
         bf16_maps.push(bf16_of);
-        parts.push(PartPlan { graph: b.pg, stages });
+        parts.push(PartPlan {
+            graph: b.pg,
+            stages,
+        });
     }
 
     let part_ids = |id: TensorId| -> Vec<Option<TensorId>> {
@@ -774,12 +912,19 @@ pub(crate) fn build(
             .collect()
     };
     let mut uploads = Vec::new();
-    let mut staged: Vec<TensorId> =
-        srcs.iter().filter(|(_, (s, _))| matches!(s, Source::Staged)).map(|(&id, _)| id).collect();
+    let mut staged: Vec<TensorId> = srcs
+        .iter()
+        .filter(|(_, (s, _))| matches!(s, Source::Staged))
+        .map(|(&id, _)| id)
+        .collect();
     staged.sort();
     for id in staged {
         let state = inputs.get(&id).cloned().unwrap_or(SplitState::Mirrored);
-        uploads.push(Transfer { tensor: id, state, part: part_ids(id) });
+        uploads.push(Transfer {
+            tensor: id,
+            state,
+            part: part_ids(id),
+        });
     }
     let mut reduces: Vec<Vec<ReduceItem>> = Vec::new();
     for &id in &computed {
@@ -790,14 +935,25 @@ pub(crate) fn build(
         let mut items = Vec::new();
         for &r in before {
             let part: Vec<TensorId> = if bf16(r) {
-                bf16_maps.iter().filter_map(|m| m.get(&r).copied()).collect()
+                bf16_maps
+                    .iter()
+                    .filter_map(|m| m.get(&r).copied())
+                    .collect()
             } else {
                 part_ids(r).into_iter().flatten().collect()
             };
             if part.len() != n_parts {
-                return Err(split_err(g, r, "a partial result has no memory on some part"));
+                return Err(split_err(
+                    g,
+                    r,
+                    "a partial result has no memory on some part",
+                ));
             }
-            items.push(ReduceItem { part, count: g.get(r).nelements(), bf16: bf16(r) });
+            items.push(ReduceItem {
+                part,
+                count: g.get(r).nelements(),
+                bf16: bf16(r),
+            });
         }
         reduces.push(items);
     }
@@ -806,7 +962,16 @@ pub(crate) fn build(
         if g.data(r).is_none() {
             return Err(split_err(g, r, "a result read back has no memory bound"));
         }
-        gathers.push(Transfer { tensor: r, state: d.final_state(g, r), part: part_ids(r) });
+        gathers.push(Transfer {
+            tensor: r,
+            state: d.final_state(g, r),
+            part: part_ids(r),
+        });
     }
-    Ok(Plan { parts, uploads, reduces, gathers })
+    Ok(Plan {
+        parts,
+        uploads,
+        reduces,
+        gathers,
+    })
 }

@@ -49,16 +49,27 @@ pub fn measure_matvec(dev: &dyn Device) -> Result<f64> {
 pub fn water_fill(speed: &[f64], free: &[f64]) -> Vec<f64> {
     let n = speed.len();
     let total_free: f64 = free.iter().sum();
-    let caps: Vec<f64> = if total_free > 0.0 { free.iter().map(|f| f / total_free).collect() } else { vec![1.0; n] };
+    let caps: Vec<f64> = if total_free > 0.0 {
+        free.iter().map(|f| f / total_free).collect()
+    } else {
+        vec![1.0; n]
+    };
     let mut share = vec![0.0; n];
     let mut fixed = vec![false; n];
     loop {
         let left = 1.0 - (0..n).filter(|&j| fixed[j]).map(|j| share[j]).sum::<f64>();
-        let speed_left: f64 = (0..n).filter(|&j| !fixed[j]).map(|j| speed[j].max(0.0)).sum();
+        let speed_left: f64 = (0..n)
+            .filter(|&j| !fixed[j])
+            .map(|j| speed[j].max(0.0))
+            .sum();
         let open = (0..n).filter(|&j| !fixed[j]).count();
         let mut capped = false;
         for j in (0..n).filter(|&j| !fixed[j]) {
-            share[j] = if speed_left > 0.0 { left * speed[j].max(0.0) / speed_left } else { left / open as f64 };
+            share[j] = if speed_left > 0.0 {
+                left * speed[j].max(0.0) / speed_left
+            } else {
+                left / open as f64
+            };
         }
         for j in 0..n {
             if !fixed[j] && share[j] > caps[j] + 1e-12 {
@@ -87,7 +98,11 @@ pub fn auto_ratios(parts: &[Arc<dyn Device>]) -> Result<Vec<f64>> {
             Some((_, s)) => *s,
             None => {
                 let s = measure_matvec(p.as_ref())?;
-                log::debug!("auto split: {} streams {:.1} GB/s in a mat-vec", p.name(), s / 1e9);
+                log::debug!(
+                    "auto split: {} streams {:.1} GB/s in a mat-vec",
+                    p.name(),
+                    s / 1e9
+                );
                 seen.push((key, s));
                 s
             }
@@ -108,7 +123,10 @@ mod tests {
         assert!((s[0] - 0.75).abs() < 1e-9 && (s[1] - 0.25).abs() < 1e-9);
         // The fast part has only 40% of the memory: it takes 40%, the rest goes to the other.
         let s = water_fill(&[9.0, 1.0], &[4.0, 6.0]);
-        assert!((s[0] - 0.4).abs() < 1e-9 && (s[1] - 0.6).abs() < 1e-9, "{s:?}");
+        assert!(
+            (s[0] - 0.4).abs() < 1e-9 && (s[1] - 0.6).abs() < 1e-9,
+            "{s:?}"
+        );
         let s = water_fill(&[1.0, 1.0], &[8.0, 8.0]);
         assert!((s[0] - 0.5).abs() < 1e-9);
     }

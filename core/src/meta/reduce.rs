@@ -28,10 +28,19 @@ pub(crate) struct HostReduce {
 impl HostReduce {
     /// Sums `count` f32 values (bf16 with `bf16`) at `bufs[j]` (one per part, in part order)
     /// into every one of them.
-    pub(crate) fn all_reduce(&mut self, backends: &mut [Box<dyn Backend>], bufs: &[(Arc<dyn Buffer>, usize)], count: usize, bf16: bool) -> Result<()> {
+    pub(crate) fn all_reduce(
+        &mut self,
+        backends: &mut [Box<dyn Backend>],
+        bufs: &[(Arc<dyn Buffer>, usize)],
+        count: usize,
+        bf16: bool,
+    ) -> Result<()> {
         let n = backends.len();
         if bufs.len() != n {
-            return Err(Error::Invalid(format!("an all-reduce over {n} parts was given {} buffers", bufs.len())));
+            return Err(Error::Invalid(format!(
+                "an all-reduce over {n} parts was given {} buffers",
+                bufs.len()
+            )));
         }
         if n < 2 || count == 0 {
             return Ok(());
@@ -42,14 +51,23 @@ impl HostReduce {
             self.staging.resize_with(n, Default::default);
         }
         let chunk = (CHUNK / esize * esize).min(total);
-        for s in self.staging.iter_mut().take(n).flat_map(|s| s.iter_mut()).chain(self.sums.iter_mut()) {
+        for s in self
+            .staging
+            .iter_mut()
+            .take(n)
+            .flat_map(|s| s.iter_mut())
+            .chain(self.sums.iter_mut())
+        {
             if s.len() < chunk {
                 s.resize(chunk, 0);
             }
         }
         let n_chunks = total.div_ceil(chunk);
         let span = |c: usize| (c * chunk, (total - c * chunk).min(chunk));
-        let fetch = |c: usize, staging: &mut [[Vec<u8>; 2]], backends: &mut [Box<dyn Backend>]| -> Result<()> {
+        let fetch = |c: usize,
+                     staging: &mut [[Vec<u8>; 2]],
+                     backends: &mut [Box<dyn Backend>]|
+         -> Result<()> {
             let (off, len) = span(c);
             for (j, b) in backends.iter_mut().enumerate() {
                 let (buf, base) = &bufs[j];
@@ -87,7 +105,8 @@ impl HostReduce {
 /// `acc += x`, both little-endian f32 bytes.
 fn add_f32(acc: &mut [u8], x: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
-        let s = f32::from_le_bytes([a[0], a[1], a[2], a[3]]) + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let s = f32::from_le_bytes([a[0], a[1], a[2], a[3]])
+            + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         a.copy_from_slice(&s.to_le_bytes());
     }
 }
@@ -95,7 +114,8 @@ fn add_f32(acc: &mut [u8], x: &[u8]) {
 /// `acc += x`, both little-endian bf16 bytes, added in f32.
 fn add_bf16(acc: &mut [u8], x: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(2).zip(x.chunks_exact(2)) {
-        let s = bf16::from_le_bytes([a[0], a[1]]).to_f32() + bf16::from_le_bytes([b[0], b[1]]).to_f32();
+        let s =
+            bf16::from_le_bytes([a[0], a[1]]).to_f32() + bf16::from_le_bytes([b[0], b[1]]).to_f32();
         a.copy_from_slice(&bf16::from_f32(s).to_le_bytes());
     }
 }
@@ -106,19 +126,34 @@ mod tests {
 
     #[test]
     fn add_bf16_adds_in_f32() {
-        let mut a: Vec<u8> = [1.0f32, 256.0].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
-        let b: Vec<u8> = [0.5f32, 1.0].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
+        let mut a: Vec<u8> = [1.0f32, 256.0]
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = [0.5f32, 1.0]
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+            .collect();
         add_bf16(&mut a, &b);
-        let out: Vec<f32> = a.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        let out: Vec<f32> = a
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
         assert_eq!(out, vec![1.5, 256.0]);
     }
 
     #[test]
     fn add_f32_adds_elementwise() {
         let mut a: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let b: Vec<u8> = [0.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b: Vec<u8> = [0.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         add_f32(&mut a, &b);
-        let out: Vec<f32> = a.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let out: Vec<f32> = a
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         assert_eq!(out, vec![1.5, 0.0]);
     }
 }

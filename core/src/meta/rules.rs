@@ -63,7 +63,13 @@ fn fit(g: &Graph, src: TensorId, s: &SplitState, want: &AxisSplit, longer: bool)
             }
             want.single_range(0)?;
             let bs = t.dtype.block_size();
-            if want.axis == 0 && bs > 1 && want.segments.iter().any(|s| s.counts.iter().any(|c| !c.is_multiple_of(bs))) {
+            if want.axis == 0
+                && bs > 1
+                && want
+                    .segments
+                    .iter()
+                    .any(|s| s.counts.iter().any(|c| !c.is_multiple_of(bs)))
+            {
                 return None;
             }
             Some(SrcUse::Narrow(want.clone()))
@@ -74,7 +80,11 @@ fn fit(g: &Graph, src: TensorId, s: &SplitState, want: &AxisSplit, longer: bool)
 
 /// Maps a split of a tensor of shape `from` onto the same elements seen with shape `to` (a
 /// reshape: element order kept), when the split stretches stay whole stretches of one axis.
-pub(crate) fn reshape_split(from: [usize; MAX_DIMS], x: &AxisSplit, to: [usize; MAX_DIMS]) -> Option<AxisSplit> {
+pub(crate) fn reshape_split(
+    from: [usize; MAX_DIMS],
+    x: &AxisSplit,
+    to: [usize; MAX_DIMS],
+) -> Option<AxisSplit> {
     let a = x.axis;
     let inner_src: usize = from[..a].iter().product();
     let outer_src = inner_src * from[a];
@@ -111,14 +121,24 @@ pub(crate) struct Strided {
 impl Strided {
     /// Part `j`'s view: shape, strides and byte offset into the part's packed root, whose
     /// contiguous strides are `part_nb`.
-    pub fn part_layout(&self, view: &Tensor, part_nb: [usize; MAX_DIMS], j: usize) -> ([usize; MAX_DIMS], [usize; MAX_DIMS], usize) {
+    pub fn part_layout(
+        &self,
+        view: &Tensor,
+        part_nb: [usize; MAX_DIMS],
+        j: usize,
+    ) -> ([usize; MAX_DIMS], [usize; MAX_DIMS], usize) {
         let mut ne = view.ne;
         ne[self.split.axis] = self.split.part_len(j);
         // An axis of one element keeps its stride: it is never stepped along.
-        let nb: [usize; MAX_DIMS] = std::array::from_fn(|k| self.map[k].map_or(view.nb[k], |(m, c)| c * part_nb[m]));
+        let nb: [usize; MAX_DIMS] =
+            std::array::from_fn(|k| self.map[k].map_or(view.nb[k], |(m, c)| c * part_nb[m]));
         let mut offset = 0;
         for (m, &pnb) in part_nb.iter().enumerate() {
-            let o = if m == self.root_axis { self.starts.get(j).copied().unwrap_or(0) } else { self.origin[m] };
+            let o = if m == self.root_axis {
+                self.starts.get(j).copied().unwrap_or(0)
+            } else {
+                self.origin[m]
+            };
             offset += o * pnb;
         }
         (ne, nb, offset)
@@ -135,7 +155,11 @@ fn units(t: &Tensor, m: usize) -> usize {
 }
 
 /// Expresses `view` (of contiguous `root`, split as `x`) in root coordinates.
-pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::result::Result<Strided, String> {
+pub(crate) fn decompose(
+    root: &Tensor,
+    view: &Tensor,
+    x: &AxisSplit,
+) -> std::result::Result<Strided, String> {
     if !root.is_contiguous() || root.nelements() == 0 {
         return Err("the viewed tensor is empty or not contiguous".into());
     }
@@ -155,7 +179,9 @@ pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::res
             .max()
             .ok_or_else(|| format!("view axis {k} steps {sigma} bytes, less than one element"))?;
         if !sigma.is_multiple_of(u[m]) {
-            return Err(format!("view axis {k} steps {sigma} bytes, not a whole number of steps of axis {m}"));
+            return Err(format!(
+                "view axis {k} steps {sigma} bytes, not a whole number of steps of axis {m}"
+            ));
         }
         *slot = Some((m, sigma / u[m]));
     }
@@ -166,7 +192,10 @@ pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::res
         rem %= u[m];
     }
     if rem != 0 {
-        return Err(format!("the view starts at byte {} inside an element", view.view_offset));
+        return Err(format!(
+            "the view starts at byte {} inside an element",
+            view.view_offset
+        ));
     }
     for (m, &o) in origin.iter().enumerate() {
         let reach: usize = (0..MAX_DIMS)
@@ -176,12 +205,15 @@ pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::res
             })
             .sum();
         if o + reach >= units(root, m).max(1) {
-            return Err(format!("the view runs past axis {m} of the viewed tensor (it steps across axes)"));
+            return Err(format!(
+                "the view runs past axis {m} of the viewed tensor (it steps across axes)"
+            ));
         }
     }
     let a = x.axis;
-    let mut along: Vec<(usize, usize)> =
-        (0..MAX_DIMS).filter_map(|k| map[k].filter(|&(m, _)| m == a).map(|(_, c)| (k, c))).collect();
+    let mut along: Vec<(usize, usize)> = (0..MAX_DIMS)
+        .filter_map(|k| map[k].filter(|&(m, _)| m == a).map(|(_, c)| (k, c)))
+        .collect();
     along.sort_by_key(|&(_, c)| c);
     let Some(&(b, cb)) = along.last() else {
         return Err(format!("the view takes a single index of split axis {a}"));
@@ -189,25 +221,38 @@ pub(crate) fn decompose(root: &Tensor, view: &Tensor, x: &AxisSplit) -> std::res
     let mut dense = 1;
     for &(k, c) in &along[..along.len() - 1] {
         if c != dense {
-            return Err(format!("view axes along split axis {a} do not tile it densely"));
+            return Err(format!(
+                "view axes along split axis {a} do not tile it densely"
+            ));
         }
         dense *= units(view, k);
     }
     if cb != dense {
-        return Err(format!("view axes along split axis {a} do not tile it densely"));
+        return Err(format!(
+            "view axes along split axis {a} do not tile it densely"
+        ));
     }
     let per = if a == 0 { bs } else { 1 };
-    let xu = x.scaled(1, per).ok_or_else(|| format!("{x} cuts blocks of {bs}"))?;
+    let xu = x
+        .scaled(1, per)
+        .ok_or_else(|| format!("{x} cuts blocks of {bs}"))?;
     let lo = origin[a];
     let hi = lo + cb * units(view, b);
-    let (sub, starts) =
-        xu.restrict(lo, hi).ok_or_else(|| format!("the view covers {lo}..{hi} of split axis {a}, not whole slices ({x})"))?;
+    let (sub, starts) = xu.restrict(lo, hi).ok_or_else(|| {
+        format!("the view covers {lo}..{hi} of split axis {a}, not whole slices ({x})")
+    })?;
     let vper = if b == 0 { view.dtype.block_size() } else { 1 };
     let split = sub
         .scaled(vper, cb)
         .ok_or_else(|| format!("the slices of {x} are not whole steps of view axis {b}"))?
         .on_axis(b);
-    Ok(Strided { map, origin, root_axis: a, starts, split })
+    Ok(Strided {
+        map,
+        origin,
+        root_axis: a,
+        starts,
+        split,
+    })
 }
 
 /// How a view tensor is laid out on each part, given its source's and root's states.
@@ -224,31 +269,68 @@ pub(crate) enum ViewMap {
 }
 
 /// The state of view `id` (a view op: view, reshape, permute, transpose) and how to lay it out.
-pub(crate) fn view_rule(g: &Graph, id: TensorId, src_state: &SplitState, root_state: &SplitState) -> Result<(SplitState, ViewMap)> {
+pub(crate) fn view_rule(
+    g: &Graph,
+    id: TensorId,
+    src_state: &SplitState,
+    root_state: &SplitState,
+) -> Result<(SplitState, ViewMap)> {
     let t = g.get(id);
-    let err = |reason: String| Error::Split { tensor: g.label(id), op: t.op.name(), reason };
+    let err = |reason: String| Error::Split {
+        tensor: g.label(id),
+        op: t.op.name(),
+        reason,
+    };
     let x = match src_state {
         SplitState::Split(x) => x,
         other => return Ok((other.clone(), ViewMap::Same)),
     };
-    let src = g.get(*t.src.first().ok_or_else(|| err("a view without a source".into()))?);
+    let src = g.get(
+        *t.src
+            .first()
+            .ok_or_else(|| err("a view without a source".into()))?,
+    );
     match &t.op {
-        Op::Permute(axes) => Ok((SplitState::Split(x.on_axis(axes[x.axis])), ViewMap::Permute(*axes))),
-        Op::Transpose => Ok((SplitState::Split(x.on_axis([1, 0, 2, 3][x.axis])), ViewMap::Permute([1, 0, 2, 3]))),
+        Op::Permute(axes) => Ok((
+            SplitState::Split(x.on_axis(axes[x.axis])),
+            ViewMap::Permute(*axes),
+        )),
+        Op::Transpose => Ok((
+            SplitState::Split(x.on_axis([1, 0, 2, 3][x.axis])),
+            ViewMap::Permute([1, 0, 2, 3]),
+        )),
         Op::Reshape => reshape_split(src.ne, x, t.ne)
             .map(|s| (SplitState::Split(s), ViewMap::Reshape))
-            .ok_or_else(|| err(format!("{x} of {:?} is not a whole stretch of one axis of {:?}", src.ne, t.ne))),
+            .ok_or_else(|| {
+                err(format!(
+                    "{x} of {:?} is not a whole stretch of one axis of {:?}",
+                    src.ne, t.ne
+                ))
+            }),
         _ => {
-            let src_offset = if src.view_src.is_some() { src.view_offset } else { 0 };
-            if t.is_contiguous() && src.is_contiguous() && t.nelements() == src.nelements() && t.view_offset == src_offset {
+            let src_offset = if src.view_src.is_some() {
+                src.view_offset
+            } else {
+                0
+            };
+            if t.is_contiguous()
+                && src.is_contiguous()
+                && t.nelements() == src.nelements()
+                && t.view_offset == src_offset
+            {
                 if let Some(s) = reshape_split(src.ne, x, t.ne) {
                     return Ok((SplitState::Split(s), ViewMap::Reshape));
                 }
             }
-            let root_split = root_state.as_split().ok_or_else(|| err(format!("its source is {x} but its root is {root_state}")))?;
+            let root_split = root_state
+                .as_split()
+                .ok_or_else(|| err(format!("its source is {x} but its root is {root_state}")))?;
             let (root, _) = g.root(id);
             let s = decompose(g.get(root), t, root_split).map_err(err)?;
-            Ok((SplitState::Split(s.split.clone()), ViewMap::Strided(Box::new(s))))
+            Ok((
+                SplitState::Split(s.split.clone()),
+                ViewMap::Strided(Box::new(s)),
+            ))
         }
     }
 }
@@ -268,8 +350,17 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
     if eff.iter().all(|s| *s == SplitState::Mirrored) {
         return Ok(Rule::Done(SplitState::Mirrored, vec![SrcUse::AsIs; n]));
     }
-    let err = |reason: String| Error::Split { tensor: g.label(id), op: t.op.name(), reason };
-    let src = |i: usize| t.src.get(i).copied().ok_or_else(|| err(format!("source {i} is missing")));
+    let err = |reason: String| Error::Split {
+        tensor: g.label(id),
+        op: t.op.name(),
+        reason,
+    };
+    let src = |i: usize| {
+        t.src
+            .get(i)
+            .copied()
+            .ok_or_else(|| err(format!("source {i} is missing")))
+    };
     let ts = |i: usize| src(i).map(|s| g.get(s));
     let split_of = |i: usize| eff.get(i).and_then(SplitState::as_split);
     let as_is = |k: usize| vec![SrcUse::AsIs; k];
@@ -281,11 +372,16 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
         }
     };
     let fit_or = |i: usize, want: &AxisSplit, longer: bool| -> Result<SrcUse> {
-        let s = eff.get(i).ok_or_else(|| err(format!("source {i} is missing")))?;
-        fit(g, src(i)?, s, want, longer).ok_or_else(|| err(format!("source {i} is {s}, which cannot be read as {want}")))
+        let s = eff
+            .get(i)
+            .ok_or_else(|| err(format!("source {i} is missing")))?;
+        fit(g, src(i)?, s, want, longer)
+            .ok_or_else(|| err(format!("source {i} is {s}, which cannot be read as {want}")))
     };
     match &t.op {
-        Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } | Op::Cont | Op::Dup => Ok(Rule::Done(eff[0].clone(), as_is(n))),
+        Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } | Op::Cont | Op::Dup => {
+            Ok(Rule::Done(eff[0].clone(), as_is(n)))
+        }
         Op::Binary(_) => {
             let (ta, tb) = (ts(0)?, ts(1)?);
             if let Some(x) = split_of(0) {
@@ -301,7 +397,9 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             } else {
                 let y = split_of(1).ok_or_else(|| err("no split source".into()))?;
                 if ta.ne[y.axis] != tb.ne[y.axis] {
-                    return Err(err(format!("src1 is {y} but src0 broadcasts it along that axis")));
+                    return Err(err(format!(
+                        "src1 is {y} but src0 broadcasts it along that axis"
+                    )));
                 }
                 done(y.clone(), vec![fit_or(0, y, false)?, SrcUse::AsIs])
             }
@@ -309,41 +407,79 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
         Op::Glu { .. } if n == 1 => {
             let x = split_of(0).ok_or_else(|| err("no split source".into()))?;
             if x.axis == 0 {
-                return Err(err("a fused gate/up row must stay whole (split along another axis)".into()));
+                return Err(err(
+                    "a fused gate/up row must stay whole (split along another axis)".into(),
+                ));
             }
             done(x.clone(), as_is(1))
         }
         Op::Glu { .. } | Op::Concat(_) => {
-            let x = split_of(0).or(split_of(1)).ok_or_else(|| err("no split source".into()))?.clone();
+            let x = split_of(0)
+                .or(split_of(1))
+                .ok_or_else(|| err("no split source".into()))?
+                .clone();
             if let Op::Concat(dim) = t.op {
                 if dim == x.axis {
                     return Err(err(format!("joins along split axis {dim}")));
                 }
             }
-            done(x.clone(), vec![fit_or(0, &x, false)?, fit_or(1, &x, false)?])
+            done(
+                x.clone(),
+                vec![fit_or(0, &x, false)?, fit_or(1, &x, false)?],
+            )
         }
         Op::Cpy => {
             let (ta, tb) = (ts(0)?, ts(1)?);
-            let y = split_of(1)
-                .ok_or_else(|| err(format!("copies a {} source into a mirrored destination (it would need gathering)", eff[0])))?;
-            let xa = reshape_split(tb.ne, y, ta.ne)
-                .ok_or_else(|| err(format!("destination {y} of {:?} is no whole stretch of the source {:?}", tb.ne, ta.ne)))?;
+            let y = split_of(1).ok_or_else(|| {
+                err(format!(
+                    "copies a {} source into a mirrored destination (it would need gathering)",
+                    eff[0]
+                ))
+            })?;
+            let xa = reshape_split(tb.ne, y, ta.ne).ok_or_else(|| {
+                err(format!(
+                    "destination {y} of {:?} is no whole stretch of the source {:?}",
+                    tb.ne, ta.ne
+                ))
+            })?;
             done(y.clone(), vec![fit_or(0, &xa, false)?, SrcUse::AsIs])
         }
         Op::GetRows => match (split_of(0), split_of(1)) {
             (Some(x), None) if x.axis == 0 => done(x.clone(), as_is(2)),
-            (Some(x), _) if x.axis >= 2 => done(x.clone(), vec![SrcUse::AsIs, fit_or(1, &x.on_axis(x.axis - 1), false)?]),
+            (Some(x), _) if x.axis >= 2 => done(
+                x.clone(),
+                vec![SrcUse::AsIs, fit_or(1, &x.on_axis(x.axis - 1), false)?],
+            ),
             (None, Some(y)) if y.axis == 0 => done(y.on_axis(1), as_is(2)),
-            (None, Some(y)) if y.axis <= 2 => done(y.on_axis(y.axis + 1), vec![fit_or(0, &y.on_axis(y.axis + 1), false)?, SrcUse::AsIs]),
-            _ => Err(err(format!("rows {} picked by indices {}: the rows cannot be split", eff[0], eff[1]))),
+            (None, Some(y)) if y.axis <= 2 => done(
+                y.on_axis(y.axis + 1),
+                vec![fit_or(0, &y.on_axis(y.axis + 1), false)?, SrcUse::AsIs],
+            ),
+            _ => Err(err(format!(
+                "rows {} picked by indices {}: the rows cannot be split",
+                eff[0], eff[1]
+            ))),
         },
         Op::SetRows => {
-            let x = split_of(0)
-                .ok_or_else(|| err("writes split rows into a mirrored destination (it would need gathering)".into()))?;
+            let x = split_of(0).ok_or_else(|| {
+                err(
+                    "writes split rows into a mirrored destination (it would need gathering)"
+                        .into(),
+                )
+            })?;
             let (tb, ti) = (ts(1)?, ts(2)?);
             match x.axis {
-                0 => done(x.clone(), vec![SrcUse::AsIs, fit_or(1, x, false)?, need_mirrored(2, "every part writes every row")?]),
-                1 => Err(err("the destination is split by rows, which are picked at run time".into())),
+                0 => done(
+                    x.clone(),
+                    vec![
+                        SrcUse::AsIs,
+                        fit_or(1, x, false)?,
+                        need_mirrored(2, "every part writes every row")?,
+                    ],
+                ),
+                1 => Err(err(
+                    "the destination is split by rows, which are picked at run time".into(),
+                )),
                 k => {
                     let ui = if ti.ne[k - 1] == 1 {
                         need_mirrored(2, "the indices are broadcast")?
@@ -358,17 +494,29 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
         }
         Op::MulMat => mul_mat(g, id, eff, &err, &fit_or),
         Op::Rope(_) => match split_of(0) {
-            Some(x) if x.axis == 0 => Err(err("rope rotates pairs inside each head: split by heads or tokens".into())),
-            Some(x) if x.axis == 2 => done(x.clone(), vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?]),
-            Some(x) => done(x.clone(), vec![SrcUse::AsIs, need_mirrored(1, "positions go with tokens")?]),
+            Some(x) if x.axis == 0 => Err(err(
+                "rope rotates pairs inside each head: split by heads or tokens".into(),
+            )),
+            Some(x) if x.axis == 2 => done(
+                x.clone(),
+                vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?],
+            ),
+            Some(x) => done(
+                x.clone(),
+                vec![SrcUse::AsIs, need_mirrored(1, "positions go with tokens")?],
+            ),
             None => {
                 let y = split_of(1).ok_or_else(|| err("no split source".into()))?;
-                done(y.on_axis(2), vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs])
+                done(
+                    y.on_axis(2),
+                    vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs],
+                )
             }
         },
         Op::FlashAttnExt { max_bias, .. } => flash_attn(g, id, eff, *max_bias, &err, &fit_or),
         Op::SoftMax { max_bias, .. } => {
-            let x = split_of(0).ok_or_else(|| err("the mask is split but the scores are not".into()))?;
+            let x = split_of(0)
+                .ok_or_else(|| err("the mask is split but the scores are not".into()))?;
             let k = x.axis;
             if k == 0 {
                 return Err(err("soft_max needs whole rows".into()));
@@ -392,14 +540,19 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::Mean => {
             let x = split_of(0).ok_or_else(|| err("no split source".into()))?;
             if x.axis == 0 {
-                return Err(err(format!("{} needs whole rows: split by rows (axis 1-3), not along them", t.op.name())));
+                return Err(err(format!(
+                    "{} needs whole rows: split by rows (axis 1-3), not along them",
+                    t.op.name()
+                )));
             }
             done(x.clone(), as_is(1))
         }
         Op::DiagMaskInf(_) => {
             let x = split_of(0).ok_or_else(|| err("no split source".into()))?;
             if x.axis < 2 {
-                return Err(err("the mask depends on row and column: split along axis 2 or 3".into()));
+                return Err(err(
+                    "the mask depends on row and column: split along axis 2 or 3".into(),
+                ));
             }
             done(x.clone(), as_is(1))
         }
@@ -442,49 +595,93 @@ type FitFn<'a> = dyn Fn(usize, &AxisSplit, bool) -> Result<SrcUse> + 'a;
 
 /// mul_mat: column-parallel (src0 split by rows: result split along axis 0), row-parallel
 /// (both split along the inner axis: partial result), token- or batch-parallel.
-fn mul_mat(g: &Graph, id: TensorId, eff: &[SplitState], err: &ErrFn, fit_or: &FitFn) -> Result<Rule> {
+fn mul_mat(
+    g: &Graph,
+    id: TensorId,
+    eff: &[SplitState],
+    err: &ErrFn,
+    fit_or: &FitFn,
+) -> Result<Rule> {
     let t = g.get(id);
     let (ta, tb) = (g.get(t.src[0]), g.get(t.src[1]));
     let split_of = |i: usize| eff.get(i).and_then(SplitState::as_split);
     match (split_of(0), split_of(1)) {
-        (Some(x), None) if x.axis == 1 => Ok(Rule::Done(SplitState::Split(x.on_axis(0)), vec![SrcUse::AsIs; 2])),
-        (Some(x), _) if x.axis == 0 => Ok(Rule::Done(SplitState::Partial, vec![SrcUse::AsIs, fit_or(1, x, false)?])),
-        (None, Some(y)) if y.axis == 0 => Ok(Rule::Done(SplitState::Partial, vec![fit_or(0, y, false)?, SrcUse::AsIs])),
-        (None, Some(y)) if y.axis == 1 => Ok(Rule::Done(SplitState::Split(y.clone()), vec![SrcUse::AsIs; 2])),
+        (Some(x), None) if x.axis == 1 => Ok(Rule::Done(
+            SplitState::Split(x.on_axis(0)),
+            vec![SrcUse::AsIs; 2],
+        )),
+        (Some(x), _) if x.axis == 0 => Ok(Rule::Done(
+            SplitState::Partial,
+            vec![SrcUse::AsIs, fit_or(1, x, false)?],
+        )),
+        (None, Some(y)) if y.axis == 0 => Ok(Rule::Done(
+            SplitState::Partial,
+            vec![fit_or(0, y, false)?, SrcUse::AsIs],
+        )),
+        (None, Some(y)) if y.axis == 1 => Ok(Rule::Done(
+            SplitState::Split(y.clone()),
+            vec![SrcUse::AsIs; 2],
+        )),
         (a, b) => {
             let k = b.or(a).map(|s| s.axis).unwrap_or(2);
             if k < 2 {
-                return Err(err(format!("src0 is {} and src1 is {}: no rule splits both", eff[0], eff[1])));
+                return Err(err(format!(
+                    "src0 is {} and src1 is {}: no rule splits both",
+                    eff[0], eff[1]
+                )));
             }
             let yb = match (a, b) {
                 (_, Some(y)) if y.axis == k => y.clone(),
                 (Some(x), _) if x.axis == k && ta.ne[k] > 1 => x
                     .scaled(tb.ne[k] / ta.ne[k], 1)
                     .ok_or_else(|| err(format!("src0 {x} does not map onto src1's batch")))?,
-                _ => return Err(err(format!("src0 is {} and src1 is {}: no rule splits both", eff[0], eff[1]))),
+                _ => {
+                    return Err(err(format!(
+                        "src0 is {} and src1 is {}: no rule splits both",
+                        eff[0], eff[1]
+                    )))
+                }
             };
             let ua = if ta.ne[k] == 1 {
                 match &eff[0] {
                     SplitState::Mirrored => SrcUse::AsIs,
-                    s => return Err(err(format!("src0 is broadcast along batch axis {k} but is {s}"))),
+                    s => {
+                        return Err(err(format!(
+                            "src0 is broadcast along batch axis {k} but is {s}"
+                        )))
+                    }
                 }
             } else {
                 let r = tb.ne[k] / ta.ne[k];
-                let xa = yb.scaled(1, r).ok_or_else(|| err(format!("{yb} cuts src0's broadcast batch groups of {r}")))?;
+                let xa = yb.scaled(1, r).ok_or_else(|| {
+                    err(format!("{yb} cuts src0's broadcast batch groups of {r}"))
+                })?;
                 fit_or(0, &xa, false)?
             };
-            Ok(Rule::Done(SplitState::Split(yb.clone()), vec![ua, fit_or(1, &yb, false)?]))
+            Ok(Rule::Done(
+                SplitState::Split(yb.clone()),
+                vec![ua, fit_or(1, &yb, false)?],
+            ))
         }
     }
 }
 
 /// flash_attn_ext: by heads (KV heads with their GQA group of query heads), by query rows, or by
 /// batch.
-fn flash_attn(g: &Graph, id: TensorId, eff: &[SplitState], max_bias: f32, err: &ErrFn, fit_or: &FitFn) -> Result<Rule> {
+fn flash_attn(
+    g: &Graph,
+    id: TensorId,
+    eff: &[SplitState],
+    max_bias: f32,
+    err: &ErrFn,
+    fit_or: &FitFn,
+) -> Result<Rule> {
     let t = g.get(id);
     let (tq, tk) = (g.get(t.src[0]), g.get(t.src[1]));
     let split_of = |i: usize| eff.get(i).and_then(SplitState::as_split);
-    let first = (0..3).find_map(split_of).ok_or_else(|| err("the mask is split but q, k and v are not".into()))?;
+    let first = (0..3)
+        .find_map(split_of)
+        .ok_or_else(|| err("the mask is split but q, k and v are not".into()))?;
     let has_mask = t.src.len() > 3;
     let mask_use = |x: &AxisSplit, longer: bool| -> Result<SrcUse> {
         if !has_mask {
@@ -494,7 +691,10 @@ fn flash_attn(g: &Graph, id: TensorId, eff: &[SplitState], max_bias: f32, err: &
         if tm.ne[x.axis] == 1 {
             return match &eff[3] {
                 SplitState::Mirrored => Ok(SrcUse::AsIs),
-                s => Err(err(format!("the mask is broadcast along axis {} but is {s}", x.axis))),
+                s => Err(err(format!(
+                    "the mask is broadcast along axis {} but is {s}",
+                    x.axis
+                ))),
             };
         }
         fit_or(3, x, longer)
@@ -502,17 +702,27 @@ fn flash_attn(g: &Graph, id: TensorId, eff: &[SplitState], max_bias: f32, err: &
     match first.axis {
         2 => {
             if max_bias != 0.0 {
-                return Err(err("ALiBi slopes depend on the head: split by query rows".into()));
+                return Err(err(
+                    "ALiBi slopes depend on the head: split by query rows".into()
+                ));
             }
             let group = tq.ne[2] / tk.ne[2].max(1);
             let xq = match split_of(0) {
                 Some(x) => x.clone(),
-                None => first.scaled(group, 1).ok_or_else(|| err("kv heads overflow".into()))?,
+                None => first
+                    .scaled(group, 1)
+                    .ok_or_else(|| err("kv heads overflow".into()))?,
             };
-            let xkv = xq
-                .scaled(1, group)
-                .ok_or_else(|| err(format!("{xq} of the query heads cuts a GQA group of {group}")))?;
-            let uses = vec![fit_or(0, &xq, false)?, fit_or(1, &xkv, false)?, fit_or(2, &xkv, false)?];
+            let xkv = xq.scaled(1, group).ok_or_else(|| {
+                err(format!(
+                    "{xq} of the query heads cuts a GQA group of {group}"
+                ))
+            })?;
+            let uses = vec![
+                fit_or(0, &xq, false)?,
+                fit_or(1, &xkv, false)?,
+                fit_or(2, &xkv, false)?,
+            ];
             let mut uses = uses;
             if has_mask {
                 uses.push(mask_use(&xq, false)?);
@@ -520,12 +730,18 @@ fn flash_attn(g: &Graph, id: TensorId, eff: &[SplitState], max_bias: f32, err: &
             Ok(Rule::Done(SplitState::Split(xq.on_axis(1)), uses))
         }
         1 => {
-            let x = split_of(0).ok_or_else(|| err("k and v split by cells: attention needs every cell".into()))?.clone();
+            let x = split_of(0)
+                .ok_or_else(|| err("k and v split by cells: attention needs every cell".into()))?
+                .clone();
             let mut uses = vec![SrcUse::AsIs];
             for (i, s) in eff.iter().enumerate().take(3).skip(1) {
                 uses.push(match s {
                     SplitState::Mirrored => SrcUse::AsIs,
-                    s => return Err(err(format!("q is split by rows, so every part needs all of source {i}, which is {s}"))),
+                    s => {
+                        return Err(err(format!(
+                        "q is split by rows, so every part needs all of source {i}, which is {s}"
+                    )))
+                    }
                 });
             }
             if has_mask {
@@ -535,13 +751,20 @@ fn flash_attn(g: &Graph, id: TensorId, eff: &[SplitState], max_bias: f32, err: &
         }
         3 => {
             let x = first.clone();
-            let mut uses = vec![fit_or(0, &x, false)?, fit_or(1, &x, false)?, fit_or(2, &x, false)?];
+            let mut uses = vec![
+                fit_or(0, &x, false)?,
+                fit_or(1, &x, false)?,
+                fit_or(2, &x, false)?,
+            ];
             if has_mask {
                 uses.push(mask_use(&x, false)?);
             }
             Ok(Rule::Done(SplitState::Split(x), uses))
         }
-        _ => Err(err("attention needs whole head rows and every key: split by heads, query rows or batch".into())),
+        _ => Err(err(
+            "attention needs whole head rows and every key: split by heads, query rows or batch"
+                .into(),
+        )),
     }
 }
 
@@ -559,9 +782,16 @@ mod tests {
         // And back.
         assert_eq!(reshape_split([64, 9, 5, 1], &y, [576, 5, 1, 1]).unwrap(), x);
         // A split of the inner axis cannot merge with the outer one.
-        assert!(reshape_split([6, 4, 1, 1], &AxisSplit::new(0, vec![4, 2]), [2, 12, 1, 1]).is_none());
+        assert!(
+            reshape_split([6, 4, 1, 1], &AxisSplit::new(0, vec![4, 2]), [2, 12, 1, 1]).is_none()
+        );
         // Cutting inside a head is refused.
-        assert!(reshape_split([576, 5, 1, 1], &AxisSplit::new(0, vec![400, 176]), [64, 9, 5, 1]).is_none());
+        assert!(reshape_split(
+            [576, 5, 1, 1],
+            &AxisSplit::new(0, vec![400, 176]),
+            [64, 9, 5, 1]
+        )
+        .is_none());
     }
 
     #[test]
@@ -569,7 +799,9 @@ mod tests {
         let mut g = Graph::new();
         let (hd, nkv, ctx) = (64, 3, 16);
         let kc = g.new_tensor(DType::F16, &[hd * nkv, ctx]).unwrap();
-        let v = g.view(kc, &[hd, nkv, 8], &[hd * 2, hd * nkv * 2], 0).unwrap();
+        let v = g
+            .view(kc, &[hd, nkv, 8], &[hd * 2, hd * nkv * 2], 0)
+            .unwrap();
         let x = AxisSplit::new(0, vec![128, 64]);
         let s = decompose(g.get(kc), g.get(v), &x).unwrap();
         assert_eq!(s.split, AxisSplit::new(1, vec![2, 1]));

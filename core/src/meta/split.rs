@@ -36,19 +36,39 @@ impl SplitState {
 
     /// Checks that the state fits a tensor of type `dtype` and shape `ne` over `parts` parts:
     /// the slices add up to the axis and never cut a quantization block.
-    pub fn check_fits(&self, dtype: DType, ne: [usize; MAX_DIMS], parts: usize) -> std::result::Result<(), String> {
-        let Some(x) = self.as_split() else { return Ok(()) };
+    pub fn check_fits(
+        &self,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        parts: usize,
+    ) -> std::result::Result<(), String> {
+        let Some(x) = self.as_split() else {
+            return Ok(());
+        };
         if x.axis >= MAX_DIMS {
             return Err(format!("split axis {} is not 0-3", x.axis));
         }
         if x.parts() != parts {
-            return Err(format!("the split names {} parts, the meta device has {parts}", x.parts()));
+            return Err(format!(
+                "the split names {} parts, the meta device has {parts}",
+                x.parts()
+            ));
         }
         if x.len() != ne[x.axis] {
-            return Err(format!("slices add up to {} along axis {}, the tensor has {}", x.len(), x.axis, ne[x.axis]));
+            return Err(format!(
+                "slices add up to {} along axis {}, the tensor has {}",
+                x.len(),
+                x.axis,
+                ne[x.axis]
+            ));
         }
         let bs = dtype.block_size();
-        if x.axis == 0 && bs > 1 && x.segments.iter().any(|s| s.counts.iter().any(|c| !c.is_multiple_of(bs))) {
+        if x.axis == 0
+            && bs > 1
+            && x.segments
+                .iter()
+                .any(|s| s.counts.iter().any(|c| !c.is_multiple_of(bs)))
+        {
             return Err(format!("{x} would cut {dtype} blocks of {bs} elements"));
         }
         Ok(())
@@ -102,7 +122,10 @@ pub struct Interval {
 impl AxisSplit {
     /// A split along `axis` in one segment, part `j` holding `counts[j]` elements.
     pub fn new(axis: usize, counts: Vec<usize>) -> AxisSplit {
-        AxisSplit { axis, segments: vec![Segment { counts, repeat: 1 }] }
+        AxisSplit {
+            axis,
+            segments: vec![Segment { counts, repeat: 1 }],
+        }
     }
 
     /// A split along `axis` in several segments; every segment must name the same number of
@@ -112,8 +135,14 @@ impl AxisSplit {
             return Err(Error::Invalid("a split needs at least one segment".into()));
         };
         let n = first.counts.len();
-        if segments.iter().any(|s| s.counts.len() != n || s.repeat == 0) {
-            return Err(Error::Invalid("every segment of a split needs one count per part and a repeat of at least 1".into()));
+        if segments
+            .iter()
+            .any(|s| s.counts.len() != n || s.repeat == 0)
+        {
+            return Err(Error::Invalid(
+                "every segment of a split needs one count per part and a repeat of at least 1"
+                    .into(),
+            ));
         }
         Ok(AxisSplit { axis, segments })
     }
@@ -125,7 +154,10 @@ impl AxisSplit {
 
     /// Elements along the axis in the full tensor.
     pub fn len(&self) -> usize {
-        self.segments.iter().map(|s| s.repeat * s.counts.iter().sum::<usize>()).sum()
+        self.segments
+            .iter()
+            .map(|s| s.repeat * s.counts.iter().sum::<usize>())
+            .sum()
     }
 
     /// Whether the axis is empty.
@@ -135,7 +167,10 @@ impl AxisSplit {
 
     /// Elements along the axis that part `j` holds.
     pub fn part_len(&self, j: usize) -> usize {
-        self.segments.iter().map(|s| s.repeat * s.counts.get(j).copied().unwrap_or(0)).sum()
+        self.segments
+            .iter()
+            .map(|s| s.repeat * s.counts.get(j).copied().unwrap_or(0))
+            .sum()
     }
 
     /// Every stretch part `j` holds, in order.
@@ -148,7 +183,11 @@ impl AxisSplit {
             let len = s.counts.get(j).copied().unwrap_or(0);
             for _ in 0..s.repeat {
                 if len > 0 {
-                    out.push(Interval { full: full + before, part, len });
+                    out.push(Interval {
+                        full: full + before,
+                        part,
+                        len,
+                    });
                 }
                 full += total;
                 part += len;
@@ -168,7 +207,10 @@ impl AxisSplit {
 
     /// The same split along another axis.
     pub fn on_axis(&self, axis: usize) -> AxisSplit {
-        AxisSplit { axis, segments: self.segments.clone() }
+        AxisSplit {
+            axis,
+            segments: self.segments.clone(),
+        }
     }
 
     /// Every count times `num / den`, when every product divides exactly.
@@ -186,9 +228,15 @@ impl AxisSplit {
                 }
                 counts.push(p / den);
             }
-            segments.push(Segment { counts, repeat: s.repeat });
+            segments.push(Segment {
+                counts,
+                repeat: s.repeat,
+            });
         }
-        Some(AxisSplit { axis: self.axis, segments })
+        Some(AxisSplit {
+            axis: self.axis,
+            segments,
+        })
     }
 
     /// The part of the split covering `lo..hi` along the axis, when that range is a run of
@@ -219,17 +267,32 @@ impl AxisSplit {
                 full += total;
             }
             if taken > 0 {
-                segments.push(Segment { counts: s.counts.clone(), repeat: taken });
+                segments.push(Segment {
+                    counts: s.counts.clone(),
+                    repeat: taken,
+                });
             }
         }
-        let covered: usize = segments.iter().map(|s| s.repeat * s.counts.iter().sum::<usize>()).sum();
+        let covered: usize = segments
+            .iter()
+            .map(|s| s.repeat * s.counts.iter().sum::<usize>())
+            .sum();
         if !started || lo + covered != hi {
             return None;
         }
         if segments.is_empty() {
-            segments.push(Segment { counts: vec![0; n], repeat: 1 });
+            segments.push(Segment {
+                counts: vec![0; n],
+                repeat: 1,
+            });
         }
-        Some((AxisSplit { axis: self.axis, segments }, starts))
+        Some((
+            AxisSplit {
+                axis: self.axis,
+                segments,
+            },
+            starts,
+        ))
     }
 }
 
@@ -260,11 +323,15 @@ pub fn normalize_ratios(ratios: &[f64], parts: usize) -> Result<Vec<f64>> {
         )));
     }
     if let Some(bad) = ratios.iter().find(|r| !r.is_finite() || **r < 0.0) {
-        return Err(Error::Invalid(format!("split ratio {bad} is negative or not a number; ratios are shares like 0.6,0.4")));
+        return Err(Error::Invalid(format!(
+            "split ratio {bad} is negative or not a number; ratios are shares like 0.6,0.4"
+        )));
     }
     let sum: f64 = ratios.iter().sum();
     if sum <= 0.0 {
-        return Err(Error::Invalid("every split ratio is zero: at least one part must take work".into()));
+        return Err(Error::Invalid(
+            "every split ratio is zero: at least one part must take work".into(),
+        ));
     }
     Ok(ratios.iter().map(|r| r / sum).collect())
 }
@@ -282,8 +349,17 @@ pub fn partition(total: usize, ratios: &[f64]) -> Vec<usize> {
         v[0] = total;
         return v;
     }
-    let share = |r: f64| if r.is_finite() && r > 0.0 { total as f64 * r / sum } else { 0.0 };
-    let mut counts: Vec<usize> = ratios.iter().map(|&r| (share(r).floor() as usize).min(total)).collect();
+    let share = |r: f64| {
+        if r.is_finite() && r > 0.0 {
+            total as f64 * r / sum
+        } else {
+            0.0
+        }
+    };
+    let mut counts: Vec<usize> = ratios
+        .iter()
+        .map(|&r| (share(r).floor() as usize).min(total))
+        .collect();
     let mut given: usize = counts.iter().sum();
     // Float noise can give one unit too many; take it back from the largest share.
     while given > total {
@@ -292,7 +368,9 @@ pub fn partition(total: usize, ratios: &[f64]) -> Vec<usize> {
             given -= 1;
         }
     }
-    let mut order: Vec<usize> = (0..n).filter(|&i| ratios[i].is_finite() && ratios[i] > 0.0).collect();
+    let mut order: Vec<usize> = (0..n)
+        .filter(|&i| ratios[i].is_finite() && ratios[i] > 0.0)
+        .collect();
     order.sort_by(|&a, &b| {
         let fa = share(ratios[a]) - share(ratios[a]).floor();
         let fb = share(ratios[b]) - share(ratios[b]).floor();
@@ -310,21 +388,40 @@ pub fn partition(total: usize, ratios: &[f64]) -> Vec<usize> {
 /// Divides `total` elements among parts by `ratios` in whole units of `unit` elements (a
 /// quantization block, a head times its GQA group); an error when `total` is not a whole
 /// number of units.
-pub fn partition_units(total: usize, unit: usize, ratios: &[f64], what: &str) -> Result<Vec<usize>> {
+pub fn partition_units(
+    total: usize,
+    unit: usize,
+    ratios: &[f64],
+    what: &str,
+) -> Result<Vec<usize>> {
     let unit = unit.max(1);
     if !total.is_multiple_of(unit) {
-        return Err(Error::Invalid(format!("{what}: {total} elements are not a whole number of {unit}-element units")));
+        return Err(Error::Invalid(format!(
+            "{what}: {total} elements are not a whole number of {unit}-element units"
+        )));
     }
-    Ok(partition(total / unit, ratios).into_iter().map(|c| c * unit).collect())
+    Ok(partition(total / unit, ratios)
+        .into_iter()
+        .map(|c| c * unit)
+        .collect())
 }
 
 /// Byte stretches of a contiguous tensor of type `dtype` and shape `ne` that part `j` of split
 /// `x` holds: `(byte offset in the full tensor, byte offset in the part's packed slice, bytes)`,
 /// adjacent stretches merged.
-pub fn byte_chunks(dtype: DType, ne: [usize; MAX_DIMS], x: &AxisSplit, j: usize) -> Vec<(usize, usize, usize)> {
+pub fn byte_chunks(
+    dtype: DType,
+    ne: [usize; MAX_DIMS],
+    x: &AxisSplit,
+    j: usize,
+) -> Vec<(usize, usize, usize)> {
     let a = x.axis.min(MAX_DIMS - 1);
     let nb = Tensor::contiguous_strides(dtype, ne);
-    let (unit_bytes, per_unit) = if a == 0 { (dtype.type_size(), dtype.block_size()) } else { (nb[a], 1) };
+    let (unit_bytes, per_unit) = if a == 0 {
+        (dtype.type_size(), dtype.block_size())
+    } else {
+        (nb[a], 1)
+    };
     let full_slab = unit_bytes * (ne[a] / per_unit);
     let part_slab = unit_bytes * (x.part_len(j) / per_unit);
     let outer: usize = ne[a + 1..].iter().product();
@@ -364,7 +461,10 @@ mod tests {
         assert_eq!(partition(3, &[0.6, 0.4, 0.0]), vec![2, 1, 0]);
         assert_eq!(partition(3, &[0.25; 4]), vec![1, 1, 1, 0]);
         assert_eq!(partition(0, &[0.5, 0.5]), vec![0, 0]);
-        assert_eq!(partition_units(1536, 32, &[0.7, 0.3], "ffn").unwrap(), vec![1088, 448]);
+        assert_eq!(
+            partition_units(1536, 32, &[0.7, 0.3], "ffn").unwrap(),
+            vec![1088, 448]
+        );
         assert!(partition_units(100, 32, &[0.5, 0.5], "x").is_err());
     }
 
@@ -382,21 +482,46 @@ mod tests {
         // A fused QKV: Q of 8 rows split 6+2, K and V of 4 rows split 3+1 (a segment repeated twice).
         let x = AxisSplit::with_segments(
             1,
-            vec![Segment { counts: vec![6, 2], repeat: 1 }, Segment { counts: vec![3, 1], repeat: 2 }],
+            vec![
+                Segment {
+                    counts: vec![6, 2],
+                    repeat: 1,
+                },
+                Segment {
+                    counts: vec![3, 1],
+                    repeat: 2,
+                },
+            ],
         )
         .unwrap();
         assert_eq!(x.len(), 16);
         assert_eq!(x.part_len(0), 12);
         assert_eq!(x.part_len(1), 4);
-        let i1: Vec<(usize, usize, usize)> = x.intervals(1).iter().map(|i| (i.full, i.part, i.len)).collect();
+        let i1: Vec<(usize, usize, usize)> = x
+            .intervals(1)
+            .iter()
+            .map(|i| (i.full, i.part, i.len))
+            .collect();
         assert_eq!(i1, vec![(6, 0, 2), (11, 2, 1), (15, 3, 1)]);
         // The K segment alone.
         let (k, starts) = x.restrict(8, 12).unwrap();
-        assert_eq!(k.segments, vec![Segment { counts: vec![3, 1], repeat: 1 }]);
+        assert_eq!(
+            k.segments,
+            vec![Segment {
+                counts: vec![3, 1],
+                repeat: 1
+            }]
+        );
         assert_eq!(starts, vec![6, 2]);
         // K and V together.
         let (kv, starts) = x.restrict(8, 16).unwrap();
-        assert_eq!(kv.segments, vec![Segment { counts: vec![3, 1], repeat: 2 }]);
+        assert_eq!(
+            kv.segments,
+            vec![Segment {
+                counts: vec![3, 1],
+                repeat: 2
+            }]
+        );
         assert_eq!(starts, vec![6, 2]);
         assert!(x.restrict(0, 9).is_none());
         assert!(x.restrict(3, 8).is_none());
@@ -407,14 +532,26 @@ mod tests {
     fn byte_chunks_cover_the_slices() {
         // [4, 3] f32 split along axis 0 as 3+1: part 1 holds column 3 of every row.
         let x = AxisSplit::new(0, vec![3, 1]);
-        assert_eq!(byte_chunks(DType::F32, [4, 3, 1, 1], &x, 1), vec![(12, 0, 4), (28, 4, 4), (44, 8, 4)]);
-        assert_eq!(byte_chunks(DType::F32, [4, 3, 1, 1], &x, 0), vec![(0, 0, 12), (16, 12, 12), (32, 24, 12)]);
+        assert_eq!(
+            byte_chunks(DType::F32, [4, 3, 1, 1], &x, 1),
+            vec![(12, 0, 4), (28, 4, 4), (44, 8, 4)]
+        );
+        assert_eq!(
+            byte_chunks(DType::F32, [4, 3, 1, 1], &x, 0),
+            vec![(0, 0, 12), (16, 12, 12), (32, 24, 12)]
+        );
         // Rows split: one stretch each.
         let y = AxisSplit::new(1, vec![2, 1]);
-        assert_eq!(byte_chunks(DType::F32, [4, 3, 1, 1], &y, 1), vec![(32, 0, 16)]);
+        assert_eq!(
+            byte_chunks(DType::F32, [4, 3, 1, 1], &y, 1),
+            vec![(32, 0, 16)]
+        );
         // Quantized along axis 0: whole blocks.
         let q = AxisSplit::new(0, vec![32, 32]);
-        assert_eq!(byte_chunks(DType::Q8_0, [64, 2, 1, 1], &q, 1), vec![(34, 0, 34), (102, 34, 34)]);
+        assert_eq!(
+            byte_chunks(DType::Q8_0, [64, 2, 1, 1], &q, 1),
+            vec![(34, 0, 34), (102, 34, 34)]
+        );
         let s = SplitState::split(0, vec![16, 48]);
         assert!(s.check_fits(DType::Q8_0, [64, 2, 1, 1], 2).is_err());
         assert!(s.check_fits(DType::F32, [64, 2, 1, 1], 2).is_ok());

@@ -18,7 +18,8 @@ pub fn reference_dir() -> PathBuf {
 /// A reference JSON file, parsed.
 pub fn reference(name: &str) -> serde_json::Value {
     let p = reference_dir().join(name);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
     serde_json::from_str(&text).expect("reference JSON parses")
 }
 
@@ -36,7 +37,8 @@ pub fn cpu_model() -> Arc<Model> {
 /// The test model on the CPU in precise mode (no activation quantization).
 pub fn precise_model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| load(CpuDevice::new().with_precise(true))).clone()
+    M.get_or_init(|| load(CpuDevice::new().with_precise(true)))
+        .clone()
 }
 
 fn load(cpu: CpuDevice) -> Arc<Model> {
@@ -46,12 +48,20 @@ fn load(cpu: CpuDevice) -> Arc<Model> {
 
 /// The ids of a JSON array.
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("an array").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
 }
 
 /// The floats of a JSON array.
 pub fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array().expect("an array").iter().map(|x| x.as_f64().expect("a number") as f32).collect()
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number") as f32)
+        .collect()
 }
 
 /// Index of the largest value (lowest index on ties).

@@ -31,7 +31,19 @@ pub(super) struct FlashAttn {
 
 impl FlashAttn {
     pub(super) fn case(self) -> Case {
-        let FlashAttn { hsk, hsv, nh, nr, kv, nb, batch, mask, max_bias, softcap, type_kv } = self;
+        let FlashAttn {
+            hsk,
+            hsv,
+            nh,
+            nr,
+            kv,
+            nb,
+            batch,
+            mask,
+            max_bias,
+            softcap,
+            type_kv,
+        } = self;
         let params = format!(
             "hsk={hsk},hsv={hsv},nh={nh},nr={nr},kv={kv},nb={nb},batch={batch},mask={},max_bias={max_bias},logit_softcap={softcap},type_KV={type_kv}",
             mask.map_or("none", |t| t.name())
@@ -40,16 +52,22 @@ impl FlashAttn {
         let flops = 2.0 * (nb * kv * (hsk + hsv) * heads * batch) as f64;
         let mut types = vec![DType::F32, type_kv];
         types.extend(mask);
-        Case::new("FLASH_ATTN_EXT", params, &types, Tolerance::MATMUL, move |g| {
-            let q = g.leaf(DType::F32, &[hsk, nb, heads, batch])?;
-            let k = g.leaf(type_kv, &[hsk, kv, nh, batch])?;
-            let v = g.leaf(type_kv, &[hsv, kv, nh, batch])?;
-            let m = match mask {
-                Some(t) => Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?),
-                None => None,
-            };
-            g.flash_attn_ext(q, k, v, m, 1.0 / (hsk as f32).sqrt(), max_bias, softcap)
-        })
+        Case::new(
+            "FLASH_ATTN_EXT",
+            params,
+            &types,
+            Tolerance::MATMUL,
+            move |g| {
+                let q = g.leaf(DType::F32, &[hsk, nb, heads, batch])?;
+                let k = g.leaf(type_kv, &[hsk, kv, nh, batch])?;
+                let v = g.leaf(type_kv, &[hsv, kv, nh, batch])?;
+                let m = match mask {
+                    Some(t) => Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?),
+                    None => None,
+                };
+                g.flash_attn_ext(q, k, v, m, 1.0 / (hsk as f32).sqrt(), max_bias, softcap)
+            },
+        )
         .with_flops(flops)
     }
 }
@@ -76,9 +94,17 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                         nb,
                         batch: 1,
                         mask,
-                        max_bias: if mask.is_some() && i % 4 == 1 { 8.0 } else { 0.0 },
+                        max_bias: if mask.is_some() && i % 4 == 1 {
+                            8.0
+                        } else {
+                            0.0
+                        },
                         softcap: if i % 5 == 2 { 50.0 } else { 0.0 },
-                        type_kv: if i.is_multiple_of(2) { DType::F16 } else { DType::F32 },
+                        type_kv: if i.is_multiple_of(2) {
+                            DType::F16
+                        } else {
+                            DType::F32
+                        },
                     }
                     .case();
                     v.push(if nb == 32 && kv == 512 { c.large() } else { c });

@@ -27,11 +27,31 @@ pub(super) struct MulMat {
 
 impl MulMat {
     pub(super) fn new(type_a: DType, type_b: DType, m: usize, n: usize, k: usize) -> MulMat {
-        MulMat { type_a, type_b, m, n, k, bs: [1, 1], nr: [1, 1], per: [0, 1, 2, 3], cont: false }
+        MulMat {
+            type_a,
+            type_b,
+            m,
+            n,
+            k,
+            bs: [1, 1],
+            nr: [1, 1],
+            per: [0, 1, 2, 3],
+            cont: false,
+        }
     }
 
     pub(super) fn case(self) -> Case {
-        let MulMat { type_a, type_b, m, n, k, bs, nr, per, cont } = self;
+        let MulMat {
+            type_a,
+            type_b,
+            m,
+            n,
+            k,
+            bs,
+            nr,
+            per,
+            cont,
+        } = self;
         let mut params = format!(
             "type_a={type_a},type_b={type_b},m={m},n={n},k={k},bs={},nr={},per={}",
             ne_str(&bs),
@@ -43,15 +63,21 @@ impl MulMat {
         }
         let batches = bs[0] * nr[0] * bs[1] * nr[1];
         let flops = 2.0 * (m * n * k * batches) as f64;
-        Case::new("MUL_MAT", params, &[type_a, type_b], Tolerance::MATMUL, move |g| {
-            let a = g.leaf(type_a, &[k, m, bs[0], bs[1]])?;
-            let ne_b = [k, n, bs[0] * nr[0], bs[1] * nr[1]];
-            let mut b = permuted(g, type_b, ne_b, per, Init::Uniform(-1.0, 1.0))?;
-            if cont {
-                b = g.cont(b)?;
-            }
-            g.mul_mat(a, b)
-        })
+        Case::new(
+            "MUL_MAT",
+            params,
+            &[type_a, type_b],
+            Tolerance::MATMUL,
+            move |g| {
+                let a = g.leaf(type_a, &[k, m, bs[0], bs[1]])?;
+                let ne_b = [k, n, bs[0] * nr[0], bs[1] * nr[1]];
+                let mut b = permuted(g, type_b, ne_b, per, Init::Uniform(-1.0, 1.0))?;
+                if cont {
+                    b = g.cont(b)?;
+                }
+                g.mul_mat(a, b)
+            },
+        )
         .with_flops(flops)
     }
 }
@@ -68,21 +94,58 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F16, 16, n, 256).case());
         }
     }
-    for t in [DType::F32, DType::F16, DType::Q4_0, DType::Q8_0, DType::Q4_K] {
+    for t in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::Q4_K,
+    ] {
         for (bs, nr) in [([1, 1], [2, 1]), ([4, 1], [1, 3]), ([2, 2], [2, 2])] {
             for n in [1, 9] {
-                v.push(MulMat { bs, nr, ..MulMat::new(t, DType::F32, 16, n, 256) }.case());
+                v.push(
+                    MulMat {
+                        bs,
+                        nr,
+                        ..MulMat::new(t, DType::F32, 16, n, 256)
+                    }
+                    .case(),
+                );
             }
         }
     }
     for t in [DType::F32, DType::F16, DType::Q4_0, DType::Q8_0] {
         for per in [[0, 2, 1, 3], [0, 1, 3, 2]] {
-            v.push(MulMat { bs: [2, 3], per, ..MulMat::new(t, DType::F32, 16, 5, 256) }.case());
+            v.push(
+                MulMat {
+                    bs: [2, 3],
+                    per,
+                    ..MulMat::new(t, DType::F32, 16, 5, 256)
+                }
+                .case(),
+            );
         }
-        v.push(MulMat { bs: [2, 3], per: [0, 2, 1, 3], cont: true, ..MulMat::new(t, DType::F32, 16, 5, 256) }.case());
+        v.push(
+            MulMat {
+                bs: [2, 3],
+                per: [0, 2, 1, 3],
+                cont: true,
+                ..MulMat::new(t, DType::F32, 16, 5, 256)
+            }
+            .case(),
+        );
     }
     // Odd sizes: m not a multiple of anything, k a few blocks, n odd.
-    let blocked = [DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0];
+    let blocked = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ];
     for t in blocked {
         for (m, n, k) in [(17, 3, 64), (1, 7, 96), (33, 1, 32), (7, 5, 160)] {
             v.push(MulMat::new(t, DType::F32, m, n, k).case());
@@ -96,6 +159,14 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     for &t in &QUANTIZED[5..] {
         v.push(MulMat::new(t, DType::F32, 17, 3, 512).case());
     }
-    v.push(MulMat::new(DType::F32, DType::F32, 256, 32, 4096).case().large());
-    v.push(MulMat::new(DType::Q4_0, DType::F32, 512, 8, 4096).case().large());
+    v.push(
+        MulMat::new(DType::F32, DType::F32, 256, 32, 4096)
+            .case()
+            .large(),
+    );
+    v.push(
+        MulMat::new(DType::Q4_0, DType::F32, 512, 8, 4096)
+            .case()
+            .large(),
+    );
 }

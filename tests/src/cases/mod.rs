@@ -73,7 +73,13 @@ pub(crate) const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// A leaf of logical shape `ne` reached through `permute(axes)` (a non-contiguous view when
 /// `axes` is not the identity).
-pub(crate) fn permuted(g: &mut CaseGraph, dtype: DType, ne: [usize; 4], axes: [usize; 4], init: Init) -> Result<TensorId> {
+pub(crate) fn permuted(
+    g: &mut CaseGraph,
+    dtype: DType,
+    ne: [usize; 4],
+    axes: [usize; 4],
+    init: Init,
+) -> Result<TensorId> {
     if axes == [0, 1, 2, 3] {
         return g.input(dtype, &ne, init);
     }
@@ -84,7 +90,13 @@ pub(crate) fn permuted(g: &mut CaseGraph, dtype: DType, ne: [usize; 4], axes: [u
 
 /// A leaf of shape `ne` seen through a view whose rows are `gap` elements further apart than
 /// contiguous rows (a strided, non-contiguous view).
-pub(crate) fn strided(g: &mut CaseGraph, dtype: DType, ne: [usize; 4], gap: usize, init: Init) -> Result<TensorId> {
+pub(crate) fn strided(
+    g: &mut CaseGraph,
+    dtype: DType,
+    ne: [usize; 4],
+    gap: usize,
+    init: Init,
+) -> Result<TensorId> {
     let wide = [ne[0] + gap, ne[1], ne[2], ne[3]];
     let leaf = g.input(dtype, &wide, init)?;
     let nb = g.get(leaf).nb;
@@ -110,7 +122,12 @@ mod tests {
                 broken.push(format!("{}: {e}", c.name()));
             }
         }
-        assert!(broken.is_empty(), "{} cases do not build:\n{}", broken.len(), broken.join("\n"));
+        assert!(
+            broken.is_empty(),
+            "{} cases do not build:\n{}",
+            broken.len(),
+            broken.join("\n")
+        );
         assert!(cases().len() >= 500, "only {} cases", cases().len());
     }
 
@@ -122,15 +139,47 @@ mod tests {
             seen.extend(g.ids().map(|id| g.get(id).op.name()));
         }
         let probe = [
-            Op::View, Op::Reshape, Op::Permute([0, 1, 2, 3]), Op::Transpose, Op::Cpy, Op::Cont, Op::Dup,
-            Op::GetRows, Op::SetRows, Op::MulMat, Op::Sum, Op::SumRows, Op::Mean, Op::Argmax,
-            Op::Repeat, Op::Concat(0), Op::Pad([0; 4]), Op::DiagMaskInf(0),
+            Op::View,
+            Op::Reshape,
+            Op::Permute([0, 1, 2, 3]),
+            Op::Transpose,
+            Op::Cpy,
+            Op::Cont,
+            Op::Dup,
+            Op::GetRows,
+            Op::SetRows,
+            Op::MulMat,
+            Op::Sum,
+            Op::SumRows,
+            Op::Mean,
+            Op::Argmax,
+            Op::Repeat,
+            Op::Concat(0),
+            Op::Pad([0; 4]),
+            Op::DiagMaskInf(0),
         ];
         for op in probe {
             assert!(seen.contains(op.name()), "no case uses {}", op.name());
         }
-        for name in ["ADD", "SUB", "MUL", "DIV", "SCALE", "CLAMP", "SWIGLU", "GEGLU", "RMS_NORM", "NORM",
-            "SOFT_MAX", "ROPE", "FLASH_ATTN_EXT", "ARANGE", "SQR", "GELU_ERF", "TANH"] {
+        for name in [
+            "ADD",
+            "SUB",
+            "MUL",
+            "DIV",
+            "SCALE",
+            "CLAMP",
+            "SWIGLU",
+            "GEGLU",
+            "RMS_NORM",
+            "NORM",
+            "SOFT_MAX",
+            "ROPE",
+            "FLASH_ATTN_EXT",
+            "ARANGE",
+            "SQR",
+            "GELU_ERF",
+            "TANH",
+        ] {
             assert!(seen.contains(name), "no case uses {name}");
         }
     }

@@ -10,8 +10,10 @@ type NormFn = fn(&mut CaseGraph, TensorId, f32) -> tessera_core::Result<TensorId
 
 /// Every rms_norm and norm case.
 pub(super) fn cases(v: &mut Vec<Case>) {
-    let ops: [(&'static str, NormFn); 2] =
-        [("RMS_NORM", |g, a, eps| g.rms_norm(a, eps)), ("NORM", |g, a, eps| g.norm(a, eps))];
+    let ops: [(&'static str, NormFn); 2] = [
+        ("RMS_NORM", |g, a, eps| g.rms_norm(a, eps)),
+        ("NORM", |g, a, eps| g.norm(a, eps)),
+    ];
     for (name, f) in ops {
         for eps in [1e-6f32, 1e-5] {
             for ne in [[64, 5, 4, 3], [4096, 3, 1, 1], [33, 7, 1, 1]] {
@@ -24,7 +26,11 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 }
 
 fn norm_case(name: &'static str, f: NormFn, ne: [usize; 4], per: [usize; 4], eps: f32) -> Case {
-    let params = format!("type=f32,ne={},per={},eps={eps:e}", ne_str(&ne), ne_str(&per));
+    let params = format!(
+        "type=f32,ne={},per={},eps={eps:e}",
+        ne_str(&ne),
+        ne_str(&per)
+    );
     Case::new(name, params, &[DType::F32], Tolerance::DEFAULT, move |g| {
         let a = permuted(g, DType::F32, ne, per, Init::Uniform(-1.0, 1.0))?;
         f(g, a, eps)

@@ -18,19 +18,42 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     }
     for n in [1, 512] {
         v.push(
-            Case::new("RMS_NORM", format!("type=f32,ne=[4096,{n},1,1],eps=1e-5,v=perf"), &[DType::F32], Tolerance::DEFAULT, move |g| -> tessera_core::Result<TensorId> {
-                let a = g.leaf(DType::F32, &[4096, n])?;
-                g.rms_norm(a, 1e-5)
-            })
+            Case::new(
+                "RMS_NORM",
+                format!("type=f32,ne=[4096,{n},1,1],eps=1e-5,v=perf"),
+                &[DType::F32],
+                Tolerance::DEFAULT,
+                move |g| -> tessera_core::Result<TensorId> {
+                    let a = g.leaf(DType::F32, &[4096, n])?;
+                    g.rms_norm(a, 1e-5)
+                },
+            )
             .large(),
         );
     }
     // Decode: 32 heads, one query, 4096 keys; prefill: 512 queries over 512 keys.
     for ne in [[4096, 1, 32, 1], [512, 512, 32, 1]] {
-        v.push(SoftMax { ne, mask: Some(DType::F16), mask_broadcast: true, scale: 0.088, max_bias: 0.0 }.case().large());
+        v.push(
+            SoftMax {
+                ne,
+                mask: Some(DType::F16),
+                mask_broadcast: true,
+                scale: 0.088,
+                max_bias: 0.0,
+            }
+            .case()
+            .large(),
+        );
     }
     for tokens in [1, 512] {
-        let r = Rope { dtype: DType::F32, ne: [128, 32, tokens, 1], n_dims: 128, mode: RopeMode::Normal, freq_scale: 1.0, pos_max: 4096 };
+        let r = Rope {
+            dtype: DType::F32,
+            ne: [128, 32, tokens, 1],
+            n_dims: 128,
+            mode: RopeMode::Normal,
+            freq_scale: 1.0,
+            pos_max: 4096,
+        };
         v.push(r.case().large());
     }
     let fa = FlashAttn {

@@ -22,7 +22,14 @@ pub(super) struct Rope {
 
 impl Rope {
     pub(super) fn case(self) -> Case {
-        let Rope { dtype, ne, n_dims, mode, freq_scale, pos_max } = self;
+        let Rope {
+            dtype,
+            ne,
+            n_dims,
+            mode,
+            freq_scale,
+            pos_max,
+        } = self;
         let m = match mode {
             RopeMode::Normal => 0,
             RopeMode::Neox => 2,
@@ -34,8 +41,17 @@ impl Rope {
         // An f32 angle pos * theta carries an error of about pos * 2^-24 radians, which every
         // implementation has; at large positions the threshold allows for it (a wrong
         // position or frequency still gives an error of order one).
-        let tol = if pos_max > 1024 { Tolerance::Nmse(1e-5) } else { Tolerance::DEFAULT };
-        let p = RopeParams { n_dims, mode, freq_base: 10000.0, freq_scale };
+        let tol = if pos_max > 1024 {
+            Tolerance::Nmse(1e-5)
+        } else {
+            Tolerance::DEFAULT
+        };
+        let p = RopeParams {
+            n_dims,
+            mode,
+            freq_base: 10000.0,
+            freq_scale,
+        };
         Case::new("ROPE", params, &[dtype], tol, move |g| {
             let a = g.leaf(dtype, &ne)?;
             let pos = g.input(DType::I32, &[ne[2]], Init::Indices(pos_max))?;
@@ -51,12 +67,37 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             for n_dims in [64, 32] {
                 for freq_scale in [1.0, 0.5] {
                     for pos_max in [512, 100_000] {
-                        v.push(Rope { dtype, ne: [64, 8, 7, 1], n_dims, mode, freq_scale, pos_max }.case());
+                        v.push(
+                            Rope {
+                                dtype,
+                                ne: [64, 8, 7, 1],
+                                n_dims,
+                                mode,
+                                freq_scale,
+                                pos_max,
+                            }
+                            .case(),
+                        );
                     }
                 }
             }
-            for (ne, n_dims) in [([128, 4, 3, 1], 128), ([128, 4, 3, 1], 64), ([80, 6, 5, 1], 80), ([80, 6, 5, 1], 20)] {
-                v.push(Rope { dtype, ne, n_dims, mode, freq_scale: 1.0, pos_max: 4096 }.case());
+            for (ne, n_dims) in [
+                ([128, 4, 3, 1], 128),
+                ([128, 4, 3, 1], 64),
+                ([80, 6, 5, 1], 80),
+                ([80, 6, 5, 1], 20),
+            ] {
+                v.push(
+                    Rope {
+                        dtype,
+                        ne,
+                        n_dims,
+                        mode,
+                        freq_scale: 1.0,
+                        pos_max: 4096,
+                    }
+                    .case(),
+                );
             }
         }
     }

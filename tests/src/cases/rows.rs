@@ -12,17 +12,36 @@ pub(super) fn get_rows(v: &mut Vec<Case>) {
     types.push(DType::I32);
     types.extend(QUANTIZED);
     // (row length, rows, rows picked, batch); the odd lengths only for unblocked types.
-    const SHAPES: [(usize, usize, usize, usize); 4] = [(256, 5, 3, 1), (256, 8, 10, 3), (10, 4, 7, 2), (1, 3, 4, 1)];
+    const SHAPES: [(usize, usize, usize, usize); 4] =
+        [(256, 5, 3, 1), (256, 8, 10, 3), (10, 4, 7, 2), (1, 3, 4, 1)];
     for t in types {
-        let shapes = if t.is_quantized() { &SHAPES[..2] } else { &SHAPES[..] };
+        let shapes = if t.is_quantized() {
+            &SHAPES[..2]
+        } else {
+            &SHAPES[..]
+        };
         for &(n, m, r, b) in shapes {
-            let tol = if t == DType::I32 { Tolerance::Exact } else { Tolerance::DEFAULT };
-            let init = if t == DType::I32 { Init::Uniform(-1000.0, 1000.0) } else { Init::Uniform(-1.0, 1.0) };
-            v.push(Case::new("GET_ROWS", format!("type={t},n={n},m={m},r={r},b={b}"), &[t, DType::I32], tol, move |g| {
-                let a = g.input(t, &[n, m, b], init)?;
-                let idx = g.input(DType::I32, &[r, b], Init::Indices(m))?;
-                g.get_rows(a, idx)
-            }));
+            let tol = if t == DType::I32 {
+                Tolerance::Exact
+            } else {
+                Tolerance::DEFAULT
+            };
+            let init = if t == DType::I32 {
+                Init::Uniform(-1000.0, 1000.0)
+            } else {
+                Init::Uniform(-1.0, 1.0)
+            };
+            v.push(Case::new(
+                "GET_ROWS",
+                format!("type={t},n={n},m={m},r={r},b={b}"),
+                &[t, DType::I32],
+                tol,
+                move |g| {
+                    let a = g.input(t, &[n, m, b], init)?;
+                    let idx = g.input(DType::I32, &[r, b], Init::Indices(m))?;
+                    g.get_rows(a, idx)
+                },
+            ));
         }
     }
 }
@@ -31,7 +50,15 @@ pub(super) fn get_rows(v: &mut Vec<Case>) {
 /// broadcast over dims 2-3.
 pub(super) fn set_rows(v: &mut Vec<Case>) {
     let mut types = FLOATS.to_vec();
-    types.extend([DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K]);
+    types.extend([
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ]);
     for t in types {
         for idx_t in [DType::I32, DType::I64] {
             // (row length, destination rows, rows written, dims 2-3, index dims 2-3)
@@ -41,8 +68,16 @@ pub(super) fn set_rows(v: &mut Vec<Case>) {
             }
             for (n, rows, m, b, ib) in shapes {
                 let dst_n = n * rows * b[0] * b[1];
-                let tol = if t.is_quantized() { Tolerance::quantized(t, dst_n) } else { Tolerance::DEFAULT };
-                let params = format!("type={t},type_idx={idx_t},ne=[{n},{rows}],m={m},b={},ib={}", ne_str(&b), ne_str(&ib));
+                let tol = if t.is_quantized() {
+                    Tolerance::quantized(t, dst_n)
+                } else {
+                    Tolerance::DEFAULT
+                };
+                let params = format!(
+                    "type={t},type_idx={idx_t},ne=[{n},{rows}],m={m},b={},ib={}",
+                    ne_str(&b),
+                    ne_str(&ib)
+                );
                 v.push(Case::new("SET_ROWS", params, &[t, idx_t], tol, move |g| {
                     let dst = g.input(t, &[n, rows, b[0], b[1]], Init::Uniform(-1.0, 1.0))?;
                     let src = g.leaf(DType::F32, &[n, m, b[0], b[1]])?;

@@ -21,7 +21,13 @@ pub(super) struct SoftMax {
 
 impl SoftMax {
     pub(super) fn case(self) -> Case {
-        let SoftMax { ne, mask, mask_broadcast, scale, max_bias } = self;
+        let SoftMax {
+            ne,
+            mask,
+            mask_broadcast,
+            scale,
+            max_bias,
+        } = self;
         let m = mask.map_or("none", |t| t.name());
         let params = format!(
             "type=f32,ne={},mask={m},mask_bcast={},scale={scale},max_bias={max_bias}",
@@ -35,7 +41,11 @@ impl SoftMax {
             let mk = match mask {
                 Some(t) => {
                     // The mask has more rows than the input (as padded KQ masks do).
-                    let (m2, m3) = if mask_broadcast { (1, 1) } else { (ne[2], ne[3]) };
+                    let (m2, m3) = if mask_broadcast {
+                        (1, 1)
+                    } else {
+                        (ne[2], ne[3])
+                    };
                     Some(g.input(t, &[ne[0], ne[1] + 2, m2, m3], Init::Mask(0.2))?)
                 }
                 None => None,
@@ -52,21 +62,60 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         for mask in [None, Some(DType::F32), Some(DType::F16)] {
             for scale in [1.0, 0.1] {
                 let mask_broadcast = mask == Some(DType::F16);
-                v.push(SoftMax { ne, mask, mask_broadcast, scale, max_bias: 0.0 }.case());
+                v.push(
+                    SoftMax {
+                        ne,
+                        mask,
+                        mask_broadcast,
+                        scale,
+                        max_bias: 0.0,
+                    }
+                    .case(),
+                );
             }
             if mask.is_some() {
-                v.push(SoftMax { ne, mask, mask_broadcast: true, scale: 0.5, max_bias: 8.0 }.case());
+                v.push(
+                    SoftMax {
+                        ne,
+                        mask,
+                        mask_broadcast: true,
+                        scale: 0.5,
+                        max_bias: 8.0,
+                    }
+                    .case(),
+                );
             }
         }
     }
     for mask in [None, Some(DType::F16)] {
-        v.push(SoftMax { ne: [70000, 2, 1, 1], mask, mask_broadcast: true, scale: 1.0, max_bias: 0.0 }.case().large());
+        v.push(
+            SoftMax {
+                ne: [70000, 2, 1, 1],
+                mask,
+                mask_broadcast: true,
+                scale: 1.0,
+                max_bias: 0.0,
+            }
+            .case()
+            .large(),
+        );
     }
-    for (ne, n_past) in [([10, 10, 1, 1], 0), ([10, 10, 1, 1], 5), ([16, 8, 3, 2], 0), ([16, 8, 3, 2], 3)] {
+    for (ne, n_past) in [
+        ([10, 10, 1, 1], 0),
+        ([10, 10, 1, 1], 5),
+        ([16, 8, 3, 2], 0),
+        ([16, 8, 3, 2], 3),
+    ] {
         let params = format!("type=f32,ne={},n_past={n_past}", ne_str(&ne));
-        v.push(Case::new("DIAG_MASK_INF", params, &[DType::F32], Tolerance::DEFAULT, move |g| {
-            let a = g.leaf(DType::F32, &ne)?;
-            g.diag_mask_inf(a, n_past)
-        }));
+        v.push(Case::new(
+            "DIAG_MASK_INF",
+            params,
+            &[DType::F32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let a = g.leaf(DType::F32, &ne)?;
+                g.diag_mask_inf(a, n_past)
+            },
+        ));
     }
 }

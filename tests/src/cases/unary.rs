@@ -22,10 +22,16 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         for t in [DType::F32, DType::F16] {
             for (ne, per) in [([128, 2, 2, 2], [0, 1, 2, 3]), ([7, 5, 3, 2], [0, 2, 1, 3])] {
                 let params = format!("type={t},ne={},per={}", ne_str(&ne), ne_str(&per));
-                v.push(Case::new(name, params, &[t], Tolerance::DEFAULT, move |g| {
-                    let a = permuted(g, t, ne, per, domain(op))?;
-                    g.unary(a, op)
-                }));
+                v.push(Case::new(
+                    name,
+                    params,
+                    &[t],
+                    Tolerance::DEFAULT,
+                    move |g| {
+                        let a = permuted(g, t, ne, per, domain(op))?;
+                        g.unary(a, op)
+                    },
+                ));
             }
         }
     }
@@ -33,18 +39,38 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         for t in [DType::F32, DType::F16] {
             for ne in [[128, 2, 2, 2], [10, 5, 4, 3]] {
                 for swapped in [false, true] {
-                    let params = format!("type={t},ne={},swapped={},split=0", ne_str(&ne), swapped as u8);
-                    v.push(Case::new(name, params, &[t], Tolerance::DEFAULT, move |g| {
-                        let a = g.input(t, &[2 * ne[0], ne[1], ne[2], ne[3]], Init::Uniform(-2.0, 2.0))?;
-                        g.glu(a, op, swapped)
-                    }));
+                    let params = format!(
+                        "type={t},ne={},swapped={},split=0",
+                        ne_str(&ne),
+                        swapped as u8
+                    );
+                    v.push(Case::new(
+                        name,
+                        params,
+                        &[t],
+                        Tolerance::DEFAULT,
+                        move |g| {
+                            let a = g.input(
+                                t,
+                                &[2 * ne[0], ne[1], ne[2], ne[3]],
+                                Init::Uniform(-2.0, 2.0),
+                            )?;
+                            g.glu(a, op, swapped)
+                        },
+                    ));
                 }
                 let params = format!("type={t},ne={},swapped=0,split=1", ne_str(&ne));
-                v.push(Case::new(name, params, &[t], Tolerance::DEFAULT, move |g| {
-                    let gate = g.input(t, &ne, Init::Uniform(-2.0, 2.0))?;
-                    let up = g.leaf(t, &ne)?;
-                    g.glu_split(gate, up, op)
-                }));
+                v.push(Case::new(
+                    name,
+                    params,
+                    &[t],
+                    Tolerance::DEFAULT,
+                    move |g| {
+                        let gate = g.input(t, &ne, Init::Uniform(-2.0, 2.0))?;
+                        let up = g.leaf(t, &ne)?;
+                        g.glu_split(gate, up, op)
+                    },
+                ));
             }
         }
     }

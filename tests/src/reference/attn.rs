@@ -15,10 +15,24 @@ struct Params {
 }
 
 /// Computes node `id`.
-pub(super) fn flash_attn_ext(g: &Graph, id: TensorId, scale: f64, max_bias: f64, softcap: f64) -> Result<()> {
+pub(super) fn flash_attn_ext(
+    g: &Graph,
+    id: TensorId,
+    scale: f64,
+    max_bias: f64,
+    softcap: f64,
+) -> Result<()> {
     let (q, k, v) = (io::src(g, id, 0)?, io::src(g, id, 1)?, io::src(g, id, 2)?);
-    let mask = if g.get(id).src.len() > 3 { Some(io::src(g, id, 3)?) } else { None };
-    let p = Params { scale, max_bias, softcap };
+    let mask = if g.get(id).src.len() > 3 {
+        Some(io::src(g, id, 3)?)
+    } else {
+        None
+    };
+    let p = Params {
+        scale,
+        max_bias,
+        softcap,
+    };
     let ne = g.get(id).ne; // [dv, heads, n_q, batch]
     let mut out = vec![0.0; ne.iter().product()];
     for b in 0..q.ne[3] {
@@ -34,7 +48,14 @@ pub(super) fn flash_attn_ext(g: &Graph, id: TensorId, scale: f64, max_bias: f64,
 }
 
 /// The output row of query `i` of head `h` in batch `b`.
-fn attend(q: &Vals, k: &Vals, v: &Vals, mask: Option<&Vals>, p: &Params, [i, h, b]: [usize; 3]) -> Vec<f64> {
+fn attend(
+    q: &Vals,
+    k: &Vals,
+    v: &Vals,
+    mask: Option<&Vals>,
+    p: &Params,
+    [i, h, b]: [usize; 3],
+) -> Vec<f64> {
     let n_kv = k.ne[1];
     let kh = h / (q.ne[2] / k.ne[2]).max(1);
     let kb = b / (q.ne[3] / k.ne[3]).max(1);

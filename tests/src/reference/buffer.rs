@@ -14,7 +14,10 @@ impl BufferType for HostBufferType {
     }
     fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
         let mut v = Vec::new();
-        v.try_reserve_exact(size).map_err(|_| Error::OutOfMemory { device: "ref-f64".into(), bytes: size })?;
+        v.try_reserve_exact(size).map_err(|_| Error::OutOfMemory {
+            device: "ref-f64".into(),
+            bytes: size,
+        })?;
         v.resize(size, 0);
         Ok(Arc::new(HostBuffer(Mutex::new(v))))
     }

@@ -96,13 +96,20 @@ pub(super) fn glu(g: &Graph, id: TensorId, op: GluOp, swapped: bool) -> Result<(
     let a = io::src(g, id, 0)?;
     let out: Vec<f64> = if g.get(id).src.len() == 2 {
         let up = io::src(g, id, 1)?;
-        a.v.iter().zip(&up.v).map(|(&x, &u)| act(op, x) * u).collect()
+        a.v.iter()
+            .zip(&up.v)
+            .map(|(&x, &u)| act(op, x) * u)
+            .collect()
     } else {
         let n = a.ne[0] / 2;
         let mut out = Vec::with_capacity(a.v.len() / 2);
         for row in a.v.chunks_exact(a.ne[0].max(1)) {
             let (first, second) = row.split_at(n);
-            let (gate, up) = if swapped { (second, first) } else { (first, second) };
+            let (gate, up) = if swapped {
+                (second, first)
+            } else {
+                (first, second)
+            };
             out.extend(gate.iter().zip(up).map(|(&x, &u)| act(op, x) * u));
         }
         out
@@ -116,8 +123,18 @@ mod tests {
 
     #[test]
     fn erf_matches_known_values() {
-        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (-1.5, -0.966_105_146_475_310_7)] {
-            assert!((erf(x) - want).abs() < 1e-14, "erf({x}) = {} != {want}", erf(x));
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (-1.5, -0.966_105_146_475_310_7),
+        ] {
+            assert!(
+                (erf(x) - want).abs() < 1e-14,
+                "erf({x}) = {} != {want}",
+                erf(x)
+            );
         }
     }
 }

@@ -35,14 +35,21 @@ fn span(g: &Graph, id: TensorId) -> Result<Vec<u8>> {
 
 /// Source `i` of node `id`, as f64.
 pub(super) fn src(g: &Graph, id: TensorId, i: usize) -> Result<Vals> {
-    let s = *g.get(id).src.get(i).ok_or_else(|| Error::Invalid(format!("{} has no source {i}", g.label(id))))?;
+    let s = *g
+        .get(id)
+        .src
+        .get(i)
+        .ok_or_else(|| Error::Invalid(format!("{} has no source {i}", g.label(id))))?;
     read(g, s)
 }
 
 /// Tensor `id` as f64.
 pub(super) fn read(g: &Graph, id: TensorId) -> Result<Vals> {
     let t = g.get(id);
-    Ok(Vals { ne: t.ne, v: tensor_io::read(t, &span(g, id)?)? })
+    Ok(Vals {
+        ne: t.ne,
+        v: tensor_io::read(t, &span(g, id)?)?,
+    })
 }
 
 /// Stores `v` (logical order) as tensor `id`'s values, in its type and layout.
@@ -59,5 +66,8 @@ pub(super) fn write_row(g: &Graph, id: TensorId, i: [usize; 3], v: &[f64]) -> Re
     let d = g.data_or_err(id)?;
     let mut bytes = vec![0u8; t.dtype.row_size(t.ne[0])?];
     tensor_io::encode_row(t.dtype, v, &mut bytes)?;
-    d.buffer.set(d.offset + i[0] * t.nb[1] + i[1] * t.nb[2] + i[2] * t.nb[3], &bytes)
+    d.buffer.set(
+        d.offset + i[0] * t.nb[1] + i[1] * t.nb[2] + i[2] * t.nb[3],
+        &bytes,
+    )
 }

@@ -22,7 +22,9 @@ mod softmax;
 use std::any::Any;
 use std::sync::Arc;
 
-use tessera_core::{Backend, Buffer, BufferType, Device, DeviceKind, Error, Graph, Memory, Op, Result, TensorId};
+use tessera_core::{
+    Backend, Buffer, BufferType, Device, DeviceKind, Error, Graph, Memory, Op, Result, TensorId,
+};
 
 use buffer::{HostBuffer, HostBufferType};
 
@@ -97,20 +99,35 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
         Op::Glu { op, swapped } => elementwise::glu(g, id, *op, *swapped),
         Op::RmsNorm { eps } => norm::rms_norm(g, id, *eps as f64),
         Op::Norm { eps } => norm::norm(g, id, *eps as f64),
-        Op::SoftMax { scale, max_bias } => softmax::soft_max(g, id, *scale as f64, *max_bias as f64),
+        Op::SoftMax { scale, max_bias } => {
+            softmax::soft_max(g, id, *scale as f64, *max_bias as f64)
+        }
         Op::DiagMaskInf(n_past) => softmax::diag_mask_inf(g, id, *n_past),
         Op::Rope(p) => rope::rope(g, id, p),
-        Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
-            attn::flash_attn_ext(g, id, *scale as f64, *max_bias as f64, *logit_softcap as f64)
-        }
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            logit_softcap,
+        } => attn::flash_attn_ext(
+            g,
+            id,
+            *scale as f64,
+            *max_bias as f64,
+            *logit_softcap as f64,
+        ),
         Op::Concat(dim) => shape::concat(g, id, *dim),
         Op::Repeat => shape::repeat(g, id),
         Op::Pad(_) => shape::pad(g, id),
         Op::Arange { start, step, .. } => shape::arange(g, id, *start as f64, *step as f64),
         Op::Sum => reduce::sum(g, id),
         Op::SumRows => reduce::rows(g, id, |row| row.iter().sum()),
-        Op::Mean => reduce::rows(g, id, |row| row.iter().sum::<f64>() / row.len().max(1) as f64),
+        Op::Mean => reduce::rows(g, id, |row| {
+            row.iter().sum::<f64>() / row.len().max(1) as f64
+        }),
         Op::Argmax => reduce::argmax(g, id),
-        op => Err(Error::Unsupported { backend: "ref-f64".into(), what: op.name().into() }),
+        op => Err(Error::Unsupported {
+            backend: "ref-f64".into(),
+            what: op.name().into(),
+        }),
     }
 }

@@ -36,7 +36,14 @@ pub(super) fn concat(g: &Graph, id: TensorId, dim: usize) -> Result<()> {
 pub(super) fn repeat(g: &Graph, id: TensorId) -> Result<()> {
     let a = io::src(g, id, 0)?;
     let mut out = Vec::new();
-    each_index(g.get(id).ne, |i| out.push(a.at(i[0] % a.ne[0], i[1] % a.ne[1], i[2] % a.ne[2], i[3] % a.ne[3])));
+    each_index(g.get(id).ne, |i| {
+        out.push(a.at(
+            i[0] % a.ne[0],
+            i[1] % a.ne[1],
+            i[2] % a.ne[2],
+            i[3] % a.ne[3],
+        ))
+    });
     io::write(g, id, &out)
 }
 
@@ -46,7 +53,11 @@ pub(super) fn pad(g: &Graph, id: TensorId) -> Result<()> {
     let mut out = Vec::new();
     each_index(g.get(id).ne, |i| {
         let inside = (0..4).all(|d| i[d] < a.ne[d]);
-        out.push(if inside { a.at(i[0], i[1], i[2], i[3]) } else { 0.0 });
+        out.push(if inside {
+            a.at(i[0], i[1], i[2], i[3])
+        } else {
+            0.0
+        });
     });
     io::write(g, id, &out)
 }

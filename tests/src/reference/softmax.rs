@@ -33,7 +33,11 @@ pub(super) fn softmax_row(logits: &[f64], out: &mut Vec<f64>) {
 /// softmax(x * scale + slope * mask) over each row; the mask is broadcast over dims 2 and 3.
 pub(super) fn soft_max(g: &Graph, id: TensorId, scale: f64, max_bias: f64) -> Result<()> {
     let a = io::src(g, id, 0)?;
-    let mask = if g.get(id).src.len() > 1 { Some(io::src(g, id, 1)?) } else { None };
+    let mask = if g.get(id).src.len() > 1 {
+        Some(io::src(g, id, 1)?)
+    } else {
+        None
+    };
     let ne = a.ne;
     let mut out = Vec::with_capacity(a.v.len());
     let mut logits = vec![0.0; ne[0]];
@@ -42,7 +46,9 @@ pub(super) fn soft_max(g: &Graph, id: TensorId, scale: f64, max_bias: f64) -> Re
             let slope = alibi_slope(max_bias, ne[2], i2);
             for i1 in 0..ne[1] {
                 for (i0, l) in logits.iter_mut().enumerate() {
-                    let m = mask.as_ref().map_or(0.0, |m| m.at(i0, i1, i2 % m.ne[2], i3 % m.ne[3]));
+                    let m = mask
+                        .as_ref()
+                        .map_or(0.0, |m| m.at(i0, i1, i2 % m.ne[2], i3 % m.ne[3]));
                     *l = a.at(i0, i1, i2, i3) * scale + slope * m;
                 }
                 softmax_row(&logits, &mut out);

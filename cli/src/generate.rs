@@ -42,7 +42,8 @@ pub struct SampleArgs {
 
 impl SampleArgs {
     fn params(&self) -> Result<GenerateParams> {
-        if !(self.temp >= 0.0)
+        if self.temp.is_nan()
+            || self.temp < 0.0
             || !(0.0..=1.0).contains(&self.top_p)
             || !(0.0..=1.0).contains(&self.min_p)
         {

@@ -113,7 +113,7 @@ impl DType {
     /// Bytes taken by a row of `n` elements, or an error when `n` is not a whole number of blocks.
     pub fn row_size(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(Error::NotWholeBlocks {
                 dtype: self,
                 n,

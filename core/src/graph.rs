@@ -157,7 +157,7 @@ impl Graph {
         src: Vec<TensorId>,
     ) -> Result<TensorId> {
         let name = op.name();
-        if dtype.is_quantized() && ne[0] % dtype.block_size() != 0 {
+        if dtype.is_quantized() && !ne[0].is_multiple_of(dtype.block_size()) {
             return Err(Error::op(
                 format!("#{}", self.tensors.len()),
                 name,
@@ -669,7 +669,7 @@ impl Graph {
         if t.dtype != DType::F32 && t.dtype != DType::F16 {
             return Err(self.err(a, o.name(), format!("f32 or f16 only, got {}", t.dtype)));
         }
-        if t.ne[0] % 2 != 0 {
+        if !t.ne[0].is_multiple_of(2) {
             return Err(self.err(a, o.name(), format!("row length {} is odd", t.ne[0])));
         }
         if !t.rows_contiguous() {
@@ -759,8 +759,8 @@ impl Graph {
             }
             if tm.ne[0] != ta.ne[0]
                 || tm.ne[1] < ta.ne[1]
-                || ta.ne[2] % tm.ne[2] != 0
-                || ta.ne[3] % tm.ne[3] != 0
+                || !ta.ne[2].is_multiple_of(tm.ne[2])
+                || !ta.ne[3].is_multiple_of(tm.ne[3])
             {
                 return Err(self.err(
                     m,
@@ -794,14 +794,15 @@ impl Graph {
                 ),
             ));
         }
-        if p.n_dims == 0 || p.n_dims % 2 != 0 || p.n_dims > ta.ne[0] {
+        if p.n_dims == 0 || !p.n_dims.is_multiple_of(2) || p.n_dims > ta.ne[0] {
             return Err(self.err(
                 a,
                 "ROPE",
                 format!("n_dims {} must be even and at most {}", p.n_dims, ta.ne[0]),
             ));
         }
-        if !(p.freq_base > 0.0) || !p.freq_scale.is_finite() {
+        // Written so that a NaN base fails too.
+        if p.freq_base.is_nan() || p.freq_base <= 0.0 || !p.freq_scale.is_finite() {
             return Err(self.err(a, "ROPE", "freq_base must be > 0 and freq_scale finite"));
         }
         let (dt, ne) = (ta.dtype, ta.ne);
@@ -811,6 +812,7 @@ impl Graph {
     /// Fused attention. q [d, n_q, heads, b] F32; k [d, n_kv, kv_heads, b] and v [dv, n_kv,
     /// kv_heads, b] F32 or F16 with heads a multiple of kv_heads (GQA); mask F16/F32
     /// [n_kv, >= n_q, 1 or heads..., 1]. Result F32 [dv, heads, n_q, b] (ggml's permuted layout).
+    #[allow(clippy::too_many_arguments)] // ggml's signature: three tensors, a mask, three scalars
     pub fn flash_attn_ext(
         &mut self,
         q: TensorId,
@@ -1018,7 +1020,7 @@ impl Graph {
     /// F32 values start, start + step, ... below stop.
     pub fn arange(&mut self, start: f32, stop: f32, step: f32) -> Result<TensorId> {
         let n = ((stop - start) / step).ceil();
-        if !(step != 0.0 && n.is_finite() && n >= 0.0 && n < 1e9) {
+        if !(step != 0.0 && n.is_finite() && (0.0..1e9).contains(&n)) {
             return Err(Error::op(
                 format!("#{}", self.len()),
                 "ARANGE",

@@ -218,7 +218,9 @@ impl TView {
     /// Stores `vals` as elements `i0`, `i0 + 1`, ... of row (i1, i2, i3): with one range check
     /// and plain stores when the row holds adjacent F32 values, element by element otherwise.
     /// The run's length is a constant, so that the stores compile to a fixed-size copy rather
-    /// than a call to `memcpy`.
+    /// than a call to `memcpy`. Inlined, so that the values go from registers to the result
+    /// without a round trip through the stack (whose narrow stores a wide load cannot forward).
+    #[inline]
     pub fn set_run<const N: usize>(&self, [i0, i1, i2, i3]: [usize; 4], vals: &[f32; N]) {
         if self.dtype == DType::F32 && self.nb[0] == 4 {
             let p = self.at(self.offset([i0, i1, i2, i3]), 4 * vals.len());

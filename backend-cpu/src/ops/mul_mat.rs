@@ -196,6 +196,7 @@ struct Out<'a> {
 
 impl Out<'_> {
     /// Stores `vals` as rows `row0 + r ..` of column `col0 + c`.
+    #[inline]
     fn put<const N: usize>(&self, r: usize, c: usize, vals: &[f32; N]) {
         self.dst
             .set_run([self.row0 + r, self.col0 + c, self.b2, self.b3], vals);

@@ -263,18 +263,18 @@ pub fn vec_dot_tile<const R: usize, const C: usize>(
     xs: &[&[u8]; R],
     ys: &[&[u8]; C],
 ) -> [[f32; C]; R] {
+    // The whole blocks every row holds (short slices stop every product early).
+    let (xt, yt) = (dtype.type_size(), vec_dot_type(dtype).type_size());
+    let nb = xs
+        .iter()
+        .map(|x| x.len() / xt)
+        .chain(ys.iter().map(|y| y.len() / yt))
+        .fold(n / dtype.block_size(), usize::min);
     #[cfg(target_arch = "x86_64")]
-    {
-        let (xt, yt) = (dtype.type_size(), vec_dot_type(dtype).type_size());
-        let nb = xs
-            .iter()
-            .map(|x| x.len() / xt)
-            .chain(ys.iter().map(|y| y.len() / yt))
-            .fold(n / dtype.block_size(), usize::min);
-        if let Some(out) = avx2::dot_tile(dtype, nb, xs, ys, true) {
-            return out;
-        }
+    if let Some(out) = avx2::dot_tile(dtype, nb, xs, ys, true) {
+        return out;
     }
+    let n = nb * dtype.block_size();
     std::array::from_fn(|r| std::array::from_fn(|c| vec_dot(dtype, n, xs[r], ys[c])))
 }
 

@@ -1,52 +1,23 @@
 //! The SmolLM2 tokenizer, read from the GGUF file, against llama.cpp's token ids for the 30
-//! strings of shared/reference/smollm2-tokenize.json. Skips (with a message) when the model
-//! or the reference file is absent.
+//! strings of shared/reference/smollm2-tokenize.json. The model is fetched on first use.
 
-use std::path::PathBuf;
+mod common;
+
 use tessera_core::gguf::GgufFile;
 use tessera_llm::chat::{ChatTemplate, Message};
 use tessera_llm::tokenizer::{StreamDecoder, Tokenizer};
 
-const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+use common::{ids, model_path, reference};
 
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("TESSERA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/tessera/models")
-        });
-    dir.join(MODEL)
-}
-
-/// The model's GGUF file and the reference JSON, or `None` (printed) when either is absent.
-fn load() -> Option<(GgufFile, serde_json::Value)> {
-    let model = model_path();
-    if !model.exists() {
-        println!("SKIPPED: model file {} is absent", model.display());
-        return None;
-    }
-    let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/smollm2-tokenize.json");
-    let Ok(text) = std::fs::read_to_string(&reference) else {
-        println!("SKIPPED: reference file {} is absent", reference.display());
-        return None;
-    };
-    let gguf = GgufFile::open(&model).expect("model opens");
-    Some((gguf, serde_json::from_str(&text).expect("reference parses")))
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+/// The model's GGUF file (fetched and cached as the CLI does) and the reference JSON.
+fn load() -> (GgufFile, serde_json::Value) {
+    let gguf = GgufFile::open(model_path()).expect("model opens");
+    (gguf, reference("smollm2-tokenize.json"))
 }
 
 #[test]
 fn smollm2_matches_llama_cpp_ids() {
-    let Some((gguf, r)) = load() else { return };
+    let (gguf, r) = load();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
     assert_eq!(tok.n_vocab() as u64, r["info"]["n_vocab"].as_u64().unwrap());
     assert_eq!(tok.bos(), Some(1));
@@ -121,7 +92,7 @@ fn smollm2_matches_llama_cpp_ids() {
 
 #[test]
 fn smollm2_chat_template_from_gguf() {
-    let Some((gguf, r)) = load() else { return };
+    let (gguf, r) = load();
     let t = ChatTemplate::from_gguf(&gguf).unwrap();
     let user = [Message::new("user", "What is the capital of France?")];
     let text = t.render(&user, true).unwrap();

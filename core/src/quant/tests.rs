@@ -6,21 +6,10 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-/// Every quantized type that has a quantizer and a dot product.
-const QUANT_TYPES: [DType; 12] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q8_1,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::Q8_K,
-];
+/// Every quantized type (each has a quantizer and a dot product).
+fn quant_types() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|t| t.is_quantized())
+}
 
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -86,7 +75,7 @@ fn rmse_bounds(t: DType) -> (f32, f32) {
 fn quant_round_trip_error_within_bounds() {
     let types = [DType::F32, DType::F16, DType::BF16]
         .into_iter()
-        .chain(QUANT_TYPES);
+        .chain(quant_types());
     for t in types {
         let (bu, bg) = rmse_bounds(t);
         for (x, bound, what) in [
@@ -106,7 +95,7 @@ fn quant_ggml_total_error_thresholds() {
     let n = 32 * 128;
     let x: Vec<f32> = (0..n).map(|i| 0.1 + 2.0 * (i as f32).cos()).collect();
     let x2: Vec<f32> = (0..n).map(|i| 0.1 + 2.0 * (i as f32 + 1.0).cos()).collect();
-    for t in QUANT_TYPES {
+    for t in quant_types() {
         let y = dequantize(t, &quantize(t, &x), n);
         let s: f64 = x
             .iter()
@@ -268,10 +257,7 @@ fn quant_hand_built_blocks_decode_exactly() {
 
 #[test]
 fn quant_vec_dot_matches_dequantized_dot() {
-    for t in QUANT_TYPES
-        .into_iter()
-        .chain([DType::F32, DType::F16, DType::BF16])
-    {
+    for t in quant_types().chain([DType::F32, DType::F16, DType::BF16]) {
         let n = 1024;
         let x = gaussian(n, 3);
         let y = gaussian(n, 4);
@@ -418,7 +404,7 @@ fn quant_tile_kernels_match_scalar() {
 #[test]
 fn quant_bad_lengths_give_errors() {
     let x = uniform(64, 5);
-    for t in QUANT_TYPES {
+    for t in quant_types() {
         let need = t.row_size(t.block_size()).unwrap();
         assert!(quantize_row(t, &x[..t.block_size().min(64) - 1], &mut vec![0; need]).is_err());
         let src = uniform(t.block_size(), 6);

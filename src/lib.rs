@@ -27,32 +27,34 @@ use tessera_core::BackendReg;
 /// The compiled-in backends, most preferred first for this platform. The CPU comes last: it
 /// runs everything, so it is the scheduler's fallback.
 pub fn backend_regs() -> Vec<Box<dyn BackendReg>> {
-    let mut regs: Vec<Box<dyn BackendReg>> = Vec::new();
     cfg_if::cfg_if! {
         if #[cfg(target_os = "macos")] {
             // Metal through wgpu is the GPU path on Apple machines.
-            add_wgpu(&mut regs);
-            add_cuda(&mut regs);
+            let gpus = [wgpu_reg(), cuda_reg()];
         } else {
             // Elsewhere NVIDIA GPUs are fastest through CUDA; every other GPU through wgpu.
-            add_cuda(&mut regs);
-            add_wgpu(&mut regs);
+            let gpus = [cuda_reg(), wgpu_reg()];
         }
     }
+    let mut regs: Vec<Box<dyn BackendReg>> = gpus.into_iter().flatten().collect();
     regs.push(Box::new(tessera_cpu::CpuBackendReg));
     regs
 }
 
-#[allow(unused_variables)]
-fn add_cuda(regs: &mut Vec<Box<dyn BackendReg>>) {
+/// The CUDA backend's entry, when the `cuda` feature compiled it in.
+fn cuda_reg() -> Option<Box<dyn BackendReg>> {
     #[cfg(feature = "cuda")]
-    regs.push(Box::new(tessera_cuda::CudaBackendReg::new()));
+    return Some(Box::new(tessera_cuda::CudaBackendReg::new()));
+    #[cfg(not(feature = "cuda"))]
+    None
 }
 
-#[allow(unused_variables)]
-fn add_wgpu(regs: &mut Vec<Box<dyn BackendReg>>) {
+/// The wgpu backend's entry, when the `wgpu` feature compiled it in.
+fn wgpu_reg() -> Option<Box<dyn BackendReg>> {
     #[cfg(feature = "wgpu")]
-    regs.push(Box::new(tessera_wgpu::WgpuBackendReg::new()));
+    return Some(Box::new(tessera_wgpu::WgpuBackendReg::new()));
+    #[cfg(not(feature = "wgpu"))]
+    None
 }
 
 /// A registry of every device of every compiled-in backend.

@@ -8,6 +8,8 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 use tessera_core::{Backend, Buffer, Error, Event, Graph, Result, TensorId};
 
 use crate::blas::Blas;
+use crate::cmd::Cmd;
+use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
 use crate::graphs::{GraphCache, GraphMode};
 use crate::memory::CudaBuffer;
@@ -28,6 +30,9 @@ pub struct CudaBackend {
     fuse: bool,
     stream: Arc<CudaStream>,
     dev: Arc<DeviceShared>,
+    /// The peer all-reduce group this stream joined and its rank there, for
+    /// [`tessera_core::Op::AllReduce`] nodes.
+    group: Option<(Arc<PeerGroup>, usize)>,
 }
 
 impl CudaBackend {
@@ -51,7 +56,34 @@ impl CudaBackend {
             fuse,
             stream,
             dev,
+            group: None,
         })
+    }
+
+    /// The device ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.dev.ordinal
+    }
+
+    /// The raw stream.
+    pub(crate) fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Makes the device's context current on this thread.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.dev.bind()
+    }
+
+    /// Submits one command to the stream, outside any graph.
+    pub(crate) fn run_command(&mut self, cmd: &Cmd) -> Result<()> {
+        self.dev.bind()?;
+        cmd.run(&self.dev, self.stream.cu_stream(), &self.blas)
+    }
+
+    /// Joins a peer all-reduce group as rank `rank`: later graphs may hold all-reduce nodes.
+    pub(crate) fn join_group(&mut self, group: Arc<PeerGroup>, rank: usize) {
+        self.group = Some((group, rank));
     }
 
     /// How the last [`Backend::compute`] ran (eagerly, or through a captured, updated or
@@ -152,6 +184,7 @@ impl Backend for CudaBackend {
             self.tf32,
             self.fuse,
         );
+        enc.group = self.group.clone();
         enc.encode(nodes)?;
         let cmds = if enc.scratch_fits() {
             enc.cmds
@@ -167,6 +200,7 @@ impl Backend for CudaBackend {
                 self.tf32,
                 self.fuse,
             );
+            enc.group = self.group.clone();
             enc.encode(nodes)?;
             enc.cmds
         };
@@ -321,5 +355,9 @@ impl Backend for CudaBackend {
             }
             None => event.synchronize(),
         }
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        Some(self)
     }
 }

@@ -90,6 +90,11 @@ impl CudaDevice {
         }
     }
 
+    /// What every object of this GPU shares.
+    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+        &self.shared
+    }
+
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.shared.ordinal
@@ -178,6 +183,18 @@ impl Device for CudaDevice {
             .as_any()
             .downcast_ref::<CudaBuffer>()
             .is_some_and(|b| b.ordinal() == self.shared.ordinal)
+    }
+
+    /// Peer memory inside graphs and NCCL between them ([`crate::CudaComm`]); `Ok(None)`
+    /// where neither works (or a device is not a CUDA device).
+    fn communicator(
+        &self,
+        devices: &[Arc<dyn Device>],
+    ) -> Result<Option<Box<dyn tessera_core::Communicator>>> {
+        let Some(devs) = crate::comm::shared_of(devices) else {
+            return Ok(None);
+        };
+        Ok(crate::CudaComm::new(devs)?.map(|c| Box::new(c) as Box<dyn tessera_core::Communicator>))
     }
 
     fn as_any(&self) -> &dyn Any {

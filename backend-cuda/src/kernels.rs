@@ -40,6 +40,7 @@ const FILES: &[(&str, &str)] = &[
     ("matmul", include_str!("../../kernels/matmul.cu")),
     ("mmvq", include_str!("../../kernels/mmvq.cu")),
     ("attention", include_str!("../../kernels/attention.cu")),
+    ("allreduce", include_str!("../../kernels/allreduce.cu")),
 ];
 
 /// A kernel entry point, ready to launch.

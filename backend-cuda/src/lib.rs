@@ -9,12 +9,15 @@
 //! - **Compute**: [`CudaBackend`] is a stream. A graph is encoded into a command list (kernels
 //!   and cuBLAS GEMMs), then run eagerly or as a CUDA graph that is replayed when the same
 //!   work comes again ([`graphs`] module docs). Fused kernels replace common op sequences.
+//! - **All-reduce**: [`CudaComm`] sums a tensor over several GPUs for meta devices, through
+//!   peer memory inside the CUDA graphs for small tensors and NCCL for large ones.
 //! - **Ops**: [`tessera_core::Device::supports_op`] says exactly which ops and types are
 //!   implemented; the scheduler runs the rest elsewhere.
 
 mod backend;
 mod blas;
 mod cmd;
+pub mod comm;
 mod device;
 mod driver;
 pub mod graphs;
@@ -23,6 +26,7 @@ mod memory;
 mod ops;
 
 pub use backend::{CudaBackend, CudaEventMark};
+pub use comm::CudaComm;
 pub use device::{CudaBackendReg, CudaDevice};
 pub use graphs::GraphMode;
 pub use memory::{CudaBuffer, CudaBufferType, PinnedBuffer, PinnedBufferType};

@@ -25,7 +25,8 @@ pub enum GgufCommand {
 #[derive(Args)]
 pub struct SynthArgs {
     /// The shape: smollm2-135m (the test model's exact layout and tokenizer), llama-1b
-    /// (Llama 3.2 1B) or llama-8b (Llama 3 8B), the Llama shapes with a generated vocabulary.
+    /// (Llama 3.2 1B), llama-8b (Llama 3 8B) or llama-70b (Llama 3 70B), the Llama shapes with
+    /// a generated vocabulary.
     #[arg(long, value_parser = PossibleValuesParser::new(Like::NAMES))]
     like: String,
     /// Type of the weight matrices.

@@ -41,6 +41,11 @@ fn cpu(args: &ModelArgs) -> Arc<dyn Device> {
     Arc::new(d)
 }
 
+/// The CPU device with its default settings.
+pub fn cpu_default() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new())
+}
+
 /// The model's device and the CPU fallback.
 pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
     let fallback = cpu(args);

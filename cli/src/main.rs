@@ -1,6 +1,7 @@
 //! `tessera`: generate text with a GGUF model on any device, benchmark it, list devices, and
 //! run the op conformance suite and op benchmarks.
 
+mod allreduce;
 mod bench;
 mod devices;
 mod generate;
@@ -32,6 +33,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Measure prompt and generation tokens per second, as llama-bench does.
     Bench(bench::BenchArgs),
+    /// Time the all-reduce between a meta device's parts, per tensor size.
+    AllReduce(allreduce::AllReduceArgs),
     /// The op conformance suite and op benchmarks.
     #[command(subcommand)]
     Ops(ops::OpsCommand),
@@ -56,6 +59,7 @@ fn main() {
         Command::Chat(a) => generate::chat(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::AllReduce(a) => allreduce::run(a),
         Command::Ops(c) => ops::run(c),
         Command::Gguf(c) => gguf::run(c),
     };

@@ -292,6 +292,11 @@ pub trait Backend: Send {
     fn wait_event(&mut self, event: &dyn Event) -> Result<()> {
         event.synchronize()
     }
+    /// The backend as `Any`, for a communicator of its own kind to reach its stream. Default:
+    /// `None`.
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        None
+    }
 }
 
 /// Element type of an all-reduce.
@@ -303,18 +308,30 @@ pub enum ReduceType {
     BF16,
 }
 
-/// A backend-provided all-reduce over a fixed set of devices (one rank per device).
+/// A backend-provided all-reduce over a fixed set of devices (one rank per device), ordered on
+/// the ranks' streams: it runs after the work already submitted to each rank's backend and
+/// before work submitted later, and the host does not wait for it.
 pub trait Communicator: Send {
+    /// What carries the sums (`nccl`, `peer`), for logs and reports.
+    fn name(&self) -> String;
     /// Number of ranks.
     fn size(&self) -> usize;
     /// Sums `count` elements at each `(buffer, offset)` (one per rank, in rank order) and
-    /// leaves the sum in every one, in place.
+    /// leaves the sum in every one, in place, ordered on `backends[j]`'s stream for rank `j`.
+    /// The backends are streams of the ranks' devices, in rank order.
     fn all_reduce(
         &mut self,
+        backends: &mut [Box<dyn Backend>],
         bufs: &[(Arc<dyn Buffer>, usize)],
         count: usize,
         dtype: ReduceType,
     ) -> Result<()>;
+    /// Lets the ranks' backends (in rank order) run [`crate::Op::AllReduce`] nodes of f32
+    /// tensors inside their own graphs, with no host step between the ranks; returns the most
+    /// elements one such node may hold, 0 where the communicator cannot do it (the default).
+    fn attach(&mut self, _backends: &mut [Box<dyn Backend>]) -> Result<usize> {
+        Ok(0)
+    }
 }
 
 /// A backend's entry in the registry.

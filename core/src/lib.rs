@@ -15,7 +15,10 @@ pub mod registry;
 pub mod sched;
 pub mod tensor;
 
-pub use backend::{Backend, BackendReg, Buffer, BufferType, Device, DeviceKind, Event, Memory};
+pub use backend::{
+    Backend, BackendReg, Buffer, BufferType, Communicator, Device, DeviceKind, Event, Memory,
+    ReduceType,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Graph;

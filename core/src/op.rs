@@ -242,6 +242,11 @@ pub enum Op {
         /// Increment.
         step: f32,
     },
+    /// src0 (f32, contiguous) summed over the ranks of the communicator group the backend has
+    /// joined ([`crate::Communicator::attach`]), written back into src0's memory: the result is
+    /// an in-place view of src0. Only meta devices put it in graphs, and only on backends that
+    /// joined a group; no other backend supports it.
+    AllReduce,
 }
 
 impl Op {
@@ -301,6 +306,7 @@ impl Op {
             Op::Argmax => "ARGMAX",
             Op::DiagMaskInf(_) => "DIAG_MASK_INF",
             Op::Arange { .. } => "ARANGE",
+            Op::AllReduce => "ALL_REDUCE",
         }
     }
 

@@ -112,6 +112,8 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::Sum | Op::SumRows | Op::Mean => float(s(0)?) && t.dtype == DType::F32,
         Op::Argmax => float(s(0)?) && t.dtype == DType::I32,
         Op::Arange { .. } => float(t.dtype),
+        // Sums over the ranks of a device group; the CPU backend joins none.
+        Op::AllReduce => false,
     };
     if ok {
         Ok(())
@@ -207,6 +209,10 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         Op::SumRows => reduce::sum_rows(&dst, &src(0)?, false),
         Op::Mean => reduce::sum_rows(&dst, &src(0)?, true),
         Op::Argmax => reduce::argmax(&dst, &src(0)?),
+        Op::AllReduce => Err(Error::Unsupported {
+            backend: "cpu".into(),
+            what: "ALL_REDUCE (the CPU backend joins no device group)".into(),
+        }),
     }
 }
 

@@ -8,6 +8,7 @@
 //! need; when the arena is too small the backend grows it and encodes again.
 
 mod attention;
+mod comm;
 mod copy;
 mod elementwise;
 mod fused;
@@ -44,6 +45,8 @@ pub(crate) struct Encoder<'a> {
     /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
     /// one token), as long as no other node runs and no scratch is taken in between.
     pub q8: Option<(TensorId, (u64, u64))>,
+    /// The peer all-reduce group the backend joined and its rank, for all-reduce nodes.
+    pub group: Option<(std::sync::Arc<crate::comm::peer::PeerGroup>, usize)>,
 }
 
 impl<'a> Encoder<'a> {
@@ -72,6 +75,7 @@ impl<'a> Encoder<'a> {
             fuse,
             uses,
             q8: None,
+            group: None,
         }
     }
 
@@ -283,6 +287,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::SumRows => misc::sum_rows(enc, id, false),
         Op::Mean => misc::sum_rows(enc, id, true),
         Op::Argmax => misc::argmax(enc, id),
+        Op::AllReduce => comm::all_reduce(enc, id),
     }
 }
 
@@ -324,5 +329,6 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
         }
         Op::Pad(_) | Op::Arange { .. } | Op::SumRows | Op::Mean | Op::Argmax => true,
         Op::Sum => src(0).is_some_and(|a| a.dtype.is_float()),
+        Op::AllReduce => t.dtype == DType::F32 && t.is_contiguous(),
     }
 }

@@ -20,7 +20,7 @@ use crate::tensor::{TensorFlags, TensorId, MAX_DIMS};
 
 use super::buffer::{place_slice, slice_of};
 use super::device::Shared;
-use super::plan::{self, Action, Plan};
+use super::plan::{self, Action, Plan, ReducePlan};
 use super::reduce::HostReduce;
 use super::split::SplitState;
 
@@ -117,6 +117,8 @@ pub struct MetaBackend {
     allocators: Vec<GraphAllocator>,
     plans: Vec<(GraphKey, Plan)>,
     comm: Option<Box<dyn Communicator>>,
+    /// The most elements an all-reduce inside the part graphs may hold (0: none).
+    in_graph_max: usize,
     host: HostReduce,
 }
 
@@ -132,8 +134,10 @@ impl MetaBackend {
             .iter()
             .map(|d| GraphAllocator::new(d.buffer_type()))
             .collect();
+        let mut backends = backends;
+        let host_only = std::env::var("TESSERA_ALLREDUCE").is_ok_and(|v| v == "host");
         let comm = match shared.parts.first() {
-            Some(first) if shared.parts.len() > 1 && shared.same_backend() => {
+            Some(first) if shared.parts.len() > 1 && shared.same_backend() && !host_only => {
                 first.communicator(&shared.parts)?
             }
             _ => None,
@@ -150,6 +154,19 @@ impl MetaBackend {
                 });
             }
         }
+        let mut comm = comm;
+        let in_graph_max = match comm.as_mut() {
+            Some(c) => c.attach(&mut backends)?,
+            None => 0,
+        };
+        if let Some(c) = &comm {
+            log::info!(
+                "{}: all-reduce through {} ({} elements at most inside the graphs)",
+                shared.name,
+                c.name(),
+                in_graph_max
+            );
+        }
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
         Ok(MetaBackend {
@@ -159,13 +176,35 @@ impl MetaBackend {
             allocators,
             plans: Vec::new(),
             comm,
+            in_graph_max,
             host: HostReduce::default(),
         })
     }
 
-    /// Whether all-reduces go through a backend communicator (NCCL, say) rather than the host.
-    pub fn has_communicator(&self) -> bool {
-        self.comm.is_some()
+    /// What carries the all-reduces: the backend communicator's name (`nccl`, `peer`), or
+    /// `host` for the generic path staged through host memory (`TESSERA_ALLREDUCE=host`
+    /// forces it).
+    pub fn all_reduce_path(&self) -> String {
+        self.comm.as_ref().map_or("host".into(), |c| c.name())
+    }
+
+    /// Sums `count` f32 (or bf16) values at `bufs[j]` (one `(buffer, offset)` per part, each
+    /// in that part's memory) into every one of them, by the path the graphs use; ordered
+    /// on the parts' streams ([`Backend::synchronize`] waits for it). For measuring the path.
+    pub fn all_reduce(
+        &mut self,
+        bufs: &[(Arc<dyn Buffer>, usize)],
+        count: usize,
+        dtype: ReduceType,
+    ) -> Result<()> {
+        reduce(
+            &mut self.backends,
+            &mut self.comm,
+            &mut self.host,
+            bufs,
+            count,
+            dtype,
+        )
     }
 
     fn plan_index(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<usize> {
@@ -179,7 +218,10 @@ impl MetaBackend {
             &mut self.allocators,
             s.policy,
             &s.ratios,
-            s.bf16_above,
+            ReducePlan {
+                bf16_above: s.bf16_above,
+                in_graph_max: self.in_graph_max,
+            },
             &s.name,
         )?;
         log::debug!(
@@ -251,23 +293,12 @@ fn run(
                     .enumerate()
                     .map(|(j, &p)| part_data(plan, j, p))
                     .collect::<Result<Vec<_>>>()?;
-                match comm {
-                    Some(c) => {
-                        for b in backends.iter_mut() {
-                            b.synchronize()?;
-                        }
-                        c.all_reduce(
-                            &bufs,
-                            item.count,
-                            if item.bf16 {
-                                ReduceType::BF16
-                            } else {
-                                ReduceType::F32
-                            },
-                        )?;
-                    }
-                    None => host.all_reduce(backends, &bufs, item.count, item.bf16)?,
-                }
+                let dtype = if item.bf16 {
+                    ReduceType::BF16
+                } else {
+                    ReduceType::F32
+                };
+                reduce(backends, comm, host, &bufs, item.count, dtype)?;
             }
         }
     }
@@ -277,6 +308,21 @@ fn run(
     }
     drop(keep);
     Ok(())
+}
+
+/// One all-reduce: through the communicator where there is one, else staged through the host.
+fn reduce(
+    backends: &mut [Box<dyn Backend>],
+    comm: &mut Option<Box<dyn Communicator>>,
+    host: &mut HostReduce,
+    bufs: &[(Arc<dyn Buffer>, usize)],
+    count: usize,
+    dtype: ReduceType,
+) -> Result<()> {
+    match comm {
+        Some(c) => c.all_reduce(backends, bufs, count, dtype),
+        None => host.all_reduce(backends, bufs, count, dtype == ReduceType::BF16),
+    }
 }
 
 /// Reads the results back into the caller's memory: slices joined, partial sums added, a

@@ -226,6 +226,11 @@ impl MetaDevice {
         )))
     }
 
+    /// A stream over every part, as its concrete type (for [`MetaBackend::all_reduce`]).
+    pub fn meta_backend(&self) -> Result<MetaBackend> {
+        MetaBackend::new(self.shared.clone())
+    }
+
     /// Checks that nodes `nodes` of `graph` can be split over the parts, as a run would: every
     /// state derives, or the error names the tensor and op that cannot be split.
     pub fn check(&self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {

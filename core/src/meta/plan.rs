@@ -19,7 +19,9 @@
 //!    on the part's slices, narrowing views where a mirrored source is read as a slice, and a
 //!    zero fill instead of a partial node whose slice of the reduced axis is empty.
 //! 4. **Stages.** The node list is cut before each node that needs an all-reduce; the
-//!    all-reduces run between the stages.
+//!    all-reduces run between the stages. Where the parts' backends joined a communicator
+//!    group that sums inside their graphs ([`crate::Communicator::attach`]), small f32
+//!    all-reduces are instead [`Op::AllReduce`] nodes in each part's graph, and no cut is made.
 //! 5. **Outputs.** Results the caller can see (outputs, the last node, tensors read outside the
 //!    computed nodes, staged inputs written in place) are gathered into their own memory after
 //!    the run: slices joined, partial sums added, mirrored ones read from part 0.
@@ -619,6 +621,23 @@ impl PartBuilder<'_> {
         (to, back)
     }
 
+    /// For partial f32 root `p`: the node that all-reduces it in place inside the part's graph.
+    fn all_reduce_node(&mut self, p: TensorId) -> TensorId {
+        let t = self.pg.get(p).clone();
+        self.push(Tensor {
+            dtype: t.dtype,
+            ne: t.ne,
+            nb: t.nb,
+            op: Op::AllReduce,
+            src: vec![p],
+            view_src: Some(p),
+            view_offset: 0,
+            name: format!("{}#all_reduce", t.name),
+            flags: TensorFlags::default(),
+            data: None,
+        })
+    }
+
     /// The part tensor's root and its byte offset in it.
     fn root_of(&self, p: TensorId) -> (TensorId, usize) {
         self.pg.root(p)
@@ -783,6 +802,17 @@ fn push_compute(stage: &mut Vec<Action>, p: TensorId) {
     }
 }
 
+/// How a plan sums its partial results.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReducePlan {
+    /// Partial results of at least this many bytes move as bf16.
+    pub bf16_above: Option<usize>,
+    /// Partial f32 results of at most this many elements are summed by an
+    /// [`Op::AllReduce`] node inside each part's graph (the parts' backends joined a
+    /// communicator group); 0: every all-reduce runs between stages.
+    pub in_graph_max: usize,
+}
+
 /// Plans `nodes` of `g` over the parts (`allocators[j]` gives part `j`'s compute memory).
 pub(crate) fn build(
     g: &Graph,
@@ -790,14 +820,28 @@ pub(crate) fn build(
     allocators: &mut [GraphAllocator],
     policy: InputPolicy,
     ratios: &[f64],
-    bf16_above: Option<usize>,
+    reduce: ReducePlan,
     device: &str,
 ) -> Result<Plan> {
-    let bf16 = |r: TensorId| bf16_above.is_some_and(|min| g.get(r).nbytes() >= min);
+    let bf16 = |r: TensorId| {
+        reduce
+            .bf16_above
+            .is_some_and(|min| g.get(r).nbytes() >= min)
+    };
+
     let n_parts = allocators.len();
     let sh = shape(g, nodes)?;
     let srcs = sources(g, &sh.inputs, n_parts)?;
     let (d, inputs) = derive_with_policy(g, nodes, &srcs, policy, ratios, device)?;
+    // Whether the all-reduces before node `id` run inside the part graphs.
+    let in_graph = |id: TensorId| {
+        let before = &d.reduce_before[id.index()];
+        !before.is_empty()
+            && before.iter().all(|&r| {
+                let t = g.get(r);
+                !bf16(r) && t.dtype == DType::F32 && t.nelements() <= reduce.in_graph_max
+            })
+    };
 
     // The caller-visible results gathered after the run.
     let computed: Vec<TensorId> = nodes
@@ -842,7 +886,14 @@ pub(crate) fn build(
         let mut bf16_of: HashMap<TensorId, TensorId> = HashMap::new();
         for &id in &computed {
             let before = &d.reduce_before[id.index()];
-            if !before.is_empty() {
+            if in_graph(id) {
+                for &r in before {
+                    let pr = b.part(r)?;
+                    let ar = b.all_reduce_node(pr);
+                    push_compute(stages.last_mut().expect("never empty"), ar);
+                    order.push(ar);
+                }
+            } else if !before.is_empty() {
                 let mut backs = Vec::new();
                 for &r in before.iter().filter(|&&r| bf16(r)) {
                     let pr = b.part(r)?;
@@ -929,7 +980,7 @@ pub(crate) fn build(
     let mut reduces: Vec<Vec<ReduceItem>> = Vec::new();
     for &id in &computed {
         let before = &d.reduce_before[id.index()];
-        if before.is_empty() {
+        if before.is_empty() || in_graph(id) {
             continue;
         }
         let mut items = Vec::new();

@@ -379,6 +379,9 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             .ok_or_else(|| err(format!("source {i} is {s}, which cannot be read as {want}")))
     };
     match &t.op {
+        Op::AllReduce => Err(err(
+            "an all-reduce is placed by the meta device itself, not split".into(),
+        )),
         Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } | Op::Cont | Op::Dup => {
             Ok(Rule::Done(eff[0].clone(), as_is(n)))
         }

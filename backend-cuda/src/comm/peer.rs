@@ -1,0 +1,198 @@
+//! The peer-memory all-reduce group: per rank a signal block and a two-slot scratch area that
+//! every rank's GPU can read and write (peer access enabled between every pair of GPUs), and
+//! the one-shot kernel of `kernels/allreduce.cu` that sums through them.
+//!
+//! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
+//! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
+//! ([`PeerGroup::launch`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use tessera_core::{Error, Result};
+
+use crate::cmd::{Cmd, KParams, TArg};
+use crate::driver::DeviceShared;
+
+/// Most ranks of a group (`AR_MAX_RANKS` in kernels/allreduce.cu).
+pub(crate) const MAX_RANKS: usize = 8;
+/// Most blocks of one launch (`AR_MAX_BLOCKS`).
+const MAX_BLOCKS: usize = 64;
+/// Threads per block.
+const THREADS: u32 = 512;
+/// Elements a block handles at least before another block is added.
+const PER_BLOCK: usize = 16 * 1024;
+
+/// Bytes of `struct ArSignal`: two pointer tables, the flags, the epoch and a counter.
+const SIGNAL_BYTES: usize = 2 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + 8;
+
+/// One rank's memory.
+struct Rank {
+    dev: Arc<DeviceShared>,
+    signal: u64,
+    scratch: u64,
+}
+
+/// The memory and peer access of one group of ranks.
+pub(crate) struct PeerGroup {
+    ranks: Vec<Rank>,
+    /// Bytes of one scratch slot: the largest tensor one call can sum.
+    slot_bytes: usize,
+}
+
+/// Whether every pair of distinct GPUs among `devs` can reach each other's memory.
+pub(crate) fn all_peers(devs: &[Arc<DeviceShared>]) -> Result<bool> {
+    for a in devs {
+        for b in devs.iter().filter(|b| b.ordinal != a.ordinal) {
+            let mut ok = 0;
+            // SAFETY: both device handles are valid; ok is a valid out-pointer.
+            unsafe { sys::cuDeviceCanAccessPeer(&mut ok, a.ctx.cu_device(), b.ctx.cu_device()) }
+                .result()
+                .map_err(|e| a.err("asking for peer access", e))?;
+            if ok == 0 {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+impl PeerGroup {
+    /// A group over `devs` (in rank order; a GPU may appear more than once) whose calls sum
+    /// up to `slot_bytes` bytes. The caller checked [`all_peers`].
+    pub(crate) fn new(devs: &[Arc<DeviceShared>], slot_bytes: usize) -> Result<PeerGroup> {
+        if devs.len() > MAX_RANKS {
+            return Err(Error::Invalid(format!(
+                "a peer all-reduce group has at most {MAX_RANKS} ranks, not {}",
+                devs.len()
+            )));
+        }
+        for a in devs {
+            a.bind()?;
+            for b in devs.iter().filter(|b| b.ordinal != a.ordinal) {
+                // SAFETY: b's context is valid; a's context is current.
+                let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
+                if r != sys::CUresult::CUDA_SUCCESS
+                    && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                {
+                    return Err(a.err(
+                        &format!("enabling peer access to {}", b.name),
+                        r.result().unwrap_err(),
+                    ));
+                }
+            }
+        }
+        let mut group = PeerGroup {
+            ranks: Vec::with_capacity(devs.len()),
+            slot_bytes,
+        };
+        for dev in devs {
+            let signal = alloc(dev, SIGNAL_BYTES)?;
+            let rank = Rank {
+                dev: dev.clone(),
+                signal,
+                scratch: 0,
+            };
+            group.ranks.push(rank);
+            let scratch = alloc(dev, 2 * slot_bytes)?;
+            if let Some(r) = group.ranks.last_mut() {
+                r.scratch = scratch;
+            }
+        }
+        // Every rank's table: the scratch and signal addresses of all ranks; flags and epochs
+        // start at zero.
+        let mut table = vec![0u8; SIGNAL_BYTES];
+        for (k, r) in group.ranks.iter().enumerate() {
+            table[k * 8..k * 8 + 8].copy_from_slice(&r.scratch.to_le_bytes());
+            let s = (MAX_RANKS + k) * 8;
+            table[s..s + 8].copy_from_slice(&r.signal.to_le_bytes());
+        }
+        for r in &group.ranks {
+            r.dev.bind()?;
+            // SAFETY: `signal` is SIGNAL_BYTES of device memory of this context.
+            unsafe { sys::cuMemcpyHtoD_v2(r.signal, table.as_ptr().cast(), SIGNAL_BYTES) }
+                .result()
+                .map_err(|e| r.dev.err("writing the all-reduce table", e))?;
+        }
+        Ok(group)
+    }
+
+    /// Number of ranks.
+    pub(crate) fn len(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The most f32 elements one call sums.
+    pub(crate) fn max_elements(&self) -> usize {
+        self.slot_bytes / 4
+    }
+
+    /// The kernel launch that sums `count` f32 values at `ptr` (memory of rank `rank`'s GPU)
+    /// over the group, for that rank's stream.
+    pub(crate) fn command(&self, rank: usize, ptr: u64, count: usize) -> Result<Cmd> {
+        let r = self
+            .ranks
+            .get(rank)
+            .ok_or_else(|| Error::Invalid(format!("rank {rank} of a {}-rank group", self.len())))?;
+        if count > self.max_elements() {
+            return Err(Error::Invalid(format!(
+                "a peer all-reduce of {count} elements is larger than its {} scratch elements",
+                self.max_elements()
+            )));
+        }
+        let (func, name) = r
+            .dev
+            .kernels
+            .func(&r.dev.ctx, "allreduce", "all_reduce_f32")?;
+        let mut p = KParams::default();
+        p.t[0] = TArg {
+            ptr,
+            ne: [count as i64, 1, 1, 1],
+            nb: [4, 4 * count as i64, 4 * count as i64, 4 * count as i64],
+        };
+        p.aux[0] = r.signal;
+        p.aux[1] = self.slot_bytes as u64;
+        p.i[0] = rank as i32;
+        p.i[1] = self.len() as i32;
+        let blocks = count.div_ceil(PER_BLOCK).clamp(1, MAX_BLOCKS) as u32;
+        Ok(Cmd::Kernel {
+            func,
+            name,
+            grid: [blocks, 1, 1],
+            block: [THREADS, 1, 1],
+            smem: 0,
+            p: Box::new(p),
+        })
+    }
+}
+
+fn alloc(dev: &DeviceShared, bytes: usize) -> Result<u64> {
+    dev.bind()?;
+    let mut ptr = 0;
+    // SAFETY: ptr is a valid out-pointer; the context is current.
+    unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
+        .result()
+        .map_err(|e| dev.err("allocating all-reduce memory", e))?;
+    // SAFETY: ptr holds `bytes` bytes of this context.
+    unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) }
+        .result()
+        .map_err(|e| dev.err("clearing all-reduce memory", e))?;
+    Ok(ptr)
+}
+
+impl Drop for PeerGroup {
+    fn drop(&mut self) {
+        for r in &self.ranks {
+            if r.dev.synchronize_all().is_err() {
+                continue;
+            }
+            for p in [r.signal, r.scratch] {
+                if p != 0 {
+                    // SAFETY: p came from cuMemAlloc of this context and is freed once, after
+                    // every stream of the device finished.
+                    let _ = unsafe { sys::cuMemFree_v2(p) };
+                }
+            }
+        }
+    }
+}

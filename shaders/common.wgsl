@@ -71,8 +71,26 @@ fn put_word(i: u32, w: u32) {
     dst[i] = w;
 }
 #endif
+// A4 and Y4 (set by mat-vec variants whose weights, resp. f32 activations, start at 16-byte
+// aligned offsets with 16-byte aligned strides) bind src0, resp. src1, as vec4<u32> words, for
+// 16-byte loads; s0w and s1w read one word of either layout.
+#if A4
+@group(0) @binding(1) var<storage, read_write> src0: array<vec4<u32>>;
+fn s0w(i: u32) -> u32 { return src0[i >> 2u][i & 3u]; }
+// The index of src0's last word.
+fn last0() -> u32 { return arrayLength(&src0) * 4u - 1u; }
+#else
 @group(0) @binding(1) var<storage, read_write> src0: array<u32>;
+fn s0w(i: u32) -> u32 { return src0[i]; }
+fn last0() -> u32 { return arrayLength(&src0) - 1u; }
+#endif
+#if Y4
+@group(0) @binding(2) var<storage, read_write> src1: array<vec4<u32>>;
+fn s1w(i: u32) -> u32 { return src1[i >> 2u][i & 3u]; }
+#else
 @group(0) @binding(2) var<storage, read_write> src1: array<u32>;
+fn s1w(i: u32) -> u32 { return src1[i]; }
+#endif
 @group(0) @binding(3) var<storage, read_write> src2: array<u32>;
 @group(0) @binding(4) var<storage, read_write> src3: array<u32>;
 
@@ -113,8 +131,8 @@ fn typed(w: u32, b: u32, t: u32) -> f32 {
     }
 }
 
-fn ld0(b: u32) -> f32 { return typed(src0[b >> 2u], b, T0); }
-fn ld1(b: u32) -> f32 { return typed(src1[b >> 2u], b, T1); }
+fn ld0(b: u32) -> f32 { return typed(s0w(b >> 2u), b, T0); }
+fn ld1(b: u32) -> f32 { return typed(s1w(b >> 2u), b, T1); }
 fn ld2(b: u32) -> f32 { return typed(src2[b >> 2u], b, T2); }
 fn ld3(b: u32) -> f32 { return typed(src3[b >> 2u], b, T3); }
 

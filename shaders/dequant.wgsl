@@ -6,22 +6,21 @@
 
 // The byte at b.
 fn byte0(b: u32) -> u32 {
-    return (src0[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+    return (s0w(b >> 2u) >> ((b & 3u) * 8u)) & 0xffu;
 }
 
-// The 32-bit little-endian word starting at any byte b.
+// The 32-bit little-endian word starting at any byte b (2-byte aligned in every layout):
+// the two words that hold it, shifted, with no branch (the second is clamped to the last
+// word of the binding, whose bits are then shifted out).
 fn word0(b: u32) -> u32 {
+    let i = b >> 2u;
     let sh = (b & 3u) * 8u;
-    let lo = src0[b >> 2u];
-    if sh == 0u {
-        return lo;
-    }
-    return (lo >> sh) | (src0[(b >> 2u) + 1u] << (32u - sh));
+    return (s0w(i) >> sh) | ((s0w(min(i + 1u, last0())) << 1u) << (31u - sh));
 }
 
 // The f16 at byte b (2-byte aligned in every layout), as f32.
 fn half0(b: u32) -> f32 {
-    return half(src0[b >> 2u] >> ((b & 2u) * 8u));
+    return half(s0w(b >> 2u) >> ((b & 2u) * 8u));
 }
 
 // The i8 at byte b, as f32.

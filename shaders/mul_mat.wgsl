@@ -2,11 +2,12 @@
 // broadcast (op family "mul_mat"). src0 has any type T0 (quantized rows dequantized here),
 // src1 is f32 or f16 (T1), dst f32.
 //
-// mat_vec: one workgroup per ROWS rows of one column of dst, its invocations striding over
-//   32-element groups of the rows: each loads a group of src1 once and uses it for the ROWS
-//   rows. Used for small n (generation). f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K read whole
-//   words of a block; other types dequantize element by element. With SUBGROUPS the partial sums are added with
-//   subgroupAdd before the workgroup step.
+// mat_vec: one workgroup of WG invocations per ROWS rows of one column of dst; used for small
+//   n (generation). Every type reads whole words of its blocks, neighbouring invocations
+//   neighbouring words, and dequantizes in registers with no per-value branch (layout at
+//   `quads` below). Defines: QB and TPB (values and invocations per block), A4 (float weights
+//   read as 16-byte words) and Y4 (f32 activations read as 16-byte words). With SUBGROUPS the
+//   partial sums are added with subgroupAdd before the workgroup step, else in workgroup memory.
 // mat_mat: BM x BN tiles of dst per workgroup of 256 invocations (16 x 16, each BM/16 x BN/16
 //   outputs), stepping through k in BK-deep tiles of src0 and src1 staged in workgroup memory.
 //
@@ -42,132 +43,281 @@ fn y1(yb: u32, k: u32) -> f32 {
     return ld1(yb + k * P.s1.nb.x);
 }
 
-// The 32 values of src1 that the current group multiplies (loaded once, used for ROWS rows).
-var<private> yv: array<f32, 32>;
+// ---- mat_vec ----
+//
+// The k axis of a row is cut into blocks of QB elements (a quantized type's block; 8 values
+// of a float type), and each block into TPB equal parts, one per invocation: invocation li
+// takes part li % TPB of blocks li / TPB, li / TPB + WG / TPB, ... of each of its workgroup's
+// ROWS rows. A part is always 8 values, two quads (4 consecutive k) of the block, whose
+// positions are `quads` below: the quads of src1 are loaded once (16-byte loads with Y4)
+// and used for the ROWS rows. Each part is dequantized in registers from whole words of its
+// block (`part_dot`), so that neighbouring invocations read neighbouring words of a row.
 
-// Loads group g of the src1 column at byte yb into yv (zeros past the row's end).
-fn load_y(yb: u32, g: u32) {
-    let k0 = g * 32u;
-    for (var e = 0u; e < 32u; e++) {
-        var y = 0.0;
-        if k0 + e < P.s0.ne.x {
-            y = y1(yb, k0 + e);
+const QB: u32 = {{QB}}u;
+const TPB: u32 = {{TPB}}u;
+
+// The positions in its block of the two quads of part t.
+fn quads(t: u32) -> vec2<u32> {
+    switch T0 {
+        case 2u, 3u, 6u, 7u: {
+            // Q4_0, Q4_1, Q5_0, Q5_1: byte j of the 16 nibble bytes holds values j and j + 16;
+            // part t reads bytes 4t..4t+3.
+            return vec2<u32>(4u * t, 16u + 4u * t);
         }
-        yv[e] = y;
+        case 12u, 13u: {
+            // Q4_K, Q5_K: 32 nibble bytes per 64 values (low nibbles the first 32); part t reads
+            // 4 bytes of 64-value group t / 8.
+            let base = 64u * (t / 8u) + 4u * (t % 8u);
+            return vec2<u32>(base, base + 32u);
+        }
+        case 10u, 11u, 14u: {
+            // Q2_K, Q3_K, Q6_K: per 128-value half, 32 bytes (Q6_K: per 32-value quarter pair)
+            // that hold values l, l + 32, l + 64, l + 96 at bit offsets; part t takes 4 bytes
+            // and two of those four offsets: s and s + 2.
+            let base = 128u * (t / 16u) + 32u * ((t / 8u) % 2u) + 4u * (t % 8u);
+            return vec2<u32>(base, base + 64u);
+        }
+        default: {
+            // Q8_0 (part t: values 8t..8t+7) and the float types (one part per block).
+            return vec2<u32>(8u * t, 8u * t + 4u);
+        }
     }
 }
 
-// The dot product of 32-element group g of the src0 row at byte r with yv.
-fn dot32(r: u32, g: u32) -> f32 {
-    let k0 = g * 32u;
+// Four values of the src1 column at byte yb from k = e (zeros past the row's end).
+fn yquad(yb: u32, e: u32) -> vec4<f32> {
+#if Y4
+    // Y4: the column is 16-byte aligned, f32, and k is a multiple of 4.
+    if e < P.s0.ne.x {
+        return bitcast<vec4<f32>>(src1[(yb >> 4u) + (e >> 2u)]);
+    }
+    return vec4<f32>(0.0);
+#else
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if e + i < P.s0.ne.x {
+            v[i] = y1(yb, e + i);
+        }
+    }
+    return v;
+#endif
+}
+
+// The bytes of word q, as a vector.
+fn bytes4(q: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
+}
+
+// The bits of word q from bit offset `sh` of each byte, `mask` wide, as a vector.
+fn fields4(q: u32, sh: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(mask);
+}
+
+// The bytes of word q as signed values.
+fn i8x4(q: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Bits 0..3 of h, as a vector.
+fn bits4(h: u32) -> vec4<u32> {
+    return (vec4<u32>(h) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u);
+}
+
+// The sum of the elements of v.
+fn hsum(v: vec4<f32>) -> f32 {
+    return dot(v, vec4<f32>(1.0));
+}
+
+// The two f16 of word w, as f32.
+fn halves(w: u32) -> vec2<f32> {
+#if F16
+    return unpack2x16float(w);
+#else
+    return vec2<f32>(half(w), half(w >> 16u));
+#endif
+}
+
+// Byte i (0..11) of the 12 bytes in s.
+fn byte12(s: vec3<u32>, i: u32) -> u32 {
+    return (s[i / 4u] >> ((i % 4u) * 8u)) & 255u;
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block, from its 12 scale bytes.
+fn sm_k(s: vec3<u32>, j: u32) -> vec2<f32> {
+    let a = byte12(s, j % 4u);
+    let b = byte12(s, j % 4u + 4u);
+    let c = byte12(s, j % 4u + 8u);
+    let low = vec2<u32>(a & 63u, b & 63u);
+    let high = vec2<u32>((c & 15u) | ((a >> 6u) << 4u), (c >> 4u) | ((b >> 6u) << 4u));
+    return vec2<f32>(select(low, high, j >= 4u));
+}
+
+// The 6-bit signed scale of 16-value sub-block i of the Q3_K block at byte bb.
+fn scale_q3k(bb: u32, i: u32) -> f32 {
+    let sl = select(byte0(bb + 96u + i - 8u) >> 4u, byte0(bb + 96u + i) & 15u, i < 8u);
+    let sh = (byte0(bb + 104u + i % 4u) >> (2u * (i / 4u))) & 3u;
+    return f32(i32(sl | (sh << 4u)) - 32);
+}
+
+// The f32 of the bf16 in the low 16 bits of w.
+fn bf16(w: u32) -> f32 {
+    return bitcast<f32>(w << 16u);
+}
+
+// A float weight at k = e of the row at byte r (zero past the row's end).
+fn wf(r: u32, e: u32) -> f32 {
+    if e < P.s0.ne.x {
+        return ld0(r + e * P.s0.nb.x);
+    }
+    return 0.0;
+}
+
+// The dot product of part t of block b of the src0 row at byte r with the part's quads of
+// src1, ya and yb.
+fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
     switch T0 {
         case 2u: {
-            let b = r + g * 18u;
-            var s = 0.0;
-            for (var w = 0u; w < 4u; w++) {
-                let q = word0(b + 2u + 4u * w);
-                for (var t = 0u; t < 4u; t++) {
-                    let j = 4u * w + t;
-                    s += (f32((q >> (8u * t)) & 15u) - 8.0) * yv[j] + (f32((q >> (8u * t + 4u)) & 15u) - 8.0) * yv[j + 16u];
-                }
-            }
-            return s * half0(b);
+            // Q4_0: f16 d, 16 bytes of nibbles (value - 8).
+            let bb = r + 18u * b;
+            let q = word0(bb + 2u + 4u * t);
+            let lo = vec4<f32>(fields4(q, 0u, 15u)) - 8.0;
+            let hi = vec4<f32>(fields4(q, 4u, 15u)) - 8.0;
+            return half0(bb) * (dot(lo, ya) + dot(hi, yb));
         }
         case 3u: {
-            let b = r + g * 20u;
-            var s = 0.0;
-            var sy = 0.0;
-            for (var w = 0u; w < 4u; w++) {
-                let q = word0(b + 4u + 4u * w);
-                for (var t = 0u; t < 4u; t++) {
-                    let j = 4u * w + t;
-                    s += f32((q >> (8u * t)) & 15u) * yv[j] + f32((q >> (8u * t + 4u)) & 15u) * yv[j + 16u];
-                    sy += yv[j] + yv[j + 16u];
-                }
-            }
-            return s * half0(b) + sy * half0(b + 2u);
+            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
+            let bb = r + 20u * b;
+            let dm = halves(word0(bb));
+            let q = word0(bb + 4u + 4u * t);
+            let lo = vec4<f32>(fields4(q, 0u, 15u));
+            let hi = vec4<f32>(fields4(q, 4u, 15u));
+            return dm.x * (dot(lo, ya) + dot(hi, yb)) + dm.y * (hsum(ya) + hsum(yb));
+        }
+        case 6u: {
+            // Q5_0: f16 d, 32 high bits, 16 bytes of nibbles (value - 16).
+            let bb = r + 22u * b;
+            let qh = word0(bb + 2u);
+            let q = word0(bb + 6u + 4u * t);
+            let lo = vec4<f32>(fields4(q, 0u, 15u) | (bits4(qh >> (4u * t)) << vec4<u32>(4u))) - 16.0;
+            let hi = vec4<f32>(fields4(q, 4u, 15u) | (bits4(qh >> (16u + 4u * t)) << vec4<u32>(4u))) - 16.0;
+            return half0(bb) * (dot(lo, ya) + dot(hi, yb));
+        }
+        case 7u: {
+            // Q5_1: f16 d, f16 m, 32 high bits, 16 bytes of nibbles.
+            let bb = r + 24u * b;
+            let dm = halves(word0(bb));
+            let qh = word0(bb + 4u);
+            let q = word0(bb + 8u + 4u * t);
+            let lo = vec4<f32>(fields4(q, 0u, 15u) | (bits4(qh >> (4u * t)) << vec4<u32>(4u)));
+            let hi = vec4<f32>(fields4(q, 4u, 15u) | (bits4(qh >> (16u + 4u * t)) << vec4<u32>(4u)));
+            return dm.x * (dot(lo, ya) + dot(hi, yb)) + dm.y * (hsum(ya) + hsum(yb));
         }
         case 8u: {
-            let b = r + g * 34u;
-            var s = 0.0;
-            for (var w = 0u; w < 8u; w++) {
-                let q = word0(b + 2u + 4u * w);
-                for (var t = 0u; t < 4u; t++) {
-                    s += f32(bitcast<i32>(q << (24u - 8u * t)) >> 24u) * yv[4u * w + t];
-                }
-            }
-            return s * half0(b);
+            // Q8_0: f16 d, 32 x i8.
+            let bb = r + 34u * b;
+            let q0 = word0(bb + 2u + 8u * t);
+            let q1 = word0(bb + 6u + 8u * t);
+            return half0(bb) * (dot(i8x4(q0), ya) + dot(i8x4(q1), yb));
         }
-        case 1u: {
-            // f16: whole words (two values) when the group is full and word aligned.
-            let b = r + k0 * 2u;
-            if (b & 3u) == 0u && k0 + 32u <= P.s0.ne.x {
-                var s = 0.0;
-                for (var w = 0u; w < 16u; w++) {
-                    let q = src0[(b >> 2u) + w];
-                    s += half(q) * yv[2u * w] + half(q >> 16u) * yv[2u * w + 1u];
-                }
-                return s;
-            }
+        case 10u: {
+            // Q2_K: 16 scale/min bytes, 64 bytes of 2-bit values, f16 d, f16 dmin.
+            let bb = r + 84u * b;
+            let n = t / 16u;
+            let s = (t / 8u) % 2u;
+            let l = 4u * (t % 8u);
+            let q = word0(bb + 16u + 32u * n + l);
+            let sc = vec2<u32>(byte0(bb + 8u * n + 2u * s + l / 16u), byte0(bb + 8u * n + 2u * s + 4u + l / 16u));
+            let dm = halves(word0(bb + 80u));
+            let v0 = vec4<f32>(fields4(q, 2u * s, 3u));
+            let v1 = vec4<f32>(fields4(q, 2u * s + 4u, 3u));
+            return dm.x * (f32(sc.x & 15u) * dot(v0, ya) + f32(sc.y & 15u) * dot(v1, yb)) - dm.y * (f32(sc.x >> 4u) * hsum(ya) + f32(sc.y >> 4u) * hsum(yb));
+        }
+        case 11u: {
+            // Q3_K: 32 bytes of high bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales,
+            // f16 d; value (low | high << 2) - 4.
+            let bb = r + 110u * b;
+            let n = t / 16u;
+            let s = (t / 8u) % 2u;
+            let l = 4u * (t % 8u);
+            let q = word0(bb + 32u + 32u * n + l);
+            let h = word0(bb + l);
+            let v0 = vec4<f32>(fields4(q, 2u * s, 3u) | (fields4(h, 4u * n + s, 1u) << vec4<u32>(2u))) - 4.0;
+            let v1 = vec4<f32>(fields4(q, 2u * s + 4u, 3u) | (fields4(h, 4u * n + s + 2u, 1u) << vec4<u32>(2u))) - 4.0;
+            let i = 8u * n + 2u * s + l / 16u;
+            return half0(bb + 108u) * (scale_q3k(bb, i) * dot(v0, ya) + scale_q3k(bb, i + 4u) * dot(v1, yb));
         }
         case 12u: {
-            // Q4_K: the group is sub-block j of its 256-value block; 32 nibbles in 8 words.
-            let b = r + (g / 8u) * 144u;
-            let j = g % 8u;
-            let sm = scale_min_k4(b + 4u, j);
-            let qb = b + 16u + 32u * (j / 2u);
-            let sh = 4u * (j % 2u);
-            var s = 0.0;
-            var sy = 0.0;
-            for (var w = 0u; w < 8u; w++) {
-                let q = word0(qb + 4u * w) >> sh;
-                for (var t = 0u; t < 4u; t++) {
-                    let y = yv[4u * w + t];
-                    s += f32((q >> (8u * t)) & 15u) * y;
-                    sy += y;
-                }
-            }
-            return half0(b) * f32(sm.x) * s - half0(b + 2u) * f32(sm.y) * sy;
+            // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
+            let bb = r + 144u * b;
+            let j = t / 8u;
+            let dm = halves(word0(bb));
+            let sc = vec3<u32>(word0(bb + 4u), word0(bb + 8u), word0(bb + 12u));
+            let s0 = sm_k(sc, 2u * j);
+            let s1 = sm_k(sc, 2u * j + 1u);
+            let q = word0(bb + 16u + 32u * j + 4u * (t % 8u));
+            let lo = vec4<f32>(fields4(q, 0u, 15u));
+            let hi = vec4<f32>(fields4(q, 4u, 15u));
+            return dm.x * (s0.x * dot(lo, ya) + s1.x * dot(hi, yb)) - dm.y * (s0.y * hsum(ya) + s1.y * hsum(yb));
+        }
+        case 13u: {
+            // Q5_K: f16 d, f16 dmin, 12 bytes of scales and mins, 32 bytes of high bits, 128
+            // bytes of nibbles.
+            let bb = r + 176u * b;
+            let j = t / 8u;
+            let l = 4u * (t % 8u);
+            let dm = halves(word0(bb));
+            let sc = vec3<u32>(word0(bb + 4u), word0(bb + 8u), word0(bb + 12u));
+            let s0 = sm_k(sc, 2u * j);
+            let s1 = sm_k(sc, 2u * j + 1u);
+            let q = word0(bb + 48u + 32u * j + l);
+            let h = word0(bb + 16u + l);
+            let lo = vec4<f32>(fields4(q, 0u, 15u) | (fields4(h, 2u * j, 1u) << vec4<u32>(4u)));
+            let hi = vec4<f32>(fields4(q, 4u, 15u) | (fields4(h, 2u * j + 1u, 1u) << vec4<u32>(4u)));
+            return dm.x * (s0.x * dot(lo, ya) + s1.x * dot(hi, yb)) - dm.y * (s0.y * hsum(ya) + s1.y * hsum(yb));
         }
         case 14u: {
-            // Q6_K: 32 values of one quarter of a half block: low nibbles from ql, two high bits
-            // from qh, two 16-value sub-blocks with their own i8 scales.
-            let b = r + (g / 8u) * 210u;
-            let j = g % 8u;
-            let n = j / 4u;
-            let m = j % 4u;
-            let lb = b + 64u * n + 32u * (m % 2u);
-            let hb = b + 128u + 32u * n;
-            var s0 = 0.0;
-            var s1 = 0.0;
-            for (var w = 0u; w < 8u; w++) {
-                let lo = word0(lb + 4u * w) >> (4u * (m / 2u));
-                let hi = word0(hb + 4u * w) >> (2u * m);
-                for (var t = 0u; t < 4u; t++) {
-                    let q = f32(i32(((lo >> (8u * t)) & 15u) | (((hi >> (8u * t)) & 3u) << 4u)) - 32);
-                    if w < 4u {
-                        s0 += q * yv[4u * w + t];
-                    } else {
-                        s1 += q * yv[4u * w + t];
-                    }
-                }
-            }
-            return half0(b + 208u) * (i8_0(b + 192u + 2u * j) * s0 + i8_0(b + 193u + 2u * j) * s1);
+            // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 i8 scales, f16 d;
+            // value (low | high << 4) - 32.
+            let bb = r + 210u * b;
+            let n = t / 16u;
+            let s = (t / 8u) % 2u;
+            let l = 4u * (t % 8u);
+            let ql = word0(bb + 64u * n + 32u * s + l);
+            let qh = word0(bb + 128u + 32u * n + l);
+            let v0 = vec4<f32>(fields4(ql, 0u, 15u) | (fields4(qh, 2u * s, 3u) << vec4<u32>(4u))) - 32.0;
+            let v1 = vec4<f32>(fields4(ql, 4u, 15u) | (fields4(qh, 2u * s + 4u, 3u) << vec4<u32>(4u))) - 32.0;
+            let i = bb + 192u + 8u * n + 2u * s + l / 16u;
+            return half0(bb + 208u) * (i8_0(i) * dot(v0, ya) + i8_0(i + 4u) * dot(v1, yb));
         }
-        default: {}
+        default: {
+            // Float weights: block b is values 8b..8b+7.
+#if A4
+            // A4: the row is 16-byte aligned and k a multiple of 8.
+            if T0 == 0u {
+                let w = (r >> 4u) + 2u * b;
+                return dot(bitcast<vec4<f32>>(src0[w]), ya) + dot(bitcast<vec4<f32>>(src0[w + 1u]), yb);
+            }
+            let v = src0[(r >> 4u) + b];
+            if T0 == 1u {
+                return dot(vec4<f32>(halves(v.x), halves(v.y)), ya) + dot(vec4<f32>(halves(v.z), halves(v.w)), yb);
+            }
+            let b0 = vec4<f32>(bf16(v.x), bf16(v.x >> 16u), bf16(v.y), bf16(v.y >> 16u));
+            let b1 = vec4<f32>(bf16(v.z), bf16(v.z >> 16u), bf16(v.w), bf16(v.w >> 16u));
+            return dot(b0, ya) + dot(b1, yb);
+#else
+            let e = 8u * b;
+            let a0 = vec4<f32>(wf(r, e), wf(r, e + 1u), wf(r, e + 2u), wf(r, e + 3u));
+            let a1 = vec4<f32>(wf(r, e + 4u), wf(r, e + 5u), wf(r, e + 6u), wf(r, e + 7u));
+            return dot(a0, ya) + dot(a1, yb);
+#endif
+        }
     }
-    // Every other case: element by element.
-    var s = 0.0;
-    let n = min(32u, P.s0.ne.x - k0);
-    for (var e = 0u; e < n; e++) {
-        s += w0(r, k0 + e) * yv[e];
-    }
-    return s;
 }
 
 const ROWS: u32 = {{ROWS}}u;
 var<workgroup> parts: array<f32, {{WG}} * ROWS>;
 
+// One workgroup per ROWS rows of one column of dst (u.x workgroups in all).
 @compute @workgroup_size({{WG}})
 fn mat_vec(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -186,15 +336,21 @@ fn mat_vec(
     let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
     let m0 = c.x * ROWS;
     let yb = col1(c.y, c.z, c.w);
-    let groups = (P.s0.ne.x + 31u) / 32u;
+    // Rows past the end repeat the last row (their sums are not stored).
+    var rb: array<u32, ROWS>;
     var acc: array<f32, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
+        rb[r] = row0(min(m0 + r, mm - 1u), c.z, c.w);
         acc[r] = 0.0;
     }
-    for (var g = li; g < groups; g += {{WG}}u) {
-        load_y(yb, g);
+    let t = li % TPB;
+    let q = quads(t);
+    let nb = (P.s0.ne.x + QB - 1u) / QB;
+    for (var b = li / TPB; b < nb; b += {{WG}}u / TPB) {
+        let ya = yquad(yb, b * QB + q.x);
+        let yv = yquad(yb, b * QB + q.y);
         for (var r = 0u; r < ROWS; r++) {
-            acc[r] += dot32(row0(min(m0 + r, mm - 1u), c.z, c.w), g);
+            acc[r] += part_dot(rb[r], b, t, ya, yv);
         }
     }
 #if SUBGROUPS

@@ -13,6 +13,7 @@ use tessera_core::{Error, Graph, Result, TensorId};
 use crate::buffer::WgpuBuffer;
 use crate::context::{Gpu, Window, PARAMS_SIZE};
 use crate::ops::{self, Bind};
+use crate::timing::{self, Timer};
 
 /// One dispatch of a recorded graph.
 struct Dispatch {
@@ -41,12 +42,19 @@ pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     /// The parameter buffer: its id, the buffer, and its size in bytes.
     params: Option<(u64, wgpu::Buffer, u64)>,
+    /// Timestamp queries, made on the first graph run while GPU timing is on
+    /// ([`crate::set_gpu_timing`]).
+    timer: Option<Timer>,
 }
 
 impl WgpuBackend {
     /// A backend on an opened device.
     pub(crate) fn new(gpu: Arc<Gpu>) -> Self {
-        WgpuBackend { gpu, params: None }
+        WgpuBackend {
+            gpu,
+            params: None,
+            timer: None,
+        }
     }
 
     /// The parameter buffer, grown to at least `size` bytes.
@@ -192,10 +200,15 @@ impl Backend for WgpuBackend {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("tessera graph"),
             });
+        let timer = if timing::timing_on() && self.gpu.timestamps {
+            Some(self.timer.get_or_insert_with(|| Timer::new(&self.gpu)))
+        } else {
+            None
+        };
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
-                timestamp_writes: None,
+                timestamp_writes: timer.and_then(|t| t.next()),
             });
             for d in &rec.dispatches {
                 pass.set_pipeline(&d.pipeline);
@@ -260,6 +273,17 @@ impl Backend for WgpuBackend {
             _ => {
                 self.synchronize()?;
                 dst.copy_from(dst_offset, src, src_offset, len)
+            }
+        }
+    }
+}
+
+impl Drop for WgpuBackend {
+    /// Reads the timestamps of the graphs it timed into the process-wide total.
+    fn drop(&mut self) {
+        if let Some(t) = self.timer.as_mut() {
+            if let Err(e) = t.flush(&self.gpu) {
+                log::warn!("wgpu: GPU timing: {e}");
             }
         }
     }

@@ -62,6 +62,8 @@ pub(crate) struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether the device has SUBGROUP (and the shaders may use subgroup operations).
     pub subgroups: bool,
+    /// Whether the device has TIMESTAMP_QUERY (graphs can be timed on the GPU).
+    pub timestamps: bool,
     /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
     f16_in_f32: bool,
     /// The first error the uncaptured-error handler saw, not yet reported.
@@ -133,7 +135,11 @@ impl Gpu {
             device,
             queue,
             limits,
-            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            // TESSERA_WGPU_NO_SUBGROUPS: the shaders' shared-memory fallbacks, for testing them
+            // on an adapter that has subgroups.
+            subgroups: features.contains(wgpu::Features::SUBGROUP)
+                && std::env::var_os("TESSERA_WGPU_NO_SUBGROUPS").is_none(),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             f16_in_f32: adapter
                 .get_downlevel_capabilities()
                 .flags

@@ -12,6 +12,8 @@
 //! - Shader variants come from a tiny template step (`shader` module docs); every variant is
 //!   validated offline by naga in a unit test, and pipelines are built as trusted modules
 //!   without runtime bounds checks.
+//! - `tessera ops perf` times graphs on the GPU with timestamp queries where the adapter has
+//!   TIMESTAMP_QUERY ([`set_gpu_timing`], [`take_gpu_time`]).
 //! - wgpu errors never panic: an uncaptured-error handler and error scopes turn them into
 //!   tessera errors (`context` module docs).
 #![warn(missing_docs)]
@@ -22,7 +24,9 @@ mod context;
 mod device;
 mod ops;
 mod shader;
+mod timing;
 
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuBackendReg, WgpuDevice};
+pub use timing::{set_gpu_timing, take_gpu_time};

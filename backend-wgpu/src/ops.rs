@@ -109,6 +109,8 @@ const FA_WG: [u32; 2] = [64, 256];
 const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
 /// Rows of src0 per mat-vec workgroup (they share each load of src1).
 const MV_ROWS: u32 = 4;
+/// Invocations per mat-vec workgroup.
+const MV_WG: u32 = 256;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
 
@@ -136,6 +138,15 @@ fn fits_u32(t: &Tensor) -> bool {
     t.nbytes() < u32::MAX as usize / 2
         && t.nelements() < u32::MAX as usize / 2
         && t.nb.iter().all(|&b| b < u32::MAX as usize / 2)
+}
+
+/// Whether tensor `id`, bound from `skip` bytes on, starts at a 16-byte aligned offset in its
+/// binding and has 16-byte aligned row, plane and batch strides, so that a shader may read its
+/// rows with 16-byte loads (false when it has no memory yet).
+fn aligned16(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize) -> bool {
+    gpu.limits.min_storage_buffer_offset_alignment.is_multiple_of(16)
+        && graph.data(id).is_some_and(|d| (d.offset + skip).is_multiple_of(16))
+        && graph.get(id).nb[1..].iter().all(|&b| b.is_multiple_of(16))
 }
 
 /// Workgroup counts for `n` workgroups laid out over x then y.
@@ -398,7 +409,16 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 if t.ne[1] <= MAT_VEC_MAX_N {
                     let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
-                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups);
+                    let k = a.ne[0];
+                    let a4 = !a.dtype.is_quantized()
+                        && a.nb[0] == a.dtype.type_size()
+                        && k.is_multiple_of(8)
+                        && aligned16(gpu, graph, t.src[0], r0 * a.nb[1]);
+                    let y4 = b.dtype == DType::F32
+                        && b.nb[0] == 4
+                        && k.is_multiple_of(4)
+                        && aligned16(gpu, graph, t.src[1], 0);
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -744,11 +764,25 @@ fn rows_variant(op: u32, src: DType, idx: DType, to: DType) -> Variant {
         .ty("DT", to)
 }
 
-fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
+/// The mat-vec variant for weights of type `a` and activations of type `b`; `a4` and `y4`:
+/// the weights (a float type) and the f32 activations may be read with 16-byte loads.
+fn mat_vec_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Variant {
+    // Values per block and invocations per block (each takes 8 values: `shaders/mul_mat.wgsl`).
+    let (qb, tpb) = if !a.is_quantized() {
+        (8, 1)
+    } else if a.block_size() == 256 {
+        (256, 32)
+    } else {
+        (32, 4)
+    };
     Variant::new(Family::MulMat, "mat_vec")
         .def("QUANT", u32::from(a.is_quantized()))
         .def("SUBGROUPS", u32::from(subgroups))
-        .def("WG", ROW_WG)
+        .def("A4", u32::from(a4))
+        .def("Y4", u32::from(y4))
+        .def("QB", qb)
+        .def("TPB", tpb)
+        .def("WG", MV_WG)
         .def("ROWS", MV_ROWS)
         .def("BM", MM_TILES[0].0)
         .def("BN", MM_TILES[0].1)
@@ -760,6 +794,8 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool) -> Variant {
 fn mat_mat_variant(a: DType, b: DType, (bm, bn, bk): (u32, u32, u32)) -> Variant {
     Variant::new(Family::MulMat, "mat_mat")
         .def("ROWS", MV_ROWS)
+        .def("QB", 8)
+        .def("TPB", 1)
         .def("QUANT", u32::from(a.is_quantized()))
         .def("BM", bm)
         .def("BN", bn)
@@ -860,7 +896,15 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
         Family::MulMat => {
             for &a in FLOATS.iter().chain(&QUANT) {
                 for b in [DType::F32, DType::F16] {
-                    v.push(mat_vec_variant(a, b, subgroups));
+                    for a4 in [false, true] {
+                        if a4 && a.is_quantized() {
+                            continue;
+                        }
+                        v.push(mat_vec_variant(a, b, subgroups, a4, false));
+                        if b == DType::F32 {
+                            v.push(mat_vec_variant(a, b, subgroups, a4, true));
+                        }
+                    }
                     for tile in MM_TILES {
                         v.push(mat_mat_variant(a, b, tile));
                     }

@@ -246,9 +246,30 @@ fn part_data(plan: &Plan, j: usize, p: TensorId) -> Result<(Arc<dyn Buffer>, usi
     Ok((d.buffer, d.offset))
 }
 
+/// Submits part `j`'s actions of stage `s`; returns the host bytes its async writes read,
+/// to keep until the run is synchronized.
+fn run_stage(plan: &Plan, j: usize, s: usize, b: &mut dyn Backend) -> Result<Vec<Vec<u8>>> {
+    let part = &plan.parts[j];
+    let mut keep = Vec::new();
+    for action in &part.stages[s] {
+        match action {
+            Action::Compute(nodes) => b.compute(&part.graph, nodes)?,
+            Action::Zero(p) => {
+                let (buf, off) = part_data(plan, j, *p)?;
+                let zeros = vec![0u8; part.graph.get(*p).nbytes()];
+                b.set_async(buf.as_ref(), off, &zeros)?;
+                keep.push(zeros);
+            }
+        }
+    }
+    Ok(keep)
+}
+
+/// Runs a planned graph; `in_graph`: the part graphs hold all-reduce nodes.
 fn run(
     plan: &Plan,
     graph: &Graph,
+    in_graph: bool,
     order: &[usize],
     backends: &mut [Box<dyn Backend>],
     comm: &mut Option<Box<dyn Communicator>>,
@@ -271,18 +292,30 @@ fn run(
     }
     let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
     for s in 0..n_stages {
-        for &j in order {
-            let (b, part) = (&mut backends[j], &plan.parts[j]);
-            for action in &part.stages[s] {
-                match action {
-                    Action::Compute(nodes) => b.compute(&part.graph, nodes)?,
-                    Action::Zero(p) => {
-                        let (buf, off) = part_data(plan, j, *p)?;
-                        let zeros = vec![0u8; part.graph.get(*p).nbytes()];
-                        b.set_async(buf.as_ref(), off, &zeros)?;
-                        keep.push(zeros);
-                    }
-                }
+        if in_graph {
+            // Each part submits from its own thread: a part's graph waits inside for the
+            // others' all-reduce nodes, and one that has filled its launch queue must not keep
+            // the next part from submitting.
+            let kept = std::thread::scope(|scope| {
+                let jobs: Vec<_> = backends
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(j, b)| scope.spawn(move || run_stage(plan, j, s, b.as_mut())))
+                    .collect();
+                jobs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Invalid("a part's submitting thread panicked".into()))
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for k in kept {
+                keep.extend(k?);
+            }
+        } else {
+            for &j in order {
+                keep.extend(run_stage(plan, j, s, backends[j].as_mut())?);
             }
         }
         if let Some(items) = plan.reduces.get(s) {
@@ -405,9 +438,10 @@ impl Backend for MetaBackend {
             backends,
             comm,
             host,
+            in_graph_max,
             ..
         } = self;
-        run(&plans[i].1, graph, order, backends, comm, host)
+        run(&plans[i].1, graph, *in_graph_max > 0, order, backends, comm, host)
     }
 
     fn synchronize(&mut self) -> Result<()> {

@@ -138,9 +138,26 @@ fn run_perf(a: OpsArgs) -> Result<()> {
     let dev = device(a.backend.as_deref().unwrap_or("cpu"), &a.split)?;
     let filter = a.filter()?;
     println!("perf on {}", dev.name());
-    let results = perf(&dev, &filter, &mut |r| println!("{r}"));
+    #[cfg(feature = "wgpu")]
+    tessera::wgpu::set_gpu_timing(true);
+    let results = perf(&dev, &filter, &mut |r| println!("{r}{}", gpu_time(r)));
     if results.is_empty() {
         return Err(Error::Invalid("no perf case matched the filters".into()));
     }
     Ok(())
+}
+
+/// The GPU time of the case just timed where the device measured it with timestamp queries
+/// (wgpu with TIMESTAMP_QUERY): per run and as GB/s; empty elsewhere (the wall time stands).
+fn gpu_time(r: &tessera_conformance::PerfResult) -> String {
+    #[cfg(feature = "wgpu")]
+    if let Some((n, t)) = tessera::wgpu::take_gpu_time() {
+        let us = t.as_secs_f64() * 1e6 / n as f64;
+        if r.skipped.is_none() && us > 0.0 {
+            let gb = r.gb_per_s * r.us_per_run / us;
+            return format!(" | GPU {us:.2} us/run, {gb:.2} GB/s");
+        }
+    }
+    let _ = r;
+    String::new()
 }

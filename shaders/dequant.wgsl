@@ -9,13 +9,18 @@ fn byte0(b: u32) -> u32 {
     return (s0w(b >> 2u) >> ((b & 3u) * 8u)) & 0xffu;
 }
 
-// The 32-bit little-endian word starting at any byte b (2-byte aligned in every layout):
-// the two words that hold it, shifted, with no branch (the second is clamped to the last
-// word of the binding, whose bits are then shifted out).
+// The 32-bit little-endian word starting at any byte b: the two words that hold it, shifted,
+// with no branch (the second is clamped to the last word of the binding, whose bits are then
+// shifted out). AL (set where every block starts at a multiple of 4 bytes, and every word
+// read is at a multiple of 4 in its block) reads the one word.
 fn word0(b: u32) -> u32 {
+#if AL
+    return s0w(b >> 2u);
+#else
     let i = b >> 2u;
     let sh = (b & 3u) * 8u;
     return (s0w(i) >> sh) | ((s0w(min(i + 1u, last0())) << 1u) << (31u - sh));
+#endif
 }
 
 // The f16 at byte b (2-byte aligned in every layout), as f32.

@@ -140,13 +140,15 @@ fn fits_u32(t: &Tensor) -> bool {
         && t.nb.iter().all(|&b| b < u32::MAX as usize / 2)
 }
 
-/// Whether tensor `id`, bound from `skip` bytes on, starts at a 16-byte aligned offset in its
-/// binding and has 16-byte aligned row, plane and batch strides, so that a shader may read its
-/// rows with 16-byte loads (false when it has no memory yet).
-fn aligned16(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize) -> bool {
-    gpu.limits.min_storage_buffer_offset_alignment.is_multiple_of(16)
-        && graph.data(id).is_some_and(|d| (d.offset + skip).is_multiple_of(16))
-        && graph.get(id).nb[1..].iter().all(|&b| b.is_multiple_of(16))
+/// Whether tensor `id`, bound from `skip` bytes on, starts at an `n`-byte aligned offset in its
+/// binding and has `n`-byte aligned row, plane and batch strides, so that a shader may read its
+/// rows with `n`-byte loads (false when it has no memory yet).
+fn aligned(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize, n: usize) -> bool {
+    (gpu.limits.min_storage_buffer_offset_alignment as usize).is_multiple_of(n)
+        && graph
+            .data(id)
+            .is_some_and(|d| (d.offset + skip).is_multiple_of(n))
+        && graph.get(id).nb[1..].iter().all(|&b| b.is_multiple_of(n))
 }
 
 /// Workgroup counts for `n` workgroups laid out over x then y.
@@ -413,12 +415,15 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     let a4 = !a.dtype.is_quantized()
                         && a.nb[0] == a.dtype.type_size()
                         && k.is_multiple_of(8)
-                        && aligned16(gpu, graph, t.src[0], r0 * a.nb[1]);
+                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+                    let al = a.dtype.is_quantized()
+                        && a.dtype.type_size().is_multiple_of(4)
+                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
                     let y4 = b.dtype == DType::F32
                         && b.nb[0] == 4
                         && k.is_multiple_of(4)
-                        && aligned16(gpu, graph, t.src[1], 0);
-                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4);
+                        && aligned(gpu, graph, t.src[1], 0, 16);
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4 || al, y4);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -764,9 +769,11 @@ fn rows_variant(op: u32, src: DType, idx: DType, to: DType) -> Variant {
         .ty("DT", to)
 }
 
-/// The mat-vec variant for weights of type `a` and activations of type `b`; `a4` and `y4`:
-/// the weights (a float type) and the f32 activations may be read with 16-byte loads.
-fn mat_vec_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Variant {
+/// The mat-vec variant for weights of type `a` and activations of type `b`. `aligned`: the
+/// weights may be read with 16-byte loads (a float type: A4) or their blocks start at 4-byte
+/// aligned offsets (a quantized type whose blocks are whole words: AL); `y4`: the f32
+/// activations may be read with 16-byte loads.
+fn mat_vec_variant(a: DType, b: DType, subgroups: bool, aligned: bool, y4: bool) -> Variant {
     // Values per block and invocations per block (each takes 8 values: `shaders/mul_mat.wgsl`).
     let (qb, tpb) = if !a.is_quantized() {
         (8, 1)
@@ -778,7 +785,8 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> V
     Variant::new(Family::MulMat, "mat_vec")
         .def("QUANT", u32::from(a.is_quantized()))
         .def("SUBGROUPS", u32::from(subgroups))
-        .def("A4", u32::from(a4))
+        .def("A4", u32::from(aligned && !a.is_quantized()))
+        .def("AL", u32::from(aligned && a.is_quantized()))
         .def("Y4", u32::from(y4))
         .def("QB", qb)
         .def("TPB", tpb)
@@ -896,13 +904,13 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
         Family::MulMat => {
             for &a in FLOATS.iter().chain(&QUANT) {
                 for b in [DType::F32, DType::F16] {
-                    for a4 in [false, true] {
-                        if a4 && a.is_quantized() {
+                    for aligned in [false, true] {
+                        if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
                             continue;
                         }
-                        v.push(mat_vec_variant(a, b, subgroups, a4, false));
+                        v.push(mat_vec_variant(a, b, subgroups, aligned, false));
                         if b == DType::F32 {
-                            v.push(mat_vec_variant(a, b, subgroups, a4, true));
+                            v.push(mat_vec_variant(a, b, subgroups, aligned, true));
                         }
                     }
                     for tile in MM_TILES {

@@ -57,43 +57,34 @@ fn quantize_block(t: u32, b: u32) {
                 put_byte(b + 2u + j, u32(i32(round(xs[j] * id))) & 0xffu);
             }
         }
-        case 2u, 6u: {
-            let levels = select(8.0, 16.0, t == 6u);
-            let d = vmax / -levels;
+        case 2u, 3u, 6u, 7u: {
+            // Q4_0 and Q5_0: d from the value of largest magnitude, quants x / d + 2^(bits-1);
+            // Q4_1 and Q5_1: d and m from min and max, quants (x - m) / d. The 5-bit types keep
+            // the fifth bits in a word after the header.
+            let with_min = t == 3u || t == 7u;
+            let five = t == 6u || t == 7u;
+            let top = select(15u, 31u, five);
+            let levels = select(8.0, 16.0, five);
+            let d = select(vmax / -levels, (hi - lo) / f32(top), with_min);
+            let base = select(0.0, lo, with_min);
+            let bias = select(levels, 0.0, with_min);
             let id = inverse(d);
             put_half(b, f16_bits(d));
+            if with_min {
+                put_half(b + 2u, f16_bits(lo));
+            }
+            let head = select(2u, 4u, with_min);
+            let qs = head + select(0u, 4u, five);
             var qh = 0u;
-            let qs = select(2u, 6u, t == 6u);
             for (var j = 0u; j < 16u; j++) {
-                let top = select(15u, 31u, t == 6u);
-                let q0 = min(u32(max(xs[j] * id + levels + 0.5, 0.0)), top);
-                let q1 = min(u32(max(xs[j + 16u] * id + levels + 0.5, 0.0)), top);
+                let q0 = min(u32(max((xs[j] - base) * id + bias + 0.5, 0.0)), top);
+                let q1 = min(u32(max((xs[j + 16u] - base) * id + bias + 0.5, 0.0)), top);
                 put_byte(b + qs + j, (q0 & 15u) | ((q1 & 15u) << 4u));
                 qh |= ((q0 >> 4u) << j) | ((q1 >> 4u) << (j + 16u));
             }
-            if t == 6u {
+            if five {
                 for (var k = 0u; k < 4u; k++) {
-                    put_byte(b + 2u + k, qh >> (8u * k));
-                }
-            }
-        }
-        case 3u, 7u: {
-            let top = select(15u, 31u, t == 7u);
-            let d = (hi - lo) / f32(top);
-            let id = inverse(d);
-            put_half(b, f16_bits(d));
-            put_half(b + 2u, f16_bits(lo));
-            var qh = 0u;
-            let qs = select(4u, 8u, t == 7u);
-            for (var j = 0u; j < 16u; j++) {
-                let q0 = min(u32(max((xs[j] - lo) * id + 0.5, 0.0)), top);
-                let q1 = min(u32(max((xs[j + 16u] - lo) * id + 0.5, 0.0)), top);
-                put_byte(b + qs + j, (q0 & 15u) | ((q1 & 15u) << 4u));
-                qh |= ((q0 >> 4u) << j) | ((q1 >> 4u) << (j + 16u));
-            }
-            if t == 7u {
-                for (var k = 0u; k < 4u; k++) {
-                    put_byte(b + 4u + k, qh >> (8u * k));
+                    put_byte(b + head + k, qh >> (8u * k));
                 }
             }
         }
@@ -309,6 +300,30 @@ fn q3(o: u32) -> f32 {
     return select(0.0, sumlx / suml2, suml2 > 0.0);
 }
 
+// The largest of scales[0..n] and of mins[0..n] (0 when none is positive).
+fn max_scale_min(n: u32) -> vec2<f32> {
+    var max_scale = 0.0;
+    var max_min = 0.0;
+    for (var j = 0u; j < n; j++) {
+        max_scale = select(max_scale, scales[j], scales[j] > max_scale);
+        max_min = select(max_min, mins[j], mins[j] > max_min);
+    }
+    return vec2<f32>(max_scale, max_min);
+}
+
+// The scale of largest magnitude among scales[0..16] (the first on ties) and that magnitude.
+fn signed_max_scale() -> vec2<f32> {
+    var mx = 0.0;
+    var amax = 0.0;
+    for (var j = 0u; j < 16u; j++) {
+        if abs(scales[j]) > amax {
+            amax = abs(scales[j]);
+            mx = scales[j];
+        }
+    }
+    return vec2<f32>(mx, amax);
+}
+
 // f16 bits of v written into bk at byte i; returns v rounded through f16.
 fn bk_half(i: u32, v: f32) -> f32 {
     let h = f16_bits(v);
@@ -332,12 +347,9 @@ fn fit_k4(nmax: i32, rmin: f32, nstep: i32) {
         scales[j] = sm.x;
         mins[j] = sm.y;
     }
-    var max_scale = 0.0;
-    var max_min = 0.0;
-    for (var j = 0u; j < 8u; j++) {
-        max_scale = select(max_scale, scales[j], scales[j] > max_scale);
-        max_min = select(max_min, mins[j], mins[j] > max_min);
-    }
+    let mx = max_scale_min(8u);
+    let max_scale = mx.x;
+    let max_min = mx.y;
     let inv_scale = select(0.0, 63.0 / max_scale, max_scale > 0.0);
     let inv_min = select(0.0, 63.0 / max_min, max_min > 0.0);
     for (var i = 4u; i < 16u; i++) {
@@ -393,12 +405,9 @@ fn quantize_k(t: u32, b: u32) {
                 scales[j] = sm.x;
                 mins[j] = sm.y;
             }
-            var max_scale = 0.0;
-            var max_min = 0.0;
-            for (var j = 0u; j < 16u; j++) {
-                max_scale = select(max_scale, scales[j], scales[j] > max_scale);
-                max_min = select(max_min, mins[j], mins[j] > max_min);
-            }
+            let mx = max_scale_min(16u);
+            let max_scale = mx.x;
+            let max_min = mx.y;
             for (var j = 0u; j < 16u; j++) {
                 var v = 0u;
                 if max_scale > 0.0 {
@@ -431,15 +440,10 @@ fn quantize_k(t: u32, b: u32) {
         case 11u: {
             // Q3_K.
             size = 110u;
-            var max_scale = 0.0;
-            var amax = 0.0;
             for (var j = 0u; j < 16u; j++) {
                 scales[j] = q3(16u * j);
-                if abs(scales[j]) > amax {
-                    amax = abs(scales[j]);
-                    max_scale = scales[j];
-                }
             }
+            let max_scale = signed_max_scale().x;
             for (var i = 0u; i < 110u; i++) {
                 bk[i] = 0u;
             }
@@ -505,17 +509,12 @@ fn quantize_k(t: u32, b: u32) {
             for (var i = 0u; i < 210u; i++) {
                 bk[i] = 0u;
             }
-            var max_scale = 0.0;
-            var amax = 0.0;
             for (var j = 0u; j < 16u; j++) {
                 scales[j] = qx(16u * j, 32);
-                if abs(scales[j]) > amax {
-                    amax = abs(scales[j]);
-                    max_scale = scales[j];
-                }
             }
-            if amax >= 1e-15 {
-                let iscale = -128.0 / max_scale;
+            let sm = signed_max_scale();
+            if sm.y >= 1e-15 {
+                let iscale = -128.0 / sm.x;
                 let d = bk_half(208u, 1.0 / iscale);
                 for (var j = 0u; j < 16u; j++) {
                     let sc = clamp(nearest(iscale * scales[j]), -128, 127);

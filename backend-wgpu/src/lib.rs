@@ -13,7 +13,7 @@
 //!   validated offline by naga in a unit test, and pipelines are built as trusted modules
 //!   without runtime bounds checks.
 //! - `tessera ops perf` times graphs on the GPU with timestamp queries where the adapter has
-//!   TIMESTAMP_QUERY ([`set_gpu_timing`], [`take_gpu_time`]).
+//!   TIMESTAMP_QUERY ([`set_gpu_timing`], [`take_gpu_times`]).
 //! - wgpu errors never panic: an uncaptured-error handler and error scopes turn them into
 //!   tessera errors (`context` module docs).
 #![warn(missing_docs)]
@@ -29,4 +29,4 @@ mod timing;
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuBackendReg, WgpuDevice};
-pub use timing::{set_gpu_timing, take_gpu_time};
+pub use timing::{set_gpu_timing, take_gpu_times};

@@ -4,11 +4,11 @@
 //! While it is on, every backend on a device that has TIMESTAMP_QUERY writes a timestamp at the
 //! beginning and the end of each graph's compute pass (one pass per graph), into a query set
 //! of [`CAP`] pairs; graphs past that many are not timed. Nothing is read back while graphs
-//! run: the pairs are resolved and read when the backend is dropped, and their sum is added
-//! to a process-wide total that [`take_gpu_time`] returns and resets. A caller that times one
-//! case per backend (the perf mode does) gets that case's GPU time per graph from the total
-//! and its count; where no device has timestamps the total stays empty and the caller keeps
-//! its wall time.
+//! run: the pairs are resolved and read when the backend is dropped, and each graph's time is
+//! appended to a process-wide list that [`take_gpu_times`] returns and empties. A caller that
+//! times one case per backend (the perf mode does) gets that case's GPU time per graph from
+//! the list (its median leaves out a warm-up run); where no device has timestamps the list
+//! stays empty and the caller keeps its wall time.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -20,8 +20,8 @@ use crate::context::{lock, Gpu};
 
 /// Whether timing is on.
 static ON: AtomicBool = AtomicBool::new(false);
-/// Graphs timed and their GPU nanoseconds, since the last [`take_gpu_time`].
-static TOTAL: Mutex<(usize, f64)> = Mutex::new((0, 0.0));
+/// The GPU time of each graph timed since the last [`take_gpu_times`], in nanoseconds.
+static TIMES: Mutex<Vec<f64>> = Mutex::new(Vec::new());
 
 /// Graphs one backend times at most (each takes two queries; wgpu allows 4096 per set).
 pub(crate) const CAP: u32 = 2048;
@@ -37,13 +37,15 @@ pub(crate) fn timing_on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// The graphs timed on the GPU since the last call, and their total GPU time (from the
-/// beginning to the end of each graph's compute pass); `None` when none was timed (timing
-/// off, no adapter with TIMESTAMP_QUERY, or the backends that timed them not yet dropped).
-pub fn take_gpu_time() -> Option<(usize, Duration)> {
-    let mut t = lock(&TOTAL);
-    let (n, ns) = std::mem::take(&mut *t);
-    (n > 0).then(|| (n, Duration::from_secs_f64(ns * 1e-9)))
+/// The GPU time of each graph timed since the last call (from the beginning to the end of its
+/// compute pass), in the order each backend ran them, backend after backend as they were
+/// dropped; empty when none was timed (timing off, no adapter with TIMESTAMP_QUERY, or the
+/// backends that timed them not yet dropped).
+pub fn take_gpu_times() -> Vec<Duration> {
+    std::mem::take(&mut *lock(&TIMES))
+        .into_iter()
+        .map(|ns| Duration::from_secs_f64(ns * 1e-9))
+        .collect()
 }
 
 /// One backend's timestamp queries.
@@ -103,7 +105,7 @@ impl Timer {
         })
     }
 
-    /// Waits for the timed graphs, reads their timestamps and adds them to the total.
+    /// Waits for the timed graphs, reads their timestamps and appends their times to the list.
     pub fn flush(&mut self, gpu: &Gpu) -> Result<()> {
         let n = std::mem::take(&mut self.used);
         if n == 0 {
@@ -136,13 +138,11 @@ impl Timer {
         };
         self.read.unmap();
         let period = f64::from(gpu.queue.get_timestamp_period());
-        let ns: f64 = ticks
-            .chunks_exact(2)
-            .map(|p| p[1].saturating_sub(p[0]) as f64 * period)
-            .sum();
-        let mut t = lock(&TOTAL);
-        t.0 += n as usize;
-        t.1 += ns;
+        lock(&TIMES).extend(
+            ticks
+                .chunks_exact(2)
+                .map(|p| p[1].saturating_sub(p[0]) as f64 * period),
+        );
         Ok(())
     }
 }

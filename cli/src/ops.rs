@@ -148,14 +148,19 @@ fn run_perf(a: OpsArgs) -> Result<()> {
 }
 
 /// The GPU time of the case just timed where the device measured it with timestamp queries
-/// (wgpu with TIMESTAMP_QUERY): per run and as GB/s; empty elsewhere (the wall time stands).
+/// (wgpu with TIMESTAMP_QUERY): the median over its runs (the warm-up run included) and that
+/// as GB/s; empty elsewhere (the wall time stands).
 fn gpu_time(r: &tessera_conformance::PerfResult) -> String {
     #[cfg(feature = "wgpu")]
-    if let Some((n, t)) = tessera::wgpu::take_gpu_time() {
-        let us = t.as_secs_f64() * 1e6 / n as f64;
-        if r.skipped.is_none() && us > 0.0 {
-            let gb = r.gb_per_s * r.us_per_run / us;
-            return format!(" | GPU {us:.2} us/run, {gb:.2} GB/s");
+    {
+        let mut t = tessera::wgpu::take_gpu_times();
+        t.sort_unstable();
+        if let Some(median) = t.get(t.len() / 2) {
+            let us = median.as_secs_f64() * 1e6;
+            if r.skipped.is_none() && us > 0.0 {
+                let gb = r.gb_per_s * r.us_per_run / us;
+                return format!(" | GPU median {us:.2} us/run, {gb:.2} GB/s");
+            }
         }
     }
     let _ = r;

@@ -64,6 +64,9 @@ pub(crate) struct Gpu {
     pub subgroups: bool,
     /// Whether the device has TIMESTAMP_QUERY (graphs can be timed on the GPU).
     pub timestamps: bool,
+    /// Rows and invocations per mat-vec workgroup (`ops::MV_ROWS`, `ops::MV_WG`, or
+    /// `TESSERA_WGPU_MV=ROWS,WG`).
+    pub mat_vec: (u32, u32),
     /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
     f16_in_f32: bool,
     /// The first error the uncaptured-error handler saw, not yet reported.
@@ -123,6 +126,7 @@ impl Gpu {
             flag.store(true, Ordering::SeqCst);
         });
         let layouts = (0..=MAX_STORAGE).map(|n| make_layout(&device, n)).collect();
+        let mat_vec = mat_vec_shape(&limits);
         log::debug!(
             "wgpu: opened {} ({:?}, {:?}) with {:?}",
             info.name,
@@ -140,6 +144,7 @@ impl Gpu {
             subgroups: features.contains(wgpu::Features::SUBGROUP)
                 && std::env::var_os("TESSERA_WGPU_NO_SUBGROUPS").is_none(),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            mat_vec,
             f16_in_f32: adapter
                 .get_downlevel_capabilities()
                 .flags
@@ -330,6 +335,35 @@ impl Gpu {
             all.clear();
         }
         all.insert(hash, rec);
+    }
+}
+
+/// Rows and invocations per mat-vec workgroup: `TESSERA_WGPU_MV=ROWS,WG` where it is valid (1 to
+/// 16 rows; a power of two from 32 invocations up to the adapter's limits, its partial sums
+/// fitting in workgroup memory), else the defaults.
+fn mat_vec_shape(limits: &wgpu::Limits) -> (u32, u32) {
+    let default = (crate::ops::MV_ROWS, crate::ops::MV_WG);
+    let Ok(v) = std::env::var("TESSERA_WGPU_MV") else {
+        return default;
+    };
+    let parsed = v
+        .split_once(',')
+        .and_then(|(r, w)| Some((r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?)));
+    match parsed {
+        Some((rows, wg))
+            if (1..=16).contains(&rows)
+                && wg.is_power_of_two()
+                && wg >= 32
+                && wg <= limits.max_compute_invocations_per_workgroup
+                && wg <= limits.max_compute_workgroup_size_x
+                && (rows + 1) * wg * 4 <= limits.max_compute_workgroup_storage_size =>
+        {
+            (rows, wg)
+        }
+        _ => {
+            log::warn!("wgpu: TESSERA_WGPU_MV={v} is not ROWS,WG within the limits (1-16 rows, a power of two from 32 invocations, the partial sums in workgroup memory); using the defaults");
+            default
+        }
     }
 }
 

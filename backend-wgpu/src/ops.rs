@@ -107,10 +107,11 @@ const FA_WG: [u32; 2] = [64, 256];
 /// Tiles of the tiled mat-mat (BM, BN, BK: BM x BK of src0 and BN x BK of src1 per step):
 /// the large one when dst has at least BM rows and BN columns, else the small one.
 const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
-/// Rows of src0 per mat-vec workgroup (they share each load of src1).
-const MV_ROWS: u32 = 4;
-/// Invocations per mat-vec workgroup.
-const MV_WG: u32 = 256;
+/// Rows of src0 per mat-vec workgroup (they share each load of src1), and invocations per
+/// mat-vec workgroup: the defaults of [`Gpu::mat_vec`], which `TESSERA_WGPU_MV=ROWS,WG`
+/// overrides (for tuning on a new GPU).
+pub(crate) const MV_ROWS: u32 = 4;
+pub(crate) const MV_WG: u32 = 256;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
 
@@ -409,7 +410,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     Bind::whole(t.src[1]),
                 ];
                 if t.ne[1] <= MAT_VEC_MAX_N {
-                    let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+                    let (mv_rows, mv_wg) = gpu.mat_vec;
+                    let groups = rc.div_ceil(mv_rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let k = a.ne[0];
                     let a4 = !a.dtype.is_quantized()
@@ -423,7 +425,9 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                         && b.nb[0] == 4
                         && k.is_multiple_of(4)
                         && aligned(gpu, graph, t.src[1], 0, 16);
-                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4 || al, y4);
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4 || al, y4)
+                        .def("ROWS", mv_rows)
+                        .def("WG", mv_wg);
                     out.push(PlanOut {
                         variant: v,
                         bind,

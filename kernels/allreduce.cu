@@ -1,14 +1,15 @@
-// All-reduce through peer memory: every rank's GPU reads every other rank's values over
-// NVLink (or PCIe) and sums them, inside one kernel launch, so that the sum can sit in a CUDA
-// graph between other kernels with no host step.
+// All-reduce through peer memory: every rank's GPU writes its values straight into every other
+// rank's receive area over NVLink (or PCIe), then each sums what it received, inside one kernel
+// launch, so that the sum can sit in a CUDA graph between other kernels with no host step.
 //
 // Each rank owns a signal block (struct ArSignal, mirrored by backend-cuda/src/comm/peer.rs)
-// and a scratch area of two slots that every rank can read. One call:
-//   1. every block copies its share of the tensor into this rank's scratch slot (epoch & 1);
-//   2. every block tells its twin block on each rank that it has arrived at this epoch (a
-//      release store into that rank's flags) and waits until each twin has arrived here;
-//   3. every block sums its share over the ranks' slots, in rank order (so every rank gets
-//      the same bits), into the tensor;
+// and a receive area of two slots, each with one region per rank. One call:
+//   1. every block writes its share of the tensor into region `rank` of slot (epoch & 1) of
+//      every rank's receive area (its own included);
+//   2. every block tells its twin block on each rank that it has written this epoch (a release
+//      store into that rank's flags) and waits until each twin has written here;
+//   3. every block sums its share over the regions of its own slot, in rank order (so every
+//      rank gets the same bits), plus an optional residual, into the output;
 //   4. the last block to finish advances this rank's epoch.
 // Two slots suffice: a rank can start writing slot (e & 1) of call e + 2 only after every
 // rank arrived at call e + 1, by when every rank has finished reading call e.
@@ -60,28 +61,28 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
-// t[0]: the f32 tensor, contiguous, summed in place. aux[0]: this rank's ArSignal; aux[1]:
-// bytes of one scratch slot. i[0]: this rank; i[1]: number of ranks.
+// t[0]: the output, f32, contiguous (the input itself for an in-place sum); t[1]: the input;
+// t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
+// aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
 KERNEL all_reduce_f32(KParams p) {
     ArSignal* own = (ArSignal*)p.aux[0];
-    const u64 slot_bytes = p.aux[1];
+    const u64 region = p.aux[1];
     const int rank = p.i[0];
     const int n = p.i[1];
     const i64 count = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3];
-    float* data = (float*)p.t[0].ptr;
+    float* out = (float*)p.t[0].ptr;
+    const float* in = (const float*)p.t[1].ptr;
+    const float* res = (const float*)p.t[2].ptr;
     const int b = blockIdx.x;
 
     __shared__ u32 epoch_sh;
-    __shared__ const float* slots[AR_MAX_RANKS];
     if (threadIdx.x == 0) {
         epoch_sh = *(volatile u32*)&own->epoch + 1;
     }
     __syncthreads();
     const u32 e = epoch_sh;
-    const u64 slot = (u64)(e & 1u) * slot_bytes;
-    if (threadIdx.x < n) {
-        slots[threadIdx.x] = (const float*)(own->scratch[threadIdx.x] + slot);
-    }
+    // Slot (e & 1) of a receive area holds n regions; region r is what rank r sent.
+    const u64 slot = (u64)(e & 1u) * (u64)n * region;
 
     // This block's share, in whole float4s where the tensor allows.
     const i64 per = ((count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
@@ -89,15 +90,16 @@ KERNEL all_reduce_f32(KParams p) {
     const i64 hi = min(count, lo + per);
     const bool vec = (count % 4) == 0;
 
-    __syncthreads();
-    float* mine = (float*)slots[rank];
-    if (vec) {
-        for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
-            *(float4*)(mine + i) = *(const float4*)(data + i);
-        }
-    } else {
-        for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            mine[i] = data[i];
+    for (int r = 0; r < n; ++r) {
+        float* dst = (float*)(own->scratch[r] + slot + (u64)rank * region);
+        if (vec) {
+            for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
+                *(float4*)(dst + i) = *(const float4*)(in + i);
+            }
+        } else {
+            for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+                dst[i] = in[i];
+            }
         }
     }
     __threadfence_system();
@@ -120,26 +122,35 @@ KERNEL all_reduce_f32(KParams p) {
     }
     __syncthreads();
 
+    const float* recv = (const float*)(own->scratch[rank] + slot);
+    const i64 stride = (i64)(region / 4);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             float4 s;
             s.x = s.y = s.z = s.w = 0.f;
             for (int r = 0; r < n; ++r) {
-                const float4 v = load_fresh4(slots[r] + i);
+                const float4 v = load_fresh4(recv + r * stride + i);
                 s.x += v.x;
                 s.y += v.y;
                 s.z += v.z;
                 s.w += v.w;
             }
-            *(float4*)(data + i) = s;
+            if (res) {
+                const float4 a = *(const float4*)(res + i);
+                s.x += a.x;
+                s.y += a.y;
+                s.z += a.z;
+                s.w += a.w;
+            }
+            *(float4*)(out + i) = s;
         }
     } else {
         for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float s = 0.f;
             for (int r = 0; r < n; ++r) {
-                s += load_fresh(slots[r] + i);
+                s += load_fresh(recv + r * stride + i);
             }
-            data[i] = s;
+            out[i] = res ? s + res[i] : s;
         }
     }
 

@@ -165,7 +165,7 @@ fn measure(
         while calls < 3 || start.elapsed().as_secs_f64() < a.seconds {
             r.reduce(&bufs, count)?;
             calls += 1;
-            if calls % 16 == 0 {
+            if calls.is_multiple_of(16) {
                 r.sync()?;
             }
         }

@@ -1,6 +1,6 @@
-//! The peer-memory all-reduce group: per rank a signal block and a two-slot scratch area that
-//! every rank's GPU can read and write (peer access enabled between every pair of GPUs), and
-//! the one-shot kernel of `kernels/allreduce.cu` that sums through them.
+//! The peer-memory all-reduce group: per rank a signal block and a receive area (two slots of
+//! one region per rank) that every rank's GPU writes into (peer access enabled between every
+//! pair of GPUs), and the one-shot kernel of `kernels/allreduce.cu` that sums through them.
 //!
 //! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
 //! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
@@ -36,7 +36,7 @@ struct Rank {
 /// The memory and peer access of one group of ranks.
 pub(crate) struct PeerGroup {
     ranks: Vec<Rank>,
-    /// Bytes of one scratch slot: the largest tensor one call can sum.
+    /// Bytes of one region of a receive slot: the largest tensor one call can sum.
     slot_bytes: usize,
 }
 
@@ -94,7 +94,7 @@ impl PeerGroup {
                 scratch: 0,
             };
             group.ranks.push(rank);
-            let scratch = alloc(dev, 2 * slot_bytes)?;
+            let scratch = alloc(dev, 2 * devs.len() * slot_bytes)?;
             if let Some(r) = group.ranks.last_mut() {
                 r.scratch = scratch;
             }
@@ -127,9 +127,17 @@ impl PeerGroup {
         self.slot_bytes / 4
     }
 
-    /// The kernel launch that sums `count` f32 values at `ptr` (memory of rank `rank`'s GPU)
-    /// over the group, for that rank's stream.
-    pub(crate) fn command(&self, rank: usize, ptr: u64, count: usize) -> Result<Cmd> {
+    /// The kernel launch, for rank `rank`'s stream, that sums `count` f32 values at `input`
+    /// over the group into `output` (the same address for an in-place sum), adding the values
+    /// at `residual` where it is not 0; every address is memory of that rank's GPU.
+    pub(crate) fn command(
+        &self,
+        rank: usize,
+        output: u64,
+        input: u64,
+        residual: u64,
+        count: usize,
+    ) -> Result<Cmd> {
         let r = self
             .ranks
             .get(rank)
@@ -145,11 +153,14 @@ impl PeerGroup {
             .kernels
             .func(&r.dev.ctx, "allreduce", "all_reduce_f32")?;
         let mut p = KParams::default();
-        p.t[0] = TArg {
+        let flat = |ptr: u64| TArg {
             ptr,
             ne: [count as i64, 1, 1, 1],
             nb: [4, 4 * count as i64, 4 * count as i64, 4 * count as i64],
         };
+        p.t[0] = flat(output);
+        p.t[1] = flat(input);
+        p.t[2] = flat(residual);
         p.aux[0] = r.signal;
         p.aux[1] = self.slot_bytes as u64;
         p.i[0] = rank as i32;

@@ -54,6 +54,10 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
     if n > 0 {
         return Ok(n);
     }
+    let n = super::comm::all_reduce_add(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
     rope_set_rows(enc, nodes, i)
 }
 

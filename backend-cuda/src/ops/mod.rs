@@ -154,6 +154,11 @@ impl<'a> Encoder<'a> {
         self.uses.get(id.index()) == Some(&1)
     }
 
+    /// How many nodes read `id` (one more where it is an output); fusion only.
+    pub(crate) fn use_count(&self, id: TensorId) -> u32 {
+        self.uses.get(id.index()).copied().unwrap_or(u32::MAX)
+    }
+
     /// `bytes` of scratch memory for the node being encoded (256-byte aligned).
     pub(crate) fn scratch(&mut self, bytes: usize) -> u64 {
         self.q8 = None;

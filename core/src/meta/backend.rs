@@ -107,6 +107,21 @@ impl GraphKey {
     }
 }
 
+/// Host time spent per step of a run, summed over runs (`TESSERA_META_PROFILE=1`, logged at
+/// info level when the backend is dropped).
+#[derive(Default)]
+struct Timings {
+    runs: u32,
+    /// Finding (or building) the plan.
+    plan: f64,
+    /// Reading the staged inputs and queuing their uploads.
+    upload: f64,
+    /// Submitting the stages' work and all-reduces.
+    submit: f64,
+    /// Gathering the results and waiting for the parts.
+    finish: f64,
+}
+
 /// A stream over every part of a meta device.
 pub struct MetaBackend {
     shared: Arc<Shared>,
@@ -120,6 +135,7 @@ pub struct MetaBackend {
     /// The most elements an all-reduce inside the part graphs may hold (0: none).
     in_graph_max: usize,
     host: HostReduce,
+    timings: Option<Timings>,
 }
 
 impl MetaBackend {
@@ -178,6 +194,9 @@ impl MetaBackend {
             comm,
             in_graph_max,
             host: HostReduce::default(),
+            timings: std::env::var("TESSERA_META_PROFILE")
+                .is_ok_and(|v| v == "1")
+                .then(Timings::default),
         })
     }
 
@@ -265,16 +284,37 @@ fn run_stage(plan: &Plan, j: usize, s: usize, b: &mut dyn Backend) -> Result<Vec
     Ok(keep)
 }
 
-/// Runs a planned graph; `in_graph`: the part graphs hold all-reduce nodes.
+/// What a run drives: the parts' streams and the all-reduce paths.
+struct Streams<'a> {
+    /// The part graphs hold all-reduce nodes (each part then submits from its own thread).
+    in_graph: bool,
+    order: &'a [usize],
+    backends: &'a mut [Box<dyn Backend>],
+    comm: &'a mut Option<Box<dyn Communicator>>,
+    host: &'a mut HostReduce,
+}
+
+/// Runs a planned graph.
 fn run(
     plan: &Plan,
     graph: &Graph,
-    in_graph: bool,
-    order: &[usize],
-    backends: &mut [Box<dyn Backend>],
-    comm: &mut Option<Box<dyn Communicator>>,
-    host: &mut HostReduce,
+    streams: Streams<'_>,
+    mut timings: Option<&mut Timings>,
 ) -> Result<()> {
+    let Streams {
+        in_graph,
+        order,
+        backends,
+        comm,
+        host,
+    } = streams;
+    let mut clock = std::time::Instant::now();
+    let mut lap = |slot: fn(&mut Timings) -> &mut f64, timings: &mut Option<&mut Timings>| {
+        if let Some(t) = timings.as_deref_mut() {
+            *slot(t) += clock.elapsed().as_secs_f64();
+            clock = std::time::Instant::now();
+        }
+    };
     // Host bytes handed to async writes stay alive until the final synchronize.
     let mut keep: Vec<Vec<u8>> = Vec::new();
     for up in &plan.uploads {
@@ -290,6 +330,7 @@ fn run(
             keep.push(bytes);
         }
     }
+    lap(|t| &mut t.upload, &mut timings);
     let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
     for s in 0..n_stages {
         if in_graph {
@@ -335,11 +376,13 @@ fn run(
             }
         }
     }
+    lap(|t| &mut t.submit, &mut timings);
     gather(plan, graph, backends)?;
     for b in backends.iter_mut() {
         b.synchronize()?;
     }
     drop(keep);
+    lap(|t| &mut t.finish, &mut timings);
     Ok(())
 }
 
@@ -425,12 +468,30 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
     Ok(())
 }
 
+impl Drop for MetaBackend {
+    fn drop(&mut self) {
+        if let Some(t) = &self.timings {
+            let per = |x: f64| x * 1e6 / f64::from(t.runs.max(1));
+            log::info!(
+                "{}: {} runs, host µs per run: plan {:.0}, upload {:.0}, submit {:.0}, gather and wait {:.0}",
+                self.shared.name,
+                t.runs,
+                per(t.plan),
+                per(t.upload),
+                per(t.submit),
+                per(t.finish)
+            );
+        }
+    }
+}
+
 impl Backend for MetaBackend {
     fn name(&self) -> String {
         self.shared.name.clone()
     }
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
+        let start = std::time::Instant::now();
         let i = self.plan_index(graph, nodes)?;
         let MetaBackend {
             plans,
@@ -439,9 +500,21 @@ impl Backend for MetaBackend {
             comm,
             host,
             in_graph_max,
+            timings,
             ..
         } = self;
-        run(&plans[i].1, graph, *in_graph_max > 0, order, backends, comm, host)
+        if let Some(t) = timings.as_mut() {
+            t.runs += 1;
+            t.plan += start.elapsed().as_secs_f64();
+        }
+        let streams = Streams {
+            in_graph: *in_graph_max > 0,
+            order,
+            backends,
+            comm,
+            host,
+        };
+        run(&plans[i].1, graph, streams, timings.as_mut())
     }
 
     fn synchronize(&mut self) -> Result<()> {

@@ -33,6 +33,9 @@ pub struct CudaBackend {
     /// The peer all-reduce group this stream joined and its rank there, for
     /// [`tessera_core::Op::AllReduce`] nodes.
     group: Option<(Arc<PeerGroup>, usize)>,
+    /// Computations run per [`GraphMode`] (eager, captured, updated, replayed), logged at
+    /// debug level when the backend is dropped.
+    modes: [u32; 4],
 }
 
 impl CudaBackend {
@@ -57,6 +60,7 @@ impl CudaBackend {
             stream,
             dev,
             group: None,
+            modes: [0; 4],
         })
     }
 
@@ -141,6 +145,11 @@ impl CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         self.graphs.log_profile(&self.dev.name);
+        let [eager, captured, updated, replayed] = self.modes;
+        log::debug!(
+            "{}: computations run eagerly {eager}, captured {captured}, updated {updated}, replayed {replayed}",
+            self.dev.name
+        );
         if let Err(e) = self.stream.synchronize() {
             log::warn!("{}: {}", self.dev.name, crate::driver::describe(e));
         }
@@ -208,7 +217,14 @@ impl Backend for CudaBackend {
             self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);
         }
         let (dev, blas, s) = (&self.dev, &self.blas, self.stream.cu_stream());
-        self.graphs.run(dev, s, blas, cmds)
+        let site = (
+            graph as *const Graph as usize,
+            nodes.as_ptr() as usize,
+            nodes.len(),
+        );
+        self.graphs.run(dev, s, blas, site, cmds)?;
+        self.modes[self.graphs.mode as usize] += 1;
+        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<()> {

@@ -1,6 +1,8 @@
 //! CUDA graphs: replaying a computation instead of launching it again.
 //!
-//! A graph's command list ([`crate::cmd`]) is compared with the previous one:
+//! A graph's command list ([`crate::cmd`]) is compared with the one last run from the same
+//! place (a slot per recurring list, up to [`MAX_SLOTS`], so that a caller alternating between
+//! lists, such as a meta device's stages, keeps a graph for each):
 //!
 //! - the same list (same kernels, launch shapes and arguments, hence the same tensor
 //!   addresses) replays the instantiated graph with one `cuGraphLaunch`;
@@ -127,13 +129,33 @@ fn cmd_name(c: &Cmd) -> &'static str {
     }
 }
 
-/// The graph state of one backend.
+/// Most command lists a backend keeps graphs for.
+const MAX_SLOTS: usize = 128;
+
+/// One remembered command list and its graph.
+#[derive(Default)]
+struct Slot {
+    /// Where the list came from (the graph's and the node list's addresses and the node
+    /// count): a hint for finding the slot again, never trusted without comparing commands.
+    site: (usize, usize, usize),
+    last: Vec<Cmd>,
+    exec: Option<Exec>,
+    /// When the slot was last used (a counter), for evicting the oldest.
+    used: u64,
+}
+
+/// The graph state of one backend: a graph per recurring command list. A caller that runs
+/// several lists in turn (a meta device's stages) gets one slot per list, found by the site
+/// the list came from; a list from a new site takes the slot whose list it equals, or updates
+/// the most recent slot's graph when it has the same launches.
 pub(crate) struct GraphCache {
     profile: Option<Profile>,
     enabled: bool,
     failures: u32,
-    last: Vec<Cmd>,
-    exec: Option<Exec>,
+    slots: Vec<Slot>,
+    clock: u64,
+    /// Commands in the last list run.
+    last_len: usize,
     /// How the last list ran.
     pub mode: GraphMode,
 }
@@ -150,8 +172,9 @@ impl GraphCache {
             profile,
             enabled,
             failures: 0,
-            last: Vec::new(),
-            exec: None,
+            slots: Vec::new(),
+            clock: 0,
+            last_len: 0,
             mode: GraphMode::Eager,
         }
     }
@@ -160,14 +183,13 @@ impl GraphCache {
     pub(crate) fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
         if !on {
-            self.exec = None;
-            self.last.clear();
+            self.slots.clear();
         }
     }
 
     /// Commands in the last list run.
     pub(crate) fn last_len(&self) -> usize {
-        self.last.len()
+        self.last_len
     }
 
     /// Whether commands are being profiled.
@@ -189,28 +211,63 @@ impl GraphCache {
         }
     }
 
-    /// Runs a command list on `stream`.
+    /// The slot for a list from `site`: the one that site used, else one holding the same
+    /// list, else the most recent one when it has the same launches, else a new (or the
+    /// oldest) slot.
+    fn slot_for(&mut self, site: (usize, usize, usize), cmds: &[Cmd]) -> usize {
+        if let Some(i) = self.slots.iter().position(|s| s.site == site) {
+            return i;
+        }
+        let i = self.slots.iter().position(|s| s.last == cmds).or_else(|| {
+            let recent = (0..self.slots.len()).max_by_key(|&i| self.slots[i].used)?;
+            let s = &self.slots[recent];
+            let same_shape = s.exec.is_some()
+                && s.last.len() == cmds.len()
+                && s.last.iter().zip(cmds).all(|(a, b)| a.same_kind(b));
+            same_shape.then_some(recent)
+        });
+        let i = match i {
+            Some(i) => i,
+            None if self.slots.len() < MAX_SLOTS => {
+                self.slots.push(Slot::default());
+                self.slots.len() - 1
+            }
+            None => {
+                let oldest = (0..self.slots.len())
+                    .min_by_key(|&i| self.slots[i].used)
+                    .unwrap_or(0);
+                self.slots[oldest] = Slot::default();
+                oldest
+            }
+        };
+        self.slots[i].site = site;
+        i
+    }
+
+    /// Runs a command list from `site` (see [`Slot::site`]) on `stream`.
     pub(crate) fn run(
         &mut self,
         dev: &DeviceShared,
         stream: sys::CUstream,
         blas: &Blas,
+        site: (usize, usize, usize),
         cmds: Vec<Cmd>,
     ) -> Result<()> {
+        self.last_len = cmds.len();
         if let Some(prof) = &mut self.profile {
             self.mode = GraphMode::Captured;
-            profiled(dev, stream, blas, &cmds, prof)?;
-            self.last = cmds;
-            return Ok(());
+            return profiled(dev, stream, blas, &cmds, prof);
         }
         if !self.enabled || self.failures >= MAX_FAILURES || cmds.is_empty() {
             self.mode = GraphMode::Eager;
-            eager(dev, stream, blas, &cmds)?;
-            self.last = cmds;
-            return Ok(());
+            return eager(dev, stream, blas, &cmds);
         }
-        if let Some(ex) = &self.exec {
-            if cmds == self.last {
+        let i = self.slot_for(site, &cmds);
+        self.clock += 1;
+        let slot = &mut self.slots[i];
+        slot.used = self.clock;
+        if let Some(ex) = &slot.exec {
+            if cmds == slot.last {
                 // SAFETY: the executable graph and the stream are valid.
                 unsafe { sys::cuGraphLaunch(ex.exec, stream) }
                     .result()
@@ -219,15 +276,15 @@ impl GraphCache {
                 return Ok(());
             }
         }
-        let same_shape = self.last.len() == cmds.len()
-            && self.last.iter().zip(&cmds).all(|(a, b)| a.same_kind(b));
-        let seen = cmds == self.last;
-        if !(seen || (same_shape && self.exec.is_some())) {
+        let same_shape = slot.last.len() == cmds.len()
+            && slot.last.iter().zip(&cmds).all(|(a, b)| a.same_kind(b));
+        let seen = cmds == slot.last;
+        if !(seen || (same_shape && slot.exec.is_some())) {
             // New work: run it eagerly and remember it.
-            self.exec = None;
+            slot.exec = None;
             self.mode = GraphMode::Eager;
             eager(dev, stream, blas, &cmds)?;
-            self.last = cmds;
+            slot.last = cmds;
             return Ok(());
         }
         let graph = match capture(dev, stream, blas, &cmds) {
@@ -238,15 +295,15 @@ impl GraphCache {
                     "{}: CUDA graph capture failed ({why}); running eagerly",
                     dev.name
                 );
-                self.exec = None;
+                slot.exec = None;
                 self.mode = GraphMode::Eager;
                 eager(dev, stream, blas, &cmds)?;
-                self.last = cmds;
+                slot.last = cmds;
                 return Ok(());
             }
         };
         let mut updated = false;
-        if let Some(ex) = &mut self.exec {
+        if let Some(ex) = &mut slot.exec {
             // SAFETY: both graphs are valid; info is a valid out-pointer.
             let ok = unsafe {
                 let mut info: sys::CUgraphExecUpdateResultInfo = std::mem::zeroed();
@@ -262,7 +319,7 @@ impl GraphCache {
             }
         }
         if !updated {
-            self.exec = None;
+            slot.exec = None;
             let mut exec: sys::CUgraphExec = std::ptr::null_mut();
             // SAFETY: graph is valid; exec is a valid out-pointer.
             let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result();
@@ -279,12 +336,12 @@ impl GraphCache {
                 );
                 self.mode = GraphMode::Eager;
                 eager(dev, stream, blas, &cmds)?;
-                self.last = cmds;
+                slot.last = cmds;
                 return Ok(());
             }
-            self.exec = Some(Exec { graph, exec });
+            slot.exec = Some(Exec { graph, exec });
         }
-        let ex = self
+        let ex = slot
             .exec
             .as_ref()
             .map(|e| e.exec)
@@ -298,7 +355,7 @@ impl GraphCache {
         } else {
             GraphMode::Captured
         };
-        self.last = cmds;
+        slot.last = cmds;
         Ok(())
     }
 }

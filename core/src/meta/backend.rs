@@ -111,15 +111,21 @@ impl GraphKey {
 /// info level when the backend is dropped).
 #[derive(Default)]
 struct Timings {
-    runs: u32,
-    /// Finding (or building) the plan.
-    plan: f64,
+    /// Finding (or building) the plan, per run.
+    plan: Vec<f64>,
     /// Reading the staged inputs and queuing their uploads.
-    upload: f64,
+    upload: Vec<f64>,
     /// Submitting the stages' work and all-reduces.
-    submit: f64,
+    submit: Vec<f64>,
     /// Gathering the results and waiting for the parts.
-    finish: f64,
+    finish: Vec<f64>,
+}
+
+/// The median of `v` in microseconds.
+fn median_us(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).map_or(0.0, |m| m * 1e6)
 }
 
 /// A stream over every part of a meta device.
@@ -309,9 +315,9 @@ fn run(
         host,
     } = streams;
     let mut clock = std::time::Instant::now();
-    let mut lap = |slot: fn(&mut Timings) -> &mut f64, timings: &mut Option<&mut Timings>| {
+    let mut lap = |slot: fn(&mut Timings) -> &mut Vec<f64>, timings: &mut Option<&mut Timings>| {
         if let Some(t) = timings.as_deref_mut() {
-            *slot(t) += clock.elapsed().as_secs_f64();
+            slot(t).push(clock.elapsed().as_secs_f64());
             clock = std::time::Instant::now();
         }
     };
@@ -471,15 +477,14 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
 impl Drop for MetaBackend {
     fn drop(&mut self) {
         if let Some(t) = &self.timings {
-            let per = |x: f64| x * 1e6 / f64::from(t.runs.max(1));
             log::info!(
-                "{}: {} runs, host µs per run: plan {:.0}, upload {:.0}, submit {:.0}, gather and wait {:.0}",
+                "{}: {} runs, median host µs per run: plan {:.0}, upload {:.0}, submit {:.0}, gather and wait {:.0}",
                 self.shared.name,
-                t.runs,
-                per(t.plan),
-                per(t.upload),
-                per(t.submit),
-                per(t.finish)
+                t.plan.len(),
+                median_us(&t.plan),
+                median_us(&t.upload),
+                median_us(&t.submit),
+                median_us(&t.finish)
             );
         }
     }
@@ -504,8 +509,7 @@ impl Backend for MetaBackend {
             ..
         } = self;
         if let Some(t) = timings.as_mut() {
-            t.runs += 1;
-            t.plan += start.elapsed().as_secs_f64();
+            t.plan.push(start.elapsed().as_secs_f64());
         }
         let streams = Streams {
             in_graph: *in_graph_max > 0,

@@ -833,10 +833,14 @@ pub(crate) fn build(
     let sh = shape(g, nodes)?;
     let srcs = sources(g, &sh.inputs, n_parts)?;
     let (d, inputs) = derive_with_policy(g, nodes, &srcs, policy, ratios, device)?;
+    // A single part holds whole sums already: its partial results need no all-reduce, so its
+    // graph is neither cut into stages nor given all-reduce nodes.
+    let single = n_parts == 1;
     // Whether the all-reduces before node `id` run inside the part graphs.
     let in_graph = |id: TensorId| {
         let before = &d.reduce_before[id.index()];
         !before.is_empty()
+            && !single
             && before.iter().all(|&r| {
                 let t = g.get(r);
                 !bf16(r) && t.dtype == DType::F32 && t.nelements() <= reduce.in_graph_max
@@ -893,7 +897,7 @@ pub(crate) fn build(
                     push_compute(stages.last_mut().expect("never empty"), ar);
                     order.push(ar);
                 }
-            } else if !before.is_empty() {
+            } else if !before.is_empty() && !single {
                 let mut backs = Vec::new();
                 for &r in before.iter().filter(|&&r| bf16(r)) {
                     let pr = b.part(r)?;
@@ -980,7 +984,7 @@ pub(crate) fn build(
     let mut reduces: Vec<Vec<ReduceItem>> = Vec::new();
     for &id in &computed {
         let before = &d.reduce_before[id.index()];
-        if before.is_empty() || in_graph(id) {
+        if before.is_empty() || single || in_graph(id) {
             continue;
         }
         let mut items = Vec::new();

@@ -15,8 +15,9 @@ use half::bf16;
 use crate::backend::{Backend, Buffer};
 use crate::error::{Error, Result};
 
-/// Bytes moved per chunk.
-const CHUNK: usize = 1 << 20;
+/// Bytes moved per chunk: large enough that each backend's fixed cost per transfer (a wgpu
+/// readback maps a staging buffer) is small beside the bytes.
+const CHUNK: usize = 8 << 20;
 
 /// Host staging memory kept between all-reduces: two chunk buffers per part and two sums.
 #[derive(Default)]

@@ -6,7 +6,9 @@
 #   greedy  the test model's greedy tokens on meta:cuda:0,cuda:1 against cuda:0 and llama.cpp;
 #   bench8  tessera bench -p 512 -n 128 on a synthetic Llama-8B-shape Q4_0 model on 1, 2 (and
 #           4) GPUs, with the default all-reduce and with NCCL only;
-#   bench70 the same on a synthetic Llama-70B-shape Q4_0 model (40 GB).
+#   bench70 the same on a synthetic Llama-70B-shape Q4_0 model (40 GB);
+#   single  one GPU as a one-part meta device against the plain device (the meta layer's own
+#           cost), and the host-staged all-reduce between CUDA and Vulkan on one GPU.
 # STEPS picks steps (default: all, in that order). Logs go under $OUT; a short table is printed
 # last.
 #
@@ -18,7 +20,7 @@ OUT=${OUT:-/tmp/gpu-multi}; mkdir -p "$OUT"
 BIN=${BIN:-./target/release/tessera}
 MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 SYN=${SYN:-/root/syn}; mkdir -p "$SYN"
-STEPS=${STEPS:-comm ops greedy bench8 bench70}
+STEPS=${STEPS:-comm ops greedy bench8 bench70 single}
 export NODEVICE_SELECT=1 NCCL_NVLS_ENABLE=0
 for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 [ -f "$MODEL" ] || { [ -f /root/m/part-aa ] && cat /root/m/part-aa .gpu/part-ab .gpu/part-ac > "$MODEL"; }
@@ -83,6 +85,14 @@ if has bench70; then
   bench 70b-1gpu "$M70" cuda:0
   bench 70b-2gpu "$M70" $TWO
   [ "$NGPU" -ge 4 ] && bench 70b-4gpu "$M70" $FOUR
+fi
+
+if has single; then
+  M8="$SYN/llama-8b-q4_0.gguf"
+  [ -f "$M8" ] || $BIN gguf synth --like llama-8b --type q4_0 --out "$M8" > "$OUT/synth8.log" 2>&1
+  bench 8b-meta1 "$M8" meta:cuda:0
+  timeout 300 $BIN all-reduce --device meta:cuda:0,wgpu:0 --kib 16,1024,65536 > "$OUT/comm-host.txt" 2>&1
+  cat "$OUT/comm-host.txt" | tee -a "$SUMMARY"
 fi
 
 echo "== summary ($NGPU GPUs; label | device | pp512 | tg128)"

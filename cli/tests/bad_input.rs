@@ -207,3 +207,51 @@ fn a_failed_download_leaves_nothing_in_the_cache() {
         "the cache holds {left:?} after a failed download"
     );
 }
+
+#[test]
+fn all_reduce_needs_a_meta_device_of_two_parts() {
+    fails(
+        &["all-reduce", "--device", "meta:cpu", "--kib", "16"],
+        &[],
+        &["at least two parts"],
+    );
+    fails(
+        &["all-reduce", "--device", "meta:cpu,cuda:9", "--kib", "16"],
+        &[],
+        &["cuda:9"],
+    );
+    fails(
+        &["all-reduce", "--device", "cpu", "--kib", "16"],
+        &[],
+        &["cpu"],
+    );
+}
+
+/// The host-staged all-reduce of two CPU parts: every size checked against a host sum, then
+/// timed (a table row per size).
+#[test]
+fn all_reduce_of_two_cpu_parts_sums() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "all-reduce",
+            "--device",
+            "meta:cpu,cpu",
+            "--kib",
+            "1,33,1024",
+            "--seconds",
+            "0.05",
+        ])
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("the binary runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("all-reduce through host"), "{text}");
+    for size in ["| 1 KiB |", "| 33 KiB |", "| 1 MiB |"] {
+        assert!(text.contains(size), "{size} missing from {text}");
+    }
+}

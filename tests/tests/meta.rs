@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 
+mod meta_common;
+use meta_common::*;
+
 use tessera_conformance::{test, Options, Reference, Status, Summary};
 use tessera_core::meta::{InputPolicy, MetaDevice, SplitRatios};
 use tessera_core::Device;
@@ -62,9 +65,7 @@ fn splittable_cases_match_the_cpu_on_three_cpu_parts() {
 
 use std::sync::Mutex;
 
-use tessera_core::alloc::GraphAllocator;
 use tessera_core::meta::{check_plan, AxisSplit, Segment, ShardedTensor, SplitState};
-use tessera_core::quant::quantize_row;
 use tessera_core::{
     Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler,
     TensorId,
@@ -154,162 +155,14 @@ fn recording_meta(ratios: &[f64]) -> (Arc<dyn Device>, Vec<Log>) {
     (Arc::new(m), logs)
 }
 
-/// A weight: name, type, shape, state on a meta device, and random values.
-struct W {
-    dtype: DType,
-    ne: [usize; 4],
-    state: SplitState,
-    data: Vec<u8>,
-}
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 20000) as f32 / 10000.0 - 1.0
-        })
-        .collect()
-}
-
-fn weight(dtype: DType, ne: [usize; 4], state: SplitState, seed: u32) -> W {
-    let n: usize = ne.iter().product();
-    let v = values(n, seed);
-    let row = ne[0] / dtype.block_size() * dtype.type_size();
-    let mut data = vec![0u8; row * n / ne[0]];
-    for (r, out) in data.chunks_exact_mut(row).enumerate() {
-        quantize_row(dtype, &v[r * ne[0]..(r + 1) * ne[0]], out).unwrap();
-    }
-    W {
-        dtype,
-        ne,
-        state,
-        data,
-    }
-}
-
-/// Puts the weights on `dev`: a sharded buffer on a meta device, a plain one elsewhere.
-fn place(dev: &Arc<dyn Device>, ws: &[W]) -> Result<(Arc<dyn Buffer>, Vec<usize>)> {
-    let mut offs = Vec::new();
-    let mut end = 0;
-    for w in ws {
-        offs.push(end);
-        end += w.data.len().div_ceil(64) * 64;
-    }
-    let buf = match MetaDevice::from_device(dev.as_ref()) {
-        Some(m) => {
-            let specs: Vec<ShardedTensor> = ws
-                .iter()
-                .zip(&offs)
-                .map(|(w, &offset)| ShardedTensor {
-                    offset,
-                    dtype: w.dtype,
-                    ne: w.ne,
-                    state: w.state.clone(),
-                })
-                .collect();
-            m.alloc_sharded(end, &specs)?
-        }
-        None => dev.buffer_type().alloc(end)?,
-    };
-    for (w, &o) in ws.iter().zip(&offs) {
-        buf.set(o, &w.data)?;
-    }
-    Ok((buf, offs))
-}
-
-type BuildFn = dyn Fn(&mut Graph, &[TensorId], TensorId) -> Result<Vec<TensorId>>;
-
-/// Runs a graph of weights `ws` and one f32 input `x` on `dev`; returns the outputs.
-fn eval(dev: &Arc<dyn Device>, ws: &[W], x_ne: &[usize], build: &BuildFn) -> Result<Vec<Vec<f32>>> {
-    let (buf, offs) = place(dev, ws)?;
-    let mut g = Graph::new();
-    let mut wid = Vec::new();
-    for (i, (w, &o)) in ws.iter().zip(&offs).enumerate() {
-        wid.push(g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)?);
-    }
-    let x = g.input("x", DType::F32, x_ne)?;
-    let outs = build(&mut g, &wid, x)?;
-    for &o in &outs {
-        g.set_output(o);
-    }
-    let nodes: Vec<TensorId> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut g, &nodes)?;
-    let xv: Vec<u8> = values(x_ne.iter().product(), 99)
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    let xd = g.data_or_err(x)?;
-    xd.buffer.set(xd.offset, &xv)?;
-    let mut b = dev.new_backend()?;
-    for _ in 0..2 {
-        b.compute(&g, &nodes)?;
-        b.synchronize()?;
-    }
-    outs.iter()
-        .map(|&o| {
-            let d = g.data_or_err(o)?;
-            let mut bytes = vec![0u8; g.get(o).nbytes()];
-            d.buffer.get(d.offset, &mut bytes)?;
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        })
-        .collect()
-}
-
-fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    assert_eq!(want.len(), got.len());
-    let num: f64 = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|a| (*a as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
-
-fn assert_close(want: &[Vec<f32>], got: &[Vec<f32>], tol: f64) {
-    for (i, (w, g)) in want.iter().zip(got).enumerate() {
-        let e = nmse(w, g);
-        assert!(e <= tol, "output {i}: nmse {e:e} > {tol:e}");
-    }
-}
-
-/// A two-layer MLP: column-parallel first layer, row-parallel second (a partial result summed
-/// across the parts before the residual add and the norm).
-fn mlp_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
-    let (k, m, o) = (64, 96, 64);
-    let hidden = tessera_core::meta::partition_units(m, 32, ratios, "hidden").unwrap();
-    vec![
-        weight(dtype, [k, m, 1, 1], SplitState::split(1, hidden.clone()), 1),
-        weight(dtype, [m, o, 1, 1], SplitState::split(0, hidden), 2),
-        weight(DType::F32, [o, 1, 1, 1], SplitState::Mirrored, 3),
-    ]
-}
-
-fn mlp(g: &mut Graph, w: &[TensorId], x: TensorId) -> Result<Vec<TensorId>> {
-    let h = g.mul_mat(w[0], x)?;
-    let h = g.unary(h, tessera_core::UnaryOp::Silu)?;
-    let y = g.mul_mat(w[1], h)?;
-    let z = g.add(y, x)?;
-    let n = g.rms_norm(z, 1e-5)?;
-    let n = g.mul(n, w[2])?;
-    Ok(vec![n, y])
-}
-
 #[test]
 fn column_then_row_parallel_matches_the_cpu_and_computes_slices() {
     for dtype in [DType::F32, DType::Q8_0, DType::Q4_0] {
         let ratios = [0.7, 0.3];
-        let want = eval(&cpu(), &mlp_weights(&ratios, dtype), &[64, 5], &mlp).unwrap();
+        let want = eval(&cpu(), &mlp_weights(&ratios, dtype), &[64, 5], &mlp, 2).unwrap();
         let (dev, logs) = recording_meta(&ratios);
-        let got = eval(&dev, &mlp_weights(&ratios, dtype), &[64, 5], &mlp).unwrap();
-        assert_close(&want, &got, 1e-10);
+        let got = eval(&dev, &mlp_weights(&ratios, dtype), &[64, 5], &mlp, 2).unwrap();
+        assert_close("column then row parallel", &want, &got, 1e-10);
         // Part 1 computed its 32 hidden rows of the first mul_mat, and a full-shape partial of the second.
         let log = logs[1].lock().unwrap();
         let mm: Vec<[usize; 4]> = log
@@ -324,10 +177,17 @@ fn column_then_row_parallel_matches_the_cpu_and_computes_slices() {
 #[test]
 fn a_part_with_an_empty_slice_adds_nothing() {
     let ratios = [0.6, 0.4, 0.0];
-    let want = eval(&cpu(), &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp).unwrap();
+    let want = eval(
+        &cpu(),
+        &mlp_weights(&ratios, DType::Q8_0),
+        &[64, 3],
+        &mlp,
+        2,
+    )
+    .unwrap();
     let (dev, logs) = recording_meta(&ratios);
-    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp).unwrap();
-    assert_close(&want, &got, 1e-10);
+    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 3], &mlp, 2).unwrap();
+    assert_close("an empty slice", &want, &got, 1e-10);
     let log = logs[2].lock().unwrap();
     assert!(
         !log.iter().any(|(op, _)| op == "MUL_MAT"),
@@ -371,10 +231,10 @@ fn a_fused_qkv_weight_splits_each_segment() {
         let v = g.cont(v)?;
         Ok(vec![q, k, v])
     };
-    let want = eval(&cpu(), &ws(), &[32, 4], &build).unwrap();
+    let want = eval(&cpu(), &ws(), &[32, 4], &build, 2).unwrap();
     let (dev, logs) = recording_meta(&[0.75, 0.25]);
-    let got = eval(&dev, &ws(), &[32, 4], &build).unwrap();
-    assert_close(&want, &got, 0.0);
+    let got = eval(&dev, &ws(), &[32, 4], &build, 2).unwrap();
+    assert_close("fused qkv", &want, &got, 0.0);
     let log = logs[1].lock().unwrap();
     let shapes: Vec<(String, [usize; 4])> = log
         .iter()
@@ -401,7 +261,14 @@ fn a_graph_that_cannot_be_split_names_the_tensor_and_op() {
         g.set_name(n, "normed_hidden");
         Ok(vec![n])
     };
-    let err = eval(&meta(&ratios).as_ref().clone_meta(), &ws, &[64, 2], &build).unwrap_err();
+    let err = eval(
+        &meta(&ratios).as_ref().clone_meta(),
+        &ws,
+        &[64, 2],
+        &build,
+        2,
+    )
+    .unwrap_err();
     match &err {
         Error::Split { tensor, op, reason } => {
             assert_eq!(tensor, "normed_hidden");
@@ -464,7 +331,7 @@ fn the_scheduler_runs_a_meta_device_and_checks_its_splits() {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    let want = eval(&cpu(), &ws, &[64, 4], &mlp).unwrap();
+    let want = eval(&cpu(), &ws, &[64, 4], &mlp, 2).unwrap();
     assert!(nmse(&want[0], &got) < 1e-10);
 }
 
@@ -601,16 +468,23 @@ fn splittable_cases_match_the_cpu_on_cpu_and_wgpu_parts() {
 #[test]
 fn partial_results_can_be_summed_in_bf16() {
     let ratios = [0.7, 0.3];
-    let want = eval(&cpu(), &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
+    let want = eval(
+        &cpu(),
+        &mlp_weights(&ratios, DType::Q8_0),
+        &[64, 5],
+        &mlp,
+        2,
+    )
+    .unwrap();
     let (dev, logs) = recording_meta(&ratios);
     let dev: Arc<dyn Device> = Arc::new(
         MetaDevice::from_device(dev.as_ref())
             .unwrap()
             .with_bf16_reduce(0),
     );
-    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp).unwrap();
+    let got = eval(&dev, &mlp_weights(&ratios, DType::Q8_0), &[64, 5], &mlp, 2).unwrap();
     // bf16 keeps 8 significant bits: about 4e-3 relative per value.
-    assert_close(&want, &got, 1e-4);
+    assert_close("bf16 sums", &want, &got, 1e-4);
     let e = nmse(&want[0], &got[0]);
     assert!(e > 0.0, "the bf16 path ran as f32");
     let log = logs[0].lock().unwrap();

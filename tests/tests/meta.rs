@@ -9,11 +9,6 @@ use meta_common::*;
 use tessera_conformance::{test, Options, Reference, Status, Summary};
 use tessera_core::meta::{InputPolicy, MetaDevice, SplitRatios};
 use tessera_core::Device;
-use tessera_cpu::CpuDevice;
-
-fn cpu() -> Arc<dyn Device> {
-    Arc::new(CpuDevice::new().with_threads(1))
-}
 
 fn meta(ratios: &[f64]) -> Arc<dyn Device> {
     let parts = ratios.iter().map(|_| cpu()).collect();
@@ -65,10 +60,9 @@ fn splittable_cases_match_the_cpu_on_three_cpu_parts() {
 
 use std::sync::Mutex;
 
-use tessera_core::meta::{check_plan, AxisSplit, Segment, ShardedTensor, SplitState};
+use tessera_core::meta::{AxisSplit, Segment, ShardedTensor, SplitState};
 use tessera_core::{
-    Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, Scheduler,
-    TensorId,
+    Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, TensorId,
 };
 
 /// Ops and shapes a part computed.
@@ -297,42 +291,7 @@ impl CloneMeta for dyn Device {
 #[test]
 fn the_scheduler_runs_a_meta_device_and_checks_its_splits() {
     let ratios = [0.25, 0.75];
-    let dev: Arc<dyn Device> = meta(&ratios).clone_meta();
-    let ws = mlp_weights(&ratios, DType::Q8_0);
-    let (buf, offs) = place(&dev, &ws).unwrap();
-    let mut g = Graph::new();
-    let w: Vec<TensorId> = ws
-        .iter()
-        .zip(&offs)
-        .enumerate()
-        .map(|(i, (w, &o))| {
-            g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)
-                .unwrap()
-        })
-        .collect();
-    let x = g.input("x", DType::F32, &[64, 4]).unwrap();
-    let outs = mlp(&mut g, &w, x).unwrap();
-    g.set_output(outs[0]);
-    let mut sched = Scheduler::new(vec![dev.clone(), cpu()]).unwrap();
-    let plan = sched.plan(&mut g).unwrap();
-    assert_eq!(plan.devices_used(), 1);
-    check_plan(sched.devices(), &g, &plan).unwrap();
-    let xd = g.data_or_err(x).unwrap();
-    let xv: Vec<u8> = values(256, 99)
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    xd.buffer.set(xd.offset, &xv).unwrap();
-    sched.compute(&g, &plan).unwrap();
-    let d = g.data_or_err(outs[0]).unwrap();
-    let mut got = vec![0u8; 256 * 4];
-    d.buffer.get(d.offset, &mut got).unwrap();
-    let got: Vec<f32> = got
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let want = eval(&cpu(), &ws, &[64, 4], &mlp, 2).unwrap();
-    assert!(nmse(&want[0], &got) < 1e-10);
+    scheduled_mlp_matches_the_cpu(&meta(&ratios).clone_meta(), &ratios, 4, 1);
 }
 
 #[test]

@@ -31,10 +31,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_conformance::{test, test_cases, Case, Options, Reference, Status, Summary, Tolerance};
-use tessera_core::meta::{check_plan, InputPolicy, MetaDevice, SplitRatios, SplitState};
+use tessera_core::meta::{InputPolicy, MetaDevice, SplitRatios, SplitState};
 use tessera_core::{
     Backend, Buffer, BufferType, Communicator, DType, Device, DeviceKind, Error, Graph, Memory, Op,
-    ReduceType, Result, Scheduler, TensorId, UnaryOp,
+    ReduceType, Result, TensorId, UnaryOp,
 };
 use tessera_cpu::CpuDevice;
 
@@ -446,10 +446,6 @@ impl Communicator for GroupComm {
 
 // ---- hand-built graphs with sharded weights (as in meta.rs) ----
 
-fn cpu() -> Arc<dyn Device> {
-    Arc::new(CpuDevice::new().with_threads(1))
-}
-
 /// Two row-parallel layers in a row, each summed before a norm: a large partial (64 x 5) and
 /// a small one (16 x 5), for an in-graph limit between them.
 fn two_reduce_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
@@ -667,43 +663,7 @@ fn the_scheduler_runs_a_meta_device_that_sums_inside_its_graphs() {
     let fleet = Fleet::new(1 << 24);
     let ratios = [0.25, 0.75];
     let dev: Arc<dyn Device> = Arc::new(fleet.meta(&ratios));
-    let ws = mlp_weights(&ratios, DType::Q8_0);
-    let (buf, offs) = place(&dev, &ws).unwrap();
-    let mut g = Graph::new();
-    let w: Vec<TensorId> = ws
-        .iter()
-        .zip(&offs)
-        .enumerate()
-        .map(|(i, (w, &o))| {
-            g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)
-                .unwrap()
-        })
-        .collect();
-    let x = g.input("x", DType::F32, &[64, 5]).unwrap();
-    let outs = mlp(&mut g, &w, x).unwrap();
-    g.set_output(outs[0]);
-    let mut sched = Scheduler::new(vec![dev.clone(), cpu()]).unwrap();
-    let plan = sched.plan(&mut g).unwrap();
-    assert_eq!(plan.devices_used(), 1);
-    check_plan(sched.devices(), &g, &plan).unwrap();
-    let xd = g.data_or_err(x).unwrap();
-    let xv: Vec<u8> = values(64 * 5, 99)
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    xd.buffer.set(xd.offset, &xv).unwrap();
-    for _ in 0..2 {
-        sched.compute(&g, &plan).unwrap();
-    }
-    let d = g.data_or_err(outs[0]).unwrap();
-    let mut got = vec![0u8; 64 * 5 * 4];
-    d.buffer.get(d.offset, &mut got).unwrap();
-    let got: Vec<f32> = got
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let want = eval(&cpu(), &ws, &[64, 5], &mlp, 1).unwrap();
-    assert_close("scheduled mlp", &want[..1], &[got], 1e-10);
+    scheduled_mlp_matches_the_cpu(&dev, &ratios, 5, 2);
     assert_eq!(fleet.stats.in_graph(), 2 * 2);
     assert_eq!(fleet.stats.between(), 0);
 }

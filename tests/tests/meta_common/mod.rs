@@ -8,9 +8,16 @@
 use std::sync::Arc;
 
 use tessera_core::alloc::GraphAllocator;
-use tessera_core::meta::{MetaDevice, ShardedTensor, SplitState};
+use tessera_core::meta::{check_plan, MetaDevice, ShardedTensor, SplitState};
 use tessera_core::quant::quantize_row;
+use tessera_core::sched::Scheduler;
 use tessera_core::{Buffer, DType, Device, Graph, Result, TensorId, UnaryOp};
+use tessera_cpu::CpuDevice;
+
+/// The CPU device the meta results are compared with (one thread: the parts run side by side).
+pub fn cpu() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new().with_threads(1))
+}
 
 /// A weight: type, shape, state on a meta device, and its bytes.
 pub struct W {
@@ -176,4 +183,52 @@ pub fn mlp(g: &mut Graph, w: &[TensorId], x: TensorId) -> Result<Vec<TensorId>> 
     let n = g.rms_norm(z, 1e-5)?;
     let n = g.mul(n, w[2])?;
     Ok(vec![n, y])
+}
+
+/// The MLP on `dev` through the scheduler (with the CPU as fallback), run `runs` times with
+/// `cols` input columns: the scheduler must keep the whole graph on `dev`, accept the meta
+/// device's splits, and give the CPU's result.
+pub fn scheduled_mlp_matches_the_cpu(
+    dev: &Arc<dyn Device>,
+    ratios: &[f64],
+    cols: usize,
+    runs: usize,
+) {
+    let ws = mlp_weights(ratios, DType::Q8_0);
+    let (buf, offs) = place(dev, &ws).unwrap();
+    let mut g = Graph::new();
+    let w: Vec<TensorId> = ws
+        .iter()
+        .zip(&offs)
+        .enumerate()
+        .map(|(i, (w, &o))| {
+            g.weight(&format!("w{i}"), w.dtype, &w.ne, buf.clone(), o)
+                .unwrap()
+        })
+        .collect();
+    let x = g.input("x", DType::F32, &[64, cols]).unwrap();
+    let outs = mlp(&mut g, &w, x).unwrap();
+    g.set_output(outs[0]);
+    let mut sched = Scheduler::new(vec![dev.clone(), cpu()]).unwrap();
+    let plan = sched.plan(&mut g).unwrap();
+    assert_eq!(plan.devices_used(), 1);
+    check_plan(sched.devices(), &g, &plan).unwrap();
+    let xd = g.data_or_err(x).unwrap();
+    let xv: Vec<u8> = values(64 * cols, 99)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    xd.buffer.set(xd.offset, &xv).unwrap();
+    for _ in 0..runs {
+        sched.compute(&g, &plan).unwrap();
+    }
+    let d = g.data_or_err(outs[0]).unwrap();
+    let mut got = vec![0u8; 64 * cols * 4];
+    d.buffer.get(d.offset, &mut got).unwrap();
+    let got: Vec<f32> = got
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let want = eval(&cpu(), &ws, &[64, cols], &mlp, 1).unwrap();
+    assert_close("scheduled mlp", &want[..1], &[got], 1e-10);
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tessera_core::backend::{Backend, Buffer};
 use tessera_core::{Error, Graph, Result, TensorId};
 
-use crate::buffer::WgpuBuffer;
+use crate::buffer::{self, Readback, WgpuBuffer};
 use crate::context::{Gpu, Window, PARAMS_SIZE};
 use crate::ops::{self, Bind};
 use crate::timing::{self, Timer};
@@ -45,7 +45,26 @@ pub struct WgpuBackend {
     /// Timestamp queries, made on the first graph run while GPU timing is on
     /// ([`crate::set_gpu_timing`]).
     timer: Option<Timer>,
+    /// Reads of [`Backend::get_async`] that the next synchronize finishes, with the memory
+    /// each fills.
+    reads: Vec<(Readback, Out)>,
+    /// Staging buffers of finished reads, kept for the next ones.
+    spare: Vec<wgpu::Buffer>,
+    /// Queue writes of [`Backend::set_async`] wait for a submit (the next submit runs them
+    /// first).
+    unflushed: bool,
 }
+
+/// The caller's memory a pending read fills.
+struct Out(*mut u8, usize);
+
+// SAFETY: a pointer to memory that the caller of `get_async` keeps for this backend until the
+// next synchronize, from whichever thread drives it.
+unsafe impl Send for Out {}
+
+/// Staging buffers kept for reads, at most, and the largest kept.
+const SPARE: usize = 4;
+const SPARE_MAX: u64 = 64 << 20;
 
 impl WgpuBackend {
     /// A backend on an opened device.
@@ -54,6 +73,9 @@ impl WgpuBackend {
             gpu,
             params: None,
             timer: None,
+            reads: Vec::new(),
+            spare: Vec::new(),
+            unflushed: false,
         }
     }
 
@@ -217,13 +239,65 @@ impl Backend for WgpuBackend {
             }
         }
         self.gpu.queue.submit([enc.finish()]);
+        self.unflushed = false;
         self.gpu.check()
     }
 
+    /// One wait for everything submitted, then the pending reads are copied out of their
+    /// mapped staging buffers into the callers' memory.
     fn synchronize(&mut self) -> Result<()> {
-        // Flush queued writes (set_async) before waiting.
-        self.gpu.queue.submit([]);
-        self.gpu.wait()
+        if std::mem::take(&mut self.unflushed) {
+            self.gpu.queue.submit([]);
+        }
+        let mut result = self.gpu.wait();
+        for (r, out) in self.reads.drain(..) {
+            // SAFETY: `get_async`'s caller keeps `out` for it until this synchronize.
+            let out = unsafe { std::slice::from_raw_parts_mut(out.0, out.1) };
+            match r.finish(&self.gpu, out) {
+                Ok(staging) if staging.size() <= SPARE_MAX => self.spare.push(staging),
+                Ok(_) => {}
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        if self.spare.len() > SPARE {
+            self.spare
+                .sort_unstable_by_key(|b| std::cmp::Reverse(b.size()));
+            self.spare.truncate(SPARE);
+        }
+        result
+    }
+
+    /// Reads of this device's buffers are copied into a staging buffer (one kept from an
+    /// earlier read where one is large enough) and mapped without waiting; the next
+    /// synchronize copies the bytes into `out`. Others fall back to a synchronize and a
+    /// blocking read.
+    fn get_async(&mut self, buffer: &dyn Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        let Some(b) = self.own(buffer) else {
+            self.synchronize()?;
+            return buffer.get(offset, out);
+        };
+        b.check_range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let size = buffer::read_size(offset, out.len());
+        let fit = (self.spare.iter().enumerate())
+            .filter(|(_, s)| s.size() >= size)
+            .min_by_key(|(_, s)| s.size())
+            .map(|(i, _)| i);
+        let staging = match fit {
+            Some(i) => self.spare.swap_remove(i),
+            None => {
+                let round = size
+                    .next_power_of_two()
+                    .min(self.gpu.limits.max_buffer_size);
+                buffer::staging_buffer(&self.gpu, round.max(size))?
+            }
+        };
+        let r = b.start_read(offset, out.len(), staging)?;
+        self.unflushed = false;
+        self.reads.push((r, Out(out.as_mut_ptr(), out.len())));
+        self.gpu.check()
     }
 
     /// Word-aligned writes to this device's buffers are queued in stream order without
@@ -233,6 +307,7 @@ impl Backend for WgpuBackend {
             Some(b) if (offset | data.len()) & 3 == 0 => {
                 b.check_range(offset, data.len())?;
                 self.gpu.queue.write_buffer(&b.buffer, offset as u64, data);
+                self.unflushed = true;
                 Ok(())
             }
             _ => {
@@ -296,5 +371,31 @@ impl WgpuBackend {
             .as_any()
             .downcast_ref::<WgpuBuffer>()
             .filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::backend::BackendReg;
+
+    /// Async reads (unaligned, several before one synchronize, staging reused by the next
+    /// round) see the async writes queued before them.
+    #[test]
+    fn get_async_reads_after_set_async() {
+        let Ok(devs) = crate::WgpuBackendReg::new().devices() else {
+            return;
+        };
+        let buf = devs[0].buffer_type().alloc(4099).unwrap();
+        let mut backend = devs[0].new_backend().unwrap();
+        for round in 0..3u8 {
+            let data: Vec<u8> = (0..4096u32).map(|i| (i as u8) ^ round).collect();
+            backend.set_async(buf.as_ref(), 0, &data).unwrap();
+            let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 5]);
+            backend.get_async(buf.as_ref(), 0, &mut a).unwrap();
+            backend.get_async(buf.as_ref(), 3, &mut b).unwrap();
+            backend.synchronize().unwrap();
+            assert_eq!(a, data);
+            assert_eq!(b, data[3..8]);
+        }
     }
 }

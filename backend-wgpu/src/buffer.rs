@@ -129,54 +129,43 @@ impl WgpuBuffer {
         ))
     }
 
-    /// Reads `[start, start + len)` (4-byte aligned) through a mapped staging buffer.
-    fn read_aligned(&self, start: u64, len: u64) -> Result<Vec<u8>> {
-        let gpu = &self.gpu;
-        let staging = gpu.scoped(
-            || {
-                gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("tessera staging"),
-                    size: len,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            },
-            || Error::OutOfMemory {
-                device: gpu.name.clone(),
-                bytes: len as usize,
-            },
-            |e| Error::Buffer {
-                buffer: self.name(),
-                reason: format!("staging {len} bytes: {e}"),
-            },
-        )?;
-        let mut enc = gpu
+    /// Starts reading `len` bytes (at least one) from `offset` into host memory: copies the
+    /// 4-byte words that hold them into `staging` (a buffer of [`staging_buffer`] of at least
+    /// [`read_size`] bytes), submits the copy and asks for `staging` to be mapped. The bytes
+    /// are ready once the device has been waited on ([`Readback::finish`]).
+    pub(crate) fn start_read(
+        &self,
+        offset: usize,
+        len: usize,
+        staging: wgpu::Buffer,
+    ) -> Result<Readback> {
+        let start = offset as u64 / 4 * 4;
+        let size = read_size(offset, len);
+        let mut enc = self
+            .gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, len);
-        gpu.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, size);
+        self.gpu.queue.submit([enc.finish()]);
+        let (tx, mapped) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
             let _ = tx.send(r);
         });
-        gpu.wait()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            _ => {
-                return Err(gpu.err(format!(
-                    "mapping {len} bytes of {} for reading failed",
-                    self.name()
-                )))
-            }
-        }
-        let out = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
-            view.to_vec()
-        };
-        staging.unmap();
-        Ok(out)
+        Ok(Readback {
+            staging,
+            size,
+            skip: (offset as u64 - start) as usize,
+            mapped,
+        })
+    }
+
+    /// Reads `out.len()` bytes (at least one) from `offset`, waiting for them; the bytes may
+    /// lie in the words past [`Buffer::size`] (the partial words of [`Buffer::set`]).
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let staging = staging_buffer(&self.gpu, read_size(offset, out.len()))?;
+        let r = self.start_read(offset, out.len(), staging)?;
+        self.gpu.wait()?;
+        r.finish(&self.gpu, out).map(drop)
     }
 
     /// Writes 4-byte-aligned `data` at aligned `start`, and flushes the write to the queue.
@@ -219,11 +208,9 @@ impl Buffer for WgpuBuffer {
         }
         // Merge the partial words at either end with what the buffer holds.
         let mut words = vec![0u8; (aend - start) as usize];
-        let head = self.read_aligned(start, 4)?;
-        words[..4].copy_from_slice(&head);
-        let tail = self.read_aligned(aend - 4, 4)?;
+        self.read(start as usize, &mut words[..4])?;
         let n = words.len();
-        words[n - 4..].copy_from_slice(&tail);
+        self.read(aend as usize - 4, &mut words[n - 4..])?;
         let at = (offset as u64 - start) as usize;
         words[at..at + data.len()].copy_from_slice(data);
         self.write_aligned(start, &words)
@@ -234,12 +221,7 @@ impl Buffer for WgpuBuffer {
         if out.is_empty() {
             return Ok(());
         }
-        let start = offset as u64 / 4 * 4;
-        let aend = ((offset + out.len()) as u64).div_ceil(4) * 4;
-        let bytes = self.read_aligned(start, aend - start)?;
-        let at = (offset as u64 - start) as usize;
-        out.copy_from_slice(&bytes[at..at + out.len()]);
-        Ok(())
+        self.read(offset, out)
     }
 
     fn clear(&self, value: u8) -> Result<()> {
@@ -307,6 +289,63 @@ impl Buffer for WgpuBuffer {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Bytes of staging a read of `len` bytes from `offset` copies: the 4-byte words that hold them.
+pub(crate) fn read_size(offset: usize, len: usize) -> u64 {
+    ((offset + len) as u64).div_ceil(4) * 4 - offset as u64 / 4 * 4
+}
+
+/// A mappable buffer of `size` bytes that reads are copied into.
+pub(crate) fn staging_buffer(gpu: &Gpu, size: u64) -> Result<wgpu::Buffer> {
+    gpu.scoped(
+        || {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tessera staging"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        },
+        || Error::OutOfMemory {
+            device: gpu.name.clone(),
+            bytes: size as usize,
+        },
+        |e| gpu.err(format!("staging {size} bytes: {e}")),
+    )
+}
+
+/// A read started by [`WgpuBuffer::start_read`]: its staging buffer being mapped.
+pub(crate) struct Readback {
+    staging: wgpu::Buffer,
+    /// Bytes copied into `staging`.
+    size: u64,
+    /// Bytes before the ones asked for.
+    skip: usize,
+    /// The mapping's outcome, sent once the device is polled.
+    mapped: std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl Readback {
+    /// After the device has been waited on: copies the bytes read into `out` (as many as were
+    /// asked for) and returns the staging buffer, unmapped, for another read.
+    pub(crate) fn finish(self, gpu: &Gpu, out: &mut [u8]) -> Result<wgpu::Buffer> {
+        if !matches!(self.mapped.try_recv(), Ok(Ok(()))) {
+            return Err(gpu.err(format!(
+                "mapping {} bytes of staging for reading failed",
+                self.size
+            )));
+        }
+        {
+            let view = self
+                .staging
+                .get_mapped_range(..self.size)
+                .map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
+            out.copy_from_slice(&view[self.skip..self.skip + out.len()]);
+        }
+        self.staging.unmap();
+        Ok(self.staging)
     }
 }
 

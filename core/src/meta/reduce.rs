@@ -19,11 +19,12 @@ use crate::error::{Error, Result};
 /// readback maps a staging buffer) is small beside the bytes.
 const CHUNK: usize = 8 << 20;
 
-/// Host staging memory kept between all-reduces: two chunk buffers per part and two sums.
+/// Host staging memory kept between all-reduces: two chunk buffers per part, held as 4-byte
+/// words so that their bytes can be viewed as f32 or bf16 values. A chunk is summed in place in
+/// part 0's buffer and written back to every part from there.
 #[derive(Default)]
 pub(crate) struct HostReduce {
-    staging: Vec<[Vec<u8>; 2]>,
-    sums: [Vec<u8>; 2],
+    staging: Vec<[Vec<u32>; 2]>,
 }
 
 impl HostReduce {
@@ -52,27 +53,22 @@ impl HostReduce {
             self.staging.resize_with(n, Default::default);
         }
         let chunk = (CHUNK / esize * esize).min(total);
-        for s in self
-            .staging
-            .iter_mut()
-            .take(n)
-            .flat_map(|s| s.iter_mut())
-            .chain(self.sums.iter_mut())
-        {
-            if s.len() < chunk {
-                s.resize(chunk, 0);
+        for s in self.staging.iter_mut().take(n).flat_map(|s| s.iter_mut()) {
+            if s.len() * 4 < chunk {
+                s.resize(chunk.div_ceil(4), 0);
             }
         }
         let n_chunks = total.div_ceil(chunk);
         let span = |c: usize| (c * chunk, (total - c * chunk).min(chunk));
         let fetch = |c: usize,
-                     staging: &mut [[Vec<u8>; 2]],
+                     staging: &mut [[Vec<u32>; 2]],
                      backends: &mut [Box<dyn Backend>]|
          -> Result<()> {
             let (off, len) = span(c);
             for (j, b) in backends.iter_mut().enumerate() {
                 let (buf, base) = &bufs[j];
-                b.get_async(buf.as_ref(), base + off, &mut staging[j][c % 2][..len])?;
+                let out = &mut bytemuck::cast_slice_mut(&mut staging[j][c % 2])[..len];
+                b.get_async(buf.as_ref(), base + off, out)?;
             }
             Ok(())
         };
@@ -85,15 +81,20 @@ impl HostReduce {
                 fetch(c + 1, &mut self.staging, backends)?;
             }
             let (off, len) = span(c);
-            let sum = &mut self.sums[c % 2][..len];
-            sum.copy_from_slice(&self.staging[0][c % 2][..len]);
-            for s in self.staging.iter().take(n).skip(1) {
+            let (first, rest) = self.staging[..n].split_at_mut(1);
+            // Whole words from a word boundary: the casts below cannot fail (`len` is a
+            // multiple of the element size).
+            let sum = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut first[0][c % 2])[..len];
+            for s in rest {
+                let x = &bytemuck::cast_slice::<u32, u8>(&s[c % 2])[..len];
                 if bf16 {
-                    add_bf16(sum, &s[c % 2][..len]);
+                    add_bf16(bytemuck::cast_slice_mut(sum), bytemuck::cast_slice(x));
                 } else {
-                    add_f32(sum, &s[c % 2][..len]);
+                    add_f32(bytemuck::cast_slice_mut(sum), bytemuck::cast_slice(x));
                 }
             }
+            // Part 0's buffer for chunk `c` is next written by the fetch of chunk `c + 2`,
+            // after the synchronize that ends these writes.
             for (j, b) in backends.iter_mut().enumerate() {
                 let (buf, base) = &bufs[j];
                 b.set_async(buf.as_ref(), base + off, sum)?;
@@ -103,21 +104,17 @@ impl HostReduce {
     }
 }
 
-/// `acc += x`, both little-endian f32 bytes.
-fn add_f32(acc: &mut [u8], x: &[u8]) {
-    for (a, b) in acc.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
-        let s = f32::from_le_bytes([a[0], a[1], a[2], a[3]])
-            + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        a.copy_from_slice(&s.to_le_bytes());
+/// `acc += x` (vectorized by the compiler).
+fn add_f32(acc: &mut [f32], x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
     }
 }
 
-/// `acc += x`, both little-endian bf16 bytes, added in f32.
-fn add_bf16(acc: &mut [u8], x: &[u8]) {
-    for (a, b) in acc.chunks_exact_mut(2).zip(x.chunks_exact(2)) {
-        let s =
-            bf16::from_le_bytes([a[0], a[1]]).to_f32() + bf16::from_le_bytes([b[0], b[1]]).to_f32();
-        a.copy_from_slice(&bf16::from_f32(s).to_le_bytes());
+/// `acc += x`, added in f32.
+fn add_bf16(acc: &mut [bf16], x: &[bf16]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a = bf16::from_f32(a.to_f32() + b.to_f32());
     }
 }
 
@@ -127,34 +124,15 @@ mod tests {
 
     #[test]
     fn add_bf16_adds_in_f32() {
-        let mut a: Vec<u8> = [1.0f32, 256.0]
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
-            .collect();
-        let b: Vec<u8> = [0.5f32, 1.0]
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
-            .collect();
-        add_bf16(&mut a, &b);
-        let out: Vec<f32> = a
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect();
-        assert_eq!(out, vec![1.5, 256.0]);
+        let mut a = [1.0f32, 256.0].map(bf16::from_f32);
+        add_bf16(&mut a, &[0.5f32, 1.0].map(bf16::from_f32));
+        assert_eq!(a.map(bf16::to_f32), [1.5, 256.0]);
     }
 
     #[test]
     fn add_f32_adds_elementwise() {
-        let mut a: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let b: Vec<u8> = [0.5f32, -2.0]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        add_f32(&mut a, &b);
-        let out: Vec<f32> = a
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        assert_eq!(out, vec![1.5, 0.0]);
+        let mut a = [1.0f32, 2.0];
+        add_f32(&mut a, &[0.5, -2.0]);
+        assert_eq!(a, [1.5, 0.0]);
     }
 }

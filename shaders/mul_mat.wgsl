@@ -16,8 +16,6 @@
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
-const TM: u32 = BM / 16u;
-const TN: u32 = BN / 16u;
 
 // Byte offset of row m of src0 for dst batch coordinates (i2, i3).
 fn row0(m: u32, i2: u32, i3: u32) -> u32 {
@@ -27,15 +25,6 @@ fn row0(m: u32, i2: u32, i3: u32) -> u32 {
 // Byte offset of column n of src1.
 fn col1(n: u32, i2: u32, i3: u32) -> u32 {
     return P.off.z + n * P.s1.nb.y + i2 * P.s1.nb.z + i3 * P.s1.nb.w;
-}
-
-// Element k of the src0 row at byte r.
-fn w0(r: u32, k: u32) -> f32 {
-#if QUANT
-    return dq(T0, r, k);
-#else
-    return ld0(r + k * P.s0.nb.x);
-#endif
 }
 
 // y[k] of the src1 column at byte yb.
@@ -379,8 +368,160 @@ fn mat_vec(
 #endif
 }
 
-var<workgroup> ta: array<f32, BM * BK>;
-var<workgroup> tb: array<f32, BN * BK>;
+// ---- mat_mat ----
+//
+// A workgroup of 256 invocations computes a BM x BN tile of dst, stepping through k in BK-deep
+// tiles of src0 and src1 staged in workgroup memory k-major (ta[k][m], tb[k][n]) as vec4s.
+// Loading: invocation li loads quads (4 consecutive k) of row li % BM of the src0 tile and of
+// column li % BN of the src1 tile, quads li / BM, li / BM + 256 / BM, ... of its k range;
+// each quad is dequantized in registers from whole words of its block (`wquad`), with no
+// per-value branch, and the next step's quads are loaded into registers while the current
+// tiles are multiplied. Computing: invocation (tx, ty) = (li % 16, li / 16) accumulates the
+// rows 4 tx + 64 i .. + 3 (i < BM / 64) and columns 4 ty + 64 j .. + 3 (j < BN / 64) of the
+// tile, as vec4s along m: the 16 tx of a row of invocations read 16 neighbouring vec4s
+// (no bank conflict), and one vec4 of tb serves four columns.
+// Defines: BM, BN (64 or 128), BK (a multiple of 4 with BM * BK and BN * BK multiples of
+// 1024); A4 (float weights whose rows are 16-byte aligned, k a multiple of 4: 16-byte loads),
+// AL (quantized weights whose blocks are word aligned), Y4 (f32 activations as for mat_vec).
+
+const VM: u32 = BM / 64u;
+const VN: u32 = BN / 64u;
+// Quads of src0 and src1 that each invocation loads per step.
+const LA: u32 = BM * BK / 1024u;
+const LB: u32 = BN * BK / 1024u;
+
+// Four values of the src0 row at byte r from k, a multiple of 4 below the row's length
+// (zeros past its end).
+fn wquad(r: u32, k: u32) -> vec4<f32> {
+#if QUANT
+    switch T0 {
+        case 2u: {
+            // Q4_0: f16 d, 16 bytes of nibbles (value - 8); byte j holds values j and j + 16.
+            let b = r + (k / 32u) * 18u;
+            let e = k % 32u;
+            return (vec4<f32>(fields4(word0(b + 2u + e % 16u), 4u * (e / 16u), 15u)) - 8.0) * half0(b);
+        }
+        case 3u: {
+            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
+            let b = r + (k / 32u) * 20u;
+            let e = k % 32u;
+            let dm = halves(word0(b));
+            return vec4<f32>(fields4(word0(b + 4u + e % 16u), 4u * (e / 16u), 15u)) * dm.x + dm.y;
+        }
+        case 6u: {
+            // Q5_0: f16 d, 32 high bits, 16 bytes of nibbles (value - 16).
+            let b = r + (k / 32u) * 22u;
+            let e = k % 32u;
+            let h = bits4(word0(b + 2u) >> e) << vec4<u32>(4u);
+            return (vec4<f32>(fields4(word0(b + 6u + e % 16u), 4u * (e / 16u), 15u) | h) - 16.0) * half0(b);
+        }
+        case 7u: {
+            // Q5_1: f16 d, f16 m, 32 high bits, 16 bytes of nibbles.
+            let b = r + (k / 32u) * 24u;
+            let e = k % 32u;
+            let dm = halves(word0(b));
+            let h = bits4(word0(b + 4u) >> e) << vec4<u32>(4u);
+            return vec4<f32>(fields4(word0(b + 8u + e % 16u), 4u * (e / 16u), 15u) | h) * dm.x + dm.y;
+        }
+        case 8u: {
+            // Q8_0: f16 d, 32 x i8.
+            let b = r + (k / 32u) * 34u;
+            return i8x4(word0(b + 2u + k % 32u)) * half0(b);
+        }
+        case 10u: {
+            // Q2_K: 16 scale/min bytes, 64 bytes of 2-bit values, f16 d, f16 dmin.
+            let b = r + (k / 256u) * 84u;
+            let e = k % 256u;
+            let q = fields4(word0(b + 16u + 32u * (e / 128u) + e % 32u), 2u * ((e / 32u) % 4u), 3u);
+            let sc = byte0(b + e / 16u);
+            let dm = halves(word0(b + 80u));
+            return vec4<f32>(q) * (dm.x * f32(sc & 15u)) - dm.y * f32(sc >> 4u);
+        }
+        case 11u: {
+            // Q3_K: 32 bytes of high bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales,
+            // f16 d; value (low | high << 2) - 4.
+            let b = r + (k / 256u) * 110u;
+            let e = k % 256u;
+            let n = e / 128u;
+            let s = (e / 32u) % 4u;
+            let l = e % 32u;
+            let lo = fields4(word0(b + 32u + 32u * n + l), 2u * s, 3u);
+            let hi = fields4(word0(b + l), 4u * n + s, 1u);
+            return (vec4<f32>(lo | (hi << vec4<u32>(2u))) - 4.0) * (half0(b + 108u) * scale_q3k(b, e / 16u));
+        }
+        case 12u: {
+            // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+            // (32 bytes per 64 values, low nibbles the first 32).
+            let b = r + (k / 256u) * 144u;
+            let e = k % 256u;
+            let dm = halves(word0(b));
+            let sm = sm_k(vec3<u32>(word0(b + 4u), word0(b + 8u), word0(b + 12u)), e / 32u);
+            let q = fields4(word0(b + 16u + 32u * (e / 64u) + e % 32u), 4u * ((e / 32u) % 2u), 15u);
+            return vec4<f32>(q) * (dm.x * sm.x) - dm.y * sm.y;
+        }
+        case 13u: {
+            // Q5_K: f16 d, f16 dmin, 12 bytes of scales and mins, 32 bytes of high bits, 128
+            // bytes of nibbles.
+            let b = r + (k / 256u) * 176u;
+            let e = k % 256u;
+            let j = e / 64u;
+            let hi = (e / 32u) % 2u;
+            let l = e % 32u;
+            let dm = halves(word0(b));
+            let sm = sm_k(vec3<u32>(word0(b + 4u), word0(b + 8u), word0(b + 12u)), e / 32u);
+            let q = fields4(word0(b + 48u + 32u * j + l), 4u * hi, 15u) | (fields4(word0(b + 16u + l), 2u * j + hi, 1u) << vec4<u32>(4u));
+            return vec4<f32>(q) * (dm.x * sm.x) - dm.y * sm.y;
+        }
+        case 14u: {
+            // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 i8 scales, f16 d;
+            // value (low | high << 4) - 32.
+            let b = r + (k / 256u) * 210u;
+            let e = k % 256u;
+            let n = e / 128u;
+            let s = (e / 32u) % 4u;
+            let l = e % 32u;
+            let lo = fields4(word0(b + 64u * n + 32u * (s % 2u) + l), 4u * (s / 2u), 15u);
+            let hi = fields4(word0(b + 128u + 32u * n + l), 2u * s, 3u);
+            return (vec4<f32>(lo | (hi << vec4<u32>(4u))) - 32.0) * (half0(b + 208u) * i8_0(b + 192u + e / 16u));
+        }
+        default: {
+            return vec4<f32>(0.0);
+        }
+    }
+#else
+#if A4
+    // A4: the row is 16-byte aligned, contiguous, and k a multiple of 4.
+    if T0 == 0u {
+        return bitcast<vec4<f32>>(src0[(r >> 4u) + (k >> 2u)]);
+    }
+    let v = src0[(r >> 4u) + (k >> 3u)];
+    let w = select(v.xy, v.zw, (k & 4u) != 0u);
+    if T0 == 1u {
+        return vec4<f32>(halves(w.x), halves(w.y));
+    }
+    return vec4<f32>(bf16(w.x), bf16(w.x >> 16u), bf16(w.y), bf16(w.y >> 16u));
+#else
+    return vec4<f32>(wf(r, k), wf(r, k + 1u), wf(r, k + 2u), wf(r, k + 3u));
+#endif
+#endif
+}
+
+// Four values of the src1 column at byte yb from k, below the row's length (zeros past its
+// end).
+fn yquad1(yb: u32, k: u32) -> vec4<f32> {
+#if Y4
+    // Y4: the column is 16-byte aligned, f32, and k a multiple of 4.
+    return bitcast<vec4<f32>>(src1[(yb >> 4u) + (k >> 2u)]);
+#else
+    if k + 3u < P.s0.ne.x {
+        return vec4<f32>(y1(yb, k), y1(yb, k + 1u), y1(yb, k + 2u), y1(yb, k + 3u));
+    }
+    return yquad(yb, k);
+#endif
+}
+
+var<workgroup> ta: array<vec4<f32>, BM * BK / 4u>;
+var<workgroup> tb: array<vec4<f32>, BN * BK / 4u>;
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -393,50 +534,94 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let kk = P.s0.ne.x;
     let tx = li % 16u;
     let ty = li / 16u;
-    var acc: array<f32, TM * TN>;
-    for (var i = 0u; i < TM * TN; i++) {
-        acc[i] = 0.0;
-    }
-    for (var k0 = 0u; k0 < kk; k0 += BK) {
-        for (var e = li; e < BM * BK; e += 256u) {
-            let m = m0 + e / BK;
-            let k = k0 + e % BK;
-            var v = 0.0;
-            if m < mm && k < kk {
-                v = w0(row0(m, i2, i3), k);
-            }
-            ta[(e % BK) * BM + e / BK] = v;
+    // The row of src0 and the column of src1 this invocation loads, and its first quads.
+    let lm = li % BM;
+    let ln = li % BN;
+    let qa = li / BM;
+    let qb = li / BN;
+    let ra = row0(min(m0 + lm, mm - 1u), i2, i3);
+    let cb = col1(min(n0 + ln, nn - 1u), i2, i3);
+    let va = m0 + lm < mm;
+    let vb = n0 + ln < nn;
+    var pa: array<vec4<f32>, LA>;
+    var pb: array<vec4<f32>, LB>;
+    for (var p = 0u; p < LA; p++) {
+        let k = 4u * (qa + (256u / BM) * p);
+        if va && k < kk {
+            pa[p] = wquad(ra, k);
         }
-        for (var e = li; e < BN * BK; e += 256u) {
-            let n = n0 + e / BK;
-            let k = k0 + e % BK;
-            var v = 0.0;
-            if n < nn && k < kk {
-                v = y1(col1(n, i2, i3), k);
+    }
+    for (var p = 0u; p < LB; p++) {
+        let k = 4u * (qb + (256u / BN) * p);
+        if vb && k < kk {
+            pb[p] = yquad1(cb, k);
+        }
+    }
+    var acc: array<vec4<f32>, 4u * VM * VN>;
+    for (var k0 = 0u; k0 < kk; k0 += BK) {
+        for (var p = 0u; p < LA; p++) {
+            let k = 4u * (qa + (256u / BM) * p);
+            for (var i = 0u; i < 4u; i++) {
+                ta[(k + i) * (BM / 4u) + lm / 4u][lm % 4u] = pa[p][i];
             }
-            tb[(e % BK) * BN + e / BK] = v;
+        }
+        for (var p = 0u; p < LB; p++) {
+            let k = 4u * (qb + (256u / BN) * p);
+            for (var i = 0u; i < 4u; i++) {
+                tb[(k + i) * (BN / 4u) + ln / 4u][ln % 4u] = pb[p][i];
+            }
         }
         workgroupBarrier();
-        for (var k = 0u; k < BK; k++) {
-            var a: array<f32, TM>;
-            for (var i = 0u; i < TM; i++) {
-                a[i] = ta[k * BM + tx + 16u * i];
+        // The next step's quads, loaded while this step's tiles are multiplied.
+        let k1 = k0 + BK;
+        if k1 < kk {
+            for (var p = 0u; p < LA; p++) {
+                let k = k1 + 4u * (qa + (256u / BM) * p);
+                pa[p] = vec4<f32>(0.0);
+                if va && k < kk {
+                    pa[p] = wquad(ra, k);
+                }
             }
-            for (var j = 0u; j < TN; j++) {
-                let b = tb[k * BN + ty + 16u * j];
-                for (var i = 0u; i < TM; i++) {
-                    acc[j * TM + i] += a[i] * b;
+            for (var p = 0u; p < LB; p++) {
+                let k = k1 + 4u * (qb + (256u / BN) * p);
+                pb[p] = vec4<f32>(0.0);
+                if vb && k < kk {
+                    pb[p] = yquad1(cb, k);
+                }
+            }
+        }
+        for (var k = 0u; k < BK; k++) {
+            var a: array<vec4<f32>, VM>;
+            for (var i = 0u; i < VM; i++) {
+                a[i] = ta[k * (BM / 4u) + tx + 16u * i];
+            }
+            for (var j = 0u; j < VN; j++) {
+                let b = tb[k * (BN / 4u) + ty + 16u * j];
+                for (var i = 0u; i < VM; i++) {
+                    let o = 4u * VM * j + i;
+                    acc[o] = fma(a[i], vec4<f32>(b.x), acc[o]);
+                    acc[o + VM] = fma(a[i], vec4<f32>(b.y), acc[o + VM]);
+                    acc[o + 2u * VM] = fma(a[i], vec4<f32>(b.z), acc[o + 2u * VM]);
+                    acc[o + 3u * VM] = fma(a[i], vec4<f32>(b.w), acc[o + 3u * VM]);
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var j = 0u; j < TN; j++) {
-        let n = n0 + ty + 16u * j;
-        for (var i = 0u; i < TM; i++) {
-            let m = m0 + tx + 16u * i;
-            if m < mm && n < nn {
-                st(P.off.x + at(vec4<u32>(m, n, i2, i3), P.d.nb), acc[j * TM + i]);
+    for (var j = 0u; j < VN; j++) {
+        for (var c = 0u; c < 4u; c++) {
+            let n = n0 + 4u * ty + 64u * j + c;
+            if n >= nn {
+                continue;
+            }
+            for (var i = 0u; i < VM; i++) {
+                let m = m0 + 4u * tx + 64u * i;
+                let v = acc[4u * VM * j + VM * c + i];
+                for (var l = 0u; l < 4u; l++) {
+                    if m + l < mm {
+                        st(P.off.x + at(vec4<u32>(m + l, n, i2, i3), P.d.nb), v[l]);
+                    }
+                }
             }
         }
     }

@@ -104,9 +104,14 @@ const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
 /// Invocations (keys per step) of flash attention: the larger from this many keys on.
 const FA_WG: [u32; 2] = [64, 256];
-/// Tiles of the tiled mat-mat (BM, BN, BK: BM x BK of src0 and BN x BK of src1 per step):
-/// the large one when dst has at least BM rows and BN columns, else the small one.
-const MM_TILES: [(u32, u32, u32); 2] = [(64, 64, 16), (128, 128, 16)];
+/// Tiles of the tiled mat-mat (BM x BN of dst per workgroup): see [`mat_mat_tile`].
+const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
+/// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
+/// memory): the deeper one where the adapter's workgroup memory holds it.
+const MM_BK: [u32; 2] = [16, 32];
+/// Workgroups from which the largest mat-mat tile is used (below, the half-size one gives
+/// twice as many workgroups to spread over the GPU's cores).
+const MM_BIG_GROUPS: usize = 512;
 /// Rows of src0 per mat-vec workgroup (they share each load of src1), and invocations per
 /// mat-vec workgroup: the defaults of [`Gpu::mat_vec`], which `TESSERA_WGPU_MV=ROWS,WG`
 /// overrides (for tuning on a new GPU).
@@ -384,11 +389,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     a.nbytes()
                 ));
             };
-            let tile = *MM_TILES
-                .iter()
-                .rev()
-                .find(|&&(bm, bn, _)| t.ne[0] >= bm as usize && t.ne[1] >= bn as usize)
-                .unwrap_or(&MM_TILES[0]);
+            let tile = mat_mat_tile(gpu, t.ne);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -442,7 +443,19 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     if z > 65535 || gx > 65535 || gy > 65535 {
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
-                    let v = mat_mat_variant(a.dtype, b.dtype, tile);
+                    let k = a.ne[0];
+                    let a4 = !a.dtype.is_quantized()
+                        && a.nb[0] == a.dtype.type_size()
+                        && k.is_multiple_of(4)
+                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+                    let al = a.dtype.is_quantized()
+                        && a.dtype.type_size().is_multiple_of(4)
+                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
+                    let y4 = b.dtype == DType::F32
+                        && b.nb[0] == 4
+                        && k.is_multiple_of(4)
+                        && aligned(gpu, graph, t.src[1], 0, 16);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile, a4 || al, y4);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -798,17 +811,50 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool, aligned: bool, y4: bool)
         .def("ROWS", MV_ROWS)
         .def("BM", MM_TILES[0].0)
         .def("BN", MM_TILES[0].1)
-        .def("BK", MM_TILES[0].2)
+        .def("BK", MM_BK[0])
         .ty("T0", a)
         .ty("T1", b)
 }
 
-fn mat_mat_variant(a: DType, b: DType, (bm, bn, bk): (u32, u32, u32)) -> Variant {
+/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
+/// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
+/// else 64 x 64; BK the deepest of MM_BK whose tiles fit the adapter's workgroup memory.
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4]) -> (u32, u32, u32) {
+    let groups = |bm: usize, bn: usize| ne[0].div_ceil(bm) * ne[1].div_ceil(bn) * ne[2] * ne[3];
+    let (bm, bn) = if ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS {
+        MM_TILES[2]
+    } else if ne[0] >= 128 && ne[1] >= 64 {
+        MM_TILES[1]
+    } else {
+        MM_TILES[0]
+    };
+    let fits = |bk: u32| (bm + bn) * bk * 4 <= gpu.limits.max_compute_workgroup_storage_size;
+    let bk = MM_BK
+        .iter()
+        .rev()
+        .copied()
+        .find(|&bk| fits(bk))
+        .unwrap_or(MM_BK[0]);
+    (bm, bn, bk)
+}
+
+/// The tiled mat-mat variant for weights of type `a` and activations of type `b`; `aligned`
+/// and `y4` as for [`mat_vec_variant`] (float weights need k a multiple of 4 only).
+fn mat_mat_variant(
+    a: DType,
+    b: DType,
+    (bm, bn, bk): (u32, u32, u32),
+    aligned: bool,
+    y4: bool,
+) -> Variant {
     Variant::new(Family::MulMat, "mat_mat")
         .def("ROWS", MV_ROWS)
         .def("QB", 8)
         .def("TPB", 1)
         .def("QUANT", u32::from(a.is_quantized()))
+        .def("A4", u32::from(aligned && !a.is_quantized()))
+        .def("AL", u32::from(aligned && a.is_quantized()))
+        .def("Y4", u32::from(y4))
         .def("BM", bm)
         .def("BN", bn)
         .def("BK", bk)
@@ -917,8 +963,22 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             v.push(mat_vec_variant(a, b, subgroups, aligned, true));
                         }
                     }
-                    for tile in MM_TILES {
-                        v.push(mat_mat_variant(a, b, tile));
+                }
+                for b in [DType::F32, DType::F16] {
+                    for (bm, bn) in MM_TILES {
+                        for bk in MM_BK {
+                            for aligned in [false, true] {
+                                if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
+                                    continue;
+                                }
+                                for y4 in [false, true] {
+                                    if y4 && b != DType::F32 {
+                                        continue;
+                                    }
+                                    v.push(mat_mat_variant(a, b, (bm, bn, bk), aligned, y4));
+                                }
+                            }
+                        }
                     }
                 }
             }

@@ -72,14 +72,11 @@ impl PeerGroup {
             for b in devs.iter().filter(|b| b.ordinal != a.ordinal) {
                 // SAFETY: b's context is valid; a's context is current.
                 let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
-                if r != sys::CUresult::CUDA_SUCCESS
-                    && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-                {
-                    return Err(a.err(
-                        &format!("enabling peer access to {}", b.name),
-                        r.result().unwrap_err(),
-                    ));
+                if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                    continue;
                 }
+                r.result()
+                    .map_err(|e| a.err(&format!("enabling peer access to {}", b.name), e))?;
             }
         }
         let mut group = PeerGroup {

@@ -382,7 +382,19 @@ fn mat_vec(
 // (no bank conflict), and one vec4 of tb serves four columns.
 // Defines: BM, BN (64 or 128), BK (a multiple of 4 with BM * BK and BN * BK multiples of
 // 1024); A4 (float weights whose rows are 16-byte aligned, k a multiple of 4: 16-byte loads),
-// AL (quantized weights whose blocks are word aligned), Y4 (f32 activations as for mat_vec).
+// AL (quantized weights whose blocks are word aligned), Y4 (f32 activations as for mat_vec);
+// H16 (adapters with SHADER_F16, f16 or quantized weights): the tiles hold f16 (weights and
+// activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
+// f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
+
+#if H16
+alias TE = f16;
+#else
+alias TE = f32;
+#endif
+// A quad of a tile.
+alias TV = vec4<TE>;
+const HK: u32 = {{HK}}u;
 
 const VM: u32 = BM / 64u;
 const VN: u32 = BN / 64u;
@@ -520,8 +532,8 @@ fn yquad1(yb: u32, k: u32) -> vec4<f32> {
 #endif
 }
 
-var<workgroup> ta: array<vec4<f32>, BM * BK / 4u>;
-var<workgroup> tb: array<vec4<f32>, BN * BK / 4u>;
+var<workgroup> ta: array<TV, BM * BK / 4u>;
+var<workgroup> tb: array<TV, BN * BK / 4u>;
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -543,21 +555,24 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let cb = col1(min(n0 + ln, nn - 1u), i2, i3);
     let va = m0 + lm < mm;
     let vb = n0 + ln < nn;
-    var pa: array<vec4<f32>, LA>;
-    var pb: array<vec4<f32>, LB>;
+    var pa: array<TV, LA>;
+    var pb: array<TV, LB>;
     for (var p = 0u; p < LA; p++) {
         let k = 4u * (qa + (256u / BM) * p);
         if va && k < kk {
-            pa[p] = wquad(ra, k);
+            pa[p] = TV(wquad(ra, k));
         }
     }
     for (var p = 0u; p < LB; p++) {
         let k = 4u * (qb + (256u / BN) * p);
         if vb && k < kk {
-            pb[p] = yquad1(cb, k);
+            pb[p] = TV(yquad1(cb, k));
         }
     }
     var acc: array<vec4<f32>, 4u * VM * VN>;
+#if H16
+    var h: array<TV, 4u * VM * VN>;
+#endif
     for (var k0 = 0u; k0 < kk; k0 += BK) {
         for (var p = 0u; p < LA; p++) {
             let k = 4u * (qa + (256u / BM) * p);
@@ -577,34 +592,49 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         if k1 < kk {
             for (var p = 0u; p < LA; p++) {
                 let k = k1 + 4u * (qa + (256u / BM) * p);
-                pa[p] = vec4<f32>(0.0);
+                pa[p] = TV(0.0);
                 if va && k < kk {
-                    pa[p] = wquad(ra, k);
+                    pa[p] = TV(wquad(ra, k));
                 }
             }
             for (var p = 0u; p < LB; p++) {
                 let k = k1 + 4u * (qb + (256u / BN) * p);
-                pb[p] = vec4<f32>(0.0);
+                pb[p] = TV(0.0);
                 if vb && k < kk {
-                    pb[p] = yquad1(cb, k);
+                    pb[p] = TV(yquad1(cb, k));
                 }
             }
         }
-        for (var k = 0u; k < BK; k++) {
-            var a: array<vec4<f32>, VM>;
-            for (var i = 0u; i < VM; i++) {
-                a[i] = ta[k * (BM / 4u) + tx + 16u * i];
-            }
-            for (var j = 0u; j < VN; j++) {
-                let b = tb[k * (BN / 4u) + ty + 16u * j];
+        for (var kh = 0u; kh < BK; kh += HK) {
+            for (var k = kh; k < kh + HK; k++) {
+                var a: array<TV, VM>;
                 for (var i = 0u; i < VM; i++) {
-                    let o = 4u * VM * j + i;
-                    acc[o] = fma(a[i], vec4<f32>(b.x), acc[o]);
-                    acc[o + VM] = fma(a[i], vec4<f32>(b.y), acc[o + VM]);
-                    acc[o + 2u * VM] = fma(a[i], vec4<f32>(b.z), acc[o + 2u * VM]);
-                    acc[o + 3u * VM] = fma(a[i], vec4<f32>(b.w), acc[o + 3u * VM]);
+                    a[i] = ta[k * (BM / 4u) + tx + 16u * i];
+                }
+                for (var j = 0u; j < VN; j++) {
+                    let b = tb[k * (BN / 4u) + ty + 16u * j];
+                    for (var i = 0u; i < VM; i++) {
+                        let o = 4u * VM * j + i;
+#if H16
+                        h[o] = fma(a[i], TV(b.x), h[o]);
+                        h[o + VM] = fma(a[i], TV(b.y), h[o + VM]);
+                        h[o + 2u * VM] = fma(a[i], TV(b.z), h[o + 2u * VM]);
+                        h[o + 3u * VM] = fma(a[i], TV(b.w), h[o + 3u * VM]);
+#else
+                        acc[o] = fma(a[i], vec4<f32>(b.x), acc[o]);
+                        acc[o + VM] = fma(a[i], vec4<f32>(b.y), acc[o + VM]);
+                        acc[o + 2u * VM] = fma(a[i], vec4<f32>(b.z), acc[o + 2u * VM]);
+                        acc[o + 3u * VM] = fma(a[i], vec4<f32>(b.w), acc[o + 3u * VM]);
+#endif
+                    }
                 }
             }
+#if H16
+            for (var o = 0u; o < 4u * VM * VN; o++) {
+                acc[o] += vec4<f32>(h[o]);
+                h[o] = TV(0.0);
+            }
+#endif
         }
         workgroupBarrier();
     }

@@ -67,6 +67,12 @@ pub(crate) struct Gpu {
     /// Rows and invocations per mat-vec workgroup (`ops::MV_ROWS`, `ops::MV_WG`, or
     /// `TESSERA_WGPU_MV=ROWS,WG`).
     pub mat_vec: (u32, u32),
+    /// Whether the tiled mat-mat computes f16 and quantized weights in f16 (the H16 define):
+    /// the device has SHADER_F16 and TESSERA_WGPU_MM_F16=1 asks for it. Off by default: its
+    /// results differ from the f32 product by about 1e-6 NMSE (activations rounded to f16),
+    /// within the ops conformance tolerance (5e-4) but not the exact-f32 tolerance of
+    /// `tests/mat_mat.rs` (1e-9).
+    pub mat_mat_f16: bool,
     /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
     f16_in_f32: bool,
     /// The first error the uncaptured-error handler saw, not yet reported.
@@ -144,6 +150,8 @@ impl Gpu {
             subgroups: features.contains(wgpu::Features::SUBGROUP)
                 && std::env::var_os("TESSERA_WGPU_NO_SUBGROUPS").is_none(),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            mat_mat_f16: features.contains(wgpu::Features::SHADER_F16)
+                && std::env::var("TESSERA_WGPU_MM_F16").is_ok_and(|v| v == "1"),
             mat_vec,
             f16_in_f32: adapter
                 .get_downlevel_capabilities()

@@ -109,6 +109,10 @@ const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
 /// memory): the deeper one where the adapter's workgroup memory holds it.
 const MM_BK: [u32; 2] = [16, 32];
+/// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
+const MM_BK_H16: [u32; 3] = [16, 32, 64];
+/// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
+const MM_HK: u32 = 16;
 /// Workgroups from which the largest mat-mat tile is used (below, the half-size one gives
 /// twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
@@ -389,7 +393,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     a.nbytes()
                 ));
             };
-            let tile = mat_mat_tile(gpu, t.ne);
+            let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
+            let tile = mat_mat_tile(gpu, t.ne, h16);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -455,7 +460,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                         && b.nb[0] == 4
                         && k.is_multiple_of(4)
                         && aligned(gpu, graph, t.src[1], 0, 16);
-                    let v = mat_mat_variant(a.dtype, b.dtype, tile, a4 || al, y4);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile, a4 || al, y4, h16);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -812,14 +817,29 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool, aligned: bool, y4: bool)
         .def("BM", MM_TILES[0].0)
         .def("BN", MM_TILES[0].1)
         .def("BK", MM_BK[0])
+        .def("HK", MM_BK[0])
         .ty("T0", a)
         .ty("T1", b)
 }
 
+/// Whether the tiled mat-mat computes weights of type `a` in f16 (H16) on a device where it
+/// may (`enabled`: `Gpu::mat_mat_f16`, SHADER_F16 and asked for): f16 and quantized weights do
+/// (their values are f16 or dequantize from f16 scales), f32 and bf16 weights (whose precision
+/// or range f16 lacks) do not.
+fn mat_mat_h16(enabled: bool, a: DType) -> bool {
+    enabled && (a == DType::F16 || QUANT.contains(&a))
+}
+
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
 /// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
-/// else 64 x 64; BK the deepest of MM_BK whose tiles fit the adapter's workgroup memory.
-fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4]) -> (u32, u32, u32) {
+/// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
+/// adapter's workgroup memory.
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
+    mat_mat_tile_for(gpu.limits.max_compute_workgroup_storage_size, ne, h16)
+}
+
+/// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
+fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
     let groups = |bm: usize, bn: usize| ne[0].div_ceil(bm) * ne[1].div_ceil(bn) * ne[2] * ne[3];
     let (bm, bn) = if ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS {
         MM_TILES[2]
@@ -828,27 +848,36 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4]) -> (u32, u32, u32) {
     } else {
         MM_TILES[0]
     };
-    let fits = |bk: u32| (bm + bn) * bk * 4 <= gpu.limits.max_compute_workgroup_storage_size;
-    let bk = MM_BK
+    let (depths, bytes): (&[u32], u32) = if h16 { (&MM_BK_H16, 2) } else { (&MM_BK, 4) };
+    let fits = |bk: u32| (bm + bn) * bk * bytes <= wg_mem;
+    let bk = depths
         .iter()
         .rev()
         .copied()
         .find(|&bk| fits(bk))
-        .unwrap_or(MM_BK[0]);
+        .unwrap_or(depths[0]);
     (bm, bn, bk)
 }
 
 /// The tiled mat-mat variant for weights of type `a` and activations of type `b`; `aligned`
-/// and `y4` as for [`mat_vec_variant`] (float weights need k a multiple of 4 only).
+/// and `y4` as for [`mat_vec_variant`] (float weights need k a multiple of 4 only); `h16`:
+/// f16 tiles and products ([`mat_mat_h16`]).
 fn mat_mat_variant(
     a: DType,
     b: DType,
     (bm, bn, bk): (u32, u32, u32),
     aligned: bool,
     y4: bool,
+    h16: bool,
 ) -> Variant {
-    Variant::new(Family::MulMat, "mat_mat")
-        .def("ROWS", MV_ROWS)
+    let v = if h16 {
+        Variant::new(Family::MulMat, "mat_mat")
+            .def("H16", 1)
+            .def("HK", MM_HK.min(bk))
+    } else {
+        Variant::new(Family::MulMat, "mat_mat").def("HK", bk)
+    };
+    v.def("ROWS", MV_ROWS)
         .def("QB", 8)
         .def("TPB", 1)
         .def("QUANT", u32::from(a.is_quantized()))
@@ -965,17 +994,33 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     }
                 }
                 for b in [DType::F32, DType::F16] {
-                    for (bm, bn) in MM_TILES {
-                        for bk in MM_BK {
-                            for aligned in [false, true] {
-                                if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
-                                    continue;
-                                }
-                                for y4 in [false, true] {
-                                    if y4 && b != DType::F32 {
+                    for h16 in [false, true] {
+                        if h16 && !mat_mat_h16(true, a) {
+                            continue;
+                        }
+                        let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
+                        for (bm, bn) in MM_TILES {
+                            for &bk in depths {
+                                for aligned in [false, true] {
+                                    if aligned
+                                        && a.is_quantized()
+                                        && !a.type_size().is_multiple_of(4)
+                                    {
                                         continue;
                                     }
-                                    v.push(mat_mat_variant(a, b, (bm, bn, bk), aligned, y4));
+                                    for y4 in [false, true] {
+                                        if y4 && b != DType::F32 {
+                                            continue;
+                                        }
+                                        v.push(mat_mat_variant(
+                                            a,
+                                            b,
+                                            (bm, bn, bk),
+                                            aligned,
+                                            y4,
+                                            h16,
+                                        ));
+                                    }
                                 }
                             }
                         }
@@ -1016,4 +1061,32 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
+    /// only, and its half-size tiles get the deeper steps.
+    #[test]
+    fn mat_mat_f16_selection() {
+        assert!(mat_mat_h16(true, DType::F16));
+        assert!(mat_mat_h16(true, DType::Q4_0));
+        assert!(mat_mat_h16(true, DType::Q6_K));
+        assert!(!mat_mat_h16(true, DType::F32));
+        assert!(!mat_mat_h16(true, DType::BF16));
+        assert!(!mat_mat_h16(false, DType::F16));
+        assert!(!mat_mat_h16(false, DType::Q4_0));
+        let big = [8192, 1024, 1, 1];
+        assert_eq!(mat_mat_tile_for(32768, big, false), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true), (128, 128, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false), (128, 128, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true), (128, 128, 32));
+        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 64), true, true, true);
+        let src = v.source().unwrap();
+        assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
+        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 32), true, true, false);
+        assert!(!v.source().unwrap().starts_with("enable f16;"));
+    }
 }

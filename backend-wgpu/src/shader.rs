@@ -19,7 +19,8 @@
 //! destination is 16-bit; it is 16-bit or quantized, and written with atomics), `QDST`, `QK`
 //! and `KQUANT` (derived: the destination is quantized, its block size, it is a K type),
 //! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
-//! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32).
+//! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32). The
+//! tiled mat-mat also has `H16` (the adapter has SHADER_F16: `enable f16;` and f16 tiles).
 //!
 //! Every variant the backend can build is listed by `all_variants` (test builds), and the unit test
 //! `every_variant_validates` runs each through naga's WGSL front end and validator with no
@@ -292,6 +293,9 @@ mod tests {
         }
         if v.get("F16").is_some_and(|s| s != 0) {
             caps |= naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        }
+        if v.get("H16").is_some_and(|s| s != 0) {
+            caps |= naga::valid::Capabilities::SHADER_FLOAT16;
         }
         let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
         if caps.contains(naga::valid::Capabilities::SUBGROUP) {

@@ -161,6 +161,27 @@ fn aligned(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize, n: usize) -> boo
         && graph.get(id).nb[1..].iter().all(|&b| b.is_multiple_of(n))
 }
 
+/// Which wide loads a mul_mat launch over weight rows from `r0` may use: (the weights as
+/// 16-byte loads (float types, `k` a multiple of `float_k`) or as whole aligned words
+/// (quantized types whose blocks are whole words) — the A4 and AL defines; the f32 activations
+/// as 16-byte loads — Y4).
+fn wide_loads(gpu: &Gpu, graph: &Graph, t: &Tensor, r0: usize, float_k: usize) -> (bool, bool) {
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    let k = a.ne[0];
+    let a4 = !a.dtype.is_quantized()
+        && a.nb[0] == a.dtype.type_size()
+        && k.is_multiple_of(float_k)
+        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+    let al = a.dtype.is_quantized()
+        && a.dtype.type_size().is_multiple_of(4)
+        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
+    let y4 = b.dtype == DType::F32
+        && b.nb[0] == 4
+        && k.is_multiple_of(4)
+        && aligned(gpu, graph, t.src[1], 0, 16);
+    (a4 || al, y4)
+}
+
 /// Workgroup counts for `n` workgroups laid out over x then y.
 fn grid(n: usize) -> Option<[u32; 3]> {
     let n = n.max(1);
@@ -419,19 +440,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     let (mv_rows, mv_wg) = gpu.mat_vec;
                     let groups = rc.div_ceil(mv_rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
-                    let k = a.ne[0];
-                    let a4 = !a.dtype.is_quantized()
-                        && a.nb[0] == a.dtype.type_size()
-                        && k.is_multiple_of(8)
-                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
-                    let al = a.dtype.is_quantized()
-                        && a.dtype.type_size().is_multiple_of(4)
-                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
-                    let y4 = b.dtype == DType::F32
-                        && b.nb[0] == 4
-                        && k.is_multiple_of(4)
-                        && aligned(gpu, graph, t.src[1], 0, 16);
-                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, a4 || al, y4)
+                    let (wide_a, y4) = wide_loads(gpu, graph, t, r0, 8);
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, wide_a, y4)
                         .def("ROWS", mv_rows)
                         .def("WG", mv_wg);
                     out.push(PlanOut {
@@ -448,19 +458,8 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     if z > 65535 || gx > 65535 || gy > 65535 {
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
-                    let k = a.ne[0];
-                    let a4 = !a.dtype.is_quantized()
-                        && a.nb[0] == a.dtype.type_size()
-                        && k.is_multiple_of(4)
-                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
-                    let al = a.dtype.is_quantized()
-                        && a.dtype.type_size().is_multiple_of(4)
-                        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
-                    let y4 = b.dtype == DType::F32
-                        && b.nb[0] == 4
-                        && k.is_multiple_of(4)
-                        && aligned(gpu, graph, t.src[1], 0, 16);
-                    let v = mat_mat_variant(a.dtype, b.dtype, tile, a4 || al, y4, h16);
+                    let (wide_a, y4) = wide_loads(gpu, graph, t, r0, 4);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile, wide_a, y4, h16);
                     out.push(PlanOut {
                         variant: v,
                         bind,

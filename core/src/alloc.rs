@@ -258,6 +258,11 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
 
+    /// The offset the plan gives `id`, if it gives it one.
+    fn offset(p: &Plan, id: TensorId) -> Option<usize> {
+        p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o)
+    }
+
     #[test]
     fn memory_is_reused_after_the_last_reader() {
         // x -> a -> b -> c -> d, each 4 KiB: a chain needs only two live blocks at a time.
@@ -271,7 +276,7 @@ mod tests {
         g.set_output(d);
         let nodes: Vec<TensorId> = g.ids().collect();
         let p = plan(&g, &nodes, 64);
-        let off = |id: TensorId| p.offsets.iter().find(|(i, _)| *i == id).map(|(_, o)| *o);
+        let off = |id: TensorId| offset(&p, id);
         assert_eq!(off(b), off(a), "mul runs in place over exp");
         assert_eq!(off(d), off(c), "scale runs in place over sum_rows");
         // x and w are inputs (live throughout), a/b one block, c/d one small block.
@@ -298,13 +303,7 @@ mod tests {
         let c = g.unary(b, crate::UnaryOp::Sqr).unwrap();
         let nodes: Vec<TensorId> = g.ids().collect();
         let p = plan(&g, &nodes, 64);
-        let off = |id: TensorId| {
-            p.offsets
-                .iter()
-                .find(|(i, _)| *i == id)
-                .map(|(_, o)| *o)
-                .unwrap()
-        };
+        let off = |id: TensorId| offset(&p, id).unwrap();
         assert_ne!(off(b), off(a), "exp must not run in place over an output");
         assert_ne!(
             off(c),
@@ -325,13 +324,7 @@ mod tests {
         let w = g.unary(z, crate::UnaryOp::Sqr).unwrap();
         let nodes: Vec<TensorId> = g.ids().collect();
         let p = plan(&g, &nodes, 64);
-        let off = |id: TensorId| {
-            p.offsets
-                .iter()
-                .find(|(i, _)| *i == id)
-                .map(|(_, o)| *o)
-                .unwrap()
-        };
+        let off = |id: TensorId| offset(&p, id).unwrap();
         for later in [z, w] {
             assert_ne!(
                 off(later),

@@ -36,9 +36,12 @@ pub(super) fn all_reduce_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) ->
     let g = enc.graph;
     let ar = nodes[i];
     let t = g.get(ar);
-    if t.op != Op::AllReduce || enc.group.is_none() {
+    if t.op != Op::AllReduce {
         return Ok(0);
     }
+    let Some((group, rank)) = enc.group.clone() else {
+        return Ok(0);
+    };
     let Some(&add) = nodes.get(i + 1) else {
         return Ok(0);
     };
@@ -58,9 +61,6 @@ pub(super) fn all_reduce_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) ->
     if !flat(ta) || !flat(tr) {
         return Ok(0);
     }
-    let Some((group, rank)) = enc.group.clone() else {
-        return Ok(0);
-    };
     let count = t.nelements();
     if count > group.max_elements() {
         return Ok(0);

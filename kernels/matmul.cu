@@ -4,8 +4,8 @@
 // batches. t[0] dst [m, n, e2, e3], t[1] src0 [k, m, d2, d3], t[2] src1 (as cuBLAS reads it);
 // i[0] = e2 / d2, i[1] = e3 / d3; aux[0] receives three arrays of e2*e3 addresses (A, B, C).
 // dequant_f16_<type>: t[0] contiguous f16 [k, rows], t[1] quantized [k, rows] (rows
-// contiguous); one thread per 32 values. Used to run a quantized mul_mat with many columns as
-// an f16 GEMM.
+// contiguous); one thread per 32 values, blocks of 256 threads, written out coalesced through
+// shared memory. Used to run a quantized mul_mat with many columns as an f16 GEMM.
 #include "quant.cuh"
 
 KERNEL batch_ptrs(const KParams p) {
@@ -22,19 +22,40 @@ KERNEL batch_ptrs(const KParams p) {
     }
 }
 
+// Threads per block of dequant_f16 (the launch's block size); each handles one 32-value group.
+#define DQ_THREADS 256
+// u32 words per group (32 halves) plus one of padding, so that the threads' rows of shared
+// memory start in different banks.
+#define DQ_STRIDE 17
+
+// The groups of a block are consecutive in the output (rows are contiguous), so each thread
+// dequantizes its group into shared memory and the block then writes the whole run with
+// consecutive threads storing consecutive words.
 template <int Q> __device__ void dequant_f16(const KParams& p) {
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     const int subs = QInfo<Q>::block / 32;
     const i64 per_row = d.ne[0] / 32;
     const i64 n = per_row * d.ne[1];
-    for (i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x; g < n; g += (i64)gridDim.x * blockDim.x) {
-        const i64 r = g / per_row, j = g % per_row;
-        float x[32];
-        deq32<Q>((const u8*)s.ptr + r * s.nb[1] + (j / subs) * QInfo<Q>::bytes, (int)(j % subs), x);
-        u16* out = (u16*)d.ptr + r * d.ne[0] + 32 * j;
+    __shared__ u32 staged[DQ_THREADS * DQ_STRIDE];
+    u32* out = (u32*)d.ptr;
+    for (i64 base = (i64)blockIdx.x * DQ_THREADS; base < n; base += (i64)gridDim.x * DQ_THREADS) {
+        const i64 g = base + threadIdx.x;
+        if (g < n) {
+            const i64 r = g / per_row, j = g % per_row;
+            float x[32];
+            deq32<Q>((const u8*)s.ptr + r * s.nb[1] + (j / subs) * QInfo<Q>::bytes, (int)(j % subs), x);
 #pragma unroll
-        for (int e = 0; e < 32; e += 2) *(u32*)(out + e) = (u32)f2h(x[e]) | ((u32)f2h(x[e + 1]) << 16);
+            for (int e = 0; e < 16; e++) {
+                staged[threadIdx.x * DQ_STRIDE + e] = (u32)f2h(x[2 * e]) | ((u32)f2h(x[2 * e + 1]) << 16);
+            }
+        }
+        __syncthreads();
+        const i64 words = (n - base < DQ_THREADS ? n - base : DQ_THREADS) * 16;
+        for (i64 w = threadIdx.x; w < words; w += DQ_THREADS) {
+            out[base * 16 + w] = staged[(w / 16) * DQ_STRIDE + w % 16];
+        }
+        __syncthreads();
     }
 }
 

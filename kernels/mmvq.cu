@@ -65,6 +65,23 @@ __device__ __forceinline__ int spread4(u32 x) {
     return (int)(((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25));
 }
 
+// The column loop of the 32-value types held as low and high nibbles (lo: values 0-15, hi:
+// 16-31): per column, s = lo . y[0..16) + hi . y[16..32) and acc += d * ds.x * s + bias * ds.y,
+// where bias is the block's min (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
+template <int NC>
+__device__ __forceinline__ void dot_nibbles(const int* lo, const int* hi, float d, float bias, i64 t, const Act& act, i64 c0, float* acc) {
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        int y[8];
+        float2 ds;
+        act.load(c0 + c, t, y, ds);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
+        acc[c] += d * ds.x * (float)s + bias * ds.y;
+    }
+}
+
 template <int Q> struct Mmvq;
 
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one 32-value block per task. lo/hi hold values 0-15 and 16-31.
@@ -80,16 +97,7 @@ template <> struct Mmvq<Q4_0> {
             lo[i] = w & 0x0F0F0F0F;
             hi[i] = (w >> 4) & 0x0F0F0F0F;
         }
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[8];
-            float2 ds;
-            act.load(c0 + c, t, y, ds);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
-            acc[c] += d * (ds.x * (float)s - 8.0f * ds.y);
-        }
+        dot_nibbles<NC>(lo, hi, d, -8.0f * d, t, act, c0, acc);
     }
 };
 
@@ -105,16 +113,7 @@ template <> struct Mmvq<Q4_1> {
             lo[i] = w & 0x0F0F0F0F;
             hi[i] = (w >> 4) & 0x0F0F0F0F;
         }
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[8];
-            float2 ds;
-            act.load(c0 + c, t, y, ds);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
-            acc[c] += d * ds.x * (float)s + m * ds.y;
-        }
+        dot_nibbles<NC>(lo, hi, d, m, t, act, c0, acc);
     }
 };
 
@@ -131,16 +130,7 @@ template <> struct Mmvq<Q5_0> {
             lo[i] = (w & 0x0F0F0F0F) | spread4(qh >> (4 * i));
             hi[i] = ((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
         }
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[8];
-            float2 ds;
-            act.load(c0 + c, t, y, ds);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
-            acc[c] += d * (ds.x * (float)s - 16.0f * ds.y);
-        }
+        dot_nibbles<NC>(lo, hi, d, -16.0f * d, t, act, c0, acc);
     }
 };
 
@@ -157,16 +147,7 @@ template <> struct Mmvq<Q5_1> {
             lo[i] = (w & 0x0F0F0F0F) | spread4(qh >> (4 * i));
             hi[i] = ((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
         }
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[8];
-            float2 ds;
-            act.load(c0 + c, t, y, ds);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
-            acc[c] += d * ds.x * (float)s + m * ds.y;
-        }
+        dot_nibbles<NC>(lo, hi, d, m, t, act, c0, acc);
     }
 };
 

@@ -12,19 +12,24 @@ __device__ __forceinline__ void row_of(const KParams& p, i64& i1, i64& i2, i64& 
     split_rows(blockIdx.x, p.t[1].ne, i1, i2, i3);
 }
 
-KERNEL rms_norm_f32(const KParams p) {
-    const TArg& d = p.t[0];
-    const TArg& s = p.t[1];
-    i64 i1, i2, i3;
-    row_of(p, i1, i2, i3);
-    const char* x = at(s, 0, i1, i2, i3);
+// 1 / sqrt(mean(x^2) + eps) of the row at x (the whole block takes part).
+__device__ __forceinline__ float rms_scale(const TArg& s, const char* x, float eps) {
     float sum = 0.0f;
     for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
         const float v = F32::load(x + i * s.nb[0]);
         sum += v * v;
     }
     sum = block_sum(sum);
-    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
+    return 1.0f / sqrtf(sum / (float)s.ne[0] + eps);
+}
+
+KERNEL rms_norm_f32(const KParams p) {
+    const TArg& d = p.t[0];
+    const TArg& s = p.t[1];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const char* x = at(s, 0, i1, i2, i3);
+    const float scale = rms_scale(s, x, p.f[0]);
     char* y = at(d, 0, i1, i2, i3);
     for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
         F32::store(y + i * d.nb[0], F32::load(x + i * s.nb[0]) * scale);
@@ -38,13 +43,7 @@ KERNEL rms_norm_mul_f32(const KParams p) {
     i64 i1, i2, i3;
     row_of(p, i1, i2, i3);
     const char* x = at(s, 0, i1, i2, i3);
-    float sum = 0.0f;
-    for (i64 i = threadIdx.x; i < s.ne[0]; i += blockDim.x) {
-        const float v = F32::load(x + i * s.nb[0]);
-        sum += v * v;
-    }
-    sum = block_sum(sum);
-    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
+    const float scale = rms_scale(s, x, p.f[0]);
     char* y = at(d, 0, i1, i2, i3);
     const char* wr = at(w, 0, bcast(i1, w.ne[1]), bcast(i2, w.ne[2]), bcast(i3, w.ne[3]));
     const bool q8 = p.aux[0] != 0;

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Where one GPU's time goes, in one call: the CUDA conformance suite, then for the test model and
+# a synthetic Llama-8B-shape Q4_0 model, `tessera bench` and a per-kernel profile of the prompt
+# and of decoding (TESSERA_CUDA_PROFILE=1: GPU time per kernel name inside the captured graphs,
+# and the host's encoding time per step). Logs go under $OUT; the profiles and a short table are
+# printed last.
+#
+# Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
+# /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: all of
+# ops perf bench profile).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
+BIN=${BIN:-./target/release/tessera}
+DEV=${DEV:-cuda:0}
+MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+SYN=${SYN:-/root/syn}; mkdir -p "$SYN"
+M8="$SYN/llama-8b-q4_0.gguf"
+STEPS=${STEPS:-ops perf bench profile}
+export NODEVICE_SELECT=1
+for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
+[ -f "$MODEL" ] || { [ -f /root/m/part-aa ] && cat /root/m/part-aa .gpu/part-ab .gpu/part-ac > "$MODEL"; }
+[ -f "$M8" ] || $BIN gguf synth --like llama-8b --type q4_0 --out "$M8" > "$OUT/synth8.log" 2>&1
+SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has ops; then
+  timeout 300 $BIN ops test --backend "$DEV" > "$OUT/ops.log" 2>&1
+  echo "ops test --backend $DEV | $(tail -1 "$OUT/ops.log")" | tee -a "$SUMMARY"
+  grep -v 'OK \[\|skipped' "$OUT/ops.log" | head -20
+fi
+
+if has perf; then
+  timeout 200 $BIN ops perf --backend "$DEV" --op MUL_MAT --name m=4096 > "$OUT/perf.log" 2>&1
+  grep 'runs' "$OUT/perf.log" | sed 's/^ *//' | cut -c1-150
+fi
+
+if has bench; then
+  for m in "$MODEL" "$M8"; do
+    log="$OUT/bench-$(basename "$m" .gguf).log"
+    timeout 300 $BIN bench --model "$m" --device "$DEV" -p 512 -n 128 -r 3 > "$log" 2>&1
+    echo "bench $(basename "$m") | $(grep -m1 pp512 "$log" | tr -s ' ') | $(grep -m1 tg128 "$log" | tr -s ' ')" \
+      | tee -a "$SUMMARY"
+  done
+fi
+
+if has profile; then
+  for m in "$MODEL" "$M8"; do
+    for pn in "-p 512 -n 0" "-p 0 -n 64"; do
+      log="$OUT/profile-$(basename "$m" .gguf)-${pn// /}.log"
+      RUST_LOG=tessera_cuda=debug TESSERA_CUDA_PROFILE=1 timeout 300 \
+        $BIN bench --model "$m" --device "$DEV" $pn -r 1 > "$log" 2>&1
+      echo "== profile $(basename "$m") $pn"
+      grep -A24 'profile of' "$log" | sed 's/^.*\] //' | head -26
+    done
+  done
+fi
+
+echo "== summary"
+cat "$SUMMARY"

@@ -17,7 +17,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{BinaryOp, GluOp, Op, Result, TensorId};
 
-use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, quantize_q8};
+use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
 use super::rope::rope_params;
 use super::{params, Encoder};
 
@@ -174,12 +174,12 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let q8 = quantize_q8(enc, tg.src[1], xa, x.dtype)?;
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
-    let grid = (wg.ne[1] as u64).div_ceil(4) as u32;
+    let (blocks, threads) = mmvq_launch(wg.dtype, wg.ne[1] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_glu_{}", wg.dtype.name()),
-        [grid, 1, 1],
-        [128, 1, 1],
+        [blocks, 1, 1],
+        [threads, 1, 1],
         0,
         p,
     )?;
@@ -289,11 +289,12 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[j] = r as i32;
         rows += r;
     }
+    let (blocks, threads) = mmvq_launch(qt, rows as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_multi_{}", qt.name()),
-        [(rows as u64).div_ceil(4) as u32, 1, 1],
-        [128, 1, 1],
+        [blocks, 1, 1],
+        [threads, 1, 1],
         0,
         p,
     )?;

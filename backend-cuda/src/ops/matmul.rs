@@ -133,6 +133,12 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
+/// Blocks and threads per block of a mat-vec kernel over `rows` rows of `qt` weights (the
+/// layout mmvq.cu's kernels expect: one warp per row, four rows a block).
+pub(super) fn mmvq_launch(_qt: DType, rows: u64) -> (u32, u32) {
+    (rows.div_ceil(4) as u32, 128)
+}
+
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
 /// `residual` (F32, d's shape) when given.
 pub(super) fn mmvq(
@@ -152,13 +158,12 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    let rows = a.ne[1] as u64;
-    let grid = [rows.div_ceil(4) as u32, (d.ne[2] * d.ne[3]) as u32, 1];
+    let (blocks, threads) = mmvq_launch(qt, a.ne[1] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),
-        grid,
-        [128, 1, 1],
+        [blocks, (d.ne[2] * d.ne[3]) as u32, 1],
+        [threads, 1, 1],
         0,
         p,
     )

@@ -20,7 +20,7 @@ struct TArg {
 };
 
 struct KParams {
-    TArg t[5];
+    TArg t[8];
     u64 aux[4];
     float f[8];
     int i[8];

@@ -8,6 +8,10 @@
 //
 // rope_set_rows_<cache>_<idx>: the rope of an f32 K (as above) written into KV-cache rows
 // (set_rows fused in; see the kernel).
+//
+// rope_kv_<cache>_<idx>: a Llama block's whole step between the Q/K/V projections and
+// attention in one launch: Q and K rotated, the rotated K and the plain V written into their
+// KV-cache rows (see the kernel).
 #include "common.cuh"
 
 // theta_scale^k by repeated multiplication, the order of the host reference.
@@ -17,10 +21,10 @@ __device__ __forceinline__ float rope_theta(float pos, float theta_scale, float 
     return freq_scale * t;
 }
 
-// Pair k of row (i1, i2, i3): the two dimensions it covers and their new values.
+// Pair k of row (i1, i2, i3) of s: the two dimensions it covers and their new values.
 template <class T>
-__device__ __forceinline__ void rope_pair(const KParams& p, i64 k, i64 i1, i64 i2, i64 i3, i64& a, i64& b, float& y0, float& y1) {
-    const TArg& s = p.t[1];
+__device__ __forceinline__ void rope_pair(const KParams& p, const TArg& s, i64 k, i64 i1, i64 i2, i64 i3, i64& a, i64& b,
+                                          float& y0, float& y1) {
     const int n_dims = p.i[0];
     if (2 * k >= n_dims) {
         a = 2 * k;
@@ -52,7 +56,7 @@ template <class T> __device__ void rope(const KParams& p) {
     FOR_EACH_ELEMENT(pairs) {
         i64 a, b;
         float y0, y1;
-        rope_pair<T>(p, i0, i1, i2, i3, a, b, y0, y1);
+        rope_pair<T>(p, s, i0, i1, i2, i3, a, b, y0, y1);
         T::store(at(d, a, i1, i2, i3), y0);
         T::store(at(d, b, i1, i2, i3), y1);
     }
@@ -74,7 +78,7 @@ template <class D, class I> __device__ void rope_set_rows(const KParams& p) {
         if (row < 0 || row >= c.ne[1]) continue;
         i64 a, b;
         float y0, y1;
-        rope_pair<F32>(p, i0, i1, i2, i3, a, b, y0, y1);
+        rope_pair<F32>(p, s, i0, i1, i2, i3, a, b, y0, y1);
         D::store(at(c, i1 * hd + a, row, 0, 0), y0);
         D::store(at(c, i1 * hd + b, row, 0, 0), y1);
     }
@@ -84,3 +88,49 @@ KERNEL rope_set_rows_f16_i32(const KParams p) { rope_set_rows<F16, int>(p); }
 KERNEL rope_set_rows_f16_i64(const KParams p) { rope_set_rows<F16, i64>(p); }
 KERNEL rope_set_rows_f32_i32(const KParams p) { rope_set_rows<F32, int>(p); }
 KERNEL rope_set_rows_f32_i64(const KParams p) { rope_set_rows<F32, i64>(p); }
+
+// t[0] K cache [hd * kv_heads, rows] of type D, t[1] K f32 [hd, kv_heads, tokens], t[2] i32
+// positions [tokens], t[3] cache rows [tokens] (i32 or i64), t[4] Q f32 [hd, heads, tokens],
+// t[5] rotated Q (f32, Q's shape), t[6] V f32 [n, tokens], t[7] V cache [n, rows] of type D;
+// rope parameters as for rope_f32. Grid y runs over tokens; along x one thread takes a pair of
+// Q, then of K, then of V (copied), for (heads + kv_heads) * hd / 2 + ceil(n / 2) threads in all.
+// A token whose row is out of the cache's range writes no cache row.
+template <class D, class I> __device__ void rope_kv(const KParams& p) {
+    const TArg& kc = p.t[0];
+    const TArg& k = p.t[1];
+    const TArg& q = p.t[4];
+    const TArg& qd = p.t[5];
+    const TArg& v = p.t[6];
+    const TArg& vc = p.t[7];
+    const i64 half = k.ne[0] / 2;
+    const i64 nq = half * q.ne[1], nk = half * k.ne[1], nv = (v.ne[0] + 1) / 2;
+    for (i64 t = blockIdx.y; t < k.ne[2]; t += gridDim.y) {
+        const i64 row = (i64) * (const I*)at(p.t[3], t, 0, 0, 0);
+        const bool in_cache = row >= 0 && row < kc.ne[1];
+        for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < nq + nk + nv; w += (i64)gridDim.x * blockDim.x) {
+            i64 a, b;
+            float y0, y1;
+            if (w < nq) {
+                rope_pair<F32>(p, q, w % half, w / half, t, 0, a, b, y0, y1);
+                F32::store(at(qd, a, w / half, t, 0), y0);
+                F32::store(at(qd, b, w / half, t, 0), y1);
+            } else if (!in_cache) {
+                continue;
+            } else if (w < nq + nk) {
+                const i64 kw = w - nq, h = kw / half;
+                rope_pair<F32>(p, k, kw % half, h, t, 0, a, b, y0, y1);
+                D::store(at(kc, h * k.ne[0] + a, row, 0, 0), y0);
+                D::store(at(kc, h * k.ne[0] + b, row, 0, 0), y1);
+            } else {
+                const i64 c = 2 * (w - nq - nk);
+                D::store(at(vc, c, row, 0, 0), F32::load(at(v, c, t, 0, 0)));
+                if (c + 1 < v.ne[0]) D::store(at(vc, c + 1, row, 0, 0), F32::load(at(v, c + 1, t, 0, 0)));
+            }
+        }
+    }
+}
+
+KERNEL rope_kv_f16_i32(const KParams p) { rope_kv<F16, int>(p); }
+KERNEL rope_kv_f16_i64(const KParams p) { rope_kv<F16, i64>(p); }
+KERNEL rope_kv_f32_i32(const KParams p) { rope_kv<F32, int>(p); }
+KERNEL rope_kv_f32_i64(const KParams p) { rope_kv<F32, i64>(p); }

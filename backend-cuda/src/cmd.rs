@@ -4,7 +4,7 @@
 //! graph seen before is recognised.
 //!
 //! Every kernel takes one argument, [`KParams`], mirrored by `struct KParams` in
-//! `kernels/common.cuh`: up to five tensors (address, `ne`, `nb`), four extra addresses, and
+//! `kernels/common.cuh`: up to eight tensors (address, `ne`, `nb`), four extra addresses, and
 //! eight float and eight integer parameters whose meaning each kernel documents.
 
 use cudarc::driver::sys;
@@ -28,7 +28,7 @@ pub(crate) struct TArg {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct KParams {
-    pub t: [TArg; 5],
+    pub t: [TArg; 8],
     pub aux: [u64; 4],
     pub f: [f32; 8],
     pub i: [i32; 8],

@@ -9,28 +9,36 @@ use tessera_core::dtype::DType;
 use tessera_core::{Backend, Graph, RopeMode, RopeParams, TensorId};
 use tessera_cuda::GraphMode;
 
-/// A decode step of a small Llama-like block: norm + weight, K projection with rope stored
-/// into an F16 cache, gate/up/swiglu, and a Q projection.
+/// A decode step of a small Llama-like block: norm + weight, Q, K and V projections, Q and K
+/// rotated, K and V stored into F16 caches, gate/up/swiglu. With `qv` false, Q is not rotated
+/// and V not stored (only K's rope and set_rows can fuse).
 struct Block {
     g: Graph,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
 }
 
-fn block(tokens: usize) -> Block {
+const OUTPUT_NAMES: [&str; 4] = ["K cache", "V cache", "gate/up/swiglu", "Q"];
+
+fn block(tokens: usize, qv: bool) -> Block {
     let mut g = Graph::new();
     let x = g.input("x", DType::F32, &[576, tokens]).unwrap();
     let wn = g.input("wn", DType::F32, &[576]).unwrap();
     let wq = g.input("wq", DType::Q4_0, &[576, 576]).unwrap();
     let wk = g.input("wk", DType::Q8_0, &[576, 192]).unwrap();
+    let wv = g.input("wv", DType::Q8_0, &[576, 192]).unwrap();
     let wg = g.input("wg", DType::Q4_1, &[576, 1536]).unwrap();
     let wu = g.input("wu", DType::Q4_1, &[576, 1536]).unwrap();
     let pos = g.input("pos", DType::I32, &[tokens]).unwrap();
     let idx = g.input("idx", DType::I64, &[tokens]).unwrap();
-    let cache = g.input("cache", DType::F16, &[192, 64]).unwrap();
+    let kcache = g.input("kcache", DType::F16, &[192, 64]).unwrap();
+    let vcache = g.input("vcache", DType::F16, &[192, 64]).unwrap();
     let h = g.rms_norm(x, 1e-5).unwrap();
     let hn = g.mul(h, wn).unwrap();
+    let q = g.mul_mat(wq, hn).unwrap();
     let k = g.mul_mat(wk, hn).unwrap();
+    let v = g.mul_mat(wv, hn).unwrap();
+    let q3 = g.reshape(q, &[64, 9, tokens]).unwrap();
     let k3 = g.reshape(k, &[64, 3, tokens]).unwrap();
     let p = RopeParams {
         n_dims: 64,
@@ -38,23 +46,28 @@ fn block(tokens: usize) -> Block {
         freq_base: 10000.0,
         freq_scale: 1.0,
     };
+    let qr = if qv { g.rope(q3, pos, p).unwrap() } else { q };
     let kr = g.rope(k3, pos, p).unwrap();
     let kv = g.reshape(kr, &[192, tokens]).unwrap();
-    let st = g.set_rows(cache, kv, idx).unwrap();
+    let sk = g.set_rows(kcache, kv, idx).unwrap();
+    let sv = if qv {
+        g.set_rows(vcache, v, idx).unwrap()
+    } else {
+        v
+    };
     let gate = g.mul_mat(wg, hn).unwrap();
     let up = g.mul_mat(wu, hn).unwrap();
     let sw = g.swiglu_split(gate, up).unwrap();
-    let q = g.mul_mat(wq, hn).unwrap();
     Block {
         g,
-        inputs: vec![x, wn, wq, wk, wg, wu, pos, idx, cache],
-        outputs: vec![st, sw, q],
+        inputs: vec![x, wn, wq, wk, wv, wg, wu, pos, idx, kcache, vcache],
+        outputs: vec![sk, sv, sw, qr],
     }
 }
 
 /// Input bytes for a block, step `step` (positions and cache rows move with it).
 fn block_inputs(b: &Block, rng: &mut Rng, tokens: usize, step: usize) -> Vec<(TensorId, Vec<u8>)> {
-    let [x, wn, wq, wk, wg, wu, pos, idx, cache] = b.inputs[..] else {
+    let [x, wn, wq, wk, wv, wg, wu, pos, idx, kcache, vcache] = b.inputs[..] else {
         unreachable!()
     };
     let positions: Vec<f32> = (0..tokens).map(|t| (step * tokens + t) as f32).collect();
@@ -66,11 +79,13 @@ fn block_inputs(b: &Block, rng: &mut Rng, tokens: usize, step: usize) -> Vec<(Te
         (wn, to_bytes(DType::F32, &rng.vec(576, 0.5, 1.5))),
         (wq, to_bytes(DType::Q4_0, &rng.vec(576 * 576, -0.1, 0.1))),
         (wk, to_bytes(DType::Q8_0, &rng.vec(576 * 192, -0.1, 0.1))),
+        (wv, to_bytes(DType::Q8_0, &rng.vec(576 * 192, -0.1, 0.1))),
         (wg, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
         (wu, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
         (pos, to_bytes(DType::I32, &positions)),
         (idx, rows),
-        (cache, to_bytes(DType::F16, &rng.vec(192 * 64, -1.0, 1.0))),
+        (kcache, to_bytes(DType::F16, &rng.vec(192 * 64, -1.0, 1.0))),
+        (vcache, to_bytes(DType::F16, &rng.vec(192 * 64, -1.0, 1.0))),
     ]
 }
 
@@ -88,39 +103,40 @@ fn outputs_f32(b: &Block, bytes: &[Vec<u8>]) -> Vec<Vec<f32>> {
 #[test]
 fn fused_kernels_match_unfused_ops() {
     let Some(dev) = cuda() else { return };
-    for tokens in [1usize, 5] {
-        let mut results = Vec::new();
-        let mut counts = Vec::new();
-        for fuse in [true, false] {
-            let mut b = block(tokens);
-            let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
-            let mut be = concrete(&dev).cuda_backend().unwrap();
-            be.set_fusion(fuse);
-            let outs = b.outputs.clone();
-            let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
-            counts.push(be.last_command_count());
-            results.push(outputs_f32(&b, &out));
-        }
-        for (i, name) in [
-            "rope+set_rows cache",
-            "gate/up/swiglu",
-            "q after rms_norm*w",
-        ]
-        .iter()
-        .enumerate()
-        {
-            check(
-                &format!("fused vs unfused {name}, {tokens} tokens"),
-                &results[0][i],
-                &results[1][i],
-                1e-10,
+    // Commands of one fused decode step: rms_norm*w (quantizing for the mat-vecs), Q, K and V
+    // (one launch), rope of Q and K with both cache stores, gate/up/swiglu; without Q's rope
+    // and V's store: a K rope + store launch in their place.
+    for (qv, fused_commands) in [(true, 5), (false, 5)] {
+        for tokens in [1usize, 5] {
+            let mut results = Vec::new();
+            let mut counts = Vec::new();
+            for fuse in [true, false] {
+                let mut b = block(tokens, qv);
+                let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
+                let mut be = concrete(&dev).cuda_backend().unwrap();
+                be.set_fusion(fuse);
+                let outs = b.outputs.clone();
+                let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
+                counts.push(be.last_command_count());
+                results.push(outputs_f32(&b, &out));
+            }
+            for (i, name) in OUTPUT_NAMES.iter().enumerate() {
+                check(
+                    &format!("fused vs unfused {name}, {tokens} tokens, rope of Q {qv}"),
+                    &results[0][i],
+                    &results[1][i],
+                    1e-10,
+                );
+            }
+            println!(
+                "{tokens} tokens, rope of Q {qv}: {} commands fused, {} unfused",
+                counts[0], counts[1]
             );
+            assert!(counts[0] < counts[1], "fusion removed no launch");
+            if tokens == 1 {
+                assert_eq!(counts[0], fused_commands, "commands of a fused decode step");
+            }
         }
-        println!(
-            "{tokens} tokens: {} commands fused, {} unfused",
-            counts[0], counts[1]
-        );
-        assert!(counts[0] < counts[1], "fusion removed no launch");
     }
 }
 
@@ -128,7 +144,7 @@ fn fused_kernels_match_unfused_ops() {
 fn graphs_replay_and_update() {
     let Some(dev) = cuda() else { return };
     let mut rng = Rng::new(22);
-    let mut b = block(1);
+    let mut b = block(1, true);
     let outs = b.outputs.clone();
     let nodes: Vec<TensorId> = b.g.ids().collect();
     for &o in &outs {
@@ -170,7 +186,7 @@ fn graphs_replay_and_update() {
         ]
     );
     // The same graph in other memory: the executable graph is updated, not rebuilt.
-    let mut b2 = block(1);
+    let mut b2 = block(1, true);
     for &o in &outs {
         b2.g.set_output(o);
     }

@@ -10,12 +10,13 @@
 //! - two or three mul_mats of one token by the same vector (Q, K and V), with quantized
 //!   weights of one type: one mat-vec launch over the stacked rows (mmvq.cu).
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
-//!   F32) KV cache (rope.cu).
+//!   F32) KV cache (rope.cu); with the rope of Q before it and the set_rows of V after it, all
+//!   four in one kernel.
 //!
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
 use tessera_core::dtype::DType;
-use tessera_core::{BinaryOp, GluOp, Op, Result, TensorId};
+use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, TensorId};
 
 use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
 use super::rope::rope_params;
@@ -55,6 +56,10 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
         return Ok(n);
     }
     let n = super::comm::all_reduce_add(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    let n = rope_kv(enc, nodes, i)?;
     if n > 0 {
         return Ok(n);
     }
@@ -301,50 +306,58 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
     Ok(end - i)
 }
 
+/// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a kernel, with its
+/// index: leaves and views run nothing and are passed over (a scheduler leaves them out).
+fn next_running(g: &Graph, nodes: &[TensorId], j: usize) -> Option<(usize, TensorId)> {
+    nodes
+        .iter()
+        .enumerate()
+        .skip(j)
+        .take(8)
+        .find(|(_, &n)| {
+            let t = g.get(n);
+            !(matches!(t.op, Op::None) || t.op.is_view())
+        })
+        .map(|(i, &n)| (i, n))
+}
+
+/// Whether set_rows node `s` stores the rotated K `k` (F32 `[hd, heads, tokens]`, read by
+/// nothing else) into a cache the rope kernels can write: its source is the only reader of
+/// `k`, a reshape to `[hd * heads, tokens]`; the cache is F16 or F32 `[hd * heads, rows]`.
+fn stores_rotated_k(enc: &Encoder, s: TensorId, k: TensorId) -> bool {
+    let g = enc.graph;
+    let (ts, tk) = (g.get(s), g.get(k));
+    if ts.op != Op::SetRows || tk.dtype != DType::F32 || tk.ne[3] != 1 || !enc.single_use(k) {
+        return false;
+    }
+    let (rows, cache, idx) = (g.get(ts.src[1]), g.get(ts.src[0]), g.get(ts.src[2]));
+    matches!(rows.op, Op::Reshape)
+        && rows.src[0] == k
+        && enc.single_use(ts.src[1])
+        && rows.ne == [tk.ne[0] * tk.ne[1], tk.ne[2], 1, 1]
+        && matches!(cache.dtype, DType::F16 | DType::F32)
+        && cache.ne[0] == rows.ne[0]
+        && cache.ne[2] == 1
+        && cache.ne[3] == 1
+        && idx.ne[0] == tk.ne[2]
+        && idx.nelements() == idx.ne[0]
+}
+
+/// `set_rows(cache, reshape(rope(k)), idx)`: one rope_set_rows launch.
 fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let g = enc.graph;
     let k = nodes[i];
     let tk = g.get(k);
     let Op::Rope(rp) = tk.op else { return Ok(0) };
-    if tk.dtype != DType::F32 || tk.ne[3] != 1 || !enc.single_use(k) {
+    let Some((j, s)) = next_running(g, nodes, i + 1) else {
         return Ok(0);
-    }
-    // Optionally one reshape of the rotated K, then the set_rows; leaves and views in between
-    // (the cache tensors) run nothing and are passed over.
-    let mut j = i + 1;
-    let mut rows_src = k;
-    let s = loop {
-        let Some(&v) = nodes.get(j) else { return Ok(0) };
-        let tv = g.get(v);
-        if tv.op == Op::SetRows {
-            break v;
-        }
-        if matches!(tv.op, Op::Reshape) && tv.src[0] == k && rows_src == k {
-            if !enc.single_use(v) || tv.ne != [tk.ne[0] * tk.ne[1], tk.ne[2], 1, 1] {
-                return Ok(0);
-            }
-            rows_src = v;
-        } else if !(matches!(tv.op, Op::None) || tv.op.is_view()) || j >= i + 8 {
-            return Ok(0);
-        }
-        j += 1;
     };
+    if !stores_rotated_k(enc, s, k) {
+        return Ok(0);
+    }
     let ts = g.get(s);
-    if ts.src[1] != rows_src {
-        return Ok(0);
-    }
     let (cache, idx) = (g.get(ts.src[0]), g.get(ts.src[2]));
-    let fits = matches!(cache.dtype, DType::F16 | DType::F32)
-        && cache.ne[0] == tk.ne[0] * tk.ne[1]
-        && cache.ne[2] == 1
-        && cache.ne[3] == 1
-        && idx.ne[0] == tk.ne[2]
-        && idx.nelements() == idx.ne[0];
-    if !fits {
-        return Ok(0);
-    }
-    let p0 = rope_params(enc.arg(s)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &rp);
-    let mut p = p0;
+    let mut p = rope_params(enc.arg(s)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &rp);
     p.t[3] = enc.arg(ts.src[2])?;
     let name = format!("rope_set_rows_{}_{}", cache.dtype.name(), idx.dtype.name());
     enc.launch_elems(
@@ -354,4 +367,70 @@ fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usiz
         p,
     )?;
     Ok(j - i + 1)
+}
+
+/// `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their caches at the
+/// same rows (a Llama block between its projections and attention): one rope_kv launch.
+fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let g = enc.graph;
+    let q = nodes[i];
+    let tq = g.get(q);
+    let Op::Rope(rp) = tq.op else { return Ok(0) };
+    let Some((jk, k)) = next_running(g, nodes, i + 1) else {
+        return Ok(0);
+    };
+    let Some((jsk, sk)) = next_running(g, nodes, jk + 1) else {
+        return Ok(0);
+    };
+    let Some((jsv, sv)) = next_running(g, nodes, jsk + 1) else {
+        return Ok(0);
+    };
+    let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
+    if tk.op != tq.op
+        || tk.src.len() != 2
+        || tq.src.len() != 2
+        || tk.src[1] != tq.src[1]
+        || !stores_rotated_k(enc, sk, k)
+        || tsv.op != Op::SetRows
+        || tsv.src[2] != tsk.src[2]
+    {
+        return Ok(0);
+    }
+    let (v, kc, vc) = (g.get(tsv.src[1]), g.get(tsk.src[0]), g.get(tsv.src[0]));
+    let tokens = tk.ne[2];
+    let fits = tq.dtype == DType::F32
+        && tq.ne[0] == tk.ne[0]
+        && tq.ne[2] == tokens
+        && tq.ne[3] == 1
+        && v.dtype == DType::F32
+        && v.ne == [vc.ne[0], tokens, 1, 1]
+        && vc.dtype == kc.dtype
+        && vc.ne[1] == kc.ne[1]
+        && vc.ne[2] == 1
+        && vc.ne[3] == 1;
+    if !fits {
+        return Ok(0);
+    }
+    let idx = g.get(tsk.src[2]);
+    let name = format!("rope_kv_{}_{}", kc.dtype.name(), idx.dtype.name());
+    let mut p = rope_params(enc.arg(sk)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &rp);
+    p.t[3] = enc.arg(tsk.src[2])?;
+    p.t[4] = enc.arg(tq.src[0])?;
+    p.t[5] = enc.arg(q)?;
+    p.t[6] = enc.arg(tsv.src[1])?;
+    p.t[7] = enc.arg(sv)?;
+    let threads = (tq.ne[1] + tk.ne[1]) * (tk.ne[0] / 2) + v.ne[0].div_ceil(2);
+    enc.launch(
+        "rope",
+        &name,
+        [
+            (threads as u64).div_ceil(256).clamp(1, 65535) as u32,
+            (tokens as u64).clamp(1, 65535) as u32,
+            1,
+        ],
+        [256, 1, 1],
+        0,
+        p,
+    )?;
+    Ok(jsv - i + 1)
 }

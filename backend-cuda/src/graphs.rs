@@ -22,7 +22,7 @@
 //! instantiate a fresh graph every time, so they are slow on the host.
 
 use cudarc::driver::sys;
-use tessera_core::Result;
+use tessera_core::{Result, TensorId};
 
 use crate::blas::Blas;
 use crate::cmd::Cmd;
@@ -132,6 +132,19 @@ fn cmd_name(c: &Cmd) -> &'static str {
 /// Most command lists a backend keeps graphs for.
 const MAX_SLOTS: usize = 128;
 
+/// What a command list was encoded from. Lists encoded from equal keys are equal, so the
+/// graph of a list may be launched again without encoding its nodes again.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ListKey {
+    /// The graph's [`tessera_core::Graph::stamp`].
+    pub stamp: u64,
+    /// The nodes encoded, in order.
+    pub nodes: Vec<TensorId>,
+    /// The rest of what encoding reads: the scratch arena (address, bytes), the fusion and
+    /// TF32 switches, and the all-reduce group joined (its address and the rank; 0 when none).
+    pub setup: (u64, usize, bool, bool, usize, usize),
+}
+
 /// One remembered command list and its graph.
 #[derive(Default)]
 struct Slot {
@@ -139,6 +152,8 @@ struct Slot {
     /// count): a hint for finding the slot again, never trusted without comparing commands.
     site: (usize, usize, usize),
     last: Vec<Cmd>,
+    /// What `last` was encoded from, when known.
+    key: Option<ListKey>,
     exec: Option<Exec>,
     /// When the slot was last used (a counter), for evicting the oldest.
     used: u64,
@@ -244,7 +259,39 @@ impl GraphCache {
         i
     }
 
-    /// Runs a command list from `site` (see [`Slot::site`]) on `stream`.
+    /// Launches again the graph of the list last run from `site` when that list was encoded
+    /// from `key` (the caller then need not encode); false when there is no such graph.
+    pub(crate) fn relaunch(
+        &mut self,
+        dev: &DeviceShared,
+        stream: sys::CUstream,
+        site: (usize, usize, usize),
+        key: &ListKey,
+    ) -> Result<bool> {
+        if self.profile.is_some() || !self.enabled || self.failures >= MAX_FAILURES {
+            return Ok(false);
+        }
+        let Some(slot) = self.slots.iter_mut().find(|s| s.site == site) else {
+            return Ok(false);
+        };
+        let (Some(ex), Some(k)) = (&slot.exec, &slot.key) else {
+            return Ok(false);
+        };
+        if k != key {
+            return Ok(false);
+        }
+        // SAFETY: the executable graph and the stream are valid.
+        unsafe { sys::cuGraphLaunch(ex.exec, stream) }
+            .result()
+            .map_err(|e| dev.err("launching a CUDA graph", e))?;
+        self.clock += 1;
+        slot.used = self.clock;
+        self.last_len = slot.last.len();
+        self.mode = GraphMode::Replayed;
+        Ok(true)
+    }
+
+    /// Runs a command list from `site` (see [`Slot::site`]), encoded from `key`, on `stream`.
     pub(crate) fn run(
         &mut self,
         dev: &DeviceShared,
@@ -252,6 +299,7 @@ impl GraphCache {
         blas: &Blas,
         site: (usize, usize, usize),
         cmds: Vec<Cmd>,
+        key: Option<ListKey>,
     ) -> Result<()> {
         self.last_len = cmds.len();
         if let Some(prof) = &mut self.profile {
@@ -266,6 +314,7 @@ impl GraphCache {
         self.clock += 1;
         let slot = &mut self.slots[i];
         slot.used = self.clock;
+        slot.key = key;
         if let Some(ex) = &slot.exec {
             if cmds == slot.last {
                 // SAFETY: the executable graph and the stream are valid.

@@ -185,6 +185,30 @@ fn graphs_replay_and_update() {
             GraphMode::Replayed
         ]
     );
+    // The same graph object with one input bound elsewhere: its stamp changed, so it is
+    // encoded again (not relaunched with the old address) and the graph updated.
+    let x = b.inputs[0];
+    let moved = dev.buffer_type().alloc(b.g.get(x).nbytes()).unwrap();
+    b.g.bind(x, moved.into(), 0).unwrap();
+    let inputs = block_inputs(&b, &mut rng, 1, 5);
+    set_inputs(&b.g, &inputs);
+    be.compute(&b.g, &nodes).unwrap();
+    be.synchronize().unwrap();
+    let rebound = be.graph_mode();
+    let got = outputs_f32(&b, &read(&b.g, &outs));
+    set_inputs(&b.g, &inputs);
+    eager.compute(&b.g, &nodes).unwrap();
+    eager.synchronize().unwrap();
+    let want = outputs_f32(&b, &read(&b.g, &outs));
+    for i in 0..outs.len() {
+        check(
+            &format!("rebound input ({rebound:?}) output {i}"),
+            &got[i],
+            &want[i],
+            0.0,
+        );
+    }
+    assert_eq!(rebound, GraphMode::Updated);
     // The same graph in other memory: the executable graph is updated, not rebuilt.
     let mut b2 = block(1, true);
     for &o in &outs {

@@ -2,6 +2,7 @@
 //! is always created after its sources). Every builder method checks shapes, strides and
 //! types and returns a [`Result`] whose error names the tensor and the reason.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Buffer;
@@ -10,16 +11,42 @@ use crate::error::{Error, Result};
 use crate::op::{BinaryOp, GluOp, Op, RopeParams, UnaryOp};
 use crate::tensor::{Tensor, TensorData, TensorFlags, TensorId, MAX_DIMS};
 
+/// The source of [`Graph::stamp`] values, unique in the process.
+static STAMPS: AtomicU64 = AtomicU64::new(1);
+
+fn next_stamp() -> u64 {
+    STAMPS.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A computation graph and its tensors.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Graph {
     tensors: Vec<Tensor>,
+    stamp: u64,
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Graph {
+            tensors: Vec::new(),
+            stamp: next_stamp(),
+        }
+    }
 }
 
 impl Graph {
     /// An empty graph.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A number that names this graph's present state: it changes whenever the graph does (a
+    /// tensor added, changed through [`Graph::get_mut`], renamed, marked or bound) and no two
+    /// graphs get the same one, except a clone and its original until either changes. A
+    /// backend may keep what it derived from a graph (its encoded commands) while the stamp
+    /// stays the same.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// Number of tensors.
@@ -39,6 +66,7 @@ impl Graph {
 
     /// A tensor by id, mutable (for names, flags and data bindings).
     pub fn get_mut(&mut self, id: TensorId) -> &mut Tensor {
+        self.stamp = next_stamp();
         &mut self.tensors[id.index()]
     }
 
@@ -57,12 +85,14 @@ impl Graph {
 
     /// Sets a tensor's name; returns the id for chaining.
     pub fn set_name(&mut self, id: TensorId, name: impl Into<String>) -> TensorId {
+        self.stamp = next_stamp();
         self.tensors[id.index()].name = name.into();
         id
     }
 
     /// Marks a tensor as an output (its memory is kept to the end of the run).
     pub fn set_output(&mut self, id: TensorId) {
+        self.stamp = next_stamp();
         self.tensors[id.index()].flags.output = true;
     }
 
@@ -89,6 +119,7 @@ impl Graph {
                 ),
             });
         }
+        self.stamp = next_stamp();
         self.tensors[id.index()].data = Some(TensorData { buffer, offset });
         Ok(())
     }
@@ -134,6 +165,7 @@ impl Graph {
 
     fn push(&mut self, t: Tensor) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
+        self.stamp = next_stamp();
         self.tensors.push(t);
         id
     }
@@ -1067,5 +1099,35 @@ fn check_convertible(from: DType, to: DType) -> std::result::Result<(), String> 
         Ok(())
     } else {
         Err(format!("cannot convert {from} to {to}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_change_with_the_graph_and_differ_between_graphs() {
+        let mut g = Graph::new();
+        let other = Graph::new();
+        assert_ne!(g.stamp(), other.stamp());
+        let a = g.input("a", DType::F32, &[4]).unwrap();
+        let s0 = g.stamp();
+        assert_eq!(g.stamp(), s0, "reading changes nothing");
+        let _ = g.get(a);
+        assert_eq!(g.stamp(), s0);
+        let copy = g.clone();
+        assert_eq!(copy.stamp(), s0, "a clone is the same state");
+        g.set_output(a);
+        let s1 = g.stamp();
+        assert_ne!(s1, s0);
+        g.get_mut(a).flags.input = true;
+        assert_ne!(g.stamp(), s1);
+        let s2 = g.stamp();
+        g.set_name(a, "b");
+        assert_ne!(g.stamp(), s2);
+        let s3 = g.stamp();
+        g.add(a, a).unwrap();
+        assert_ne!(g.stamp(), s3);
     }
 }

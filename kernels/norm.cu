@@ -6,7 +6,15 @@
 // with aux[0] set (ne[0] a multiple of 32, blockDim a multiple of 32) it also writes the result
 // as quantize_q8_1 of mmvq.cu does (aux[0] int8 values, aux[1] (d, d * sum) per block, column =
 // row), for the mat-vec products that read it next.
+//
+// rms_norm_mul_vec_f32: the same for rows the host found simple: src, dst and weight rows
+// contiguous, 16-byte aligned, ne[0] a multiple of 4 and at most 4 * NORM_VEC * blockDim
+// (the weight one row of ne[0] values, broadcast over rows). Each thread loads its values
+// once, four at a time, and keeps them in registers; with aux[0] set, ne[0] is a multiple of
+// 32 and the 8 lanes that hold a 32-value block quantize it.
 #include "common.cuh"
+
+#define NORM_VEC 4
 
 __device__ __forceinline__ void row_of(const KParams& p, i64& i1, i64& i2, i64& i3) {
     split_rows(blockIdx.x, p.t[1].ne, i1, i2, i3);
@@ -59,6 +67,57 @@ KERNEL rms_norm_mul_f32(const KParams p) {
             const i64 blk = (i64)blockIdx.x * (s.ne[0] / 32) + i / 32;
             ((i8*)p.aux[0])[blk * 32 + i % 32] = (i8)qv;
             if (i % 32 == 0) ((float2*)p.aux[1])[blk] = make_float2(dq, dq * sum);
+        }
+    }
+}
+
+KERNEL rms_norm_mul_vec_f32(const KParams p) {
+    const TArg& s = p.t[1];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const float4* x = (const float4*)at(s, 0, i1, i2, i3);
+    float4* y = (float4*)at(p.t[0], 0, i1, i2, i3);
+    const float4* w = (const float4*)p.t[2].ptr;
+    const int n4 = (int)(s.ne[0] / 4);
+    float4 v[NORM_VEC];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        v[j] = c < n4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    sum = block_sum(sum);
+    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
+    const bool q8 = p.aux[0] != 0;
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (j * blockDim.x >= n4) break;  // the same for the whole block
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            const float4 wv = w[c];
+            o = make_float4(v[j].x * scale * wv.x, v[j].y * scale * wv.y, v[j].z * scale * wv.z, v[j].w * scale * wv.w);
+            y[c] = o;
+        }
+        if (q8) {
+            // Lanes 8g .. 8g+7 of a warp hold one 32-value block (c is a multiple of 8 there).
+            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+            for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            const float dq = amax / 127.0f;
+            const int q0 = dq == 0.0f ? 0 : __float2int_rn(o.x / dq);
+            const int q1 = dq == 0.0f ? 0 : __float2int_rn(o.y / dq);
+            const int q2 = dq == 0.0f ? 0 : __float2int_rn(o.z / dq);
+            const int q3 = dq == 0.0f ? 0 : __float2int_rn(o.w / dq);
+            int qs = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int m = 4; m > 0; m >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, m);
+            if (c < n4) {
+                const i64 e = (i64)blockIdx.x * s.ne[0] + 4 * (i64)c;
+                ((char4*)p.aux[0])[e / 4] = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+                if (c % 8 == 0) ((float2*)p.aux[1])[e / 32] = make_float2(dq, dq * (float)qs);
+            }
         }
     }
 }

@@ -96,18 +96,44 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize
     if let Some((qs, ds)) = q8 {
         p.aux[..2].copy_from_slice(&[qs, ds]);
     }
-    enc.launch(
-        "norm",
-        "rms_norm_mul_f32",
-        [rows, 1, 1],
-        [super::norm::row_block(tr.ne[0] as i64), 1, 1],
-        0,
-        p,
-    )?;
+    let (name, threads) = match norm_vec_threads(&p) {
+        Some(t) => ("rms_norm_mul_vec_f32", t),
+        None => (
+            "rms_norm_mul_f32",
+            super::norm::row_block(tr.ne[0] as i64),
+        ),
+    };
+    enc.launch("norm", name, [rows, 1, 1], [threads, 1, 1], 0, p)?;
     if let Some(q) = q8 {
         enc.q8 = Some((m, q));
     }
     Ok(2)
+}
+
+/// Values of a row each thread of rms_norm_mul_vec_f32 holds, four at a time (NORM_VEC in
+/// norm.cu).
+const NORM_VEC: u64 = 4;
+
+/// Threads per block for rms_norm_mul_vec_f32 when its rows suit it (see norm.cu): `p` holds
+/// dst, src and weight.
+fn norm_vec_threads(p: &crate::cmd::KParams) -> Option<u32> {
+    let [d, s, w] = [p.t[0], p.t[1], p.t[2]];
+    let n = s.ne[0];
+    let rows_of_16 = |a: &crate::cmd::TArg| {
+        a.nb[0] == 4
+            && a.ptr.is_multiple_of(16)
+            && a.nb[1..].iter().all(|&b| b % 16 == 0)
+    };
+    let n4 = (n / 4).max(1) as u64;
+    let threads = n4.div_ceil(NORM_VEC).div_ceil(32) * 32;
+    let fits = n % 4 == 0
+        && threads <= 1024
+        && rows_of_16(&d)
+        && rows_of_16(&s)
+        && w.nb[0] == 4
+        && w.ptr.is_multiple_of(16)
+        && w.ne == [n, 1, 1, 1];
+    fits.then_some(threads as u32)
 }
 
 /// Whether the next node that runs (from `nodes[j]`, past leaves and views) is a mul_mat of

@@ -5,6 +5,7 @@
 mod attn;
 mod binary;
 mod copy;
+mod fused;
 mod matmul;
 mod norm;
 mod perf_only;
@@ -37,6 +38,7 @@ pub fn cases() -> Vec<Case> {
     shape::cases(&mut v);
     reduce::cases(&mut v);
     views::cases(&mut v);
+    fused::cases(&mut v);
     v
 }
 

@@ -1,0 +1,122 @@
+//! Op sequences that backends fuse into one kernel, as a model's graph holds them, so that each
+//! fused kernel is checked against the CPU's unfused ops: rms_norm times a weight (alone, and
+//! feeding quantized mat-vec products, which then take the norm's output already quantized),
+//! and a Llama block's rope of Q and K with the stores of K and V into their caches, read back
+//! by attention.
+
+use tessera_core::{DType, RopeMode, RopeParams};
+
+use super::ne_str;
+use crate::case::{Case, Tolerance};
+use crate::init::Init;
+
+/// Every fused-sequence case.
+pub(super) fn cases(v: &mut Vec<Case>) {
+    rms_norm_mul(v);
+    rope_kv(v);
+}
+
+/// rms_norm(x) * w, w one row broadcast over x's rows; with `mat` rows of quantized weights
+/// after it, their product with the result.
+fn rms_norm_mul(v: &mut Vec<Case>) {
+    // Row lengths: a model's 576 and 4096, the longest row a thread block holds in registers
+    // (16384) and past it, one that is not a multiple of 4; then a non-contiguous x.
+    for ne in [[576, 1], [4096, 3], [16384, 2], [20000, 1], [33, 7]] {
+        let params = format!("ne={}", ne_str(&ne));
+        v.push(Case::new(
+            "RMS_NORM_MUL",
+            params,
+            &[DType::F32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let x = g.leaf(DType::F32, &ne)?;
+                let w = g.input(DType::F32, &[ne[0]], Init::Uniform(0.5, 1.5))?;
+                let h = g.rms_norm(x, 1e-5)?;
+                g.mul(h, w)
+            },
+        ));
+    }
+    v.push(Case::new(
+        "RMS_NORM_MUL",
+        "ne=[256,3,2],per=[0,2,1,3]".to_string(),
+        &[DType::F32],
+        Tolerance::DEFAULT,
+        |g| {
+            let x = g.leaf(DType::F32, &[256, 2, 3])?;
+            let x = g.permute(x, [0, 2, 1, 3])?;
+            let w = g.input(DType::F32, &[256], Init::Uniform(0.5, 1.5))?;
+            let h = g.rms_norm(x, 1e-6)?;
+            g.mul(h, w)
+        },
+    ));
+    for (t, k, n) in [
+        (DType::Q4_0, 4096, 1),
+        (DType::Q4_1, 576, 1),
+        (DType::Q8_0, 4096, 3),
+    ] {
+        let params = format!("type_a={t},k={k},n={n},m=256");
+        v.push(Case::new(
+            "RMS_NORM_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, n])?;
+                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
+                let a = g.input(t, &[k, 256], Init::Uniform(-0.1, 0.1))?;
+                let h = g.rms_norm(x, 1e-5)?;
+                let h = g.mul(h, w)?;
+                g.mul_mat(a, h)
+            },
+        ));
+    }
+}
+
+/// Q and K rotated, K and V stored into F16 caches at the rows of this step, then attention
+/// over the caches (which reads what was stored).
+fn rope_kv(v: &mut Vec<Case>) {
+    // (head dim, query heads, kv heads, tokens, cache rows, rope mode)
+    let shapes = [
+        (64, 9, 3, 1, 32, RopeMode::Normal),
+        (128, 8, 2, 1, 48, RopeMode::Neox),
+        (64, 4, 2, 5, 16, RopeMode::Normal),
+    ];
+    for (hd, nh, nkv, n, rows, mode) in shapes {
+        let params = format!("hd={hd},nh={nh},nkv={nkv},tokens={n},rows={rows},mode={mode:?}");
+        v.push(Case::new(
+            "ROPE_KV_ATTN",
+            params,
+            &[DType::F32, DType::F16],
+            Tolerance::MATMUL,
+            move |g| {
+                let p = RopeParams {
+                    n_dims: hd,
+                    mode,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                };
+                let q = g.leaf(DType::F32, &[hd, nh, n])?;
+                let k = g.leaf(DType::F32, &[hd, nkv, n])?;
+                let val = g.leaf(DType::F32, &[hd * nkv, n])?;
+                let pos = g.input(DType::I32, &[n], Init::Indices(4096))?;
+                let idx = g.input(DType::I64, &[n], Init::UniqueIndices(rows))?;
+                let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+                let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+                let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
+                let qr = g.rope(q, pos, p)?;
+                let kr = g.rope(k, pos, p)?;
+                let kr = g.reshape(kr, &[hd * nkv, n])?;
+                let kc = g.set_rows(kc, kr, idx)?;
+                let vc = g.set_rows(vc, val, idx)?;
+                let es = 2;
+                let kv = g.view(kc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+                let vv = g.view(vc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+                let kv = g.permute(kv, [0, 2, 1, 3])?;
+                let vv = g.permute(vv, [0, 2, 1, 3])?;
+                let qr = g.permute(qr, [0, 2, 1, 3])?;
+                let scale = 1.0 / (hd as f32).sqrt();
+                g.flash_attn_ext(qr, kv, vv, Some(mask), scale, 0.0, 0.0)
+            },
+        ));
+    }
+}

@@ -98,10 +98,7 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize
     }
     let (name, threads) = match norm_vec_threads(&p) {
         Some(t) => ("rms_norm_mul_vec_f32", t),
-        None => (
-            "rms_norm_mul_f32",
-            super::norm::row_block(tr.ne[0] as i64),
-        ),
+        None => ("rms_norm_mul_f32", super::norm::row_block(tr.ne[0] as i64)),
     };
     enc.launch("norm", name, [rows, 1, 1], [threads, 1, 1], 0, p)?;
     if let Some(q) = q8 {
@@ -120,9 +117,7 @@ fn norm_vec_threads(p: &crate::cmd::KParams) -> Option<u32> {
     let [d, s, w] = [p.t[0], p.t[1], p.t[2]];
     let n = s.ne[0];
     let rows_of_16 = |a: &crate::cmd::TArg| {
-        a.nb[0] == 4
-            && a.ptr.is_multiple_of(16)
-            && a.nb[1..].iter().all(|&b| b % 16 == 0)
+        a.nb[0] == 4 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&b| b % 16 == 0)
     };
     let n4 = (n / 4).max(1) as u64;
     let threads = n4.div_ceil(NORM_VEC).div_ceil(32) * 32;

@@ -22,6 +22,23 @@
 // shared memory), one warp per row takes the softmax, then groups of dv / 8 lanes (8 columns a
 // lane) sum probability times V over their share of the keys; the groups of a warp are added
 // by shuffles, the warps through shared memory. Splits are combined as above.
+//
+// fattn_dec<D>_<rows>: decoding with f16 K and V, d == dv (64, 128 or 256), at most `rows` (4 or
+// 8) query rows per KV head, K and V rows aligned to 16 bytes. A block of 4 warps takes one KV
+// head and one split of the keys (the host makes splits short, so that short caches still fill
+// the GPU), in chunks of 8 passes: in a pass, each group of d / 8 lanes reads one K row and one
+// V row (16 bytes a lane, coalesced), all loads of a chunk issued before any is used. Scores
+// are reduced within the group, the online softmax runs one warp per row, and each lane keeps
+// 8 output columns of every row for its keys; groups and warps are summed at the end.
+//
+// fattn_mma<D>: prompts with f16 K and V, d == dv (64 or 128), K and V rows aligned to 16
+// bytes, on tensor cores (mma.sync m16n8k16, f16 inputs, f32 sums). A block of 4 warps takes 64
+// query rows of one KV head (each warp 16) and one split of the keys. K and V come in tiles of
+// 64 keys through shared memory (cp.async, two buffers: the next tile loads while this one is
+// used); Q (scaled, as f16) stays in registers. S = Q K^T and O += P V run on tensor cores,
+// the softmax on S's accumulators in registers (P becomes the A operand of P V without leaving
+// them). Tiles where the mask is -inf for every row of the block (a causal prompt's future)
+// are skipped: the block first scans its mask rows for the first and last tile that matter.
 #include "common.cuh"
 
 #define KTILE 32
@@ -372,6 +389,592 @@ KERNEL fattn_vec_f32_f32(const KParams p) { fattn_vec<F32, F32>(p); }
 KERNEL fattn_vec_f32_f16(const KParams p) { fattn_vec<F32, F16>(p); }
 KERNEL fattn_vec_f16_f32(const KParams p) { fattn_vec<F16, F32>(p); }
 KERNEL fattn_vec_f16_f16(const KParams p) { fattn_vec<F16, F16>(p); }
+
+// ---- decoding with f16 K and V (fattn_dec) ----
+
+// Eight f16 values (16 bytes) as floats.
+__device__ __forceinline__ void h8_to_f(const uint4 u, float* f) {
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = h2f((u16)w[i]);
+        f[2 * i + 1] = h2f((u16)(w[i] >> 16));
+    }
+}
+
+// A mask value of row r (query iq, head h) at key c, times the row's ALiBi slope.
+__device__ __forceinline__ float mask_at(const KParams& p, i64 c, i64 iq, int h, i64 b, float slope) {
+    const TArg& mask = p.t[4];
+    const char* mp = at(mask, c, iq, bcast(h, mask.ne[2]), bcast(b, mask.ne[3]));
+    return slope * (p.i[4] == 1 ? F32::load(mp) : F16::load(mp));
+}
+
+#define DEC_WARPS 4
+#define DEC_PASSES 8
+
+template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
+    constexpr int L = D / 8;                  // lanes per K or V row
+    constexpr int KPW = 32 / L;               // rows a warp reads in one pass
+    constexpr int KPB = DEC_WARPS * KPW;      // rows the block reads in one pass
+    constexpr int CH = DEC_PASSES * KPB;      // keys per chunk
+    constexpr int CPL = CH / 32;              // keys per lane in the softmax
+    constexpr int RPW = RM / DEC_WARPS;       // softmax rows per warp
+    __shared__ float S[RM][CH];               // scores, then probabilities
+    __shared__ float ALPHA[RM];               // per chunk: rescaling of the old sums
+    __shared__ float ML[RM][2];               // at the end: max and sum per row
+    __shared__ float O[DEC_WARPS][RM][D];     // at the end: the warps' output sums
+
+    const TArg& dst = p.t[0];
+    const TArg& q = p.t[1];
+    const TArg& k = p.t[2];
+    const TArg& v = p.t[3];
+    const int heads = (int)q.ne[2], kv_heads = (int)k.ne[2];
+    const int gqa = heads / kv_heads;
+    const i64 nkv = k.ne[1];
+    const int R = (int)(q.ne[1] * gqa);
+    const int g = blockIdx.y % kv_heads;
+    const i64 b = blockIdx.y / kv_heads;
+    const i64 bk = b / (q.ne[3] / k.ne[3]);
+    const int nsplit = p.i[2], split = blockIdx.z;
+    const i64 per_split = (nkv + nsplit - 1) / nsplit;
+    const i64 kv0 = min(nkv, split * per_split), kv1 = min(nkv, kv0 + per_split);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int sub = lane % L, slot = warp * KPW + lane / L;
+
+    // This lane's 8 columns of every query row, scaled.
+    float qr[RM][8];
+#pragma unroll
+    for (int r = 0; r < RM; r++) {
+        const int rr = r < R ? r : 0;
+        const char* qp = at(q, 8 * sub, rr / gqa, g * gqa + rr % gqa, b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) qr[r][e] = F32::load(qp + e * q.nb[0]) * p.f[0];
+    }
+    // The softmax rows of this warp: row warp + DEC_WARPS * j.
+    float m[RPW], l[RPW], slope[RPW];
+    i64 iqs[RPW];
+    int hs[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; j++) {
+        const int r = warp + DEC_WARPS * j;
+        const int rr = r < R ? r : 0;
+        iqs[j] = rr / gqa;
+        hs[j] = g * gqa + rr % gqa;
+        slope[j] = alibi_slope(p, hs[j]);
+        m[j] = NEG_INF;
+        l[j] = 0.0f;
+    }
+    float acc[RM][8];
+#pragma unroll
+    for (int r = 0; r < RM; r++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[r][e] = 0.0f;
+
+    const char* kbase = at(k, 8 * sub, 0, g, bk);
+    const char* vbase = at(v, 8 * sub, 0, g, bk);
+    for (i64 c0 = kv0; c0 < kv1; c0 += CH) {
+        // Every load of the chunk first: K and V rows, then this warp's mask values.
+        uint4 kr[DEC_PASSES], vr[DEC_PASSES];
+#pragma unroll
+        for (int i = 0; i < DEC_PASSES; i++) {
+            const i64 c = c0 + i * KPB + slot;
+            if (c < kv1) {
+                kr[i] = *(const uint4*)(kbase + c * k.nb[1]);
+                vr[i] = *(const uint4*)(vbase + c * v.nb[1]);
+            } else {
+                kr[i] = make_uint4(0, 0, 0, 0);
+                vr[i] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float mk[RPW][CPL];
+#pragma unroll
+        for (int j = 0; j < RPW; j++)
+#pragma unroll
+            for (int t = 0; t < CPL; t++) {
+                const i64 c = c0 + lane + 32 * t;
+                mk[j][t] = (p.i[4] && c < kv1) ? mask_at(p, c, iqs[j], hs[j], b, slope[j]) : 0.0f;
+            }
+
+        // Scores: a group of L lanes per key.
+#pragma unroll
+        for (int i = 0; i < DEC_PASSES; i++) {
+            float kf[8];
+            h8_to_f(kr[i], kf);
+            float s[RM];
+#pragma unroll
+            for (int r = 0; r < RM; r++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) a += qr[r][e] * kf[e];
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+                s[r] = a;
+            }
+            if (sub == 0) {
+                const int cc = i * KPB + slot;
+                const bool ok = c0 + cc < kv1;
+#pragma unroll
+                for (int r = 0; r < RM; r++) {
+                    float x = s[r];
+                    if (p.f[1] != 0.0f) x = p.f[1] * tanhf(x);
+                    S[r][cc] = ok ? x : NEG_INF;
+                }
+            }
+        }
+        __syncthreads();
+
+        // Online softmax, one warp per row.
+#pragma unroll
+        for (int j = 0; j < RPW; j++) {
+            const int r = warp + DEC_WARPS * j;
+            if (r >= R) continue;
+            float x[CPL];
+            float mx = NEG_INF;
+#pragma unroll
+            for (int t = 0; t < CPL; t++) {
+                x[t] = S[r][lane + 32 * t] + mk[j][t];
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = warp_max(mx);
+            const float mn = fmaxf(m[j], mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < CPL; t++) {
+                const float e = mn == NEG_INF ? 0.0f : __expf(x[t] - mn);
+                S[r][lane + 32 * t] = e;
+                sum += e;
+            }
+            const float alpha = m[j] == NEG_INF ? 0.0f : __expf(m[j] - mn);
+            l[j] = l[j] * alpha + warp_sum(sum);
+            m[j] = mn;
+            if (lane == 0) ALPHA[r] = alpha;
+        }
+        __syncthreads();
+
+        // Probabilities times V.
+#pragma unroll
+        for (int r = 0; r < RM; r++) {
+            const float a = r < R ? ALPHA[r] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][e] *= a;
+        }
+#pragma unroll
+        for (int i = 0; i < DEC_PASSES; i++) {
+            float vf[8];
+            h8_to_f(vr[i], vf);
+            const int cc = i * KPB + slot;
+#pragma unroll
+            for (int r = 0; r < RM; r++) {
+                const float pc = r < R ? S[r][cc] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][e] += pc * vf[e];
+            }
+        }
+        __syncthreads();
+    }
+
+    // Sum the groups of each warp, then the warps.
+#pragma unroll
+    for (int r = 0; r < RM; r++)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+#pragma unroll
+            for (int o = L; o < 32; o <<= 1) acc[r][e] += __shfl_xor_sync(0xffffffffu, acc[r][e], o);
+    if (lane < L) {
+#pragma unroll
+        for (int r = 0; r < RM; r++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) O[warp][r][8 * sub + e] = acc[r][e];
+    }
+#pragma unroll
+    for (int j = 0; j < RPW; j++) {
+        const int r = warp + DEC_WARPS * j;
+        if (lane == 0 && r < R) {
+            ML[r][0] = m[j];
+            ML[r][1] = l[j];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, col = idx - r * D;
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) o += O[w][r][col];
+        const float sum = ML[r][1];
+        if (nsplit == 1) {
+            F32::store(at(dst, col, g * gqa + r % gqa, r / gqa, b), sum == 0.0f ? 0.0f : o / sum);
+        } else {
+            const i64 row = (b * kv_heads + g) * R + r;
+            float* part = (float*)p.aux[0] + (row * nsplit + split) * (D + 2);
+            if (col == 0) {
+                part[0] = ML[r][0];
+                part[1] = sum;
+            }
+            part[2 + col] = o;
+        }
+    }
+}
+
+#define FATTN_DEC(d)                                                          \
+    KERNEL fattn_dec##d##_4(const KParams p) { fattn_dec<d, 4>(p); }          \
+    KERNEL fattn_dec##d##_8(const KParams p) { fattn_dec<d, 8>(p); }
+FATTN_DEC(64)
+FATTN_DEC(128)
+FATTN_DEC(256)
+
+// ---- prompts with f16 K and V on tensor cores (fattn_mma) ----
+
+#define MMA_BQ 64          // query rows per block (16 per warp)
+#define MMA_BK 64          // keys per tile
+#define MMA_THREADS 128
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ u32 smem_u32(const void* ptr) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+    return a;
+}
+
+// 16 bytes from global to shared memory without passing registers; zero-filled when !ok.
+__device__ __forceinline__ void cp16(u32 dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm4(u32 addr, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(u32 addr, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a b for one m16n8k16 tile (a row-major 16x16 f16, b column-major 16x8 f16, d f32).
+__device__ __forceinline__ void mma16816(float* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as f16x2, lo in the low half.
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Mask values at keys c and c + 1 of a mask row (c + 1 < nkv or not: past nkv is -inf).
+__device__ __forceinline__ float2 mask_pair(const char* row, const TArg& mask, int type, bool pairs, i64 c, i64 nkv) {
+    float2 r;
+    if (pairs && c + 1 < nkv) {
+        const char* mp = row + c * mask.nb[0];
+        if (type == 2) {
+            const u32 u = *(const u32*)mp;
+            r.x = h2f((u16)u);
+            r.y = h2f((u16)(u >> 16));
+        } else {
+            r = *(const float2*)mp;
+        }
+        return r;
+    }
+    r.x = c < nkv ? (type == 2 ? F16::load(row + c * mask.nb[0]) : F32::load(row + c * mask.nb[0])) : NEG_INF;
+    r.y = c + 1 < nkv ? (type == 2 ? F16::load(row + (c + 1) * mask.nb[0]) : F32::load(row + (c + 1) * mask.nb[0])) : NEG_INF;
+    return r;
+}
+
+// Whether a mask value (its bits) is -inf.
+__device__ __forceinline__ bool h_neg_inf(u32 h) { return (h & 0xffffu) == 0xfc00u; }
+
+template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
+    constexpr int ST = D + 8;                 // shared row stride in halves (no bank conflicts)
+    constexpr int NT = MMA_BK / 8;            // key tiles of 8 in S
+    constexpr int KS = D / 16;                // k-steps of Q K^T
+    constexpr int DT = D / 8;                 // output column tiles of 8
+    constexpr int CPR = D / 8;                // 16-byte chunks per row
+    extern __shared__ float4 smem4[];
+    u16* Qs = (u16*)smem4;                    // [MMA_BQ][ST]
+    u16* Ks = Qs + MMA_BQ * ST;               // [2][MMA_BK][ST]
+    u16* Vs = Ks + 2 * MMA_BK * ST;           // [2][MMA_BK][ST]
+    __shared__ int range[2];
+
+    const TArg& dst = p.t[0];
+    const TArg& q = p.t[1];
+    const TArg& k = p.t[2];
+    const TArg& v = p.t[3];
+    const TArg& mask = p.t[4];
+    const int mtype = p.i[4];
+    const int heads = (int)q.ne[2], kv_heads = (int)k.ne[2];
+    const int gqa = heads / kv_heads;
+    const i64 nq = q.ne[1], nkv = k.ne[1];
+    const i64 rows = nq * gqa;
+    const int g = blockIdx.y % kv_heads;
+    const i64 b = blockIdx.y / kv_heads;
+    const i64 bk = b / (q.ne[3] / k.ne[3]);
+    const int nsplit = p.i[2], split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int gr = lane / 4, qd = lane % 4;
+    const i64 r0 = (i64)blockIdx.x * MMA_BQ;
+    const i64 rlast = min(rows, r0 + MMA_BQ) - 1;
+
+    // The tiles of this split, narrowed to those where some row of the block has a mask
+    // value other than -inf.
+    const int ntiles = (int)((nkv + MMA_BK - 1) / MMA_BK);
+    const int per = (ntiles + nsplit - 1) / nsplit;
+    int t0 = min(ntiles, split * per), t1 = min(ntiles, t0 + per);
+    if (mtype) {
+        if (tid == 0) {
+            range[0] = 0x7fffffff;
+            range[1] = -1;
+        }
+        __syncthreads();
+        // Rows of the block with distinct mask rows: per query when the mask ignores heads.
+        const bool by_q = mask.ne[2] == 1;
+        const i64 sr0 = by_q ? r0 / gqa : r0;
+        const int nsr = (int)((by_q ? rlast / gqa : rlast) - sr0 + 1);
+        const i64 key0 = (i64)t0 * MMA_BK, key1 = min(nkv, (i64)t1 * MMA_BK);
+        const int unit = p.i[7] ? 8 : 1;
+        const i64 units = (key1 - key0 + unit - 1) / unit;
+        i64 lo = 0x7fffffffffffll, hi = -1;
+        for (i64 idx = tid; idx < nsr * units; idx += MMA_THREADS) {
+            const int sr = (int)(idx / units);
+            const i64 c = key0 + (idx - (i64)sr * units) * unit;
+            const i64 r = by_q ? (sr0 + sr) * gqa : sr0 + sr;
+            const char* mp = at(mask, c, r / gqa, bcast(g * gqa + r % gqa, mask.ne[2]), bcast(b, mask.ne[3]));
+            bool any;
+            if (unit == 8) {
+                const uint4 u = *(const uint4*)mp;
+                any = !(h_neg_inf(u.x) && h_neg_inf(u.x >> 16) && h_neg_inf(u.y) && h_neg_inf(u.y >> 16) &&
+                        h_neg_inf(u.z) && h_neg_inf(u.z >> 16) && h_neg_inf(u.w) && h_neg_inf(u.w >> 16));
+            } else {
+                any = (mtype == 1 ? F32::load(mp) : F16::load(mp)) != NEG_INF;
+            }
+            if (any) {
+                lo = min(lo, c);
+                hi = max(hi, c);
+            }
+        }
+        if (hi >= 0) {
+            atomicMin(&range[0], (int)(lo / MMA_BK));
+            atomicMax(&range[1], (int)(hi / MMA_BK));
+        }
+        __syncthreads();
+        t0 = max(t0, range[0]);
+        t1 = min(t1, range[1] + 1);
+    }
+
+    // K and V tile t into buffer buf.
+    auto load_kv = [&](int t, int buf) {
+        const i64 c0 = (i64)t * MMA_BK;
+        u16* kd = Ks + buf * MMA_BK * ST;
+        u16* vd = Vs + buf * MMA_BK * ST;
+#pragma unroll
+        for (int i = 0; i < MMA_BK * CPR / MMA_THREADS; i++) {
+            const int idx = tid + i * MMA_THREADS;
+            const int rr = idx / CPR, ch = idx % CPR;
+            const i64 c = c0 + rr;
+            const bool ok = c < nkv;
+            const i64 cs = ok ? c : 0;
+            cp16(smem_u32(kd + rr * ST + 8 * ch), at(k, 8 * ch, cs, g, bk), ok);
+            cp16(smem_u32(vd + rr * ST + 8 * ch), at(v, 8 * ch, cs, g, bk), ok);
+        }
+    };
+    if (t0 < t1) load_kv(t0, 0);
+    cp_commit();
+
+    // Q, scaled (to log2 units unless softcapped), as f16.
+    const float qscale = CAP ? p.f[0] : p.f[0] * LOG2E;
+    for (int idx = tid; idx < MMA_BQ * D / 2; idx += MMA_THREADS) {
+        const int rr = idx / (D / 2), d2 = (idx - rr * (D / 2)) * 2;
+        const i64 r = r0 + rr;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (r < rows) {
+            const char* qp = at(q, d2, r / gqa, g * gqa + (int)(r % gqa), b);
+            x0 = F32::load(qp) * qscale;
+            x1 = F32::load(qp + q.nb[0]) * qscale;
+        }
+        *(u32*)(Qs + rr * ST + d2) = pack_h2(x0, x1);
+    }
+    __syncthreads();
+    u32 qf[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        const int rr = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        ldsm4(smem_u32(Qs + rr * ST + 16 * ks + 8 * (lane / 16)), qf[ks]);
+    }
+
+    // This thread's two rows (gr and gr + 8 of the warp's 16).
+    i64 iq[2];
+    int hh[2];
+    float slope[2];
+    const char* mrow[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        i64 r = r0 + warp * 16 + gr + 8 * j;
+        r = min(r, rows - 1);
+        iq[j] = r / gqa;
+        hh[j] = g * gqa + (int)(r % gqa);
+        slope[j] = alibi_slope(p, hh[j]) * LOG2E;
+        mrow[j] = mtype ? at(mask, 0, iq[j], bcast(hh[j], mask.ne[2]), bcast(b, mask.ne[3])) : nullptr;
+    }
+    const float cap = p.f[1] * LOG2E;
+    const bool pairs = p.i[6] != 0;
+
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+    for (int t = t0; t < t1; t++) {
+        const int buf = (t - t0) & 1;
+        const i64 c0 = (i64)t * MMA_BK;
+        // The mask values of this tile (log2 units, slope applied), loaded before waiting:
+        // without a softcap they start the sums of S.
+        float mk[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const i64 c = c0 + 8 * nt + 2 * qd;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float2 x;
+                if (mtype) {
+                    x = mask_pair(mrow[j], mask, mtype, pairs, c, nkv);
+                } else {
+                    x.x = c < nkv ? 0.0f : NEG_INF;
+                    x.y = c + 1 < nkv ? 0.0f : NEG_INF;
+                }
+                mk[nt][2 * j] = x.x * slope[j];
+                mk[nt][2 * j + 1] = x.y * slope[j];
+            }
+        }
+        if (t + 1 < t1) {
+            load_kv(t + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const u16* kt = Ks + buf * MMA_BK * ST;
+        const u16* vt = Vs + buf * MMA_BK * ST;
+
+        // S = Q K^T (+ mask), in log2 units.
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = CAP ? 0.0f : mk[nt][e];
+#pragma unroll
+            for (int ks2 = 0; ks2 < KS / 2; ks2++) {
+                u32 bfr[4];
+                ldsm4(smem_u32(kt + (8 * nt + lane % 8) * ST + 32 * ks2 + 8 * (lane / 8)), bfr);
+                mma16816(s[nt], qf[2 * ks2], bfr[0], bfr[1]);
+                mma16816(s[nt], qf[2 * ks2 + 1], bfr[2], bfr[3]);
+            }
+        }
+        // Softcap, mask, online softmax (rows gr: elements 0 and 1, gr + 8: 2 and 3).
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (CAP) s[nt][e] = tanhf(s[nt][e]) * cap + mk[nt][e];
+                mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+            mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+            const float mn = fmaxf(m[j], mx[j]);
+            alpha[j] = m[j] == NEG_INF ? 0.0f : fast_exp2(m[j] - mn);
+            m[j] = mn;
+            l[j] *= alpha[j];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mn = m[e / 2];
+                const float pe = mn == NEG_INF ? 0.0f : fast_exp2(s[nt][e] - mn);
+                s[nt][e] = pe;
+                l[e / 2] += pe;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 16; kk++) {
+            const u32 a[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd2 = 0; nd2 < DT / 2; nd2++) {
+                u32 bfr[4];
+                ldsm4t(smem_u32(vt + (16 * kk + lane % 8 + 8 * ((lane / 8) % 2)) * ST + 16 * nd2 + 8 * (lane / 16)),
+                       bfr);
+                mma16816(o[2 * nd2], a, bfr[0], bfr[1]);
+                mma16816(o[2 * nd2 + 1], a, bfr[2], bfr[3]);
+            }
+        }
+        __syncthreads();
+    }
+
+    // Row sums over the four lanes of each row, then the output or this split's partials.
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        l[j] += __shfl_xor_sync(0xffffffffu, l[j], 1);
+        l[j] += __shfl_xor_sync(0xffffffffu, l[j], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const i64 r = r0 + warp * 16 + gr + 8 * j;
+        if (r >= rows) continue;
+        if (nsplit == 1) {
+            const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                float2 x = make_float2(o[i][2 * j] * inv, o[i][2 * j + 1] * inv);
+                *(float2*)at(dst, 8 * i + 2 * qd, hh[j], iq[j], b) = x;
+            }
+        } else {
+            const i64 row = (b * kv_heads + g) * rows + r;
+            float* part = (float*)p.aux[0] + (row * nsplit + split) * (D + 2);
+            if (qd == 0) {
+                part[0] = m[j] == NEG_INF ? NEG_INF : m[j] * (1.0f / LOG2E);
+                part[1] = l[j];
+            }
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                part[2 + 8 * i + 2 * qd] = o[i][2 * j];
+                part[2 + 8 * i + 2 * qd + 1] = o[i][2 * j + 1];
+            }
+        }
+    }
+}
+
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64(const KParams p) { fattn_mma<64, false>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128(const KParams p) { fattn_mma<128, false>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64_cap(const KParams p) { fattn_mma<64, true>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { fattn_mma<128, true>(p); }
 
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
 // weights are found in parallel, then each thread sums its output columns over the splits.

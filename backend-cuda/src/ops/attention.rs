@@ -17,6 +17,16 @@ const VEC_KEYS: usize = 1024;
 const VEC_THREADS: usize = 256;
 /// Keys per split below which the decoding kernel does not split further.
 const VEC_MIN_KEYS: usize = 256;
+/// Most query rows per KV head of the f16 decoding kernel (fattn_dec).
+const DEC_ROWS: usize = 8;
+/// Threads per block of fattn_dec and fattn_mma.
+const DEC_THREADS: u32 = 128;
+/// Fewest keys per split of fattn_dec.
+const DEC_MIN_KEYS: usize = 32;
+/// Query rows per block of fattn_mma (MMA_BQ in attention.cu).
+const MMA_BQ: usize = 64;
+/// Keys per tile of fattn_mma (MMA_BK in attention.cu).
+const MMA_BK: usize = 64;
 
 /// Fused attention of q, k, v with an optional mask.
 pub(super) fn flash_attn(
@@ -90,6 +100,28 @@ pub(super) fn flash_attn(
     };
     p.i[5] = i32::from(vec4(&ka, tk.dtype) && vec4(&va, tv.dtype));
     let rows_total = rows * kv_heads * tq.ne[3];
+    // f16 K and V with rows on 16 bytes: the f16 kernels (fattn_dec, fattn_mma).
+    let row16 = |a: &TArg| {
+        a.nb[0] == 2 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&s| s % 16 == 0)
+    };
+    let f16_kv = tk.dtype == DType::F16 && tv.dtype == DType::F16 && row16(&ka) && row16(&va);
+    if f16_kv && d == dv && rows <= DEC_ROWS && matches!(d, 64 | 128 | 256) {
+        return flash_attn_dec(enc, p, d, rows, base_blocks, nkv, rows_total);
+    }
+    if f16_kv && d == dv && matches!(d, 64 | 128) {
+        if mask_type != 0 {
+            let es = if mask_type == 2 { 2 } else { 4 };
+            // Pairs of mask values load together; f16 rows of 16 bytes are scanned 8 at a time.
+            let aligned = |n: i64| {
+                ma.nb[0] == es
+                    && ma.ptr.is_multiple_of(n as u64)
+                    && ma.nb[1..].iter().all(|&s| s % n == 0)
+            };
+            p.i[6] = i32::from(aligned(2 * es));
+            p.i[7] = i32::from(mask_type == 2 && aligned(16) && nkv.is_multiple_of(8));
+        }
+        return flash_attn_mma(enc, p, d, rows, kv_heads * tq.ne[3], nkv, rows_total);
+    }
     if rows <= VEC_ROWS && p.i[5] == 1 && (8..=256).contains(&dv) && dv.is_power_of_two() {
         return flash_attn_vec(
             enc,
@@ -108,17 +140,7 @@ pub(super) fn flash_attn(
     let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
-    if nsplit > 1 {
-        enc.launch(
-            "attention",
-            "fattn_combine",
-            [rows_total as u32, 1, 1],
-            [256, 1, 1],
-            0,
-            p,
-        )?;
-    }
-    Ok(())
+    combine(enc, p, nsplit, rows_total)
 }
 
 /// The decoding kernel (fattn_vec): `p` as for fattn (split count set here), `types` of K and
@@ -157,6 +179,80 @@ fn flash_attn_vec(
         smem as u32,
         p,
     )?;
+    combine(enc, p, nsplit, rows_total)
+}
+
+/// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
+/// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
+/// `nkv` keys, `rows_total` query rows in all.
+fn flash_attn_dec(
+    enc: &mut Encoder,
+    mut p: KParams,
+    d: usize,
+    rows: usize,
+    blocks: usize,
+    nkv: usize,
+    rows_total: usize,
+) -> Result<()> {
+    // Short splits, so that even a short cache gives the GPU several blocks per SM.
+    let nsplit = nkv
+        .div_ceil(DEC_MIN_KEYS)
+        .min((4 * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
+        .clamp(1, 256);
+    p.i[2] = nsplit as i32;
+    if nsplit > 1 {
+        p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
+    }
+    let name = format!("fattn_dec{d}_{}", if rows <= 4 { 4 } else { 8 });
+    let grid = [1, blocks as u32, nsplit as u32];
+    enc.launch("attention", &name, grid, [DEC_THREADS, 1, 1], 0, p)?;
+    combine(enc, p, nsplit, rows_total)
+}
+
+/// The f16 tensor-core kernel (fattn_mma): `p` as for fattn (mask alignment flags set, split
+/// count set here), head dim `d` (d == dv), `rows` query rows per KV head, `heads_b` KV heads
+/// times batches, `nkv` keys, `rows_total` query rows in all.
+fn flash_attn_mma(
+    enc: &mut Encoder,
+    mut p: KParams,
+    d: usize,
+    rows: usize,
+    heads_b: usize,
+    nkv: usize,
+    rows_total: usize,
+) -> Result<()> {
+    let tiles = rows.div_ceil(MMA_BQ);
+    let blocks = tiles * heads_b;
+    let sm = enc.dev.sm_count as usize;
+    // Split the keys only when the query tiles leave most SMs idle, keeping >= 4 tiles each.
+    let nsplit = if blocks >= sm {
+        1
+    } else {
+        sm.div_ceil(blocks)
+            .min(nkv.div_ceil(4 * MMA_BK))
+            .clamp(1, 256)
+    };
+    p.i[2] = nsplit as i32;
+    if nsplit > 1 {
+        p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
+    }
+    let smem = 2 * (MMA_BQ + 4 * MMA_BK) * (d + 8);
+    let cap = if p.f[1] != 0.0 { "_cap" } else { "" };
+    let name = format!("fattn_mma{d}{cap}");
+    let grid = [tiles as u32, heads_b as u32, nsplit as u32];
+    enc.launch(
+        "attention",
+        &name,
+        grid,
+        [DEC_THREADS, 1, 1],
+        smem as u32,
+        p,
+    )?;
+    combine(enc, p, nsplit, rows_total)
+}
+
+/// Merges the splits' partials (fattn_combine) when there is more than one split.
+fn combine(enc: &mut Encoder, p: KParams, nsplit: usize, rows_total: usize) -> Result<()> {
     if nsplit > 1 {
         enc.launch(
             "attention",

@@ -4,6 +4,8 @@
 // (elements are matched by coordinates), 0 otherwise (elements are matched by their index in
 // row-major order). Kernels:
 // - cpy_<src>_<dst>: between f32, f16 and bf16;
+// - cpy_flat_f32_f16: f32 into f16, both contiguous and 16-byte aligned, an element count that
+//   is a multiple of 4: four elements a thread;
 // - cpy_raw<bytes>: same-type copies of 1, 2, 4 or 8-byte elements (a quantized row is copied as
 //   bytes: the caller describes it with element size 1);
 // - quantize_<type>_<src>: f32/f16/bf16 into a contiguous quantized dst, one thread per block
@@ -136,3 +138,13 @@ DEQUANTIZE(q3_K, Q3_K)
 DEQUANTIZE(q4_K, Q4_K)
 DEQUANTIZE(q5_K, Q5_K)
 DEQUANTIZE(q6_K, Q6_K)
+
+KERNEL cpy_flat_f32_f16(const KParams p) {
+    const float4* s = (const float4*)p.t[1].ptr;
+    uint2* d = (uint2*)p.t[0].ptr;
+    const i64 n4 = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3] / 4;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
+        const float4 v = s[i];
+        d[i] = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+    }
+}

@@ -3,7 +3,12 @@
 // glu_<type>: t[0] dst, t[1] a, t[2] b. i[0]: 0 swiglu (silu), 1 geglu (gelu, tanh form).
 // i[2] = 1: gate is a and up is b (same shape as dst). i[2] = 0: each row of a holds both halves
 // (ne0 = 2 * dst ne0), gate first, or up first when i[1] (swapped) is set.
+//
+// glu_flat_f32: the two-source form for f32 gate, up and dst of one shape, all contiguous and
+// 16-byte aligned, with an element count that is a multiple of 4: four elements a thread.
 #include "common.cuh"
+
+__device__ __forceinline__ float glu_op(int op, float g, float u) { return (op == 0 ? act_silu(g) : act_gelu(g)) * u; }
 
 template <class T> __device__ void glu(const KParams& p) {
     const TArg& d = p.t[0];
@@ -20,9 +25,21 @@ template <class T> __device__ void glu(const KParams& p) {
             g = T::load(at(a, i0 + (swapped ? n : 0), i1, i2, i3));
             u = T::load(at(a, i0 + (swapped ? 0 : n), i1, i2, i3));
         }
-        T::store(at(d, i0, i1, i2, i3), (op == 0 ? act_silu(g) : act_gelu(g)) * u);
+        T::store(at(d, i0, i1, i2, i3), glu_op(op, g, u));
     }
 }
 
 KERNEL glu_f32(const KParams p) { glu<F32>(p); }
 KERNEL glu_f16(const KParams p) { glu<F16>(p); }
+
+KERNEL glu_flat_f32(const KParams p) {
+    const float4* g = (const float4*)p.t[1].ptr;
+    const float4* u = (const float4*)p.t[2].ptr;
+    float4* d = (float4*)p.t[0].ptr;
+    const i64 n4 = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3] / 4;
+    const int op = p.i[0];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
+        const float4 a = g[i], b = u[i];
+        d[i] = make_float4(glu_op(op, a.x, b.x), glu_op(op, a.y, b.y), glu_op(op, a.z, b.z), glu_op(op, a.w, b.w));
+    }
+}

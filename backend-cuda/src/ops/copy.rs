@@ -3,7 +3,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
 
-use super::{params, Encoder};
+use super::{flat4, params, Encoder};
 use crate::cmd::{Cmd, TArg};
 
 /// Float types a quantized destination can be made from on the GPU.
@@ -131,6 +131,12 @@ fn launch_copy(enc: &mut Encoder, name: &str, p: crate::cmd::KParams) -> Result<
 /// Converts `src` (any float type, any strides) into a contiguous tensor of type `to` in
 /// scratch memory; returns the new view.
 pub(super) fn to_contiguous(enc: &mut Encoder, src: TArg, from: DType, to: DType) -> Result<TArg> {
+    if let Some((s, d, end)) = enc.f16 {
+        if to == DType::F16 && s == src {
+            enc.node_scratch = enc.node_scratch.max(end);
+            return Ok(d);
+        }
+    }
     let n: i64 = src.ne.iter().product();
     let size = to.type_size() as i64;
     let ptr = enc.scratch((n * size) as usize);
@@ -145,11 +151,18 @@ pub(super) fn to_contiguous(enc: &mut Encoder, src: TArg, from: DType, to: DType
     }
     let mut p = params(d, &[src]);
     p.i[0] = 1;
-    enc.launch_elems(
-        "copy",
-        &format!("cpy_{}_{}", from.name(), to.name()),
-        d.ne,
-        p,
-    )?;
+    if from == DType::F32 && to == DType::F16 && flat4(&src, 4) {
+        enc.launch_flat("copy", "cpy_flat_f32_f16", n / 4, p)?;
+    } else {
+        enc.launch_elems(
+            "copy",
+            &format!("cpy_{}_{}", from.name(), to.name()),
+            d.ne,
+            p,
+        )?;
+    }
+    if to == DType::F16 {
+        enc.f16 = Some((src, d, enc.node_scratch));
+    }
     Ok(d)
 }

@@ -1,9 +1,9 @@
 //! Element-wise ops: unary functions, scale, clamp, binary ops with broadcasting, and gated
 //! linear units (kernels/unary.cu, binary.cu, glu.cu).
 
-use tessera_core::{BinaryOp, GluOp, Result, TensorId, UnaryOp};
+use tessera_core::{BinaryOp, DType, GluOp, Result, TensorId, UnaryOp};
 
-use super::{params, Encoder};
+use super::{flat4, params, Encoder};
 
 /// The function code of a unary op in kernels/unary.cu.
 pub(super) fn unary_code(u: UnaryOp) -> i32 {
@@ -52,11 +52,16 @@ pub(super) fn binary(enc: &mut Encoder, id: TensorId, op: BinaryOp) -> Result<()
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
     };
-    let name = format!(
-        "binary_{}_{}",
-        enc.graph.get(a).dtype.name(),
-        enc.graph.get(b).dtype.name()
-    );
+    let types = [t.dtype, enc.graph.get(a).dtype, enc.graph.get(b).dtype];
+    if types == [DType::F32; 3]
+        && p0.ne == d.ne
+        && p1.ne == d.ne
+        && [d, p0, p1].iter().all(|x| flat4(x, 4))
+    {
+        let n: i64 = d.ne.iter().product();
+        return enc.launch_flat("binary", "binary_flat_f32", n / 4, p);
+    }
+    let name = format!("binary_{}_{}", types[1].name(), types[2].name());
     enc.launch_elems("binary", &name, d.ne, p)
 }
 
@@ -74,6 +79,15 @@ pub(super) fn glu(enc: &mut Encoder, id: TensorId, op: GluOp, swapped: bool) -> 
     };
     p.i[1] = i32::from(swapped);
     p.i[2] = i32::from(split);
+    if split
+        && t.dtype == DType::F32
+        && a.ne == d.ne
+        && b.ne == d.ne
+        && [d, a, b].iter().all(|x| flat4(x, 4))
+    {
+        let n: i64 = d.ne.iter().product();
+        return enc.launch_flat("glu", "glu_flat_f32", n / 4, p);
+    }
     let name = format!("glu_{}", t.dtype.name());
     enc.launch_elems("glu", &name, d.ne, p)
 }

@@ -45,6 +45,10 @@ pub(crate) struct Encoder<'a> {
     /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
     /// one token), as long as no other node runs and no scratch is taken in between.
     pub q8: Option<(TensorId, (u64, u64))>,
+    /// The last activation converted to contiguous F16 for a GEMM (the source, the converted
+    /// copy in scratch, and where that copy ends in the node's scratch): reused by the next
+    /// mul_mat nodes that read the same source, as long as no other node runs in between.
+    pub f16: Option<(TArg, TArg, usize)>,
     /// The peer all-reduce group the backend joined and its rank, for all-reduce nodes.
     pub group: Option<(std::sync::Arc<crate::comm::peer::PeerGroup>, usize)>,
 }
@@ -75,6 +79,7 @@ impl<'a> Encoder<'a> {
             fuse,
             uses,
             q8: None,
+            f16: None,
             group: None,
         }
     }
@@ -91,6 +96,7 @@ impl<'a> Encoder<'a> {
             }
             if t.op != Op::MulMat {
                 self.q8 = None;
+                self.f16 = None;
             }
             if self.fuse {
                 let used = fused::try_fuse(self, nodes, i)?;
@@ -163,6 +169,10 @@ impl<'a> Encoder<'a> {
     pub(crate) fn scratch(&mut self, bytes: usize) -> u64 {
         self.q8 = None;
         let off = self.node_scratch;
+        if self.f16.is_some_and(|(_, _, end)| off < end) {
+            // This memory overlaps the converted activation kept for reuse.
+            self.f16 = None;
+        }
         self.node_scratch = (off + bytes).div_ceil(ALIGNMENT) * ALIGNMENT;
         self.scratch_need = self.scratch_need.max(self.node_scratch);
         self.scratch_base + off as u64
@@ -241,6 +251,17 @@ impl<'a> Encoder<'a> {
             what: format!("{} of '{}': {why}", t.op.name(), self.graph.label(id)),
         }
     }
+}
+
+/// Whether `a` is dense (contiguous, elements of `es` bytes) with a 16-byte aligned address and
+/// an element count that is a multiple of 4: what the `_flat` kernels read four at a time.
+pub(crate) fn flat4(a: &TArg, es: i64) -> bool {
+    a.nb[0] == es
+        && a.nb[1] == a.ne[0] * es
+        && a.nb[2] == a.nb[1] * a.ne[1]
+        && a.nb[3] == a.nb[2] * a.ne[2]
+        && a.ptr.is_multiple_of(16)
+        && a.ne.iter().product::<i64>() % 4 == 0
 }
 
 /// KParams with the destination and sources set.

@@ -1,8 +1,9 @@
 //! Op sequences that backends fuse into one kernel, as a model's graph holds them, so that each
 //! fused kernel is checked against the CPU's unfused ops: rms_norm times a weight (alone, and
 //! feeding quantized mat-vec products, which then take the norm's output already quantized),
-//! and a Llama block's rope of Q and K with the stores of K and V into their caches, read back
-//! by attention.
+//! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
+//! attention, and several products of one activation (Q, K and V of a prompt), which a backend
+//! may convert once for all of them.
 
 use tessera_core::{DType, RopeMode, RopeParams};
 
@@ -14,6 +15,28 @@ use crate::init::Init;
 pub(super) fn cases(v: &mut Vec<Case>) {
     rms_norm_mul(v);
     rope_kv(v);
+    shared_activation(v);
+}
+
+/// Three mul_mats of one prompt-sized activation by weights of different types, summed.
+fn shared_activation(v: &mut Vec<Case>) {
+    let types = [DType::Q4_0, DType::Q8_0, DType::F16];
+    v.push(Case::new(
+        "MUL_MAT_SHARED_B",
+        "types=[q4_0,q8_0,f16],k=256,m=64,n=16".to_string(),
+        &types,
+        Tolerance::MATMUL,
+        move |g| {
+            let x = g.leaf(DType::F32, &[256, 16])?;
+            let mut products = Vec::new();
+            for t in types {
+                let w = g.input(t, &[256, 64], Init::Uniform(-0.1, 0.1))?;
+                products.push(g.mul_mat(w, x)?);
+            }
+            let s = g.add(products[0], products[1])?;
+            g.add(s, products[2])
+        },
+    ));
 }
 
 /// rms_norm(x) * w, w one row broadcast over x's rows; with `mat` rows of quantized weights

@@ -109,26 +109,6 @@ impl CudaDevice {
     pub fn cuda_backend(&self) -> Result<CudaBackend> {
         CudaBackend::new(self.shared.clone())
     }
-
-    /// Compiles every kernel file now (in parallel, into the disk cache) instead of at first
-    /// use; files already cached are only read.
-    pub fn warm_up_kernels(&self) -> Result<()> {
-        let files: Vec<&'static str> = crate::kernels::kernel_files().collect();
-        std::thread::scope(|s| {
-            let jobs: Vec<_> = files
-                .iter()
-                .map(|&f| s.spawn(move || self.shared.kernels.cubin(f).map(|_| ())))
-                .collect();
-            jobs.into_iter().try_for_each(|j| {
-                j.join().unwrap_or_else(|_| {
-                    Err(tessera_core::Error::Device {
-                        device: self.shared.name.clone(),
-                        reason: "a kernel compile thread panicked".into(),
-                    })
-                })
-            })
-        })
-    }
 }
 
 impl Device for CudaDevice {
@@ -195,6 +175,41 @@ impl Device for CudaDevice {
             return Ok(None);
         };
         Ok(crate::CudaComm::new(devs)?.map(|c| Box::new(c) as Box<dyn tessera_core::Communicator>))
+    }
+
+    /// Compiles (or reads from the disk cache) and loads every kernel file, several files at
+    /// a time; `progress` counts files.
+    fn prepare(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+        let files: Vec<&'static str> = crate::kernels::kernel_files().collect();
+        let total = files.len();
+        progress(0, total);
+        let shared = &self.shared;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let workers = std::thread::available_parallelism()
+            .map_or(4, |n| n.get())
+            .min(total);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                let (tx, files, next) = (tx.clone(), &files, &next);
+                s.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&f) = files.get(i) else { break };
+                    if tx.send(shared.kernels.load(&shared.ctx, f)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            let mut first_err = None;
+            for (done, r) in rx.iter().enumerate() {
+                progress(done + 1, total);
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        })
     }
 
     fn as_any(&self) -> &dyn Any {

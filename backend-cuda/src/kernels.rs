@@ -332,6 +332,11 @@ impl KernelSet {
         Ok(m)
     }
 
+    /// Compiles (or reads from the cache) and loads file `file` if not loaded yet.
+    pub(crate) fn load(&self, ctx: &Arc<CudaContext>, file: &'static str) -> Result<()> {
+        self.module(ctx, file).map(|_| ())
+    }
+
     /// Kernel `name` of file `file`, with its name kept for errors.
     pub(crate) fn func(
         &self,

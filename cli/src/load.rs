@@ -112,10 +112,23 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     }
 }
 
+/// Compiles and loads the device's GPU kernels now (from the disk cache after the first run),
+/// with a progress bar, rather than one file at a time during the first steps.
+pub fn prepare(dev: &Arc<dyn Device>) -> Result<()> {
+    let pb = progress::count_bar(&format!("preparing kernels for {}", dev.name()));
+    let r = dev.prepare(&mut |done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    });
+    pb.finish_and_clear();
+    r
+}
+
 /// Loads the model on the chosen device, with a progress bar for the weights.
 pub fn load(args: &ModelArgs) -> Result<Arc<Model>> {
     let path = model_path(args)?;
     let (dev, fallback) = devices(args)?;
+    prepare(&dev)?;
     let pb = progress::bytes_bar(&format!("loading onto {}", dev.name()));
     let model = Model::load(&path, dev, fallback, &mut |done, total| {
         pb.set_length(total);

@@ -15,6 +15,18 @@ pub fn bytes_bar(msg: &str) -> ProgressBar {
     pb
 }
 
+/// A counting progress bar on stderr with a message (steps done of a total).
+pub fn count_bar(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
 /// A callback for the test model's fetch, drawing a spinner then a byte bar.
 pub fn fetch_reporter(pb: &ProgressBar) -> impl FnMut(FetchProgress) + '_ {
     move |p| match p {

@@ -116,6 +116,13 @@ pub trait Device: Send + Sync {
     fn parts(&self) -> Vec<Arc<dyn Device>> {
         Vec::new()
     }
+    /// Does now the work the device would otherwise do at the first use of its ops (compiling
+    /// and loading GPU kernels), calling `progress(done, total)` as steps finish, so that a
+    /// caller can show it and the first computation starts at full speed. Nothing to do by
+    /// default; a meta device prepares its parts one after another (each counting from 0).
+    fn prepare(&self, _progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+        Ok(())
+    }
     /// A communicator that all-reduces over `devices` (all of this device's backend kind),
     /// where the backend has one (NCCL for CUDA). `Ok(None)`: use the generic path.
     fn communicator(&self, _devices: &[Arc<dyn Device>]) -> Result<Option<Box<dyn Communicator>>> {

@@ -17,7 +17,7 @@ pub fn cuda() -> Option<Arc<dyn Device>> {
         Ok(d) if !d.is_empty() => {
             WARM.call_once(|| {
                 let t = std::time::Instant::now();
-                concrete(&d[0]).warm_up_kernels().expect("kernels compile");
+                d[0].prepare(&mut |_, _| {}).expect("kernels compile");
                 eprintln!("kernels ready in {:.2} s", t.elapsed().as_secs_f64());
             });
             Some(d[0].clone())

@@ -320,6 +320,13 @@ impl Device for MetaDevice {
         self.shared.parts.clone()
     }
 
+    fn prepare(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+        self.shared
+            .parts
+            .iter()
+            .try_for_each(|p| p.prepare(&mut *progress))
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

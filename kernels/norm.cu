@@ -79,12 +79,15 @@ KERNEL rms_norm_mul_vec_f32(const KParams p) {
     float4* y = (float4*)at(p.t[0], 0, i1, i2, i3);
     const float4* w = (const float4*)p.t[2].ptr;
     const int n4 = (int)(s.ne[0] / 4);
-    float4 v[NORM_VEC];
+    // The weights load with the row, not after the reduction: one memory wait, not two.
+    float4 v[NORM_VEC], wv[NORM_VEC];
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_VEC; j++) {
         const int c = threadIdx.x + j * blockDim.x;
-        v[j] = c < n4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const bool in = c < n4;
+        v[j] = in ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wv[j] = in ? w[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
     sum = block_sum(sum);
@@ -96,8 +99,8 @@ KERNEL rms_norm_mul_vec_f32(const KParams p) {
         if (j * blockDim.x >= n4) break;  // the same for the whole block
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c < n4) {
-            const float4 wv = w[c];
-            o = make_float4(v[j].x * scale * wv.x, v[j].y * scale * wv.y, v[j].z * scale * wv.z, v[j].w * scale * wv.w);
+            o = make_float4(v[j].x * scale * wv[j].x, v[j].y * scale * wv[j].y, v[j].z * scale * wv[j].z,
+                            v[j].w * scale * wv[j].w);
             y[c] = o;
         }
         if (q8) {

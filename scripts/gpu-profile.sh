@@ -3,11 +3,13 @@
 # a synthetic Llama-8B-shape Q4_0 model, `tessera bench` and a per-kernel profile of the prompt
 # and of decoding (TESSERA_CUDA_PROFILE=1: GPU time per kernel name inside the captured graphs,
 # and the host's encoding time per step). Logs go under $OUT; the profiles and a short table are
-# printed last.
+# printed last. Two more steps on request: startup (wall time of `tessera generate --max-tokens 1`
+# with a warm kernel cache: an upper bound of the time to the first token) and sanitize (the CUDA
+# suite under compute-sanitizer's memcheck).
 #
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
-# /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: all of
-# ops perf bench profile).
+# /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
+# bench profile; also startup, sanitize).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
@@ -54,6 +56,22 @@ if has profile; then
       grep -A24 'profile of' "$log" | sed 's/^.*\] //' | head -26
     done
   done
+fi
+
+if has startup; then
+  # The first run fills the kernel cache; the next ones start warm.
+  for i in 1 2 3; do
+    t0=$(date +%s.%N)
+    $BIN generate --model "$MODEL" --device "$DEV" --max-tokens 1 --temp 0 --prompt "Hello" > "$OUT/startup-$i.log" 2>&1
+    t1=$(date +%s.%N)
+    echo "startup run $i (generate --max-tokens 1, wall) | $(echo "$t1 - $t0" | bc) s" | tee -a "$SUMMARY"
+  done
+fi
+
+if has sanitize; then
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 540 "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" > "$OUT/sanitize.log" 2>&1
+  echo "compute-sanitizer memcheck, ops test | $(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log") | $(grep -E '[0-9]+ passed' "$OUT/sanitize.log" | tail -1)" | tee -a "$SUMMARY"
 fi
 
 echo "== summary"

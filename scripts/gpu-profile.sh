@@ -64,7 +64,7 @@ if has startup; then
     t0=$(date +%s.%N)
     $BIN generate --model "$MODEL" --device "$DEV" --max-tokens 1 --temp 0 --prompt "Hello" > "$OUT/startup-$i.log" 2>&1
     t1=$(date +%s.%N)
-    echo "startup run $i (generate --max-tokens 1, wall) | $(echo "$t1 - $t0" | bc) s" | tee -a "$SUMMARY"
+    echo "startup run $i (generate --max-tokens 1, wall) | $(python3 -c "print(round($t1 - $t0, 3))") s" | tee -a "$SUMMARY"
   done
 fi
 

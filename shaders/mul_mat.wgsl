@@ -368,6 +368,298 @@ fn mat_vec(
 #endif
 }
 
+// ---- mat_vec_q ----
+//
+// The mat-vec of the quantized types it knows (MVQ: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) in integer
+// dot products. The src1 column is quantized, KC values at a time, into workgroup memory: 8-bit
+// integers (four to a word, 16 to a vec4) with one f32 scale per 32 values, the largest
+// magnitude mapped to 127. Each part of a weight block (TPB parts per QB-value block) is then
+// multiplied with it four values per dot4I8Packed (one instruction where the device has integer
+// dot products) in i32, and scaled once per part in f32. Invocation li takes parts li, li + WG,
+// ... of the chunk's blocks for every one of its workgroup's ROWS rows, so that the column's
+// words, read once per part, serve the ROWS rows. Parts: Q4_0 and Q4_1 a whole block of 32;
+// Q8_0 half a block; Q4_K a 16-byte run of nibbles (16 values of two 32-value sub-blocks);
+// Q6_K 16 positions of a 128-value half (64 values of four 16-value sub-blocks).
+#if MVQ
+const KC: u32 = {{KC}}u;
+var<workgroup> yq: array<vec4<u32>, KC / 16u>;
+var<workgroup> yd: array<f32, KC / 32u>;
+#if SUBGROUPS
+// Per-subgroup partial sums of each row (subgroups have at least 4 invocations).
+var<workgroup> qparts: array<f32, ROWS * {{WG}}u / 4u>;
+#endif
+
+// The largest magnitude in v.
+fn amax4(v: vec4<f32>) -> f32 {
+    let a = abs(v);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// v times s, rounded, as four signed bytes.
+fn q8x4(v: vec4<f32>, s: f32) -> u32 {
+    return pack4xI8(vec4<i32>(round(v * s)));
+}
+
+// Quantizes values k0 .. k0 + KC of the src1 column at byte yb (zeros past the row's end) into
+// yq and yd.
+fn quantize_y(yb: u32, k0: u32, li: u32) {
+    let n = min(KC, P.s0.ne.x - k0);
+#if SUBGROUPS
+    // Two neighbouring invocations per 32 values, 16 each, their largest magnitude shared
+    // through the subgroup; every invocation runs the same number of steps.
+    let steps = (n + 16u * {{WG}}u - 1u) / (16u * {{WG}}u);
+    for (var s = 0u; s < steps; s++) {
+        let i = s * {{WG}}u + li;
+        let e = k0 + 16u * i;
+        let v0 = yquad(yb, e);
+        let v1 = yquad(yb, e + 4u);
+        let v2 = yquad(yb, e + 8u);
+        let v3 = yquad(yb, e + 12u);
+        var a = max(max(amax4(v0), amax4(v1)), max(amax4(v2), amax4(v3)));
+        a = max(a, subgroupShuffleXor(a, 1u));
+        let inv = select(0.0, 127.0 / a, a > 0.0);
+        if i < KC / 16u {
+            yq[i] = vec4<u32>(q8x4(v0, inv), q8x4(v1, inv), q8x4(v2, inv), q8x4(v3, inv));
+            if (i & 1u) == 0u {
+                yd[i / 2u] = a / 127.0;
+            }
+        }
+    }
+#else
+    // One invocation per 32 values.
+    for (var i = li; i < (n + 31u) / 32u; i += {{WG}}u) {
+        var v: array<vec4<f32>, 8>;
+        var a = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            v[j] = yquad(yb, k0 + 32u * i + 4u * j);
+            a = max(a, amax4(v[j]));
+        }
+        let inv = select(0.0, 127.0 / a, a > 0.0);
+        yq[2u * i] = vec4<u32>(q8x4(v[0], inv), q8x4(v[1], inv), q8x4(v[2], inv), q8x4(v[3], inv));
+        yq[2u * i + 1u] = vec4<u32>(q8x4(v[4], inv), q8x4(v[5], inv), q8x4(v[6], inv), q8x4(v[7], inv));
+        yd[i] = a / 127.0;
+    }
+#endif
+}
+
+// The vec4s of the column (16 values each) that one part multiplies.
+fn y_vecs() -> u32 {
+    switch T0 {
+        case 8u: {
+            return 1u;
+        }
+        case 14u: {
+            return 4u;
+        }
+        default: {
+            return 2u;
+        }
+    }
+}
+
+// The index in yq of the g-th vec4 of the column that part t of block bl of the chunk multiplies.
+fn y_at(bl: u32, t: u32, g: u32) -> u32 {
+    let base = bl * (QB / 16u);
+    switch T0 {
+        case 8u: {
+            // Q8_0: values 16t ..
+            return base + t;
+        }
+        case 12u: {
+            // Q4_K: values 64 (t / 2) + 16 (t % 2) .. and 32 further.
+            return base + 4u * (t / 2u) + 2u * g + t % 2u;
+        }
+        case 14u: {
+            // Q6_K: values 128 (t / 2) + 16 (t % 2) .. and 32, 64, 96 further.
+            return base + 8u * (t / 2u) + 2u * g + t % 2u;
+        }
+        default: {
+            // Q4_0, Q4_1: the block's 32 values.
+            return base + g;
+        }
+    }
+}
+
+// The column's side of a part: its vec4s of 8-bit values, their scales and their sums.
+struct YPart {
+    q: array<vec4<u32>, 4>,
+    d: vec4<f32>,
+    s: vec4<i32>,
+}
+
+// The dot product of 16 signed bytes with 16 others.
+fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
+}
+
+// The column's side of part t of block bl of the chunk.
+fn y_part(bl: u32, t: u32) -> YPart {
+    var y: YPart;
+    for (var g = 0u; g < y_vecs(); g++) {
+        let i = y_at(bl, t, g);
+        y.q[g] = yq[i];
+        y.d[g] = yd[i / 2u];
+        y.s[g] = dot16(y.q[g], vec4<u32>(0x01010101u));
+    }
+    return y;
+}
+
+// The four words from the even byte b of src0, whatever its word alignment: five loads and
+// a funnel shift, with no branch (the fifth is clamped to the binding's last word).
+fn run4(b: u32) -> vec4<u32> {
+    let i = b >> 2u;
+    let lo = vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
+    let hi = vec4<u32>(lo.yzw, s0w(min(i + 4u, last0())));
+    return select(lo, (lo >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), (b & 2u) != 0u);
+}
+
+// The 16 bytes from byte b of src0, a multiple of 16 (with A4, one 16-byte load).
+fn run16(b: u32) -> vec4<u32> {
+#if A4
+    return src0[b >> 4u];
+#else
+    let i = b >> 2u;
+    return vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
+#endif
+}
+
+// The dot product of part t of block b of the src0 row at byte r with the column's part y.
+fn part_dot_q(r: u32, b: u32, t: u32, y: YPart) -> f32 {
+    let m4 = vec4<u32>(0x0f0f0f0fu);
+    let s4 = vec4<u32>(4u);
+    switch T0 {
+        case 2u: {
+            // Q4_0: f16 d, 16 bytes of nibbles (byte j: values j and j + 16), value - 8.
+            let bb = r + 18u * b;
+            let q = run4(bb + 2u);
+            let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
+            return half0(bb) * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
+        }
+        case 3u: {
+            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
+            let w = (r + 20u * b) >> 2u;
+            let dm = halves(s0w(w));
+            let q = vec4<u32>(s0w(w + 1u), s0w(w + 2u), s0w(w + 3u), s0w(w + 4u));
+            let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
+            return y.d.x * (dm.x * f32(s) + dm.y * f32(y.s.x + y.s.y));
+        }
+        case 8u: {
+            // Q8_0: f16 d, 32 x i8; part t is values 16t .. 16t + 15.
+            let bb = r + 34u * b;
+            return half0(bb) * y.d.x * f32(dot16(run4(bb + 2u + 16u * t), y.q[0]));
+        }
+        case 12u: {
+            // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+            // (32 bytes per 64 values, the low nibbles the first 32); part t is bytes
+            // 16 (t % 2) .. + 15 of 64-value group j = t / 2, in sub-blocks 2j and 2j + 1.
+            let bb = r + 144u * b;
+            let j = t / 2u;
+            let h = run16(bb);
+            let q = run16(bb + 16u + 32u * j + 16u * (t % 2u));
+            let dm = halves(h.x);
+            let sa = sm_k(h.yzw, 2u * j);
+            let sb = sm_k(h.yzw, 2u * j + 1u);
+            let ia = f32(dot16(q & m4, y.q[0]));
+            let ib = f32(dot16((q >> s4) & m4, y.q[1]));
+            let mins = sa.y * y.d.x * f32(y.s.x) + sb.y * y.d.y * f32(y.s.y);
+            return dm.x * (sa.x * y.d.x * ia + sb.x * y.d.y * ib) - dm.y * mins;
+        }
+        case 14u: {
+            // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 i8 scales, f16 d;
+            // value (low | high << 4) - 32. Half n = t / 2 has low nibbles at 64n (values
+            // l and l + 64) and 64n + 32 (l + 32, l + 96), high bits at 128 + 32n (values l,
+            // l + 32, l + 64, l + 96 from bit 0, 2, 4, 6); part t takes l = 16 (t % 2) .. + 15.
+            let bb = r + 210u * b;
+            let n = t / 2u;
+            let l = 16u * (t % 2u);
+            let ql0 = run4(bb + 64u * n + l);
+            let ql1 = run4(bb + 64u * n + 32u + l);
+            let qh = run4(bb + 128u + 32u * n + l);
+            let m2 = vec4<u32>(0x03030303u);
+            let i0 = dot16((ql0 & m4) | ((qh & m2) << s4), y.q[0]) - 32 * y.s.x;
+            let i1 = dot16((ql1 & m4) | (((qh >> vec4<u32>(2u)) & m2) << s4), y.q[1]) - 32 * y.s.y;
+            let i2 = dot16(((ql0 >> s4) & m4) | (((qh >> s4) & m2) << s4), y.q[2]) - 32 * y.s.z;
+            let i3 = dot16(((ql1 >> s4) & m4) | (((qh >> vec4<u32>(6u)) & m2) << s4), y.q[3]) - 32 * y.s.w;
+            let sc = bb + 192u + 8u * n + t % 2u;
+            let scales = vec4<f32>(i8_0(sc), i8_0(sc + 2u), i8_0(sc + 4u), i8_0(sc + 6u));
+            return half0(bb + 208u) * dot(vec4<f32>(f32(i0), f32(i1), f32(i2), f32(i3)) * y.d, scales);
+        }
+        default: {
+            return 0.0;
+        }
+    }
+}
+
+// One workgroup per ROWS rows of one column of dst (u.x workgroups in all).
+@compute @workgroup_size({{WG}})
+fn mat_vec_q(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sli: u32,
+    @builtin(subgroup_size) ssz: u32,
+#endif
+) {
+    let o = group(wg, nwg);
+    if o >= P.u.x {
+        return;
+    }
+    let mm = P.d.ne.x;
+    let kk = P.s0.ne.x;
+    let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+    let m0 = c.x * ROWS;
+    let yb = col1(c.y, c.z, c.w);
+    // Rows past the end repeat the last row (their sums are not stored).
+    var rb: array<u32, ROWS>;
+    var acc: array<f32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        rb[r] = row0(min(m0 + r, mm - 1u), c.z, c.w);
+        acc[r] = 0.0;
+    }
+    for (var k0 = 0u; k0 < kk; k0 += KC) {
+        // The previous chunk's parts are done with yq before it is overwritten.
+        workgroupBarrier();
+        quantize_y(yb, k0, li);
+        workgroupBarrier();
+        let np = (min(KC, kk - k0) / QB) * TPB;
+        for (var p = li; p < np; p += {{WG}}u) {
+            let bl = p / TPB;
+            let t = p % TPB;
+            let y = y_part(bl, t);
+            let b = k0 / QB + bl;
+            for (var r = 0u; r < ROWS; r++) {
+                acc[r] += part_dot_q(rb[r], b, t, y);
+            }
+        }
+    }
+#if SUBGROUPS
+    let nsg = ({{WG}}u + ssz - 1u) / ssz;
+    for (var r = 0u; r < ROWS; r++) {
+        let part = subgroupAdd(acc[r]);
+        if sli == 0u {
+            qparts[r * nsg + li / ssz] = part;
+        }
+    }
+    workgroupBarrier();
+    if li < ROWS && m0 + li < mm {
+        var s = 0.0;
+        for (var i = 0u; i < nsg; i++) {
+            s += qparts[li * nsg + i];
+        }
+        st(P.off.x + at(vec4<u32>(m0 + li, c.yzw), P.d.nb), s);
+    }
+#else
+    for (var r = 0u; r < ROWS; r++) {
+        let s = wg_sum(acc[r], li);
+        if li == 0u && m0 + r < mm {
+            st(P.off.x + at(vec4<u32>(m0 + r, c.yzw), P.d.nb), s);
+        }
+    }
+#endif
+}
+#endif
+
 // ---- mat_mat ----
 //
 // A workgroup of 256 invocations computes a BM x BN tile of dst, stepping through k in BK-deep

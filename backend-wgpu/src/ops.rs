@@ -123,6 +123,25 @@ pub(crate) const MV_ROWS: u32 = 4;
 pub(crate) const MV_WG: u32 = 256;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
+/// Weight types the integer-dot mat-vec (`mat_vec_q` in `shaders/mul_mat.wgsl`) reads.
+const MVQ_TYPES: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+];
+/// Rows per integer-dot mat-vec workgroup: the most of these that still gives MVQ_GROUPS
+/// workgroups (more rows share each quantized column; fewer give more workgroups).
+const MVQ_ROWS: [u32; 4] = [16, 8, 4, 2];
+/// Workgroups per column the integer-dot mat-vec aims for (about two per core of a large GPU).
+const MVQ_GROUPS: usize = 256;
+/// Invocations per integer-dot mat-vec workgroup: the parts of a row, rounded up to a power of
+/// two within these bounds (fewer parts than invocations leave invocations idle).
+const MVQ_WG: (u32, u32) = (64, 256);
+/// Values of the column quantized into workgroup memory per step: the larger where the
+/// adapter's workgroup memory holds it.
+const MVQ_KC: [u32; 2] = [4096, 16384];
 
 /// Why a node cannot run here.
 fn unsupported(gpu: &Gpu, graph: &Graph, id: TensorId, why: impl std::fmt::Display) -> Error {
@@ -436,7 +455,25 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     },
                     Bind::whole(t.src[1]),
                 ];
-                if t.ne[1] <= MAT_VEC_MAX_N {
+                let mvq = (t.ne[1] <= MAT_VEC_MAX_N)
+                    .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc))
+                    .flatten();
+                if let Some((rows, wg, kc, a4)) = mvq {
+                    let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+                    p.u[0] = groups as u32;
+                    let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
+                    let v = mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4)
+                        .def("ROWS", rows)
+                        .def("WG", wg)
+                        .def("KC", kc);
+                    out.push(PlanOut {
+                        variant: v,
+                        bind,
+                        params: p,
+                        groups,
+                        groups_3d: None,
+                    });
+                } else if t.ne[1] <= MAT_VEC_MAX_N {
                     let (mv_rows, mv_wg) = gpu.mat_vec;
                     let groups = rc.div_ceil(mv_rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
@@ -821,6 +858,108 @@ fn mat_vec_variant(a: DType, b: DType, subgroups: bool, aligned: bool, y4: bool)
         .ty("T1", b)
 }
 
+/// Values per block and parts per block of the integer-dot mat-vec for weights of type `a`
+/// (see `mat_vec_q` in `shaders/mul_mat.wgsl`).
+fn mvq_parts(a: DType) -> (u32, u32) {
+    match a {
+        DType::Q8_0 => (32, 2),
+        DType::Q4_K => (256, 8),
+        DType::Q6_K => (256, 4),
+        _ => (32, 1),
+    }
+}
+
+/// The integer-dot mat-vec's shape setting: `None` (the default: on), `Some(None)`
+/// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or `Some(Some((ROWS, WG)))`
+/// (TESSERA_WGPU_MVQ=ROWS,WG: that shape for every product, for tuning on a new GPU).
+fn mvq_setting() -> Option<Option<(u32, u32)>> {
+    static SETTING: std::sync::OnceLock<Option<Option<(u32, u32)>>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        let v = std::env::var("TESSERA_WGPU_MVQ").ok()?;
+        if v.trim() == "0" {
+            return Some(None);
+        }
+        let parsed = v.split_once(',').and_then(|(r, w)| {
+            let (r, w) = (r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?);
+            (MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w))
+                .then_some((r, w))
+        });
+        if parsed.is_none() {
+            log::warn!("wgpu: TESSERA_WGPU_MVQ={v} is not 0 or ROWS,WG (ROWS one of {MVQ_ROWS:?}, WG a power of two from 32 to 1024); using the defaults");
+            return None;
+        }
+        Some(parsed)
+    })
+}
+
+/// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
+/// integer-dot mat-vec, and its (ROWS, WG, KC, A4): a weight type of [`MVQ_TYPES`] whose rows
+/// start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte
+/// words), on a device whose limits hold the workgroup.
+fn mat_vec_q_shape(
+    gpu: &Gpu,
+    graph: &Graph,
+    t: &Tensor,
+    r0: usize,
+    rows: usize,
+) -> Option<(u32, u32, u32, bool)> {
+    let setting = mvq_setting();
+    if setting == Some(None) {
+        return None;
+    }
+    let a = graph.get(t.src[0]);
+    if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
+        return None;
+    }
+    let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+    let (qb, tpb) = mvq_parts(a.dtype);
+    let parts = a.ne[0] / qb as usize * tpb as usize;
+    let (nr, wg) = setting.flatten().unwrap_or_else(|| {
+        let nr = MVQ_ROWS
+            .into_iter()
+            .find(|&r| rows.div_ceil(r as usize) >= MVQ_GROUPS)
+            .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
+        let wg = (parts.next_power_of_two() as u32).clamp(MVQ_WG.0, MVQ_WG.1);
+        (nr, wg)
+    });
+    let l = &gpu.limits;
+    if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
+        return None;
+    }
+    let kc = mvq_kc(l.max_compute_workgroup_storage_size, nr, wg)?;
+    Some((nr, wg, kc, a4))
+}
+
+/// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales), per-row
+/// partial sums (ROWS x WG / 4 f32) and reduction scratch (WG f32) fit `wg_mem` bytes.
+fn mvq_kc(wg_mem: u32, rows: u32, wg: u32) -> Option<u32> {
+    MVQ_KC
+        .into_iter()
+        .rev()
+        .find(|&kc| kc + kc / 8 + rows * wg + 4 * wg <= wg_mem)
+}
+
+/// The integer-dot mat-vec variant for weights of type `a` (one of [`MVQ_TYPES`]) and
+/// activations of type `b`; `a4` and `y4` as in [`mat_vec_q_shape`] and [`mat_vec_variant`].
+/// ROWS, WG and KC are set by the caller.
+fn mat_vec_q_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Variant {
+    let (qb, tpb) = mvq_parts(a);
+    Variant::new(Family::MulMat, "mat_vec_q")
+        .def("MVQ", 1)
+        .def("QUANT", 1)
+        .def("SUBGROUPS", u32::from(subgroups))
+        .def("A4", u32::from(a4))
+        .def("Y4", u32::from(y4))
+        .def("QB", qb)
+        .def("TPB", tpb)
+        .def("BM", MM_TILES[0].0)
+        .def("BN", MM_TILES[0].1)
+        .def("BK", MM_BK[0])
+        .def("HK", MM_BK[0])
+        .ty("T0", a)
+        .ty("T1", b)
+}
+
 /// Whether the tiled mat-mat computes weights of type `a` in f16 (H16) on a device where it
 /// may (`enabled`: `Gpu::mat_mat_f16`, SHADER_F16 and asked for): f16 and quantized weights do
 /// (their values are f16 or dequantize from f16 scales), f32 and bf16 weights (whose precision
@@ -989,6 +1128,25 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                         v.push(mat_vec_variant(a, b, subgroups, aligned, false));
                         if b == DType::F32 {
                             v.push(mat_vec_variant(a, b, subgroups, aligned, true));
+                        }
+                    }
+                }
+                if MVQ_TYPES.contains(&a) {
+                    for b in [DType::F32, DType::F16] {
+                        for (a4, y4) in [(false, false), (false, true), (true, true)] {
+                            if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
+                                continue;
+                            }
+                            for (rows, wg) in [(16, 256), (2, 64)] {
+                                for kc in MVQ_KC {
+                                    v.push(
+                                        mat_vec_q_variant(a, b, subgroups, a4, y4)
+                                            .def("ROWS", rows)
+                                            .def("WG", wg)
+                                            .def("KC", kc),
+                                    );
+                                }
+                            }
                         }
                     }
                 }

@@ -375,19 +375,18 @@ fn mat_vec(
 // integers (four to a word, 16 to a vec4) with one f32 scale per 32 values, the largest
 // magnitude mapped to 127. Each part of a weight block (TPB parts per QB-value block) is then
 // multiplied with it four values per dot4I8Packed (one instruction where the device has integer
-// dot products) in i32, and scaled once per part in f32. Invocation li takes parts li, li + WG,
-// ... of the chunk's blocks for every one of its workgroup's ROWS rows, so that the column's
-// words, read once per part, serve the ROWS rows. Parts: Q4_0 and Q4_1 a whole block of 32;
-// Q8_0 half a block; Q4_K a 16-byte run of nibbles (16 values of two 32-value sub-blocks);
-// Q6_K 16 positions of a 128-value half (64 values of four 16-value sub-blocks).
+// dot products) in i32, and scaled once per part in f32. A workgroup takes ROWS rows of one
+// column, TPR invocations per row (WG = ROWS x TPR): invocation j of a row takes its parts j,
+// j + TPR, ..., and loads the raw words of its next part before it computes the current one
+// (the first before the column is quantized), so that two parts per invocation are in flight.
+// Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
+// (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
+// four 16-value sub-blocks).
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
 var<workgroup> yd: array<f32, KC / 32u>;
-#if SUBGROUPS
-// Per-subgroup partial sums of each row (subgroups have at least 4 invocations).
-var<workgroup> qparts: array<f32, ROWS * {{WG}}u / 4u>;
-#endif
+const TPR: u32 = {{TPR}}u;
 
 // The largest magnitude in v.
 fn amax4(v: vec4<f32>) -> f32 {
@@ -504,13 +503,27 @@ fn y_part(bl: u32, t: u32) -> YPart {
     return y;
 }
 
-// The four words from the even byte b of src0, whatever its word alignment: five loads and
-// a funnel shift, with no branch (the fifth is clamped to the binding's last word).
-fn run4(b: u32) -> vec4<u32> {
-    let i = b >> 2u;
-    let lo = vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
-    let hi = vec4<u32>(lo.yzw, s0w(min(i + 4u, last0())));
-    return select(lo, (lo >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), (b & 2u) != 0u);
+// The raw words of one part of a weight block, as loaded: nothing here is used before the
+// part is computed, so that the loads of the next part overlap the current one's arithmetic.
+// a, b, c: runs of four words (2-byte aligned runs: from the word that holds their first
+// byte, the word after each in x); s: further words (scales, d).
+struct WPart {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: vec4<u32>,
+    x: vec4<u32>,
+    s: vec4<u32>,
+}
+
+// Four words of src0 from word i.
+fn words4(i: u32) -> vec4<u32> {
+    return vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
+}
+
+// Word i of src0, clamped to the binding's last word (for the word after a run whose last
+// bytes end the binding).
+fn word_c(i: u32) -> u32 {
+    return s0w(min(i, last0()));
 }
 
 // The 16 bytes from byte b of src0, a multiple of 16 (with A4, one 16-byte load).
@@ -518,71 +531,139 @@ fn run16(b: u32) -> vec4<u32> {
 #if A4
     return src0[b >> 4u];
 #else
-    let i = b >> 2u;
-    return vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
+    return words4(b >> 2u);
 #endif
 }
 
-// The dot product of part t of block b of the src0 row at byte r with the column's part y.
-fn part_dot_q(r: u32, b: u32, t: u32, y: YPart) -> f32 {
+// The four words from the even byte b of a run loaded as w (from word b / 4) and x (the word
+// after): w itself where b is a multiple of 4, else shifted by two bytes.
+fn funnel(w: vec4<u32>, x: u32, b: u32) -> vec4<u32> {
+    let hi = vec4<u32>(w.yzw, x);
+    return select(w, (w >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), (b & 2u) != 0u);
+}
+
+// Loads part t of block b of the src0 row at byte r.
+fn load_part(r: u32, b: u32, t: u32) -> WPart {
+    var w: WPart;
+    switch T0 {
+        case 2u: {
+            // Q4_0: f16 d, 16 bytes of nibbles.
+            let bb = r + 18u * b;
+            let i = (bb + 2u) >> 2u;
+            w.a = words4(i);
+            w.x.x = word_c(i + 4u);
+            w.s.x = s0w(bb >> 2u);
+        }
+        case 3u: {
+            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
+            let i = (r + 20u * b) >> 2u;
+            w.s.x = s0w(i);
+            w.a = words4(i + 1u);
+        }
+        case 8u: {
+            // Q8_0: f16 d, 32 x i8.
+            let bb = r + 34u * b;
+            let i = (bb + 2u + 16u * t) >> 2u;
+            w.a = words4(i);
+            w.x.x = word_c(i + 4u);
+            w.s.x = s0w(bb >> 2u);
+        }
+        case 12u: {
+            // Q4_K: the 16-byte head (d, dmin, scales) and 16 bytes of nibbles.
+            let bb = r + 144u * b;
+            w.a = run16(bb);
+            w.b = run16(bb + 16u + 32u * (t / 2u) + 16u * (t % 2u));
+        }
+        case 14u: {
+            // Q6_K: three runs (low nibbles twice, high bits), the words of the four scales,
+            // and the word of d.
+            let bb = r + 210u * b;
+            let n = t / 2u;
+            let l = 16u * (t % 2u);
+            let i0 = (bb + 64u * n + l) >> 2u;
+            let i1 = (bb + 64u * n + 32u + l) >> 2u;
+            let i2 = (bb + 128u + 32u * n + l) >> 2u;
+            w.a = words4(i0);
+            w.b = words4(i1);
+            w.c = words4(i2);
+            w.x = vec4<u32>(word_c(i0 + 4u), word_c(i1 + 4u), word_c(i2 + 4u), 0u);
+            let sc = (bb + 192u + 8u * n + t % 2u) >> 2u;
+            w.s = vec4<u32>(s0w(sc), s0w(sc + 1u), word_c(sc + 2u), s0w((bb + 208u) >> 2u));
+        }
+        default: {}
+    }
+    return w;
+}
+
+// The f16 at byte b held in word w, as f32.
+fn half_in(w: u32, b: u32) -> f32 {
+    return half(w >> ((b & 2u) * 8u));
+}
+
+// The i8 at byte offset o (0..11) of the 12 bytes in s, as f32.
+fn i8_in(s: vec3<u32>, o: u32) -> f32 {
+    return f32(bitcast<i32>(byte12(s, o) << 24u) >> 24u);
+}
+
+// The dot product of part t of block b of the src0 row at byte r, loaded as w, with the
+// column's part y.
+fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
     let m4 = vec4<u32>(0x0f0f0f0fu);
     let s4 = vec4<u32>(4u);
     switch T0 {
         case 2u: {
-            // Q4_0: f16 d, 16 bytes of nibbles (byte j: values j and j + 16), value - 8.
+            // Q4_0: byte j of the nibbles holds values j and j + 16; value - 8.
             let bb = r + 18u * b;
-            let q = run4(bb + 2u);
+            let q = funnel(w.a, w.x.x, bb + 2u);
             let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
-            return half0(bb) * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
+            return half_in(w.s.x, bb) * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
         }
         case 3u: {
-            // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
-            let w = (r + 20u * b) >> 2u;
-            let dm = halves(s0w(w));
-            let q = vec4<u32>(s0w(w + 1u), s0w(w + 2u), s0w(w + 3u), s0w(w + 4u));
-            let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
+            // Q4_1: d * q + m.
+            let dm = halves(w.s.x);
+            let s = dot16(w.a & m4, y.q[0]) + dot16((w.a >> s4) & m4, y.q[1]);
             return y.d.x * (dm.x * f32(s) + dm.y * f32(y.s.x + y.s.y));
         }
         case 8u: {
-            // Q8_0: f16 d, 32 x i8; part t is values 16t .. 16t + 15.
+            // Q8_0: part t is values 16t .. 16t + 15.
             let bb = r + 34u * b;
-            return half0(bb) * y.d.x * f32(dot16(run4(bb + 2u + 16u * t), y.q[0]));
+            let q = funnel(w.a, w.x.x, bb + 2u + 16u * t);
+            return half_in(w.s.x, bb) * y.d.x * f32(dot16(q, y.q[0]));
         }
         case 12u: {
-            // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
-            // (32 bytes per 64 values, the low nibbles the first 32); part t is bytes
-            // 16 (t % 2) .. + 15 of 64-value group j = t / 2, in sub-blocks 2j and 2j + 1.
-            let bb = r + 144u * b;
+            // Q4_K: 32 bytes of nibbles per 64 values (the low nibbles the first 32); part t is
+            // bytes 16 (t % 2) .. + 15 of 64-value group j = t / 2, in sub-blocks 2j and 2j + 1
+            // with 6-bit scales and mins; value d * scale * q - dmin * min.
             let j = t / 2u;
-            let h = run16(bb);
-            let q = run16(bb + 16u + 32u * j + 16u * (t % 2u));
-            let dm = halves(h.x);
-            let sa = sm_k(h.yzw, 2u * j);
-            let sb = sm_k(h.yzw, 2u * j + 1u);
-            let ia = f32(dot16(q & m4, y.q[0]));
-            let ib = f32(dot16((q >> s4) & m4, y.q[1]));
+            let dm = halves(w.a.x);
+            let sa = sm_k(w.a.yzw, 2u * j);
+            let sb = sm_k(w.a.yzw, 2u * j + 1u);
+            let ia = f32(dot16(w.b & m4, y.q[0]));
+            let ib = f32(dot16((w.b >> s4) & m4, y.q[1]));
             let mins = sa.y * y.d.x * f32(y.s.x) + sb.y * y.d.y * f32(y.s.y);
             return dm.x * (sa.x * y.d.x * ia + sb.x * y.d.y * ib) - dm.y * mins;
         }
         case 14u: {
-            // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 i8 scales, f16 d;
-            // value (low | high << 4) - 32. Half n = t / 2 has low nibbles at 64n (values
-            // l and l + 64) and 64n + 32 (l + 32, l + 96), high bits at 128 + 32n (values l,
-            // l + 32, l + 64, l + 96 from bit 0, 2, 4, 6); part t takes l = 16 (t % 2) .. + 15.
+            // Q6_K: value (low | high << 4) - 32 times an i8 scale per 16 values and d. Half
+            // n = t / 2 has low nibbles at 64n (values l and l + 64) and 64n + 32 (l + 32,
+            // l + 96), high bits at 128 + 32n (values l, l + 32, l + 64, l + 96 from bit 0, 2,
+            // 4, 6); part t takes l = 16 (t % 2) .. + 15.
             let bb = r + 210u * b;
             let n = t / 2u;
             let l = 16u * (t % 2u);
-            let ql0 = run4(bb + 64u * n + l);
-            let ql1 = run4(bb + 64u * n + 32u + l);
-            let qh = run4(bb + 128u + 32u * n + l);
+            let ql0 = funnel(w.a, w.x.x, bb + 64u * n + l);
+            let ql1 = funnel(w.b, w.x.y, bb + 64u * n + 32u + l);
+            let qh = funnel(w.c, w.x.z, bb + 128u + 32u * n + l);
             let m2 = vec4<u32>(0x03030303u);
             let i0 = dot16((ql0 & m4) | ((qh & m2) << s4), y.q[0]) - 32 * y.s.x;
             let i1 = dot16((ql1 & m4) | (((qh >> vec4<u32>(2u)) & m2) << s4), y.q[1]) - 32 * y.s.y;
             let i2 = dot16(((ql0 >> s4) & m4) | (((qh >> s4) & m2) << s4), y.q[2]) - 32 * y.s.z;
             let i3 = dot16(((ql1 >> s4) & m4) | (((qh >> vec4<u32>(6u)) & m2) << s4), y.q[3]) - 32 * y.s.w;
-            let sc = bb + 192u + 8u * n + t % 2u;
-            let scales = vec4<f32>(i8_0(sc), i8_0(sc + 2u), i8_0(sc + 4u), i8_0(sc + 6u));
-            return half0(bb + 208u) * dot(vec4<f32>(f32(i0), f32(i1), f32(i2), f32(i3)) * y.d, scales);
+            // The scales are bytes o, o + 2, o + 4, o + 6 of the three words from the one
+            // that holds the first.
+            let o = (bb + 192u + 8u * n + t % 2u) & 3u;
+            let sc = vec4<f32>(i8_in(w.s.xyz, o), i8_in(w.s.xyz, o + 2u), i8_in(w.s.xyz, o + 4u), i8_in(w.s.xyz, o + 6u));
+            return half_in(w.s.w, bb + 208u) * dot(vec4<f32>(f32(i0), f32(i1), f32(i2), f32(i3)) * y.d, sc);
         }
         default: {
             return 0.0;
@@ -590,16 +671,13 @@ fn part_dot_q(r: u32, b: u32, t: u32, y: YPart) -> f32 {
     }
 }
 
-// One workgroup per ROWS rows of one column of dst (u.x workgroups in all).
+// One workgroup per ROWS rows of one column of dst (u.x workgroups in all), TPR invocations
+// per row.
 @compute @workgroup_size({{WG}})
 fn mat_vec_q(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) sli: u32,
-    @builtin(subgroup_size) ssz: u32,
-#endif
 ) {
     let o = group(wg, nwg);
     if o >= P.u.x {
@@ -608,55 +686,43 @@ fn mat_vec_q(
     let mm = P.d.ne.x;
     let kk = P.s0.ne.x;
     let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
-    let m0 = c.x * ROWS;
+    let m = c.x * ROWS + li / TPR;
+    let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
-    // Rows past the end repeat the last row (their sums are not stored).
-    var rb: array<u32, ROWS>;
-    var acc: array<f32, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        rb[r] = row0(min(m0 + r, mm - 1u), c.z, c.w);
-        acc[r] = 0.0;
-    }
+    // A row past the end repeats the last row (its sum is not stored).
+    let r = row0(min(m, mm - 1u), c.z, c.w);
+    // Parts of the row; invocation j takes parts j, j + TPR, ...
+    let np = (kk / QB) * TPB;
+    var p = j;
+    var pn = min(p, np - 1u);
+    var w = load_part(r, pn / TPB, pn % TPB);
+    var acc = 0.0;
     for (var k0 = 0u; k0 < kk; k0 += KC) {
         // The previous chunk's parts are done with yq before it is overwritten.
         workgroupBarrier();
         quantize_y(yb, k0, li);
         workgroupBarrier();
-        let np = (min(KC, kk - k0) / QB) * TPB;
-        for (var p = li; p < np; p += {{WG}}u) {
-            let bl = p / TPB;
+        let base = (k0 / QB) * TPB;
+        let end = min(np, ((k0 + KC) / QB) * TPB);
+        for (; p < end; p += TPR) {
+            pn = min(p + TPR, np - 1u);
+            let next = load_part(r, pn / TPB, pn % TPB);
             let t = p % TPB;
-            let y = y_part(bl, t);
-            let b = k0 / QB + bl;
-            for (var r = 0u; r < ROWS; r++) {
-                acc[r] += part_dot_q(rb[r], b, t, y);
-            }
+            acc += part_dot_q(w, r, p / TPB, t, y_part((p - base) / TPB, t));
+            w = next;
         }
     }
-#if SUBGROUPS
-    let nsg = ({{WG}}u + ssz - 1u) / ssz;
-    for (var r = 0u; r < ROWS; r++) {
-        let part = subgroupAdd(acc[r]);
-        if sli == 0u {
-            qparts[r * nsg + li / ssz] = part;
-        }
-    }
+    red[li] = acc;
     workgroupBarrier();
-    if li < ROWS && m0 + li < mm {
-        var s = 0.0;
-        for (var i = 0u; i < nsg; i++) {
-            s += qparts[li * nsg + i];
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if j < s {
+            red[li] += red[li + s];
         }
-        st(P.off.x + at(vec4<u32>(m0 + li, c.yzw), P.d.nb), s);
+        workgroupBarrier();
     }
-#else
-    for (var r = 0u; r < ROWS; r++) {
-        let s = wg_sum(acc[r], li);
-        if li == 0u && m0 + r < mm {
-            st(P.off.x + at(vec4<u32>(m0 + r, c.yzw), P.d.nb), s);
-        }
+    if j == 0u && m < mm {
+        st(P.off.x + at(vec4<u32>(m, c.yzw), P.d.nb), red[li]);
     }
-#endif
 }
 #endif
 

@@ -136,9 +136,12 @@ const MVQ_TYPES: [DType; 5] = [
 const MVQ_ROWS: [u32; 4] = [16, 8, 4, 2];
 /// Workgroups per column the integer-dot mat-vec aims for (about two per core of a large GPU).
 const MVQ_GROUPS: usize = 256;
-/// Invocations per integer-dot mat-vec workgroup: the parts of a row, rounded up to a power of
-/// two within these bounds (fewer parts than invocations leave invocations idle).
-const MVQ_WG: (u32, u32) = (64, 256);
+/// Parts of a row each invocation of the integer-dot mat-vec aims to take (TPR, the
+/// invocations per row, is the parts of a row over this, rounded up to a power of two).
+const MVQ_PARTS: usize = 4;
+/// Invocations per integer-dot mat-vec workgroup (ROWS x TPR) at most: TPR is cut to fit
+/// (and raised to make at least 32, which quantize the column).
+const MVQ_WG: u32 = 512;
 /// Values of the column quantized into workgroup memory per step: the larger where the
 /// adapter's workgroup memory holds it.
 const MVQ_KC: [u32; 2] = [4096, 16384];
@@ -465,6 +468,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                     let v = mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4)
                         .def("ROWS", rows)
                         .def("WG", wg)
+                        .def("TPR", wg / rows)
                         .def("KC", kc);
                     out.push(PlanOut {
                         variant: v,
@@ -871,7 +875,8 @@ fn mvq_parts(a: DType) -> (u32, u32) {
 
 /// The integer-dot mat-vec's shape setting: `None` (the default: on), `Some(None)`
 /// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or `Some(Some((ROWS, WG)))`
-/// (TESSERA_WGPU_MVQ=ROWS,WG: that shape for every product, for tuning on a new GPU).
+/// (TESSERA_WGPU_MVQ=ROWS,WG: ROWS rows and WG / ROWS invocations per row for every product,
+/// for tuning on a new GPU).
 fn mvq_setting() -> Option<Option<(u32, u32)>> {
     static SETTING: std::sync::OnceLock<Option<Option<(u32, u32)>>> = std::sync::OnceLock::new();
     *SETTING.get_or_init(|| {
@@ -881,7 +886,7 @@ fn mvq_setting() -> Option<Option<(u32, u32)>> {
         }
         let parsed = v.split_once(',').and_then(|(r, w)| {
             let (r, w) = (r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?);
-            (MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w))
+            (MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w) && w >= r)
                 .then_some((r, w))
         });
         if parsed.is_none() {
@@ -893,7 +898,7 @@ fn mvq_setting() -> Option<Option<(u32, u32)>> {
 }
 
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
-/// integer-dot mat-vec, and its (ROWS, WG, KC, A4): a weight type of [`MVQ_TYPES`] whose rows
+/// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of [`MVQ_TYPES`] whose rows
 /// start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte
 /// words), on a device whose limits hold the workgroup.
 fn mat_vec_q_shape(
@@ -919,24 +924,26 @@ fn mat_vec_q_shape(
             .into_iter()
             .find(|&r| rows.div_ceil(r as usize) >= MVQ_GROUPS)
             .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
-        let wg = (parts.next_power_of_two() as u32).clamp(MVQ_WG.0, MVQ_WG.1);
-        (nr, wg)
+        let max_wg = MVQ_WG.min(gpu.limits.max_compute_invocations_per_workgroup);
+        let tpr =
+            (parts.div_ceil(MVQ_PARTS).next_power_of_two() as u32).clamp(32 / nr, max_wg / nr);
+        (nr, nr * tpr)
     });
     let l = &gpu.limits;
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
         return None;
     }
-    let kc = mvq_kc(l.max_compute_workgroup_storage_size, nr, wg)?;
+    let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg)?;
     Some((nr, wg, kc, a4))
 }
 
-/// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales), per-row
-/// partial sums (ROWS x WG / 4 f32) and reduction scratch (WG f32) fit `wg_mem` bytes.
-fn mvq_kc(wg_mem: u32, rows: u32, wg: u32) -> Option<u32> {
+/// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales) and
+/// reduction scratch (WG f32) fit `wg_mem` bytes.
+fn mvq_kc(wg_mem: u32, wg: u32) -> Option<u32> {
     MVQ_KC
         .into_iter()
         .rev()
-        .find(|&kc| kc + kc / 8 + rows * wg + 4 * wg <= wg_mem)
+        .find(|&kc| kc + kc / 8 + 4 * wg <= wg_mem)
 }
 
 /// The integer-dot mat-vec variant for weights of type `a` (one of [`MVQ_TYPES`]) and
@@ -1137,12 +1144,13 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
                                 continue;
                             }
-                            for (rows, wg) in [(16, 256), (2, 64)] {
+                            for (rows, wg) in [(16, 512), (2, 64)] {
                                 for kc in MVQ_KC {
                                     v.push(
                                         mat_vec_q_variant(a, b, subgroups, a4, y4)
                                             .def("ROWS", rows)
                                             .def("WG", wg)
+                                            .def("TPR", wg / rows)
                                             .def("KC", kc),
                                     );
                                 }

@@ -6,15 +6,50 @@
 // aux[0] + (c nblk + j) 32 and (d, d * sum(q)) as two floats at aux[1] + (c nblk + j) 8.
 // One warp per block.
 //
+// The mat-vec kernels below share one engine (`stream_rows`). A row of weights is cut into tasks
+// of TV values (32; 64 for Q4_K/Q5_K; 128 for Q6_K) and tasks into tiles of 32, one task per
+// lane. A warp copies a tile of each of its S rows ("streams") from global to shared memory with
+// 16-byte asynchronous copies (cp.async, bypassing L1), the next tile's copies in flight while
+// it computes the current one; each lane then reads its task's weights from shared memory and
+// takes their integer dot products (dp4a) with every column. The activations of a task are read
+// once for all S rows. Blocks are 128 threads (4 warps); `Mmvq<Q>::SL` tile slots per warp
+// bound the shared memory (at most 28 KiB a block). ROWS(Q) rows per block: 2 for Q8_0, 4 for
+// the others (mmvq_launch in backend-cuda/src/ops/matmul.rs mirrors this), in groups of rows
+// whose tiles KS(Q) warps share (tile j to the group's warp j % KS, partial sums added through
+// shared memory): KS = 4 (one group) for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K.
+//
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
-// residual of dst's shape added to each result (a fused add). One warp per output row; the
-// lanes walk the row in tasks of TV values (32, 64 for Q4_K/Q5_K, 128 for Q6_K), load the task's
-// weights into registers once and take their integer dot products (dp4a) with every column.
+// residual of dst's shape added to each result (a fused add). Grid (ceil(m / ROWS), e2 e3):
+// block x computes rows ROWS x .. ROWS x + ROWS - 1; batch blockIdx.y, n columns.
 //
-// mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type):
-// dst = silu(gate x) * (up x), the gate/up/swiglu of a Llama block for one token.
+// mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type,
+// m rows): dst (t[0], f32, contiguous) = silu(gate x) * (up x), the gate/up/swiglu of a Llama
+// block for one token; aux[0], aux[1] the quantized x as above.
+//   aux[2] = aux[3] = 0: grid ceil(m / ROWS) blocks of 128 threads, as mmvq_<type>_1.
+//   aux[2] != 0 and aux[3] != 0 (m a multiple of 32): dst is also written quantized, in the
+//   layout quantize_q8_1_f32 writes for a [m] column: 32-value block b's int8 at aux[2] + 32 b,
+//   its float2 (d, d * sum(q)) at aux[3] + 8 b, bit-identical to quantize_q8_1_f32 of dst. The
+//   grid is then ceil(m / 32) blocks of 128 threads (each block 32 rows, 8 per warp, over the
+//   whole k; blocks past m / 32 return at once, so the ROWS geometry also works, only slower).
+//
+// mmvq_multi_<type>: up to three matrices by one column in one launch (Q, K and V of one token):
+// t[1], t[2], t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
+// contiguous f32 vectors at t[0].ptr, t[4].ptr and aux[2]; aux[0], aux[1] the quantized column.
+// Grid ceil((i[0] + i[1] + i[2]) / ROWS) blocks of 128 threads over the stacked rows.
 #include "quant.cuh"
+
+// The q8_1 block of the 32 values x held one per lane: lane l's int8 to qs[l], (d, d * sum)
+// to *ds (written by lane 0).
+__device__ __forceinline__ void q8_1_block(float x, i8* qs, float2* ds) {
+    const int l = threadIdx.x % 32;
+    const float amax = warp_max(fabsf(x));
+    const float d = amax / 127.0f;
+    const int q = d == 0.0f ? 0 : __float2int_rn(x / d);
+    const float sum = warp_sum((float)q);
+    qs[l] = (i8)q;
+    if (l == 0) *ds = make_float2(d, d * sum);
+}
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
     const TArg& s = p.t[1];
@@ -27,36 +62,50 @@ template <class S> __device__ void quantize_q8_1(const KParams& p) {
     i64 i1, i2, i3;
     split_rows(c, s.ne, i1, i2, i3);
     const float x = S::load(at(s, 32 * j + l, i1, i2, i3));
-    const float amax = warp_max(fabsf(x));
-    const float d = amax / 127.0f;
-    const int q = d == 0.0f ? 0 : __float2int_rn(x / d);
-    const float sum = warp_sum((float)q);
-    ((i8*)p.aux[0])[g * 32 + l] = (i8)q;
-    if (l == 0) ((float2*)p.aux[1])[g] = make_float2(d, d * sum);
+    q8_1_block(x, (i8*)p.aux[0] + g * 32, (float2*)p.aux[1] + g);
 }
 
 KERNEL quantize_q8_1_f32(const KParams p) { quantize_q8_1<F32>(p); }
 KERNEL quantize_q8_1_f16(const KParams p) { quantize_q8_1<F16>(p); }
 
-// A 4-byte value at a 2-byte aligned address.
-__device__ __forceinline__ int ld2(const u8* p) {
-    const u16* q = (const u16*)p;
-    return (int)((u32)q[0] | ((u32)q[1] << 16));
-}
-
 __device__ __forceinline__ int ld4(const u8* p) { return *(const int*)p; }
 
-// The 32 int8 of activation block j of column c, as 8 ints.
+// An f16 at a 2-byte aligned address, as float.
+__device__ __forceinline__ float ldh(const u8* p) { return h2f(*(const u16*)p); }
+
+// out[i] = the 4-byte value at p + 4 i (i < N), p 2-byte aligned: N or N + 1 aligned 4-byte
+// loads and funnel shifts (half the loads of 2-byte ones). Reads at most 2 bytes past p + 4 N.
+template <int N> __device__ __forceinline__ void ld_words(const u8* p, int* out) {
+    const bool odd = ((size_t)p & 2) != 0;
+    const u32* a = (const u32*)(p - ((size_t)p & 2));
+    u32 w[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = a[i];
+    w[N] = 0;
+    if (odd) w[N] = a[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) out[i] = (int)__funnelshift_r(w[i], w[i + 1], odd ? 16 : 0);
+}
+
+// The activations: column c's TV int8 values of task t (q8_1 blocks B t .. B t + B - 1, B =
+// TV / 32) as ints, and their blocks' (d, d * sum). Read-only loads.
 struct Act {
     const u8* qs;
     const float2* ds;
     i64 nblk;
-    __device__ __forceinline__ void load(i64 c, i64 j, int* y, float2& dsv) const {
-        const int4* q = (const int4*)(qs + (c * nblk + j) * 32);
-        const int4 a = q[0], b = q[1];
-        y[0] = a.x; y[1] = a.y; y[2] = a.z; y[3] = a.w;
-        y[4] = b.x; y[5] = b.y; y[6] = b.z; y[7] = b.w;
-        dsv = ds[c * nblk + j];
+    template <int TV> __device__ __forceinline__ void load(i64 c, i64 t, int* y, float2* dsv) const {
+        const i64 j = c * nblk + t * (TV / 32);
+        const int4* q = (const int4*)(qs + j * 32);
+#pragma unroll
+        for (int i = 0; i < TV / 16; i++) {
+            const int4 v = __ldg(q + i);
+            y[4 * i] = v.x;
+            y[4 * i + 1] = v.y;
+            y[4 * i + 2] = v.z;
+            y[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < TV / 32; i++) dsv[i] = __ldg(ds + j + i);
     }
 };
 
@@ -65,282 +114,468 @@ __device__ __forceinline__ int spread4(u32 x) {
     return (int)(((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25));
 }
 
-// The column loop of the 32-value types held as low and high nibbles (lo: values 0-15, hi:
-// 16-31): per column, s = lo . y[0..16) + hi . y[16..32) and acc += d * ds.x * s + bias * ds.y,
-// where bias is the block's min (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
-template <int NC>
-__device__ __forceinline__ void dot_nibbles(const int* lo, const int* hi, float d, float bias, i64 t, const Act& act, i64 c0, float* acc) {
-#pragma unroll
-    for (int c = 0; c < NC; c++) {
-        int y[8];
-        float2 ds;
-        act.load(c0 + c, t, y, ds);
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) s = __dp4a(hi[i], y[4 + i], __dp4a(lo[i], y[i], s));
-        acc[c] += d * ds.x * (float)s + bias * ds.y;
-    }
-}
-
+// Mmvq<Q> describes a type to the engine: TV values per task, SL tile slots of shared memory per
+// warp, ROWS rows per block of the plain kernels, split into groups of ROWS KS / 4 rows whose
+// tiles KS warps share, W the weights of one task decoded into registers by load(b, sub, w) (b: the task's
+// block, in shared memory; sub: the task's index within its block), and dot(w, y, ds): the task's
+// contribution for one column, y its TV int8 activations as ints, ds their TV / 32 blocks'
+// (d, d * sum).
 template <int Q> struct Mmvq;
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one 32-value block per task. lo/hi hold values 0-15 and 16-31.
-template <> struct Mmvq<Q4_0> {
+// The 32-value types held as low and high nibbles (lo: values 0-15, hi: 16-31):
+// d * ds.x * (lo . y[0..16) + hi . y[16..32)) + bias * ds.y, where bias is the block's min
+// (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
+struct Nibbles {
     static const int TV = 32;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const u8* b = row + t * 18;
-        const float d = ld_h(b);
+    static const int SL = 8;
+    static const int ROWS = 4, KS = 4;
+    struct W {
         int lo[4], hi[4];
+        float d, bias;
+    };
+    static __device__ __forceinline__ void split(W& w, int i, int v) {
+        w.lo[i] = v & 0x0F0F0F0F;
+        w.hi[i] = (v >> 4) & 0x0F0F0F0F;
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s = 0;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int w = ld2(b + 2 + 4 * i);
-            lo[i] = w & 0x0F0F0F0F;
-            hi[i] = (w >> 4) & 0x0F0F0F0F;
-        }
-        dot_nibbles<NC>(lo, hi, d, -8.0f * d, t, act, c0, acc);
+        for (int i = 0; i < 4; i++) s = __dp4a(w.hi[i], y[4 + i], __dp4a(w.lo[i], y[i], s));
+        return w.d * ds[0].x * (float)s + w.bias * ds[0].y;
     }
 };
 
-template <> struct Mmvq<Q4_1> {
-    static const int TV = 32;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const u8* b = row + t * 20;
-        const float d = ld_h(b), m = ld_h(b + 2);
-        int lo[4], hi[4];
+template <> struct Mmvq<Q4_0> : Nibbles {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        w.d = ldh(b);
+        w.bias = -8.0f * w.d;
+        int q[4];
+        ld_words<4>(b + 2, q);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int w = ld4(b + 4 + 4 * i);
-            lo[i] = w & 0x0F0F0F0F;
-            hi[i] = (w >> 4) & 0x0F0F0F0F;
-        }
-        dot_nibbles<NC>(lo, hi, d, m, t, act, c0, acc);
+        for (int i = 0; i < 4; i++) split(w, i, q[i]);
     }
 };
 
-template <> struct Mmvq<Q5_0> {
-    static const int TV = 32;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const u8* b = row + t * 22;
-        const float d = ld_h(b);
-        const u32 qh = (u32)ld2(b + 2);
-        int lo[4], hi[4];
+template <> struct Mmvq<Q4_1> : Nibbles {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        w.d = ldh(b);
+        w.bias = ldh(b + 2);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int w = ld2(b + 6 + 4 * i);
-            lo[i] = (w & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-            hi[i] = ((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
-        }
-        dot_nibbles<NC>(lo, hi, d, -16.0f * d, t, act, c0, acc);
+        for (int i = 0; i < 4; i++) split(w, i, ld4(b + 4 + 4 * i));
     }
 };
 
-template <> struct Mmvq<Q5_1> {
-    static const int TV = 32;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const u8* b = row + t * 24;
-        const float d = ld_h(b), m = ld_h(b + 2);
+template <> struct Mmvq<Q5_0> : Nibbles {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        w.d = ldh(b);
+        w.bias = -16.0f * w.d;
+        int q[5];  // qh, then the 16 qs bytes
+        ld_words<5>(b + 2, q);
+        const u32 qh = (u32)q[0];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            split(w, i, q[1 + i]);
+            w.lo[i] |= spread4(qh >> (4 * i));
+            w.hi[i] |= spread4(qh >> (16 + 4 * i));
+        }
+    }
+};
+
+template <> struct Mmvq<Q5_1> : Nibbles {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        w.d = ldh(b);
+        w.bias = ldh(b + 2);
         const u32 qh = (u32)ld4(b + 4);
-        int lo[4], hi[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int w = ld4(b + 8 + 4 * i);
-            lo[i] = (w & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-            hi[i] = ((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+            split(w, i, ld4(b + 8 + 4 * i));
+            w.lo[i] |= spread4(qh >> (4 * i));
+            w.hi[i] |= spread4(qh >> (16 + 4 * i));
         }
-        dot_nibbles<NC>(lo, hi, d, m, t, act, c0, acc);
     }
 };
 
 template <> struct Mmvq<Q8_0> {
     static const int TV = 32;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const u8* b = row + t * 34;
-        const float d = ld_h(b);
-        int w[8];
+    static const int SL = 4;
+    static const int ROWS = 2, KS = 4;
+    struct W {
+        int q[8];
+        float d;
+    };
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        w.d = ldh(b);
+        ld_words<8>(b + 2, w.q);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = ld2(b + 2 + 4 * i);
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[8];
-            float2 ds;
-            act.load(c0 + c, t, y, ds);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) s = __dp4a(w[i], y[i], s);
-            acc[c] += d * ds.x * (float)s;
-        }
+        for (int i = 0; i < 8; i++) s = __dp4a(w.q[i], y[i], s);
+        return w.d * ds[0].x * (float)s;
     }
 };
 
-// Q4_K / Q5_K: a task is sub-blocks 2k and 2k+1 of a block (the low and high nibbles of the
-// same 32 qs bytes), activation blocks 2t and 2t+1.
+// Q4_K / Q5_K: task sub of a block is its sub-blocks 2 sub and 2 sub + 1 (the low and high
+// nibbles of the same 32 qs bytes).
 template <int Q> struct MmvqK45 {
     static const int TV = 64;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const int k = (int)(t % 4);
-        const u8* b = row + (t / 4) * QInfo<Q>::bytes;
-        const float d = ld_h(b), dmin = ld_h(b + 2);
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * k, b + 4, sc0, m0);
-        scale_min_k4(2 * k + 1, b + 4, sc1, m1);
-        const u8* qs = b + (Q == Q4_K ? 16 : 48) + 32 * k;
+    static const int SL = 4;
+    static const int ROWS = 4, KS = 2;
+    struct W {
         int lo[8], hi[8];
+        float d, dmin;
+        int sc0, m0, sc1, m1;
+    };
+    static __device__ __forceinline__ void load(const u8* b, int k, W& w) {
+        w.d = ldh(b);
+        w.dmin = ldh(b + 2);
+        scale_min_k4(2 * k, b + 4, w.sc0, w.m0);
+        scale_min_k4(2 * k + 1, b + 4, w.sc1, w.m1);
+        const u8* qs = b + (Q == Q4_K ? 16 : 48) + 32 * k;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int w = ld4(qs + 4 * i);
-            lo[i] = w & 0x0F0F0F0F;
-            hi[i] = (w >> 4) & 0x0F0F0F0F;
+            const int v = ld4(qs + 4 * i);
+            w.lo[i] = v & 0x0F0F0F0F;
+            w.hi[i] = (v >> 4) & 0x0F0F0F0F;
             if (Q == Q5_K) {
                 const u32 h = (u32)ld4(b + 16 + 4 * i);
-                lo[i] |= (int)(((h >> (2 * k)) & 0x01010101u) << 4);
-                hi[i] |= (int)(((h >> (2 * k + 1)) & 0x01010101u) << 4);
+                w.lo[i] |= (int)(((h >> (2 * k)) & 0x01010101u) << 4);
+                w.hi[i] |= (int)(((h >> (2 * k + 1)) & 0x01010101u) << 4);
             }
         }
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s0 = 0, s1 = 0;
 #pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y0[8], y1[8];
-            float2 ds0, ds1;
-            act.load(c0 + c, 2 * t, y0, ds0);
-            act.load(c0 + c, 2 * t + 1, y1, ds1);
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                s0 = __dp4a(lo[i], y0[i], s0);
-                s1 = __dp4a(hi[i], y1[i], s1);
-            }
-            acc[c] += d * ((float)sc0 * ds0.x * (float)s0 + (float)sc1 * ds1.x * (float)s1)
-                    - dmin * ((float)m0 * ds0.y + (float)m1 * ds1.y);
+        for (int i = 0; i < 8; i++) {
+            s0 = __dp4a(w.lo[i], y[i], s0);
+            s1 = __dp4a(w.hi[i], y[8 + i], s1);
         }
+        return w.d * ((float)w.sc0 * ds[0].x * (float)s0 + (float)w.sc1 * ds[1].x * (float)s1)
+             - w.dmin * ((float)w.m0 * ds[0].y + (float)w.m1 * ds[1].y);
     }
 };
 template <> struct Mmvq<Q4_K> : MmvqK45<Q4_K> {};
 template <> struct Mmvq<Q5_K> : MmvqK45<Q5_K> {};
 
-// Q6_K: a task is one half (n) of a block: 128 values, activation blocks 4t .. 4t+3.
+// Q6_K: task n of a block is its half n: 128 values, sub-blocks 4 n .. 4 n + 3.
 template <> struct Mmvq<Q6_K> {
     static const int TV = 128;
-    template <int NC> static __device__ __forceinline__ void dot(const u8* row, i64 t, const Act& act, i64 c0, float* acc) {
-        const int n = (int)(t % 2);
-        const u8* b = row + (t / 2) * 210;
-        const float d = ld_h(b + 208);
-        const i8* sc = (const i8*)(b + 192 + 8 * n);
-        int h[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) h[i] = ld2(b + 128 + 32 * n + 4 * i);
+    static const int SL = 2;
+    static const int ROWS = 4, KS = 1;
+    struct W {
         int q[4][8];
+        int sc[8];
+        float d;
+    };
+    static __device__ __forceinline__ void load(const u8* b, int n, W& w) {
+        w.d = ldh(b + 208);
+        int sc[2], h[8], ql[16];
+        ld_words<2>(b + 192 + 8 * n, sc);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w.sc[i] = (int)(i8)(sc[i / 4] >> (8 * (i % 4)));
+        ld_words<8>(b + 128 + 32 * n, h);
+        ld_words<16>(b + 64 * n, ql);
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            const int l = ld2(b + 64 * n + 4 * i);
+            const int l = ql[i];
             const int m0 = i / 8;  // m % 2 for this ql int
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int m = m0 + 2 * half;
                 const int lowb = (l >> (4 * half)) & 0x0F0F0F0F;
                 const int highb = ((h[i % 8] >> (2 * m)) & 0x03030303) << 4;
-                q[m][i % 8] = __vsub4(lowb | highb, 0x20202020);
+                w.q[m][i % 8] = __vsub4(lowb | highb, 0x20202020);
             }
         }
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        float r = 0.0f;
 #pragma unroll
-        for (int c = 0; c < NC; c++) {
-            float r = 0.0f;
+        for (int m = 0; m < 4; m++) {
+            int sa = 0, sb = 0;
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                int y[8];
-                float2 ds;
-                act.load(c0 + c, 4 * t + m, y, ds);
-                int sa = 0, sb = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    sa = __dp4a(q[m][i], y[i], sa);
-                    sb = __dp4a(q[m][4 + i], y[4 + i], sb);
-                }
-                r += ds.x * (float)(sc[2 * m] * sa + sc[2 * m + 1] * sb);
+            for (int i = 0; i < 4; i++) {
+                sa = __dp4a(w.q[m][i], y[8 * m + i], sa);
+                sb = __dp4a(w.q[m][4 + i], y[8 * m + 4 + i], sb);
             }
-            acc[c] += d * r;
+            r += ds[m].x * (float)(w.sc[2 * m] * sa + w.sc[2 * m + 1] * sb);
         }
+        return w.d * r;
     }
 };
 
-// One warp per output row (4 rows per block), batch blockIdx.y.
+// ---- the engine ----
+
+// Tiles of type Q: TPB tasks per block, BYTES per tile of 32 tasks (a multiple of 16), SLOT bytes
+// of shared memory per tile and row (a row's tile starts at its address modulo 16), SMEM bytes
+// of tile slots per block (4 warps); ROWS rows per block of the plain kernels, in groups of RPG
+// rows, KS warps per group (warp w: group w / KS, tiles w % KS, w % KS + KS, ...).
+template <int Q> struct Tile {
+    static const int TPB = QInfo<Q>::block / Mmvq<Q>::TV;
+    static const int BYTES = 32 / TPB * QInfo<Q>::bytes;
+    static const int SLOT = BYTES + 16;
+    static const int SMEM = 4 * Mmvq<Q>::SL * SLOT;
+    static const int ROWS = Mmvq<Q>::ROWS, KS = Mmvq<Q>::KS, RPG = ROWS * KS / 4;
+    static_assert(BYTES % 16 == 0, "a tile is whole 16-byte chunks");
+    static_assert(RPG >= 1 && RPG <= Mmvq<Q>::SL, "a group's rows fit the warp's slots");
+};
+
+// 16 bytes from global src to shared dst (both 16-byte aligned), asynchronously, through L2 only.
+__device__ __forceinline__ void cp_async16(u8* dst, const u8* src) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One warp's share of S weight rows ("streams") of type Q times NC columns, in G passes: pass g
+// covers the tiles j0, j0 + KS, ... (j < ceil(tasks / 32)) of rows ptr(g, 0..S) (global row
+// addresses). Tiles are copied into sm (this warp's NBUF * S slots), NBUF - 1 tiles ahead of the
+// one computed. At the end of each pass every lane calls fin(g, acc) with its partial sums
+// acc[s][c] (zeros when the warp has no tiles); summing them over the warp is fin's job.
+// A tile's copy may read up to 15 bytes past a row's end, within the row's last aligned 16 bytes.
+template <int Q, int NC, int S, int NBUF, class Ptr, class Fin>
+__device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, const Act& act, i64 c0, u8* sm, Ptr ptr, Fin fin) {
+    typedef Tile<Q> T;
+    const int QB = QInfo<Q>::bytes;
+    const int lane = threadIdx.x % 32;
+    const int ntiles = (tasks + 31) / 32;
+    const int ntw = j0 < ntiles ? (ntiles - 1 - j0) / KS + 1 : 0;
+    float acc[S][NC];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int c = 0; c < NC; c++) acc[s][c] = 0.0f;
+    if (ntw == 0) {
+        for (int g = 0; g < G; g++) fin(g, acc);
+        return;
+    }
+    const int total = G * ntw;
+    auto issue = [&](int i) {
+        if (i < total) {
+            const int g = i / ntw, j = j0 + (i % ntw) * KS;
+            const int bytes = min(32, tasks - 32 * j) / T::TPB * QB;
+            u8* dst = sm + (i % NBUF) * (S * T::SLOT);
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                const u64 a = (u64)ptr(g, s) + (u64)j * T::BYTES;
+                const u8* src = (const u8*)(a & ~(u64)15);
+                const int n = ((int)(a & 15) + bytes + 15) >> 4;
+                for (int c = lane; c < n; c += 32) cp_async16(dst + s * T::SLOT + 16 * c, src + 16 * c);
+            }
+        }
+        cp_commit();
+    };
+#pragma unroll
+    for (int b = 0; b < NBUF - 1; b++) issue(b);
+    for (int i = 0; i < total; i++) {
+        issue(i + NBUF - 1);
+        cp_wait<NBUF - 1>();
+        __syncwarp();
+        const int g = i / ntw, jj = i % ntw;
+        const int t = 32 * (j0 + jj * KS) + lane;
+        if (t < tasks) {
+            const u8* tile = sm + (i % NBUF) * (S * T::SLOT) + lane / T::TPB * QB;
+            typename Mmvq<Q>::W w[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                const int off = (int)((u64)ptr(g, s) & 15);
+                Mmvq<Q>::load(tile + s * T::SLOT + off, lane % T::TPB, w[s]);
+            }
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                int y[Mmvq<Q>::TV / 4];
+                float2 ds[Mmvq<Q>::TV / 32];
+                act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
+#pragma unroll
+                for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
+            }
+        }
+        __syncwarp();
+        if (jj == ntw - 1) {
+            fin(g, acc);
+#pragma unroll
+            for (int s = 0; s < S; s++)
+#pragma unroll
+                for (int c = 0; c < NC; c++) acc[s][c] = 0.0f;
+        }
+    }
+}
+
+// Row r of the stacked matrices of mmvq_multi (rows n[0], n[1], n[2]): its matrix j and row there.
+__device__ __forceinline__ i64 stacked_row(i64 r, const int* n, int& j) {
+    j = 0;
+    while (j < 2 && r >= n[j]) {
+        r -= n[j];
+        j++;
+    }
+    return r;
+}
+
 template <int Q, int NC> __device__ void mmvq(const KParams& p) {
+    typedef Tile<Q> T;
+    const int R = T::RPG, KS = T::KS;
+    __shared__ __align__(16) u8 sm[T::SMEM];
+    __shared__ float red[4][R][NC];
     const TArg& d = p.t[0];
     const TArg& w = p.t[1];
-    const i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= w.ne[1]) return;
-    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R, last = w.ne[1] - 1;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
-    const u8* wrow = (const u8*)at(w, 0, row, i2 / p.i[0], i3 / p.i[1]);
+    const u8* base = (const u8*)at(w, 0, 0, i2 / p.i[0], i3 / p.i[1]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
-    const i64 c0 = (i64)blockIdx.y * NC;
-    float acc[NC];
+    auto ptr = [&](int, int s) { return base + min(row0 + s, last) * w.nb[1]; };
+    auto fin = [&](int, float(&a)[R][NC]) {
 #pragma unroll
-    for (int c = 0; c < NC; c++) acc[c] = 0.0f;
-    const i64 tasks = w.ne[0] / Mmvq<Q>::TV;
-    for (i64 t = lane; t < tasks; t += 32) Mmvq<Q>::template dot<NC>(wrow, t, act, c0, acc);
+        for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int c = 0; c < NC; c++) {
-        const float v = warp_sum(acc[c]);
-        if (lane == 0) {
+            for (int c = 0; c < NC; c++) {
+                const float v = warp_sum(a[r][c]);
+                if (lane == 0) red[warp][r][c] = v;
+            }
+    };
+    stream_rows<Q, NC, R, Mmvq<Q>::SL / R>(1, (int)(w.ne[0] / Mmvq<Q>::TV), warp % KS, KS, act,
+                                           (i64)blockIdx.y * NC, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+    __syncthreads();
+    if (threadIdx.x < T::ROWS * NC) {
+        const int r = threadIdx.x / NC % R, c = threadIdx.x % NC, w0 = threadIdx.x / NC / R * KS;
+        const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x / NC;
+        if (row <= last) {
+            float v = red[w0][r][c];
+#pragma unroll
+            for (int k = 1; k < KS; k++) v += red[w0 + k][r][c];
             F32::store(at(d, row, c, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v);
         }
     }
 }
 
 template <int Q> __device__ void mmvq_glu(const KParams& p) {
+    typedef Tile<Q> T;
+    const int R = T::RPG, KS = T::KS;
+    const int PG = R / 2 > 0 ? R / 2 : 1;  // rows per pass (gate and up: 2 PG streams)
+    const int S = 2 * PG, NBUF = Mmvq<Q>::SL / S;
+    __shared__ __align__(16) u8 sm[T::SMEM];
+    __shared__ float red[4][32][2];
     const TArg& d = p.t[0];
     const TArg& wg = p.t[1];
     const TArg& wu = p.t[2];
-    const i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= wg.ne[1]) return;
-    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const i64 m = wg.ne[1];
+    const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
-    const u8* g = (const u8*)at(wg, 0, row, 0, 0);
-    const u8* u = (const u8*)at(wu, 0, row, 0, 0);
-    float ag[1] = {0.0f}, au[1] = {0.0f};
-    const i64 tasks = wg.ne[0] / Mmvq<Q>::TV;
-    for (i64 t = lane; t < tasks; t += 32) {
-        Mmvq<Q>::template dot<1>(g, t, act, 0, ag);
-        Mmvq<Q>::template dot<1>(u, t, act, 0, au);
+    u8* smw = sm + warp * Mmvq<Q>::SL * T::SLOT;
+    // Streams 0..PG are gate rows r0 + g PG + s, PG..2 PG the same rows of up.
+    auto rows = [&](i64 r0) {
+        return [&, r0](int g, int s) {
+            const i64 r = min(r0 + g * PG + s % PG, m - 1);
+            return s < PG ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
+        };
+    };
+    if (p.aux[2] == 0 || p.aux[3] == 0) {
+        const i64 row0 = (i64)blockIdx.x * T::ROWS;
+        auto fin = [&](int g, float(&a)[S][1]) {
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                const float v = warp_sum(a[s][0]);
+                if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
+            }
+        };
+        stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, smw, rows(row0 + warp / KS * R), fin);
+        __syncthreads();
+        if (threadIdx.x < T::ROWS && row0 + threadIdx.x < m) {
+            const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+            float vg = red[w0][r][0], vu = red[w0][r][1];
+#pragma unroll
+            for (int k = 1; k < KS; k++) {
+                vg += red[w0 + k][r][0];
+                vu += red[w0 + k][r][1];
+            }
+            F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
+        }
+        return;
     }
-    const float vg = warp_sum(ag[0]), vu = warp_sum(au[0]);
-    if (lane == 0) F32::store(at(d, row, 0, 0, 0), act_silu(vg) * vu);
+    // With the q8_1 output: 32 rows per block, warp w rows 8 w .. 8 w + 7 over the whole k.
+    const i64 row0 = (i64)blockIdx.x * 32;
+    if (row0 >= m) return;
+    auto fin = [&](int g, float(&a)[S][1]) {
+#pragma unroll
+        for (int r = 0; r < PG; r++) {
+            const float vg = warp_sum(a[r][0]), vu = warp_sum(a[PG + r][0]);
+            if (lane == 0) red[0][8 * warp + g * PG + r][0] = act_silu(vg) * vu;
+        }
+    };
+    stream_rows<Q, 1, S, NBUF>(8 / PG, tasks, 0, 1, act, 0, smw, rows(row0 + 8 * warp), fin);
+    __syncthreads();
+    if (warp == 0) {
+        const i64 row = row0 + lane;
+        const float v = row < m ? red[0][lane][0] : 0.0f;
+        if (row < m) F32::store(at(d, row, 0, 0, 0), v);
+        q8_1_block(v, (i8*)p.aux[2] + row0, (float2*)p.aux[3] + blockIdx.x);
+    }
 }
 
-// Up to three matrices by one column in one launch (Q, K and V of one token): t[1], t[2],
-// t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
-// contiguous f32 vectors at t[0].ptr, t[4].ptr and aux[2]. One warp per row of the stacked
-// matrices.
 template <int Q> __device__ void mmvq_multi(const KParams& p) {
-    i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int j = 0;
-    while (j < 3 && row >= p.i[j]) {
-        row -= p.i[j];
-        j++;
+    typedef Tile<Q> T;
+    const int R = T::RPG, KS = T::KS;
+    __shared__ __align__(16) u8 sm[T::SMEM];
+    __shared__ float red[4][R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
+    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R;
+    const u8* rowp[R];
+#pragma unroll
+    for (int s = 0; s < R; s++) {
+        int j;
+        const i64 r = stacked_row(min(row0 + s, total - 1), p.i, j);
+        rowp[s] = (const u8*)at(p.t[1 + j], 0, r, 0, 0);
     }
-    if (j == 3) return;
-    const int lane = threadIdx.x % 32;
-    const TArg& w = p.t[1 + j];
-    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
-    const u8* wrow = (const u8*)at(w, 0, row, 0, 0);
-    float acc[1] = {0.0f};
-    const i64 tasks = w.ne[0] / Mmvq<Q>::TV;
-    for (i64 t = lane; t < tasks; t += 32) Mmvq<Q>::template dot<1>(wrow, t, act, 0, acc);
-    const float v = warp_sum(acc[0]);
-    float* d = (float*)(j == 0 ? p.t[0].ptr : j == 1 ? p.t[4].ptr : p.aux[2]);
-    if (lane == 0) d[row] = v;
+    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], p.t[1].ne[0] / 32};
+    auto ptr = [&](int, int s) { return rowp[s]; };
+    auto fin = [&](int, float(&a)[R][1]) {
+#pragma unroll
+        for (int s = 0; s < R; s++) {
+            const float v = warp_sum(a[s][0]);
+            if (lane == 0) red[warp][s] = v;
+        }
+    };
+    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, (int)(p.t[1].ne[0] / Mmvq<Q>::TV), warp % KS, KS, act, 0,
+                                          sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+    __syncthreads();
+    const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x;
+    if (threadIdx.x < T::ROWS && row < total) {
+        const int s = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+        float v = red[w0][s];
+#pragma unroll
+        for (int k = 1; k < KS; k++) v += red[w0 + k][s];
+        int j;
+        const i64 r = stacked_row(row, p.i, j);
+        float* d = (float*)(j == 0 ? p.t[0].ptr : j == 1 ? p.t[4].ptr : p.aux[2]);
+        d[r] = v;
+    }
 }
 
-#define MMVQ(nq, Q)                                                          \
-    KERNEL mmvq_##nq##_1(const KParams p) { mmvq<Q, 1>(p); }                 \
-    KERNEL mmvq_##nq##_2(const KParams p) { mmvq<Q, 2>(p); }                 \
-    KERNEL mmvq_##nq##_3(const KParams p) { mmvq<Q, 3>(p); }                 \
-    KERNEL mmvq_##nq##_4(const KParams p) { mmvq<Q, 4>(p); }                 \
-    KERNEL mmvq_##nq##_5(const KParams p) { mmvq<Q, 5>(p); }                 \
-    KERNEL mmvq_##nq##_6(const KParams p) { mmvq<Q, 6>(p); }                 \
-    KERNEL mmvq_##nq##_7(const KParams p) { mmvq<Q, 7>(p); }                 \
-    KERNEL mmvq_##nq##_8(const KParams p) { mmvq<Q, 8>(p); }                 \
-    KERNEL mmvq_glu_##nq(const KParams p) { mmvq_glu<Q>(p); }                \
-    KERNEL mmvq_multi_##nq(const KParams p) { mmvq_multi<Q>(p); }
+// 128 threads; the one-column plain and multi kernels at most 64 registers, so that 8 blocks
+// fit an SM.
+#define MMVQ_KERNEL extern "C" __global__ void __launch_bounds__(128)
+#define MMVQ_KERNEL_1 extern "C" __global__ void __launch_bounds__(128, 8)
+
+#define MMVQ(nq, Q)                                                               \
+    MMVQ_KERNEL_1 mmvq_##nq##_1(const KParams p) { mmvq<Q, 1>(p); }               \
+    MMVQ_KERNEL mmvq_##nq##_2(const KParams p) { mmvq<Q, 2>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_3(const KParams p) { mmvq<Q, 3>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_4(const KParams p) { mmvq<Q, 4>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_5(const KParams p) { mmvq<Q, 5>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_6(const KParams p) { mmvq<Q, 6>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { mmvq<Q, 7>(p); }                 \
+    MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { mmvq<Q, 8>(p); }                 \
+    MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { mmvq_glu<Q>(p); }                \
+    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { mmvq_multi<Q>(p); }
 
 MMVQ(q4_0, Q4_0)
 MMVQ(q4_1, Q4_1)

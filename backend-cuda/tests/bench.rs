@@ -98,6 +98,56 @@ fn mat_vec_bandwidth() {
     }
 }
 
+/// The fused decode kernels of a Llama-8B block with Q4_0 weights, from DRAM (4 weight sets
+/// rotated): gate+up+swiglu (2 x 14336 rows, k 4096) and K+V (2 x 1024 rows, k 4096; each pair
+/// by its own vector, so the time includes quantizing that vector).
+#[test]
+#[ignore]
+fn mat_vec_fused() {
+    let Some(dev) = cuda() else { return };
+    let (k, dt, sets) = (4096usize, DType::Q4_0, 4usize);
+    let mut rng = Rng::new(14);
+    let x = rng.vec(k * sets, -1.0, 1.0);
+    for (what, m, glu) in [("gate+up+swiglu", 14336usize, true), ("K+V", 1024, false)] {
+        let w: Vec<f32> = (0..m * k)
+            .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
+            .collect();
+        let wb = to_bytes(dt, &w);
+        drop(w);
+        let mut g = Graph::new();
+        let (mut inputs, mut outs) = (Vec::new(), Vec::new());
+        let shared = g.input("x", DType::F32, &[k, 1]).unwrap();
+        inputs.push((shared, to_bytes(DType::F32, &x[..k])));
+        for i in 0..sets {
+            let v = if glu {
+                shared
+            } else {
+                let v = g.input(&format!("x{i}"), DType::F32, &[k, 1]).unwrap();
+                inputs.push((v, to_bytes(DType::F32, &x[i * k..(i + 1) * k])));
+                v
+            };
+            let a = g.input(&format!("a{i}"), dt, &[k, m]).unwrap();
+            let b = g.input(&format!("b{i}"), dt, &[k, m]).unwrap();
+            inputs.push((a, wb.clone()));
+            inputs.push((b, wb.clone()));
+            let (ya, yb) = (g.mul_mat(a, v).unwrap(), g.mul_mat(b, v).unwrap());
+            if glu {
+                outs.push(g.swiglu_split(ya, yb).unwrap());
+            } else {
+                outs.extend([ya, yb]);
+            }
+        }
+        let s = time_graph(&dev, &mut g, &inputs, &outs, 50) / sets as f64;
+        let bytes = 2 * m * dt.row_size(k).unwrap();
+        println!(
+            "{what} {} 2 x {m}x{k}, {sets} weight sets rotated: {:.1} us, {:.0} GB/s",
+            dt.name(),
+            s * 1e6,
+            bytes as f64 / s / 1e9
+        );
+    }
+}
+
 #[test]
 #[ignore]
 fn gemm_throughput() {

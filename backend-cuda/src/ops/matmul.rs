@@ -133,10 +133,20 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
-/// Blocks and threads per block of a mat-vec kernel over `rows` rows of `qt` weights (the
-/// layout mmvq.cu's kernels expect: one warp per row, four rows a block).
-pub(super) fn mmvq_launch(_qt: DType, rows: u64) -> (u32, u32) {
-    (rows.div_ceil(4) as u32, 128)
+/// Rows per block of the mat-vec kernels of type `qt` (ROWS in mmvq.cu).
+fn mmvq_rows(qt: DType) -> u64 {
+    if qt == DType::Q8_0 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
+/// `qt` weights: the layout mmvq.cu's kernels expect, 128 threads (4 warps) per block of
+/// [`mmvq_rows`] rows.
+pub(super) fn mmvq_launch(qt: DType, rows: u64) -> (u32, u32) {
+    (rows.div_ceil(mmvq_rows(qt)) as u32, 128)
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus

@@ -189,7 +189,7 @@ fn graphs_replay_and_update() {
     // encoded again (not relaunched with the old address) and the graph updated.
     let x = b.inputs[0];
     let moved = dev.buffer_type().alloc(b.g.get(x).nbytes()).unwrap();
-    b.g.bind(x, moved.into(), 0).unwrap();
+    b.g.bind(x, moved, 0).unwrap();
     let inputs = block_inputs(&b, &mut rng, 1, 5);
     set_inputs(&b.g, &inputs);
     be.compute(&b.g, &nodes).unwrap();

@@ -4,7 +4,8 @@
 //! - `rms_norm(x) * w` (the mul right after the norm): one pass per row (norm.cu), which also
 //!   quantizes the result for the mat-vec products when they read it next.
 //! - `swiglu(W_gate x, W_up x)` for one token with quantized weights: both mat-vecs and the
-//!   activation in one kernel that quantizes x once (mmvq.cu).
+//!   activation in one kernel that quantizes x once (mmvq.cu), and quantizes its result for
+//!   the down projection that reads it next.
 //! - `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels): the
 //!   mat-vec kernel adds `r` as it stores (mmvq.cu).
 //! - two or three mul_mats of one token by the same vector (Q, K and V), with quantized
@@ -200,7 +201,23 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let q8 = quantize_q8(enc, tg.src[1], xa, x.dtype)?;
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
-    let (blocks, threads) = mmvq_launch(wg.dtype, wg.ne[1] as u64);
+    let m = wg.ne[1] as u64;
+    let (mut blocks, threads) = mmvq_launch(wg.dtype, m);
+    // The result quantized too, for the down projection that reads it next (its quantize
+    // kernel is then skipped): 32 rows a block.
+    let q8_out = if m.is_multiple_of(32) && feeds_mmvq(enc, nodes, i + 3, s)? {
+        // x's blocks may sit in scratch from an earlier node: the new ones go past them.
+        let x_end = (q8.1 - enc.scratch_base) as usize + (x.ne[0] / 32) * 8;
+        enc.node_scratch = enc.node_scratch.max(x_end);
+        let n = m as usize / 32;
+        let out = (enc.scratch(n * 32), enc.scratch(n * 8));
+        p.aux[2] = out.0;
+        p.aux[3] = out.1;
+        blocks = (m / 32) as u32;
+        Some(out)
+    } else {
+        None
+    };
     enc.launch(
         "mmvq",
         &format!("mmvq_glu_{}", wg.dtype.name()),
@@ -209,6 +226,9 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
         0,
         p,
     )?;
+    if let Some(out) = q8_out {
+        enc.q8 = Some((s, out));
+    }
     Ok(3)
 }
 

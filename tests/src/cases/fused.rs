@@ -3,7 +3,8 @@
 //! feeding quantized mat-vec products, which then take the norm's output already quantized),
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
 //! attention, and several products of one activation (Q, K and V of a prompt), which a backend
-//! may convert once for all of them.
+//! may convert once for all of them, and a feed-forward block for one token (gate, up, swiglu
+//! and down: the swiglu result quantized by the kernel that makes it).
 
 use tessera_core::{DType, RopeMode, RopeParams};
 
@@ -16,6 +17,34 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     rms_norm_mul(v);
     rope_kv(v);
     shared_activation(v);
+    gate_up_down(v);
+}
+
+/// A Llama feed-forward block for one token: down(swiglu(gate x, up x)), quantized weights.
+fn gate_up_down(v: &mut Vec<Case>) {
+    for (t, k, ff) in [
+        (DType::Q4_0, 256, 512),
+        (DType::Q4_1, 576, 1536),
+        (DType::Q8_0, 128, 96),
+    ] {
+        let params = format!("type={t},k={k},ff={ff}");
+        v.push(Case::new(
+            "SWIGLU_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+                let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+                let wd = g.input(t, &[ff, k], Init::Uniform(-0.1, 0.1))?;
+                let gate = g.mul_mat(wg, x)?;
+                let up = g.mul_mat(wu, x)?;
+                let act = g.swiglu_split(gate, up)?;
+                g.mul_mat(wd, act)
+            },
+        ));
+    }
 }
 
 /// Three mul_mats of one prompt-sized activation by weights of different types, summed.

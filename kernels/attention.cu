@@ -441,14 +441,13 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % L, slot = warp * KPW + lane / L;
 
-    // This lane's 8 columns of every query row, scaled.
+    // This lane's 8 columns of every query row, scaled (rows past R are zero).
     float qr[RM][8];
 #pragma unroll
     for (int r = 0; r < RM; r++) {
-        const int rr = r < R ? r : 0;
-        const char* qp = at(q, 8 * sub, rr / gqa, g * gqa + rr % gqa, b);
+        const char* qp = at(q, 8 * sub, r / gqa, g * gqa + r % gqa, b);
 #pragma unroll
-        for (int e = 0; e < 8; e++) qr[r][e] = F32::load(qp + e * q.nb[0]) * p.f[0];
+        for (int e = 0; e < 8; e++) qr[r][e] = r < R ? F32::load(qp + e * q.nb[0]) * p.f[0] : 0.0f;
     }
     // The softmax rows of this warp: row warp + DEC_WARPS * j.
     float m[RPW], l[RPW], slope[RPW];
@@ -472,21 +471,19 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
 
     const char* kbase = at(k, 8 * sub, 0, g, bk);
     const char* vbase = at(v, 8 * sub, 0, g, bk);
-    for (i64 c0 = kv0; c0 < kv1; c0 += CH) {
-        // Every load of the chunk first: K and V rows, then this warp's mask values.
-        uint4 kr[DEC_PASSES], vr[DEC_PASSES];
+    // K rows, V rows and this warp's mask values of the chunk at c0: the loads of the next
+    // chunk are issued as soon as the registers they land in are free (K after the scores, the
+    // mask after the softmax, V after the sums), so they overlap this chunk's work.
+    uint4 kr[DEC_PASSES], vr[DEC_PASSES];
+    float mk[RPW][CPL];
+    auto load_rows = [&](uint4* dstr, const char* base, i64 stride, i64 c0) {
 #pragma unroll
         for (int i = 0; i < DEC_PASSES; i++) {
             const i64 c = c0 + i * KPB + slot;
-            if (c < kv1) {
-                kr[i] = *(const uint4*)(kbase + c * k.nb[1]);
-                vr[i] = *(const uint4*)(vbase + c * v.nb[1]);
-            } else {
-                kr[i] = make_uint4(0, 0, 0, 0);
-                vr[i] = make_uint4(0, 0, 0, 0);
-            }
+            dstr[i] = c < kv1 ? *(const uint4*)(base + c * stride) : make_uint4(0, 0, 0, 0);
         }
-        float mk[RPW][CPL];
+    };
+    auto load_mask = [&](i64 c0) {
 #pragma unroll
         for (int j = 0; j < RPW; j++)
 #pragma unroll
@@ -494,8 +491,16 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 const i64 c = c0 + lane + 32 * t;
                 mk[j][t] = (p.i[4] && c < kv1) ? mask_at(p, c, iqs[j], hs[j], b, slope[j]) : 0.0f;
             }
+    };
+    load_rows(kr, kbase, k.nb[1], kv0);
+    load_rows(vr, vbase, v.nb[1], kv0);
+    load_mask(kv0);
+    for (i64 c0 = kv0; c0 < kv1; c0 += CH) {
+        const bool more = c0 + CH < kv1;
 
-        // Scores: a group of L lanes per key.
+        // Scores: a group of L lanes per key; the group's sums are reduced and scattered, so
+        // that lane sub of the group ends with row sub / (L / RM) (RM - 1 + log2(L / RM)
+        // shuffles instead of RM log2(L)).
 #pragma unroll
         for (int i = 0; i < DEC_PASSES; i++) {
             float kf[8];
@@ -506,21 +511,28 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 float a = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; e++) a += qr[r][e] * kf[e];
-#pragma unroll
-                for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
                 s[r] = a;
             }
-            if (sub == 0) {
-                const int cc = i * KPB + slot;
-                const bool ok = c0 + cc < kv1;
 #pragma unroll
-                for (int r = 0; r < RM; r++) {
-                    float x = s[r];
-                    if (p.f[1] != 0.0f) x = p.f[1] * tanhf(x);
-                    S[r][cc] = ok ? x : NEG_INF;
+            for (int n = RM, o = L / 2; n > 1; n >>= 1, o >>= 1) {
+                const bool hi = (lane & o) != 0;
+#pragma unroll
+                for (int r = 0; r < n / 2; r++) {
+                    const float keep = hi ? s[r + n / 2] : s[r];
+                    const float send = hi ? s[r] : s[r + n / 2];
+                    s[r] = keep + __shfl_xor_sync(0xffffffffu, send, o);
                 }
             }
+#pragma unroll
+            for (int o = L / RM / 2; o > 0; o >>= 1) s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+            if (sub % (L / RM) == 0) {
+                const int cc = i * KPB + slot;
+                float x = s[0];
+                if (p.f[1] != 0.0f) x = p.f[1] * tanhf(x);
+                S[sub / (L / RM)][cc] = c0 + cc < kv1 ? x : NEG_INF;
+            }
         }
+        if (more) load_rows(kr, kbase, k.nb[1], c0 + CH);
         __syncthreads();
 
         // Online softmax, one warp per row.
@@ -549,6 +561,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
             m[j] = mn;
             if (lane == 0) ALPHA[r] = alpha;
         }
+        if (more) load_mask(c0 + CH);
         __syncthreads();
 
         // Probabilities times V.
@@ -570,6 +583,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 for (int e = 0; e < 8; e++) acc[r][e] += pc * vf[e];
             }
         }
+        if (more) load_rows(vr, vbase, v.nb[1], c0 + CH);
         __syncthreads();
     }
 
@@ -703,10 +717,13 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     constexpr int KS = D / 16;                // k-steps of Q K^T
     constexpr int DT = D / 8;                 // output column tiles of 8
     constexpr int CPR = D / 8;                // 16-byte chunks per row
+    constexpr int MST = MMA_BK + 8;           // shared mask row stride in halves
+    constexpr int MCP = MMA_BQ * (MMA_BK / 8) / MMA_THREADS;  // mask chunks a thread copies
     extern __shared__ float4 smem4[];
     u16* Qs = (u16*)smem4;                    // [MMA_BQ][ST]
     u16* Ks = Qs + MMA_BQ * ST;               // [2][MMA_BK][ST]
     u16* Vs = Ks + 2 * MMA_BK * ST;           // [2][MMA_BK][ST]
+    u16* Ms = Vs + 2 * MMA_BK * ST;           // [2][MMA_BQ][MST]: f16 mask tiles (i[7])
     __shared__ int range[2];
 
     const TArg& dst = p.t[0];
@@ -728,6 +745,22 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     const i64 r0 = (i64)blockIdx.x * MMA_BQ;
     const i64 rlast = min(rows, r0 + MMA_BQ) - 1;
 
+    // Q rows of the block, loaded first (their latency overlaps the mask scan and the first
+    // K and V tile); stored scaled (to log2 units unless softcapped) as f16 below.
+    constexpr int QI = MMA_BQ * D / 2 / MMA_THREADS;
+    float2 qv[QI];
+#pragma unroll
+    for (int i = 0; i < QI; i++) {
+        const int idx = tid + i * MMA_THREADS;
+        const int rr = idx / (D / 2), d2 = (idx - rr * (D / 2)) * 2;
+        const i64 r = r0 + rr;
+        qv[i] = make_float2(0.0f, 0.0f);
+        if (r < rows) {
+            const char* qp = at(q, d2, r / gqa, g * gqa + (int)(r % gqa), b);
+            qv[i] = make_float2(F32::load(qp), F32::load(qp + q.nb[0]));
+        }
+    }
+
     // The tiles of this split, narrowed to those where some row of the block has a mask
     // value other than -inf.
     const int ntiles = (int)((nkv + MMA_BK - 1) / MMA_BK);
@@ -747,6 +780,7 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
         const int unit = p.i[7] ? 8 : 1;
         const i64 units = (key1 - key0 + unit - 1) / unit;
         i64 lo = 0x7fffffffffffll, hi = -1;
+#pragma unroll 4
         for (i64 idx = tid; idx < nsr * units; idx += MMA_THREADS) {
             const int sr = (int)(idx / units);
             const i64 c = key0 + (idx - (i64)sr * units) * unit;
@@ -774,7 +808,17 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
         t1 = min(t1, range[1] + 1);
     }
 
-    // K and V tile t into buffer buf.
+    // f16 masks with rows on 16 bytes come through shared memory with K and V: the mask rows
+    // of the block rows this thread copies (rows tid / 8 + 16 i, chunk tid % 8).
+    const bool msm = mtype == 2 && p.i[7];
+    const char* mcp[MCP];
+#pragma unroll
+    for (int i = 0; i < MCP; i++) {
+        const i64 r = min(rows - 1, r0 + tid / 8 + 16 * i);
+        mcp[i] = msm ? at(mask, 0, r / gqa, bcast(g * gqa + r % gqa, mask.ne[2]), bcast(b, mask.ne[3])) : nullptr;
+    }
+
+    // K and V tile t (and the mask tile) into buffer buf.
     auto load_kv = [&](int t, int buf) {
         const i64 c0 = (i64)t * MMA_BK;
         u16* kd = Ks + buf * MMA_BK * ST;
@@ -789,22 +833,26 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
             cp16(smem_u32(kd + rr * ST + 8 * ch), at(k, 8 * ch, cs, g, bk), ok);
             cp16(smem_u32(vd + rr * ST + 8 * ch), at(v, 8 * ch, cs, g, bk), ok);
         }
+        if (msm) {
+            u16* md = Ms + buf * MMA_BQ * MST;
+#pragma unroll
+            for (int i = 0; i < MCP; i++) {
+                const int rr = tid / 8 + 16 * i, ch = tid % 8;
+                const i64 c = c0 + 8 * ch;
+                const bool ok = c < nkv;
+                cp16(smem_u32(md + rr * MST + 8 * ch), mcp[i] + (ok ? c : 0) * 2, ok);
+            }
+        }
     };
     if (t0 < t1) load_kv(t0, 0);
     cp_commit();
 
-    // Q, scaled (to log2 units unless softcapped), as f16.
     const float qscale = CAP ? p.f[0] : p.f[0] * LOG2E;
-    for (int idx = tid; idx < MMA_BQ * D / 2; idx += MMA_THREADS) {
+#pragma unroll
+    for (int i = 0; i < QI; i++) {
+        const int idx = tid + i * MMA_THREADS;
         const int rr = idx / (D / 2), d2 = (idx - rr * (D / 2)) * 2;
-        const i64 r = r0 + rr;
-        float x0 = 0.0f, x1 = 0.0f;
-        if (r < rows) {
-            const char* qp = at(q, d2, r / gqa, g * gqa + (int)(r % gqa), b);
-            x0 = F32::load(qp) * qscale;
-            x1 = F32::load(qp + q.nb[0]) * qscale;
-        }
-        *(u32*)(Qs + rr * ST + d2) = pack_h2(x0, x1);
+        *(u32*)(Qs + rr * ST + d2) = pack_h2(qv[i].x * qscale, qv[i].y * qscale);
     }
     __syncthreads();
     u32 qf[KS][4];
@@ -839,16 +887,17 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     for (int t = t0; t < t1; t++) {
         const int buf = (t - t0) & 1;
         const i64 c0 = (i64)t * MMA_BK;
-        // The mask values of this tile (log2 units, slope applied), loaded before waiting:
-        // without a softcap they start the sums of S.
+        // The mask values of this tile (log2 units, slope applied), loaded before waiting
+        // unless they come through shared memory: without a softcap they start the sums of S.
         float mk[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const i64 c = c0 + 8 * nt + 2 * qd;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                float2 x;
-                if (mtype) {
+                float2 x = make_float2(0.0f, 0.0f);
+                if (msm) {
+                } else if (mtype) {
                     x = mask_pair(mrow[j], mask, mtype, pairs, c, nkv);
                 } else {
                     x.x = c < nkv ? 0.0f : NEG_INF;
@@ -868,6 +917,19 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
         __syncthreads();
         const u16* kt = Ks + buf * MMA_BK * ST;
         const u16* vt = Vs + buf * MMA_BK * ST;
+        if (msm) {
+            const u16* mt = Ms + buf * MMA_BQ * MST;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int cc = 8 * nt + 2 * qd;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const u32 u = *(const u32*)(mt + (warp * 16 + gr + 8 * j) * MST + cc);
+                    mk[nt][2 * j] = c0 + cc < nkv ? h2f((u16)u) * slope[j] : NEG_INF;
+                    mk[nt][2 * j + 1] = c0 + cc + 1 < nkv ? h2f((u16)(u >> 16)) * slope[j] : NEG_INF;
+                }
+            }
+        }
 
         // S = Q K^T (+ mask), in log2 units.
         float s[NT][4];
@@ -977,10 +1039,12 @@ KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64_cap(const KParams p) { fattn_m
 KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { fattn_mma<128, true>(p); }
 
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
-// weights are found in parallel, then each thread sums its output columns over the splits.
+// weights are found in parallel, then each column is summed over the splits by 256 / dv
+// threads (each a share of the splits) and their sums added through shared memory.
 // t[0] dst, t[1] q, t[2] k, t[3] v as above.
 KERNEL fattn_combine(const KParams p) {
     __shared__ float wts[256];
+    __shared__ float red[256];
     const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
@@ -999,15 +1063,23 @@ KERNEL fattn_combine(const KParams p) {
     const float* part = (const float*)p.aux[0] + row * nsplit * (DV + 2);
     const int s = threadIdx.x;
     const float ms = s < nsplit ? part[s * (DV + 2)] : NEG_INF;
+    const float ls = s < nsplit ? part[s * (DV + 2) + 1] : 0.0f;
     const float mx = block_max(ms);
     const float wv = (s < nsplit && ms != NEG_INF) ? expf(ms - mx) : 0.0f;
-    if (s < 256) wts[s] = wv;
-    const float total = block_sum(s < nsplit ? wv * part[s * (DV + 2) + 1] : 0.0f);
+    wts[s] = wv;
+    const float total = block_sum(wv * ls);
     const float inv = total == 0.0f ? 0.0f : 1.0f / total;
-    for (int col = threadIdx.x; col < DV; col += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int i = 0; i < nsplit; i++) acc += wts[i] * part[i * (DV + 2) + 2 + col];
-        F32::store(at(dst, col, h, iq, b), acc * inv);
+    const int groups = (int)blockDim.x / DV, col = s % DV, grp = s / DV;
+    float acc = 0.0f;
+    if (grp < groups) {
+#pragma unroll 8
+        for (int i = grp; i < nsplit; i += groups) acc += wts[i] * part[i * (DV + 2) + 2 + col];
+    }
+    red[s] = acc;
+    __syncthreads();
+    if (s < DV) {
+        float sum = 0.0f;
+        for (int j = 0; j < groups; j++) sum += red[j * DV + s];
+        F32::store(at(dst, s, h, iq, b), sum * inv);
     }
 }

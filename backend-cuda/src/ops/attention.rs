@@ -21,6 +21,8 @@ const VEC_MIN_KEYS: usize = 256;
 const DEC_ROWS: usize = 8;
 /// Threads per block of fattn_dec and fattn_mma.
 const DEC_THREADS: u32 = 128;
+/// Blocks of fattn_dec per SM the splits aim at: two waves of two resident blocks.
+const DEC_PER_SM: usize = 4;
 /// Fewest keys per split of fattn_dec.
 const DEC_MIN_KEYS: usize = 32;
 /// Query rows per block of fattn_mma (MMA_BQ in attention.cu).
@@ -194,10 +196,12 @@ fn flash_attn_dec(
     nkv: usize,
     rows_total: usize,
 ) -> Result<()> {
-    // Short splits, so that even a short cache gives the GPU several blocks per SM.
+    // Short splits, so that even a short cache fills the GPU, but no more than a few blocks
+    // per SM: a long cache is streamed by each block in turn, its next keys loading while it
+    // works on the last.
     let nsplit = nkv
         .div_ceil(DEC_MIN_KEYS)
-        .min((4 * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
+        .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
         .clamp(1, 256);
     p.i[2] = nsplit as i32;
     if nsplit > 1 {
@@ -224,19 +228,19 @@ fn flash_attn_mma(
     let tiles = rows.div_ceil(MMA_BQ);
     let blocks = tiles * heads_b;
     let sm = enc.dev.sm_count as usize;
-    // Split the keys only when the query tiles leave most SMs idle, keeping >= 4 tiles each.
-    let nsplit = if blocks >= sm {
+    // Split the keys only when the query tiles leave most SMs idle and the keys are many
+    // (merging the splits costs a launch), keeping >= 4 tiles each.
+    let nsplit = if 2 * blocks >= sm || nkv < 16 * MMA_BK {
         1
     } else {
-        sm.div_ceil(blocks)
-            .min(nkv.div_ceil(4 * MMA_BK))
-            .clamp(1, 256)
+        (sm / blocks).min(nkv / (4 * MMA_BK)).clamp(1, 256)
     };
     p.i[2] = nsplit as i32;
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
     }
-    let smem = 2 * (MMA_BQ + 4 * MMA_BK) * (d + 8);
+    // Q, two K and two V tiles, two mask tiles (f16 halves, rows padded by 8).
+    let smem = 2 * ((MMA_BQ + 4 * MMA_BK) * (d + 8) + 2 * MMA_BQ * (MMA_BK + 8));
     let cap = if p.f[1] != 0.0 { "_cap" } else { "" };
     let name = format!("fattn_mma{d}{cap}");
     let grid = [tiles as u32, heads_b as u32, nsplit as u32];

@@ -9,7 +9,8 @@
 #
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
 # /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
-# bench profile; also startup, sanitize).
+# bench profile; also greedy (the test model's greedy tokens against llama.cpp's), startup,
+# sanitize with SAN_TIMEOUT seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
@@ -30,6 +31,11 @@ if has ops; then
   timeout 300 $BIN ops test --backend "$DEV" > "$OUT/ops.log" 2>&1
   echo "ops test --backend $DEV | $(tail -1 "$OUT/ops.log")" | tee -a "$SUMMARY"
   grep -v 'OK \[\|skipped' "$OUT/ops.log" | head -20
+fi
+
+if has greedy; then
+  timeout 200 python3 scripts/gpu_greedy.py $BIN "$MODEL" .gpu/smollm2-greedy.json "$DEV" > "$OUT/greedy.log" 2>&1
+  echo "greedy vs llama.cpp | $(grep -m1 'prompts match\|MISMATCH\|FAIL' "$OUT/greedy.log")" | tee -a "$SUMMARY"
 fi
 
 if has perf; then
@@ -70,8 +76,8 @@ fi
 
 if has sanitize; then
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout 540 "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" > "$OUT/sanitize.log" 2>&1
-  echo "compute-sanitizer memcheck, ops test | $(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log") | $(grep -E '[0-9]+ passed' "$OUT/sanitize.log" | tail -1)" | tee -a "$SUMMARY"
+  timeout "${SAN_TIMEOUT:-540}" "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" > "$OUT/sanitize.log" 2>&1
+  echo "compute-sanitizer memcheck, ops test | $(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" || echo "stopped after ${SAN_TIMEOUT:-540} s") | cases checked: $(grep -c 'OK \[' "$OUT/sanitize.log") ok, $(grep -c 'FAIL' "$OUT/sanitize.log") failed | memcheck reports: $(grep -c '^========= Invalid\|^========= Program hit' "$OUT/sanitize.log")" | tee -a "$SUMMARY"
 fi
 
 echo "== summary"

@@ -140,6 +140,30 @@ fn fused_kernels_match_unfused_ops() {
     }
 }
 
+/// Runs block `b` with `inputs` on `be` and on the eager backend, checks that the outputs are
+/// the same bits, and returns how `be` ran it.
+fn step_vs_eager(
+    be: &mut tessera_cuda::CudaBackend,
+    eager: &mut tessera_cuda::CudaBackend,
+    b: &Block,
+    nodes: &[TensorId],
+    inputs: &[(TensorId, Vec<u8>)],
+    what: &str,
+) -> GraphMode {
+    let mut results = Vec::new();
+    for backend in [&mut *be, &mut *eager] {
+        set_inputs(&b.g, inputs);
+        backend.compute(&b.g, nodes).unwrap();
+        backend.synchronize().unwrap();
+        results.push(outputs_f32(b, &read(&b.g, &b.outputs)));
+    }
+    let mode = be.graph_mode();
+    for (i, (got, want)) in results[0].iter().zip(&results[1]).enumerate() {
+        check(&format!("{what} ({mode:?}) output {i}"), got, want, 0.0);
+    }
+    mode
+}
+
 #[test]
 fn graphs_replay_and_update() {
     let Some(dev) = cuda() else { return };
@@ -158,23 +182,14 @@ fn graphs_replay_and_update() {
     let mut modes = Vec::new();
     for step in 0..4 {
         let inputs = block_inputs(&b, &mut rng, 1, step);
-        set_inputs(&b.g, &inputs);
-        be.compute(&b.g, &nodes).unwrap();
-        be.synchronize().unwrap();
-        modes.push(be.graph_mode());
-        let got = outputs_f32(&b, &read(&b.g, &outs));
-        set_inputs(&b.g, &inputs);
-        eager.compute(&b.g, &nodes).unwrap();
-        eager.synchronize().unwrap();
-        let want = outputs_f32(&b, &read(&b.g, &outs));
-        for i in 0..outs.len() {
-            check(
-                &format!("graph step {step} ({:?}) output {i}", modes[step]),
-                &got[i],
-                &want[i],
-                0.0,
-            );
-        }
+        modes.push(step_vs_eager(
+            &mut be,
+            &mut eager,
+            &b,
+            &nodes,
+            &inputs,
+            "graph step",
+        ));
     }
     assert_eq!(
         modes,
@@ -191,23 +206,7 @@ fn graphs_replay_and_update() {
     let moved = dev.buffer_type().alloc(b.g.get(x).nbytes()).unwrap();
     b.g.bind(x, moved, 0).unwrap();
     let inputs = block_inputs(&b, &mut rng, 1, 5);
-    set_inputs(&b.g, &inputs);
-    be.compute(&b.g, &nodes).unwrap();
-    be.synchronize().unwrap();
-    let rebound = be.graph_mode();
-    let got = outputs_f32(&b, &read(&b.g, &outs));
-    set_inputs(&b.g, &inputs);
-    eager.compute(&b.g, &nodes).unwrap();
-    eager.synchronize().unwrap();
-    let want = outputs_f32(&b, &read(&b.g, &outs));
-    for i in 0..outs.len() {
-        check(
-            &format!("rebound input ({rebound:?}) output {i}"),
-            &got[i],
-            &want[i],
-            0.0,
-        );
-    }
+    let rebound = step_vs_eager(&mut be, &mut eager, &b, &nodes, &inputs, "rebound input");
     assert_eq!(rebound, GraphMode::Updated);
     // The same graph in other memory: the executable graph is updated, not rebuilt.
     let mut b2 = block(1, true);
@@ -217,23 +216,7 @@ fn graphs_replay_and_update() {
     let mut alloc2 = GraphAllocator::new(dev.buffer_type());
     alloc2.alloc(&mut b2.g, &nodes).unwrap();
     let inputs = block_inputs(&b2, &mut rng, 1, 9);
-    set_inputs(&b2.g, &inputs);
-    be.compute(&b2.g, &nodes).unwrap();
-    be.synchronize().unwrap();
-    let mode = be.graph_mode();
-    let got = outputs_f32(&b2, &read(&b2.g, &outs));
-    set_inputs(&b2.g, &inputs);
-    eager.compute(&b2.g, &nodes).unwrap();
-    eager.synchronize().unwrap();
-    let want = outputs_f32(&b2, &read(&b2.g, &outs));
-    for i in 0..outs.len() {
-        check(
-            &format!("moved graph ({mode:?}) output {i}"),
-            &got[i],
-            &want[i],
-            0.0,
-        );
-    }
+    let mode = step_vs_eager(&mut be, &mut eager, &b2, &nodes, &inputs, "moved graph");
     assert_eq!(mode, GraphMode::Updated);
     println!(
         "graph modes: {modes:?}, then {mode:?}; {} commands per step",

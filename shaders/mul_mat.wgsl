@@ -377,9 +377,8 @@ fn mat_vec(
 // multiplied with it four values per dot4I8Packed (one instruction where the device has integer
 // dot products) in i32, and scaled once per part in f32. A workgroup takes ROWS rows of one
 // column, TPR invocations per row (WG = ROWS x TPR): invocation j of a row takes its parts j,
-// j + TPR, ..., and loads the raw words of its next part (PF2: of the part after next) before
-// it computes the current one (the first ones before the column is quantized), so that two
-// (three) parts per invocation are in flight.
+// j + TPR, ..., and loads the raw words of its next part before it computes the current one
+// (the first before the column is quantized), so that two parts per invocation are in flight.
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
 // (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
 // four 16-value sub-blocks).
@@ -697,10 +696,6 @@ fn mat_vec_q(
     var p = j;
     var pn = min(p, np - 1u);
     var w = load_part(r, pn / TPB, pn % TPB);
-#if PF2
-    pn = min(p + TPR, np - 1u);
-    var w1 = load_part(r, pn / TPB, pn % TPB);
-#endif
     var acc = 0.0;
     for (var k0 = 0u; k0 < kk; k0 += KC) {
         // The previous chunk's parts are done with yq before it is overwritten.
@@ -710,20 +705,11 @@ fn mat_vec_q(
         let base = (k0 / QB) * TPB;
         let end = min(np, ((k0 + KC) / QB) * TPB);
         for (; p < end; p += TPR) {
-#if PF2
-            pn = min(p + 2u * TPR, np - 1u);
-#else
             pn = min(p + TPR, np - 1u);
-#endif
             let next = load_part(r, pn / TPB, pn % TPB);
             let t = p % TPB;
             acc += part_dot_q(w, r, p / TPB, t, y_part((p - base) / TPB, t));
-#if PF2
-            w = w1;
-            w1 = next;
-#else
             w = next;
-#endif
         }
     }
     red[li] = acc;

@@ -461,7 +461,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                 let mvq = (t.ne[1] <= MAT_VEC_MAX_N)
                     .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc))
                     .flatten();
-                if let Some((rows, wg, kc, a4, pf2)) = mvq {
+                if let Some((rows, wg, kc, a4)) = mvq {
                     let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
@@ -469,8 +469,7 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
                         .def("ROWS", rows)
                         .def("WG", wg)
                         .def("TPR", wg / rows)
-                        .def("KC", kc)
-                        .def("PF2", u32::from(pf2));
+                        .def("KC", kc);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -874,30 +873,24 @@ fn mvq_parts(a: DType) -> (u32, u32) {
     }
 }
 
-/// The integer-dot mat-vec's setting: `None` (the default: on), `Some(None)`
-/// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or
-/// `Some(Some((ROWS, WG, PF2)))` (TESSERA_WGPU_MVQ=ROWS,WG[,DEPTH]: ROWS rows and WG / ROWS
-/// invocations per row for every product, loads DEPTH (1 or 2, default 2) parts ahead; for
-/// tuning on a new GPU).
-fn mvq_setting() -> Option<Option<(u32, u32, bool)>> {
-    static SETTING: std::sync::OnceLock<Option<Option<(u32, u32, bool)>>> =
-        std::sync::OnceLock::new();
+/// The integer-dot mat-vec's shape setting: `None` (the default: on), `Some(None)`
+/// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or `Some(Some((ROWS, WG)))`
+/// (TESSERA_WGPU_MVQ=ROWS,WG: ROWS rows and WG / ROWS invocations per row for every product,
+/// for tuning on a new GPU).
+fn mvq_setting() -> Option<Option<(u32, u32)>> {
+    static SETTING: std::sync::OnceLock<Option<Option<(u32, u32)>>> = std::sync::OnceLock::new();
     *SETTING.get_or_init(|| {
         let v = std::env::var("TESSERA_WGPU_MVQ").ok()?;
         if v.trim() == "0" {
             return Some(None);
         }
-        let f: Vec<Option<u32>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
-        let parsed = match f[..] {
-            [Some(r), Some(w)] => Some((r, w, true)),
-            [Some(r), Some(w), Some(d @ (1 | 2))] => Some((r, w, d == 2)),
-            _ => None,
-        }
-        .filter(|&(r, w, _)| {
-            MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w) && w >= r
+        let parsed = v.split_once(',').and_then(|(r, w)| {
+            let (r, w) = (r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?);
+            (MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w) && w >= r)
+                .then_some((r, w))
         });
         if parsed.is_none() {
-            log::warn!("wgpu: TESSERA_WGPU_MVQ={v} is not 0 or ROWS,WG[,DEPTH] (ROWS one of {MVQ_ROWS:?}, WG a power of two from 32 to 1024, DEPTH 1 or 2); using the defaults");
+            log::warn!("wgpu: TESSERA_WGPU_MVQ={v} is not 0 or ROWS,WG (ROWS one of {MVQ_ROWS:?}, WG a power of two from 32 to 1024); using the defaults");
             return None;
         }
         Some(parsed)
@@ -905,17 +898,16 @@ fn mvq_setting() -> Option<Option<(u32, u32, bool)>> {
 }
 
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
-/// integer-dot mat-vec, and its (ROWS, WG, KC, A4, PF2) (TPR = WG / ROWS; PF2: loads two
-/// parts ahead): a weight type of [`MVQ_TYPES`] whose rows start at 4-byte aligned offsets
-/// (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte words), on a device whose limits
-/// hold the workgroup.
+/// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of [`MVQ_TYPES`] whose rows
+/// start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte
+/// words), on a device whose limits hold the workgroup.
 fn mat_vec_q_shape(
     gpu: &Gpu,
     graph: &Graph,
     t: &Tensor,
     r0: usize,
     rows: usize,
-) -> Option<(u32, u32, u32, bool, bool)> {
+) -> Option<(u32, u32, u32, bool)> {
     let setting = mvq_setting();
     if setting == Some(None) {
         return None;
@@ -927,7 +919,7 @@ fn mat_vec_q_shape(
     let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
-    let (nr, wg, pf2) = setting.flatten().unwrap_or_else(|| {
+    let (nr, wg) = setting.flatten().unwrap_or_else(|| {
         let nr = MVQ_ROWS
             .into_iter()
             .find(|&r| rows.div_ceil(r as usize) >= MVQ_GROUPS)
@@ -935,14 +927,14 @@ fn mat_vec_q_shape(
         let max_wg = MVQ_WG.min(gpu.limits.max_compute_invocations_per_workgroup);
         let tpr =
             (parts.div_ceil(MVQ_PARTS).next_power_of_two() as u32).clamp(32 / nr, max_wg / nr);
-        (nr, nr * tpr, true)
+        (nr, nr * tpr)
     });
     let l = &gpu.limits;
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
         return None;
     }
     let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg)?;
-    Some((nr, wg, kc, a4, pf2))
+    Some((nr, wg, kc, a4))
 }
 
 /// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales) and
@@ -1159,8 +1151,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                             .def("ROWS", rows)
                                             .def("WG", wg)
                                             .def("TPR", wg / rows)
-                                            .def("KC", kc)
-                                            .def("PF2", u32::from(rows == 16)),
+                                            .def("KC", kc),
                                     );
                                 }
                             }

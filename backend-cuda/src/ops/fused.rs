@@ -208,7 +208,8 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let q8_out = if m.is_multiple_of(32) && feeds_mmvq(enc, nodes, i + 3, s)? {
         // x's blocks may sit in scratch from an earlier node: the new ones go past them.
         let x_end = (q8.1 - enc.scratch_base) as usize + (x.ne[0] / 32) * 8;
-        enc.node_scratch = enc.node_scratch.max(x_end);
+        let align = crate::memory::ALIGNMENT;
+        enc.node_scratch = enc.node_scratch.max(x_end.div_ceil(align) * align);
         let n = m as usize / 32;
         let out = (enc.scratch(n * 32), enc.scratch(n * 8));
         p.aux[2] = out.0;

@@ -104,14 +104,16 @@ impl Family {
     /// Storage bindings its shaders use: the destination and the sources.
     pub fn storage_bindings(self) -> usize {
         match self {
-            Family::Unary | Family::Norm | Family::Reduce => 2,
+            Family::Unary | Family::Reduce => 2,
             Family::Binary
             | Family::Glu
+            | Family::Norm
             | Family::SoftMax
             | Family::Rope
             | Family::Rows
-            | Family::MulMat
             | Family::Shape => 3,
+            // The fused mat-vecs read a residual or a second weight matrix.
+            Family::MulMat => 4,
             Family::FlashAttn => 5,
         }
     }
@@ -168,7 +170,7 @@ impl Variant {
     }
 
     /// A define's value.
-    fn get(&self, name: &str) -> Option<u32> {
+    pub fn get(&self, name: &str) -> Option<u32> {
         self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 

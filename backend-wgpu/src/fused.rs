@@ -1,0 +1,292 @@
+//! Fused dispatches: op sequences of a Llama block run as one dispatch each, when the
+//! intermediate results are read by nothing else (the destination of the last op is written,
+//! the intermediates never are).
+//!
+//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows: the norm shader multiplies as
+//!   it stores (MUL in `shaders/norm.wgsl`).
+//! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
+//!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+//! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
+//!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
+//!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//!
+//! A fused result is the unfused ops' result up to float rounding (the conformance cases
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT and SWIGLU_MUL_MAT check it against the CPU). Fusion is on
+//! unless `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
+
+use tessera_core::{BinaryOp, DType, GluOp, Graph, Op, Result, TensorId};
+
+use crate::context::Gpu;
+use crate::ops::{self, desc, Launch, PlanOut};
+use crate::shader::Variant;
+
+/// How many graph nodes read each tensor (an output counts as one more reader).
+pub(crate) fn use_counts(g: &Graph) -> Vec<u32> {
+    let mut uses = vec![0u32; g.len()];
+    for id in g.ids() {
+        let t = g.get(id);
+        for &s in &t.src {
+            uses[s.index()] += 1;
+        }
+        if t.flags.output {
+            uses[id.index()] += 1;
+        }
+    }
+    uses
+}
+
+/// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
+pub(crate) fn default_on() -> bool {
+    std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
+}
+
+/// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
+/// of each tensor.
+pub(crate) struct Fuser<'a> {
+    /// The device.
+    pub gpu: &'a Gpu,
+    /// The graph.
+    pub graph: &'a Graph,
+    /// The nodes to run, in order.
+    pub nodes: &'a [TensorId],
+    /// [`use_counts`] of the graph.
+    pub uses: &'a [u32],
+}
+
+impl Fuser<'_> {
+    /// Tries every fusion at `nodes[i]`: the launches and how many nodes they stand for
+    /// (`None`: none applies).
+    pub fn try_fuse(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        if let Some(f) = self.rms_norm_mul(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.gate_up_swiglu(i)? {
+            return Ok(Some(f));
+        }
+        self.mat_vec_add(i)
+    }
+
+    /// Whether `id` has exactly one reader (and is no output).
+    fn single_use(&self, id: TensorId) -> bool {
+        self.uses[id.index()] == 1
+    }
+
+    /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a shader, with its
+    /// index: leaves and views run nothing and are passed over.
+    fn next_running(&self, j: usize) -> Option<(usize, TensorId)> {
+        let g = self.graph;
+        self.nodes
+            .iter()
+            .enumerate()
+            .skip(j)
+            .take(8)
+            .find(|(_, &n)| {
+                let t = g.get(n);
+                !(matches!(t.op, Op::None) || t.op.is_view())
+            })
+            .map(|(i, &n)| (i, n))
+    }
+
+    /// Whether the memory of `a` and `b` does not overlap, or (`same_ok`) is the same bytes
+    /// laid out alike: a fused dispatch that writes `a` while reading `b` then reads no value
+    /// another invocation has overwritten.
+    fn apart(&self, a: TensorId, b: TensorId, same_ok: bool) -> bool {
+        let g = self.graph;
+        let (Some(da), Some(db)) = (g.data(a), g.data(b)) else {
+            return false;
+        };
+        let (ta, tb) = (g.get(a), g.get(b));
+        if !std::ptr::addr_eq(
+            std::sync::Arc::as_ptr(&da.buffer),
+            std::sync::Arc::as_ptr(&db.buffer),
+        ) {
+            return true;
+        }
+        if same_ok && da.offset == db.offset && ta.nb == tb.nb && ta.ne == tb.ne {
+            return true;
+        }
+        let span = |off: usize, t: &tessera_core::Tensor| {
+            let last: usize = (0..4).map(|k| (t.ne[k].max(1) - 1) * t.nb[k]).sum();
+            (off, off + last + t.dtype.type_size())
+        };
+        let (a0, a1) = span(da.offset, ta);
+        let (b0, b1) = span(db.offset, tb);
+        a1 <= b0 || b1 <= a0
+    }
+
+    /// `rms_norm(x) * w` as one norm dispatch (MUL).
+    fn rms_norm_mul(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let r = self.nodes[i];
+        let tr = g.get(r);
+        if !matches!(tr.op, Op::RmsNorm { .. }) || !self.single_use(r) {
+            return Ok(None);
+        }
+        let Some((j, m)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let tm = g.get(m);
+        if tm.op != Op::Binary(BinaryOp::Mul) || tm.src.len() != 2 || tm.src[0] != r {
+            return Ok(None);
+        }
+        let (w, x) = (tm.src[1], tr.src[0]);
+        let tw = g.get(w);
+        let fits = tw.dtype == DType::F32
+            && tm.dtype == DType::F32
+            && tr.dtype == DType::F32
+            && g.get(x).dtype == DType::F32
+            && tm.ne == tr.ne
+            && tw.ne == [tr.ne[0], 1, 1, 1]
+            && self.apart(m, x, true);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.single_plan(r) else {
+            return Ok(None);
+        };
+        out.variant = out.variant.def("MUL", 1);
+        out.bind[0].id = m;
+        out.bind.push(ops::Bind::whole(w));
+        out.params.desc[0] = desc(tm);
+        out.params.desc[2] = desc(tw);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, m, out)?],
+            j - i + 1,
+        )))
+    }
+
+    /// The one launch of node `id`'s plan (`None`: it has several, or none, or is not
+    /// supported).
+    fn single_plan(&self, id: TensorId) -> Option<PlanOut> {
+        let mut plans = ops::plan(self.gpu, self.graph, id).ok()?;
+        (plans.len() == 1).then(|| plans.remove(0))
+    }
+
+    /// The plan of mul_mat `m` when it runs as one integer-dot mat-vec dispatch (whole
+    /// weights in one binding).
+    fn mat_vec_q_plan(&self, m: TensorId) -> Option<PlanOut> {
+        let tm = self.graph.get(m);
+        if tm.op != Op::MulMat || tm.dtype != DType::F32 {
+            return None;
+        }
+        let out = self.single_plan(m)?;
+        (out.variant.entry == "mat_vec_q" && out.bind[1].skip == 0).then_some(out)
+    }
+
+    /// `r + W x` (an add right after a mul_mat that runs as the integer-dot mat-vec): one
+    /// mat-vec dispatch that adds `r` as it stores (ADD).
+    fn mat_vec_add(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let m = self.nodes[i];
+        if g.get(m).op != Op::MulMat || !self.single_use(m) {
+            return Ok(None);
+        }
+        let Some((j, a)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let (tm, ta) = (g.get(m), g.get(a));
+        if ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 {
+            return Ok(None);
+        }
+        let r = match (ta.src[0] == m, ta.src[1] == m) {
+            (true, false) => ta.src[1],
+            (false, true) => ta.src[0],
+            _ => return Ok(None),
+        };
+        let tr = g.get(r);
+        let fits = ta.dtype == DType::F32
+            && tr.dtype == DType::F32
+            && tr.ne == tm.ne
+            && ta.ne == tm.ne
+            && self.apart(a, r, true)
+            && self.apart(a, tm.src[1], false);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.mat_vec_q_plan(m) else {
+            return Ok(None);
+        };
+        out.variant = out.variant.def("ADD", 1);
+        out.bind[0].id = a;
+        out.bind.push(ops::Bind::whole(r));
+        out.params.desc[0] = desc(ta);
+        out.params.desc[3] = desc(tr);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, a, out)?],
+            j - i + 1,
+        )))
+    }
+
+    /// `swiglu(W_gate x, W_up x)` for one token: one mat-vec dispatch over both weight
+    /// matrices (GLU).
+    fn gate_up_swiglu(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let a = self.nodes[i];
+        if g.get(a).op != Op::MulMat {
+            return Ok(None);
+        }
+        let Some((jb, b)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let Some((js, s)) = self.next_running(jb + 1) else {
+            return Ok(None);
+        };
+        let ts = g.get(s);
+        let swiglu = Op::Glu {
+            op: GluOp::Swiglu,
+            swapped: false,
+        };
+        if ts.op != swiglu || ts.src.len() != 2 {
+            return Ok(None);
+        }
+        let (gate, up) = (ts.src[0], ts.src[1]);
+        if !((gate == a && up == b) || (gate == b && up == a)) {
+            return Ok(None);
+        }
+        let (tg, tu) = (g.get(gate), g.get(up));
+        if tu.op != Op::MulMat
+            || !self.single_use(gate)
+            || !self.single_use(up)
+            || tg.src[1] != tu.src[1]
+        {
+            return Ok(None);
+        }
+        let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), tg.src[1]);
+        let tx = g.get(x);
+        let one_token = tx.ne[1] == 1 && tx.ne[2] == 1 && tx.ne[3] == 1;
+        let fits = one_token
+            && wg.ne[2] == 1
+            && wg.ne[3] == 1
+            && wg.dtype == wu.dtype
+            && wg.ne == wu.ne
+            && ts.dtype == DType::F32
+            && ts.ne == tg.ne
+            && self.apart(s, x, false);
+        if !fits {
+            return Ok(None);
+        }
+        let (Some(mut out), Some(pu)) = (self.mat_vec_q_plan(gate), self.mat_vec_q_plan(up)) else {
+            return Ok(None);
+        };
+        // Both read alike (the same A4, Y4 and shape), so that one variant reads both.
+        if out.variant != pu.variant {
+            return Ok(None);
+        }
+        out.variant = glu_variant(out.variant);
+        out.bind[0].id = s;
+        out.bind.push(pu.bind[1]);
+        out.params.desc[0] = desc(ts);
+        out.params.desc[3] = desc(wu);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, s, out)?],
+            js - i + 1,
+        )))
+    }
+}
+
+/// The GLU (fused gate, up and swiglu) form of an integer-dot mat-vec variant: src2 read as
+/// src0 is (B4 = A4).
+pub(crate) fn glu_variant(v: Variant) -> Variant {
+    let a4 = v.get("A4").unwrap_or(0);
+    v.def("GLU", 1).def("B4", a4)
+}

@@ -20,7 +20,7 @@ use crate::backend::Recording;
 use crate::shader::{Family, Variant};
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
-pub(crate) const MAX_STORAGE: usize = 5;
+pub(crate) const MAX_STORAGE: usize = 6;
 /// The binding of the per-op parameter block (a uniform with a dynamic offset).
 pub(crate) const PARAMS_BINDING: u32 = 7;
 /// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).

@@ -9,9 +9,12 @@
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//! - `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32 caches at the
+//!   same rows (a Llama block between its projections and attention): one dispatch writes
+//!   the rotated K and V straight into the caches (KV in `shaders/rope.wgsl`).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT and SWIGLU_MUL_MAT check it against the CPU). Fusion is on
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU). Fusion is on
 //! unless `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use tessera_core::{BinaryOp, DType, GluOp, Graph, Op, Result, TensorId};
@@ -61,6 +64,9 @@ impl Fuser<'_> {
             return Ok(Some(f));
         }
         if let Some(f) = self.gate_up_swiglu(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.rope_kv(i)? {
             return Ok(Some(f));
         }
         self.mat_vec_add(i)
@@ -280,6 +286,77 @@ impl Fuser<'_> {
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, s, out)?],
             js - i + 1,
+        )))
+    }
+
+    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`:
+    /// one rope dispatch (KV) that writes both caches.
+    fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let k = self.nodes[i];
+        let tk = g.get(k);
+        if !matches!(tk.op, Op::Rope(_)) || !self.single_use(k) {
+            return Ok(None);
+        }
+        let Some((jk, sk)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let Some((jv, sv)) = self.next_running(jk + 1) else {
+            return Ok(None);
+        };
+        let (tsk, tsv) = (g.get(sk), g.get(sv));
+        if tsk.op != Op::SetRows || tsv.op != Op::SetRows || tsv.src[2] != tsk.src[2] {
+            return Ok(None);
+        }
+        let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);
+        let (v, vc) = (tsv.src[1], tsv.src[0]);
+        let (tr, tkc, ti, tv, tvc) = (g.get(rows), g.get(kc), g.get(idx), g.get(v), g.get(vc));
+        let tokens = tk.ne[2];
+        let fits = matches!(tr.op, Op::Reshape)
+            && tr.src[0] == k
+            && self.single_use(rows)
+            && tk.dtype == DType::F32
+            && g.get(tk.src[0]).dtype == DType::F32
+            && tk.ne[3] == 1
+            && tr.ne == [tk.ne[0] * tk.ne[1], tokens, 1, 1]
+            && matches!(tkc.dtype, DType::F16 | DType::F32)
+            && tkc.ne[0] == tr.ne[0]
+            && tkc.ne[2] == 1
+            && tkc.ne[3] == 1
+            && matches!(ti.dtype, DType::I32 | DType::I64)
+            && ti.ne[0] == tokens
+            && ti.nelements() == tokens
+            && tv.dtype == DType::F32
+            && tv.ne == [tvc.ne[0], tokens, 1, 1]
+            && tvc.dtype == tkc.dtype
+            && tvc.ne == tkc.ne
+            && tvc.nb == tkc.nb
+            && tsk.ne == tkc.ne
+            && tsv.ne == tvc.ne
+            && self.apart(sk, tk.src[0], false)
+            && self.apart(sk, v, false)
+            && self.apart(sv, tk.src[0], false)
+            && self.apart(sv, v, false)
+            && self.apart(sk, sv, false);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.single_plan(k) else {
+            return Ok(None);
+        };
+        let count = (out.params.u[0] as usize + tv.nelements()).min(u32::MAX as usize);
+        out.variant = ops::rope_kv_variant(tkc.dtype);
+        out.params.u[0] = count as u32;
+        out.params.desc[0] = desc(g.get(sk));
+        out.params.desc[3] = desc(ti);
+        out.params.desc[4] = desc(tv);
+        out.groups = count.div_ceil(out.variant.get("WG").unwrap_or(1) as usize);
+        out.bind = [sk, tk.src[0], tk.src[1], idx, v, sv]
+            .map(ops::Bind::whole)
+            .to_vec();
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, sk, out)?],
+            jv - i + 1,
         )))
     }
 }

@@ -24,7 +24,7 @@ pub(crate) struct Params {
     pub desc: [[u32; 8]; 5],
     /// Byte offsets of dst, src0, src1, src2 (filled when the bindings are resolved).
     pub off: [u32; 4],
-    /// src3's byte offset, then op integers.
+    /// src3's byte offset, then op integers (or, for a sixth binding, its byte offset).
     pub off4: [u32; 4],
     /// Op floats.
     pub f: [f32; 4],
@@ -37,12 +37,12 @@ pub(crate) struct Params {
 }
 
 impl Params {
-    /// Sets the byte offset of binding `k` (0 = dst).
+    /// Sets the byte offset of binding `k` (0 = dst; 4 and 5 in off4's first two words).
     pub fn set_offset(&mut self, k: usize, off: u32) {
         if k < 4 {
             self.off[k] = off;
         } else {
-            self.off4[0] = off;
+            self.off4[k - 4] = off;
         }
     }
 }
@@ -849,6 +849,13 @@ fn rope_variant(a: DType) -> Variant {
     Variant::new(Family::Rope, "main").ty("T0", a).ty("DT", a)
 }
 
+/// The fused rope of K (f32) with the stores of K and V into caches of type `cache` (KV).
+pub(crate) fn rope_kv_variant(cache: DType) -> Variant {
+    let v = rope_variant(DType::F32).def("KV", 1).ty("DT", cache);
+    let wg = ew_wg(&v);
+    v.def("WG", wg)
+}
+
 fn rows_variant(op: u32, src: DType, idx: DType, to: DType) -> Variant {
     Variant::new(Family::Rows, "main")
         .def("OP", op)
@@ -1140,7 +1147,10 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             v.push(row(norm_variant(0, true)));
         }
         Family::SoftMax => v.extend([None, Some(DType::F16)].map(|m| row(soft_max_variant(m)))),
-        Family::Rope => v.extend([DType::F32, DType::F16].map(|a| ew(rope_variant(a)))),
+        Family::Rope => {
+            v.extend([DType::F32, DType::F16].map(|a| ew(rope_variant(a))));
+            v.extend([DType::F32, DType::F16].map(rope_kv_variant));
+        }
         Family::Rows => {
             for &a in FLOATS.iter().chain(&QUANT) {
                 v.push(ew(rows_variant(0, a, DType::I32, DType::F32)));

@@ -109,12 +109,13 @@ impl Family {
             | Family::Glu
             | Family::Norm
             | Family::SoftMax
-            | Family::Rope
             | Family::Rows
             | Family::Shape => 3,
             // The fused mat-vecs read a residual or a second weight matrix.
             Family::MulMat => 4,
             Family::FlashAttn => 5,
+            // The fused rope of K with the stores of K and V into their caches.
+            Family::Rope => 6,
         }
     }
 }

@@ -383,9 +383,10 @@ fn mat_vec(
 // (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
 // four 16-value sub-blocks).
 // Fused variants: ADD adds src2 (f32, dst's shape) to each sum as it is stored (`r + W x`);
-// GLU computes the same rows of a second weight matrix of src0's type and shape in src2 (row
-// stride s2.nb.y, laid out as src0: B4 = A4) by the same column and stores silu(src0 row .
-// x) * (src2 row . x) (swiglu of the gate and up products of one token).
+// W2 computes the same rows of a second weight matrix of src0's type and shape in src2 (row
+// stride s2.nb.y, laid out as src0: B4 = A4) by the same column, and then GLU stores
+// silu(src0 row . x) * (src2 row . x) (swiglu of the gate and up products of one token), or
+// PAIR stores both products, the second into src3 (f32, dst's shape; K and V of one token).
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
@@ -519,9 +520,9 @@ struct WPart {
     s: vec4<u32>,
 }
 
-// Word i of the weights: src0, or src2 where `u` (the up matrix of GLU variants).
+// Word i of the weights: src0, or src2 where `u` (the second matrix of W2 variants).
 fn wword(u: bool, i: u32) -> u32 {
-#if GLU
+#if W2
     if u {
         return s2w(i);
     }
@@ -537,7 +538,7 @@ fn words4(u: bool, i: u32) -> vec4<u32> {
 // Word i of the weights, clamped to the binding's last word (for the word after a run whose
 // last bytes end the binding).
 fn word_c(u: bool, i: u32) -> u32 {
-#if GLU
+#if W2
     if u {
         return s2w(min(i, last2()));
     }
@@ -548,7 +549,7 @@ fn word_c(u: bool, i: u32) -> u32 {
 // The 16 bytes from byte b of the weights, a multiple of 16 (with A4, one 16-byte load).
 fn run16(u: bool, b: u32) -> vec4<u32> {
 #if A4
-#if GLU
+#if W2
     if u {
         return src2[b >> 4u];
     }
@@ -737,7 +738,7 @@ fn mat_vec_q(
     var pn = min(p, np - 1u);
     var w = load_part(false, r, pn / TPB, pn % TPB);
     var acc = 0.0;
-#if GLU
+#if W2
     let r2 = P.off.w + min(m, mm - 1u) * P.s2.nb.y;
     var w2 = load_part(true, r2, pn / TPB, pn % TPB);
     var acc2 = 0.0;
@@ -752,25 +753,31 @@ fn mat_vec_q(
         for (; p < end; p += TPR) {
             pn = min(p + TPR, np - 1u);
             let next = load_part(false, r, pn / TPB, pn % TPB);
-#if GLU
+#if W2
             let next2 = load_part(true, r2, pn / TPB, pn % TPB);
 #endif
             let t = p % TPB;
             let y = y_part((p - base) / TPB, t);
             acc += part_dot_q(w, r, p / TPB, t, y);
             w = next;
-#if GLU
+#if W2
             acc2 += part_dot_q(w2, r2, p / TPB, t, y);
             w2 = next2;
 #endif
         }
     }
     var v = row_sum(acc, li, j);
-#if GLU
-    let up = row_sum(acc2, li, j);
-    v = v / (1.0 + exp(-v)) * up;
-#endif
     let dc = vec4<u32>(m, c.yzw);
+#if W2
+    let v2 = row_sum(acc2, li, j);
+#if GLU
+    v = v / (1.0 + exp(-v)) * v2;
+#else
+    if j == 0u && m < mm {
+        src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
+    }
+#endif
+#endif
 #if ADD
     if j == 0u && m < mm {
         v += ld2(P.off.w + at(dc, P.s2.nb));

@@ -9,6 +9,8 @@
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//! - two mul_mats of one token by the same vector with weights of one type and shape (a
+//!   Llama block's K and V): one mat-vec dispatch computes both (PAIR in `mat_vec_q`).
 //! - `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32 caches at the
 //!   same rows (a Llama block between its projections and attention): one dispatch writes
 //!   the rotated K and V straight into the caches (KV in `shaders/rope.wgsl`).
@@ -69,7 +71,10 @@ impl Fuser<'_> {
         if let Some(f) = self.rope_kv(i)? {
             return Ok(Some(f));
         }
-        self.mat_vec_add(i)
+        if let Some(f) = self.mat_vec_add(i)? {
+            return Ok(Some(f));
+        }
+        self.mat_vec_pair(i)
     }
 
     /// Whether `id` has exactly one reader (and is no output).
@@ -278,7 +283,7 @@ impl Fuser<'_> {
         if out.variant != pu.variant {
             return Ok(None);
         }
-        out.variant = glu_variant(out.variant);
+        out.variant = second_matrix_variant(out.variant, true);
         out.bind[0].id = s;
         out.bind.push(pu.bind[1]);
         out.params.desc[0] = desc(ts);
@@ -286,6 +291,56 @@ impl Fuser<'_> {
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, s, out)?],
             js - i + 1,
+        )))
+    }
+
+    /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
+    /// one mat-vec dispatch (PAIR).
+    fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let a = self.nodes[i];
+        if g.get(a).op != Op::MulMat {
+            return Ok(None);
+        }
+        let Some((jb, b)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let (ta, tb) = (g.get(a), g.get(b));
+        if tb.op != Op::MulMat || ta.src[1] != tb.src[1] {
+            return Ok(None);
+        }
+        let (wa, wb, x) = (g.get(ta.src[0]), g.get(tb.src[0]), ta.src[1]);
+        let tx = g.get(x);
+        let fits = tx.ne[1] == 1
+            && tx.ne[2] == 1
+            && tx.ne[3] == 1
+            && wa.ne[2] == 1
+            && wa.ne[3] == 1
+            && wa.dtype == wb.dtype
+            && wa.ne == wb.ne
+            && tb.dtype == DType::F32
+            && tb.ne == ta.ne
+            && tb.nb[0] == 4
+            && self.apart(a, x, false)
+            && self.apart(b, x, false)
+            && self.apart(a, b, false);
+        if !fits {
+            return Ok(None);
+        }
+        let (Some(mut out), Some(pb)) = (self.mat_vec_q_plan(a), self.mat_vec_q_plan(b)) else {
+            return Ok(None);
+        };
+        if out.variant != pb.variant {
+            return Ok(None);
+        }
+        out.variant = second_matrix_variant(out.variant, false);
+        out.bind.push(pb.bind[1]);
+        out.bind.push(pb.bind[0]);
+        out.params.desc[3] = desc(wb);
+        out.params.desc[4] = desc(tb);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, a, out)?],
+            jb - i + 1,
         )))
     }
 
@@ -361,9 +416,15 @@ impl Fuser<'_> {
     }
 }
 
-/// The GLU (fused gate, up and swiglu) form of an integer-dot mat-vec variant: src2 read as
-/// src0 is (B4 = A4).
-pub(crate) fn glu_variant(v: Variant) -> Variant {
+/// An integer-dot mat-vec variant that also multiplies a second weight matrix in src2, read
+/// as src0 is (W2, B4 = A4), and stores `silu(first) * second` (`glu`: GLU, the fused gate, up
+/// and swiglu) or both products (PAIR).
+pub(crate) fn second_matrix_variant(v: Variant, glu: bool) -> Variant {
     let a4 = v.get("A4").unwrap_or(0);
-    v.def("GLU", 1).def("B4", a4)
+    let v = v.def("W2", 1).def("B4", a4);
+    if glu {
+        v.def("GLU", 1)
+    } else {
+        v.def("PAIR", 1)
+    }
 }

@@ -1192,7 +1192,10 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                         .def("TPR", wg / rows)
                                         .def("KC", kc);
                                     v.push(x.clone().def("ADD", 1));
-                                    v.push(crate::fused::glu_variant(x.clone()));
+                                    for glu in [false, true] {
+                                        let w2 = crate::fused::second_matrix_variant;
+                                        v.push(w2(x.clone(), glu));
+                                    }
                                     v.push(x);
                                 }
                             }

@@ -111,9 +111,10 @@ impl Family {
             | Family::SoftMax
             | Family::Rows
             | Family::Shape => 3,
-            // The fused mat-vecs read a residual or a second weight matrix.
-            Family::MulMat => 4,
             Family::FlashAttn => 5,
+            // The fused mat-vecs read a residual or a second weight matrix (and may write a
+            // second result).
+            Family::MulMat => 5,
             // The fused rope of K with the stores of K and V into their caches.
             Family::Rope => 6,
         }

@@ -44,9 +44,11 @@ struct Params {
     g: vec4<f32>,
     // Op integers.
     u: vec4<u32>,
+    // More op integers.
+    h: vec4<u32>,
 }
 
-@group(0) @binding(7) var<uniform> P: Params;
+@group(0) @binding(8) var<uniform> P: Params;
 #if ATOMIC
 @group(0) @binding(0) var<storage, read_write> dst: array<atomic<u32>>;
 

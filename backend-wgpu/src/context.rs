@@ -20,9 +20,9 @@ use crate::backend::Recording;
 use crate::shader::{Family, Variant};
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
-pub(crate) const MAX_STORAGE: usize = 6;
+pub(crate) const MAX_STORAGE: usize = 8;
 /// The binding of the per-op parameter block (a uniform with a dynamic offset).
-pub(crate) const PARAMS_BINDING: u32 = 7;
+pub(crate) const PARAMS_BINDING: u32 = 8;
 /// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).
 pub(crate) const PARAMS_SIZE: u64 = 256;
 

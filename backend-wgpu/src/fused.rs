@@ -11,9 +11,10 @@
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
 //! - two mul_mats of one token by the same vector with weights of one type and shape (a
 //!   Llama block's K and V): one mat-vec dispatch computes both (PAIR in `mat_vec_q`).
-//! - `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32 caches at the
-//!   same rows (a Llama block between its projections and attention): one dispatch writes
-//!   the rotated K and V straight into the caches (KV in `shaders/rope.wgsl`).
+//! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
+//!   caches at the same rows (a Llama block between its projections and attention): one
+//!   dispatch rotates Q and writes the rotated K and V straight into the caches (KV in
+//!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
 //! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU). Fusion is on
@@ -344,16 +345,29 @@ impl Fuser<'_> {
         )))
     }
 
-    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`:
-    /// one rope dispatch (KV) that writes both caches.
+    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
+    /// and `rope(q)` where it comes right before `rope(k)`: one rope dispatch (KV) that writes
+    /// both caches (and the rotated Q).
     fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
         let g = self.graph;
-        let k = self.nodes[i];
+        let first = self.nodes[i];
+        let Op::Rope(rp) = g.get(first).op else {
+            return Ok(None);
+        };
+        // With the rope of Q before K's (same positions and parameters): Q's too.
+        let (q, jr, k) = match self.next_running(i + 1) {
+            Some((j, k))
+                if g.get(k).op == g.get(first).op && g.get(k).src[1] == g.get(first).src[1] =>
+            {
+                (Some(first), j, k)
+            }
+            _ => (None, i, first),
+        };
         let tk = g.get(k);
-        if !matches!(tk.op, Op::Rope(_)) || !self.single_use(k) {
+        if !self.single_use(k) {
             return Ok(None);
         }
-        let Some((jk, sk)) = self.next_running(i + 1) else {
+        let Some((jk, sk)) = self.next_running(jr + 1) else {
             return Ok(None);
         };
         let Some((jv, sv)) = self.next_running(jk + 1) else {
@@ -396,10 +410,29 @@ impl Fuser<'_> {
         if !fits {
             return Ok(None);
         }
+        let q_fits = q.is_none_or(|q| {
+            let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
+            tq.dtype == DType::F32
+                && qs.dtype == DType::F32
+                && tq.ne[0] == tk.ne[0]
+                && tq.ne[2] == tokens
+                && tq.ne[3] == 1
+                && tq.nb[0] == 4
+                && qs.nb[0] == 4
+                && self.apart(q, tq.src[0], true)
+                && [tk.src[0], v, sk, sv]
+                    .iter()
+                    .all(|&o| self.apart(q, o, false))
+        });
+        if !q_fits {
+            return Ok(None);
+        }
         let Some(mut out) = self.single_plan(k) else {
             return Ok(None);
         };
-        let count = (out.params.u[0] as usize + tv.nelements()).min(u32::MAX as usize);
+        let per_row = rp.n_dims / 2 + tk.ne[0] - rp.n_dims;
+        let q_count = q.map_or(0, |q| per_row * g.get(q).ne[1] * tokens);
+        let count = (out.params.u[0] as usize + q_count + tv.nelements()).min(u32::MAX as usize);
         out.variant = ops::rope_kv_variant(tkc.dtype);
         out.params.u[0] = count as u32;
         out.params.desc[0] = desc(g.get(sk));
@@ -409,6 +442,13 @@ impl Fuser<'_> {
         out.bind = [sk, tk.src[0], tk.src[1], idx, v, sv]
             .map(ops::Bind::whole)
             .to_vec();
+        if let Some(q) = q {
+            let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
+            out.params.u[3] = tq.ne[1] as u32;
+            out.params.h = [qs.nb[1], qs.nb[2], tq.nb[1], tq.nb[2]].map(|b| b as u32);
+            out.bind.push(ops::Bind::whole(tq.src[0]));
+            out.bind.push(ops::Bind::whole(q));
+        }
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, sk, out)?],
             jv - i + 1,

@@ -32,12 +32,12 @@ pub(crate) struct Params {
     pub g: [f32; 4],
     /// Op integers.
     pub u: [u32; 4],
-    /// Padding to 256 bytes.
-    pad: [u32; 4],
+    /// More op integers (to 256 bytes).
+    pub h: [u32; 4],
 }
 
 impl Params {
-    /// Sets the byte offset of binding `k` (0 = dst; 4 and 5 in off4's first two words).
+    /// Sets the byte offset of binding `k` (0 = dst; 4 to 7 in off4).
     pub fn set_offset(&mut self, k: usize, off: u32) {
         if k < 4 {
             self.off[k] = off;

@@ -115,8 +115,8 @@ impl Family {
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
             // second result).
             Family::MulMat => 5,
-            // The fused rope of K with the stores of K and V into their caches.
-            Family::Rope => 6,
+            // The fused rope of Q and K with the stores of K and V into their caches.
+            Family::Rope => 8,
         }
     }
 }

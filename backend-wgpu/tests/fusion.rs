@@ -1,7 +1,7 @@
 //! Fused dispatches: a decode step of a small Llama-like block (attention output and
 //! feed-forward halves, quantized weights) run with and without fusion gives the same values,
-//! and fusion cuts its dispatches from 14 to 7; the rope of K with the stores of K and V into
-//! F16 caches writes the same cache bytes in one dispatch as in three.
+//! and fusion cuts its dispatches from 14 to 7; the rope of Q and K with the stores of K and V
+//! into F16 caches writes the same bytes in one dispatch as in four.
 
 mod common;
 
@@ -143,6 +143,7 @@ fn fused_rope_kv_stores_match_unfused() {
     let mut backend = wdev.backend().unwrap();
     let (hd, nkv, rows) = (64, 2, 16);
     let mut g = Graph::new();
+    let q = g.input("q", DType::F32, &[hd, 4, 1]).unwrap();
     let k = g.input("k", DType::F32, &[hd, nkv, 1]).unwrap();
     let v = g.input("v", DType::F32, &[hd * nkv, 1]).unwrap();
     let pos = g.input("pos", DType::I32, &[1]).unwrap();
@@ -155,12 +156,14 @@ fn fused_rope_kv_stores_match_unfused() {
         freq_base: 10000.0,
         freq_scale: 1.0,
     };
+    let qr = g.rope(q, pos, p).unwrap();
     let kr = g.rope(k, pos, p).unwrap();
     let kr = g.reshape(kr, &[hd * nkv, 1]).unwrap();
     let sk = g.set_rows(kc, kr, idx).unwrap();
     let sv = g.set_rows(vc, v, idx).unwrap();
-    g.set_output(sk);
-    g.set_output(sv);
+    for t in [qr, sk, sv] {
+        g.set_output(t);
+    }
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut g, &nodes).unwrap();
@@ -168,6 +171,7 @@ fn fused_rope_kv_stores_match_unfused() {
         let d = g.data(id).unwrap();
         d.buffer.set(d.offset, bytes).unwrap();
     };
+    put(q, bytemuck::cast_slice(&values(hd * 4, 3, -1.0, 1.0)));
     put(k, bytemuck::cast_slice(&values(hd * nkv, 1, -1.0, 1.0)));
     put(v, bytemuck::cast_slice(&values(hd * nkv, 2, -1.0, 1.0)));
     put(pos, &37i32.to_le_bytes());
@@ -180,9 +184,9 @@ fn fused_rope_kv_stores_match_unfused() {
         backend.compute(&g, &nodes).unwrap();
         backend.synchronize().unwrap();
         let mut caches = Vec::new();
-        for id in [kc, vc] {
+        for (id, n) in [(kc, cache_bytes), (vc, cache_bytes), (qr, hd * 4 * 4)] {
             let d = g.data(id).unwrap();
-            let mut b = vec![0u8; cache_bytes];
+            let mut b = vec![0u8; n];
             d.buffer.get(d.offset, &mut b).unwrap();
             caches.push(b);
         }
@@ -190,7 +194,7 @@ fn fused_rope_kv_stores_match_unfused() {
     };
     let (plain, plain_n) = run(false);
     let (fused, fused_n) = run(true);
-    assert_eq!((plain_n, fused_n), (3, 1));
+    assert_eq!((plain_n, fused_n), (4, 1));
     assert!(plain[0].iter().any(|&b| b != 0) && plain[1].iter().any(|&b| b != 0));
     // The same f32 arithmetic, rounded to f16 alike: the same bytes.
     assert_eq!(plain, fused);

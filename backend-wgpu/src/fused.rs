@@ -17,8 +17,9 @@
 //!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU). Fusion is on
-//! unless `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU,
+//! `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
+//! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use tessera_core::{BinaryOp, DType, GluOp, Graph, Op, Result, TensorId};
 

@@ -103,6 +103,15 @@ impl Gpu {
     pub fn open(name: String, adapter: &wgpu::Adapter) -> Result<Arc<Gpu>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        if (limits.max_storage_buffers_per_shader_stage as usize) < MAX_STORAGE {
+            return Err(Error::Device {
+                device: name,
+                reason: format!(
+                    "{} offers {} storage buffers per shader stage; tessera's shaders need {MAX_STORAGE} (WebGPU's default)",
+                    info.name, limits.max_storage_buffers_per_shader_stage
+                ),
+            });
+        }
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;

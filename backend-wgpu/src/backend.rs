@@ -12,7 +12,7 @@ use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::{self, Readback, WgpuBuffer};
 use crate::context::{Gpu, Window, PARAMS_SIZE};
-use crate::fused::{self, Fuser};
+use crate::fused::Fuser;
 use crate::ops::{self, Bind};
 use crate::timing::{self, Timer};
 
@@ -138,7 +138,7 @@ impl WgpuBackend {
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
         let uses = if self.fusion {
-            fused::use_counts(graph)
+            graph.reader_counts()
         } else {
             Vec::new()
         };
@@ -249,7 +249,7 @@ impl Backend for WgpuBackend {
         // Fusion also depends on how many read each node (other nodes of the graph, outputs).
         key.push(u64::from(self.fusion));
         if self.fusion {
-            let uses = fused::use_counts(graph);
+            let uses = graph.reader_counts();
             key.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
         }
         let hash = key.iter().fold(0u64, |h, &x| {

@@ -27,21 +27,6 @@ use crate::context::Gpu;
 use crate::ops::{self, desc, Launch, PlanOut};
 use crate::shader::Variant;
 
-/// How many graph nodes read each tensor (an output counts as one more reader).
-pub(crate) fn use_counts(g: &Graph) -> Vec<u32> {
-    let mut uses = vec![0u32; g.len()];
-    for id in g.ids() {
-        let t = g.get(id);
-        for &s in &t.src {
-            uses[s.index()] += 1;
-        }
-        if t.flags.output {
-            uses[id.index()] += 1;
-        }
-    }
-    uses
-}
-
 /// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
 pub(crate) fn default_on() -> bool {
     std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
@@ -56,7 +41,7 @@ pub(crate) struct Fuser<'a> {
     pub graph: &'a Graph,
     /// The nodes to run, in order.
     pub nodes: &'a [TensorId],
-    /// [`use_counts`] of the graph.
+    /// [`Graph::reader_counts`] of the graph.
     pub uses: &'a [u32],
 }
 
@@ -85,19 +70,9 @@ impl Fuser<'_> {
     }
 
     /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a shader, with its
-    /// index: leaves and views run nothing and are passed over.
+    /// index.
     fn next_running(&self, j: usize) -> Option<(usize, TensorId)> {
-        let g = self.graph;
-        self.nodes
-            .iter()
-            .enumerate()
-            .skip(j)
-            .take(8)
-            .find(|(_, &n)| {
-                let t = g.get(n);
-                !(matches!(t.op, Op::None) || t.op.is_view())
-            })
-            .map(|(i, &n)| (i, n))
+        self.graph.next_computed(self.nodes, j, 8)
     }
 
     /// Whether the memory of `a` and `b` does not overlap, or (`same_ok`) is the same bytes

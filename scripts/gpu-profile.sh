@@ -10,7 +10,8 @@
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
 # /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
 # bench profile; also greedy (the test model's greedy tokens against llama.cpp's), startup,
-# sanitize with SAN_TIMEOUT seconds).
+# sanitize with SAN_TIMEOUT seconds, and wgpu: the suite on wgpu:0 and the 8B decode on wgpu:0
+# with and without its fused dispatches).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
@@ -78,6 +79,17 @@ if has sanitize; then
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout "${SAN_TIMEOUT:-540}" "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" > "$OUT/sanitize.log" 2>&1
   echo "compute-sanitizer memcheck, ops test | $(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" || echo "stopped after ${SAN_TIMEOUT:-540} s") | cases checked: $(grep -c 'OK \[' "$OUT/sanitize.log") ok, $(grep -c 'FAIL' "$OUT/sanitize.log") failed | memcheck reports: $(grep -c '^========= Invalid\|^========= Program hit' "$OUT/sanitize.log")" | tee -a "$SUMMARY"
+fi
+
+if has wgpu; then
+  timeout 300 $BIN ops test --backend wgpu:0 > "$OUT/ops-wgpu.log" 2>&1
+  echo "ops test --backend wgpu:0 | $(tail -1 "$OUT/ops-wgpu.log")" | tee -a "$SUMMARY"
+  for fusion in 1 0; do
+    log="$OUT/bench-wgpu-fusion$fusion.log"
+    TESSERA_WGPU_FUSION=$fusion timeout 300 $BIN bench --model "$M8" --device wgpu:0 -p 512 -n 128 -r 3 > "$log" 2>&1
+    echo "bench 8B wgpu:0 TESSERA_WGPU_FUSION=$fusion | $(grep -m1 pp512 "$log" | tr -s ' ') | $(grep -m1 tg128 "$log" | tr -s ' ')" \
+      | tee -a "$SUMMARY"
+  done
 fi
 
 echo "== summary"

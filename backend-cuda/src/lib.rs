@@ -14,6 +14,8 @@
 //! - **Ops**: [`tessera_core::Device::supports_op`] says exactly which ops and types are
 //!   implemented; the scheduler runs the rest elsewhere.
 
+#![warn(missing_docs)]
+
 mod backend;
 mod blas;
 mod cmd;

@@ -161,6 +161,30 @@ impl Fuser<'_> {
         (out.variant.entry == "mat_vec_q" && out.bind[1].skip == 0).then_some(out)
     }
 
+    /// The mat-vec plans of mul_mats `a` and `b` when both multiply one token, the same
+    /// vector, by unbatched weights of one type and shape, and one variant reads both (the
+    /// same A4, Y4 and shape): what a dispatch over both weight matrices needs.
+    fn mat_vec_q_pair(&self, a: TensorId, b: TensorId) -> Option<(PlanOut, PlanOut)> {
+        let g = self.graph;
+        let (ta, tb) = (g.get(a), g.get(b));
+        if ta.op != Op::MulMat || tb.op != Op::MulMat || ta.src[1] != tb.src[1] {
+            return None;
+        }
+        let (wa, wb, tx) = (g.get(ta.src[0]), g.get(tb.src[0]), g.get(ta.src[1]));
+        let fits = tx.ne[1] == 1
+            && tx.ne[2] == 1
+            && tx.ne[3] == 1
+            && wa.ne[2] == 1
+            && wa.ne[3] == 1
+            && wa.dtype == wb.dtype
+            && wa.ne == wb.ne;
+        if !fits {
+            return None;
+        }
+        let (pa, pb) = (self.mat_vec_q_plan(a)?, self.mat_vec_q_plan(b)?);
+        (pa.variant == pb.variant).then_some((pa, pb))
+    }
+
     /// `r + W x` (an add right after a mul_mat that runs as the integer-dot mat-vec): one
     /// mat-vec dispatch that adds `r` as it stores (ADD).
     fn mat_vec_add(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
@@ -231,40 +255,21 @@ impl Fuser<'_> {
         if !((gate == a && up == b) || (gate == b && up == a)) {
             return Ok(None);
         }
-        let (tg, tu) = (g.get(gate), g.get(up));
-        if tu.op != Op::MulMat
-            || !self.single_use(gate)
-            || !self.single_use(up)
-            || tg.src[1] != tu.src[1]
-        {
+        if !self.single_use(gate) || !self.single_use(up) {
             return Ok(None);
         }
-        let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), tg.src[1]);
-        let tx = g.get(x);
-        let one_token = tx.ne[1] == 1 && tx.ne[2] == 1 && tx.ne[3] == 1;
-        let fits = one_token
-            && wg.ne[2] == 1
-            && wg.ne[3] == 1
-            && wg.dtype == wu.dtype
-            && wg.ne == wu.ne
-            && ts.dtype == DType::F32
-            && ts.ne == tg.ne
-            && self.apart(s, x, false);
-        if !fits {
-            return Ok(None);
-        }
-        let (Some(mut out), Some(pu)) = (self.mat_vec_q_plan(gate), self.mat_vec_q_plan(up)) else {
+        let Some((mut out, pu)) = self.mat_vec_q_pair(gate, up) else {
             return Ok(None);
         };
-        // Both read alike (the same A4, Y4 and shape), so that one variant reads both.
-        if out.variant != pu.variant {
+        let tg = g.get(gate);
+        if ts.dtype != DType::F32 || ts.ne != tg.ne || !self.apart(s, tg.src[1], false) {
             return Ok(None);
         }
         out.variant = second_matrix_variant(out.variant, true);
         out.bind[0].id = s;
         out.bind.push(pu.bind[1]);
         out.params.desc[0] = desc(ts);
-        out.params.desc[3] = desc(wu);
+        out.params.desc[3] = desc(g.get(g.get(up).src[0]));
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, s, out)?],
             js - i + 1,
@@ -282,20 +287,12 @@ impl Fuser<'_> {
         let Some((jb, b)) = self.next_running(i + 1) else {
             return Ok(None);
         };
-        let (ta, tb) = (g.get(a), g.get(b));
-        if tb.op != Op::MulMat || ta.src[1] != tb.src[1] {
+        let Some((mut out, pb)) = self.mat_vec_q_pair(a, b) else {
             return Ok(None);
-        }
-        let (wa, wb, x) = (g.get(ta.src[0]), g.get(tb.src[0]), ta.src[1]);
-        let tx = g.get(x);
-        let fits = tx.ne[1] == 1
-            && tx.ne[2] == 1
-            && tx.ne[3] == 1
-            && wa.ne[2] == 1
-            && wa.ne[3] == 1
-            && wa.dtype == wb.dtype
-            && wa.ne == wb.ne
-            && tb.dtype == DType::F32
+        };
+        let (ta, tb) = (g.get(a), g.get(b));
+        let x = ta.src[1];
+        let fits = tb.dtype == DType::F32
             && tb.ne == ta.ne
             && tb.nb[0] == 4
             && self.apart(a, x, false)
@@ -304,16 +301,10 @@ impl Fuser<'_> {
         if !fits {
             return Ok(None);
         }
-        let (Some(mut out), Some(pb)) = (self.mat_vec_q_plan(a), self.mat_vec_q_plan(b)) else {
-            return Ok(None);
-        };
-        if out.variant != pb.variant {
-            return Ok(None);
-        }
         out.variant = second_matrix_variant(out.variant, false);
         out.bind.push(pb.bind[1]);
         out.bind.push(pb.bind[0]);
-        out.params.desc[3] = desc(wb);
+        out.params.desc[3] = desc(g.get(tb.src[0]));
         out.params.desc[4] = desc(tb);
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, a, out)?],

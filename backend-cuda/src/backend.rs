@@ -11,7 +11,7 @@ use crate::blas::Blas;
 use crate::cmd::Cmd;
 use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
-use crate::graphs::{GraphCache, GraphMode, ListKey};
+use crate::graphs::{GraphCache, GraphMode, ListKey, ListSetup};
 use crate::memory::CudaBuffer;
 use crate::ops::Encoder;
 
@@ -64,24 +64,20 @@ impl CudaBackend {
         })
     }
 
-    /// What encoding `nodes` of `graph` depends on (see [`ListKey`]).
-    fn list_key(&self, graph: &Graph, nodes: &[TensorId]) -> ListKey {
+    /// What encoding depends on besides the graph and its nodes (see [`ListKey::setup`]).
+    fn list_setup(&self) -> ListSetup {
         let (group, rank) = self
             .group
             .as_ref()
             .map_or((0, 0), |(g, r)| (Arc::as_ptr(g) as usize, *r));
-        ListKey {
-            stamp: graph.stamp(),
-            nodes: nodes.to_vec(),
-            setup: (
-                self.scratch,
-                self.scratch_cap,
-                self.fuse,
-                self.tf32,
-                group,
-                rank,
-            ),
-        }
+        (
+            self.scratch,
+            self.scratch_cap,
+            self.fuse,
+            self.tf32,
+            group,
+            rank,
+        )
     }
 
     /// The device ordinal.
@@ -210,15 +206,18 @@ impl Backend for CudaBackend {
             nodes.len(),
         );
         // The same graph, unchanged, with the same nodes: its graph runs again as it is.
-        let key = (!self.graphs.profiling()).then(|| self.list_key(graph, nodes));
-        if let Some(k) = &key {
-            if self
-                .graphs
-                .relaunch(&self.dev, self.stream.cu_stream(), site, k)?
-            {
-                self.modes[GraphMode::Replayed as usize] += 1;
-                return Ok(());
-            }
+        let keyed = !self.graphs.profiling();
+        let setup = self.list_setup();
+        if keyed
+            && self.graphs.relaunch(
+                &self.dev,
+                self.stream.cu_stream(),
+                site,
+                (graph.stamp(), nodes, &setup),
+            )?
+        {
+            self.modes[GraphMode::Replayed as usize] += 1;
+            return Ok(());
         }
         let started = self.graphs.profiling().then(std::time::Instant::now);
         let mut enc = Encoder::new(
@@ -253,7 +252,11 @@ impl Backend for CudaBackend {
             self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);
         }
         // Encoding may have grown the scratch arena: the key names the arena used.
-        let key = key.map(|_| self.list_key(graph, nodes));
+        let key = keyed.then(|| ListKey {
+            stamp: graph.stamp(),
+            nodes: nodes.to_vec(),
+            setup: self.list_setup(),
+        });
         let (dev, blas, s) = (&self.dev, &self.blas, self.stream.cu_stream());
         self.graphs.run(dev, s, blas, site, cmds, key)?;
         self.modes[self.graphs.mode as usize] += 1;

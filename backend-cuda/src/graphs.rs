@@ -142,7 +142,17 @@ pub(crate) struct ListKey {
     pub nodes: Vec<TensorId>,
     /// The rest of what encoding reads: the scratch arena (address, bytes), the fusion and
     /// TF32 switches, and the all-reduce group joined (its address and the rank; 0 when none).
-    pub setup: (u64, usize, bool, bool, usize, usize),
+    pub setup: ListSetup,
+}
+
+/// The part of a [`ListKey`] besides the graph and its nodes (see [`ListKey::setup`]).
+pub(crate) type ListSetup = (u64, usize, bool, bool, usize, usize);
+
+impl ListKey {
+    /// Whether a list encoded now from these would be the one this key names.
+    fn matches(&self, stamp: u64, nodes: &[TensorId], setup: &ListSetup) -> bool {
+        self.stamp == stamp && self.setup == *setup && self.nodes == nodes
+    }
 }
 
 /// One remembered command list and its graph.
@@ -260,13 +270,14 @@ impl GraphCache {
     }
 
     /// Launches again the graph of the list last run from `site` when that list was encoded
-    /// from `key` (the caller then need not encode); false when there is no such graph.
+    /// from the graph of stamp `stamp`, these `nodes` and `setup` (the caller then need not
+    /// encode); false when there is no such graph.
     pub(crate) fn relaunch(
         &mut self,
         dev: &DeviceShared,
         stream: sys::CUstream,
         site: (usize, usize, usize),
-        key: &ListKey,
+        (stamp, nodes, setup): (u64, &[TensorId], &ListSetup),
     ) -> Result<bool> {
         if self.profile.is_some() || !self.enabled || self.failures >= MAX_FAILURES {
             return Ok(false);
@@ -277,7 +288,7 @@ impl GraphCache {
         let (Some(ex), Some(k)) = (&slot.exec, &slot.key) else {
             return Ok(false);
         };
-        if k != key {
+        if !k.matches(stamp, nodes, setup) {
             return Ok(false);
         }
         // SAFETY: the executable graph and the stream are valid.

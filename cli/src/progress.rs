@@ -3,11 +3,11 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_llm::fetch::FetchProgress;
 
-/// A byte progress bar on stderr with a message.
-pub fn bytes_bar(msg: &str) -> ProgressBar {
+/// A progress bar on stderr with a message, the counts drawn as `counts` says after the bar.
+fn bar(msg: &str, counts: &str) -> ProgressBar {
     let pb = ProgressBar::new(0);
     pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})")
+        ProgressStyle::with_template(&format!("{{msg}} [{{bar:30}}] {counts}"))
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
@@ -15,16 +15,14 @@ pub fn bytes_bar(msg: &str) -> ProgressBar {
     pb
 }
 
+/// A byte progress bar on stderr with a message.
+pub fn bytes_bar(msg: &str) -> ProgressBar {
+    bar(msg, "{bytes}/{total_bytes} ({bytes_per_sec})")
+}
+
 /// A counting progress bar on stderr with a message (steps done of a total).
 pub fn count_bar(msg: &str) -> ProgressBar {
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(msg.to_string());
-    pb
+    bar(msg, "{pos}/{len} ({elapsed})")
 }
 
 /// A callback for the test model's fetch, drawing a spinner then a byte bar.

@@ -31,6 +31,12 @@
 // are reduced within the group, the online softmax runs one warp per row, and each lane keeps
 // 8 output columns of every row for its keys; groups and warps are summed at the end.
 //
+// Quantized output (fattn_dec, and fattn_combine after any kernel): with aux[1] != 0 (dst
+// contiguous, dv a multiple of 32) the kernel that writes the final result also writes it as
+// q8_1 blocks, in the layout quantize_q8_1_f32 (mmvq.cu) writes for dst's flat values: block j
+// (values 32 j .. 32 j + 31, within one head) has its int8 at aux[1] + 32 j and (d, d * sum) at
+// aux[2] + 8 j. The o projection that reads the result next then skips its quantize kernel.
+//
 // fattn_mma<D>: prompts with f16 K and V, d == dv (64 or 128), K and V rows aligned to 16
 // bytes, on tensor cores (mma.sync m16n8k16, f16 inputs, f32 sums). A block of 4 warps takes 64
 // query rows of one KV head (each warp 16) and one split of the keys. K and V come in tiles of
@@ -409,6 +415,17 @@ __device__ __forceinline__ float mask_at(const KParams& p, i64 c, i64 iq, int h,
     return slope * (p.i[4] == 1 ? F32::load(mp) : F16::load(mp));
 }
 
+// Stores result value x at (col, h, iq, b) of dst (t[0]), and, when aux[1] is set, quantized
+// (see the header): the whole warp calls it, lane l holding column 32 j + l of one head.
+__device__ __forceinline__ void store_out(const KParams& p, float x, int col, int h, i64 iq, i64 b) {
+    char* o = at(p.t[0], col, h, iq, b);
+    F32::store(o, x);
+    if (p.aux[1] != 0) {
+        const i64 blk = (o - (char*)p.t[0].ptr) / (32 * 4);
+        q8_1_block(x, (i8*)p.aux[1] + blk * 32, (float2*)p.aux[2] + blk);
+    }
+}
+
 #define DEC_WARPS 4
 #define DEC_PASSES 8
 
@@ -424,7 +441,6 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     __shared__ float ML[RM][2];               // at the end: max and sum per row
     __shared__ float O[DEC_WARPS][RM][D];     // at the end: the warps' output sums
 
-    const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
     const TArg& v = p.t[3];
@@ -616,7 +632,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
         for (int w = 0; w < DEC_WARPS; w++) o += O[w][r][col];
         const float sum = ML[r][1];
         if (nsplit == 1) {
-            F32::store(at(dst, col, g * gqa + r % gqa, r / gqa, b), sum == 0.0f ? 0.0f : o / sum);
+            store_out(p, sum == 0.0f ? 0.0f : o / sum, col, g * gqa + r % gqa, r / gqa, b);
         } else {
             const i64 row = (b * kv_heads + g) * R + r;
             float* part = (float*)p.aux[0] + (row * nsplit + split) * (D + 2);
@@ -1041,11 +1057,10 @@ KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { fattn_
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
 // weights are found in parallel, then each column is summed over the splits by 256 / dv
 // threads (each a share of the splits) and their sums added through shared memory.
-// t[0] dst, t[1] q, t[2] k, t[3] v as above.
+// t[0] dst, t[1] q, t[2] k, t[3] v as above; aux[1], aux[2] the quantized output when set.
 KERNEL fattn_combine(const KParams p) {
     __shared__ float wts[256];
     __shared__ float red[256];
-    const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
     const TArg& v = p.t[3];
@@ -1080,6 +1095,6 @@ KERNEL fattn_combine(const KParams p) {
     if (s < DV) {
         float sum = 0.0f;
         for (int j = 0; j < groups; j++) sum += red[j * DV + s];
-        F32::store(at(dst, s, h, iq, b), sum * inv);
+        store_out(p, sum * inv, s, h, iq, b);
     }
 }

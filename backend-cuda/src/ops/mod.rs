@@ -300,7 +300,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
             scale,
             max_bias,
             logit_softcap,
-        } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap),
+        } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap, false).map(|_| ()),
         Op::Concat(dim) => misc::concat(enc, id, dim),
         Op::Repeat => misc::repeat(enc, id),
         Op::Pad(_) => misc::pad(enc, id),

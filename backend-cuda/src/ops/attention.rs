@@ -4,7 +4,7 @@ use tessera_core::dtype::DType;
 use tessera_core::{Result, TensorId};
 
 use super::norm::alibi;
-use super::{params, Encoder};
+use super::{params, Encoder, COUNTER_BYTES};
 use crate::cmd::{KParams, TArg};
 
 /// Keys per shared-memory tile (KTILE in attention.cu).
@@ -195,7 +195,8 @@ fn flash_attn_vec(
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
 /// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
-/// which every way through fattn_dec writes.
+/// which every way through fattn_dec writes. Split, the splits are merged by the kernel's last
+/// block per KV head (one launch) when the backend has block counters, else by fattn_combine.
 #[allow(clippy::too_many_arguments)]
 fn flash_attn_dec(
     enc: &mut Encoder,
@@ -218,11 +219,19 @@ fn flash_attn_dec(
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
     }
+    // Split, the last block of each KV head merges the splits in the same launch (a counter
+    // per block row of the grid), unless there are no counters for it.
+    let merge = nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4;
+    if merge {
+        p.aux[3] = enc.counters;
+    }
     let out = q8_out(enc, &mut p, q8);
     let name = format!("fattn_dec{d}_{}", if rows <= 4 { 4 } else { 8 });
     let grid = [1, blocks as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [DEC_THREADS, 1, 1], 0, p)?;
-    combine(enc, p, nsplit, [rows_total, 0])?;
+    if !merge {
+        combine(enc, p, nsplit, [rows_total, 0])?;
+    }
     Ok(out)
 }
 

@@ -22,39 +22,40 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     attn_out_proj(v);
 }
 
-/// Attention of one token over F16 caches, its heads' outputs (reshaped into one vector) times
-/// quantized weights (a Llama block's o projection), with or without the residual add after it:
-/// a backend may have the attention kernel quantize its result for the mat-vec.
+/// Attention of a token (or two) over F16 caches, its heads' outputs (reshaped into one vector a
+/// token) times quantized weights (a Llama block's o projection), with or without the residual
+/// add after it: a backend may have the attention kernel quantize its result for the mat-vec.
 fn attn_out_proj(v: &mut Vec<Case>) {
-    // (type, head dim, query heads, kv heads, cache rows, residual add): short caches that
-    // decoding kernels take in one split and long ones they split.
+    // (type, head dim, query heads, kv heads, cache rows, tokens, residual add): short caches
+    // that decoding kernels take in one split and long ones they split.
     let shapes = [
-        (DType::Q8_0, 64, 9, 3, 32, true),
-        (DType::Q4_0, 64, 9, 3, 600, true),
-        (DType::Q4_K, 128, 32, 8, 1100, true),
-        (DType::Q8_0, 128, 4, 1, 2048, false),
-        (DType::Q4_0, 64, 4, 4, 20, false),
+        (DType::Q8_0, 64, 9, 3, 32, 1, true),
+        (DType::Q4_0, 64, 9, 3, 600, 1, true),
+        (DType::Q4_K, 128, 32, 8, 1100, 1, true),
+        (DType::Q8_0, 128, 4, 1, 2048, 1, false),
+        (DType::Q4_0, 64, 4, 4, 20, 1, false),
+        (DType::Q8_0, 64, 9, 3, 300, 2, true),
     ];
-    for (t, hd, nh, nkv, rows, add) in shapes {
-        let params = format!("type={t},hd={hd},nh={nh},nkv={nkv},rows={rows},add={add}");
+    for (t, hd, nh, nkv, rows, n, add) in shapes {
+        let params = format!("type={t},hd={hd},nh={nh},nkv={nkv},rows={rows},tokens={n},add={add}");
         v.push(Case::new(
             "ATTN_MUL_MAT",
             params,
             &[t, DType::F32, DType::F16],
             Tolerance::MATMUL,
             move |g| {
-                let q = g.leaf(DType::F32, &[hd, nh, 1])?;
+                let q = g.leaf(DType::F32, &[hd, nh, n])?;
                 let k = g.leaf(DType::F16, &[hd, rows, nkv])?;
                 let val = g.leaf(DType::F16, &[hd, rows, nkv])?;
-                let mask = g.input(DType::F16, &[rows, 1], Init::Mask(0.2))?;
+                let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
                 let wo = g.input(t, &[hd * nh, 256], Init::Uniform(-0.1, 0.1))?;
                 let q = g.permute(q, [0, 2, 1, 3])?;
                 let scale = 1.0 / (hd as f32).sqrt();
                 let att = g.flash_attn_ext(q, k, val, Some(mask), scale, 0.0, 0.0)?;
-                let att = g.reshape(att, &[hd * nh, 1])?;
+                let att = g.reshape(att, &[hd * nh, n])?;
                 let o = g.mul_mat(wo, att)?;
                 if add {
-                    let r = g.leaf(DType::F32, &[256, 1])?;
+                    let r = g.leaf(DType::F32, &[256, n])?;
                     g.add(r, o)
                 } else {
                     Ok(o)

@@ -322,6 +322,10 @@ fn split_attention_replays() {
         counts[0], counts[1]
     );
     assert_eq!(counts[0], 2, "fattn_dec and the o projection");
+    assert_eq!(
+        counts[1], 5,
+        "fattn_dec, fattn_combine, quantize, mat-vec and add unfused"
+    );
     // Replays with new inputs each step: the merge's block counters must be back at zero.
     let mut b = attention_block();
     let outs = b.outputs.clone();

@@ -196,7 +196,8 @@ fn flash_attn_vec(
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
 /// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
 /// which every way through fattn_dec writes. Split, the splits are merged by the kernel's last
-/// block per KV head (one launch) when the backend has block counters, else by fattn_combine.
+/// block per KV head (one launch) when the backend has block counters and fuses kernels, else
+/// by fattn_combine.
 #[allow(clippy::too_many_arguments)]
 fn flash_attn_dec(
     enc: &mut Encoder,
@@ -220,8 +221,9 @@ fn flash_attn_dec(
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
     }
     // Split, the last block of each KV head merges the splits in the same launch (a counter
-    // per block row of the grid), unless there are no counters for it.
-    let merge = nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4;
+    // per block row of the grid), unless there are no counters for it or fusion is off (which
+    // keeps the separate fattn_combine to compare with).
+    let merge = enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4;
     if merge {
         p.aux[3] = enc.counters;
     }

@@ -44,9 +44,11 @@ struct Params {
     g: vec4<f32>,
     // Op integers.
     u: vec4<u32>,
+    // More op integers.
+    h: vec4<u32>,
 }
 
-@group(0) @binding(7) var<uniform> P: Params;
+@group(0) @binding(8) var<uniform> P: Params;
 #if ATOMIC
 @group(0) @binding(0) var<storage, read_write> dst: array<atomic<u32>>;
 
@@ -95,7 +97,17 @@ fn s1w(i: u32) -> u32 { return src1[i >> 2u][i & 3u]; }
 @group(0) @binding(2) var<storage, read_write> src1: array<u32>;
 fn s1w(i: u32) -> u32 { return src1[i]; }
 #endif
+// B4 (the fused gate/up mat-vec, whose src2 holds a second weight matrix laid out as src0)
+// binds src2 as vec4<u32> words as A4 does src0.
+#if B4
+@group(0) @binding(3) var<storage, read_write> src2: array<vec4<u32>>;
+fn s2w(i: u32) -> u32 { return src2[i >> 2u][i & 3u]; }
+fn last2() -> u32 { return arrayLength(&src2) * 4u - 1u; }
+#else
 @group(0) @binding(3) var<storage, read_write> src2: array<u32>;
+fn s2w(i: u32) -> u32 { return src2[i]; }
+fn last2() -> u32 { return arrayLength(&src2) - 1u; }
+#endif
 @group(0) @binding(4) var<storage, read_write> src3: array<u32>;
 
 // The f16 in the low 16 bits of h, as f32: with F16 (the adapter converts f16 in f32
@@ -137,7 +149,7 @@ fn typed(w: u32, b: u32, t: u32) -> f32 {
 
 fn ld0(b: u32) -> f32 { return typed(s0w(b >> 2u), b, T0); }
 fn ld1(b: u32) -> f32 { return typed(s1w(b >> 2u), b, T1); }
-fn ld2(b: u32) -> f32 { return typed(src2[b >> 2u], b, T2); }
+fn ld2(b: u32) -> f32 { return typed(s2w(b >> 2u), b, T2); }
 fn ld3(b: u32) -> f32 { return typed(src3[b >> 2u], b, T3); }
 
 // f32 to f16 bits, rounding to nearest even (as the CPU backend does), in integer arithmetic

@@ -382,6 +382,11 @@ fn mat_vec(
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
 // (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
 // four 16-value sub-blocks).
+// Fused variants: ADD adds src2 (f32, dst's shape) to each sum as it is stored (`r + W x`);
+// W2 computes the same rows of a second weight matrix of src0's type and shape in src2 (row
+// stride s2.nb.y, laid out as src0: B4 = A4) by the same column, and then GLU stores
+// silu(src0 row . x) * (src2 row . x) (swiglu of the gate and up products of one token), or
+// PAIR stores both products, the second into src3 (f32, dst's shape; K and V of one token).
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
@@ -515,23 +520,43 @@ struct WPart {
     s: vec4<u32>,
 }
 
-// Four words of src0 from word i.
-fn words4(i: u32) -> vec4<u32> {
-    return vec4<u32>(s0w(i), s0w(i + 1u), s0w(i + 2u), s0w(i + 3u));
+// Word i of the weights: src0, or src2 where `u` (the second matrix of W2 variants).
+fn wword(u: bool, i: u32) -> u32 {
+#if W2
+    if u {
+        return s2w(i);
+    }
+#endif
+    return s0w(i);
 }
 
-// Word i of src0, clamped to the binding's last word (for the word after a run whose last
-// bytes end the binding).
-fn word_c(i: u32) -> u32 {
+// Four words of the weights (`u` as in wword) from word i.
+fn words4(u: bool, i: u32) -> vec4<u32> {
+    return vec4<u32>(wword(u, i), wword(u, i + 1u), wword(u, i + 2u), wword(u, i + 3u));
+}
+
+// Word i of the weights, clamped to the binding's last word (for the word after a run whose
+// last bytes end the binding).
+fn word_c(u: bool, i: u32) -> u32 {
+#if W2
+    if u {
+        return s2w(min(i, last2()));
+    }
+#endif
     return s0w(min(i, last0()));
 }
 
-// The 16 bytes from byte b of src0, a multiple of 16 (with A4, one 16-byte load).
-fn run16(b: u32) -> vec4<u32> {
+// The 16 bytes from byte b of the weights, a multiple of 16 (with A4, one 16-byte load).
+fn run16(u: bool, b: u32) -> vec4<u32> {
 #if A4
+#if W2
+    if u {
+        return src2[b >> 4u];
+    }
+#endif
     return src0[b >> 4u];
 #else
-    return words4(b >> 2u);
+    return words4(u, b >> 2u);
 #endif
 }
 
@@ -542,37 +567,37 @@ fn funnel(w: vec4<u32>, x: u32, b: u32) -> vec4<u32> {
     return select(w, (w >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), (b & 2u) != 0u);
 }
 
-// Loads part t of block b of the src0 row at byte r.
-fn load_part(r: u32, b: u32, t: u32) -> WPart {
+// Loads part t of block b of the weight row at byte r (of src2 where `u`, else src0).
+fn load_part(u: bool, r: u32, b: u32, t: u32) -> WPart {
     var w: WPart;
     switch T0 {
         case 2u: {
             // Q4_0: f16 d, 16 bytes of nibbles.
             let bb = r + 18u * b;
             let i = (bb + 2u) >> 2u;
-            w.a = words4(i);
-            w.x.x = word_c(i + 4u);
-            w.s.x = s0w(bb >> 2u);
+            w.a = words4(u, i);
+            w.x.x = word_c(u, i + 4u);
+            w.s.x = wword(u, bb >> 2u);
         }
         case 3u: {
             // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
             let i = (r + 20u * b) >> 2u;
-            w.s.x = s0w(i);
-            w.a = words4(i + 1u);
+            w.s.x = wword(u, i);
+            w.a = words4(u, i + 1u);
         }
         case 8u: {
             // Q8_0: f16 d, 32 x i8.
             let bb = r + 34u * b;
             let i = (bb + 2u + 16u * t) >> 2u;
-            w.a = words4(i);
-            w.x.x = word_c(i + 4u);
-            w.s.x = s0w(bb >> 2u);
+            w.a = words4(u, i);
+            w.x.x = word_c(u, i + 4u);
+            w.s.x = wword(u, bb >> 2u);
         }
         case 12u: {
             // Q4_K: the 16-byte head (d, dmin, scales) and 16 bytes of nibbles.
             let bb = r + 144u * b;
-            w.a = run16(bb);
-            w.b = run16(bb + 16u + 32u * (t / 2u) + 16u * (t % 2u));
+            w.a = run16(u, bb);
+            w.b = run16(u, bb + 16u + 32u * (t / 2u) + 16u * (t % 2u));
         }
         case 14u: {
             // Q6_K: three runs (low nibbles twice, high bits), the words of the four scales,
@@ -583,12 +608,12 @@ fn load_part(r: u32, b: u32, t: u32) -> WPart {
             let i0 = (bb + 64u * n + l) >> 2u;
             let i1 = (bb + 64u * n + 32u + l) >> 2u;
             let i2 = (bb + 128u + 32u * n + l) >> 2u;
-            w.a = words4(i0);
-            w.b = words4(i1);
-            w.c = words4(i2);
-            w.x = vec4<u32>(word_c(i0 + 4u), word_c(i1 + 4u), word_c(i2 + 4u), 0u);
+            w.a = words4(u, i0);
+            w.b = words4(u, i1);
+            w.c = words4(u, i2);
+            w.x = vec4<u32>(word_c(u, i0 + 4u), word_c(u, i1 + 4u), word_c(u, i2 + 4u), 0u);
             let sc = (bb + 192u + 8u * n + t % 2u) >> 2u;
-            w.s = vec4<u32>(s0w(sc), s0w(sc + 1u), word_c(sc + 2u), s0w((bb + 208u) >> 2u));
+            w.s = vec4<u32>(wword(u, sc), wword(u, sc + 1u), word_c(u, sc + 2u), wword(u, (bb + 208u) >> 2u));
         }
         default: {}
     }
@@ -671,6 +696,22 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
     }
 }
 
+// The sum of v over the TPR invocations of row li / TPR (j = li % TPR), in red: the row's
+// first invocation (j = 0) gets it. Every invocation calls it, in uniform control flow.
+fn row_sum(v: f32, li: u32, j: u32) -> f32 {
+    // Earlier readers of red are done with it.
+    workgroupBarrier();
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if j < s {
+            red[li] += red[li + s];
+        }
+        workgroupBarrier();
+    }
+    return red[li];
+}
+
 // One workgroup per ROWS rows of one column of dst (u.x workgroups in all), TPR invocations
 // per row.
 @compute @workgroup_size({{WG}})
@@ -695,8 +736,13 @@ fn mat_vec_q(
     let np = (kk / QB) * TPB;
     var p = j;
     var pn = min(p, np - 1u);
-    var w = load_part(r, pn / TPB, pn % TPB);
+    var w = load_part(false, r, pn / TPB, pn % TPB);
     var acc = 0.0;
+#if W2
+    let r2 = P.off.w + min(m, mm - 1u) * P.s2.nb.y;
+    var w2 = load_part(true, r2, pn / TPB, pn % TPB);
+    var acc2 = 0.0;
+#endif
     for (var k0 = 0u; k0 < kk; k0 += KC) {
         // The previous chunk's parts are done with yq before it is overwritten.
         workgroupBarrier();
@@ -706,22 +752,39 @@ fn mat_vec_q(
         let end = min(np, ((k0 + KC) / QB) * TPB);
         for (; p < end; p += TPR) {
             pn = min(p + TPR, np - 1u);
-            let next = load_part(r, pn / TPB, pn % TPB);
+            let next = load_part(false, r, pn / TPB, pn % TPB);
+#if W2
+            let next2 = load_part(true, r2, pn / TPB, pn % TPB);
+#endif
             let t = p % TPB;
-            acc += part_dot_q(w, r, p / TPB, t, y_part((p - base) / TPB, t));
+            let y = y_part((p - base) / TPB, t);
+            acc += part_dot_q(w, r, p / TPB, t, y);
             w = next;
+#if W2
+            acc2 += part_dot_q(w2, r2, p / TPB, t, y);
+            w2 = next2;
+#endif
         }
     }
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if j < s {
-            red[li] += red[li + s];
-        }
-        workgroupBarrier();
-    }
+    var v = row_sum(acc, li, j);
+    let dc = vec4<u32>(m, c.yzw);
+#if W2
+    let v2 = row_sum(acc2, li, j);
+#if GLU
+    v = v / (1.0 + exp(-v)) * v2;
+#else
     if j == 0u && m < mm {
-        st(P.off.x + at(vec4<u32>(m, c.yzw), P.d.nb), red[li]);
+        src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
+    }
+#endif
+#endif
+#if ADD
+    if j == 0u && m < mm {
+        v += ld2(P.off.w + at(dc, P.s2.nb));
+    }
+#endif
+    if j == 0u && m < mm {
+        st(P.off.x + at(dc, P.d.nb), v);
     }
 }
 #endif

@@ -1,6 +1,8 @@
 // rms_norm and norm over each row (op family "norm").
 //
-// One workgroup per row. Defines: OP 0 rms_norm, 1 norm. Params: f.x: eps; u.x: rows.
+// One workgroup per row. Defines: OP 0 rms_norm, 1 norm; MUL: the result times src1, one row
+// broadcast over the rows (rms_norm(x) * w fused into one dispatch). Params: f.x: eps; u.x:
+// rows.
 
 const OP: u32 = {{OP}}u;
 
@@ -29,6 +31,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     let scale = 1.0 / sqrt(wg_sum(s2, li) / f32(n) + P.f.x);
     for (var i = li; i < n; i += {{WG}}u) {
-        st(db + i * P.d.nb.x, (ld0(sb + i * P.s0.nb.x) - mean) * scale);
+        var y = (ld0(sb + i * P.s0.nb.x) - mean) * scale;
+#if MUL
+        y *= ld1(P.off.z + i * P.s1.nb.x);
+#endif
+        st(db + i * P.d.nb.x, y);
     }
 }

@@ -12,6 +12,7 @@ use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::{self, Readback, WgpuBuffer};
 use crate::context::{Gpu, Window, PARAMS_SIZE};
+use crate::fused::Fuser;
 use crate::ops::{self, Bind};
 use crate::timing::{self, Timer};
 
@@ -53,6 +54,10 @@ pub struct WgpuBackend {
     /// Queue writes of [`Backend::set_async`] wait for a submit (the next submit runs them
     /// first).
     unflushed: bool,
+    /// Whether op sequences run fused ([`WgpuBackend::set_fusion`]).
+    fusion: bool,
+    /// Dispatches of the last [`Backend::compute`].
+    last_dispatches: usize,
 }
 
 /// The caller's memory a pending read fills.
@@ -76,7 +81,21 @@ impl WgpuBackend {
             reads: Vec::new(),
             spare: Vec::new(),
             unflushed: false,
+            fusion: crate::fused::default_on(),
+            last_dispatches: 0,
         }
+    }
+
+    /// Turns fused dispatches (the `fused` module's op sequences) on or off: on by default
+    /// unless `TESSERA_WGPU_FUSION=0`.
+    pub fn set_fusion(&mut self, on: bool) {
+        self.fusion = on;
+    }
+
+    /// How many dispatches the last [`Backend::compute`] recorded or replayed (0 when it ran
+    /// nothing).
+    pub fn last_dispatch_count(&self) -> usize {
+        self.last_dispatches
     }
 
     /// The parameter buffer, grown to at least `size` bytes.
@@ -118,12 +137,38 @@ impl WgpuBackend {
         key: Vec<u64>,
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
-        for &id in nodes {
-            launches.extend(ops::launches(&self.gpu, graph, id)?);
+        let uses = if self.fusion {
+            graph.reader_counts()
+        } else {
+            Vec::new()
+        };
+        let fuser = Fuser {
+            gpu: &self.gpu,
+            graph,
+            nodes,
+            uses: &uses,
+        };
+        let mut i = 0;
+        while i < nodes.len() {
+            if self.fusion {
+                if let Some((ls, n)) = fuser.try_fuse(i)? {
+                    launches.extend(ls);
+                    i += n;
+                    continue;
+                }
+            }
+            launches.extend(ops::launches(&self.gpu, graph, nodes[i])?);
+            i += 1;
         }
         if launches.is_empty() {
             return Ok(None);
         }
+        log::debug!(
+            "wgpu: recording {} dispatches for {} nodes (fusion {})",
+            launches.len(),
+            nodes.len(),
+            if self.fusion { "on" } else { "off" }
+        );
         let stride = PARAMS_SIZE.max(u64::from(
             self.gpu.limits.min_uniform_buffer_offset_alignment,
         ));
@@ -201,6 +246,12 @@ impl Backend for WgpuBackend {
         self.gpu.check()?;
         let mut key = Vec::with_capacity(nodes.len() * 48);
         ops::fingerprint(graph, nodes, &mut key);
+        // Fusion also depends on how many read each node (other nodes of the graph, outputs).
+        key.push(u64::from(self.fusion));
+        if self.fusion {
+            let uses = graph.reader_counts();
+            key.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
+        }
         let hash = key.iter().fold(0u64, |h, &x| {
             (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
         });
@@ -212,9 +263,13 @@ impl Backend for WgpuBackend {
                     self.gpu.keep_recording(hash, rec.clone());
                     rec
                 }
-                None => return Ok(()),
+                None => {
+                    self.last_dispatches = 0;
+                    return Ok(());
+                }
             },
         };
+        self.last_dispatches = rec.dispatches.len();
         self.gpu.queue.write_buffer(&rec.params, 0, &rec.bytes);
         let mut enc = self
             .gpu

@@ -20,9 +20,9 @@ use crate::backend::Recording;
 use crate::shader::{Family, Variant};
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
-pub(crate) const MAX_STORAGE: usize = 5;
+pub(crate) const MAX_STORAGE: usize = 8;
 /// The binding of the per-op parameter block (a uniform with a dynamic offset).
-pub(crate) const PARAMS_BINDING: u32 = 7;
+pub(crate) const PARAMS_BINDING: u32 = 8;
 /// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).
 pub(crate) const PARAMS_SIZE: u64 = 256;
 
@@ -103,6 +103,15 @@ impl Gpu {
     pub fn open(name: String, adapter: &wgpu::Adapter) -> Result<Arc<Gpu>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        if (limits.max_storage_buffers_per_shader_stage as usize) < MAX_STORAGE {
+            return Err(Error::Device {
+                device: name,
+                reason: format!(
+                    "{} offers {} storage buffers per shader stage; tessera's shaders need {MAX_STORAGE} (WebGPU's default)",
+                    info.name, limits.max_storage_buffers_per_shader_stage
+                ),
+            });
+        }
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;

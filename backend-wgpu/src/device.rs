@@ -72,6 +72,12 @@ pub struct WgpuDevice {
 }
 
 impl WgpuDevice {
+    /// A new stream on this device, as its own type (for [`WgpuBackend::set_fusion`] and
+    /// [`WgpuBackend::last_dispatch_count`]; `Device::new_backend` gives the same, boxed).
+    pub fn backend(&self) -> Result<WgpuBackend> {
+        Ok(WgpuBackend::new(self.gpu()?))
+    }
+
     /// The opened device (opened on first use).
     pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu

@@ -9,6 +9,9 @@
 //!   (views, permutes, packed quantized blocks) is read as ggml lays it out.
 //! - A graph is one command buffer and one submit ([`WgpuBackend`]); op parameters live in one
 //!   uniform buffer per graph.
+//! - Op sequences of a Llama block run fused, one dispatch each, where their intermediates
+//!   have no other reader (`fused` module docs; [`WgpuBackend::set_fusion`],
+//!   [`WgpuBackend::last_dispatch_count`]).
 //! - Shader variants come from a tiny template step (`shader` module docs); every variant is
 //!   validated offline by naga in a unit test, and pipelines are built as trusted modules
 //!   without runtime bounds checks.
@@ -22,6 +25,7 @@ mod backend;
 mod buffer;
 mod context;
 mod device;
+mod fused;
 mod ops;
 mod shader;
 mod timing;

@@ -24,7 +24,7 @@ pub(crate) struct Params {
     pub desc: [[u32; 8]; 5],
     /// Byte offsets of dst, src0, src1, src2 (filled when the bindings are resolved).
     pub off: [u32; 4],
-    /// src3's byte offset, then op integers.
+    /// src3's byte offset, then op integers (or, for a sixth binding, its byte offset).
     pub off4: [u32; 4],
     /// Op floats.
     pub f: [f32; 4],
@@ -32,17 +32,17 @@ pub(crate) struct Params {
     pub g: [f32; 4],
     /// Op integers.
     pub u: [u32; 4],
-    /// Padding to 256 bytes.
-    pad: [u32; 4],
+    /// More op integers (to 256 bytes).
+    pub h: [u32; 4],
 }
 
 impl Params {
-    /// Sets the byte offset of binding `k` (0 = dst).
+    /// Sets the byte offset of binding `k` (0 = dst; 4 to 7 in off4).
     pub fn set_offset(&mut self, k: usize, off: u32) {
         if k < 4 {
             self.off[k] = off;
         } else {
-            self.off4[0] = off;
+            self.off4[k - 4] = off;
         }
     }
 }
@@ -60,7 +60,7 @@ pub(crate) struct Bind {
 
 impl Bind {
     /// The whole of tensor `id`.
-    fn whole(id: TensorId) -> Bind {
+    pub fn whole(id: TensorId) -> Bind {
         Bind {
             id,
             skip: 0,
@@ -156,7 +156,7 @@ fn unsupported(gpu: &Gpu, graph: &Graph, id: TensorId, why: impl std::fmt::Displ
 }
 
 /// The shape and strides of a tensor as the shaders see them.
-fn desc(t: &Tensor) -> [u32; 8] {
+pub(crate) fn desc(t: &Tensor) -> [u32; 8] {
     let mut d = [0u32; 8];
     for i in 0..4 {
         d[i] = t.ne[i] as u32;
@@ -213,17 +213,26 @@ fn grid(n: usize) -> Option<[u32; 3]> {
 }
 
 /// The decision for one node: a variant, the tensors to bind, parameters, workgroups.
-struct PlanOut {
-    variant: Variant,
-    bind: Vec<Bind>,
-    params: Params,
-    groups: usize,
-    groups_3d: Option<[u32; 3]>,
+pub(crate) struct PlanOut {
+    /// The pipeline.
+    pub variant: Variant,
+    /// Tensors bound in order (as [`Launch::bind`]).
+    pub bind: Vec<Bind>,
+    /// Parameters.
+    pub params: Params,
+    /// Workgroups, laid out by [`grid`] (unless `groups_3d`).
+    pub groups: usize,
+    /// Workgroup counts as they are.
+    pub groups_3d: Option<[u32; 3]>,
 }
 
 /// Decides how node `id` runs (one launch, or several for a mul_mat whose weights are split
 /// across bindings), or why it cannot.
-fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanOut>, String> {
+pub(crate) fn plan(
+    gpu: &Gpu,
+    graph: &Graph,
+    id: TensorId,
+) -> std::result::Result<Vec<PlanOut>, String> {
     let t = graph.get(id);
     let srcs: Vec<&Tensor> = t.src.iter().map(|&s| graph.get(s)).collect();
     // A mul_mat's weights may be larger: they are bound in row ranges (below).
@@ -354,7 +363,12 @@ fn plan(gpu: &Gpu, graph: &Graph, id: TensorId) -> std::result::Result<Vec<PlanO
             p.f[0] = *eps;
             p.u[0] = t.nrows() as u32;
             let op = u32::from(matches!(t.op, Op::Norm { .. }));
-            Ok(rows(norm_variant(op), vec![id, t.src[0]], p, t.nrows()))
+            Ok(rows(
+                norm_variant(op, false),
+                vec![id, t.src[0]],
+                p,
+                t.nrows(),
+            ))
         }
         Op::SoftMax { scale, max_bias } => {
             let mask = srcs.get(1).map(|m| m.dtype);
@@ -697,20 +711,30 @@ pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Vec<Lau
     let plans = plan(gpu, graph, id).map_err(|why| unsupported(gpu, graph, id, why))?;
     plans
         .into_iter()
-        .map(|out| {
-            let groups = match out.groups_3d {
-                Some(g) => g,
-                None => grid(out.groups)
-                    .ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?,
-            };
-            Ok(Launch {
-                variant: out.variant,
-                bind: out.bind,
-                params: out.params,
-                groups,
-            })
-        })
+        .map(|out| to_launch(gpu, graph, id, out))
         .collect()
+}
+
+/// The launch of a plan made for node `id`: its workgroup counts, and its bindings padded to
+/// the family's count with the destination.
+pub(crate) fn to_launch(gpu: &Gpu, graph: &Graph, id: TensorId, out: PlanOut) -> Result<Launch> {
+    let groups = match out.groups_3d {
+        Some(g) => g,
+        None => {
+            grid(out.groups).ok_or_else(|| unsupported(gpu, graph, id, "too many workgroups"))?
+        }
+    };
+    let mut bind = out.bind;
+    let n = out.variant.family.storage_bindings();
+    while bind.len() < n {
+        bind.push(bind[0]);
+    }
+    Ok(Launch {
+        variant: out.variant,
+        bind,
+        params: out.params,
+        groups,
+    })
 }
 
 /// Appends to `out` everything about `nodes` that decides their launches: each node's and
@@ -810,8 +834,11 @@ fn glu_variant(op: GluOp, a: DType) -> Variant {
         .ty("DT", a)
 }
 
-fn norm_variant(op: u32) -> Variant {
-    Variant::new(Family::Norm, "main").def("OP", op)
+/// The norm variant: op 0 rms_norm, 1 norm; `mul`: times a weight row (MUL, fused).
+fn norm_variant(op: u32, mul: bool) -> Variant {
+    Variant::new(Family::Norm, "main")
+        .def("OP", op)
+        .def("MUL", u32::from(mul))
 }
 
 fn soft_max_variant(mask: Option<DType>) -> Variant {
@@ -820,6 +847,13 @@ fn soft_max_variant(mask: Option<DType>) -> Variant {
 
 fn rope_variant(a: DType) -> Variant {
     Variant::new(Family::Rope, "main").ty("T0", a).ty("DT", a)
+}
+
+/// The fused rope of K (f32) with the stores of K and V into caches of type `cache` (KV).
+pub(crate) fn rope_kv_variant(cache: DType) -> Variant {
+    let v = rope_variant(DType::F32).def("KV", 1).ty("DT", cache);
+    let wg = ew_wg(&v);
+    v.def("WG", wg)
 }
 
 fn rows_variant(op: u32, src: DType, idx: DType, to: DType) -> Variant {
@@ -1108,9 +1142,15 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 }
             }
         }
-        Family::Norm => v.extend([0, 1].map(|op| row(norm_variant(op)))),
+        Family::Norm => {
+            v.extend([0, 1].map(|op| row(norm_variant(op, false))));
+            v.push(row(norm_variant(0, true)));
+        }
         Family::SoftMax => v.extend([None, Some(DType::F16)].map(|m| row(soft_max_variant(m)))),
-        Family::Rope => v.extend([DType::F32, DType::F16].map(|a| ew(rope_variant(a)))),
+        Family::Rope => {
+            v.extend([DType::F32, DType::F16].map(|a| ew(rope_variant(a))));
+            v.extend([DType::F32, DType::F16].map(rope_kv_variant));
+        }
         Family::Rows => {
             for &a in FLOATS.iter().chain(&QUANT) {
                 v.push(ew(rows_variant(0, a, DType::I32, DType::F32)));
@@ -1146,13 +1186,17 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             }
                             for (rows, wg) in [(16, 512), (2, 64)] {
                                 for kc in MVQ_KC {
-                                    v.push(
-                                        mat_vec_q_variant(a, b, subgroups, a4, y4)
-                                            .def("ROWS", rows)
-                                            .def("WG", wg)
-                                            .def("TPR", wg / rows)
-                                            .def("KC", kc),
-                                    );
+                                    let x = mat_vec_q_variant(a, b, subgroups, a4, y4)
+                                        .def("ROWS", rows)
+                                        .def("WG", wg)
+                                        .def("TPR", wg / rows)
+                                        .def("KC", kc);
+                                    v.push(x.clone().def("ADD", 1));
+                                    for glu in [false, true] {
+                                        let w2 = crate::fused::second_matrix_variant;
+                                        v.push(w2(x.clone(), glu));
+                                    }
+                                    v.push(x);
                                 }
                             }
                         }

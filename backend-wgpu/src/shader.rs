@@ -104,15 +104,19 @@ impl Family {
     /// Storage bindings its shaders use: the destination and the sources.
     pub fn storage_bindings(self) -> usize {
         match self {
-            Family::Unary | Family::Norm | Family::Reduce => 2,
+            Family::Unary | Family::Reduce => 2,
             Family::Binary
             | Family::Glu
+            | Family::Norm
             | Family::SoftMax
-            | Family::Rope
             | Family::Rows
-            | Family::MulMat
             | Family::Shape => 3,
             Family::FlashAttn => 5,
+            // The fused mat-vecs read a residual or a second weight matrix (and may write a
+            // second result).
+            Family::MulMat => 5,
+            // The fused rope of Q and K with the stores of K and V into their caches.
+            Family::Rope => 8,
         }
     }
 }
@@ -168,7 +172,7 @@ impl Variant {
     }
 
     /// A define's value.
-    fn get(&self, name: &str) -> Option<u32> {
+    pub fn get(&self, name: &str) -> Option<u32> {
         self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 

@@ -70,6 +70,42 @@ impl Graph {
         &mut self.tensors[id.index()]
     }
 
+    /// How many nodes read each tensor, by tensor index; a tensor marked as an output counts
+    /// one more. A backend fuses away an intermediate result only when its count is one.
+    pub fn reader_counts(&self) -> Vec<u32> {
+        let mut counts = vec![0u32; self.len()];
+        for t in &self.tensors {
+            for &s in &t.src {
+                counts[s.index()] += 1;
+            }
+        }
+        for (c, t) in counts.iter_mut().zip(&self.tensors) {
+            *c += u32::from(t.flags.output);
+        }
+        counts
+    }
+
+    /// The first of `nodes[j..]`, looking at most `window` nodes ahead, that computes
+    /// something, with its index in `nodes`: leaves and views compute nothing (a scheduler
+    /// leaves them out of the lists it hands backends; other callers may not).
+    pub fn next_computed(
+        &self,
+        nodes: &[TensorId],
+        j: usize,
+        window: usize,
+    ) -> Option<(usize, TensorId)> {
+        nodes
+            .iter()
+            .enumerate()
+            .skip(j)
+            .take(window)
+            .find(|(_, &n)| {
+                let t = self.get(n);
+                !(t.op == Op::None || t.op.is_view())
+            })
+            .map(|(i, &n)| (i, n))
+    }
+
     /// Every id, in topological order.
     pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
         (0..self.tensors.len() as u32).map(TensorId)
@@ -1105,6 +1141,36 @@ fn check_convertible(from: DType, to: DType) -> std::result::Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reader_counts_and_the_next_computed_node() {
+        let mut g = Graph::new();
+        let a = g.input("a", DType::F32, &[4, 2]).unwrap();
+        let b = g.add(a, a).unwrap();
+        let v = g.reshape(b, &[8]).unwrap();
+        let c = g.scale(v, 2.0).unwrap();
+        g.set_output(c);
+        let counts = g.reader_counts();
+        assert_eq!(counts[a.index()], 2, "read twice by one add");
+        assert_eq!(counts[b.index()], 1);
+        assert_eq!(counts[c.index()], 1, "an output counts once");
+        let nodes: Vec<TensorId> = g.ids().collect();
+        assert_eq!(
+            g.next_computed(&nodes, 0, 8),
+            Some((1, b)),
+            "the leaf is passed over"
+        );
+        assert_eq!(
+            g.next_computed(&nodes, 2, 8),
+            Some((3, c)),
+            "the view is passed over"
+        );
+        assert_eq!(
+            g.next_computed(&nodes, 2, 1),
+            None,
+            "the window ends at the view"
+        );
+    }
 
     #[test]
     fn stamps_change_with_the_graph_and_differ_between_graphs() {

@@ -25,21 +25,6 @@ use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quanti
 use super::rope::rope_params;
 use super::{params, Encoder};
 
-/// How many graph nodes read each tensor (outputs count as an extra reader).
-pub(super) fn use_counts(g: &tessera_core::Graph) -> Vec<u32> {
-    let mut uses = vec![0u32; g.len()];
-    for id in g.ids() {
-        let t = g.get(id);
-        for &s in &t.src {
-            uses[s.index()] += 1;
-        }
-        if t.flags.output {
-            uses[id.index()] += 1;
-        }
-    }
-    uses
-}
-
 /// Tries every fusion at `nodes[i]`; returns how many nodes were consumed (0: none applied).
 pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let n = rms_norm_mul(enc, nodes, i)?;
@@ -396,18 +381,9 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
 }
 
 /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a kernel, with its
-/// index: leaves and views run nothing and are passed over (a scheduler leaves them out).
+/// index.
 fn next_running(g: &Graph, nodes: &[TensorId], j: usize) -> Option<(usize, TensorId)> {
-    nodes
-        .iter()
-        .enumerate()
-        .skip(j)
-        .take(8)
-        .find(|(_, &n)| {
-            let t = g.get(n);
-            !(matches!(t.op, Op::None) || t.op.is_view())
-        })
-        .map(|(i, &n)| (i, n))
+    g.next_computed(nodes, j, 8)
 }
 
 /// Whether set_rows node `s` stores the rotated K `k` (F32 `[hd, heads, tokens]`, read by

@@ -73,7 +73,7 @@ impl<'a> Encoder<'a> {
         fuse: bool,
     ) -> Self {
         let uses = if fuse {
-            fused::use_counts(graph)
+            graph.reader_counts()
         } else {
             Vec::new()
         };

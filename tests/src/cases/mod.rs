@@ -43,7 +43,8 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// The perf table: every test case, then the perf-only cases (model-sized mul_mat, and
-/// rms_norm, soft_max, rope and flash_attn_ext at decode and prefill sizes).
+/// rms_norm, soft_max and rope at decode and prefill sizes; flash_attn_ext's model sizes are
+/// large test cases).
 pub fn perf_cases() -> Vec<Case> {
     let mut v = cases();
     perf_only::cases(&mut v);

@@ -3,7 +3,6 @@
 
 use tessera_core::{DType, RopeMode, TensorId};
 
-use super::attn::FlashAttn;
 use super::matmul::MulMat;
 use super::rope::Rope;
 use super::softmax::SoftMax;
@@ -56,18 +55,4 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         };
         v.push(r.case().large());
     }
-    let fa = FlashAttn {
-        hsk: 128,
-        hsv: 128,
-        nh: 8,
-        nr: 4,
-        kv: 4096,
-        nb: 1,
-        batch: 1,
-        mask: Some(DType::F16),
-        max_bias: 0.0,
-        softcap: 0.0,
-        type_kv: DType::F16,
-    };
-    v.push(fa.case().large());
 }

@@ -1,0 +1,446 @@
+//! Fused dispatches: op sequences of a Llama block run as one dispatch each, when the
+//! intermediate results are read by nothing else (the destination of the last op is written,
+//! the intermediates never are).
+//!
+//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows: the norm shader multiplies as
+//!   it stores (MUL in `shaders/norm.wgsl`).
+//! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
+//!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+//! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
+//!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
+//!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//! - two mul_mats of one token by the same vector with weights of one type and shape (a
+//!   Llama block's K and V): one mat-vec dispatch computes both (PAIR in `mat_vec_q`).
+//! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
+//!   caches at the same rows (a Llama block between its projections and attention): one
+//!   dispatch rotates Q and writes the rotated K and V straight into the caches (KV in
+//!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
+//!
+//! A fused result is the unfused ops' result up to float rounding (the conformance cases
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU,
+//! `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
+//! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
+
+use tessera_core::{BinaryOp, DType, GluOp, Graph, Op, Result, TensorId};
+
+use crate::context::Gpu;
+use crate::ops::{self, desc, Launch, PlanOut};
+use crate::shader::Variant;
+
+/// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
+pub(crate) fn default_on() -> bool {
+    std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
+}
+
+/// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
+/// of each tensor.
+pub(crate) struct Fuser<'a> {
+    /// The device.
+    pub gpu: &'a Gpu,
+    /// The graph.
+    pub graph: &'a Graph,
+    /// The nodes to run, in order.
+    pub nodes: &'a [TensorId],
+    /// [`Graph::reader_counts`] of the graph.
+    pub uses: &'a [u32],
+}
+
+impl Fuser<'_> {
+    /// Tries every fusion at `nodes[i]`: the launches and how many nodes they stand for
+    /// (`None`: none applies).
+    pub fn try_fuse(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        if let Some(f) = self.rms_norm_mul(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.gate_up_swiglu(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.rope_kv(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.mat_vec_add(i)? {
+            return Ok(Some(f));
+        }
+        self.mat_vec_pair(i)
+    }
+
+    /// Whether `id` has exactly one reader (and is no output).
+    fn single_use(&self, id: TensorId) -> bool {
+        self.uses[id.index()] == 1
+    }
+
+    /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a shader, with its
+    /// index.
+    fn next_running(&self, j: usize) -> Option<(usize, TensorId)> {
+        self.graph.next_computed(self.nodes, j, 8)
+    }
+
+    /// Whether the memory of `a` and `b` does not overlap, or (`same_ok`) is the same bytes
+    /// laid out alike: a fused dispatch that writes `a` while reading `b` then reads no value
+    /// another invocation has overwritten.
+    fn apart(&self, a: TensorId, b: TensorId, same_ok: bool) -> bool {
+        let g = self.graph;
+        let (Some(da), Some(db)) = (g.data(a), g.data(b)) else {
+            return false;
+        };
+        let (ta, tb) = (g.get(a), g.get(b));
+        if !std::ptr::addr_eq(
+            std::sync::Arc::as_ptr(&da.buffer),
+            std::sync::Arc::as_ptr(&db.buffer),
+        ) {
+            return true;
+        }
+        if same_ok && da.offset == db.offset && ta.nb == tb.nb && ta.ne == tb.ne {
+            return true;
+        }
+        let span = |off: usize, t: &tessera_core::Tensor| {
+            let last: usize = (0..4).map(|k| (t.ne[k].max(1) - 1) * t.nb[k]).sum();
+            (off, off + last + t.dtype.type_size())
+        };
+        let (a0, a1) = span(da.offset, ta);
+        let (b0, b1) = span(db.offset, tb);
+        a1 <= b0 || b1 <= a0
+    }
+
+    /// `rms_norm(x) * w` as one norm dispatch (MUL).
+    fn rms_norm_mul(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let r = self.nodes[i];
+        let tr = g.get(r);
+        if !matches!(tr.op, Op::RmsNorm { .. }) || !self.single_use(r) {
+            return Ok(None);
+        }
+        let Some((j, m)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let tm = g.get(m);
+        if tm.op != Op::Binary(BinaryOp::Mul) || tm.src.len() != 2 || tm.src[0] != r {
+            return Ok(None);
+        }
+        let (w, x) = (tm.src[1], tr.src[0]);
+        let tw = g.get(w);
+        let fits = tw.dtype == DType::F32
+            && tm.dtype == DType::F32
+            && tr.dtype == DType::F32
+            && g.get(x).dtype == DType::F32
+            && tm.ne == tr.ne
+            && tw.ne == [tr.ne[0], 1, 1, 1]
+            && self.apart(m, x, true);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.single_plan(r) else {
+            return Ok(None);
+        };
+        out.variant = out.variant.def("MUL", 1);
+        out.bind[0].id = m;
+        out.bind.push(ops::Bind::whole(w));
+        out.params.desc[0] = desc(tm);
+        out.params.desc[2] = desc(tw);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, m, out)?],
+            j - i + 1,
+        )))
+    }
+
+    /// The one launch of node `id`'s plan (`None`: it has several, or none, or is not
+    /// supported).
+    fn single_plan(&self, id: TensorId) -> Option<PlanOut> {
+        let mut plans = ops::plan(self.gpu, self.graph, id).ok()?;
+        (plans.len() == 1).then(|| plans.remove(0))
+    }
+
+    /// The plan of mul_mat `m` when it runs as one integer-dot mat-vec dispatch (whole
+    /// weights in one binding).
+    fn mat_vec_q_plan(&self, m: TensorId) -> Option<PlanOut> {
+        let tm = self.graph.get(m);
+        if tm.op != Op::MulMat || tm.dtype != DType::F32 {
+            return None;
+        }
+        let out = self.single_plan(m)?;
+        (out.variant.entry == "mat_vec_q" && out.bind[1].skip == 0).then_some(out)
+    }
+
+    /// `r + W x` (an add right after a mul_mat that runs as the integer-dot mat-vec): one
+    /// mat-vec dispatch that adds `r` as it stores (ADD).
+    fn mat_vec_add(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let m = self.nodes[i];
+        if g.get(m).op != Op::MulMat || !self.single_use(m) {
+            return Ok(None);
+        }
+        let Some((j, a)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let (tm, ta) = (g.get(m), g.get(a));
+        if ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 {
+            return Ok(None);
+        }
+        let r = match (ta.src[0] == m, ta.src[1] == m) {
+            (true, false) => ta.src[1],
+            (false, true) => ta.src[0],
+            _ => return Ok(None),
+        };
+        let tr = g.get(r);
+        let fits = ta.dtype == DType::F32
+            && tr.dtype == DType::F32
+            && tr.ne == tm.ne
+            && ta.ne == tm.ne
+            && self.apart(a, r, true)
+            && self.apart(a, tm.src[1], false);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.mat_vec_q_plan(m) else {
+            return Ok(None);
+        };
+        out.variant = out.variant.def("ADD", 1);
+        out.bind[0].id = a;
+        out.bind.push(ops::Bind::whole(r));
+        out.params.desc[0] = desc(ta);
+        out.params.desc[3] = desc(tr);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, a, out)?],
+            j - i + 1,
+        )))
+    }
+
+    /// `swiglu(W_gate x, W_up x)` for one token: one mat-vec dispatch over both weight
+    /// matrices (GLU).
+    fn gate_up_swiglu(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let a = self.nodes[i];
+        if g.get(a).op != Op::MulMat {
+            return Ok(None);
+        }
+        let Some((jb, b)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let Some((js, s)) = self.next_running(jb + 1) else {
+            return Ok(None);
+        };
+        let ts = g.get(s);
+        let swiglu = Op::Glu {
+            op: GluOp::Swiglu,
+            swapped: false,
+        };
+        if ts.op != swiglu || ts.src.len() != 2 {
+            return Ok(None);
+        }
+        let (gate, up) = (ts.src[0], ts.src[1]);
+        if !((gate == a && up == b) || (gate == b && up == a)) {
+            return Ok(None);
+        }
+        let (tg, tu) = (g.get(gate), g.get(up));
+        if tu.op != Op::MulMat
+            || !self.single_use(gate)
+            || !self.single_use(up)
+            || tg.src[1] != tu.src[1]
+        {
+            return Ok(None);
+        }
+        let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), tg.src[1]);
+        let tx = g.get(x);
+        let one_token = tx.ne[1] == 1 && tx.ne[2] == 1 && tx.ne[3] == 1;
+        let fits = one_token
+            && wg.ne[2] == 1
+            && wg.ne[3] == 1
+            && wg.dtype == wu.dtype
+            && wg.ne == wu.ne
+            && ts.dtype == DType::F32
+            && ts.ne == tg.ne
+            && self.apart(s, x, false);
+        if !fits {
+            return Ok(None);
+        }
+        let (Some(mut out), Some(pu)) = (self.mat_vec_q_plan(gate), self.mat_vec_q_plan(up)) else {
+            return Ok(None);
+        };
+        // Both read alike (the same A4, Y4 and shape), so that one variant reads both.
+        if out.variant != pu.variant {
+            return Ok(None);
+        }
+        out.variant = second_matrix_variant(out.variant, true);
+        out.bind[0].id = s;
+        out.bind.push(pu.bind[1]);
+        out.params.desc[0] = desc(ts);
+        out.params.desc[3] = desc(wu);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, s, out)?],
+            js - i + 1,
+        )))
+    }
+
+    /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
+    /// one mat-vec dispatch (PAIR).
+    fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let a = self.nodes[i];
+        if g.get(a).op != Op::MulMat {
+            return Ok(None);
+        }
+        let Some((jb, b)) = self.next_running(i + 1) else {
+            return Ok(None);
+        };
+        let (ta, tb) = (g.get(a), g.get(b));
+        if tb.op != Op::MulMat || ta.src[1] != tb.src[1] {
+            return Ok(None);
+        }
+        let (wa, wb, x) = (g.get(ta.src[0]), g.get(tb.src[0]), ta.src[1]);
+        let tx = g.get(x);
+        let fits = tx.ne[1] == 1
+            && tx.ne[2] == 1
+            && tx.ne[3] == 1
+            && wa.ne[2] == 1
+            && wa.ne[3] == 1
+            && wa.dtype == wb.dtype
+            && wa.ne == wb.ne
+            && tb.dtype == DType::F32
+            && tb.ne == ta.ne
+            && tb.nb[0] == 4
+            && self.apart(a, x, false)
+            && self.apart(b, x, false)
+            && self.apart(a, b, false);
+        if !fits {
+            return Ok(None);
+        }
+        let (Some(mut out), Some(pb)) = (self.mat_vec_q_plan(a), self.mat_vec_q_plan(b)) else {
+            return Ok(None);
+        };
+        if out.variant != pb.variant {
+            return Ok(None);
+        }
+        out.variant = second_matrix_variant(out.variant, false);
+        out.bind.push(pb.bind[1]);
+        out.bind.push(pb.bind[0]);
+        out.params.desc[3] = desc(wb);
+        out.params.desc[4] = desc(tb);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, a, out)?],
+            jb - i + 1,
+        )))
+    }
+
+    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
+    /// and `rope(q)` where it comes right before `rope(k)`: one rope dispatch (KV) that writes
+    /// both caches (and the rotated Q).
+    fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let first = self.nodes[i];
+        let Op::Rope(rp) = g.get(first).op else {
+            return Ok(None);
+        };
+        // With the rope of Q before K's (same positions and parameters): Q's too.
+        let (q, jr, k) = match self.next_running(i + 1) {
+            Some((j, k))
+                if g.get(k).op == g.get(first).op && g.get(k).src[1] == g.get(first).src[1] =>
+            {
+                (Some(first), j, k)
+            }
+            _ => (None, i, first),
+        };
+        let tk = g.get(k);
+        if !self.single_use(k) {
+            return Ok(None);
+        }
+        let Some((jk, sk)) = self.next_running(jr + 1) else {
+            return Ok(None);
+        };
+        let Some((jv, sv)) = self.next_running(jk + 1) else {
+            return Ok(None);
+        };
+        let (tsk, tsv) = (g.get(sk), g.get(sv));
+        if tsk.op != Op::SetRows || tsv.op != Op::SetRows || tsv.src[2] != tsk.src[2] {
+            return Ok(None);
+        }
+        let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);
+        let (v, vc) = (tsv.src[1], tsv.src[0]);
+        let (tr, tkc, ti, tv, tvc) = (g.get(rows), g.get(kc), g.get(idx), g.get(v), g.get(vc));
+        let tokens = tk.ne[2];
+        let fits = matches!(tr.op, Op::Reshape)
+            && tr.src[0] == k
+            && self.single_use(rows)
+            && tk.dtype == DType::F32
+            && g.get(tk.src[0]).dtype == DType::F32
+            && tk.ne[3] == 1
+            && tr.ne == [tk.ne[0] * tk.ne[1], tokens, 1, 1]
+            && matches!(tkc.dtype, DType::F16 | DType::F32)
+            && tkc.ne[0] == tr.ne[0]
+            && tkc.ne[2] == 1
+            && tkc.ne[3] == 1
+            && matches!(ti.dtype, DType::I32 | DType::I64)
+            && ti.ne[0] == tokens
+            && ti.nelements() == tokens
+            && tv.dtype == DType::F32
+            && tv.ne == [tvc.ne[0], tokens, 1, 1]
+            && tvc.dtype == tkc.dtype
+            && tvc.ne == tkc.ne
+            && tvc.nb == tkc.nb
+            && tsk.ne == tkc.ne
+            && tsv.ne == tvc.ne
+            && self.apart(sk, tk.src[0], false)
+            && self.apart(sk, v, false)
+            && self.apart(sv, tk.src[0], false)
+            && self.apart(sv, v, false)
+            && self.apart(sk, sv, false);
+        if !fits {
+            return Ok(None);
+        }
+        let q_fits = q.is_none_or(|q| {
+            let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
+            tq.dtype == DType::F32
+                && qs.dtype == DType::F32
+                && tq.ne[0] == tk.ne[0]
+                && tq.ne[2] == tokens
+                && tq.ne[3] == 1
+                && tq.nb[0] == 4
+                && qs.nb[0] == 4
+                && self.apart(q, tq.src[0], true)
+                && [tk.src[0], v, sk, sv]
+                    .iter()
+                    .all(|&o| self.apart(q, o, false))
+        });
+        if !q_fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.single_plan(k) else {
+            return Ok(None);
+        };
+        let per_row = rp.n_dims / 2 + tk.ne[0] - rp.n_dims;
+        let q_count = q.map_or(0, |q| per_row * g.get(q).ne[1] * tokens);
+        let count = (out.params.u[0] as usize + q_count + tv.nelements()).min(u32::MAX as usize);
+        out.variant = ops::rope_kv_variant(tkc.dtype);
+        out.params.u[0] = count as u32;
+        out.params.desc[0] = desc(g.get(sk));
+        out.params.desc[3] = desc(ti);
+        out.params.desc[4] = desc(tv);
+        out.groups = count.div_ceil(out.variant.get("WG").unwrap_or(1) as usize);
+        out.bind = [sk, tk.src[0], tk.src[1], idx, v, sv]
+            .map(ops::Bind::whole)
+            .to_vec();
+        if let Some(q) = q {
+            let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
+            out.params.u[3] = tq.ne[1] as u32;
+            out.params.h = [qs.nb[1], qs.nb[2], tq.nb[1], tq.nb[2]].map(|b| b as u32);
+            out.bind.push(ops::Bind::whole(tq.src[0]));
+            out.bind.push(ops::Bind::whole(q));
+        }
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, sk, out)?],
+            jv - i + 1,
+        )))
+    }
+}
+
+/// An integer-dot mat-vec variant that also multiplies a second weight matrix in src2, read
+/// as src0 is (W2, B4 = A4), and stores `silu(first) * second` (`glu`: GLU, the fused gate, up
+/// and swiglu) or both products (PAIR).
+pub(crate) fn second_matrix_variant(v: Variant, glu: bool) -> Variant {
+    let a4 = v.get("A4").unwrap_or(0);
+    let v = v.def("W2", 1).def("B4", a4);
+    if glu {
+        v.def("GLU", 1)
+    } else {
+        v.def("PAIR", 1)
+    }
+}

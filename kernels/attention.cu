@@ -29,7 +29,16 @@
 // the GPU), in chunks of 8 passes: in a pass, each group of d / 8 lanes reads one K row and one
 // V row (16 bytes a lane, coalesced), all loads of a chunk issued before any is used. Scores
 // are reduced within the group, the online softmax runs one warp per row, and each lane keeps
-// 8 output columns of every row for its keys; groups and warps are summed at the end.
+// 8 output columns of every row for its keys; groups and warps are summed at the end. Split, it
+// writes partials as fattn does; with aux[3] != 0 (a zeroed u32 counter per (KV head, batch),
+// grid y, which the kernel leaves at zero) the last block of each KV head to finish also merges
+// them (no fattn_combine launch).
+//
+// Quantized output (fattn_dec, and fattn_combine after any kernel): with aux[1] != 0 (dst
+// contiguous, dv a multiple of 32) the kernel that writes the final result also writes it as
+// q8_1 blocks, in the layout quantize_q8_1_f32 (mmvq.cu) writes for dst's flat values: block j
+// (values 32 j .. 32 j + 31, within one head) has its int8 at aux[1] + 32 j and (d, d * sum) at
+// aux[2] + 8 j. The o projection that reads the result next then skips its quantize kernel.
 //
 // fattn_mma<D>: prompts with f16 K and V, d == dv (64 or 128), K and V rows aligned to 16
 // bytes, on tensor cores (mma.sync m16n8k16, f16 inputs, f32 sums). A block of 4 warps takes 64
@@ -409,8 +418,56 @@ __device__ __forceinline__ float mask_at(const KParams& p, i64 c, i64 iq, int h,
     return slope * (p.i[4] == 1 ? F32::load(mp) : F16::load(mp));
 }
 
+// Stores result value x at (col, h, iq, b) of dst (t[0]), and, when aux[1] is set, quantized
+// (see the header): the whole warp calls it, lane l holding column 32 j + l of one head.
+__device__ __forceinline__ void store_out(const KParams& p, float x, int col, int h, i64 iq, i64 b) {
+    char* o = at(p.t[0], col, h, iq, b);
+    F32::store(o, x);
+    if (p.aux[1] != 0) {
+        const i64 blk = (o - (char*)p.t[0].ptr) / (32 * 4);
+        q8_1_block(x, (i8*)p.aux[1] + blk * 32, (float2*)p.aux[2] + blk);
+    }
+}
+
 #define DEC_WARPS 4
 #define DEC_PASSES 8
+
+// Merges the nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) at aux[0] (written by
+// this launch's blocks) into the result, as fattn_combine does, in one block of DEC_WARPS
+// warps. W: shared memory for R * 256 split weights, INV: for R floats.
+template <int D>
+__device__ void dec_merge(const KParams& p, int R, int g, i64 b, int nsplit, float* W, float* INV) {
+    const int kv_heads = (int)p.t[2].ne[2], gqa = (int)p.t[1].ne[2] / kv_heads;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float* part0 = (const float*)p.aux[0] + (b * kv_heads + g) * R * nsplit * (i64)(D + 2);
+    // One warp per row: the splits' weights exp(max_s - max) and the row's total.
+    for (int r = warp; r < R; r += DEC_WARPS) {
+        const float* part = part0 + (i64)r * nsplit * (D + 2);
+        float mx = NEG_INF;
+        for (int s = lane; s < nsplit; s += 32) mx = fmaxf(mx, __ldcg(part + s * (D + 2)));
+        mx = warp_max(mx);
+        float tot = 0.0f;
+        for (int s = lane; s < nsplit; s += 32) {
+            const float ms = __ldcg(part + s * (D + 2));
+            const float w = ms == NEG_INF ? 0.0f : expf(ms - mx);
+            W[r * 256 + s] = w;
+            tot += w * __ldcg(part + s * (D + 2) + 1);
+        }
+        tot = warp_sum(tot);
+        if (lane == 0) INV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
+    }
+    __syncthreads();
+    // Each column of each row summed over the splits; a warp's 32 columns lie in one row.
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, col = idx - r * D;
+        const float* part = part0 + (i64)r * nsplit * (D + 2) + 2 + col;
+        const float* w = W + r * 256;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < nsplit; s++) acc += w[s] * __ldcg(part + (i64)s * (D + 2));
+        store_out(p, acc * INV[r], col, g * gqa + r % gqa, r / gqa, b);
+    }
+}
 
 template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     constexpr int L = D / 8;                  // lanes per K or V row
@@ -424,7 +481,6 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     __shared__ float ML[RM][2];               // at the end: max and sum per row
     __shared__ float O[DEC_WARPS][RM][D];     // at the end: the warps' output sums
 
-    const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
     const TArg& v = p.t[3];
@@ -616,7 +672,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
         for (int w = 0; w < DEC_WARPS; w++) o += O[w][r][col];
         const float sum = ML[r][1];
         if (nsplit == 1) {
-            F32::store(at(dst, col, g * gqa + r % gqa, r / gqa, b), sum == 0.0f ? 0.0f : o / sum);
+            store_out(p, sum == 0.0f ? 0.0f : o / sum, col, g * gqa + r % gqa, r / gqa, b);
         } else {
             const i64 row = (b * kv_heads + g) * R + r;
             float* part = (float*)p.aux[0] + (row * nsplit + split) * (D + 2);
@@ -627,6 +683,25 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
             part[2 + col] = o;
         }
     }
+    if (nsplit == 1 || p.aux[3] == 0) return;
+
+    // One launch for all splits: the block that finishes last among this (KV head, batch)'s
+    // splits merges their partials. Each thread's partials are made visible to the whole device
+    // before thread 0 counts the block in; the last block sets the counter back to zero for
+    // the next launch (a CUDA graph replays the same counters) and reads the partials after
+    // the count, from L2.
+    __shared__ int LAST;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* cnt = (unsigned*)p.aux[3] + blockIdx.y;
+        LAST = atomicAdd(cnt, 1u) == (unsigned)(nsplit - 1);
+        if (LAST) atomicExch(cnt, 0u);
+    }
+    __syncthreads();
+    if (!LAST) return;
+    __threadfence();
+    dec_merge<D>(p, R, g, b, nsplit, &O[0][0][0], &ML[0][0]);
 }
 
 #define FATTN_DEC(d)                                                          \
@@ -1041,11 +1116,10 @@ KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { fattn_
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
 // weights are found in parallel, then each column is summed over the splits by 256 / dv
 // threads (each a share of the splits) and their sums added through shared memory.
-// t[0] dst, t[1] q, t[2] k, t[3] v as above.
+// t[0] dst, t[1] q, t[2] k, t[3] v as above; aux[1], aux[2] the quantized output when set.
 KERNEL fattn_combine(const KParams p) {
     __shared__ float wts[256];
     __shared__ float red[256];
-    const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
     const TArg& v = p.t[3];
@@ -1080,6 +1154,6 @@ KERNEL fattn_combine(const KParams p) {
     if (s < DV) {
         float sum = 0.0f;
         for (int j = 0; j < groups; j++) sum += red[j * DV + s];
-        F32::store(at(dst, s, h, iq, b), sum * inv);
+        store_out(p, sum * inv, s, h, iq, b);
     }
 }

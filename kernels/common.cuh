@@ -119,6 +119,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The q8_1 block of the 32 values x held one per lane (the whole warp calls it): lane l's int8
+// to qs[l], (d, d * sum) to *ds (written by lane 0). The layout quantize_q8_1 of mmvq.cu writes
+// for the mat-vec kernels, which kernels that make their inputs also write.
+__device__ __forceinline__ void q8_1_block(float x, i8* qs, float2* ds) {
+    const int l = threadIdx.x % 32;
+    const float amax = warp_max(fabsf(x));
+    const float d = amax / 127.0f;
+    const int q = d == 0.0f ? 0 : __float2int_rn(x / d);
+    const float sum = warp_sum((float)q);
+    qs[l] = (i8)q;
+    if (l == 0) *ds = make_float2(d, d * sum);
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the sum.
 __device__ float block_sum(float v) {
     __shared__ float part[32];

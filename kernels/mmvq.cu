@@ -39,18 +39,6 @@
 // Grid ceil((i[0] + i[1] + i[2]) / ROWS) blocks of 128 threads over the stacked rows.
 #include "quant.cuh"
 
-// The q8_1 block of the 32 values x held one per lane: lane l's int8 to qs[l], (d, d * sum)
-// to *ds (written by lane 0).
-__device__ __forceinline__ void q8_1_block(float x, i8* qs, float2* ds) {
-    const int l = threadIdx.x % 32;
-    const float amax = warp_max(fabsf(x));
-    const float d = amax / 127.0f;
-    const int q = d == 0.0f ? 0 : __float2int_rn(x / d);
-    const float sum = warp_sum((float)q);
-    qs[l] = (i8)q;
-    if (l == 0) *ds = make_float2(d, d * sum);
-}
-
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
     const TArg& s = p.t[1];
     const i64 nblk = s.ne[0] / 32;

@@ -13,7 +13,7 @@ use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
 use crate::graphs::{GraphCache, GraphMode, ListKey, ListSetup};
 use crate::memory::CudaBuffer;
-use crate::ops::Encoder;
+use crate::ops::{Encoder, COUNTER_BYTES};
 
 /// A stream of work on one GPU.
 ///
@@ -26,6 +26,8 @@ pub struct CudaBackend {
     blas: Blas,
     scratch: u64,
     scratch_cap: usize,
+    /// Zeroed block counters for the kernels ([`crate::ops::Encoder::counters`]).
+    counters: u64,
     tf32: bool,
     fuse: bool,
     stream: Arc<CudaStream>,
@@ -46,6 +48,13 @@ impl CudaBackend {
             .new_stream()
             .map_err(|e| dev.err("creating a stream", e))?;
         let blas = Blas::new(dev.clone(), stream.cu_stream())?;
+        let s = stream.cu_stream();
+        let counters = dev.pool.alloc(&dev, COUNTER_BYTES, s)?;
+        // SAFETY: the block holds COUNTER_BYTES bytes of this context, ordered on the stream.
+        if let Err(e) = unsafe { sys::cuMemsetD8Async(counters, 0, COUNTER_BYTES, s) }.result() {
+            dev.pool.free(&dev, counters, s);
+            return Err(dev.err("clearing the block counters", e));
+        }
         let tf32 = std::env::var("TESSERA_CUDA_TF32").is_ok_and(|v| v == "1");
         let fuse = std::env::var("TESSERA_CUDA_FUSION")
             .map(|v| v != "0")
@@ -55,6 +64,7 @@ impl CudaBackend {
             blas,
             scratch: 0,
             scratch_cap: 0,
+            counters,
             tf32,
             fuse,
             stream,
@@ -172,6 +182,9 @@ impl Drop for CudaBackend {
         self.dev
             .pool
             .free(&self.dev, self.scratch, self.stream.cu_stream());
+        self.dev
+            .pool
+            .free(&self.dev, self.counters, self.stream.cu_stream());
     }
 }
 
@@ -229,6 +242,7 @@ impl Backend for CudaBackend {
             self.fuse,
         );
         enc.group = self.group.clone();
+        enc.counters = self.counters;
         enc.encode(nodes)?;
         let cmds = if enc.scratch_fits() {
             enc.cmds
@@ -245,6 +259,7 @@ impl Backend for CudaBackend {
                 self.fuse,
             );
             enc.group = self.group.clone();
+            enc.counters = self.counters;
             enc.encode(nodes)?;
             enc.cmds
         };

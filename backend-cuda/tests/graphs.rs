@@ -251,3 +251,101 @@ fn out_of_memory_is_an_error() {
         after >> 20
     );
 }
+
+/// Attention of one token over a cache long enough to split, then the o projection with its
+/// residual add (as a Llama block ends its attention): 9 heads of 64 over 3 KV heads.
+fn attention_block() -> Block {
+    let mut g = Graph::new();
+    let q = g.input("q", DType::F32, &[64, 9, 1]).unwrap();
+    let k = g.input("k", DType::F16, &[64, 600, 3]).unwrap();
+    let v = g.input("v", DType::F16, &[64, 600, 3]).unwrap();
+    let mask = g.input("mask", DType::F16, &[600, 1]).unwrap();
+    let wo = g.input("wo", DType::Q4_0, &[576, 576]).unwrap();
+    let r = g.input("r", DType::F32, &[576, 1]).unwrap();
+    let qp = g.permute(q, [0, 2, 1, 3]).unwrap();
+    let att = g
+        .flash_attn_ext(qp, k, v, Some(mask), 0.125, 0.0, 0.0)
+        .unwrap();
+    let flat = g.reshape(att, &[576, 1]).unwrap();
+    let o = g.mul_mat(wo, flat).unwrap();
+    let out = g.add(r, o).unwrap();
+    Block {
+        g,
+        inputs: vec![q, k, v, mask, wo, r],
+        outputs: vec![att, out],
+    }
+}
+
+/// Fresh input bytes for [`attention_block`].
+fn attention_inputs(b: &Block, rng: &mut Rng) -> Vec<(TensorId, Vec<u8>)> {
+    let [q, k, v, mask, wo, r] = b.inputs[..] else {
+        unreachable!()
+    };
+    vec![
+        (q, to_bytes(DType::F32, &rng.vec(576, -1.0, 1.0))),
+        (k, to_bytes(DType::F16, &rng.vec(64 * 600 * 3, -1.0, 1.0))),
+        (v, to_bytes(DType::F16, &rng.vec(64 * 600 * 3, -1.0, 1.0))),
+        (mask, to_bytes(DType::F16, &rng.vec(600, -2.0, 0.0))),
+        (wo, to_bytes(DType::Q4_0, &rng.vec(576 * 576, -0.1, 0.1))),
+        (r, to_bytes(DType::F32, &rng.vec(576, -1.0, 1.0))),
+    ]
+}
+
+#[test]
+fn split_attention_replays() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(23);
+    // Fused (split attention merged in its own launch, its result quantized for the o
+    // projection) against unfused ops.
+    let mut results = Vec::new();
+    let mut counts = Vec::new();
+    for fuse in [true, false] {
+        let mut b = attention_block();
+        let inputs = attention_inputs(&b, &mut Rng::new(24));
+        let mut be = concrete(&dev).cuda_backend().unwrap();
+        be.set_fusion(fuse);
+        let outs = b.outputs.clone();
+        let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
+        counts.push(be.last_command_count());
+        results.push(outputs_f32(&b, &out));
+    }
+    for (i, name) in ["attention", "o projection + residual"].iter().enumerate() {
+        check(
+            &format!("fused vs unfused {name}"),
+            &results[0][i],
+            &results[1][i],
+            1e-5,
+        );
+    }
+    println!(
+        "attention + o projection: {} commands fused, {} unfused",
+        counts[0], counts[1]
+    );
+    assert_eq!(counts[0], 2, "fattn_dec and the o projection");
+    assert_eq!(
+        counts[1], 5,
+        "fattn_dec, fattn_combine, quantize, mat-vec and add unfused"
+    );
+    // Replays with new inputs each step: the merge's block counters must be back at zero.
+    let mut b = attention_block();
+    let outs = b.outputs.clone();
+    for &o in &outs {
+        b.g.set_output(o);
+    }
+    let nodes = running_nodes(&b.g);
+    let all: Vec<TensorId> = b.g.ids().collect();
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut b.g, &all).unwrap();
+    let mut be = concrete(&dev).cuda_backend().unwrap();
+    let mut eager = concrete(&dev).cuda_backend().unwrap();
+    eager.set_graphs(false);
+    let mut modes = Vec::new();
+    for step in 0..4 {
+        let inputs = attention_inputs(&b, &mut rng);
+        let what = format!("split attention step {step}");
+        modes.push(step_vs_eager(
+            &mut be, &mut eager, &b, &nodes, &inputs, &what,
+        ));
+    }
+    assert_eq!(modes[2..], [GraphMode::Replayed, GraphMode::Replayed]);
+}

@@ -4,7 +4,7 @@ use tessera_core::dtype::DType;
 use tessera_core::{Result, TensorId};
 
 use super::norm::alibi;
-use super::{params, Encoder};
+use super::{params, Encoder, COUNTER_BYTES};
 use crate::cmd::{KParams, TArg};
 
 /// Keys per shared-memory tile (KTILE in attention.cu).
@@ -30,14 +30,18 @@ const MMA_BQ: usize = 64;
 /// Keys per tile of fattn_mma (MMA_BK in attention.cu).
 const MMA_BK: usize = 64;
 
-/// Fused attention of q, k, v with an optional mask.
+/// Fused attention of q, k, v with an optional mask. With `q8` (the result contiguous, its head
+/// dim dv a multiple of 32) the kernel that writes the result also writes it as q8_1 blocks
+/// where its path can (see attention.cu): their (int8 values, (d, d * sum) pairs) addresses in
+/// scratch are returned then.
 pub(super) fn flash_attn(
     enc: &mut Encoder,
     id: TensorId,
     scale: f32,
     max_bias: f32,
     softcap: f32,
-) -> Result<()> {
+    q8: bool,
+) -> Result<Option<(u64, u64)>> {
     let t = enc.graph.get(id);
     let (q, k, v) = (t.src[0], t.src[1], t.src[2]);
     let (tq, tk, tv) = (enc.graph.get(q), enc.graph.get(k), enc.graph.get(v));
@@ -102,13 +106,15 @@ pub(super) fn flash_attn(
     };
     p.i[5] = i32::from(vec4(&ka, tk.dtype) && vec4(&va, tv.dtype));
     let rows_total = rows * kv_heads * tq.ne[3];
+    // q8_1 blocks of the result wanted: their count.
+    let q8 = if q8 { t.nelements() / 32 } else { 0 };
     // f16 K and V with rows on 16 bytes: the f16 kernels (fattn_dec, fattn_mma).
     let row16 = |a: &TArg| {
         a.nb[0] == 2 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&s| s % 16 == 0)
     };
     let f16_kv = tk.dtype == DType::F16 && tv.dtype == DType::F16 && row16(&ka) && row16(&va);
     if f16_kv && d == dv && rows <= DEC_ROWS && matches!(d, 64 | 128 | 256) {
-        return flash_attn_dec(enc, p, d, rows, base_blocks, nkv, rows_total);
+        return flash_attn_dec(enc, p, d, rows, base_blocks, nkv, rows_total, q8);
     }
     if f16_kv && d == dv && matches!(d, 64 | 128) {
         if mask_type != 0 {
@@ -122,7 +128,7 @@ pub(super) fn flash_attn(
             p.i[6] = i32::from(aligned(2 * es));
             p.i[7] = i32::from(mask_type == 2 && aligned(16) && nkv.is_multiple_of(8));
         }
-        return flash_attn_mma(enc, p, d, rows, kv_heads * tq.ne[3], nkv, rows_total);
+        return flash_attn_mma(enc, p, d, rows, kv_heads * tq.ne[3], nkv, [rows_total, q8]);
     }
     if rows <= VEC_ROWS && p.i[5] == 1 && (8..=256).contains(&dv) && dv.is_power_of_two() {
         return flash_attn_vec(
@@ -132,7 +138,7 @@ pub(super) fn flash_attn(
             [d, dv],
             base_blocks,
             nkv,
-            rows_total,
+            [rows_total, q8],
         );
     }
     if nsplit > 1 {
@@ -142,11 +148,12 @@ pub(super) fn flash_attn(
     let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
-    combine(enc, p, nsplit, rows_total)
+    combine(enc, p, nsplit, [rows_total, q8])
 }
 
 /// The decoding kernel (fattn_vec): `p` as for fattn (split count set here), `types` of K and
-/// V, `dims` (d, dv), `blocks` without splitting, `nkv` keys, `rows_total` query rows in all.
+/// V, `dims` (d, dv), `blocks` without splitting, `nkv` keys, `rows` (query rows in all, q8_1
+/// blocks of the result wanted: see [`combine`]).
 fn flash_attn_vec(
     enc: &mut Encoder,
     mut p: KParams,
@@ -154,8 +161,9 @@ fn flash_attn_vec(
     dims: [usize; 2],
     blocks: usize,
     nkv: usize,
-    rows_total: usize,
-) -> Result<()> {
+    rows: [usize; 2],
+) -> Result<Option<(u64, u64)>> {
+    let rows_total = rows[0];
     let [d, dv] = dims;
     // Enough splits to fill the GPU twice over, none shorter than VEC_MIN_KEYS keys, none
     // longer than VEC_KEYS.
@@ -181,12 +189,16 @@ fn flash_attn_vec(
         smem as u32,
         p,
     )?;
-    combine(enc, p, nsplit, rows_total)
+    combine(enc, p, nsplit, rows)
 }
 
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
-/// `nkv` keys, `rows_total` query rows in all.
+/// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
+/// which every way through fattn_dec writes. Split, the splits are merged by the kernel's last
+/// block per KV head (one launch) when the backend has block counters and fuses kernels, else
+/// by fattn_combine.
+#[allow(clippy::too_many_arguments)]
 fn flash_attn_dec(
     enc: &mut Encoder,
     mut p: KParams,
@@ -195,7 +207,8 @@ fn flash_attn_dec(
     blocks: usize,
     nkv: usize,
     rows_total: usize,
-) -> Result<()> {
+    q8: usize,
+) -> Result<Option<(u64, u64)>> {
     // Short splits, so that even a short cache fills the GPU, but no more than a few blocks
     // per SM: a long cache is streamed by each block in turn, its next keys loading while it
     // works on the last.
@@ -207,15 +220,27 @@ fn flash_attn_dec(
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
     }
+    // Split, the last block of each KV head merges the splits in the same launch (a counter
+    // per block row of the grid), unless there are no counters for it or fusion is off (which
+    // keeps the separate fattn_combine to compare with).
+    let merge = enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4;
+    if merge {
+        p.aux[3] = enc.counters;
+    }
+    let out = q8_out(enc, &mut p, q8);
     let name = format!("fattn_dec{d}_{}", if rows <= 4 { 4 } else { 8 });
     let grid = [1, blocks as u32, nsplit as u32];
     enc.launch("attention", &name, grid, [DEC_THREADS, 1, 1], 0, p)?;
-    combine(enc, p, nsplit, rows_total)
+    if !merge {
+        combine(enc, p, nsplit, [rows_total, 0])?;
+    }
+    Ok(out)
 }
 
 /// The f16 tensor-core kernel (fattn_mma): `p` as for fattn (mask alignment flags set, split
 /// count set here), head dim `d` (d == dv), `rows` query rows per KV head, `heads_b` KV heads
-/// times batches, `nkv` keys, `rows_total` query rows in all.
+/// times batches, `nkv` keys, `totals` (query rows in all, q8_1 blocks of the result wanted:
+/// see [`combine`]).
 fn flash_attn_mma(
     enc: &mut Encoder,
     mut p: KParams,
@@ -223,8 +248,9 @@ fn flash_attn_mma(
     rows: usize,
     heads_b: usize,
     nkv: usize,
-    rows_total: usize,
-) -> Result<()> {
+    totals: [usize; 2],
+) -> Result<Option<(u64, u64)>> {
+    let rows_total = totals[0];
     let tiles = rows.div_ceil(MMA_BQ);
     let blocks = tiles * heads_b;
     let sm = enc.dev.sm_count as usize;
@@ -252,20 +278,41 @@ fn flash_attn_mma(
         smem as u32,
         p,
     )?;
-    combine(enc, p, nsplit, rows_total)
+    combine(enc, p, nsplit, totals)
 }
 
-/// Merges the splits' partials (fattn_combine) when there is more than one split.
-fn combine(enc: &mut Encoder, p: KParams, nsplit: usize, rows_total: usize) -> Result<()> {
-    if nsplit > 1 {
-        enc.launch(
-            "attention",
-            "fattn_combine",
-            [rows_total as u32, 1, 1],
-            [256, 1, 1],
-            0,
-            p,
-        )?;
+/// Merges the splits' partials (fattn_combine) when there is more than one split: `rows` are
+/// the query rows in all and the q8_1 blocks of the result wanted (0: none), which the merge
+/// writes too; their addresses are returned when written.
+fn combine(
+    enc: &mut Encoder,
+    mut p: KParams,
+    nsplit: usize,
+    rows: [usize; 2],
+) -> Result<Option<(u64, u64)>> {
+    if nsplit <= 1 {
+        return Ok(None);
     }
-    Ok(())
+    let out = q8_out(enc, &mut p, rows[1]);
+    enc.launch(
+        "attention",
+        "fattn_combine",
+        [rows[0] as u32, 1, 1],
+        [256, 1, 1],
+        0,
+        p,
+    )?;
+    Ok(out)
+}
+
+/// Scratch for `blocks` q8_1 blocks of the result (none when 0), set as aux[1] (int8 values)
+/// and aux[2] ((d, d * sum) pairs) of `p`.
+fn q8_out(enc: &mut Encoder, p: &mut KParams, blocks: usize) -> Option<(u64, u64)> {
+    if blocks == 0 {
+        return None;
+    }
+    let out = (enc.scratch(blocks * 32), enc.scratch(blocks * 8));
+    p.aux[1] = out.0;
+    p.aux[2] = out.1;
+    Some(out)
 }

@@ -13,6 +13,8 @@
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
 //!   F32) KV cache (rope.cu); with the rope of Q before it and the set_rows of V after it, all
 //!   four in one kernel.
+//! - `W reshape(flash_attn_ext(..))` for a token, W quantized: attention writes its result
+//!   quantized too (attention.cu), so the mat-vec (the o projection) quantizes nothing.
 //!
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
@@ -49,7 +51,52 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
     if n > 0 {
         return Ok(n);
     }
+    let n = attn_q8(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
     rope_set_rows(enc, nodes, i)
+}
+
+/// flash_attn_ext whose result, through a reshape, is read next by a quantized mat-vec (the o
+/// projection of a token): the attention kernel that writes the result also writes it as q8_1
+/// blocks where its path can (see attention.cu), and the mat-vec takes them.
+fn attn_q8(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let g = enc.graph;
+    let a = nodes[i];
+    let ta = g.get(a);
+    let Op::FlashAttnExt {
+        scale,
+        max_bias,
+        logit_softcap,
+    } = ta.op
+    else {
+        return Ok(0);
+    };
+    let Some((_, m)) = next_running(g, nodes, i + 1) else {
+        return Ok(0);
+    };
+    let tm = g.get(m);
+    if tm.op != Op::MulMat || !super::supports(g, a) {
+        return Ok(0);
+    }
+    let x = tm.src[1];
+    let tx = g.get(x);
+    // The reshape keeps the result's flat order, so its q8_1 blocks are the result's 32-value
+    // runs: each within one head when dv is a multiple of 32.
+    let fits = tx.op == Op::Reshape
+        && tx.src[0] == a
+        && ta.dtype == DType::F32
+        && ta.is_contiguous()
+        && g.get(ta.src[2]).ne[0].is_multiple_of(32);
+    if !fits || !feeds_mmvq(enc, nodes, i + 1, x)? {
+        return Ok(0);
+    }
+    let q8 = super::attention::flash_attn(enc, a, scale, max_bias, logit_softcap, true)?;
+    if let Some(q8) = q8 {
+        enc.q8 = Some((x, q8));
+    }
+    Ok(1)
 }
 
 fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {

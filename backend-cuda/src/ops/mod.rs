@@ -5,7 +5,8 @@
 //! before any work is queued. Temporary memory an op needs (quantized activations, a converted
 //! operand, dequantized weights) comes from the backend's scratch arena; nodes run in stream
 //! order, so every node may use the arena from its start. The encoder records the largest
-//! need; when the arena is too small the backend grows it and encodes again.
+//! need; when the arena is too small the backend grows it and encodes again. Kernels that count
+//! finished blocks use the backend's counters ([`Encoder::counters`]), which stay zeroed.
 
 mod attention;
 mod comm;
@@ -51,7 +52,16 @@ pub(crate) struct Encoder<'a> {
     pub f16: Option<(TArg, TArg, usize)>,
     /// The peer all-reduce group the backend joined and its rank, for all-reduce nodes.
     pub group: Option<(std::sync::Arc<crate::comm::peer::PeerGroup>, usize)>,
+    /// The backend's block counters: [`COUNTER_BYTES`] of device memory, zeroed once when the
+    /// backend is made, for kernels whose blocks count themselves finished (the last one then
+    /// finishes the work, as fattn_dec merging its splits). Every kernel that uses them leaves
+    /// them at zero, so its commands may run again (a CUDA graph replays them); kernels run in
+    /// stream order, so each may use them from the start. 0 when there are none.
+    pub counters: u64,
 }
+
+/// Bytes of the block counters (see [`Encoder::counters`]): 16384 u32 counters.
+pub(crate) const COUNTER_BYTES: usize = 64 << 10;
 
 impl<'a> Encoder<'a> {
     pub(crate) fn new(
@@ -81,6 +91,7 @@ impl<'a> Encoder<'a> {
             q8: None,
             f16: None,
             group: None,
+            counters: 0,
         }
     }
 
@@ -300,7 +311,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
             scale,
             max_bias,
             logit_softcap,
-        } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap),
+        } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap, false).map(|_| ()),
         Op::Concat(dim) => misc::concat(enc, id, dim),
         Op::Repeat => misc::repeat(enc, id),
         Op::Pad(_) => misc::pad(enc, id),

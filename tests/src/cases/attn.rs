@@ -176,6 +176,16 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         v.push(model(128, 8, 4, kv, 1).case().large());
     }
     v.push(model(64, 3, 3, 768, 1).case().large());
+    // Decoding kernels' other shapes, with splits: two tokens of four heads a KV head (8 rows),
+    // and two sequences (a batch).
+    v.push(model(64, 2, 4, 600, 2).case());
+    v.push(
+        FlashAttn {
+            batch: 2,
+            ..model(128, 2, 2, 700, 1)
+        }
+        .case(),
+    );
     v.push(model(128, 8, 4, 512, 512).causal_case().large());
     v.push(model(64, 3, 3, 512, 512).causal_case().large());
 }

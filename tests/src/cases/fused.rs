@@ -4,7 +4,8 @@
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
 //! attention, and several products of one activation (Q, K and V of a prompt), which a backend
 //! may convert once for all of them, and a feed-forward block for one token (gate, up, swiglu
-//! and down: the swiglu result quantized by the kernel that makes it).
+//! and down: the swiglu result quantized by the kernel that makes it), and attention followed
+//! by the o projection (the attention result quantized by the attention kernels).
 
 use tessera_core::{DType, RopeMode, RopeParams};
 
@@ -18,6 +19,50 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     rope_kv(v);
     shared_activation(v);
     gate_up_down(v);
+    attn_out_proj(v);
+}
+
+/// Attention of a token (or two) over F16 caches, its heads' outputs (reshaped into one vector a
+/// token) times quantized weights (a Llama block's o projection), with or without the residual
+/// add after it: a backend may have the attention kernel quantize its result for the mat-vec.
+fn attn_out_proj(v: &mut Vec<Case>) {
+    // (type, head dim, query heads, kv heads, cache rows, tokens, residual add): short caches
+    // that decoding kernels take in one split and long ones they split.
+    let shapes = [
+        (DType::Q8_0, 64, 9, 3, 32, 1, true),
+        (DType::Q4_0, 64, 9, 3, 600, 1, true),
+        (DType::Q4_K, 128, 32, 8, 1100, 1, true),
+        (DType::Q8_0, 128, 4, 1, 2048, 1, false),
+        (DType::Q4_0, 64, 4, 4, 20, 1, false),
+        (DType::Q8_0, 64, 9, 3, 300, 2, true),
+    ];
+    for (t, hd, nh, nkv, rows, n, add) in shapes {
+        let params = format!("type={t},hd={hd},nh={nh},nkv={nkv},rows={rows},tokens={n},add={add}");
+        v.push(Case::new(
+            "ATTN_MUL_MAT",
+            params,
+            &[t, DType::F32, DType::F16],
+            Tolerance::MATMUL,
+            move |g| {
+                let q = g.leaf(DType::F32, &[hd, nh, n])?;
+                let k = g.leaf(DType::F16, &[hd, rows, nkv])?;
+                let val = g.leaf(DType::F16, &[hd, rows, nkv])?;
+                let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
+                let wo = g.input(t, &[hd * nh, 256], Init::Uniform(-0.1, 0.1))?;
+                let q = g.permute(q, [0, 2, 1, 3])?;
+                let scale = 1.0 / (hd as f32).sqrt();
+                let att = g.flash_attn_ext(q, k, val, Some(mask), scale, 0.0, 0.0)?;
+                let att = g.reshape(att, &[hd * nh, n])?;
+                let o = g.mul_mat(wo, att)?;
+                if add {
+                    let r = g.leaf(DType::F32, &[256, n])?;
+                    g.add(r, o)
+                } else {
+                    Ok(o)
+                }
+            },
+        ));
+    }
 }
 
 /// A Llama feed-forward block for one token: down(swiglu(gate x, up x)), quantized weights.

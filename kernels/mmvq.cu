@@ -14,9 +14,11 @@
 // takes their integer dot products (dp4a) with every column. The activations of a task are read
 // once for all S rows. Blocks are 128 threads (4 warps); `Mmvq<Q>::SL` tile slots per warp
 // bound the shared memory (at most 28 KiB a block). ROWS(Q) rows per block: 2 for Q8_0, 4 for
-// the others (mmvq_launch in backend-cuda/src/ops/matmul.rs mirrors this), in groups of rows
-// whose tiles KS(Q) warps share (tile j to the group's warp j % KS, partial sums added through
-// shared memory): KS = 4 (one group) for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K.
+// the others, in groups of rows whose tiles KS(Q) warps share (tile j to the group's warp
+// j % KS, partial sums added through shared memory): KS = 4 (one group) for the 32-value types,
+// 2 for Q4_K and Q5_K, 1 for Q6_K. A row shorter than KS tiles (k < 1024 for the 32-value types)
+// would leave warps idle: each warp then takes its own group of rows (narrow geometry, ROWS KS
+// rows per block; `Geom` below). mmvq_launch in backend-cuda/src/ops/matmul.rs mirrors this.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
@@ -25,13 +27,12 @@
 //
 // mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type,
 // m rows): dst (t[0], f32, contiguous) = silu(gate x) * (up x), the gate/up/swiglu of a Llama
-// block for one token; aux[0], aux[1] the quantized x as above.
-//   aux[2] = aux[3] = 0: grid ceil(m / ROWS) blocks of 128 threads, as mmvq_<type>_1.
-//   aux[2] != 0 and aux[3] != 0 (m a multiple of 32): dst is also written quantized, in the
-//   layout quantize_q8_1_f32 writes for a [m] column: 32-value block b's int8 at aux[2] + 32 b,
-//   its float2 (d, d * sum(q)) at aux[3] + 8 b, bit-identical to quantize_q8_1_f32 of dst. The
-//   grid is then ceil(m / 32) blocks of 128 threads (each block 32 rows, 8 per warp, over the
-//   whole k; blocks past m / 32 return at once, so the ROWS geometry also works, only slower).
+// block for one token; aux[0], aux[1] the quantized x as above. Grid and blocks as
+// mmvq_<type>_1. With aux[2], aux[3] and t[3].ptr set (m a multiple of 32), dst is also written
+// quantized, in the layout quantize_q8_1_f32 writes for a [m] column: 32-value block b's int8 at
+// aux[2] + 32 b, its float2 (d, d * sum(q)) at aux[3] + 8 b, bit-identical to quantize_q8_1_f32
+// of dst. t[3].ptr holds m / 32 zeroed u32 counters, one per 32-row block, which the kernel leaves
+// at zero: the last of the grid's blocks to finish a 32-row block's rows quantizes them.
 //
 // mmvq_multi_<type>: up to three matrices by one column in one launch (Q, K and V of one token):
 // t[1], t[2], t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
@@ -396,6 +397,16 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
     }
 }
 
+// The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: ks warps share a
+// group of R = RPG rows (KS, or 1 when a row has fewer than KS tiles), rows per block.
+template <int Q> struct Geom {
+    int ks, rows;
+    __device__ explicit Geom(int tasks) {
+        ks = (tasks + 31) / 32 < Tile<Q>::KS ? 1 : Tile<Q>::KS;
+        rows = 4 / ks * Tile<Q>::RPG;
+    }
+};
+
 // Row r of the stacked matrices of mmvq_multi (rows n[0], n[1], n[2]): its matrix j and row there.
 __device__ __forceinline__ i64 stacked_row(i64 r, const int* n, int& j) {
     j = 0;
@@ -408,13 +419,16 @@ __device__ __forceinline__ i64 stacked_row(i64 r, const int* n, int& j) {
 
 template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     typedef Tile<Q> T;
-    const int R = T::RPG, KS = T::KS;
+    const int R = T::RPG;
     __shared__ __align__(16) u8 sm[T::SMEM];
     __shared__ float red[4][R][NC];
     const TArg& d = p.t[0];
     const TArg& w = p.t[1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R, last = w.ne[1] - 1;
+    const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
+    const Geom<Q> gm(tasks);
+    const int KS = gm.ks;
+    const i64 row0 = (i64)blockIdx.x * gm.rows + warp / KS * R, last = w.ne[1] - 1;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
     const u8* base = (const u8*)at(w, 0, 0, i2 / p.i[0], i3 / p.i[1]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
@@ -428,15 +442,14 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
                 if (lane == 0) red[warp][r][c] = v;
             }
     };
-    stream_rows<Q, NC, R, Mmvq<Q>::SL / R>(1, (int)(w.ne[0] / Mmvq<Q>::TV), warp % KS, KS, act,
-                                           (i64)blockIdx.y * NC, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+    stream_rows<Q, NC, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, (i64)blockIdx.y * NC,
+                                           sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
     __syncthreads();
-    if (threadIdx.x < T::ROWS * NC) {
+    if (threadIdx.x < gm.rows * NC) {
         const int r = threadIdx.x / NC % R, c = threadIdx.x % NC, w0 = threadIdx.x / NC / R * KS;
-        const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x / NC;
+        const i64 row = (i64)blockIdx.x * gm.rows + threadIdx.x / NC;
         if (row <= last) {
             float v = red[w0][r][c];
-#pragma unroll
             for (int k = 1; k < KS; k++) v += red[w0 + k][r][c];
             F32::store(at(d, row, c, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v);
         }
@@ -445,77 +458,80 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
 
 template <int Q> __device__ void mmvq_glu(const KParams& p) {
     typedef Tile<Q> T;
-    const int R = T::RPG, KS = T::KS;
+    const int R = T::RPG;
     const int PG = R / 2 > 0 ? R / 2 : 1;  // rows per pass (gate and up: 2 PG streams)
     const int S = 2 * PG, NBUF = Mmvq<Q>::SL / S;
     __shared__ __align__(16) u8 sm[T::SMEM];
-    __shared__ float red[4][32][2];
+    __shared__ float red[4][R][2];
     const TArg& d = p.t[0];
     const TArg& wg = p.t[1];
     const TArg& wu = p.t[2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const i64 m = wg.ne[1];
     const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
+    const Geom<Q> gm(tasks);
+    const int KS = gm.ks;
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
-    u8* smw = sm + warp * Mmvq<Q>::SL * T::SLOT;
+    const i64 row0 = (i64)blockIdx.x * gm.rows, r0 = row0 + warp / KS * R;
     // Streams 0..PG are gate rows r0 + g PG + s, PG..2 PG the same rows of up.
-    auto rows = [&](i64 r0) {
-        return [&, r0](int g, int s) {
-            const i64 r = min(r0 + g * PG + s % PG, m - 1);
-            return s < PG ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
-        };
+    auto rows = [&](int g, int s) {
+        const i64 r = min(r0 + g * PG + s % PG, m - 1);
+        return s < PG ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
     };
-    if (p.aux[2] == 0 || p.aux[3] == 0) {
-        const i64 row0 = (i64)blockIdx.x * T::ROWS;
-        auto fin = [&](int g, float(&a)[S][1]) {
-#pragma unroll
-            for (int s = 0; s < S; s++) {
-                const float v = warp_sum(a[s][0]);
-                if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
-            }
-        };
-        stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, smw, rows(row0 + warp / KS * R), fin);
-        __syncthreads();
-        if (threadIdx.x < T::ROWS && row0 + threadIdx.x < m) {
-            const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
-            float vg = red[w0][r][0], vu = red[w0][r][1];
-#pragma unroll
-            for (int k = 1; k < KS; k++) {
-                vg += red[w0 + k][r][0];
-                vu += red[w0 + k][r][1];
-            }
-            F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
-        }
-        return;
-    }
-    // With the q8_1 output: 32 rows per block, warp w rows 8 w .. 8 w + 7 over the whole k.
-    const i64 row0 = (i64)blockIdx.x * 32;
-    if (row0 >= m) return;
     auto fin = [&](int g, float(&a)[S][1]) {
 #pragma unroll
-        for (int r = 0; r < PG; r++) {
-            const float vg = warp_sum(a[r][0]), vu = warp_sum(a[PG + r][0]);
-            if (lane == 0) red[0][8 * warp + g * PG + r][0] = act_silu(vg) * vu;
+        for (int s = 0; s < S; s++) {
+            const float v = warp_sum(a[s][0]);
+            if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
         }
     };
-    stream_rows<Q, 1, S, NBUF>(8 / PG, tasks, 0, 1, act, 0, smw, rows(row0 + 8 * warp), fin);
+    stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin);
     __syncthreads();
-    if (warp == 0) {
-        const i64 row = row0 + lane;
-        const float v = row < m ? red[0][lane][0] : 0.0f;
-        if (row < m) F32::store(at(d, row, 0, 0, 0), v);
-        q8_1_block(v, (i8*)p.aux[2] + row0, (float2*)p.aux[3] + blockIdx.x);
+    if (threadIdx.x < gm.rows && row0 + threadIdx.x < m) {
+        const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+        float vg = red[w0][r][0], vu = red[w0][r][1];
+        for (int k = 1; k < KS; k++) {
+            vg += red[w0 + k][r][0];
+            vu += red[w0 + k][r][1];
+        }
+        F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
     }
+    if (p.aux[2] == 0 || p.aux[3] == 0 || p.t[3].ptr == 0) return;
+
+    // The quantized result: the block that finishes a 32-row block's last rows (counted per
+    // 32-row block, the counter set back to zero for the next launch) quantizes them, reading
+    // the other blocks' results from L2 after the count.
+    __shared__ int LAST;
+    const int per = 32 / gm.rows;  // blocks per 32-row block
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        LAST = 1;
+        if (per > 1) {
+            unsigned* cnt = (unsigned*)p.t[3].ptr + row0 / 32;
+            LAST = atomicAdd(cnt, 1u) == (unsigned)(per - 1);
+            if (LAST) atomicExch(cnt, 0u);
+        }
+    }
+    __syncthreads();
+    if (!LAST || warp != 0) return;
+    __threadfence();
+    const i64 q0 = row0 / 32 * 32;
+    const float v = __ldcg((const float*)at(d, q0 + lane, 0, 0, 0));
+    q8_1_block(v, (i8*)p.aux[2] + q0, (float2*)p.aux[3] + q0 / 32);
 }
 
 template <int Q> __device__ void mmvq_multi(const KParams& p) {
     typedef Tile<Q> T;
-    const int R = T::RPG, KS = T::KS;
+    const int R = T::RPG;
     __shared__ __align__(16) u8 sm[T::SMEM];
     __shared__ float red[4][R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tasks = (int)(p.t[1].ne[0] / Mmvq<Q>::TV);
+    const Geom<Q> gm(tasks);
+    const int KS = gm.ks;
     const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
-    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R;
+    const i64 row0 = (i64)blockIdx.x * gm.rows + warp / KS * R;
     const u8* rowp[R];
 #pragma unroll
     for (int s = 0; s < R; s++) {
@@ -532,14 +548,12 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
             if (lane == 0) red[warp][s] = v;
         }
     };
-    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, (int)(p.t[1].ne[0] / Mmvq<Q>::TV), warp % KS, KS, act, 0,
-                                          sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
     __syncthreads();
-    const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x;
-    if (threadIdx.x < T::ROWS && row < total) {
+    const i64 row = (i64)blockIdx.x * gm.rows + threadIdx.x;
+    if (threadIdx.x < gm.rows && row < total) {
         const int s = threadIdx.x % R, w0 = threadIdx.x / R * KS;
         float v = red[w0][s];
-#pragma unroll
         for (int k = 1; k < KS; k++) v += red[w0 + k][s];
         int j;
         const i64 r = stacked_row(row, p.i, j);

@@ -124,7 +124,13 @@ impl CudaBackend {
 
     /// How many commands (kernel launches, GEMMs, copies) the last [`Backend::compute`] encoded.
     pub fn last_command_count(&self) -> usize {
-        self.graphs.last_len()
+        self.graphs.last_names().len()
+    }
+
+    /// The names of the commands the last [`Backend::compute`] encoded, in order: kernel names,
+    /// `gemm` for a cuBLAS GEMM, `copy` for a device copy.
+    pub fn last_command_names(&self) -> Vec<&'static str> {
+        self.graphs.last_names().to_vec()
     }
 
     /// Turns CUDA graphs on or off (on by default unless `TESSERA_CUDA_GRAPHS=0`).

@@ -85,6 +85,15 @@ pub(crate) enum Cmd {
 }
 
 impl Cmd {
+    /// The kernel's name, or `gemm` or `copy`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Cmd::Kernel { name, .. } => name,
+            Cmd::Gemm(_) => "gemm",
+            Cmd::Copy { .. } => "copy",
+        }
+    }
+
     /// Whether two commands are the same launch up to their argument values (a graph of the
     /// one can be updated to the other in place).
     pub(crate) fn same_kind(&self, other: &Cmd) -> bool {

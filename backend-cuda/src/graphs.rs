@@ -179,8 +179,8 @@ pub(crate) struct GraphCache {
     failures: u32,
     slots: Vec<Slot>,
     clock: u64,
-    /// Commands in the last list run.
-    last_len: usize,
+    /// The names of the commands in the last list run (kernel names, `gemm`, `copy`).
+    last_names: Vec<&'static str>,
     /// How the last list ran.
     pub mode: GraphMode,
 }
@@ -199,7 +199,7 @@ impl GraphCache {
             failures: 0,
             slots: Vec::new(),
             clock: 0,
-            last_len: 0,
+            last_names: Vec::new(),
             mode: GraphMode::Eager,
         }
     }
@@ -212,9 +212,14 @@ impl GraphCache {
         }
     }
 
-    /// Commands in the last list run.
-    pub(crate) fn last_len(&self) -> usize {
-        self.last_len
+    /// The names of the commands in the last list run (kernel names, `gemm`, `copy`).
+    pub(crate) fn last_names(&self) -> &[&'static str] {
+        &self.last_names
+    }
+
+    fn set_last(&mut self, cmds: &[Cmd]) {
+        self.last_names.clear();
+        self.last_names.extend(cmds.iter().map(Cmd::name));
     }
 
     /// Whether commands are being profiled.
@@ -297,7 +302,8 @@ impl GraphCache {
             .map_err(|e| dev.err("launching a CUDA graph", e))?;
         self.clock += 1;
         slot.used = self.clock;
-        self.last_len = slot.last.len();
+        self.last_names.clear();
+        self.last_names.extend(slot.last.iter().map(Cmd::name));
         self.mode = GraphMode::Replayed;
         Ok(true)
     }
@@ -312,7 +318,7 @@ impl GraphCache {
         cmds: Vec<Cmd>,
         key: Option<ListKey>,
     ) -> Result<()> {
-        self.last_len = cmds.len();
+        self.set_last(&cmds);
         if let Some(prof) = &mut self.profile {
             self.mode = GraphMode::Captured;
             return profiled(dev, stream, blas, &cmds, prof);

@@ -110,6 +110,7 @@ fn fused_kernels_match_unfused_ops() {
         for tokens in [1usize, 5] {
             let mut results = Vec::new();
             let mut counts = Vec::new();
+            let mut names = Vec::new();
             for fuse in [true, false] {
                 let mut b = block(tokens, qv);
                 let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
@@ -118,6 +119,7 @@ fn fused_kernels_match_unfused_ops() {
                 let outs = b.outputs.clone();
                 let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
                 counts.push(be.last_command_count());
+                names.push(be.last_command_names());
                 results.push(outputs_f32(&b, &out));
             }
             for (i, name) in OUTPUT_NAMES.iter().enumerate() {
@@ -134,7 +136,11 @@ fn fused_kernels_match_unfused_ops() {
             );
             assert!(counts[0] < counts[1], "fusion removed no launch");
             if tokens == 1 {
-                assert_eq!(counts[0], fused_commands, "commands of a fused decode step");
+                assert_eq!(
+                    counts[0], fused_commands,
+                    "commands of a fused decode step: {:?}",
+                    names[0]
+                );
             }
         }
     }

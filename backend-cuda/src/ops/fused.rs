@@ -23,7 +23,7 @@ use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, TensorId};
 
 use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
 use super::rope::rope_params;
-use super::{params, Encoder};
+use super::{params, Encoder, COUNTER_BYTES};
 
 /// Tries every fusion at `nodes[i]`; returns how many nodes were consumed (0: none applied).
 pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
@@ -234,10 +234,12 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let m = wg.ne[1] as u64;
-    let (mut blocks, threads) = mmvq_launch(wg.dtype, m);
+    let (blocks, threads) = mmvq_launch(wg.dtype, m, wg.ne[0] as u64);
     // The result quantized too, for the down projection that reads it next (its quantize
-    // kernel is then skipped): 32 rows a block.
-    let q8_out = if m.is_multiple_of(32) && feeds_mmvq(enc, nodes, i + 3, s)? {
+    // kernel is then skipped); the kernel counts finished rows per 32-row block with the
+    // backend's block counters.
+    let counters = (m / 32) as usize <= COUNTER_BYTES / 4 && enc.counters != 0;
+    let q8_out = if m.is_multiple_of(32) && counters && feeds_mmvq(enc, nodes, i + 3, s)? {
         // x's blocks may sit in scratch from an earlier node: the new ones go past them.
         let x_end = (q8.1 - enc.scratch_base) as usize + (x.ne[0] / 32) * 8;
         let align = crate::memory::ALIGNMENT;
@@ -246,7 +248,7 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
         let out = (enc.scratch(n * 32), enc.scratch(n * 8));
         p.aux[2] = out.0;
         p.aux[3] = out.1;
-        blocks = (m / 32) as u32;
+        p.t[3].ptr = enc.counters;
         Some(out)
     } else {
         None
@@ -368,7 +370,7 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[j] = r as i32;
         rows += r;
     }
-    let (blocks, threads) = mmvq_launch(qt, rows as u64);
+    let (blocks, threads) = mmvq_launch(qt, rows as u64, tx.ne[0] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_multi_{}", qt.name()),

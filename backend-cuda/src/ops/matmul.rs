@@ -133,20 +133,29 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
-/// Rows per block of the mat-vec kernels of type `qt` (ROWS in mmvq.cu).
-fn mmvq_rows(qt: DType) -> u64 {
-    if qt == DType::Q8_0 {
-        2
+/// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
+/// `Geom` decides: ROWS (2 for Q8_0, 4 for the others), or ROWS KS (the narrow geometry) when a
+/// row has fewer than KS tiles of 32 tasks (KS warps share a row group: 4 for the 32-value
+/// types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64 or 128 values).
+fn mmvq_rows(qt: DType, k: u64) -> u64 {
+    let rows = if qt == DType::Q8_0 { 2 } else { 4 };
+    let (task, ks) = match qt {
+        DType::Q4_K | DType::Q5_K => (64, 2),
+        DType::Q6_K => (128, 1),
+        _ => (32, 4),
+    };
+    if (k / task).div_ceil(32) < ks {
+        rows * ks
     } else {
-        4
+        rows
     }
 }
 
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
-/// `qt` weights: the layout mmvq.cu's kernels expect, 128 threads (4 warps) per block of
-/// [`mmvq_rows`] rows.
-pub(super) fn mmvq_launch(qt: DType, rows: u64) -> (u32, u32) {
-    (rows.div_ceil(mmvq_rows(qt)) as u32, 128)
+/// `k` values of type `qt`: the layout mmvq.cu's kernels expect, 128 threads (4 warps) per block
+/// of [`mmvq_rows`] rows.
+pub(super) fn mmvq_launch(qt: DType, rows: u64, k: u64) -> (u32, u32) {
+    (rows.div_ceil(mmvq_rows(qt, k)) as u32, 128)
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
@@ -168,7 +177,7 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    let (blocks, threads) = mmvq_launch(qt, a.ne[1] as u64);
+    let (blocks, threads) = mmvq_launch(qt, a.ne[1] as u64, a.ne[0] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),

@@ -17,8 +17,10 @@
 // the others, in groups of rows whose tiles KS(Q) warps share (tile j to the group's warp
 // j % KS, partial sums added through shared memory): KS = 4 (one group) for the 32-value types,
 // 2 for Q4_K and Q5_K, 1 for Q6_K. A row shorter than KS tiles (k < 1024 for the 32-value types)
-// would leave warps idle: each warp then takes its own group of rows (narrow geometry, ROWS KS
-// rows per block; `Geom` below). mmvq_launch in backend-cuda/src/ops/matmul.rs mirrors this.
+// would leave warps idle, and with so little work per row latency rules: such rows take the
+// narrow geometry instead, one row per warp (4 per block), each lane reading its tasks' weights
+// straight from global memory (`direct_rows`). mmvq_launch in backend-cuda/src/ops/matmul.rs
+// mirrors the choice (`Geom` below).
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
@@ -397,15 +399,46 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
     }
 }
 
-// The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: ks warps share a
-// group of R = RPG rows (KS, or 1 when a row has fewer than KS tiles), rows per block.
+// The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: narrow (one row per
+// warp, direct loads) when a row has fewer than KS tiles, else the engine's (ROWS rows a block,
+// KS warps sharing each group of RPG rows); `rows` per block.
 template <int Q> struct Geom {
-    int ks, rows;
+    bool narrow;
+    int rows;
     __device__ explicit Geom(int tasks) {
-        ks = (tasks + 31) / 32 < Tile<Q>::KS ? 1 : Tile<Q>::KS;
-        rows = 4 / ks * Tile<Q>::RPG;
+        narrow = (tasks + 31) / 32 < Tile<Q>::KS;
+        rows = narrow ? 4 : Tile<Q>::ROWS;
     }
 };
+
+// The narrow geometry's warp: S rows (ptr(s), global addresses) of type Q times NC columns, each
+// lane taking tasks lane, lane + 32, ... with its weights loaded straight from global memory.
+// Returns the warp's sums in every lane.
+template <int Q, int NC, int S, class Ptr>
+__device__ __forceinline__ void direct_rows(int tasks, const Act& act, i64 c0, Ptr ptr, float (&acc)[S][NC]) {
+    const int TPB = Tile<Q>::TPB, QB = QInfo<Q>::bytes;
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int c = 0; c < NC; c++) acc[s][c] = 0.0f;
+    for (int t = threadIdx.x % 32; t < tasks; t += 32) {
+        typename Mmvq<Q>::W w[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) Mmvq<Q>::load(ptr(s) + (i64)(t / TPB) * QB, t % TPB, w[s]);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            int y[Mmvq<Q>::TV / 4];
+            float2 ds[Mmvq<Q>::TV / 32];
+            act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
+#pragma unroll
+            for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int c = 0; c < NC; c++) acc[s][c] = warp_sum(acc[s][c]);
+}
 
 // Row r of the stacked matrices of mmvq_multi (rows n[0], n[1], n[2]): its matrix j and row there.
 __device__ __forceinline__ i64 stacked_row(i64 r, const int* n, int& j) {
@@ -427,11 +460,24 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks);
-    const int KS = gm.ks;
-    const i64 row0 = (i64)blockIdx.x * gm.rows + warp / KS * R, last = w.ne[1] - 1;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
     const u8* base = (const u8*)at(w, 0, 0, i2 / p.i[0], i3 / p.i[1]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
+    const i64 last = w.ne[1] - 1;
+    if (gm.narrow) {
+        const i64 row = (i64)blockIdx.x * 4 + warp;
+        float a[1][NC];
+        direct_rows<Q, NC, 1>(tasks, act, (i64)blockIdx.y * NC, [&](int) { return base + min(row, last) * w.nb[1]; }, a);
+        if (lane < NC && row <= last) {
+            float v = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) v = c == lane ? a[0][c] : v;
+            F32::store(at(d, row, lane, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, lane, i2, i3)) : v);
+        }
+        return;
+    }
+    const int KS = T::KS;
+    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R;
     auto ptr = [&](int, int s) { return base + min(row0 + s, last) * w.nb[1]; };
     auto fin = [&](int, float(&a)[R][NC]) {
 #pragma unroll
@@ -445,11 +491,12 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     stream_rows<Q, NC, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, (i64)blockIdx.y * NC,
                                            sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
     __syncthreads();
-    if (threadIdx.x < gm.rows * NC) {
+    if (threadIdx.x < T::ROWS * NC) {
         const int r = threadIdx.x / NC % R, c = threadIdx.x % NC, w0 = threadIdx.x / NC / R * KS;
-        const i64 row = (i64)blockIdx.x * gm.rows + threadIdx.x / NC;
+        const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x / NC;
         if (row <= last) {
             float v = red[w0][r][c];
+#pragma unroll
             for (int k = 1; k < KS; k++) v += red[w0 + k][r][c];
             F32::store(at(d, row, c, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v);
         }
@@ -470,31 +517,42 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     const i64 m = wg.ne[1];
     const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks);
-    const int KS = gm.ks;
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
-    const i64 row0 = (i64)blockIdx.x * gm.rows, r0 = row0 + warp / KS * R;
-    // Streams 0..PG are gate rows r0 + g PG + s, PG..2 PG the same rows of up.
-    auto rows = [&](int g, int s) {
-        const i64 r = min(r0 + g * PG + s % PG, m - 1);
-        return s < PG ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
-    };
-    auto fin = [&](int g, float(&a)[S][1]) {
+    const i64 row0 = (i64)blockIdx.x * gm.rows;
+    if (gm.narrow) {
+        const i64 r = min(row0 + warp, m - 1);
+        float a[2][1];
+        direct_rows<Q, 1, 2>(tasks, act, 0, [&](int s) {
+            return s == 0 ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
+        }, a);
+        if (lane == 0 && row0 + warp < m) F32::store(at(d, row0 + warp, 0, 0, 0), act_silu(a[0][0]) * a[1][0]);
+    } else {
+        const int KS = T::KS;
+        const i64 r0 = row0 + warp / KS * R;
+        // Streams 0..PG are gate rows r0 + g PG + s, PG..2 PG the same rows of up.
+        auto rows = [&](int g, int s) {
+            const i64 r = min(r0 + g * PG + s % PG, m - 1);
+            return s < PG ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
+        };
+        auto fin = [&](int g, float(&a)[S][1]) {
 #pragma unroll
-        for (int s = 0; s < S; s++) {
-            const float v = warp_sum(a[s][0]);
-            if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
+            for (int s = 0; s < S; s++) {
+                const float v = warp_sum(a[s][0]);
+                if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
+            }
+        };
+        stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin);
+        __syncthreads();
+        if (threadIdx.x < T::ROWS && row0 + threadIdx.x < m) {
+            const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+            float vg = red[w0][r][0], vu = red[w0][r][1];
+#pragma unroll
+            for (int k = 1; k < KS; k++) {
+                vg += red[w0 + k][r][0];
+                vu += red[w0 + k][r][1];
+            }
+            F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
         }
-    };
-    stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin);
-    __syncthreads();
-    if (threadIdx.x < gm.rows && row0 + threadIdx.x < m) {
-        const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
-        float vg = red[w0][r][0], vu = red[w0][r][1];
-        for (int k = 1; k < KS; k++) {
-            vg += red[w0 + k][r][0];
-            vu += red[w0 + k][r][1];
-        }
-        F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
     }
     if (p.aux[2] == 0 || p.aux[3] == 0 || p.t[3].ptr == 0) return;
 
@@ -529,17 +587,37 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(p.t[1].ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks);
-    const int KS = gm.ks;
     const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
-    const i64 row0 = (i64)blockIdx.x * gm.rows + warp / KS * R;
+    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], p.t[1].ne[0] / 32};
+    // Row `row` of the stacked matrices (clamped to the last): its address; its matrix in j.
+    auto row_at = [&](i64 row, int& j) {
+        const i64 r = stacked_row(min(row, total - 1), p.i, j);
+        return (const u8*)at(p.t[1 + j], 0, r, 0, 0);
+    };
+    // Stores result v of stacked row `row`.
+    auto store = [&](i64 row, float v) {
+        int j;
+        const i64 r = stacked_row(row, p.i, j);
+        float* d = (float*)(j == 0 ? p.t[0].ptr : j == 1 ? p.t[4].ptr : p.aux[2]);
+        d[r] = v;
+    };
+    if (gm.narrow) {
+        const i64 row = (i64)blockIdx.x * 4 + warp;
+        int j;
+        const u8* wrow = row_at(row, j);
+        float a[1][1];
+        direct_rows<Q, 1, 1>(tasks, act, 0, [&](int) { return wrow; }, a);
+        if (lane == 0 && row < total) store(row, a[0][0]);
+        return;
+    }
+    const int KS = T::KS;
+    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R;
     const u8* rowp[R];
 #pragma unroll
     for (int s = 0; s < R; s++) {
         int j;
-        const i64 r = stacked_row(min(row0 + s, total - 1), p.i, j);
-        rowp[s] = (const u8*)at(p.t[1 + j], 0, r, 0, 0);
+        rowp[s] = row_at(row0 + s, j);
     }
-    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], p.t[1].ne[0] / 32};
     auto ptr = [&](int, int s) { return rowp[s]; };
     auto fin = [&](int, float(&a)[R][1]) {
 #pragma unroll
@@ -550,15 +628,13 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
     };
     stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
     __syncthreads();
-    const i64 row = (i64)blockIdx.x * gm.rows + threadIdx.x;
-    if (threadIdx.x < gm.rows && row < total) {
+    const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x;
+    if (threadIdx.x < T::ROWS && row < total) {
         const int s = threadIdx.x % R, w0 = threadIdx.x / R * KS;
         float v = red[w0][s];
+#pragma unroll
         for (int k = 1; k < KS; k++) v += red[w0 + k][s];
-        int j;
-        const i64 r = stacked_row(row, p.i, j);
-        float* d = (float*)(j == 0 ? p.t[0].ptr : j == 1 ? p.t[4].ptr : p.aux[2]);
-        d[r] = v;
+        store(row, v);
     }
 }
 

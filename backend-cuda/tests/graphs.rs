@@ -103,10 +103,11 @@ fn outputs_f32(b: &Block, bytes: &[Vec<u8>]) -> Vec<Vec<f32>> {
 #[test]
 fn fused_kernels_match_unfused_ops() {
     let Some(dev) = cuda() else { return };
-    // Commands of one fused decode step: rms_norm*w (quantizing for the mat-vecs), Q, K and V
-    // (one launch), rope of Q and K with both cache stores, gate/up/swiglu; without Q's rope
-    // and V's store: a K rope + store launch in their place.
-    for (qv, fused_commands) in [(true, 5), (false, 5)] {
+    // Commands of one fused decode step: rms_norm*w (quantizing for the mat-vecs), Q (Q4_0),
+    // K and V (Q8_0, one launch), rope of Q and K with both cache stores, the quantizing of the
+    // norm's result again (the rope ran in between), gate/up/swiglu; without Q's rope and V's
+    // store: a K rope + store launch in their place.
+    for (qv, fused_commands) in [(true, 6), (false, 6)] {
         for tokens in [1usize, 5] {
             let mut results = Vec::new();
             let mut counts = Vec::new();

@@ -134,20 +134,19 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
 }
 
 /// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
-/// `Geom` decides: ROWS (2 for Q8_0, 4 for the others), or ROWS KS (the narrow geometry) when a
-/// row has fewer than KS tiles of 32 tasks (KS warps share a row group: 4 for the 32-value
-/// types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64 or 128 values).
+/// `Geom` decides: 4 (one per warp, the narrow geometry) when a row has fewer tiles of 32 tasks
+/// than the warps that share a row group (KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1
+/// for Q6_K; a task is 32, 64 or 128 values), else ROWS (2 for Q8_0, 4 for the others).
 fn mmvq_rows(qt: DType, k: u64) -> u64 {
-    let rows = if qt == DType::Q8_0 { 2 } else { 4 };
     let (task, ks) = match qt {
         DType::Q4_K | DType::Q5_K => (64, 2),
         DType::Q6_K => (128, 1),
         _ => (32, 4),
     };
-    if (k / task).div_ceil(32) < ks {
-        rows * ks
+    if (k / task).div_ceil(32) < ks || qt != DType::Q8_0 {
+        4
     } else {
-        rows
+        2
     }
 }
 

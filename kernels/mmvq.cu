@@ -401,12 +401,13 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
 
 // The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: narrow (one row per
 // warp, direct loads) when a row has fewer than KS tiles, else the engine's (ROWS rows a block,
-// KS warps sharing each group of RPG rows); `rows` per block.
+// KS warps sharing each group of RPG rows); `rows` per block. i[3] of every mat-vec kernel may
+// force a geometry (1: narrow, 2: the engine's; 0: the choice above).
 template <int Q> struct Geom {
     bool narrow;
     int rows;
-    __device__ explicit Geom(int tasks) {
-        narrow = (tasks + 31) / 32 < Tile<Q>::KS;
+    __device__ Geom(int tasks, int mode) {
+        narrow = mode == 1 || (mode == 0 && (tasks + 31) / 32 < Tile<Q>::KS);
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }
 };
@@ -459,7 +460,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     const TArg& w = p.t[1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
-    const Geom<Q> gm(tasks);
+    const Geom<Q> gm(tasks, p.i[3]);
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
     const u8* base = (const u8*)at(w, 0, 0, i2 / p.i[0], i3 / p.i[1]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
@@ -516,7 +517,7 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const i64 m = wg.ne[1];
     const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
-    const Geom<Q> gm(tasks);
+    const Geom<Q> gm(tasks, p.i[3]);
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
     const i64 row0 = (i64)blockIdx.x * gm.rows;
     if (gm.narrow) {
@@ -586,7 +587,7 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
     __shared__ float red[4][R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(p.t[1].ne[0] / Mmvq<Q>::TV);
-    const Geom<Q> gm(tasks);
+    const Geom<Q> gm(tasks, p.i[3]);
     const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
     const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], p.t[1].ne[0] / 32};
     // Row `row` of the stacked matrices (clamped to the last): its address; its matrix in j.

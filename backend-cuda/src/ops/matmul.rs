@@ -133,17 +133,35 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
+/// The mat-vec geometry asked for with `TESSERA_CUDA_MMVQ` (`direct`: one row per warp with
+/// direct loads for every shape, `staged`: the shared-memory engine for every shape; otherwise
+/// the automatic choice), as mmvq.cu's `Geom` reads it from `i[3]` (1, 2; 0).
+pub(super) fn mmvq_mode() -> i32 {
+    static MODE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TESSERA_CUDA_MMVQ").as_deref() {
+        Ok("direct") => 1,
+        Ok("staged") => 2,
+        _ => 0,
+    })
+}
+
 /// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
-/// `Geom` decides: 4 (one per warp, the narrow geometry) when a row has fewer tiles of 32 tasks
+/// `Geom` decides: 4 (one per warp, the direct geometry) when a row has fewer tiles of 32 tasks
 /// than the warps that share a row group (KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1
-/// for Q6_K; a task is 32, 64 or 128 values), else ROWS (2 for Q8_0, 4 for the others).
+/// for Q6_K; a task is 32, 64 or 128 values) or [`mmvq_mode`] asks for it, else ROWS (2 for
+/// Q8_0, 4 for the others).
 fn mmvq_rows(qt: DType, k: u64) -> u64 {
     let (task, ks) = match qt {
         DType::Q4_K | DType::Q5_K => (64, 2),
         DType::Q6_K => (128, 1),
         _ => (32, 4),
     };
-    if (k / task).div_ceil(32) < ks || qt != DType::Q8_0 {
+    let direct = match mmvq_mode() {
+        1 => true,
+        2 => false,
+        _ => (k / task).div_ceil(32) < ks,
+    };
+    if direct || qt != DType::Q8_0 {
         4
     } else {
         2
@@ -176,6 +194,7 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
+    p.i[3] = mmvq_mode();
     let (blocks, threads) = mmvq_launch(qt, a.ne[1] as u64, a.ne[0] as u64);
     enc.launch(
         "mmvq",

@@ -6,21 +6,21 @@
 // aux[0] + (c nblk + j) 32 and (d, d * sum(q)) as two floats at aux[1] + (c nblk + j) 8.
 // One warp per block.
 //
-// The mat-vec kernels below share one engine (`stream_rows`). A row of weights is cut into tasks
-// of TV values (32; 64 for Q4_K/Q5_K; 128 for Q6_K) and tasks into tiles of 32, one task per
-// lane. A warp copies a tile of each of its S rows ("streams") from global to shared memory with
-// 16-byte asynchronous copies (cp.async, bypassing L1), the next tile's copies in flight while
-// it computes the current one; each lane then reads its task's weights from shared memory and
-// takes their integer dot products (dp4a) with every column. The activations of a task are read
-// once for all S rows. Blocks are 128 threads (4 warps); `Mmvq<Q>::SL` tile slots per warp
-// bound the shared memory (at most 28 KiB a block). ROWS(Q) rows per block: 2 for Q8_0, 4 for
-// the others, in groups of rows whose tiles KS(Q) warps share (tile j to the group's warp
-// j % KS, partial sums added through shared memory): KS = 4 (one group) for the 32-value types,
-// 2 for Q4_K and Q5_K, 1 for Q6_K. A row shorter than KS tiles (k < 1024 for the 32-value types)
-// would leave warps idle, and with so little work per row latency rules: such rows take the
-// narrow geometry instead, one row per warp (4 per block), each lane reading its tasks' weights
-// straight from global memory (`direct_rows`). mmvq_launch in backend-cuda/src/ops/matmul.rs
-// mirrors the choice (`Geom` below).
+// The mat-vec kernels below take one of two geometries (`Geom`; mmvq_launch in
+// backend-cuda/src/ops/matmul.rs mirrors the choice). A row of weights is cut into tasks of TV
+// values (32; 64 for Q4_K/Q5_K; 128 for Q6_K), one task per lane at a time; each lane takes its
+// task's integer dot products (dp4a) with every column.
+// - Direct (the default, `direct_rows`): one row per warp, 4 rows per block of 128 threads; lane
+//   l takes tasks l, l + 32, ... with the weights loaded straight from global memory.
+// - Staged (`TESSERA_CUDA_MMVQ=staged`, rows of at least KS tiles of 32 tasks; `stream_rows`):
+//   a warp copies a tile of each of its S rows ("streams") from global to shared memory with
+//   16-byte asynchronous copies (cp.async, bypassing L1), the next tile's copies in flight while
+//   it computes the current one; the activations of a task are read once for all S rows.
+//   `Mmvq<Q>::SL` tile slots per warp bound the shared memory (at most 28 KiB a block). ROWS(Q)
+//   rows per block: 2 for Q8_0, 4 for the others, in groups of rows whose tiles KS(Q) warps
+//   share (tile j to the group's warp j % KS, partial sums added through shared memory): KS = 4
+//   (one group) for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K.
+// In the 8B decode on the H200 direct is faster (BENCHMARKS.md); staged stays for measuring.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
@@ -400,14 +400,13 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
 }
 
 // The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: narrow (one row per
-// warp, direct loads) when a row has fewer than KS tiles, else the engine's (ROWS rows a block,
-// KS warps sharing each group of RPG rows); `rows` per block. i[3] of every mat-vec kernel may
-// force a geometry (1: narrow, 2: the engine's; 0: the choice above).
+// warp, direct loads), unless i[3] of the kernel is 1 and a row has at least KS tiles: then the
+// engine's (ROWS rows a block, KS warps sharing each group of RPG rows); `rows` per block.
 template <int Q> struct Geom {
     bool narrow;
     int rows;
     __device__ Geom(int tasks, int mode) {
-        narrow = mode == 1 || (mode == 0 && (tasks + 31) / 32 < Tile<Q>::KS);
+        narrow = mode != 1 || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }
 };

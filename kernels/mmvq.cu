@@ -10,9 +10,10 @@
 // backend-cuda/src/ops/matmul.rs mirrors the choice). A row of weights is cut into tasks of TV
 // values (32; 64 for Q4_K/Q5_K; 128 for Q6_K), one task per lane at a time; each lane takes its
 // task's integer dot products (dp4a) with every column.
-// - Direct (the default, `direct_rows`): one row per warp, 4 rows per block of 128 threads; lane
-//   l takes tasks l, l + 32, ... with the weights loaded straight from global memory.
-// - Staged (`TESSERA_CUDA_MMVQ=staged`, rows of at least KS tiles of 32 tasks; `stream_rows`):
+// - Direct (`direct_rows`; the 32-value types): one row per warp, 4 rows per block of 128
+//   threads; lane l takes tasks l, l + 32, ... with the weights loaded straight from global
+//   memory.
+// - Staged (`stream_rows`; the k-quants, for rows of at least KS tiles of 32 tasks):
 //   a warp copies a tile of each of its S rows ("streams") from global to shared memory with
 //   16-byte asynchronous copies (cp.async, bypassing L1), the next tile's copies in flight while
 //   it computes the current one; the activations of a task are read once for all S rows.
@@ -20,7 +21,8 @@
 //   rows per block: 2 for Q8_0, 4 for the others, in groups of rows whose tiles KS(Q) warps
 //   share (tile j to the group's warp j % KS, partial sums added through shared memory): KS = 4
 //   (one group) for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K.
-// In the 8B decode on the H200 direct is faster (BENCHMARKS.md); staged stays for measuring.
+// Each is the faster one for its types on the H200 (BENCHMARKS.md); TESSERA_CUDA_MMVQ=direct or
+// staged forces one (i[3] = 1 or 2) for measuring.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
@@ -399,14 +401,16 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
     }
 }
 
-// The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: narrow (one row per
-// warp, direct loads), unless i[3] of the kernel is 1 and a row has at least KS tiles: then the
-// engine's (ROWS rows a block, KS warps sharing each group of RPG rows); `rows` per block.
+// The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: the staged engine's
+// (ROWS rows a block, KS warps sharing each group of RPG rows) for a row of at least KS tiles
+// where i[3] asks for it (2), or by default (0) for the k-quants; else narrow (one row per warp,
+// direct loads; always with i[3] = 1). `rows` per block.
 template <int Q> struct Geom {
     bool narrow;
     int rows;
     __device__ Geom(int tasks, int mode) {
-        narrow = mode != 1 || (tasks + 31) / 32 < Tile<Q>::KS;
+        const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
+        narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }
 };

@@ -10,7 +10,7 @@
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
 # /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
 # bench profile; also greedy (the test model's greedy tokens against llama.cpp's), startup,
-# sanitize with SAN_TIMEOUT seconds, and wgpu: the suite on wgpu:0 and the 8B decode on wgpu:0
+# sanitize with SAN_TIMEOUT seconds (SAN_ARGS: more arguments of ops test, e.g. --skip-large), and wgpu: the suite on wgpu:0 and the 8B decode on wgpu:0
 # with and without its fused dispatches).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,7 +77,7 @@ fi
 
 if has sanitize; then
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout "${SAN_TIMEOUT:-540}" "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" > "$OUT/sanitize.log" 2>&1
+  timeout "${SAN_TIMEOUT:-540}" "$SAN" --tool memcheck --print-limit 50 $BIN ops test --backend "$DEV" ${SAN_ARGS:-} > "$OUT/sanitize.log" 2>&1
   echo "compute-sanitizer memcheck, ops test | $(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" || echo "stopped after ${SAN_TIMEOUT:-540} s") | cases checked: $(grep -c 'OK \[' "$OUT/sanitize.log") ok, $(grep -c 'FAIL' "$OUT/sanitize.log") failed | memcheck reports: $(grep -c '^========= Invalid\|^========= Program hit' "$OUT/sanitize.log")" | tee -a "$SUMMARY"
 fi
 

@@ -133,28 +133,37 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
-/// The mat-vec geometry, as mmvq.cu's `Geom` reads it from `i[3]`: 0 (the default) one row per
-/// warp with direct loads; 1 (`TESSERA_CUDA_MMVQ=staged`) the shared-memory engine for rows of
-/// at least KS tiles. Measured on the H200, direct decodes the 8B shape at 386 tokens/s against
-/// staged's 341 (BENCHMARKS.md).
+/// The mat-vec geometry asked for with `TESSERA_CUDA_MMVQ`, as mmvq.cu's `Geom` reads it from
+/// `i[3]`: 1 (`direct`) one row per warp with direct loads for every type, 2 (`staged`) the
+/// shared-memory engine for every type (rows of at least KS tiles), 0 (unset) each type's
+/// faster one on the H200: direct for the 32-value types, staged for the k-quants
+/// (BENCHMARKS.md, "CUDA kernels").
 pub(super) fn mmvq_mode() -> i32 {
     static MODE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| i32::from(std::env::var("TESSERA_CUDA_MMVQ").as_deref() == Ok("staged")))
+    *MODE.get_or_init(|| match std::env::var("TESSERA_CUDA_MMVQ").as_deref() {
+        Ok("direct") => 1,
+        Ok("staged") => 2,
+        _ => 0,
+    })
 }
 
 /// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
-/// `Geom` decides: 4 (one per warp, direct loads) unless [`mmvq_mode`] asks for the staged
-/// engine and a row has at least as many tiles of 32 tasks as the warps that share a row group
-/// (KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64 or 128
-/// values): then ROWS (2 for Q8_0, 4 for the others).
+/// `Geom` decides: ROWS (2 for Q8_0, 4 for the others) where the staged engine runs (see
+/// [`mmvq_mode`]; only for rows of at least as many tiles of 32 tasks as the warps that share a
+/// row group, KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64
+/// or 128 values), else 4 (one row per warp, direct loads).
 fn mmvq_rows(qt: DType, k: u64) -> u64 {
     let (task, ks) = match qt {
         DType::Q4_K | DType::Q5_K => (64, 2),
         DType::Q6_K => (128, 1),
         _ => (32, 4),
     };
-    let staged = mmvq_mode() == 1 && (k / task).div_ceil(32) >= ks;
-    if staged && qt == DType::Q8_0 {
+    let staged = match mmvq_mode() {
+        1 => false,
+        2 => true,
+        _ => task > 32,
+    };
+    if staged && (k / task).div_ceil(32) >= ks && qt == DType::Q8_0 {
         2
     } else {
         4

@@ -300,6 +300,21 @@ template <> struct Mmvq<Q6_K> {
 
 // ---- the engine ----
 
+// Adds the products of task t's weights, decoded for S rows into w, with columns c0 .. c0 + NC - 1
+// to acc.
+template <int Q, int NC, int S>
+__device__ __forceinline__ void task_dots(const typename Mmvq<Q>::W (&w)[S], const Act& act, i64 c0, int t,
+                                          float (&acc)[S][NC]) {
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        int y[Mmvq<Q>::TV / 4];
+        float2 ds[Mmvq<Q>::TV / 32];
+        act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
+#pragma unroll
+        for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
+    }
+}
+
 // Tiles of type Q: TPB tasks per block, BYTES per tile of 32 tasks (a multiple of 16), SLOT bytes
 // of shared memory per tile and row (a row's tile starts at its address modulo 16), SMEM bytes
 // of tile slots per block (4 warps); ROWS rows per block of the plain kernels, in groups of RPG
@@ -381,14 +396,7 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
                 const int off = (int)((u64)ptr(g, s) & 15);
                 Mmvq<Q>::load(tile + s * T::SLOT + off, lane % T::TPB, w[s]);
             }
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                int y[Mmvq<Q>::TV / 4];
-                float2 ds[Mmvq<Q>::TV / 32];
-                act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
-#pragma unroll
-                for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
-            }
+            task_dots<Q, NC, S>(w, act, c0, t, acc);
         }
         __syncwarp();
         if (jj == ntw - 1) {
@@ -429,14 +437,7 @@ __device__ __forceinline__ void direct_rows(int tasks, const Act& act, i64 c0, P
         typename Mmvq<Q>::W w[S];
 #pragma unroll
         for (int s = 0; s < S; s++) Mmvq<Q>::load(ptr(s) + (i64)(t / TPB) * QB, t % TPB, w[s]);
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            int y[Mmvq<Q>::TV / 4];
-            float2 ds[Mmvq<Q>::TV / 32];
-            act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
-#pragma unroll
-            for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
-        }
+        task_dots<Q, NC, S>(w, act, c0, t, acc);
     }
 #pragma unroll
     for (int s = 0; s < S; s++)

@@ -109,20 +109,13 @@ fn fused_kernels_match_unfused_ops() {
     // store: a K rope + store launch in their place.
     for (qv, fused_commands) in [(true, 6), (false, 6)] {
         for tokens in [1usize, 5] {
-            let mut results = Vec::new();
-            let mut counts = Vec::new();
-            let mut names = Vec::new();
-            for fuse in [true, false] {
-                let mut b = block(tokens, qv);
+            let [(fused, names), (unfused, unfused_names)] = fused_and_unfused(&dev, || {
+                let b = block(tokens, qv);
                 let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
-                let mut be = concrete(&dev).cuda_backend().unwrap();
-                be.set_fusion(fuse);
-                let outs = b.outputs.clone();
-                let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
-                counts.push(be.last_command_count());
-                names.push(be.last_command_names());
-                results.push(outputs_f32(&b, &out));
-            }
+                (b, inputs)
+            });
+            let results = [fused, unfused];
+            let counts = [names.len(), unfused_names.len()];
             for (i, name) in OUTPUT_NAMES.iter().enumerate() {
                 check(
                     &format!("fused vs unfused {name}, {tokens} tokens, rope of Q {qv}"),
@@ -139,12 +132,27 @@ fn fused_kernels_match_unfused_ops() {
             if tokens == 1 {
                 assert_eq!(
                     counts[0], fused_commands,
-                    "commands of a fused decode step: {:?}",
-                    names[0]
+                    "commands of a fused decode step: {names:?}"
                 );
             }
         }
     }
+}
+
+/// Runs the block `make` returns (with its inputs) on a fresh backend with fusion on, then off:
+/// for each, the outputs as f32 and the names of the commands it ran.
+fn fused_and_unfused(
+    dev: &std::sync::Arc<dyn tessera_core::Device>,
+    make: impl Fn() -> (Block, Vec<(TensorId, Vec<u8>)>),
+) -> [(Vec<Vec<f32>>, Vec<&'static str>); 2] {
+    [true, false].map(|fuse| {
+        let (mut b, inputs) = make();
+        let mut be = concrete(dev).cuda_backend().unwrap();
+        be.set_fusion(fuse);
+        let outs = b.outputs.clone();
+        let out = run(dev, &mut be, &mut b.g, &inputs, &outs);
+        (outputs_f32(&b, &out), be.last_command_names())
+    })
 }
 
 /// Runs block `b` with `inputs` on `be` and on the eager backend, checks that the outputs are
@@ -304,18 +312,13 @@ fn split_attention_replays() {
     let mut rng = Rng::new(23);
     // Fused (split attention merged in its own launch, its result quantized for the o
     // projection) against unfused ops.
-    let mut results = Vec::new();
-    let mut counts = Vec::new();
-    for fuse in [true, false] {
-        let mut b = attention_block();
+    let [(fused, names), (unfused, unfused_names)] = fused_and_unfused(&dev, || {
+        let b = attention_block();
         let inputs = attention_inputs(&b, &mut Rng::new(24));
-        let mut be = concrete(&dev).cuda_backend().unwrap();
-        be.set_fusion(fuse);
-        let outs = b.outputs.clone();
-        let out = run(&dev, &mut be, &mut b.g, &inputs, &outs);
-        counts.push(be.last_command_count());
-        results.push(outputs_f32(&b, &out));
-    }
+        (b, inputs)
+    });
+    let results = [fused, unfused];
+    let counts = [names.len(), unfused_names.len()];
     for (i, name) in ["attention", "o projection + residual"].iter().enumerate() {
         check(
             &format!("fused vs unfused {name}"),

@@ -150,12 +150,11 @@ pub(super) fn mmvq_mode() -> i32 {
 /// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
 /// `Geom` decides: ROWS (2 for Q8_0, 4 for the others) where the staged engine runs (see
 /// [`mmvq_mode`]; only for rows of at least as many tiles of 32 tasks as the warps that share a
-/// row group, KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64
-/// or 128 values), else 4 (one row per warp, direct loads).
+/// row group, KS: 4 for the 32-value types, 2 for the k-quants; a task is 32 or 64 values),
+/// else 4 (one row per warp, direct loads).
 fn mmvq_rows(qt: DType, k: u64) -> u64 {
     let (task, ks) = match qt {
-        DType::Q4_K | DType::Q5_K => (64, 2),
-        DType::Q6_K => (128, 1),
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => (64, 2),
         _ => (32, 4),
     };
     let staged = match mmvq_mode() {

@@ -10,8 +10,9 @@
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
 # /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
 # bench profile; also greedy (the test model's greedy tokens against llama.cpp's), startup,
-# sanitize with SAN_TIMEOUT seconds (SAN_ARGS: more arguments of ops test, e.g. --skip-large), and wgpu: the suite on wgpu:0 and the 8B decode on wgpu:0
-# with and without its fused dispatches).
+# sanitize with SAN_TIMEOUT seconds (SAN_ARGS: more arguments of ops test, e.g.
+# --skip-large), and wgpu: the suite on wgpu:0, the 8B decode on wgpu:0 with and without its
+# fused dispatches, and its GPU time per shader variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
@@ -90,6 +91,12 @@ if has wgpu; then
     echo "bench 8B wgpu:0 TESSERA_WGPU_FUSION=$fusion | $(grep -m1 pp512 "$log" | tr -s ' ') | $(grep -m1 tg128 "$log" | tr -s ' ')" \
       | tee -a "$SUMMARY"
   done
+  # GPU time per shader variant of the 8B decode (each dispatch timed in its own pass).
+  log="$OUT/profile-wgpu-8b-decode.log"
+  TESSERA_WGPU_PROFILE=1 RUST_LOG=tessera_wgpu=debug timeout 300 \
+    $BIN bench --model "$M8" --device wgpu:0 -p 0 -n 16 -r 1 > "$log" 2>&1
+  echo "== wgpu profile llama-8b-q4_0 -p 0 -n 16"
+  grep -A16 'profile of' "$log" | sed 's/^.*\] //' | head -18
 fi
 
 echo "== summary"

@@ -118,13 +118,17 @@ fn run_block(
     v
 }
 
+/// `dev` as the wgpu device it is.
+fn wgpu_device(dev: &std::sync::Arc<dyn tessera_core::Device>) -> &WgpuDevice {
+    dev.as_any()
+        .downcast_ref::<WgpuDevice>()
+        .expect("a wgpu device")
+}
+
 #[test]
 fn fused_block_matches_unfused_with_fewer_dispatches() {
     let Some(dev) = common::device() else { return };
-    let wdev = dev
-        .as_any()
-        .downcast_ref::<WgpuDevice>()
-        .expect("a wgpu device");
+    let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     let (g, nodes, outs) = loaded_block(&dev);
     let mut run = |fusion: bool| {
@@ -157,10 +161,7 @@ fn fused_block_matches_unfused_with_fewer_dispatches() {
 #[test]
 fn profiled_block_names_and_times_its_dispatches() {
     let Some(dev) = common::device() else { return };
-    let wdev = dev
-        .as_any()
-        .downcast_ref::<WgpuDevice>()
-        .expect("a wgpu device");
+    let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     backend.set_fusion(true);
     let (g, nodes, outs) = loaded_block(&dev);
@@ -193,10 +194,7 @@ fn profiled_block_names_and_times_its_dispatches() {
 #[test]
 fn fused_rope_kv_stores_match_unfused() {
     let Some(dev) = common::device() else { return };
-    let wdev = dev
-        .as_any()
-        .downcast_ref::<WgpuDevice>()
-        .expect("a wgpu device");
+    let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     let (hd, nkv, rows) = (64, 2, 16);
     let mut g = Graph::new();

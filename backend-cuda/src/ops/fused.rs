@@ -173,18 +173,15 @@ fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Resul
     if tx.dtype != DType::F32 || !tx.ne[0].is_multiple_of(32) || !tx.is_contiguous() {
         return Ok(false);
     }
-    for &n in nodes.iter().skip(j).take(8) {
-        let t = g.get(n);
-        if matches!(t.op, Op::None) || t.op.is_view() {
-            continue;
-        }
-        if t.op != Op::MulMat || t.src[1] != x {
-            return Ok(false);
-        }
-        let w = g.get(t.src[0]);
-        return Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?));
+    let Some((_, n)) = next_running(g, nodes, j) else {
+        return Ok(false);
+    };
+    let t = g.get(n);
+    if t.op != Op::MulMat || t.src[1] != x {
+        return Ok(false);
     }
-    Ok(false)
+    let w = g.get(t.src[0]);
+    Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?))
 }
 
 fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {

@@ -420,9 +420,9 @@ pub(crate) fn plan(
         }
         Op::MulMat => {
             let (a, b) = (srcs[0], srcs[1]);
-            if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype))
-                || !matches!(b.dtype, DType::F32 | DType::F16)
-            {
+            let float_b = matches!(b.dtype, DType::F32 | DType::F16)
+                || (b.dtype == DType::BF16 && FLOATS.contains(&a.dtype));
+            if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype)) || !float_b {
                 return Err(format!("types {} x {}", a.dtype, b.dtype));
             }
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;

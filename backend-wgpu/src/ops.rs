@@ -996,9 +996,33 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
 /// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
 /// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
-/// adapter's workgroup memory.
+/// adapter's workgroup memory. `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat
+/// instead ([`mm_setting`]), where its tiles fit.
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
-    mat_mat_tile_for(gpu.limits.max_compute_workgroup_storage_size, ne, h16)
+    let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
+    match mm_setting() {
+        Some((bm, bn, bk)) if (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem => (bm, bn, bk),
+        _ => mat_mat_tile_for(wg_mem, ne, h16),
+    }
+}
+
+/// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
+/// (BM >= BN), BK one of [`MM_BK_H16`]; `None` when unset or invalid (with a warning).
+fn mm_setting() -> Option<(u32, u32, u32)> {
+    static SETTING: std::sync::OnceLock<Option<(u32, u32, u32)>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        let v = std::env::var("TESSERA_WGPU_MM").ok()?;
+        let parts: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match parts[..] {
+            [bm, bn, bk] if MM_TILES.contains(&(bm, bn)) && MM_BK_H16.contains(&bk) => {
+                Some((bm, bn, bk))
+            }
+            _ => {
+                log::warn!("wgpu: TESSERA_WGPU_MM={v} is not BM,BN,BK with (BM, BN) one of {MM_TILES:?} and BK one of {MM_BK_H16:?}; using the defaults");
+                None
+            }
+        }
+    })
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.

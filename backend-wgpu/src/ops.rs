@@ -93,6 +93,12 @@ const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
 /// Invocations (keys per step) of flash attention: the larger from this many keys on.
 const FA_WG: [u32; 2] = [64, 256];
+/// Query rows up to which flash attention runs its `decode` entry point (where k and v allow:
+/// see [`fa_decode_layout`]): 64 groups of 4 invocations per row and head, each group taking
+/// its own share of the keys, rather than one key per invocation.
+const FA_DECODE_MAX_Q: usize = 8;
+/// Invocations per workgroup of the flash attention `decode` entry point.
+const FA_DECODE_WG: u32 = 256;
 /// Tiles of the tiled mat-mat (BM x BN of dst per workgroup): see [`mat_mat_tile`].
 const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
@@ -558,12 +564,19 @@ pub(crate) fn plan(
             ]
             .map(Bind::whole)
             .to_vec();
-            let wg = if k.ne[1] >= FA_WG[1] as usize {
-                FA_WG[1]
+            let decode = q.ne[1] <= FA_DECODE_MAX_Q
+                && fa_decode_layout(gpu, graph, t.src[1])
+                && fa_decode_layout(gpu, graph, t.src[2]);
+            let var = if decode {
+                flash_attn_decode_variant(k.dtype, v.dtype, mask, dmax, gpu.subgroups)
             } else {
-                FA_WG[0]
+                let wg = if k.ne[1] >= FA_WG[1] as usize {
+                    FA_WG[1]
+                } else {
+                    FA_WG[0]
+                };
+                flash_attn_variant("main", k.dtype, v.dtype, mask, dmax).def("WG", wg)
             };
-            let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax).def("WG", wg);
             Ok(vec![PlanOut {
                 variant: var,
                 bind,
@@ -1078,12 +1091,47 @@ fn mat_mat_variant(
         .ty("T1", b)
 }
 
-fn flash_attn_variant(k: DType, v: DType, mask: Option<DType>, dmax: u32) -> Variant {
-    Variant::new(Family::FlashAttn, "main")
+/// The flash attention variant of entry point `entry` (`main` or `decode`).
+fn flash_attn_variant(
+    entry: &'static str,
+    k: DType,
+    v: DType,
+    mask: Option<DType>,
+    dmax: u32,
+) -> Variant {
+    Variant::new(Family::FlashAttn, entry)
         .def("DMAX", dmax)
         .ty("T1", k)
         .ty("T2", v)
         .ty("T3", mask.unwrap_or(DType::F32))
+}
+
+/// The flash attention `decode` variant (see `shaders/flash_attn.wgsl`): 256 invocations, and
+/// keys per group and step (KU) so that each step holds about as many loads in flight at any
+/// head size.
+fn flash_attn_decode_variant(
+    k: DType,
+    v: DType,
+    mask: Option<DType>,
+    dmax: u32,
+    subgroups: bool,
+) -> Variant {
+    flash_attn_variant("decode", k, v, mask, dmax)
+        .def("DECODE", 1)
+        .def("KU", (256 / dmax).max(1))
+        .def("WG", FA_DECODE_WG)
+        .def("SUBGROUPS", u32::from(subgroups))
+}
+
+/// Whether flash attention's `decode` entry point can read tensor `id` (k or v) as it does:
+/// rows of contiguous values, an even count of them, starting at 4-byte aligned offsets (a
+/// pair of f16 per word).
+fn fa_decode_layout(gpu: &Gpu, graph: &Graph, id: TensorId) -> bool {
+    let t = graph.get(id);
+    t.nb[0] == t.dtype.type_size()
+        && t.ne[0] >= 2
+        && t.ne[0].is_multiple_of(2)
+        && aligned(gpu, graph, id, 0, 4)
 }
 
 fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
@@ -1251,8 +1299,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     for m in [None, Some(DType::F16)] {
                         for d in FA_DMAX {
                             for wg in FA_WG {
-                                v.push(flash_attn_variant(k, val, m, d).def("WG", wg));
+                                v.push(flash_attn_variant("main", k, val, m, d).def("WG", wg));
                             }
+                            v.push(flash_attn_decode_variant(k, val, m, d, subgroups));
                         }
                     }
                 }

@@ -108,8 +108,8 @@ const MM_BK: [u32; 2] = [16, 32];
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
 const MM_HK: u32 = 16;
-/// Workgroups from which the largest mat-mat tile is used (below, the half-size one gives
-/// twice as many workgroups to spread over the GPU's cores).
+/// Workgroups from which quantized weights take the largest mat-mat tile (below, the half-size
+/// one gives twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
 /// Rows of src0 per mat-vec workgroup (they share each load of src1), and invocations per
 /// mat-vec workgroup: the defaults of [`Gpu::mat_vec`], which `TESSERA_WGPU_MV=ROWS,WG`
@@ -447,7 +447,7 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let tile = mat_mat_tile(gpu, t.ne, h16);
+            let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized());
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -1006,16 +1006,18 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
     enabled && (a == DType::F16 || DType::QUANTIZED.contains(&a))
 }
 
-/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
-/// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
-/// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
-/// adapter's workgroup memory. `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat
-/// instead ([`mm_setting`]), where its tiles fit.
-fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
+/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: for quantized weights
+/// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
+/// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
+/// `h16`) whose tiles fit the adapter's workgroup memory. (H200, 2026-11-30, square f16 x f32
+/// products: 128 x 64 x 64 31 TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0
+/// m=4096 n=512: 128 x 128 x 32 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the
+/// tile of every mat-mat instead ([`mm_setting`]), where its tiles fit.
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     match mm_setting() {
         Some((bm, bn, bk)) if (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem => (bm, bn, bk),
-        _ => mat_mat_tile_for(wg_mem, ne, h16),
+        _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
 }
 
@@ -1039,9 +1041,10 @@ fn mm_setting() -> Option<(u32, u32, u32)> {
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
-fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
+fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
     let groups = |bm: usize, bn: usize| ne[0].div_ceil(bm) * ne[1].div_ceil(bn) * ne[2] * ne[3];
-    let (bm, bn) = if ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS {
+    let big = quant && ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS;
+    let (bm, bn) = if big {
         MM_TILES[2]
     } else if ne[0] >= 128 && ne[1] >= 64 {
         MM_TILES[1]
@@ -1345,10 +1348,15 @@ mod tests {
         assert!(!mat_mat_h16(false, DType::F16));
         assert!(!mat_mat_h16(false, DType::Q4_0));
         let big = [8192, 1024, 1, 1];
-        assert_eq!(mat_mat_tile_for(32768, big, false), (128, 128, 32));
-        assert_eq!(mat_mat_tile_for(32768, big, true), (128, 128, 64));
-        assert_eq!(mat_mat_tile_for(16384, big, false), (128, 128, 16));
-        assert_eq!(mat_mat_tile_for(16384, big, true), (128, 128, 32));
+        // Quantized weights take 128 x 128 tiles at this size, float weights 128 x 64.
+        assert_eq!(mat_mat_tile_for(32768, big, false, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, true), (128, 128, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, true), (128, 128, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, false, false), (128, 64, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, false), (128, 64, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, false), (128, 64, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, false), (128, 64, 32));
         let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 64), true, true, true);
         let src = v.source().unwrap();
         assert!(src.starts_with("enable f16;"), "{}", &src[..40]);

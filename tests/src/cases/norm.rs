@@ -16,7 +16,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     ];
     for (name, f) in ops {
         for eps in [1e-6f32, 1e-5] {
-            // 4,100: just past the 4,096 values the wgpu shader holds in registers.
+            // 4,100: a row longer than a workgroup's 256 invocations x 16.
             for ne in [
                 [64, 5, 4, 3],
                 [4096, 3, 1, 1],

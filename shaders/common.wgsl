@@ -129,6 +129,15 @@ fn half(h: u32) -> f32 {
 #endif
 }
 
+// The two f16 of word w (the low one first), as f32.
+fn halves(w: u32) -> vec2<f32> {
+#if F16
+    return unpack2x16float(w);
+#else
+    return vec2<f32>(half(w), half(w >> 16u));
+#endif
+}
+
 // The value of type t at byte b, given the word w that holds it.
 fn typed(w: u32, b: u32, t: u32) -> f32 {
     switch t {

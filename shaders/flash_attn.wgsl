@@ -172,19 +172,10 @@ var<workgroup> gmax: array<f32, NG>;
 var<workgroup> gsum: array<f32, NG>;
 var<workgroup> comb: array<f32, CG * DMAX>;
 
-// Two f16 in a word, as f32.
-fn pair16(w: u32) -> vec2<f32> {
-#if F16
-    return unpack2x16float(w);
-#else
-    return vec2<f32>(half(w), half(w >> 16u));
-#endif
-}
-
 // Dims 2i and 2i + 1 of the k row at byte r.
 fn kpair(r: u32, i: u32) -> vec2<f32> {
     if T1 == 1u {
-        return pair16(s1w((r >> 2u) + i));
+        return halves(s1w((r >> 2u) + i));
     }
     let w = (r >> 2u) + 2u * i;
     return vec2<f32>(bitcast<f32>(s1w(w)), bitcast<f32>(s1w(w + 1u)));
@@ -193,7 +184,7 @@ fn kpair(r: u32, i: u32) -> vec2<f32> {
 // Dims 2i and 2i + 1 of the v row at byte r.
 fn vpair(r: u32, i: u32) -> vec2<f32> {
     if T2 == 1u {
-        return pair16(s2w((r >> 2u) + i));
+        return halves(s2w((r >> 2u) + i));
     }
     let w = (r >> 2u) + 2u * i;
     return vec2<f32>(bitcast<f32>(s2w(w)), bitcast<f32>(s2w(w + 1u)));

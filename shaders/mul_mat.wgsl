@@ -117,15 +117,6 @@ fn hsum(v: vec4<f32>) -> f32 {
     return dot(v, vec4<f32>(1.0));
 }
 
-// The two f16 of word w, as f32.
-fn halves(w: u32) -> vec2<f32> {
-#if F16
-    return unpack2x16float(w);
-#else
-    return vec2<f32>(half(w), half(w >> 16u));
-#endif
-}
-
 // Byte i (0..11) of the 12 bytes in s.
 fn byte12(s: vec3<u32>, i: u32) -> u32 {
     return (s[i / 4u] >> ((i % 4u) * 8u)) & 255u;

@@ -28,6 +28,15 @@ struct Dispatch {
     name: String,
 }
 
+impl Dispatch {
+    /// Records this dispatch into `pass`.
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, self.group.as_ref(), &[self.offset]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
+    }
+}
+
 /// A graph's dispatches, decided and resolved once and replayed while the graph (its nodes,
 /// shapes, types, op parameters and memory: [`ops::fingerprint`]) stays the same.
 pub(crate) struct Recording {
@@ -308,12 +317,7 @@ impl Backend for WgpuBackend {
             let gpu = self.gpu.clone();
             let prof = self.profile.get_or_insert_with(|| Profile::new(&gpu));
             let names: Vec<&str> = rec.dispatches.iter().map(|d| d.name.as_str()).collect();
-            prof.run(&gpu, &names, |pass, i| {
-                let d = &rec.dispatches[i];
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, d.group.as_ref(), &[d.offset]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-            })?;
+            prof.run(&gpu, &names, |pass, i| rec.dispatches[i].encode(pass))?;
             self.unflushed = false;
             return self.gpu.check();
         }
@@ -334,9 +338,7 @@ impl Backend for WgpuBackend {
                 timestamp_writes: timer.and_then(|t| t.next()),
             });
             for d in &rec.dispatches {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, d.group.as_ref(), &[d.offset]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                d.encode(&mut pass);
             }
         }
         self.gpu.queue.submit([enc.finish()]);

@@ -83,9 +83,9 @@ pub(crate) struct Launch {
 
 /// Invocations per workgroup of the element-wise families.
 const EW_WG: u32 = 256;
-/// Invocations per workgroup of the row families (one workgroup per row): enough that a
-/// 4,096-value row takes 16 loads an invocation (with 64, the 8B decode's rms_norm was bound by
-/// the latency of 64 dependent steps: 35 µs on the H200).
+/// Invocations per workgroup of the row families (one workgroup per row): a 4,096-value row
+/// takes 16 loads an invocation (with 64, the 8B decode's rms_norm took 35 µs a row on the
+/// H200, with 256 14 µs).
 const ROW_WG: u32 = 256;
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -1016,9 +1016,14 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     match mm_setting() {
-        Some((bm, bn, bk)) if (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem => (bm, bn, bk),
+        Some((bm, bn, bk)) if tile_fits(wg_mem, (bm, bn), bk, h16) => (bm, bn, bk),
         _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
+}
+
+/// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes.
+fn tile_fits(wg_mem: u32, (bm, bn): (u32, u32), bk: u32, h16: bool) -> bool {
+    (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem
 }
 
 /// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
@@ -1051,13 +1056,12 @@ fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32
     } else {
         MM_TILES[0]
     };
-    let (depths, bytes): (&[u32], u32) = if h16 { (&MM_BK_H16, 2) } else { (&MM_BK, 4) };
-    let fits = |bk: u32| (bm + bn) * bk * bytes <= wg_mem;
+    let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
     let bk = depths
         .iter()
         .rev()
         .copied()
-        .find(|&bk| fits(bk))
+        .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, h16))
         .unwrap_or(depths[0]);
     (bm, bn, bk)
 }

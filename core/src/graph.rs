@@ -630,8 +630,9 @@ impl Graph {
                 format!("batch dims of {:?} are not multiples of {:?}", tb.ne, ta.ne),
             ));
         }
-        let float_a = matches!(ta.dtype, DType::F32 | DType::F16 | DType::BF16);
-        if !(matches!(tb.dtype, DType::F32 | DType::F16) || (float_a && tb.dtype == DType::BF16)) {
+        if !(matches!(tb.dtype, DType::F32 | DType::F16)
+            || (ta.dtype.is_float() && tb.dtype == DType::BF16))
+        {
             return Err(self.err(
                 b,
                 "MUL_MAT",

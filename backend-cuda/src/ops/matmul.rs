@@ -36,7 +36,7 @@ pub(super) fn has_mmvq(d: DType) -> bool {
 
 /// Whether mul_mat of these operands is implemented.
 pub(super) fn supported(a: &Tensor, b: &Tensor) -> bool {
-    let plain = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16);
+    let plain = a.dtype.is_float();
     (plain || dequantizable(a.dtype))
         && a.rows_contiguous()
         && a.nb[1] >= a.row_bytes()

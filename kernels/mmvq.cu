@@ -81,26 +81,40 @@ template <int N> __device__ __forceinline__ void ld_words(const u8* p, int* out)
     for (int i = 0; i < N; i++) out[i] = (int)__funnelshift_r(w[i], w[i + 1], odd ? 16 : 0);
 }
 
-// The activations: column c's TV int8 values of task t (q8_1 blocks B t .. B t + B - 1, B =
-// TV / 32) as ints, and their blocks' (d, d * sum). Read-only loads.
+// The activations: column c's TV int8 values of task t as ints (y[8 i .. 8 i + 8) from q8_1
+// block Q::blk(t, i) of the row, i < TV / 32), and those blocks' (d, d * sum). Read-only loads.
 struct Act {
     const u8* qs;
     const float2* ds;
     i64 nblk;
-    template <int TV> __device__ __forceinline__ void load(i64 c, i64 t, int* y, float2* dsv) const {
-        const i64 j = c * nblk + t * (TV / 32);
-        const int4* q = (const int4*)(qs + j * 32);
+    template <class Q> __device__ __forceinline__ void load(i64 c, int t, int* y, float2* dsv) const {
 #pragma unroll
-        for (int i = 0; i < TV / 16; i++) {
-            const int4 v = __ldg(q + i);
-            y[4 * i] = v.x;
-            y[4 * i + 1] = v.y;
-            y[4 * i + 2] = v.z;
-            y[4 * i + 3] = v.w;
+        for (int i = 0; i < Q::TV / 32; i++) {
+            const i64 j = c * nblk + Q::blk(t, i);
+            const int4* q = (const int4*)(qs + j * 32);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int4 v = __ldg(q + h);
+                y[8 * i + 4 * h] = v.x;
+                y[8 * i + 4 * h + 1] = v.y;
+                y[8 * i + 4 * h + 2] = v.z;
+                y[8 * i + 4 * h + 3] = v.w;
+            }
+            dsv[i] = __ldg(ds + j);
         }
-#pragma unroll
-        for (int i = 0; i < TV / 32; i++) dsv[i] = __ldg(ds + j + i);
     }
+};
+
+// The activations of task t for one column, as Act::load gives them.
+template <class Q> struct Y {
+    int y[Q::TV / 4];
+    float2 ds[Q::TV / 32];
+};
+
+// The q8_1 blocks of a task whose TV values are consecutive: task t's i-th 32 are block
+// TV / 32 t + i of the row.
+template <int TV> struct Consecutive {
+    static __device__ __forceinline__ int blk(int t, int i) { return TV / 32 * t + i; }
 };
 
 // Bits 0..3 of x to bit 4 of bytes 0..3.
@@ -108,18 +122,19 @@ __device__ __forceinline__ int spread4(u32 x) {
     return (int)(((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25));
 }
 
-// Mmvq<Q> describes a type to the engine: TV values per task, SL tile slots of shared memory per
-// warp, ROWS rows per block of the plain kernels, split into groups of ROWS KS / 4 rows whose
-// tiles KS warps share, W the weights of one task decoded into registers by load(b, sub, w) (b: the task's
-// block, in shared memory; sub: the task's index within its block), and dot(w, y, ds): the task's
-// contribution for one column, y its TV int8 activations as ints, ds their TV / 32 blocks'
-// (d, d * sum).
+// Mmvq<Q> describes a type to the engine: TV values per task, blk(t, i) the q8_1 block of the
+// row holding task t's i-th 32 values (i < TV / 32), SL tile slots of shared memory per warp,
+// ROWS rows per block of the plain kernels, split into groups of ROWS KS / 4 rows whose tiles
+// KS warps share, W the weights of one task decoded into registers by load(b, sub, w) (b: the
+// task's block, in shared memory; sub: the task's index within its block), and dot(w, y, ds):
+// the task's contribution for one column, y its TV int8 activations as ints (in blk's order),
+// ds their TV / 32 blocks' (d, d * sum).
 template <int Q> struct Mmvq;
 
 // The 32-value types held as low and high nibbles (lo: values 0-15, hi: 16-31):
 // d * ds.x * (lo . y[0..16) + hi . y[16..32)) + bias * ds.y, where bias is the block's min
 // (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
-struct Nibbles {
+struct Nibbles : Consecutive<32> {
     static const int TV = 32;
     static const int SL = 8;
     static const int ROWS = 4, KS = 4;
@@ -189,7 +204,7 @@ template <> struct Mmvq<Q5_1> : Nibbles {
     }
 };
 
-template <> struct Mmvq<Q8_0> {
+template <> struct Mmvq<Q8_0> : Consecutive<32> {
     static const int TV = 32;
     static const int SL = 4;
     static const int ROWS = 2, KS = 4;
@@ -242,7 +257,7 @@ __device__ __forceinline__ void k45_scales(int k, const int* s, u32& sc, u32& m)
 // (k45_scales), the qs (and Q5_K's 32 qh bytes) as 16-byte loads: the rows are 16-byte aligned
 // (mmvq_align in matmul.rs), so every block is (144 and 176 bytes are multiples of 16). Q5_K
 // keeps only the task's two qh bits of each byte, packed four words to one register.
-template <int Q> struct MmvqK45 {
+template <int Q> struct MmvqK45 : Consecutive<64> {
     static const int TV = 64;
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
@@ -296,51 +311,75 @@ template <int Q> struct MmvqK45 {
 template <> struct Mmvq<Q4_K> : MmvqK45<Q4_K> {};
 template <> struct Mmvq<Q5_K> : MmvqK45<Q5_K> {};
 
-// Q6_K: task j of a block is its values 64 j .. 64 j + 63: of half n = j / 2 (128 values, value
-// l of group m at 32 m + l), the groups m = 2 (j % 2) and m + 1. Their low nibbles are nibble
-// j % 2 of the half's 64 ql bytes (group m's at byte 32 (m % 2) + l), their high bits bits 2 m of
-// the half's 32 qh bytes, their four scales one word of the scales. (Each ql byte is read by two
-// tasks: from the staged tile in shared memory, or L1.)
+// Q6_K: task k of a block (k < 4) takes, in half n = k / 2 of the block (128 values, value l of
+// group m at 128 n + 32 m + l), the 32 ql bytes 32 (k % 2) .. + 31 of the half's 64: their low
+// nibbles are group m = k % 2, their high nibbles group m + 2 (the q8_1 blocks 2 k - k % 2 and
+// 2 k - k % 2 + 2 of the block's 8, blk), whose high bits are bits 2 m and 2 m + 4 of the
+// half's 32 qh bytes: each ql and qh byte is read by one task (qh by two). Values are kept as
+// the unsigned 6-bit q (0..63, so int8 for dp4a) and the offset is taken out of the sums:
+// sum (q - 32) y = sum q y - 32 sum y, the last a dp4a of y with bytes of -32, the same for every
+// row (the compiler computes it once). Rows are 2-byte aligned (blocks of 210 bytes): words are
+// aligned loads and funnel shifts, which also shift the qh bits into place.
 template <> struct Mmvq<Q6_K> {
     static const int TV = 64;
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
+    static __device__ __forceinline__ int blk(int t, int i) { return 2 * t - (t & 1) + 2 * i; }
     struct W {
-        int q[2][8];
-        int sc[4];
+        int lo[8], hi[8];  // the 6-bit values of groups m and m + 2
+        u32 sc;            // bytes 0, 1: the scales of group m's two 16-value halves; 2, 3: m + 2's
         float d;
     };
-    static __device__ __forceinline__ void load(const u8* b, int j, W& w) {
-        const int n = j / 2, mh = j % 2;
+    // out[i] = the 4-byte value at byte 4 (o + i) + odd of a (odd: 0 or 2) shifted right by sh
+    // (< 16) bits, the bits above from the next word (zeros past the N words). Reads at most 2
+    // bytes past the N words.
+    template <int N> static __device__ __forceinline__ void words(const u32* a, int o, int odd, int sh, u32* out) {
+        u32 w[N + 1];
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = a[o + i];
+        w[N] = odd ? a[o + N] : 0u;
+#pragma unroll
+        for (int i = 0; i < N; i++) out[i] = __funnelshift_r(w[i], w[i + 1], 8 * odd + sh);
+    }
+    static __device__ __forceinline__ void load(const u8* b, int k, W& w) {
+        const int n = k / 2, m = k % 2;
+        const int odd = (int)((size_t)b & 2);  // the block's offset from a 4-byte boundary
+        const u32* a = (const u32*)(b - odd);
         w.d = ldh(b + 208);
-        int sc[1], h[8], ql[16];
-        ld_words<1>(b + 192 + 8 * n + 4 * mh, sc);
+        u32 q[8], h[8], s[2];
+        words<8>(a, 8 * k, odd, 0, q);            // ql bytes 32 k ..
+        words<8>(a, 32 + 8 * n, odd, 2 * m, h);  // qh bytes 128 + 32 n ..: bits 2 m, 2 m + 1 (and
+                                                  // 2 m + 4, 2 m + 5) to 0, 1 (4, 5)
+        words<2>(a, 48 + 2 * n, odd, 0, s);      // scales 192 + 8 n ..
+        w.sc = __byte_perm(s[0], s[1], m ? 0x7632 : 0x5410);
 #pragma unroll
-        for (int i = 0; i < 4; i++) w.sc[i] = (int)(i8)(sc[0] >> (8 * i));
-        ld_words<8>(b + 128 + 32 * n, h);
-        ld_words<16>(b + 64 * n, ql);
-#pragma unroll
-        for (int mm = 0; mm < 2; mm++) {
-            const int m = 2 * mh + mm;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int lowb = (ql[8 * mm + i] >> (4 * mh)) & 0x0F0F0F0F;
-                const int highb = ((h[i] >> (2 * m)) & 0x03030303) << 4;
-                w.q[mm][i] = __vsub4(lowb | highb, 0x20202020);
-            }
+        for (int i = 0; i < 8; i++) {
+            const u32 hb = h[i] & 0x33333333u;
+            // Bits 0-3 of each byte from the first operand, 4-7 from the second (0x0F0F0F0F
+            // selects): 4 + 2 high bits, the two above zero.
+            w.lo[i] = (int)((q[i] & 0x0F0F0F0Fu) | ((hb << 4) & 0xF0F0F0F0u));
+            w.hi[i] = (int)(((q[i] >> 4) & 0x0F0F0F0Fu) | (hb & 0xF0F0F0F0u));
         }
     }
     static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
         float r = 0.0f;
 #pragma unroll
-        for (int mm = 0; mm < 2; mm++) {
+        for (int g = 0; g < 2; g++) {
+            const int* v = g ? w.hi : w.lo;
+            const int* yy = y + 8 * g;
             int sa = 0, sb = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                sa = __dp4a(w.q[mm][i], y[8 * mm + i], sa);
-                sb = __dp4a(w.q[mm][4 + i], y[8 * mm + 4 + i], sb);
+                sa = __dp4a(yy[i], (int)0xE0E0E0E0, sa);  // -32 sum y
+                sb = __dp4a(yy[4 + i], (int)0xE0E0E0E0, sb);
             }
-            r += ds[mm].x * (float)(w.sc[2 * mm] * sa + w.sc[2 * mm + 1] * sb);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                sa = __dp4a(v[i], yy[i], sa);
+                sb = __dp4a(v[4 + i], yy[4 + i], sb);
+            }
+            const int s0 = (int)(i8)(w.sc >> (16 * g)), s1 = (int)(i8)(w.sc >> (16 * g + 8));
+            r += ds[g].x * (float)(s0 * sa + s1 * sb);
         }
         return w.d * r;
     }
@@ -355,11 +394,10 @@ __device__ __forceinline__ void task_dots(const typename Mmvq<Q>::W (&w)[S], con
                                           float (&acc)[S][NC]) {
 #pragma unroll
     for (int c = 0; c < NC; c++) {
-        int y[Mmvq<Q>::TV / 4];
-        float2 ds[Mmvq<Q>::TV / 32];
-        act.template load<Mmvq<Q>::TV>(c0 + c, t, y, ds);
+        Y<Mmvq<Q>> y;
+        act.template load<Mmvq<Q>>(c0 + c, t, y.y, y.ds);
 #pragma unroll
-        for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y, ds);
+        for (int s = 0; s < S; s++) acc[s][c] += Mmvq<Q>::dot(w[s], y.y, y.ds);
     }
 }
 
@@ -393,7 +431,8 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // One warp's share of S weight rows ("streams") of type Q times NC columns, in G passes: pass g
 // covers the tiles j0, j0 + KS, ... (j < ceil(tasks / 32)) of rows ptr(g, 0..S) (global row
 // addresses). Tiles are copied into sm (this warp's NBUF * S slots), NBUF - 1 tiles ahead of the
-// one computed. At the end of each pass every lane calls fin(g, acc) with its partial sums
+// one computed. With one column a lane loads its task's activations once and then takes the rows
+// one at a time (weights, dot: fewer registers live). At the end of each pass every lane calls fin(g, acc) with its partial sums
 // acc[s][c] (zeros when the warp has no tiles); summing them over the warp is fin's job.
 // A tile's copy may read up to 15 bytes past a row's end, within the row's last aligned 16 bytes.
 template <int Q, int NC, int S, int NBUF, class Ptr, class Fin>
@@ -413,42 +452,65 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
         return;
     }
     const int total = G * ntw;
-    auto issue = [&](int i) {
-        if (i < total) {
-            const int g = i / ntw, j = j0 + (i % ntw) * KS;
+    // The next tile to copy: pass ig, the warp's tile ij of that pass, into slot ib.
+    int ig = 0, ij = 0, ib = 0;
+    auto issue = [&]() {
+        if (ig < G) {
+            const int j = j0 + ij * KS;
             const int bytes = min(32, tasks - 32 * j) / T::TPB * QB;
-            u8* dst = sm + (i % NBUF) * (S * T::SLOT);
+            u8* dst = sm + ib * (S * T::SLOT);
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                const u64 a = (u64)ptr(g, s) + (u64)j * T::BYTES;
+                const u64 a = (u64)ptr(ig, s) + (u64)j * T::BYTES;
                 const u8* src = (const u8*)(a & ~(u64)15);
                 const int n = ((int)(a & 15) + bytes + 15) >> 4;
                 for (int c = lane; c < n; c += 32) cp_async16(dst + s * T::SLOT + 16 * c, src + 16 * c);
             }
+            if (++ij == ntw) {
+                ij = 0;
+                ig++;
+            }
+            ib = ib == NBUF - 1 ? 0 : ib + 1;
         }
         cp_commit();
     };
 #pragma unroll
-    for (int b = 0; b < NBUF - 1; b++) issue(b);
+    for (int b = 0; b < NBUF - 1; b++) issue();
+    // The tile computed: pass g, the warp's tile jj of that pass, in slot cb.
+    int g = 0, jj = 0, cb = 0;
     for (int i = 0; i < total; i++) {
-        issue(i + NBUF - 1);
+        issue();
+        const int t = 32 * (j0 + jj * KS) + lane;
         cp_wait<NBUF - 1>();
         __syncwarp();
-        const int g = i / ntw, jj = i % ntw;
-        const int t = 32 * (j0 + jj * KS) + lane;
         if (t < tasks) {
-            const u8* tile = sm + (i % NBUF) * (S * T::SLOT) + lane / T::TPB * QB;
-            typename Mmvq<Q>::W w[S];
+            const u8* tile = sm + cb * (S * T::SLOT) + lane / T::TPB * QB;
+            // Row s's weights of this task in the tile.
+            auto wt = [&](int s, typename Mmvq<Q>::W& w) {
+                Mmvq<Q>::load(tile + s * T::SLOT + (int)((u64)ptr(g, s) & 15), lane % T::TPB, w);
+            };
+            if (NC == 1) {
+                Y<Mmvq<Q>> y;
+                act.template load<Mmvq<Q>>(c0, t, y.y, y.ds);
 #pragma unroll
-            for (int s = 0; s < S; s++) {
-                const int off = (int)((u64)ptr(g, s) & 15);
-                Mmvq<Q>::load(tile + s * T::SLOT + off, lane % T::TPB, w[s]);
+                for (int s = 0; s < S; s++) {
+                    typename Mmvq<Q>::W w;
+                    wt(s, w);
+                    acc[s][0] += Mmvq<Q>::dot(w, y.y, y.ds);
+                }
+            } else {
+                typename Mmvq<Q>::W w[S];
+#pragma unroll
+                for (int s = 0; s < S; s++) wt(s, w[s]);
+                task_dots<Q, NC, S>(w, act, c0, t, acc);
             }
-            task_dots<Q, NC, S>(w, act, c0, t, acc);
         }
         __syncwarp();
-        if (jj == ntw - 1) {
+        cb = cb == NBUF - 1 ? 0 : cb + 1;
+        if (++jj == ntw) {
+            jj = 0;
             fin(g, acc);
+            g++;
 #pragma unroll
             for (int s = 0; s < S; s++)
 #pragma unroll

@@ -807,6 +807,12 @@ fn mat_vec_q(
 // H16 (adapters with SHADER_F16, f16 or quantized weights): the tiles hold f16 (weights and
 // activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
 // f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
+// COOP (with H16; adapters with cooperative matrices of 16 x 16 x 16 f16 products and f32 sums,
+// and subgroups of 32): the tiles are plain f16 arrays in the same k-major order, and each of
+// the 8 subgroups computes a (BM / 4) x (BN / 2) part of the tile as FM x FN 16 x 16 matrices:
+// A fragments read column-major from ta (m contiguous), B fragments row-major from tb (n
+// contiguous), sums in f32. The results go through workgroup memory (tc, one 16 x 16 block a
+// subgroup at a time) to dst, so that partial tiles are written with bounds checks.
 
 #if H16
 alias TE = f16;
@@ -953,8 +959,17 @@ fn yquad1(yb: u32, k: u32) -> vec4<f32> {
 #endif
 }
 
+#if COOP
+var<workgroup> ta: array<f16, BM * BK>;
+var<workgroup> tb: array<f16, BN * BK>;
+var<workgroup> tc: array<f32, 8u * 256u>;
+// 16 x 16 matrices a subgroup computes along m and n.
+const FM: u32 = BM / 64u;
+const FN: u32 = BN / 32u;
+#else
 var<workgroup> ta: array<TV, BM * BK / 4u>;
 var<workgroup> tb: array<TV, BN * BK / 4u>;
+#endif
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -990,21 +1005,40 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             pb[p] = TV(yquad1(cb, k));
         }
     }
+#if COOP
+    // This subgroup's part of the tile: rows sm .. sm + 16 FM, columns sn .. sn + 16 FN.
+    let sg = li / 32u;
+    let sm = (sg % 4u) * (BM / 4u);
+    let sn = (sg / 4u) * (BN / 2u);
+    var cm: array<coop_mat16x16<f32, C>, FM * FN>;
+#else
     var acc: array<vec4<f32>, 4u * VM * VN>;
+#endif
 #if H16
+#if COOP
+#else
     var h: array<TV, 4u * VM * VN>;
+#endif
 #endif
     for (var k0 = 0u; k0 < kk; k0 += BK) {
         for (var p = 0u; p < LA; p++) {
             let k = 4u * (qa + (256u / BM) * p);
             for (var i = 0u; i < 4u; i++) {
+#if COOP
+                ta[(k + i) * BM + lm] = pa[p][i];
+#else
                 ta[(k + i) * (BM / 4u) + lm / 4u][lm % 4u] = pa[p][i];
+#endif
             }
         }
         for (var p = 0u; p < LB; p++) {
             let k = 4u * (qb + (256u / BN) * p);
             for (var i = 0u; i < 4u; i++) {
+#if COOP
+                tb[(k + i) * BN + ln] = pb[p][i];
+#else
                 tb[(k + i) * (BN / 4u) + ln / 4u][ln % 4u] = pb[p][i];
+#endif
             }
         }
         workgroupBarrier();
@@ -1026,6 +1060,20 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
                 }
             }
         }
+#if COOP
+        for (var k = 0u; k < BK; k += 16u) {
+            var am: array<coop_mat16x16<f16, A>, FM>;
+            for (var i = 0u; i < FM; i++) {
+                am[i] = coopLoad<coop_mat16x16<f16, A>>(&ta[k * BM + sm + 16u * i], BM);
+            }
+            for (var j = 0u; j < FN; j++) {
+                let bm = coopLoadT<coop_mat16x16<f16, B>>(&tb[k * BN + sn + 16u * j], BN);
+                for (var i = 0u; i < FM; i++) {
+                    cm[FN * i + j] = coopMultiplyAdd(am[i], bm, cm[FN * i + j]);
+                }
+            }
+        }
+#else
         for (var kh = 0u; kh < BK; kh += HK) {
             for (var k = kh; k < kh + HK; k++) {
                 var a: array<TV, VM>;
@@ -1057,8 +1105,25 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             }
 #endif
         }
+#endif
         workgroupBarrier();
     }
+#if COOP
+    // Each 16 x 16 result through tc (column-major: m contiguous), then to dst by the
+    // subgroup's 32 invocations, 8 values each.
+    for (var f = 0u; f < FM * FN; f++) {
+        coopStore(cm[f], &tc[256u * sg], 16u);
+        workgroupBarrier();
+        for (var e = li % 32u; e < 256u; e += 32u) {
+            let m = m0 + sm + 16u * (f / FN) + e % 16u;
+            let n = n0 + sn + 16u * (f % FN) + e / 16u;
+            if m < mm && n < nn {
+                st(P.off.x + at(vec4<u32>(m, n, i2, i3), P.d.nb), tc[256u * sg + e]);
+            }
+        }
+        workgroupBarrier();
+    }
+#else
     for (var j = 0u; j < VN; j++) {
         for (var c = 0u; c < 4u; c++) {
             let n = n0 + 4u * ty + 64u * j + c;
@@ -1076,4 +1141,5 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             }
         }
     }
+#endif
 }

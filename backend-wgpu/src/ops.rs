@@ -109,6 +109,9 @@ const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
 /// memory): the deeper one where the adapter's workgroup memory holds it.
 const MM_BK: [u32; 2] = [16, 32];
+/// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mul_mat.wgsl: 8
+/// subgroups x 16 x 16 f32).
+const MM_COOP_TC: u32 = 8 * 256 * 4;
 /// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
@@ -451,7 +454,8 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let tile = mat_mat_tile(gpu, t.ne, h16);
+            let coop = h16 && gpu.coop;
+            let tile = mat_mat_tile(gpu, t.ne, h16, coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -514,7 +518,7 @@ pub(crate) fn plan(
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
                     let (wide_a, y4) = wide_loads(gpu, graph, t, r0, 4);
-                    let v = mat_mat_variant(a.dtype, b.dtype, tile, wide_a, y4, h16);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile, wide_a, y4, (h16, coop));
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -1013,8 +1017,15 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
 /// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
 /// adapter's workgroup memory.
-fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
-    mat_mat_tile_for(gpu.limits.max_compute_workgroup_storage_size, ne, h16)
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, u32) {
+    let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
+    // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc).
+    let wg_mem = if coop {
+        wg_mem.saturating_sub(MM_COOP_TC)
+    } else {
+        wg_mem
+    };
+    mat_mat_tile_for(wg_mem, ne, h16)
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
@@ -1040,18 +1051,20 @@ fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
 
 /// The tiled mat-mat variant for weights of type `a` and activations of type `b`; `aligned`
 /// and `y4` as for [`mat_vec_variant`] (float weights need k a multiple of 4 only); `h16`:
-/// f16 tiles and products ([`mat_mat_h16`]).
+/// f16 tiles and products ([`mat_mat_h16`]), `coop` (with `h16`) the products on cooperative
+/// matrices (`Gpu::coop`).
 fn mat_mat_variant(
     a: DType,
     b: DType,
     (bm, bn, bk): (u32, u32, u32),
     aligned: bool,
     y4: bool,
-    h16: bool,
+    (h16, coop): (bool, bool),
 ) -> Variant {
     let v = if h16 {
         Variant::new(Family::MulMat, "mat_mat")
             .def("H16", 1)
+            .def("COOP", u32::from(coop))
             .def("HK", MM_HK.min(bk))
     } else {
         Variant::new(Family::MulMat, "mat_mat").def("HK", bk)
@@ -1203,7 +1216,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     }
                 }
                 for b in [DType::F32, DType::F16] {
-                    for h16 in [false, true] {
+                    for (h16, coop) in [(false, false), (true, false), (true, true)] {
                         if h16 && !mat_mat_h16(true, a) {
                             continue;
                         }
@@ -1227,7 +1240,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                             (bm, bn, bk),
                                             aligned,
                                             y4,
-                                            h16,
+                                            (h16, coop),
                                         ));
                                     }
                                 }
@@ -1292,10 +1305,35 @@ mod tests {
         assert_eq!(mat_mat_tile_for(32768, big, true), (128, 128, 64));
         assert_eq!(mat_mat_tile_for(16384, big, false), (128, 128, 16));
         assert_eq!(mat_mat_tile_for(16384, big, true), (128, 128, 32));
-        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 64), true, true, true);
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 64),
+            true,
+            true,
+            (true, false),
+        );
         let src = v.source().unwrap();
         assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
-        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 32), true, true, false);
+        assert!(!src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 64),
+            true,
+            true,
+            (true, true),
+        );
+        let src = v.source().unwrap();
+        assert!(src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 32),
+            true,
+            true,
+            (false, false),
+        );
         assert!(!v.source().unwrap().starts_with("enable f16;"));
     }
 }

@@ -82,19 +82,7 @@ fn float_weights_match_f64() {
 
 #[test]
 fn quantized_weights_match_f64_within_ggml_tolerance() {
-    let types = [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ];
-    for wt in types {
+    for wt in DType::QUANTIZED {
         let k = 512;
         let (out, want) = case(wt, DType::F32, k, 19, 40, [1, 2], [3, 2], false);
         let e = nmse(&out, &want);

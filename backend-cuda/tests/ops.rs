@@ -212,19 +212,6 @@ impl BinaryForTest for Graph {
     }
 }
 
-const QUANT: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
-
 #[test]
 fn copies_and_conversions() {
     let Some(dev) = cuda() else { return };
@@ -311,7 +298,7 @@ fn copies_and_conversions() {
         );
     }
     // Every quantized type back to f32, and same-type copies of quantized rows.
-    for q in QUANT {
+    for q in DType::QUANTIZED {
         let x = rng.vec(512 * 2, -1.0, 1.0);
         let qb = to_bytes(q, &x);
         let mut g = Graph::new();
@@ -363,7 +350,7 @@ fn get_rows_and_set_rows() {
     let mut be = concrete(&dev).cuda_backend().unwrap();
     let mut rng = Rng::new(4);
     let mut types = vec![DType::F32, DType::F16, DType::BF16];
-    types.extend(QUANT);
+    types.extend(DType::QUANTIZED);
     for dt in types {
         let (n, rows, b2) = (256, 7, 2);
         let x = rng.vec(n * rows * b2, -1.0, 1.0);
@@ -473,7 +460,7 @@ fn mul_mat_all_paths() {
     let mut be = concrete(&dev).cuda_backend().unwrap();
     let mut rng = Rng::new(5);
     let mut types = vec![DType::F32, DType::F16, DType::BF16];
-    types.extend(QUANT);
+    types.extend(DType::QUANTIZED);
     for at in types {
         for bt in [DType::F32, DType::F16] {
             for (k, m, n, ab, bb) in [

@@ -85,19 +85,6 @@ pub(crate) struct Launch {
 const EW_WG: u32 = 256;
 /// Invocations per workgroup of the row families (one workgroup per row).
 const ROW_WG: u32 = 64;
-/// Quantized types whose blocks the shaders dequantize, and quantize into (cpy, set_rows).
-pub(crate) const QUANT: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
@@ -317,7 +304,7 @@ pub(crate) fn plan(
                 0
             } else if from == to && from.type_size() == 4 && !from.is_quantized() {
                 3
-            } else if QUANT.contains(&from) && to == DType::F32 && a.rows_contiguous() {
+            } else if DType::QUANTIZED.contains(&from) && to == DType::F32 && a.rows_contiguous() {
                 4
             } else if from == to && from.is_quantized() && t.is_contiguous() {
                 p.u[1] = t.nbytes() as u32;
@@ -328,7 +315,8 @@ pub(crate) fn plan(
                     p,
                     t.nbytes() / 4 + 2,
                 ));
-            } else if FLOATS.contains(&from) && QUANT.contains(&to) && t.is_contiguous() {
+            } else if FLOATS.contains(&from) && DType::QUANTIZED.contains(&to) && t.is_contiguous()
+            {
                 return Ok(ew(
                     unary_variant(6, from, to),
                     vec![id, t.src[0]],
@@ -403,7 +391,7 @@ pub(crate) fn plan(
         }
         Op::GetRows => {
             let a = srcs[0].dtype;
-            let v = if FLOATS.contains(&a) || QUANT.contains(&a) {
+            let v = if FLOATS.contains(&a) || DType::QUANTIZED.contains(&a) {
                 rows_variant(0, a, DType::I32, DType::F32)
             } else if a == DType::I32 {
                 rows_variant(1, a, DType::I32, DType::I32)
@@ -415,7 +403,7 @@ pub(crate) fn plan(
         }
         Op::SetRows => {
             let (d, idx) = (t.dtype, srcs[2].dtype);
-            if !FLOATS.contains(&d) && !QUANT.contains(&d) {
+            if !FLOATS.contains(&d) && !DType::QUANTIZED.contains(&d) {
                 return Err(format!("destination type {d}"));
             }
             // Slots: dst = a (this node's memory), src0 = the f32 rows, src1 = indices.
@@ -435,7 +423,7 @@ pub(crate) fn plan(
         }
         Op::MulMat => {
             let (a, b) = (srcs[0], srcs[1]);
-            if !(FLOATS.contains(&a.dtype) || QUANT.contains(&a.dtype))
+            if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype))
                 || !matches!(b.dtype, DType::F32 | DType::F16)
             {
                 return Err(format!("types {} x {}", a.dtype, b.dtype));
@@ -656,15 +644,9 @@ pub(crate) fn plan(
 /// Invocations per workgroup of an element-wise variant: one for quantizing into K types (their
 /// scratch is workgroup memory, see `quantize.wgsl`), else [`EW_WG`].
 fn ew_wg(v: &Variant) -> u32 {
-    let kquant = [
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ]
-    .iter()
-    .any(|t| v.is_type("DT", *t));
+    let kquant = DType::QUANTIZED
+        .iter()
+        .any(|&t| t.block_size() == 256 && v.is_type("DT", t));
     if kquant {
         1
     } else {
@@ -1010,7 +992,7 @@ fn mat_vec_q_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) ->
 /// (their values are f16 or dequantize from f16 scales), f32 and bf16 weights (whose precision
 /// or range f16 lacks) do not.
 fn mat_mat_h16(enabled: bool, a: DType) -> bool {
-    enabled && (a == DType::F16 || QUANT.contains(&a))
+    enabled && (a == DType::F16 || DType::QUANTIZED.contains(&a))
 }
 
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
@@ -1129,12 +1111,12 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             }
             v.push(ew(unary_variant(3, DType::F32, DType::F32)));
             v.push(ew(unary_variant(3, DType::I32, DType::I32)));
-            for &q in &QUANT {
+            for &q in &DType::QUANTIZED {
                 v.push(ew(unary_variant(4, q, DType::F32)));
                 v.push(ew(unary_variant(5, q, q)));
             }
             for &a in &FLOATS {
-                for &q in &QUANT {
+                for &q in &DType::QUANTIZED {
                     v.push(ew(unary_variant(6, a, q)));
                 }
             }
@@ -1165,7 +1147,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             v.extend([DType::F32, DType::F16].map(rope_kv_variant));
         }
         Family::Rows => {
-            for &a in FLOATS.iter().chain(&QUANT) {
+            for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
                 v.push(ew(rows_variant(0, a, DType::I32, DType::F32)));
             }
             v.push(ew(rows_variant(1, DType::I32, DType::I32, DType::I32)));
@@ -1173,13 +1155,13 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 for &d in &FLOATS {
                     v.push(ew(rows_variant(2, DType::F32, idx, d)));
                 }
-                for &d in &QUANT {
+                for &d in &DType::QUANTIZED {
                     v.push(ew(rows_variant(3, DType::F32, idx, d)));
                 }
             }
         }
         Family::MulMat => {
-            for &a in FLOATS.iter().chain(&QUANT) {
+            for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
                 for b in [DType::F32, DType::F16] {
                     for aligned in [false, true] {
                         if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {

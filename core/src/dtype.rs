@@ -47,6 +47,21 @@ pub enum DType {
 }
 
 impl DType {
+    /// The quantized types of weights (every quantized type but the activation formats Q8_1
+    /// and Q8_K): the 32-value block types, then the K types.
+    pub const QUANTIZED: [DType; 10] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
     /// Every type, in declaration order.
     pub const ALL: [DType; 17] = [
         DType::F32,

@@ -3,7 +3,7 @@
 
 use tessera_core::DType;
 
-use super::{ne_str, permuted, FLOATS, QUANTIZED};
+use super::{ne_str, permuted, FLOATS};
 use crate::case::{Case, Tolerance};
 use crate::init::Init;
 
@@ -86,7 +86,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     for (src, dst) in [(DType::F32, DType::F32), (DType::F32, DType::F16)] {
         v.push(cpy_case(src, dst, [10, 10, 10, 1], id, Dst::Permuted));
     }
-    for q in QUANTIZED {
+    for q in DType::QUANTIZED {
         v.push(cpy_case(DType::F32, q, [256, 4, 3, 1], id, Dst::Whole));
         v.push(cpy_case(q, DType::F32, [256, 4, 3, 1], id, Dst::Whole));
     }

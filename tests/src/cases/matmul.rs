@@ -3,7 +3,7 @@
 
 use tessera_core::DType;
 
-use super::{ne_str, permuted, FLOATS, QUANTIZED};
+use super::{ne_str, permuted, FLOATS};
 use crate::case::{Case, Tolerance};
 use crate::init::Init;
 
@@ -85,7 +85,7 @@ impl MulMat {
 /// Every mul_mat test case.
 pub(super) fn cases(v: &mut Vec<Case>) {
     let mut weights = FLOATS.to_vec();
-    weights.extend(QUANTIZED);
+    weights.extend(DType::QUANTIZED);
     for &t in &weights {
         for n in [1, 2, 3, 4, 5, 6, 7, 8, 16, 67] {
             v.push(MulMat::new(t, DType::F32, 16, n, 256).case());
@@ -156,7 +156,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, m, n, k).case());
         }
     }
-    for &t in &QUANTIZED[5..] {
+    for &t in &DType::QUANTIZED[5..] {
         v.push(MulMat::new(t, DType::F32, 17, 3, 512).case());
     }
     v.push(

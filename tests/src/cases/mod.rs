@@ -57,20 +57,6 @@ pub(crate) fn ne_str(ne: &[usize]) -> String {
     format!("[{}]", parts.join(","))
 }
 
-/// The quantized types a weight can have, block types then K types.
-pub(crate) const QUANTIZED: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
-
 /// The plain float types.
 pub(crate) const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 

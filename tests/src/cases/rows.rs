@@ -2,7 +2,7 @@
 
 use tessera_core::DType;
 
-use super::{ne_str, FLOATS, QUANTIZED};
+use super::{ne_str, FLOATS};
 use crate::case::{Case, Tolerance};
 use crate::init::Init;
 
@@ -10,7 +10,7 @@ use crate::init::Init;
 pub(super) fn get_rows(v: &mut Vec<Case>) {
     let mut types = FLOATS.to_vec();
     types.push(DType::I32);
-    types.extend(QUANTIZED);
+    types.extend(DType::QUANTIZED);
     // (row length, rows, rows picked, batch); the odd lengths only for unblocked types.
     const SHAPES: [(usize, usize, usize, usize); 4] =
         [(256, 5, 3, 1), (256, 8, 10, 3), (10, 4, 7, 2), (1, 3, 4, 1)];

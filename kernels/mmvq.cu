@@ -26,8 +26,9 @@
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
-// residual of dst's shape added to each result (a fused add). Grid (ceil(m / ROWS), e2 e3):
-// block x computes rows ROWS x .. ROWS x + ROWS - 1; batch blockIdx.y, n columns.
+// residual of dst's shape added to each result (a fused add). Grid (ceil(m / R), e2 e3), R the
+// rows per block of the geometry (`Geom::rows`): block x computes rows R x .. R x + R - 1; batch
+// blockIdx.y, n columns.
 //
 // mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type,
 // m rows): dst (t[0], f32, contiguous) = silu(gate x) * (up x), the gate/up/swiglu of a Llama
@@ -41,7 +42,7 @@
 // mmvq_multi_<type>: up to three matrices by one column in one launch (Q, K and V of one token):
 // t[1], t[2], t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
 // contiguous f32 vectors at t[0].ptr, t[4].ptr and aux[2]; aux[0], aux[1] the quantized column.
-// Grid ceil((i[0] + i[1] + i[2]) / ROWS) blocks of 128 threads over the stacked rows.
+// Grid ceil((i[0] + i[1] + i[2]) / R) blocks of 128 threads over the stacked rows (R as above).
 #include "quant.cuh"
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Where one GPU's time goes, in one call: the CUDA conformance suite, then for the test model and
-# a synthetic Llama-8B-shape Q4_0 model, `tessera bench` and a per-kernel profile of the prompt
-# and of decoding (TESSERA_CUDA_PROFILE=1: GPU time per kernel name inside the captured graphs,
-# and the host's encoding time per step). Logs go under $OUT; the profiles and a short table are
+# Where one GPU's time goes, in one call: the CUDA conformance suite (and its mat-vec cases
+# under each mat-vec geometry), then for the test model and a synthetic Llama-8B-shape Q4_0
+# model, `tessera bench` and a per-kernel profile of the prompt and of decoding
+# (TESSERA_CUDA_PROFILE=1: GPU time per kernel name inside the captured graphs, and the host's
+# encoding time per step). Logs go under $OUT; the profiles and a short table are
 # printed last. Two more steps on request: startup (wall time of `tessera generate --max-tokens 1`
 # with a warm kernel cache: an upper bound of the time to the first token) and sanitize (the CUDA
 # suite under compute-sanitizer's memcheck).
@@ -10,8 +11,9 @@
 # Setup as scripts/gpu-check.sh describes (release binary, .gl, the test model in parts under
 # /root/m and .gpu); then: bash scripts/gpu-profile.sh. STEPS picks steps (default: ops perf
 # bench profile; also greedy (the test model's greedy tokens against llama.cpp's), startup,
-# sanitize with SAN_TIMEOUT seconds (SAN_ARGS: more arguments of ops test, e.g. --skip-large), and wgpu: the suite on wgpu:0 and the 8B decode on wgpu:0
-# with and without its fused dispatches).
+# sanitize with SAN_TIMEOUT seconds (SAN_ARGS: more arguments of ops test, e.g.
+# --skip-large), and wgpu: the suite on wgpu:0, the 8B decode on wgpu:0 with and without its
+# fused dispatches, and its GPU time per shader variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-profile}; mkdir -p "$OUT"
@@ -32,6 +34,14 @@ if has ops; then
   timeout 300 $BIN ops test --backend "$DEV" > "$OUT/ops.log" 2>&1
   echo "ops test --backend $DEV | $(tail -1 "$OUT/ops.log")" | tee -a "$SUMMARY"
   grep -v 'OK \[\|skipped' "$OUT/ops.log" | head -20
+  if [[ "$DEV" == cuda* ]]; then
+    # Both mat-vec geometries for every type (by default each type takes one).
+    for mode in direct staged; do
+      TESSERA_CUDA_MMVQ=$mode timeout 120 $BIN ops test --backend "$DEV" \
+        --op MUL_MAT,MUL_MAT_SHARED_B,RMS_NORM_MUL_MAT,SWIGLU_MUL_MAT,ATTN_MUL_MAT > "$OUT/ops-mmvq-$mode.log" 2>&1
+      echo "ops test mat-vec cases, TESSERA_CUDA_MMVQ=$mode | $(tail -1 "$OUT/ops-mmvq-$mode.log")" | tee -a "$SUMMARY"
+    done
+  fi
 fi
 
 if has greedy; then
@@ -90,6 +100,12 @@ if has wgpu; then
     echo "bench 8B wgpu:0 TESSERA_WGPU_FUSION=$fusion | $(grep -m1 pp512 "$log" | tr -s ' ') | $(grep -m1 tg128 "$log" | tr -s ' ')" \
       | tee -a "$SUMMARY"
   done
+  # GPU time per shader variant of the 8B decode (each dispatch timed in its own pass).
+  log="$OUT/profile-wgpu-8b-decode.log"
+  TESSERA_WGPU_PROFILE=1 RUST_LOG=tessera_wgpu=debug timeout 300 \
+    $BIN bench --model "$M8" --device wgpu:0 -p 0 -n 16 -r 1 > "$log" 2>&1
+  echo "== wgpu profile llama-8b-q4_0 -p 0 -n 16"
+  grep -A16 'profile of' "$log" | sed 's/^.*\] //' | head -18
 fi
 
 echo "== summary"

@@ -14,6 +14,7 @@ use crate::buffer::{self, Readback, WgpuBuffer};
 use crate::context::{Gpu, Window, PARAMS_SIZE};
 use crate::fused::Fuser;
 use crate::ops::{self, Bind};
+use crate::profile::{self, Profile};
 use crate::timing::{self, Timer};
 
 /// One dispatch of a recorded graph.
@@ -23,6 +24,8 @@ struct Dispatch {
     /// Offset of its parameter block.
     offset: u32,
     groups: [u32; 3],
+    /// Its variant's short name, for profiles.
+    name: String,
 }
 
 /// A graph's dispatches, decided and resolved once and replayed while the graph (its nodes,
@@ -58,6 +61,10 @@ pub struct WgpuBackend {
     fusion: bool,
     /// Dispatches of the last [`Backend::compute`].
     last_dispatches: usize,
+    /// Whether graphs are profiled per dispatch ([`WgpuBackend::set_profile`]), and the
+    /// profile, made on the first profiled graph.
+    profiling: bool,
+    profile: Option<Profile>,
 }
 
 /// The caller's memory a pending read fills.
@@ -83,7 +90,26 @@ impl WgpuBackend {
             unflushed: false,
             fusion: crate::fused::default_on(),
             last_dispatches: 0,
+            profiling: std::env::var("TESSERA_WGPU_PROFILE").as_deref() == Ok("1"),
+            profile: None,
         }
+    }
+
+    /// Turns the per-dispatch profile on or off (off by default unless
+    /// `TESSERA_WGPU_PROFILE=1`; see the `profile` module): while on, each graph's dispatches
+    /// are timed one by one on adapters with TIMESTAMP_QUERY, and the times summed per shader
+    /// variant.
+    pub fn set_profile(&mut self, on: bool) {
+        self.profiling = on;
+    }
+
+    /// The profile so far: each shader variant's short name with its total GPU time and
+    /// number of dispatches, the costliest first (empty when nothing was profiled).
+    pub fn profile_table(&self) -> Vec<(String, std::time::Duration, usize)> {
+        self.profile
+            .as_ref()
+            .map(Profile::table)
+            .unwrap_or_default()
     }
 
     /// Turns fused dispatches (the `fused` module's op sequences) on or off: on by default
@@ -197,6 +223,7 @@ impl WgpuBackend {
                 group,
                 offset: (i as u64 * stride) as u32,
                 groups: l.groups,
+                name: profile::variant_name(&l.variant),
             });
         }
         buffers.sort_unstable();
@@ -271,6 +298,19 @@ impl Backend for WgpuBackend {
         };
         self.last_dispatches = rec.dispatches.len();
         self.gpu.queue.write_buffer(&rec.params, 0, &rec.bytes);
+        if self.profiling && self.gpu.timestamps {
+            let gpu = self.gpu.clone();
+            let prof = self.profile.get_or_insert_with(|| Profile::new(&gpu));
+            let names: Vec<&str> = rec.dispatches.iter().map(|d| d.name.as_str()).collect();
+            prof.run(&gpu, &names, |pass, i| {
+                let d = &rec.dispatches[i];
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, d.group.as_ref(), &[d.offset]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            })?;
+            self.unflushed = false;
+            return self.gpu.check();
+        }
         let mut enc = self
             .gpu
             .device
@@ -409,12 +449,16 @@ impl Backend for WgpuBackend {
 }
 
 impl Drop for WgpuBackend {
-    /// Reads the timestamps of the graphs it timed into the process-wide total.
+    /// Reads the timestamps of the graphs it timed into the process-wide total, and logs its
+    /// profile.
     fn drop(&mut self) {
         if let Some(t) = self.timer.as_mut() {
             if let Err(e) = t.flush(&self.gpu) {
                 log::warn!("wgpu: GPU timing: {e}");
             }
+        }
+        if let Some(p) = &self.profile {
+            p.log(&self.gpu.name);
         }
     }
 }

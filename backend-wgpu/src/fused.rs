@@ -229,15 +229,21 @@ impl Fuser<'_> {
         )))
     }
 
+    /// Node `i` when it is a mul_mat, with the index and id of the next node that runs.
+    fn mul_mat_and_next(&self, i: usize) -> Option<(TensorId, usize, TensorId)> {
+        let a = self.nodes[i];
+        if self.graph.get(a).op != Op::MulMat {
+            return None;
+        }
+        let (jb, b) = self.next_running(i + 1)?;
+        Some((a, jb, b))
+    }
+
     /// `swiglu(W_gate x, W_up x)` for one token: one mat-vec dispatch over both weight
     /// matrices (GLU).
     fn gate_up_swiglu(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
         let g = self.graph;
-        let a = self.nodes[i];
-        if g.get(a).op != Op::MulMat {
-            return Ok(None);
-        }
-        let Some((jb, b)) = self.next_running(i + 1) else {
+        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
             return Ok(None);
         };
         let Some((js, s)) = self.next_running(jb + 1) else {
@@ -280,11 +286,7 @@ impl Fuser<'_> {
     /// one mat-vec dispatch (PAIR).
     fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
         let g = self.graph;
-        let a = self.nodes[i];
-        if g.get(a).op != Op::MulMat {
-            return Ok(None);
-        }
-        let Some((jb, b)) = self.next_running(i + 1) else {
+        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
             return Ok(None);
         };
         let Some((mut out, pb)) = self.mat_vec_q_pair(a, b) else {

@@ -27,6 +27,7 @@ mod context;
 mod device;
 mod fused;
 mod ops;
+mod profile;
 mod shader;
 mod timing;
 

@@ -81,7 +81,7 @@ impl Family {
     ];
 
     /// The family's file name and source.
-    fn file(self) -> (&'static str, &'static str) {
+    pub(crate) fn file(self) -> (&'static str, &'static str) {
         match self {
             Family::Unary => ("unary", include_str!("../../shaders/unary.wgsl")),
             Family::Binary => ("binary", include_str!("../../shaders/binary.wgsl")),

@@ -107,9 +107,17 @@ impl Timer {
 
     /// Waits for the timed graphs, reads their timestamps and appends their times to the list.
     pub fn flush(&mut self, gpu: &Gpu) -> Result<()> {
+        let times = self.read_back(gpu)?;
+        lock(&TIMES).extend(times);
+        Ok(())
+    }
+
+    /// Waits for the passes timed since the last read, and returns the time of each (from its
+    /// beginning to its end) in nanoseconds, in order; the timer is empty again.
+    pub fn read_back(&mut self, gpu: &Gpu) -> Result<Vec<f64>> {
         let n = std::mem::take(&mut self.used);
         if n == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let bytes = u64::from(2 * n) * 8;
         let mut enc = gpu
@@ -138,11 +146,9 @@ impl Timer {
         };
         self.read.unmap();
         let period = f64::from(gpu.queue.get_timestamp_period());
-        lock(&TIMES).extend(
-            ticks
-                .chunks_exact(2)
-                .map(|p| p[1].saturating_sub(p[0]) as f64 * period),
-        );
-        Ok(())
+        Ok(ticks
+            .chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * period)
+            .collect())
     }
 }

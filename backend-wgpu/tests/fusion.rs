@@ -74,14 +74,10 @@ fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn fused_block_matches_unfused_with_fewer_dispatches() {
-    let Some(dev) = common::device() else { return };
-    let wdev = dev
-        .as_any()
-        .downcast_ref::<WgpuDevice>()
-        .expect("a wgpu device");
-    let mut backend = wdev.backend().unwrap();
+/// The block's graph allocated on `dev` with its inputs written, its nodes and outputs.
+fn loaded_block(
+    dev: &std::sync::Arc<dyn tessera_core::Device>,
+) -> (Graph, Vec<TensorId>, [TensorId; 3]) {
     let (mut g, inputs, outs) = block();
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
@@ -98,19 +94,46 @@ fn fused_block_matches_unfused_with_fewer_dispatches() {
         let d = g.data(id).unwrap();
         d.buffer.set(d.offset, &bytes).unwrap();
     }
+    (g, nodes, outs)
+}
+
+/// Runs the block on `backend` and reads its outputs (out, K, V) back.
+fn run_block(
+    backend: &mut tessera_wgpu::WgpuBackend,
+    g: &Graph,
+    nodes: &[TensorId],
+    outs: [TensorId; 3],
+) -> Vec<f32> {
+    backend.compute(g, nodes).unwrap();
+    backend.synchronize().unwrap();
+    let mut v = Vec::new();
+    for (o, n) in outs.into_iter().zip([D, 64, 64]) {
+        let d = g.data(o).unwrap();
+        let mut x = vec![0f32; n];
+        d.buffer
+            .get(d.offset, bytemuck::cast_slice_mut(&mut x))
+            .unwrap();
+        v.extend(x);
+    }
+    v
+}
+
+/// `dev` as the wgpu device it is.
+fn wgpu_device(dev: &std::sync::Arc<dyn tessera_core::Device>) -> &WgpuDevice {
+    dev.as_any()
+        .downcast_ref::<WgpuDevice>()
+        .expect("a wgpu device")
+}
+
+#[test]
+fn fused_block_matches_unfused_with_fewer_dispatches() {
+    let Some(dev) = common::device() else { return };
+    let wdev = wgpu_device(&dev);
+    let mut backend = wdev.backend().unwrap();
+    let (g, nodes, outs) = loaded_block(&dev);
     let mut run = |fusion: bool| {
         backend.set_fusion(fusion);
-        backend.compute(&g, &nodes).unwrap();
-        backend.synchronize().unwrap();
-        let mut v = Vec::new();
-        for (o, n) in outs.into_iter().zip([D, 64, 64]) {
-            let d = g.data(o).unwrap();
-            let mut x = vec![0f32; n];
-            d.buffer
-                .get(d.offset, bytemuck::cast_slice_mut(&mut x))
-                .unwrap();
-            v.extend(x);
-        }
+        let v = run_block(&mut backend, &g, &nodes, outs);
         (v, backend.last_dispatch_count())
     };
     let (plain, plain_n) = run(false);
@@ -133,13 +156,45 @@ fn fused_block_matches_unfused_with_fewer_dispatches() {
     }
 }
 
+/// The per-dispatch profile: a profiled run gives the same values, and its table counts each
+/// of the fused block's 7 dispatches once per run under its variant's name, with GPU time.
+#[test]
+fn profiled_block_names_and_times_its_dispatches() {
+    let Some(dev) = common::device() else { return };
+    let wdev = wgpu_device(&dev);
+    let mut backend = wdev.backend().unwrap();
+    backend.set_fusion(true);
+    let (g, nodes, outs) = loaded_block(&dev);
+    let plain = run_block(&mut backend, &g, &nodes, outs);
+    assert!(backend.profile_table().is_empty());
+    backend.set_profile(true);
+    let profiled = run_block(&mut backend, &g, &nodes, outs);
+    let again = run_block(&mut backend, &g, &nodes, outs);
+    assert_eq!(plain, profiled);
+    assert_eq!(plain, again);
+    let table = backend.profile_table();
+    for (name, t, n) in &table {
+        println!("{name:<32} {:>10.1} us {n}", t.as_secs_f64() * 1e6);
+    }
+    if table.is_empty() {
+        println!(
+            "skipped: {} has no timestamp queries",
+            wdev.adapter_info().name
+        );
+        return;
+    }
+    assert_eq!(table.iter().map(|r| r.2).sum::<usize>(), 2 * 7);
+    assert!(
+        table.iter().any(|r| r.0 == "mat_vec_q_q4_K+w2+glu"),
+        "{table:?}"
+    );
+    assert!(table.iter().map(|r| r.1).sum::<std::time::Duration>() > std::time::Duration::ZERO);
+}
+
 #[test]
 fn fused_rope_kv_stores_match_unfused() {
     let Some(dev) = common::device() else { return };
-    let wdev = dev
-        .as_any()
-        .downcast_ref::<WgpuDevice>()
-        .expect("a wgpu device");
+    let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     let (hd, nkv, rows) = (64, 2, 16);
     let mut g = Graph::new();

@@ -5,7 +5,9 @@
 //! attention, and several products of one activation (Q, K and V of a prompt), which a backend
 //! may convert once for all of them, and a feed-forward block for one token (gate, up, swiglu
 //! and down: the swiglu result quantized by the kernel that makes it), and attention followed
-//! by the o projection (the attention result quantized by the attention kernels).
+//! by the o projection (the attention result quantized by the attention kernels), and a
+//! product with its residual add followed by the next rms_norm * w and product (the norm
+//! computed by the first product's kernel).
 
 use tessera_core::{DType, RopeMode, RopeParams};
 
@@ -20,6 +22,45 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     shared_activation(v);
     gate_up_down(v);
     attn_out_proj(v);
+    add_norm(v);
+}
+
+/// One token's product with quantized weights plus a residual, then rms_norm times a weight and
+/// the next quantized product (a Llama block's o or down projection, its residual add, and the
+/// next norm feeding Q/K/V or gate/up): a backend may compute the norm, quantized for the next
+/// product, in the first product's kernel. Includes a short vector (3 blocks of 32) and two
+/// tokens, which such a backend leaves unfused.
+fn add_norm(v: &mut Vec<Case>) {
+    // (type, k, m, next rows, tokens, product first in the add)
+    let shapes = [
+        (DType::Q4_1, 576, 576, 1536, 1, true),
+        (DType::Q4_1, 1536, 576, 576, 1, false),
+        (DType::Q8_0, 4096, 4096, 1024, 1, true),
+        (DType::Q4_K, 512, 1024, 256, 1, false),
+        (DType::Q4_0, 256, 96, 64, 1, true),
+        (DType::Q8_0, 576, 576, 64, 2, true),
+    ];
+    for (t, k, m, m2, n, first) in shapes {
+        let params = format!("type={t},k={k},m={m},m2={m2},tokens={n},first={first}");
+        v.push(Case::new(
+            "MUL_MAT_ADD_NORM",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, n])?;
+                let r = g.leaf(DType::F32, &[m, n])?;
+                let a = g.input(t, &[k, m], Init::Uniform(-0.1, 0.1))?;
+                let w = g.input(DType::F32, &[m], Init::Uniform(0.5, 1.5))?;
+                let b = g.input(t, &[m, m2], Init::Uniform(-0.1, 0.1))?;
+                let o = g.mul_mat(a, x)?;
+                let s = if first { g.add(o, r)? } else { g.add(r, o)? };
+                let h = g.rms_norm(s, 1e-5)?;
+                let h = g.mul(h, w)?;
+                g.mul_mat(b, h)
+            },
+        ));
+    }
 }
 
 /// Attention of a token (or two) over F16 caches, its heads' outputs (reshaped into one vector a

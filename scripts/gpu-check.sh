@@ -51,8 +51,17 @@ for b in cuda:0 wgpu:0; do
 done
 
 timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
+# The CUDA backend's own GPU benchmarks (GEMM f16/bf16 8192^3 and the quantized mat-vecs), when
+# their test executable is carried (BENCH=path: `cargo test --release -p tessera-cuda --test
+# bench --no-run` prints it).
+if [ -n "${BENCH:-}" ] && [ -x "$BENCH" ]; then
+  timeout 200 "$BENCH" --ignored --nocapture --test-threads=1 gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
+fi
 
 echo; echo "== perf (mul_mat m=4096 k=14336) =="; grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
 echo; cat "$OUT/torch.md"
+if [ -f "$OUT/cuda-bench.log" ]; then
+  echo; echo "== tessera CUDA benchmarks (same call) =="; grep -E 'gemm |rotated|fused|K\+V' "$OUT/cuda-bench.log"
+fi
 echo; echo "| check | result |"; echo "|---|---|"
 printf '%s\n' "${summary[@]}"

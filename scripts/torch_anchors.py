@@ -32,11 +32,13 @@ for m, k in [(14336, 4096), (4096, 14336)]:
     t = bench(gemv)
     rows.append((f"f16 GEMV {m}x{k}, 8 matrices rotated", f"{m * k * 2 / t / 1e9:,.0f} GB/s ({t * 1e6:.1f} µs)"))
     del w
-for dt, name in [(torch.float16, "f16"), (torch.float32, "f32 (no TF32)")]:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    x = torch.randn(4096, 4096, dtype=dt, device=dev); y = torch.randn(4096, 4096, dtype=dt, device=dev)
+torch.backends.cuda.matmul.allow_tf32 = False
+for n, dt, name in [(4096, torch.float16, "f16"), (4096, torch.float32, "f32 (no TF32)"),
+                    (8192, torch.float16, "f16"), (8192, torch.bfloat16, "bf16")]:
+    x = torch.randn(n, n, dtype=dt, device=dev); y = torch.randn(n, n, dtype=dt, device=dev)
     t = bench(lambda: x @ y, 20)
-    rows.append((f"GEMM 4096^3 {name}", f"{2 * 4096 ** 3 / t / 1e12:.1f} TFLOP/s"))
+    rows.append((f"GEMM {n}^3 {name}", f"{2 * n ** 3 / t / 1e12:.1f} TFLOP/s"))
+    del x, y
 print("| PyTorch anchor (same run) | figure |")
 print("|---|---|")
 for r in rows:

@@ -217,11 +217,6 @@ impl GraphCache {
         &self.last_names
     }
 
-    fn set_last(&mut self, cmds: &[Cmd]) {
-        self.last_names.clear();
-        self.last_names.extend(cmds.iter().map(Cmd::name));
-    }
-
     /// Whether commands are being profiled.
     pub(crate) fn profiling(&self) -> bool {
         self.profile.is_some()
@@ -302,8 +297,7 @@ impl GraphCache {
             .map_err(|e| dev.err("launching a CUDA graph", e))?;
         self.clock += 1;
         slot.used = self.clock;
-        self.last_names.clear();
-        self.last_names.extend(slot.last.iter().map(Cmd::name));
+        fill_names(&mut self.last_names, &slot.last);
         self.mode = GraphMode::Replayed;
         Ok(true)
     }
@@ -318,7 +312,7 @@ impl GraphCache {
         cmds: Vec<Cmd>,
         key: Option<ListKey>,
     ) -> Result<()> {
-        self.set_last(&cmds);
+        fill_names(&mut self.last_names, &cmds);
         if let Some(prof) = &mut self.profile {
             self.mode = GraphMode::Captured;
             return profiled(dev, stream, blas, &cmds, prof);
@@ -438,6 +432,12 @@ impl Drop for Events {
             }
         }
     }
+}
+
+/// Sets `names` to the names of `cmds` (reusing its memory).
+fn fill_names(names: &mut Vec<&'static str>, cmds: &[Cmd]) {
+    names.clear();
+    names.extend(cmds.iter().map(Cmd::name));
 }
 
 /// Runs the commands as one captured graph with an event recorded before the first and after

@@ -24,7 +24,7 @@ struct Dispatch {
     /// Offset of its parameter block.
     offset: u32,
     groups: [u32; 3],
-    /// Its variant's short name, for profiles.
+    /// Its variant's short name, for profiles (empty in a recording made while not profiling).
     name: String,
 }
 
@@ -156,23 +156,20 @@ impl WgpuBackend {
 
     /// Decides the launches of `nodes` and resolves their pipelines, bind groups and
     /// parameters into a [`Recording`] (`None`: nothing to run).
+    /// `uses`: how many read each tensor ([`Graph::reader_counts`]; empty without fusion).
     fn record(
         &mut self,
         graph: &Graph,
         nodes: &[TensorId],
+        uses: &[u32],
         key: Vec<u64>,
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
-        let uses = if self.fusion {
-            graph.reader_counts()
-        } else {
-            Vec::new()
-        };
         let fuser = Fuser {
             gpu: &self.gpu,
             graph,
             nodes,
-            uses: &uses,
+            uses,
         };
         let mut i = 0;
         while i < nodes.len() {
@@ -223,7 +220,11 @@ impl WgpuBackend {
                 group,
                 offset: (i as u64 * stride) as u32,
                 groups: l.groups,
-                name: profile::variant_name(&l.variant),
+                name: if self.profiling {
+                    profile::variant_name(&l.variant)
+                } else {
+                    String::new()
+                },
             });
         }
         buffers.sort_unstable();
@@ -273,18 +274,23 @@ impl Backend for WgpuBackend {
         self.gpu.check()?;
         let mut key = Vec::with_capacity(nodes.len() * 48);
         ops::fingerprint(graph, nodes, &mut key);
-        // Fusion also depends on how many read each node (other nodes of the graph, outputs).
+        // Fusion also depends on how many read each node (other nodes of the graph, outputs);
+        // a profiled recording also names its dispatches.
         key.push(u64::from(self.fusion));
-        if self.fusion {
+        let uses = if self.fusion {
             let uses = graph.reader_counts();
             key.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
-        }
+            uses
+        } else {
+            Vec::new()
+        };
+        key.push(u64::from(self.profiling));
         let hash = key.iter().fold(0u64, |h, &x| {
             (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
         });
         let rec = match self.gpu.recording(hash, &key) {
             Some(rec) => rec,
-            None => match self.record(graph, nodes, key)? {
+            None => match self.record(graph, nodes, &uses, key)? {
                 Some(rec) => {
                     let rec = Arc::new(rec);
                     self.gpu.keep_recording(hash, rec.clone());

@@ -21,7 +21,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, TensorId};
 
-use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, mmvq_mode, quantize_q8};
+use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
 use super::rope::rope_params;
 use super::{params, Encoder, COUNTER_BYTES};
 
@@ -173,18 +173,15 @@ fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Resul
     if tx.dtype != DType::F32 || !tx.ne[0].is_multiple_of(32) || !tx.is_contiguous() {
         return Ok(false);
     }
-    for &n in nodes.iter().skip(j).take(8) {
-        let t = g.get(n);
-        if matches!(t.op, Op::None) || t.op.is_view() {
-            continue;
-        }
-        if t.op != Op::MulMat || t.src[1] != x {
-            return Ok(false);
-        }
-        let w = g.get(t.src[0]);
-        return Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?));
+    let Some((_, n)) = next_running(g, nodes, j) else {
+        return Ok(false);
+    };
+    let t = g.get(n);
+    if t.op != Op::MulMat || t.src[1] != x {
+        return Ok(false);
     }
-    Ok(false)
+    let w = g.get(t.src[0]);
+    Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?))
 }
 
 fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
@@ -234,8 +231,7 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let m = wg.ne[1] as u64;
-    p.i[3] = mmvq_mode();
-    let (blocks, threads) = mmvq_launch(wg.dtype, m, wg.ne[0] as u64);
+    let (blocks, threads) = mmvq_launch(&mut p, wg.dtype, m, wg.ne[0] as u64);
     // The result quantized too, for the down projection that reads it next (its quantize
     // kernel is then skipped); the kernel counts finished rows per 32-row block with the
     // backend's block counters.
@@ -371,8 +367,7 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[j] = r as i32;
         rows += r;
     }
-    p.i[3] = mmvq_mode();
-    let (blocks, threads) = mmvq_launch(qt, rows as u64, tx.ne[0] as u64);
+    let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_multi_{}", qt.name()),

@@ -14,7 +14,7 @@ use tessera_core::{Result, Tensor, TensorId};
 
 use super::copy::{dequantizable, to_contiguous};
 use super::{params, Encoder};
-use crate::cmd::{Cmd, GemmCmd, GemmType, TArg};
+use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 
 /// Most bytes of dequantized weights held at once.
 const DEQUANT_SLICE: usize = 64 << 20;
@@ -138,7 +138,7 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
 /// shared-memory engine for every type (rows of at least KS tiles), 0 (unset) each type's
 /// faster one on the H200: direct for the 32-value types, staged for the k-quants
 /// (BENCHMARKS.md, "CUDA kernels").
-pub(super) fn mmvq_mode() -> i32 {
+fn mmvq_mode() -> i32 {
     static MODE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("TESSERA_CUDA_MMVQ").as_deref() {
         Ok("direct") => 1,
@@ -147,34 +147,17 @@ pub(super) fn mmvq_mode() -> i32 {
     })
 }
 
-/// Rows per block of the mat-vec kernels of type `qt` with rows of `k` values, as mmvq.cu's
-/// `Geom` decides: ROWS (2 for Q8_0, 4 for the others) where the staged engine runs (see
-/// [`mmvq_mode`]; only for rows of at least as many tiles of 32 tasks as the warps that share a
-/// row group, KS: 4 for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K; a task is 32, 64
-/// or 128 values), else 4 (one row per warp, direct loads).
-fn mmvq_rows(qt: DType, k: u64) -> u64 {
-    let (task, ks) = match qt {
-        DType::Q4_K | DType::Q5_K => (64, 2),
-        DType::Q6_K => (128, 1),
-        _ => (32, 4),
-    };
-    let staged = match mmvq_mode() {
-        1 => false,
-        2 => true,
-        _ => task > 32,
-    };
-    if staged && (k / task).div_ceil(32) >= ks && qt == DType::Q8_0 {
-        2
-    } else {
-        4
-    }
-}
-
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
-/// `k` values of type `qt`: the layout mmvq.cu's kernels expect, 128 threads (4 warps) per block
-/// of [`mmvq_rows`] rows.
-pub(super) fn mmvq_launch(qt: DType, rows: u64, k: u64) -> (u32, u32) {
-    (rows.div_ceil(mmvq_rows(qt, k)) as u32, 128)
+/// `k` values of type `qt`, with the geometry set in `p.i[3]` ([`mmvq_mode`]): 128 threads (4
+/// warps) per block of 4 rows, as mmvq.cu's `Geom` decides for every geometry but one: Q8_0 on
+/// the staged engine (only when asked for, a 32-value type, and only for rows of at least 4
+/// tiles of 32 tasks) has 2 rows a block.
+pub(super) fn mmvq_launch(p: &mut KParams, qt: DType, rows: u64, k: u64) -> (u32, u32) {
+    let mode = mmvq_mode();
+    p.i[3] = mode;
+    let staged_q8_0 = qt == DType::Q8_0 && mode == 2 && (k / 32).div_ceil(32) >= 4;
+    let per_block = if staged_q8_0 { 2 } else { 4 };
+    (rows.div_ceil(per_block) as u32, 128)
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
@@ -196,8 +179,7 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    p.i[3] = mmvq_mode();
-    let (blocks, threads) = mmvq_launch(qt, a.ne[1] as u64, a.ne[0] as u64);
+    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),

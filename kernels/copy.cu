@@ -4,7 +4,7 @@
 // (elements are matched by coordinates), 0 otherwise (elements are matched by their index in
 // row-major order). Kernels:
 // - cpy_<src>_<dst>: between f32, f16 and bf16;
-// - cpy_flat_f32_f16: f32 into f16, both contiguous and 16-byte aligned, an element count that
+// - cpy_flat_f32_f16, cpy_flat_f32_bf16: f32 into f16 or bf16, both contiguous and 16-byte aligned, an element count that
 //   is a multiple of 4: four elements a thread;
 // - cpy_raw<bytes>: same-type copies of 1, 2, 4 or 8-byte elements (a quantized row is copied as
 //   bytes: the caller describes it with element size 1);
@@ -139,12 +139,22 @@ DEQUANTIZE(q4_K, Q4_K)
 DEQUANTIZE(q5_K, Q5_K)
 DEQUANTIZE(q6_K, Q6_K)
 
-KERNEL cpy_flat_f32_f16(const KParams p) {
+// f32 into a 16-bit float type D, four elements a thread (cpy_flat_f32_<d>).
+template <typename D>
+__device__ __forceinline__ void cpy_flat(const KParams& p) {
     const float4* s = (const float4*)p.t[1].ptr;
     uint2* d = (uint2*)p.t[0].ptr;
     const i64 n4 = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3] / 4;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
         const float4 v = s[i];
-        d[i] = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+        u16 h[4];
+        D::store((char*)&h[0], v.x);
+        D::store((char*)&h[1], v.y);
+        D::store((char*)&h[2], v.z);
+        D::store((char*)&h[3], v.w);
+        d[i] = make_uint2((u32)h[0] | ((u32)h[1] << 16), (u32)h[2] | ((u32)h[3] << 16));
     }
 }
+
+KERNEL cpy_flat_f32_f16(const KParams p) { cpy_flat<F16>(p); }
+KERNEL cpy_flat_f32_bf16(const KParams p) { cpy_flat<BF16>(p); }

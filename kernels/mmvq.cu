@@ -8,7 +8,7 @@
 //
 // The mat-vec kernels below take one of two geometries (`Geom`; mmvq_launch in
 // backend-cuda/src/ops/matmul.rs mirrors the choice). A row of weights is cut into tasks of TV
-// values (32; 64 for Q4_K/Q5_K; 128 for Q6_K), one task per lane at a time; each lane takes its
+// values (32; 64 for the k-quants), one task per lane at a time; each lane takes its
 // task's integer dot products (dp4a) with every column.
 // - Direct (`direct_rows`; the 32-value types): one row per warp, 4 rows per block of 128
 //   threads; lane l takes tasks l, l + 32, ... with the weights loaded straight from global
@@ -20,7 +20,7 @@
 //   `Mmvq<Q>::SL` tile slots per warp bound the shared memory (at most 28 KiB a block). ROWS(Q)
 //   rows per block: 2 for Q8_0, 4 for the others, in groups of rows whose tiles KS(Q) warps
 //   share (tile j to the group's warp j % KS, partial sums added through shared memory): KS = 4
-//   (one group) for the 32-value types, 2 for Q4_K and Q5_K, 1 for Q6_K.
+//   (one group) for the 32-value types, 2 for the k-quants.
 // Each is the faster one for its types on the H200 (BENCHMARKS.md); TESSERA_CUDA_MMVQ=direct or
 // staged forces one (i[3] = 1 or 2) for measuring.
 //
@@ -252,48 +252,51 @@ template <int Q> struct MmvqK45 {
 template <> struct Mmvq<Q4_K> : MmvqK45<Q4_K> {};
 template <> struct Mmvq<Q5_K> : MmvqK45<Q5_K> {};
 
-// Q6_K: task n of a block is its half n: 128 values, sub-blocks 4 n .. 4 n + 3.
+// Q6_K: task j of a block is its values 64 j .. 64 j + 63: of half n = j / 2 (128 values, value
+// l of group m at 32 m + l), the groups m = 2 (j % 2) and m + 1. Their low nibbles are nibble
+// j % 2 of the half's 64 ql bytes (group m's at byte 32 (m % 2) + l), their high bits bits 2 m of
+// the half's 32 qh bytes, their four scales one word of the scales. (Each ql byte is read by two
+// tasks: from the staged tile in shared memory, or L1.)
 template <> struct Mmvq<Q6_K> {
-    static const int TV = 128;
-    static const int SL = 2;
-    static const int ROWS = 4, KS = 1;
+    static const int TV = 64;
+    static const int SL = 4;
+    static const int ROWS = 4, KS = 2;
     struct W {
-        int q[4][8];
-        int sc[8];
+        int q[2][8];
+        int sc[4];
         float d;
     };
-    static __device__ __forceinline__ void load(const u8* b, int n, W& w) {
+    static __device__ __forceinline__ void load(const u8* b, int j, W& w) {
+        const int n = j / 2, mh = j % 2;
         w.d = ldh(b + 208);
-        int sc[2], h[8], ql[16];
-        ld_words<2>(b + 192 + 8 * n, sc);
+        int sc[1], h[8], ql[16];
+        ld_words<1>(b + 192 + 8 * n + 4 * mh, sc);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w.sc[i] = (int)(i8)(sc[i / 4] >> (8 * (i % 4)));
+        for (int i = 0; i < 4; i++) w.sc[i] = (int)(i8)(sc[0] >> (8 * i));
         ld_words<8>(b + 128 + 32 * n, h);
         ld_words<16>(b + 64 * n, ql);
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int l = ql[i];
-            const int m0 = i / 8;  // m % 2 for this ql int
+        for (int mm = 0; mm < 2; mm++) {
+            const int m = 2 * mh + mm;
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int m = m0 + 2 * half;
-                const int lowb = (l >> (4 * half)) & 0x0F0F0F0F;
-                const int highb = ((h[i % 8] >> (2 * m)) & 0x03030303) << 4;
-                w.q[m][i % 8] = __vsub4(lowb | highb, 0x20202020);
+            for (int i = 0; i < 8; i++) {
+                const int lowb = (ql[8 * mm + i] >> (4 * mh)) & 0x0F0F0F0F;
+                const int highb = ((h[i] >> (2 * m)) & 0x03030303) << 4;
+                w.q[mm][i] = __vsub4(lowb | highb, 0x20202020);
             }
         }
     }
     static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
         float r = 0.0f;
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
+        for (int mm = 0; mm < 2; mm++) {
             int sa = 0, sb = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                sa = __dp4a(w.q[m][i], y[8 * m + i], sa);
-                sb = __dp4a(w.q[m][4 + i], y[8 * m + 4 + i], sb);
+                sa = __dp4a(w.q[mm][i], y[8 * mm + i], sa);
+                sb = __dp4a(w.q[mm][4 + i], y[8 * mm + 4 + i], sb);
             }
-            r += ds[m].x * (float)(w.sc[2 * m] * sa + w.sc[2 * m + 1] * sb);
+            r += ds[mm].x * (float)(w.sc[2 * mm] * sa + w.sc[2 * mm + 1] * sb);
         }
         return w.d * r;
     }

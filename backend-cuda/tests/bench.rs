@@ -156,6 +156,7 @@ fn gemm_throughput() {
     for (dt, bt, n) in [
         (DType::F16, DType::F16, 4096usize),
         (DType::F16, DType::F16, 8192),
+        (DType::BF16, DType::BF16, 8192),
         (DType::BF16, DType::F32, 8192),
         (DType::F32, DType::F32, 4096),
     ] {

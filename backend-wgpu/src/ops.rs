@@ -83,8 +83,10 @@ pub(crate) struct Launch {
 
 /// Invocations per workgroup of the element-wise families.
 const EW_WG: u32 = 256;
-/// Invocations per workgroup of the row families (one workgroup per row).
-const ROW_WG: u32 = 64;
+/// Invocations per workgroup of the row families (one workgroup per row): enough that a
+/// 4,096-value row takes 16 loads an invocation (with 64, the 8B decode's rms_norm was bound by
+/// the latency of 64 dependent steps: 35 µs on the H200).
+const ROW_WG: u32 = 256;
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
@@ -423,9 +425,9 @@ pub(crate) fn plan(
         }
         Op::MulMat => {
             let (a, b) = (srcs[0], srcs[1]);
-            if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype))
-                || !matches!(b.dtype, DType::F32 | DType::F16)
-            {
+            let float_b = matches!(b.dtype, DType::F32 | DType::F16)
+                || (b.dtype == DType::BF16 && FLOATS.contains(&a.dtype));
+            if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype)) || !float_b {
                 return Err(format!("types {} x {}", a.dtype, b.dtype));
             }
             p.u[1] = (b.ne[2] / a.ne[2]) as u32;
@@ -998,7 +1000,8 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
 /// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
 /// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
-/// adapter's workgroup memory.
+/// adapter's workgroup memory. `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat
+/// instead ([`mm_setting`]), where its tiles fit.
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc).
@@ -1007,7 +1010,29 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, 
     } else {
         wg_mem
     };
-    mat_mat_tile_for(wg_mem, ne, h16)
+    match mm_setting() {
+        Some((bm, bn, bk)) if (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem => (bm, bn, bk),
+        _ => mat_mat_tile_for(wg_mem, ne, h16),
+    }
+}
+
+/// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
+/// (BM >= BN), BK one of [`MM_BK_H16`]; `None` when unset or invalid (with a warning).
+fn mm_setting() -> Option<(u32, u32, u32)> {
+    static SETTING: std::sync::OnceLock<Option<(u32, u32, u32)>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        let v = std::env::var("TESSERA_WGPU_MM").ok()?;
+        let parts: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match parts[..] {
+            [bm, bn, bk] if MM_TILES.contains(&(bm, bn)) && MM_BK_H16.contains(&bk) => {
+                Some((bm, bn, bk))
+            }
+            _ => {
+                log::warn!("wgpu: TESSERA_WGPU_MM={v} is not BM,BN,BK with (BM, BN) one of {MM_TILES:?} and BK one of {MM_BK_H16:?}; using the defaults");
+                None
+            }
+        }
+    })
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.

@@ -610,8 +610,8 @@ impl Graph {
 
     // ---- matrix products ----
 
-    /// `a` [k, m, d2, d3] (any type, rows contiguous) times `b` [k, n, e2, e3] (F32 or F16, e2 and e3
-    /// multiples of d2 and d3): F32 [m, n, e2, e3].
+    /// `a` [k, m, d2, d3] (any type, rows contiguous) times `b` [k, n, e2, e3] (F32 or F16, or BF16
+    /// when `a` is a float type; e2 and e3 multiples of d2 and d3): F32 [m, n, e2, e3].
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.check_id(a, "MUL_MAT")?;
         self.check_id(b, "MUL_MAT")?;
@@ -630,11 +630,15 @@ impl Graph {
                 format!("batch dims of {:?} are not multiples of {:?}", tb.ne, ta.ne),
             ));
         }
-        if !matches!(tb.dtype, DType::F32 | DType::F16) {
+        let float_a = matches!(ta.dtype, DType::F32 | DType::F16 | DType::BF16);
+        if !(matches!(tb.dtype, DType::F32 | DType::F16) || (float_a && tb.dtype == DType::BF16)) {
             return Err(self.err(
                 b,
                 "MUL_MAT",
-                format!("src1 must be f32 or f16, not {}", tb.dtype),
+                format!(
+                    "src1 must be f32 or f16 (or bf16 with float weights), not {} (src0 {})",
+                    tb.dtype, ta.dtype
+                ),
             ));
         }
         if matches!(

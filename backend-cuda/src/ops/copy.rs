@@ -151,8 +151,8 @@ pub(super) fn to_contiguous(enc: &mut Encoder, src: TArg, from: DType, to: DType
     }
     let mut p = params(d, &[src]);
     p.i[0] = 1;
-    if from == DType::F32 && to == DType::F16 && flat4(&src, 4) {
-        enc.launch_flat("copy", "cpy_flat_f32_f16", n / 4, p)?;
+    if from == DType::F32 && matches!(to, DType::F16 | DType::BF16) && flat4(&src, 4) {
+        enc.launch_flat("copy", &format!("cpy_flat_f32_{}", to.name()), n / 4, p)?;
     } else {
         enc.launch_elems(
             "copy",

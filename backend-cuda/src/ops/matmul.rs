@@ -1,11 +1,11 @@
 //! mul_mat: `dst[m, n] = sum_k src0[k, m] src1[k, n]`, batched over dims 2-3 with src0
 //! broadcast (kernels/matmul.cu, mmvq.cu).
 //!
-//! - F32, F16 and BF16 weights go to cuBLAS (src1 converted to the weight type where it differs
+//! - F32, F16 and BF16 weights (src1 F32, F16 or BF16) go to cuBLAS (src1 converted to the weight type where it differs
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
 //! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
-//!   weight byte once (src1 quantized to 8-bit blocks first).
+//!   weight byte once (src1, F32 or F16, quantized to 8-bit blocks first).
 //! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
 //!   scratch memory stays bounded) and multiplied by cuBLAS.
 
@@ -40,7 +40,7 @@ pub(super) fn supported(a: &Tensor, b: &Tensor) -> bool {
     (plain || dequantizable(a.dtype))
         && a.rows_contiguous()
         && a.nb[1] >= a.row_bytes()
-        && matches!(b.dtype, DType::F32 | DType::F16)
+        && (matches!(b.dtype, DType::F32 | DType::F16) || (plain && b.dtype == DType::BF16))
         && a.ne[0] <= i32::MAX as usize
 }
 

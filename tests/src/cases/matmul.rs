@@ -94,6 +94,12 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F16, 16, n, 256).case());
         }
     }
+    // BF16 activations with float weights (a BF16 x BF16 product is one cuBLAS call).
+    for t in FLOATS {
+        for n in [1, 8, 67] {
+            v.push(MulMat::new(t, DType::BF16, 16, n, 256).case());
+        }
+    }
     for t in [
         DType::F32,
         DType::F16,

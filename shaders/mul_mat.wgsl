@@ -808,11 +808,12 @@ fn mat_vec_q(
 // activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
 // f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
 // COOP (with H16; adapters with cooperative matrices of 16 x 16 x 16 f16 products and f32 sums,
-// and subgroups of 32): the tiles are plain f16 arrays in the same k-major order, and each of
-// the 8 subgroups computes a (BM / 4) x (BN / 2) part of the tile as FM x FN 16 x 16 matrices:
-// A fragments read column-major from ta (m contiguous), B fragments row-major from tb (n
-// contiguous), sums in f32. The results go through workgroup memory (tc, one 16 x 16 block a
-// subgroup at a time) to dst, so that partial tiles are written with bounds checks.
+// and subgroups of 32; tiles of 128 x 64 only): the tiles are plain f16 arrays in the same
+// k-major order, and each of the 8 subgroups computes a 32 x 32 part of the tile as four 16 x 16
+// matrices held in named variables (c00 .. c11: no arrays of matrices, which a driver may keep
+// in local memory): A fragments read column-major from ta (m contiguous), B fragments row-major
+// from tb (n contiguous), sums in f32. The results go through workgroup memory (tc, one 16 x 16
+// block a subgroup at a time) to dst, so that partial tiles are written with bounds checks.
 
 #if H16
 alias TE = f16;
@@ -963,9 +964,6 @@ fn yquad1(yb: u32, k: u32) -> vec4<f32> {
 var<workgroup> ta: array<f16, BM * BK>;
 var<workgroup> tb: array<f16, BN * BK>;
 var<workgroup> tc: array<f32, 8u * 256u>;
-// 16 x 16 matrices a subgroup computes along m and n.
-const FM: u32 = BM / 64u;
-const FN: u32 = BN / 32u;
 #else
 var<workgroup> ta: array<TV, BM * BK / 4u>;
 var<workgroup> tb: array<TV, BN * BK / 4u>;
@@ -1006,11 +1004,14 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         }
     }
 #if COOP
-    // This subgroup's part of the tile: rows sm .. sm + 16 FM, columns sn .. sn + 16 FN.
+    // This subgroup's part of the tile: rows sm .. sm + 32, columns sn .. sn + 32.
     let sg = li / 32u;
-    let sm = (sg % 4u) * (BM / 4u);
-    let sn = (sg / 4u) * (BN / 2u);
-    var cm: array<coop_mat16x16<f32, C>, FM * FN>;
+    let sm = (sg % 4u) * 32u;
+    let sn = (sg / 4u) * 32u;
+    var c00: coop_mat16x16<f32, C>;
+    var c01: coop_mat16x16<f32, C>;
+    var c10: coop_mat16x16<f32, C>;
+    var c11: coop_mat16x16<f32, C>;
 #else
     var acc: array<vec4<f32>, 4u * VM * VN>;
 #endif
@@ -1062,16 +1063,14 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         }
 #if COOP
         for (var k = 0u; k < BK; k += 16u) {
-            var am: array<coop_mat16x16<f16, A>, FM>;
-            for (var i = 0u; i < FM; i++) {
-                am[i] = coopLoad<coop_mat16x16<f16, A>>(&ta[k * BM + sm + 16u * i], BM);
-            }
-            for (var j = 0u; j < FN; j++) {
-                let bm = coopLoadT<coop_mat16x16<f16, B>>(&tb[k * BN + sn + 16u * j], BN);
-                for (var i = 0u; i < FM; i++) {
-                    cm[FN * i + j] = coopMultiplyAdd(am[i], bm, cm[FN * i + j]);
-                }
-            }
+            let a0 = coopLoad<coop_mat16x16<f16, A>>(&ta[k * BM + sm], BM);
+            let a1 = coopLoad<coop_mat16x16<f16, A>>(&ta[k * BM + sm + 16u], BM);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tb[k * BN + sn], BN);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tb[k * BN + sn + 16u], BN);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
         }
 #else
         for (var kh = 0u; kh < BK; kh += HK) {
@@ -1111,12 +1110,17 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
 #if COOP
     // Each 16 x 16 result through tc (column-major: m contiguous), then to dst by the
     // subgroup's 32 invocations, 8 values each.
-    for (var f = 0u; f < FM * FN; f++) {
-        coopStore(cm[f], &tc[256u * sg], 16u);
+    for (var f = 0u; f < 4u; f++) {
+        switch f {
+            case 0u: { coopStore(c00, &tc[256u * sg], 16u); }
+            case 1u: { coopStore(c01, &tc[256u * sg], 16u); }
+            case 2u: { coopStore(c10, &tc[256u * sg], 16u); }
+            default: { coopStore(c11, &tc[256u * sg], 16u); }
+        }
         workgroupBarrier();
         for (var e = li % 32u; e < 256u; e += 32u) {
-            let m = m0 + sm + 16u * (f / FN) + e % 16u;
-            let n = n0 + sn + 16u * (f % FN) + e / 16u;
+            let m = m0 + sm + 16u * (f / 2u) + e % 16u;
+            let n = n0 + sn + 16u * (f % 2u) + e / 16u;
             if m < mm && n < nn {
                 st(P.off.x + at(vec4<u32>(m, n, i2, i3), P.d.nb), tc[256u * sg + e]);
             }

@@ -101,6 +101,8 @@ const MM_BK: [u32; 2] = [16, 32];
 /// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mul_mat.wgsl: 8
 /// subgroups x 16 x 16 f32).
 const MM_COOP_TC: u32 = 8 * 256 * 4;
+/// The cooperative-matrix mat-mat's tile (BM, BN): 8 subgroups of 32 x 32.
+const MM_COOP_TILE: (u32, u32) = (128, 64);
 /// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
@@ -444,7 +446,7 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let coop = h16 && gpu.coop;
+            let coop = h16 && gpu.coop && t.ne[0] >= MM_COOP_TILE.0 as usize;
             let tile = mat_mat_tile(gpu, t.ne, h16, coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
@@ -1000,8 +1002,9 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
 /// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
 /// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
-/// adapter's workgroup memory. `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat
-/// instead ([`mm_setting`]), where its tiles fit.
+/// adapter's workgroup memory; with `coop` (cooperative matrices) always [`MM_COOP_TILE`].
+/// `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead ([`mm_setting`]), where
+/// its tiles fit (and, with `coop`, it is MM_COOP_TILE).
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc).
@@ -1010,8 +1013,20 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, 
     } else {
         wg_mem
     };
+    let fits = |(bm, bn): (u32, u32), bk: u32| (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem;
     match mm_setting() {
-        Some((bm, bn, bk)) if (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem => (bm, bn, bk),
+        Some((bm, bn, bk)) if fits((bm, bn), bk) && (!coop || (bm, bn) == MM_COOP_TILE) => {
+            (bm, bn, bk)
+        }
+        _ if coop => {
+            let bk = MM_BK_H16
+                .iter()
+                .rev()
+                .copied()
+                .find(|&bk| fits(MM_COOP_TILE, bk))
+                .unwrap_or(MM_BK_H16[0]);
+            (MM_COOP_TILE.0, MM_COOP_TILE.1, bk)
+        }
         _ => mat_mat_tile_for(wg_mem, ne, h16),
     }
 }
@@ -1229,6 +1244,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                         }
                         let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
                         for (bm, bn) in MM_TILES {
+                            if coop && (bm, bn) != MM_COOP_TILE {
+                                continue;
+                            }
                             for &bk in depths {
                                 for aligned in [false, true] {
                                     if aligned

@@ -209,32 +209,68 @@ template <> struct Mmvq<Q8_0> {
     }
 };
 
+// out[0..N) = the N words at p (N a multiple of 4, p 16-byte aligned), as 16-byte loads (a
+// quarter of the instructions of 4-byte ones, and in shared memory no bank conflicts where lanes
+// read 32 bytes 144 or 176 bytes apart, which 4-byte loads have 4 ways).
+template <int N> __device__ __forceinline__ void ld16(const u8* p, int* out) {
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        const int4 v = *(const int4*)(p + 16 * i);
+        out[4 * i] = v.x;
+        out[4 * i + 1] = v.y;
+        out[4 * i + 2] = v.z;
+        out[4 * i + 3] = v.w;
+    }
+}
+
+// The 6-bit scales (sc) and mins (m) of sub-blocks 2 k and 2 k + 1 of a Q4_K/Q5_K block, in bytes
+// 0 and 1 of each (higher bits zero), from the block's 12-byte scales field as three words s:
+// sub-block j < 4 has its scale in the low 6 bits of byte j of s[0] and its min in those of
+// s[1]; sub-block j >= 4 its scale in the low nibble of byte j - 4 of s[2] with the top two bits
+// of byte j - 4 of s[0] above it, its min in the high nibble with the top two bits of s[1]'s
+// byte. Both bytes at once, word-wide, without branches.
+__device__ __forceinline__ void k45_scales(int k, const int* s, u32& sc, u32& m) {
+    const int sh = 16 * (k & 1);
+    const u32 a = (u32)s[0] >> sh, b = (u32)s[1] >> sh, c = (u32)s[2] >> sh;
+    const bool high = k >= 2;
+    sc = high ? (c & 0x0F0Fu) | ((a >> 2) & 0x3030u) : a & 0x3F3Fu;
+    m = high ? ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u) : b & 0x3F3Fu;
+}
+
 // Q4_K / Q5_K: task sub of a block is its sub-blocks 2 sub and 2 sub + 1 (the low and high
-// nibbles of the same 32 qs bytes).
+// nibbles of the same 32 qs bytes). d and dmin are read as one word, the scales field as three
+// (k45_scales), the qs (and Q5_K's 32 qh bytes) as 16-byte loads: the rows are 16-byte aligned
+// (mmvq_align in matmul.rs), so every block is (144 and 176 bytes are multiples of 16). Q5_K
+// keeps only the task's two qh bits of each byte, packed four words to one register.
 template <int Q> struct MmvqK45 {
     static const int TV = 64;
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
     struct W {
-        int lo[8], hi[8];
+        int q[8];   // the 32 qs bytes
+        int h[2];   // Q5_K: bits 2 i, 2 i + 1 of byte b of h[p]: the sub-blocks' qh bits of byte b
+                    // of qh word 4 p + i
         float d, dmin;
-        int sc0, m0, sc1, m1;
+        u32 sc, m;  // scales and mins of the two sub-blocks (k45_scales)
     };
     static __device__ __forceinline__ void load(const u8* b, int k, W& w) {
-        w.d = ldh(b);
-        w.dmin = ldh(b + 2);
-        scale_min_k4(2 * k, b + 4, w.sc0, w.m0);
-        scale_min_k4(2 * k + 1, b + 4, w.sc1, w.m1);
-        const u8* qs = b + (Q == Q4_K ? 16 : 48) + 32 * k;
+        const u32 dm = (u32)ld4(b);
+        w.d = h2f((u16)dm);
+        w.dmin = h2f((u16)(dm >> 16));
+        int s[3];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int v = ld4(qs + 4 * i);
-            w.lo[i] = v & 0x0F0F0F0F;
-            w.hi[i] = (v >> 4) & 0x0F0F0F0F;
-            if (Q == Q5_K) {
-                const u32 h = (u32)ld4(b + 16 + 4 * i);
-                w.lo[i] |= (int)(((h >> (2 * k)) & 0x01010101u) << 4);
-                w.hi[i] |= (int)(((h >> (2 * k + 1)) & 0x01010101u) << 4);
+        for (int i = 0; i < 3; i++) s[i] = ld4(b + 4 + 4 * i);
+        k45_scales(k, s, w.sc, w.m);
+        ld16<8>(b + (Q == Q4_K ? 16 : 48) + 32 * k, w.q);
+        if (Q == Q5_K) {
+            int h[8];
+            ld16<8>(b + 16, h);
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                u32 v = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) v |= (((u32)h[4 * p + i] >> (2 * k)) & 0x03030303u) << (2 * i);
+                w.h[p] = (int)v;
             }
         }
     }
@@ -242,11 +278,19 @@ template <int Q> struct MmvqK45 {
         int s0 = 0, s1 = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            s0 = __dp4a(w.lo[i], y[i], s0);
-            s1 = __dp4a(w.hi[i], y[8 + i], s1);
+            int lo = w.q[i] & 0x0F0F0F0F, hi = (w.q[i] >> 4) & 0x0F0F0F0F;
+            if (Q == Q5_K) {
+                const u32 hb = (u32)w.h[i / 4] >> (2 * (i % 4));
+                lo |= (int)((hb & 0x01010101u) << 4);
+                hi |= (int)((hb & 0x02020202u) << 3);
+            }
+            s0 = __dp4a(lo, y[i], s0);
+            s1 = __dp4a(hi, y[8 + i], s1);
         }
-        return w.d * ((float)w.sc0 * ds[0].x * (float)s0 + (float)w.sc1 * ds[1].x * (float)s1)
-             - w.dmin * ((float)w.m0 * ds[0].y + (float)w.m1 * ds[1].y);
+        const int sc0 = (int)(w.sc & 0xFF), sc1 = (int)(w.sc >> 8);
+        const int m0 = (int)(w.m & 0xFF), m1 = (int)(w.m >> 8);
+        return w.d * (ds[0].x * (float)(sc0 * s0) + ds[1].x * (float)(sc1 * s1))
+             - w.dmin * ((float)m0 * ds[0].y + (float)m1 * ds[1].y);
     }
 };
 template <> struct Mmvq<Q4_K> : MmvqK45<Q4_K> {};

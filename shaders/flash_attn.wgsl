@@ -1,16 +1,32 @@
 // Fused attention softmax(q k^T * scale + slope * mask) v (op family "flash_attn").
 //
-// One workgroup per query row and head: the query is staged in workgroup memory, then the
-// keys are visited WG at a time (one score per invocation), with a running maximum and sum
-// (online softmax); each invocation accumulates dims li, li + WG, ... of the output.
 // src0 q [D, n_q, H, B] f32; src1 k [D, n_kv, Hk, Bk] and src2 v [DV, n_kv, Hk, Bk] (T1, T2:
 // f32 or f16); src3 the mask [n_kv, >= n_q, m2, m3] (T3); dst [DV, H, n_q, B] f32.
-// Defines: DMAX: largest D and DV; WG: keys per step (64, or 256 for long caches).
+// Both entry points take one workgroup per query row and head (u.x workgroups, n_q * H * B).
+//
+// `main` (any layout): the query is staged in workgroup memory, then the keys are visited WG at
+// a time (one score per invocation), with a running maximum and sum (online softmax); each
+// invocation accumulates dims li, li + WG, ... of the output.
+//
+// `decode` (few query rows; k and v rows contiguous, 4-byte aligned, D and DV even): the
+// workgroup is NG groups of G invocations, and each group runs its own online softmax over
+// its share of the keys (KU consecutive keys per step; steps of NG * KU keys). The G
+// invocations of a group split each key's dims (invocation r takes dim pairs r, r + G, ...:
+// one word per pair of f16, so that a group's loads are contiguous), add their partial dot
+// products with subgroupShuffleXor where SUBGROUPS (G is at most any subgroup size, and the
+// G consecutive invocations of a group are assumed to share a subgroup, as mul_mat assumes),
+// else through workgroup memory, and accumulate the same dim pairs of the output. At the end
+// the groups' maxima, sums and outputs are combined through workgroup memory. Keys past the
+// end are read clamped to the last key (so that loads need no branch) and weigh 0.
+//
+// Defines: DMAX: largest D and DV; WG: invocations (main: keys per step, 64, or 256 for long
+// caches; decode: 256); DECODE: the decode entry point is built, with KU keys per group and
+// step.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B); u.y: has mask; u.z: n_head_log2; u.w: H / Hk; off4.y: B / Bk.
 
 const DMAX: u32 = {{DMAX}}u;
-// Output dims per invocation.
+// Output dims per invocation (main).
 const PER: u32 = (DMAX + {{WG}}u - 1u) / {{WG}}u;
 const NEG_INF: f32 = -3.4028235e38;
 
@@ -27,29 +43,70 @@ fn slope(h: u32) -> f32 {
     return pow(P.f.w, f32(2u * (h - P.u.z) + 1u));
 }
 
+// Where one workgroup's query row, head and batch lie: byte offsets of its q row, of its kv
+// head's k and v, and of its mask row.
+struct Row {
+    iq: u32,
+    h: u32,
+    b: u32,
+    qb: u32,
+    kb: u32,
+    vb: u32,
+    mb: u32,
+}
+
+fn locate(o: u32) -> Row {
+    let nq = P.s0.ne.y;
+    let heads = P.s0.ne.z;
+    let iq = o % nq;
+    let h = (o / nq) % heads;
+    let b = o / (nq * heads);
+    let hk = h / P.u.w;
+    let bk = b / P.off4.y;
+    return Row(
+        iq,
+        h,
+        b,
+        P.off.y + iq * P.s0.nb.y + h * P.s0.nb.z + b * P.s0.nb.w,
+        P.off.z + hk * P.s1.nb.z + bk * P.s1.nb.w,
+        P.off.w + hk * P.s2.nb.z + bk * P.s2.nb.w,
+        P.off4.x + iq * P.s3.nb.y + (h % P.s3.ne.z) * P.s3.nb.z + (b % P.s3.ne.w) * P.s3.nb.w,
+    );
+}
+
+// The score of key j from its dot product with the query: scaled, soft-capped, plus the slope
+// m times the mask (NEG_INF at the lowest).
+fn score(qk: f32, j: u32, mb: u32, m: f32) -> f32 {
+    var s = qk * P.f.x;
+    if P.g.x != 0.0 {
+        let t = s / P.g.x;
+        let e = exp(-2.0 * abs(t));
+        s = P.g.x * sign(t) * (1.0 - e) / (1.0 + e);
+    }
+    if P.u.y != 0u {
+        s += m * ld3(mb + j * P.s3.nb.x);
+    }
+    return max(s, NEG_INF);
+}
+
+// Stores output dim e of a row.
+fn store(row: Row, e: u32, v: f32) {
+    st(P.off.x + e * P.d.nb.x + row.h * P.d.nb.y + row.iq * P.d.nb.z + row.b * P.d.nb.w, v);
+}
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let o = group(wg, nwg);
     if o >= P.u.x {
         return;
     }
-    let nq = P.s0.ne.y;
-    let heads = P.s0.ne.z;
-    let iq = o % nq;
-    let h = (o / nq) % heads;
-    let b = o / (nq * heads);
+    let row = locate(o);
     let d = P.s0.ne.x;
     let dv = P.s2.ne.x;
     let nkv = P.s1.ne.y;
-    let hk = h / P.u.w;
-    let bk = b / P.off4.y;
-    let qb = P.off.y + iq * P.s0.nb.y + h * P.s0.nb.z + b * P.s0.nb.w;
-    let kb = P.off.z + hk * P.s1.nb.z + bk * P.s1.nb.w;
-    let vb = P.off.w + hk * P.s2.nb.z + bk * P.s2.nb.w;
-    let mb = P.off4.x + iq * P.s3.nb.y + (h % P.s3.ne.z) * P.s3.nb.z + (b % P.s3.ne.w) * P.s3.nb.w;
-    let m = slope(h);
+    let m = slope(row.h);
     for (var i = li; i < d; i += {{WG}}u) {
-        qs[i] = ld0(qb + i * P.s0.nb.x);
+        qs[i] = ld0(row.qb + i * P.s0.nb.x);
     }
     workgroupBarrier();
     var acc: array<f32, PER>;
@@ -62,21 +119,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let j = j0 + li;
         var s = NEG_INF;
         if j < nkv {
-            var dot = 0.0;
-            let kr = kb + j * P.s1.nb.y;
+            var qk = 0.0;
+            let kr = row.kb + j * P.s1.nb.y;
             for (var i = 0u; i < d; i++) {
-                dot += qs[i] * ld1(kr + i * P.s1.nb.x);
+                qk += qs[i] * ld1(kr + i * P.s1.nb.x);
             }
-            s = dot * P.f.x;
-            if P.g.x != 0.0 {
-                let t = s / P.g.x;
-                let e = exp(-2.0 * abs(t));
-                s = P.g.x * sign(t) * (1.0 - e) / (1.0 + e);
-            }
-            if P.u.y != 0u {
-                s += m * ld3(mb + j * P.s3.nb.x);
-            }
-            s = max(s, NEG_INF);
+            s = score(qk, j, row.mb, m);
         }
         let new_max = max(run_max, wg_max(s, li));
         let p = select(exp(s - new_max), 0.0, s <= NEG_INF);
@@ -89,7 +137,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if e < dv {
                 var a = acc[t] * corr;
                 for (var jj = 0u; jj < count; jj++) {
-                    a += ps[jj] * ld2(vb + (j0 + jj) * P.s2.nb.y + e * P.s2.nb.x);
+                    a += ps[jj] * ld2(row.vb + (j0 + jj) * P.s2.nb.y + e * P.s2.nb.x);
                 }
                 acc[t] = a;
             }
@@ -101,7 +149,191 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var t = 0u; t < PER; t++) {
         let e = li + t * {{WG}}u;
         if e < dv {
-            st(P.off.x + e * P.d.nb.x + h * P.d.nb.y + iq * P.d.nb.z + b * P.d.nb.w, acc[t] * inv);
+            store(row, e, acc[t] * inv);
         }
     }
 }
+
+// ---- decode ----
+#if DECODE
+
+// Invocations per key.
+const G: u32 = 4u;
+// Key groups per workgroup.
+const NG: u32 = {{WG}}u / G;
+// Keys per group and step.
+const KU: u32 = {{KU}}u;
+// Dim pairs per invocation.
+const PAIRS: u32 = DMAX / (2u * G);
+// Groups per round of the final combine.
+const CG: u32 = 2048u / DMAX;
+
+var<workgroup> gmax: array<f32, NG>;
+var<workgroup> gsum: array<f32, NG>;
+var<workgroup> comb: array<f32, CG * DMAX>;
+
+// Two f16 in a word, as f32.
+fn pair16(w: u32) -> vec2<f32> {
+#if F16
+    return unpack2x16float(w);
+#else
+    return vec2<f32>(half(w), half(w >> 16u));
+#endif
+}
+
+// Dims 2i and 2i + 1 of the k row at byte r.
+fn kpair(r: u32, i: u32) -> vec2<f32> {
+    if T1 == 1u {
+        return pair16(s1w((r >> 2u) + i));
+    }
+    let w = (r >> 2u) + 2u * i;
+    return vec2<f32>(bitcast<f32>(s1w(w)), bitcast<f32>(s1w(w + 1u)));
+}
+
+// Dims 2i and 2i + 1 of the v row at byte r.
+fn vpair(r: u32, i: u32) -> vec2<f32> {
+    if T2 == 1u {
+        return pair16(s2w((r >> 2u) + i));
+    }
+    let w = (r >> 2u) + 2u * i;
+    return vec2<f32>(bitcast<f32>(s2w(w)), bitcast<f32>(s2w(w + 1u)));
+}
+
+// The sums of x over each group's G invocations (every invocation of the group gets them, the
+// same in each: the additions pair the same values).
+#if SUBGROUPS
+fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
+    var y = x;
+    for (var u = 0u; u < KU; u++) {
+        y[u] += subgroupShuffleXor(y[u], 1u);
+        y[u] += subgroupShuffleXor(y[u], 2u);
+    }
+    return y;
+}
+#else
+var<workgroup> part: array<f32, KU * {{WG}}u>;
+
+fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
+    for (var u = 0u; u < KU; u++) {
+        part[u * {{WG}}u + li] = x[u];
+    }
+    workgroupBarrier();
+    var y: array<f32, KU>;
+    let b = li - li % G;
+    for (var u = 0u; u < KU; u++) {
+        let i = u * {{WG}}u + b;
+        y[u] = (part[i] + part[i + 1u]) + (part[i + 2u] + part[i + 3u]);
+    }
+    workgroupBarrier();
+    return y;
+}
+#endif
+
+// The factor that takes values kept against maximum mg to maximum mx.
+fn rescale(mg: f32, mx: f32) -> f32 {
+    return select(exp(mg - mx), 0.0, mg <= NEG_INF);
+}
+
+@compute @workgroup_size({{WG}})
+fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let o = group(wg, nwg);
+    if o >= P.u.x {
+        return;
+    }
+    let row = locate(o);
+    let r = li % G;
+    let g = li / G;
+    let np = P.s0.ne.x / 2u;
+    let npv = P.s2.ne.x / 2u;
+    let dv = P.s2.ne.x;
+    let nkv = P.s1.ne.y;
+    let m = slope(row.h);
+    // The query's dim pairs of this invocation (zeros past D, so that the clamped k pairs
+    // there add nothing).
+    var q: array<vec2<f32>, PAIRS>;
+    var acc: array<vec2<f32>, PAIRS>;
+    for (var t = 0u; t < PAIRS; t++) {
+        let i = r + t * G;
+        let e = row.qb + 2u * i * P.s0.nb.x;
+        q[t] = vec2<f32>(0.0);
+        if i < np {
+            q[t] = vec2<f32>(ld0(e), ld0(e + P.s0.nb.x));
+        }
+        acc[t] = vec2<f32>(0.0);
+    }
+    var run_max = NEG_INF;
+    var run_sum = 0.0;
+    // Every group runs the same number of steps (the group reductions are uniform).
+    for (var b0 = 0u; b0 < nkv; b0 += NG * KU) {
+        let j0 = b0 + g * KU;
+        var s: array<f32, KU>;
+        for (var u = 0u; u < KU; u++) {
+            let kr = row.kb + min(j0 + u, nkv - 1u) * P.s1.nb.y;
+            var qk = 0.0;
+            for (var t = 0u; t < PAIRS; t++) {
+                qk += dot(q[t], kpair(kr, min(r + t * G, np - 1u)));
+            }
+            s[u] = qk;
+        }
+        s = group_sums(s, li);
+        var top = run_max;
+        for (var u = 0u; u < KU; u++) {
+            let j = j0 + u;
+            s[u] = select(NEG_INF, score(s[u], j, row.mb, m), j < nkv);
+            top = max(top, s[u]);
+        }
+        let corr = select(exp(run_max - top), 1.0, top <= NEG_INF);
+        run_sum *= corr;
+        for (var t = 0u; t < PAIRS; t++) {
+            acc[t] *= corr;
+        }
+        for (var u = 0u; u < KU; u++) {
+            let p = select(exp(s[u] - top), 0.0, s[u] <= NEG_INF);
+            run_sum += p;
+            let vr = row.vb + min(j0 + u, nkv - 1u) * P.s2.nb.y;
+            for (var t = 0u; t < PAIRS; t++) {
+                acc[t] += p * vpair(vr, min(r + t * G, npv - 1u));
+            }
+        }
+        run_max = top;
+    }
+    // Combine the groups: their maxima and sums, then their outputs CG groups at a time.
+    if r == 0u {
+        gmax[g] = run_max;
+        gsum[g] = run_sum;
+    }
+    workgroupBarrier();
+    var mx = NEG_INF;
+    for (var i = 0u; i < NG; i++) {
+        mx = max(mx, gmax[i]);
+    }
+    var total = 0.0;
+    for (var i = 0u; i < NG; i++) {
+        total += gsum[i] * rescale(gmax[i], mx);
+    }
+    let w = rescale(run_max, mx);
+    var sum = 0.0;
+    for (var c0 = 0u; c0 < NG; c0 += CG) {
+        if g >= c0 && g < c0 + CG {
+            for (var t = 0u; t < PAIRS; t++) {
+                let i = r + t * G;
+                if i < npv {
+                    let e = (g - c0) * DMAX + 2u * i;
+                    comb[e] = acc[t].x * w;
+                    comb[e + 1u] = acc[t].y * w;
+                }
+            }
+        }
+        workgroupBarrier();
+        if li < dv {
+            for (var c = 0u; c < min(CG, NG - c0); c++) {
+                sum += comb[c * DMAX + li];
+            }
+        }
+        workgroupBarrier();
+    }
+    if li < dv {
+        store(row, li, select(sum / total, 0.0, total == 0.0));
+    }
+}
+#endif

@@ -93,6 +93,12 @@ const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
 /// Invocations (keys per step) of flash attention: the larger from this many keys on.
 const FA_WG: [u32; 2] = [64, 256];
+/// Query rows up to which flash attention runs its `decode` entry point (where k and v allow:
+/// see [`fa_decode_layout`]): 64 groups of 4 invocations per row and head, each group taking
+/// its own share of the keys, rather than one key per invocation.
+const FA_DECODE_MAX_Q: usize = 8;
+/// Invocations per workgroup of the flash attention `decode` entry point.
+const FA_DECODE_WG: u32 = 256;
 /// Tiles of the tiled mat-mat (BM x BN of dst per workgroup): see [`mat_mat_tile`].
 const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
@@ -107,8 +113,8 @@ const MM_COOP_TILE: (u32, u32) = (128, 64);
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
 const MM_HK: u32 = 16;
-/// Workgroups from which the largest mat-mat tile is used (below, the half-size one gives
-/// twice as many workgroups to spread over the GPU's cores).
+/// Workgroups from which quantized weights take the largest mat-mat tile (below, the half-size
+/// one gives twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
 /// Rows of src0 per mat-vec workgroup (they share each load of src1), and invocations per
 /// mat-vec workgroup: the defaults of [`Gpu::mat_vec`], which `TESSERA_WGPU_MV=ROWS,WG`
@@ -447,7 +453,7 @@ pub(crate) fn plan(
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
             let coop = h16 && gpu.coop && t.ne[0] >= MM_COOP_TILE.0 as usize;
-            let tile = mat_mat_tile(gpu, t.ne, h16, coop);
+            let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -564,12 +570,19 @@ pub(crate) fn plan(
             ]
             .map(Bind::whole)
             .to_vec();
-            let wg = if k.ne[1] >= FA_WG[1] as usize {
-                FA_WG[1]
+            let decode = q.ne[1] <= FA_DECODE_MAX_Q
+                && fa_decode_layout(gpu, graph, t.src[1])
+                && fa_decode_layout(gpu, graph, t.src[2]);
+            let var = if decode {
+                flash_attn_decode_variant(k.dtype, v.dtype, mask, dmax, gpu.subgroups)
             } else {
-                FA_WG[0]
+                let wg = if k.ne[1] >= FA_WG[1] as usize {
+                    FA_WG[1]
+                } else {
+                    FA_WG[0]
+                };
+                flash_attn_variant("main", k.dtype, v.dtype, mask, dmax).def("WG", wg)
             };
-            let var = flash_attn_variant(k.dtype, v.dtype, mask, dmax).def("WG", wg);
             Ok(vec![PlanOut {
                 variant: var,
                 bind,
@@ -999,13 +1012,15 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
     enabled && (a == DType::F16 || DType::QUANTIZED.contains(&a))
 }
 
-/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: 128 x 128 where dst
-/// has at least MM_BIG_GROUPS such tiles, else 128 x 64 where it has 128 rows and 64 columns,
-/// else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles, `h16`) whose tiles fit the
-/// adapter's workgroup memory; with `coop` (cooperative matrices) always [`MM_COOP_TILE`].
-/// `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead ([`mm_setting`]), where
-/// its tiles fit (and, with `coop`, it is MM_COOP_TILE).
-fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, u32) {
+/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: for quantized weights
+/// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
+/// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
+/// `h16`) whose tiles fit the adapter's workgroup memory; with `coop` (cooperative matrices)
+/// always [`MM_COOP_TILE`]. (H200, 2026-11-30, square f16 x f32 products: 128 x 64 x 64 31
+/// TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0 m=4096 n=512: 128 x 128 x 32
+/// 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead
+/// ([`mm_setting`]), where its tiles fit (and, with `coop`, it is MM_COOP_TILE).
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc).
     let wg_mem = if coop {
@@ -1027,7 +1042,7 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, coop: bool) -> (u32, u32, 
                 .unwrap_or(MM_BK_H16[0]);
             (MM_COOP_TILE.0, MM_COOP_TILE.1, bk)
         }
-        _ => mat_mat_tile_for(wg_mem, ne, h16),
+        _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
 }
 
@@ -1051,9 +1066,10 @@ fn mm_setting() -> Option<(u32, u32, u32)> {
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
-fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool) -> (u32, u32, u32) {
+fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
     let groups = |bm: usize, bn: usize| ne[0].div_ceil(bm) * ne[1].div_ceil(bn) * ne[2] * ne[3];
-    let (bm, bn) = if ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS {
+    let big = quant && ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS;
+    let (bm, bn) = if big {
         MM_TILES[2]
     } else if ne[0] >= 128 && ne[1] >= 64 {
         MM_TILES[1]
@@ -1105,12 +1121,47 @@ fn mat_mat_variant(
         .ty("T1", b)
 }
 
-fn flash_attn_variant(k: DType, v: DType, mask: Option<DType>, dmax: u32) -> Variant {
-    Variant::new(Family::FlashAttn, "main")
+/// The flash attention variant of entry point `entry` (`main` or `decode`).
+fn flash_attn_variant(
+    entry: &'static str,
+    k: DType,
+    v: DType,
+    mask: Option<DType>,
+    dmax: u32,
+) -> Variant {
+    Variant::new(Family::FlashAttn, entry)
         .def("DMAX", dmax)
         .ty("T1", k)
         .ty("T2", v)
         .ty("T3", mask.unwrap_or(DType::F32))
+}
+
+/// The flash attention `decode` variant (see `shaders/flash_attn.wgsl`): 256 invocations, and
+/// keys per group and step (KU) so that each step holds about as many loads in flight at any
+/// head size.
+fn flash_attn_decode_variant(
+    k: DType,
+    v: DType,
+    mask: Option<DType>,
+    dmax: u32,
+    subgroups: bool,
+) -> Variant {
+    flash_attn_variant("decode", k, v, mask, dmax)
+        .def("DECODE", 1)
+        .def("KU", (256 / dmax).max(1))
+        .def("WG", FA_DECODE_WG)
+        .def("SUBGROUPS", u32::from(subgroups))
+}
+
+/// Whether flash attention's `decode` entry point can read tensor `id` (k or v) as it does:
+/// rows of contiguous values, an even count of them, starting at 4-byte aligned offsets (a
+/// pair of f16 per word).
+fn fa_decode_layout(gpu: &Gpu, graph: &Graph, id: TensorId) -> bool {
+    let t = graph.get(id);
+    t.nb[0] == t.dtype.type_size()
+        && t.ne[0] >= 2
+        && t.ne[0].is_multiple_of(2)
+        && aligned(gpu, graph, id, 0, 4)
 }
 
 fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
@@ -1281,8 +1332,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     for m in [None, Some(DType::F16)] {
                         for d in FA_DMAX {
                             for wg in FA_WG {
-                                v.push(flash_attn_variant(k, val, m, d).def("WG", wg));
+                                v.push(flash_attn_variant("main", k, val, m, d).def("WG", wg));
                             }
+                            v.push(flash_attn_decode_variant(k, val, m, d, subgroups));
                         }
                     }
                 }
@@ -1326,10 +1378,15 @@ mod tests {
         assert!(!mat_mat_h16(false, DType::F16));
         assert!(!mat_mat_h16(false, DType::Q4_0));
         let big = [8192, 1024, 1, 1];
-        assert_eq!(mat_mat_tile_for(32768, big, false), (128, 128, 32));
-        assert_eq!(mat_mat_tile_for(32768, big, true), (128, 128, 64));
-        assert_eq!(mat_mat_tile_for(16384, big, false), (128, 128, 16));
-        assert_eq!(mat_mat_tile_for(16384, big, true), (128, 128, 32));
+        // Quantized weights take 128 x 128 tiles at this size, float weights 128 x 64.
+        assert_eq!(mat_mat_tile_for(32768, big, false, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, true), (128, 128, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, true), (128, 128, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, false, false), (128, 64, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, false), (128, 64, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, false), (128, 64, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, false), (128, 64, 32));
         let v = mat_mat_variant(
             DType::F16,
             DType::F32,

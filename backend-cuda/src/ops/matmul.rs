@@ -52,10 +52,13 @@ fn gemm_type(d: DType) -> GemmType {
     }
 }
 
-/// The alignment (bytes) the mat-vec kernel of a type needs for its rows.
+/// The alignment (bytes) the mat-vec kernel of a type needs for its rows: Q4_K and Q5_K read
+/// their blocks (multiples of 16 bytes) with 16-byte loads; other rows go to the dequantizing
+/// path.
 fn mmvq_align(d: DType) -> u64 {
     match d {
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => 4,
+        DType::Q4_K | DType::Q5_K => 16,
+        DType::Q4_1 | DType::Q5_1 => 4,
         _ => 2,
     }
 }

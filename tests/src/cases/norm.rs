@@ -16,7 +16,13 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     ];
     for (name, f) in ops {
         for eps in [1e-6f32, 1e-5] {
-            for ne in [[64, 5, 4, 3], [4096, 3, 1, 1], [33, 7, 1, 1]] {
+            // 4,100: a row longer than a workgroup's 256 invocations x 16.
+            for ne in [
+                [64, 5, 4, 3],
+                [4096, 3, 1, 1],
+                [4100, 2, 1, 1],
+                [33, 7, 1, 1],
+            ] {
                 v.push(norm_case(name, f, ne, [0, 1, 2, 3], eps));
             }
             v.push(norm_case(name, f, [64, 5, 4, 3], [0, 2, 1, 3], eps));

@@ -107,8 +107,12 @@ const MM_BK: [u32; 2] = [16, 32];
 /// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mul_mat.wgsl: 8
 /// subgroups x 16 x 16 f32).
 const MM_COOP_TC: u32 = 8 * 256 * 4;
-/// The cooperative-matrix mat-mat's tile (BM, BN): 8 subgroups of 32 x 32.
-const MM_COOP_TILE: (u32, u32) = (128, 64);
+/// The cooperative-matrix mat-mat's tiles (BM, BN): 8 subgroups of 32 x 32, or of 64 x 32 (the
+/// larger one where dst has at least MM_BIG_GROUPS such tiles, as for quantized weights).
+const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
+/// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
+/// mul_mat.wgsl), which keeps two tiles of each (double buffered).
+const MM_COOP_PAD: u32 = 8;
 /// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
@@ -452,7 +456,7 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let coop = h16 && gpu.coop && t.ne[0] >= MM_COOP_TILE.0 as usize;
+            let coop = h16 && gpu.coop && t.ne[0] >= MM_COOP_TILES[0].0 as usize;
             let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
@@ -1016,31 +1020,44 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
 /// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
 /// `h16`) whose tiles fit the adapter's workgroup memory; with `coop` (cooperative matrices)
-/// always [`MM_COOP_TILE`]. (H200, 2026-11-30, square f16 x f32 products: 128 x 64 x 64 31
+/// one of [`MM_COOP_TILES`]. (H200, 2026-11-30, square f16 x f32 products: 128 x 64 x 64 31
 /// TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0 m=4096 n=512: 128 x 128 x 32
 /// 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead
-/// ([`mm_setting`]), where its tiles fit (and, with `coop`, it is MM_COOP_TILE).
+/// ([`mm_setting`]), where its tiles fit (and, with `coop`, it is one of MM_COOP_TILES).
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
-    // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc).
+    // The cooperative-matrix variant also keeps a 16 x 16 f32 block per subgroup (tc), and two
+    // padded tiles of each.
     let wg_mem = if coop {
         wg_mem.saturating_sub(MM_COOP_TC)
     } else {
         wg_mem
     };
-    let fits = |(bm, bn): (u32, u32), bk: u32| (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem;
+    let fits = |(bm, bn): (u32, u32), bk: u32| {
+        let bytes = if coop {
+            2 * (bm + bn) * (bk + MM_COOP_PAD) * 2
+        } else {
+            (bm + bn) * bk * if h16 { 2 } else { 4 }
+        };
+        bytes <= wg_mem
+    };
     match mm_setting() {
-        Some((bm, bn, bk)) if fits((bm, bn), bk) && (!coop || (bm, bn) == MM_COOP_TILE) => {
+        Some((bm, bn, bk))
+            if fits((bm, bn), bk) && (!coop || MM_COOP_TILES.contains(&(bm, bn))) =>
+        {
             (bm, bn, bk)
         }
         _ if coop => {
+            let groups = ne[0].div_ceil(128) * ne[1].div_ceil(128) * ne[2] * ne[3];
+            let big = ne[1] >= 128 && groups >= MM_BIG_GROUPS;
+            let (bm, bn) = MM_COOP_TILES[usize::from(big)];
             let bk = MM_BK_H16
                 .iter()
                 .rev()
                 .copied()
-                .find(|&bk| fits(MM_COOP_TILE, bk))
+                .find(|&bk| fits((bm, bn), bk))
                 .unwrap_or(MM_BK_H16[0]);
-            (MM_COOP_TILE.0, MM_COOP_TILE.1, bk)
+            (bm, bn, bk)
         }
         _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
@@ -1103,6 +1120,7 @@ fn mat_mat_variant(
         Variant::new(Family::MulMat, "mat_mat")
             .def("H16", 1)
             .def("COOP", u32::from(coop))
+            .def("FM4", u32::from(coop && bn == 128))
             .def("HK", MM_HK.min(bk))
     } else {
         Variant::new(Family::MulMat, "mat_mat").def("HK", bk)
@@ -1295,7 +1313,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                         }
                         let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
                         for (bm, bn) in MM_TILES {
-                            if coop && (bm, bn) != MM_COOP_TILE {
+                            if coop && !MM_COOP_TILES.contains(&(bm, bn)) {
                                 continue;
                             }
                             for &bk in depths {

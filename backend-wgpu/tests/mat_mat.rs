@@ -4,12 +4,12 @@
 //! for a real GPU) the GPU time of square f16 and f32 products.
 
 mod common;
+mod products;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use tessera_core::alloc::GraphAllocator;
 use tessera_core::quant::{dequantize_row, quantize_row};
-use tessera_core::{DType, Graph};
+use tessera_core::DType;
 
 /// Held by each test while it opens its device: the device reads TESSERA_WGPU_MM_F16 (which
 /// the tests set to pick the variant) when it is opened.
@@ -58,19 +58,7 @@ fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
     let b: Vec<f32> = (0..k * n)
         .map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0)
         .collect();
-    let bt = dev.buffer_type();
-    let wbuf = bt.alloc(bytes.len()).unwrap();
-    wbuf.set(0, &bytes).unwrap();
-    let mut g = Graph::new();
-    let wa = g.weight("a", dtype, &[k, m], wbuf, 0).unwrap();
-    let ib = g.input("b", DType::F32, &[k, n]).unwrap();
-    let out = g.mul_mat(wa, ib).unwrap();
-    g.set_output(out);
-    let nodes: Vec<_> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(Arc::clone(&bt));
-    alloc.alloc(&mut g, &nodes).unwrap();
-    let bd = g.data(ib).unwrap();
-    bd.buffer.set(bd.offset, bytemuck::cast_slice(&b)).unwrap();
+    let (g, nodes, out) = products::product(&dev, dtype, &bytes, &b, (m, n, k));
     let mut backend = dev.new_backend().unwrap();
     backend.compute(&g, &nodes).unwrap();
     backend.synchronize().unwrap();
@@ -150,31 +138,8 @@ fn bench_square() {
                 )
                 .unwrap();
             }
-            let bt = dev.buffer_type();
-            let wbuf = bt.alloc(bytes.len()).unwrap();
-            wbuf.set(0, &bytes).unwrap();
-            let mut g = Graph::new();
-            let wa = g.weight("a", dtype, &[n, n], wbuf, 0).unwrap();
-            let ib = g.input("b", DType::F32, &[n, n]).unwrap();
-            let out = g.mul_mat(wa, ib).unwrap();
-            g.set_output(out);
-            let nodes: Vec<_> = g.ids().collect();
-            let mut alloc = GraphAllocator::new(Arc::clone(&bt));
-            alloc.alloc(&mut g, &nodes).unwrap();
-            let bd = g.data(ib).unwrap();
-            bd.buffer
-                .set(bd.offset, bytemuck::cast_slice(&vals))
-                .unwrap();
-            let mut backend = dev.new_backend().unwrap();
-            let _ = tessera_wgpu::take_gpu_times();
-            for _ in 0..10 {
-                backend.compute(&g, &nodes).unwrap();
-            }
-            backend.synchronize().unwrap();
-            drop(backend);
-            let mut times = tessera_wgpu::take_gpu_times();
-            times.sort_unstable();
-            let Some(med) = times.get(times.len() / 2) else {
+            let (g, nodes, _) = products::product(&dev, dtype, &bytes, &vals, (n, n, n));
+            let Some(med) = products::gpu_median(&dev, &g, &nodes, 10) else {
                 println!("gemm {dtype} {n}^3: no GPU times (no timestamp queries)");
                 return;
             };

@@ -4,13 +4,12 @@
 //! (ignored, for a real GPU) its GPU time on the model-sized products.
 
 mod common;
+mod products;
 
-use std::sync::Arc;
-
-use tessera_core::alloc::GraphAllocator;
-use tessera_core::backend::Device;
 use tessera_core::quant::{dequantize_row, quantize_row};
-use tessera_core::{DType, Graph};
+use tessera_core::DType;
+
+use products::{gpu_median, product};
 
 /// The weight types the integer-dot mat-vec reads.
 const TYPES: [DType; 5] = [
@@ -44,31 +43,6 @@ fn weights(dtype: DType, m: usize, k: usize, distinct: usize) -> (Vec<u8>, Vec<f
         bytes.copy_within((r % distinct) * row..(r % distinct + 1) * row, r * row);
     }
     (bytes, a)
-}
-
-/// A graph dst = a^T b for weights `bytes` ([k, m] of `dtype`) and b [k, n] f32, allocated on
-/// `dev` with b set to `b`: the graph, its nodes and its output.
-fn product(
-    dev: &Arc<dyn Device>,
-    dtype: DType,
-    bytes: &[u8],
-    b: &[f32],
-    (m, n, k): (usize, usize, usize),
-) -> (Graph, Vec<tessera_core::TensorId>, tessera_core::TensorId) {
-    let bt = dev.buffer_type();
-    let wbuf = bt.alloc(bytes.len()).unwrap();
-    wbuf.set(0, bytes).unwrap();
-    let mut g = Graph::new();
-    let wa = g.weight("a", dtype, &[k, m], wbuf, 0).unwrap();
-    let ib = g.input("b", DType::F32, &[k, n]).unwrap();
-    let out = g.mul_mat(wa, ib).unwrap();
-    g.set_output(out);
-    let nodes: Vec<_> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(Arc::clone(&bt));
-    alloc.alloc(&mut g, &nodes).unwrap();
-    let bd = g.data(ib).unwrap();
-    bd.buffer.set(bd.offset, bytemuck::cast_slice(b)).unwrap();
-    (g, nodes, out)
 }
 
 /// Runs the product on the device and checks it against the host product with the column
@@ -186,15 +160,7 @@ fn bench_model_sizes() {
             };
             let b: Vec<f32> = (0..k).map(|i| (i % 777) as f32 / 388.0 - 1.0).collect();
             let (g, nodes, _) = product(&dev, t, &bytes, &b, (m, 1, k));
-            let mut backend = dev.new_backend().unwrap();
-            for _ in 0..50 {
-                backend.compute(&g, &nodes).unwrap();
-            }
-            backend.synchronize().unwrap();
-            drop(backend);
-            let mut times = tessera_wgpu::take_gpu_times();
-            times.sort_unstable();
-            let Some(med) = times.get(times.len() / 2) else {
+            let Some(med) = gpu_median(&dev, &g, &nodes, 50) else {
                 println!("{t} m={m} k={k}: no GPU times (no timestamp queries)");
                 return;
             };

@@ -157,6 +157,10 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, m, n, k).case());
         }
     }
+    // Past one 128 x 64 prompt tile (wgpu's default for float weights) with ragged edges.
+    for t in [DType::F32, DType::F16, DType::Q4_0] {
+        v.push(MulMat::new(t, DType::F32, 200, 70, 288).case());
+    }
     for t in FLOATS {
         for (m, n, k) in [(5, 3, 13), (3, 2, 1)] {
             v.push(MulMat::new(t, DType::F32, m, n, k).case());

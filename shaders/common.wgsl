@@ -1,6 +1,9 @@
 #if H16
 enable f16;
 #endif
+#if COOP
+enable wgpu_cooperative_matrix;
+#endif
 // Shared by every op family (prepended to each): the bindings, the per-op parameter block,
 // and typed loads and stores over byte addresses.
 //
@@ -8,7 +11,8 @@ enable f16;
 // destination type, as GGUF type ids (0 f32, 1 f16, 26 i32, 30 bf16, quantized ids for
 // quantized sources); F16 is set when the adapter converts f16 in f32 shaders
 // (unpack2x16float); H16 (mat_mat only) when the adapter has SHADER_F16 and the shader
-// computes in f16 (`enable f16;`, above); DST16 is set when the destination holds 16-bit values and ATOMIC when
+// computes in f16 (`enable f16;`, above), and COOP with it when the products run on cooperative
+// matrices (`enable wgpu_cooperative_matrix;`); DST16 is set when the destination holds 16-bit values and ATOMIC when
 // it holds 16-bit values or quantized blocks: such a destination is written with atomics, so
 // that two invocations may write parts of one word.
 //

@@ -798,6 +798,21 @@ fn mat_vec_q(
 // H16 (adapters with SHADER_F16, f16 or quantized weights): the tiles hold f16 (weights and
 // activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
 // f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
+// COOP (with H16; adapters with cooperative matrices of 16 x 16 x 16 f16 products and f32 sums,
+// and subgroups of 32; tiles of 128 x 64 or 128 x 128): its own loading and tile layout. The
+// tiles are f16 arrays k-contiguous (ta[m][k], tb[n][k]) with rows of SA = BK + 8 values (the
+// padding puts the 8 rows of 16 bytes that a fragment load reads at once on distinct banks),
+// two of each (double buffered: one barrier per step). Loading: invocation li loads quad
+// li % QR (QR = BK / 4 quads a row) of rows li / QR + RS p (RS = 256 / QR) of the src0 tile
+// and of columns li / QR + RS p of the src1 tile, so that neighbouring invocations read
+// neighbouring bytes of a row (coalesced), and stores each quad as 4 neighbouring f16. Each of
+// the 8 subgroups computes a 16 FM x 32 part of the tile (FM = 2 for 128 x 64 tiles, 4 for
+// 128 x 128: FM4) as 2 FM 16 x 16 matrices held in named variables (c00 .. c31: no arrays of
+// matrices, which a driver may keep in local memory): A fragments read row-major from ta
+// (coopLoadT), B fragments column-major from tb (coopLoad), sums in f32. The results go through
+// workgroup memory (tc, one 16 x 16 block a subgroup at a time) to dst, so that partial tiles
+// are written with bounds checks. Quantized weights take this path too (wquad dequantizes any
+// quad).
 
 #if H16
 alias TE = f16;
@@ -944,11 +959,158 @@ fn yquad1(yb: u32, k: u32) -> vec4<f32> {
 #endif
 }
 
+#if COOP
+// Row stride of the cooperative tiles, quads a row, rows loaded at once.
+const SA: u32 = BK + 8u;
+const QR: u32 = BK / 4u;
+const RS: u32 = 256u / QR;
+// 16-row fragments along m per subgroup: 2 (32 x 32 parts of 128 x 64 tiles) or 4 (FM4: 64 x
+// 32 parts of 128 x 128 tiles).
+#if FM4
+const FM: u32 = 4u;
+#else
+const FM: u32 = 2u;
+#endif
+var<workgroup> ta: array<f16, 2u * BM * SA>;
+var<workgroup> tb: array<f16, 2u * BN * SA>;
+var<workgroup> tc: array<f32, 8u * 256u>;
+#else
 var<workgroup> ta: array<TV, BM * BK / 4u>;
 var<workgroup> tb: array<TV, BN * BK / 4u>;
+#endif
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+#if COOP
+    let m0 = wg.x * BM;
+    let n0 = wg.y * BN;
+    let i2 = wg.z % P.d.ne.z;
+    let i3 = wg.z / P.d.ne.z;
+    let mm = P.d.ne.x;
+    let nn = P.d.ne.y;
+    let kk = P.s0.ne.x;
+    // This invocation's quad (k offset kq in a step) of rows lr + RS p of src0 and columns
+    // lr + RS p of src1, and those quads of the first step.
+    let kq = 4u * (li % QR);
+    let lr = li / QR;
+    var ra: array<u32, LA>;
+    var va: array<bool, LA>;
+    var cb: array<u32, LB>;
+    var vb: array<bool, LB>;
+    var pa: array<TV, LA>;
+    var pb: array<TV, LB>;
+    for (var p = 0u; p < LA; p++) {
+        let m = m0 + lr + RS * p;
+        ra[p] = row0(min(m, mm - 1u), i2, i3);
+        va[p] = m < mm;
+        if va[p] && kq < kk {
+            pa[p] = TV(wquad(ra[p], kq));
+        }
+    }
+    for (var p = 0u; p < LB; p++) {
+        let n = n0 + lr + RS * p;
+        cb[p] = col1(min(n, nn - 1u), i2, i3);
+        vb[p] = n < nn;
+        if vb[p] && kq < kk {
+            pb[p] = TV(yquad1(cb[p], kq));
+        }
+    }
+    // This subgroup's part of the tile: rows sm .. sm + 16 FM, columns sn .. sn + 32.
+    let sg = li / 32u;
+    let sm = (sg % (BM / (16u * FM))) * 16u * FM;
+    let sn = (sg / (BM / (16u * FM))) * 32u;
+    var c00: coop_mat16x16<f32, C>;
+    var c01: coop_mat16x16<f32, C>;
+    var c10: coop_mat16x16<f32, C>;
+    var c11: coop_mat16x16<f32, C>;
+#if FM4
+    var c20: coop_mat16x16<f32, C>;
+    var c21: coop_mat16x16<f32, C>;
+    var c30: coop_mat16x16<f32, C>;
+    var c31: coop_mat16x16<f32, C>;
+#endif
+    for (var k0 = 0u; k0 < kk; k0 += BK) {
+        // This step's tiles (every other step the second pair: the barrier of the step before
+        // has seen every read of this pair's previous contents done).
+        let oa = ((k0 / BK) % 2u) * BM * SA;
+        let ob = ((k0 / BK) % 2u) * BN * SA;
+        for (var p = 0u; p < LA; p++) {
+            let o = oa + (lr + RS * p) * SA + kq;
+            for (var i = 0u; i < 4u; i++) {
+                ta[o + i] = pa[p][i];
+            }
+        }
+        for (var p = 0u; p < LB; p++) {
+            let o = ob + (lr + RS * p) * SA + kq;
+            for (var i = 0u; i < 4u; i++) {
+                tb[o + i] = pb[p][i];
+            }
+        }
+        workgroupBarrier();
+        // The next step's quads, loaded while this step's tiles are multiplied.
+        let k1 = k0 + BK;
+        if k1 < kk {
+            let k = k1 + kq;
+            for (var p = 0u; p < LA; p++) {
+                pa[p] = TV(0.0);
+                if va[p] && k < kk {
+                    pa[p] = TV(wquad(ra[p], k));
+                }
+            }
+            for (var p = 0u; p < LB; p++) {
+                pb[p] = TV(0.0);
+                if vb[p] && k < kk {
+                    pb[p] = TV(yquad1(cb[p], k));
+                }
+            }
+        }
+        for (var k = 0u; k < BK; k += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ta[oa + sm * SA + k], SA);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ta[oa + (sm + 16u) * SA + k], SA);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&tb[ob + sn * SA + k], SA);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&tb[ob + (sn + 16u) * SA + k], SA);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+#if FM4
+            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&ta[oa + (sm + 32u) * SA + k], SA);
+            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&ta[oa + (sm + 48u) * SA + k], SA);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+#endif
+        }
+    }
+    // Each 16 x 16 result through tc (column-major: m contiguous), then to dst by the
+    // subgroup's 32 invocations, 8 values each.
+    for (var f = 0u; f < 2u * FM; f++) {
+        switch f {
+            case 0u: { coopStore(c00, &tc[256u * sg], 16u); }
+            case 1u: { coopStore(c01, &tc[256u * sg], 16u); }
+            case 2u: { coopStore(c10, &tc[256u * sg], 16u); }
+#if FM4
+            case 3u: { coopStore(c11, &tc[256u * sg], 16u); }
+            case 4u: { coopStore(c20, &tc[256u * sg], 16u); }
+            case 5u: { coopStore(c21, &tc[256u * sg], 16u); }
+            case 6u: { coopStore(c30, &tc[256u * sg], 16u); }
+            default: { coopStore(c31, &tc[256u * sg], 16u); }
+#else
+            default: { coopStore(c11, &tc[256u * sg], 16u); }
+#endif
+        }
+        workgroupBarrier();
+        for (var e = li % 32u; e < 256u; e += 32u) {
+            let m = m0 + sm + 16u * (f / 2u) + e % 16u;
+            let n = n0 + sn + 16u * (f % 2u) + e / 16u;
+            if m < mm && n < nn {
+                st(P.off.x + at(vec4<u32>(m, n, i2, i3), P.d.nb), tc[256u * sg + e]);
+            }
+        }
+        workgroupBarrier();
+    }
+#else
     let m0 = wg.x * BM;
     let n0 = wg.y * BN;
     let i2 = wg.z % P.d.ne.z;
@@ -1067,4 +1229,5 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             }
         }
     }
+#endif
 }

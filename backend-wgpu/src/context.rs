@@ -75,6 +75,9 @@ pub(crate) struct Gpu {
     /// rounded to f16, partial sums over 16 k-steps in f16), within the ops conformance
     /// tolerance (5e-4).
     pub mat_mat_f16: bool,
+    /// Whether the f16 tiled mat-mat runs its products on cooperative matrices (the COOP
+    /// define; [`coop_wanted`]).
+    pub coop: bool,
     /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
     f16_in_f32: bool,
     /// The first error the uncaptured-error handler saw, not yet reported.
@@ -93,6 +96,32 @@ pub(crate) struct Gpu {
     bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
     /// Recorded graphs by the hash of their fingerprint.
     recordings: Mutex<HashMap<u64, Arc<Recording>>>,
+}
+
+/// Whether the tiled mat-mat should run on cooperative matrices on `adapter`, opened with
+/// `features`: the adapter offers EXPERIMENTAL_COOPERATIVE_MATRIX with 16 x 16 x 16 products
+/// of f16 summed in f32 at subgroup scope, its subgroups are always 32 invocations (the shader
+/// numbers its subgroups as local index / 32), the f16 mat-mat (H16) is on, and
+/// `TESSERA_WGPU_COOP` is not 0.
+fn coop_wanted(adapter: &wgpu::Adapter, features: wgpu::Features) -> bool {
+    if std::env::var("TESSERA_WGPU_COOP").as_deref() == Ok("0")
+        || !features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP)
+        || !adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        || adapter.get_info().device_type == wgpu::DeviceType::Cpu
+    {
+        return false;
+    }
+    let info = adapter.get_info();
+    if info.subgroup_min_size != 32 || info.subgroup_max_size != 32 {
+        return false;
+    }
+    adapter.cooperative_matrix_properties().iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    })
 }
 
 /// Recorded graphs kept at most; when full, all are dropped and recording starts over.
@@ -114,12 +143,23 @@ impl Gpu {
         }
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let features = adapter.features() & wanted;
+        let mut features = adapter.features() & wanted;
+        let coop = coop_wanted(adapter, features);
+        let experimental = if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            // SAFETY: wgpu marks its experimental features as possibly unsound where misused;
+            // the one asked for here (cooperative matrices) is used only by the mat-mat
+            // shader variant that every test build validates with naga, with a configuration
+            // the adapter lists (`coop_wanted`).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let desc = wgpu::DeviceDescriptor {
             label: Some("tessera"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -167,6 +207,7 @@ impl Gpu {
                     Ok("0") => false,
                     _ => info.device_type != wgpu::DeviceType::Cpu,
                 },
+            coop,
             mat_vec,
             f16_in_f32: adapter
                 .get_downlevel_capabilities()

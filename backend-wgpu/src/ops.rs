@@ -104,6 +104,15 @@ const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
 /// memory): the deeper one where the adapter's workgroup memory holds it.
 const MM_BK: [u32; 2] = [16, 32];
+/// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mul_mat.wgsl: 8
+/// subgroups x 16 x 16 f32).
+const MM_COOP_TC: u32 = 8 * 256 * 4;
+/// The cooperative-matrix mat-mat's tiles (BM, BN): 8 subgroups of 32 x 32, or of 64 x 32 (the
+/// larger one where dst has at least MM_BIG_GROUPS such tiles, as for quantized weights).
+const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
+/// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
+/// mul_mat.wgsl), which keeps two tiles of each (double buffered).
+const MM_COOP_PAD: u32 = 8;
 /// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
@@ -447,7 +456,8 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized());
+            let coop = h16 && gpu.coop && coop_wanted(t.ne, a.dtype.is_quantized());
+            let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
             for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
@@ -510,7 +520,7 @@ pub(crate) fn plan(
                         return Err(format!("{:?} needs too many workgroups", t.ne));
                     }
                     let (wide_a, y4) = wide_loads(gpu, graph, t, r0, 4);
-                    let v = mat_mat_variant(a.dtype, b.dtype, tile, wide_a, y4, h16);
+                    let v = mat_mat_variant(a.dtype, b.dtype, tile, wide_a, y4, (h16, coop));
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -1009,21 +1019,60 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: for quantized weights
 /// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
 /// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
-/// `h16`) whose tiles fit the adapter's workgroup memory. (H200, 2026-11-30, square f16 x f32
-/// products: 128 x 64 x 64 31 TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0
-/// m=4096 n=512: 128 x 128 x 32 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the
-/// tile of every mat-mat instead ([`mm_setting`]), where its tiles fit.
-fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
+/// `h16`) whose tiles fit the adapter's workgroup memory; with `coop` (cooperative matrices)
+/// one of [`MM_COOP_TILES`]. (H200, 2026-11-30, square f16 x f32 products: 128 x 64 x 64 31
+/// TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0 m=4096 n=512: 128 x 128 x 32
+/// 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead
+/// ([`mm_setting`]), where its tiles fit (and, with `coop`, it is one of MM_COOP_TILES).
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -> (u32, u32, u32) {
     let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
     match mm_setting() {
-        Some((bm, bn, bk)) if tile_fits(wg_mem, (bm, bn), bk, h16) => (bm, bn, bk),
+        Some((bm, bn, bk))
+            if tile_fits(wg_mem, (bm, bn), bk, h16, coop)
+                && (!coop || MM_COOP_TILES.contains(&(bm, bn))) =>
+        {
+            (bm, bn, bk)
+        }
+        _ if coop => {
+            let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
+            let bk = MM_BK_H16
+                .iter()
+                .rev()
+                .copied()
+                .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, true, true))
+                .unwrap_or(MM_BK_H16[0]);
+            (bm, bn, bk)
+        }
         _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
 }
 
-/// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes.
-fn tile_fits(wg_mem: u32, (bm, bn): (u32, u32), bk: u32, h16: bool) -> bool {
-    (bm + bn) * bk * if h16 { 2 } else { 4 } <= wg_mem
+/// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes; with
+/// `coop` (cooperative matrices) two padded f16 tiles of each (double buffered) and the
+/// subgroups' 16 x 16 f32 result blocks.
+fn tile_fits(wg_mem: u32, (bm, bn): (u32, u32), bk: u32, h16: bool, coop: bool) -> bool {
+    let bytes = if coop {
+        2 * (bm + bn) * (bk + MM_COOP_PAD) * 2 + MM_COOP_TC
+    } else {
+        (bm + bn) * bk * if h16 { 2 } else { 4 }
+    };
+    bytes <= wg_mem
+}
+
+/// Whether dst (shape `ne`) takes the larger cooperative-matrix tile: at least 128 columns and
+/// MM_BIG_GROUPS tiles of 128 x 128.
+fn coop_big(ne: [usize; 4]) -> bool {
+    let groups = ne[0].div_ceil(128) * ne[1].div_ceil(128) * ne[2] * ne[3];
+    ne[1] >= 128 && groups >= MM_BIG_GROUPS
+}
+
+/// Whether an f16 mat-mat of dst shape `ne` runs on cooperative matrices: quantized weights
+/// (`quant`) wherever dst has 128 rows, float weights only with the larger tile. (H200,
+/// 2026-11-30: f16 weights m=4096 n=512 k=14336 23.7 TFLOP/s on 128 x 64 cooperative tiles
+/// against 27.4 on the plain 128 x 64 x 64 ones, square 4096^3 35.3 on 128 x 128 cooperative
+/// tiles against 31.1; q4_0 m=4096 n=512 29.0 against 18.8.)
+fn coop_wanted(ne: [usize; 4], quant: bool) -> bool {
+    ne[0] >= MM_COOP_TILES[0].0 as usize && (quant || coop_big(ne))
 }
 
 /// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
@@ -1061,25 +1110,28 @@ fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32
         .iter()
         .rev()
         .copied()
-        .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, h16))
+        .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, h16, false))
         .unwrap_or(depths[0]);
     (bm, bn, bk)
 }
 
 /// The tiled mat-mat variant for weights of type `a` and activations of type `b`; `aligned`
 /// and `y4` as for [`mat_vec_variant`] (float weights need k a multiple of 4 only); `h16`:
-/// f16 tiles and products ([`mat_mat_h16`]).
+/// f16 tiles and products ([`mat_mat_h16`]), `coop` (with `h16`) the products on cooperative
+/// matrices (`Gpu::coop`).
 fn mat_mat_variant(
     a: DType,
     b: DType,
     (bm, bn, bk): (u32, u32, u32),
     aligned: bool,
     y4: bool,
-    h16: bool,
+    (h16, coop): (bool, bool),
 ) -> Variant {
     let v = if h16 {
         Variant::new(Family::MulMat, "mat_mat")
             .def("H16", 1)
+            .def("COOP", u32::from(coop))
+            .def("FM4", u32::from(coop && bn == 128))
             .def("HK", MM_HK.min(bk))
     } else {
         Variant::new(Family::MulMat, "mat_mat").def("HK", bk)
@@ -1266,12 +1318,15 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                     }
                 }
                 for b in [DType::F32, DType::F16] {
-                    for h16 in [false, true] {
+                    for (h16, coop) in [(false, false), (true, false), (true, true)] {
                         if h16 && !mat_mat_h16(true, a) {
                             continue;
                         }
                         let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
                         for (bm, bn) in MM_TILES {
+                            if coop && !MM_COOP_TILES.contains(&(bm, bn)) {
+                                continue;
+                            }
                             for &bk in depths {
                                 for aligned in [false, true] {
                                     if aligned
@@ -1290,7 +1345,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                             (bm, bn, bk),
                                             aligned,
                                             y4,
-                                            h16,
+                                            (h16, coop),
                                         ));
                                     }
                                 }
@@ -1361,10 +1416,35 @@ mod tests {
         assert_eq!(mat_mat_tile_for(32768, big, true, false), (128, 64, 64));
         assert_eq!(mat_mat_tile_for(16384, big, false, false), (128, 64, 16));
         assert_eq!(mat_mat_tile_for(16384, big, true, false), (128, 64, 32));
-        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 64), true, true, true);
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 64),
+            true,
+            true,
+            (true, false),
+        );
         let src = v.source().unwrap();
         assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
-        let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, 32), true, true, false);
+        assert!(!src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 64),
+            true,
+            true,
+            (true, true),
+        );
+        let src = v.source().unwrap();
+        assert!(src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        let v = mat_mat_variant(
+            DType::F16,
+            DType::F32,
+            (128, 128, 32),
+            true,
+            true,
+            (false, false),
+        );
         assert!(!v.source().unwrap().starts_with("enable f16;"));
     }
 }

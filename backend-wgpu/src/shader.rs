@@ -20,7 +20,8 @@
 //! and `KQUANT` (derived: the destination is quantized, its block size, it is a K type),
 //! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
 //! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32). The
-//! tiled mat-mat also has `H16` (the adapter has SHADER_F16: `enable f16;` and f16 tiles).
+//! tiled mat-mat also has `H16` (the adapter has SHADER_F16: `enable f16;` and f16 tiles) and
+//! `COOP` (with H16: products on cooperative matrices, `enable wgpu_cooperative_matrix;`).
 //!
 //! Every variant the backend can build is listed by `all_variants` (test builds), and the unit test
 //! `every_variant_validates` runs each through naga's WGSL front end and validator with no
@@ -289,6 +290,11 @@ mod tests {
     /// Parses and validates one source with naga, with f16 and subgroup capabilities where
     /// the variant uses them.
     fn validate(v: &Variant) -> Result<(), String> {
+        validated(v).map(|_| ())
+    }
+
+    /// [`validate`], returning the module and its validation info.
+    fn validated(v: &Variant) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
         let src = v.source()?;
         let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
         let mut caps = naga::valid::Capabilities::empty();
@@ -301,18 +307,38 @@ mod tests {
         if v.get("H16").is_some_and(|s| s != 0) {
             caps |= naga::valid::Capabilities::SHADER_FLOAT16;
         }
+        if v.get("COOP").is_some_and(|s| s != 0) {
+            caps |= naga::valid::Capabilities::COOPERATIVE_MATRIX;
+        }
         let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
         if caps.contains(naga::valid::Capabilities::SUBGROUP) {
             validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
             validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
         }
-        validator
+        let info = validator
             .validate(&module)
             .map_err(|e| e.emit_to_string(&src))?;
         if !module.entry_points.iter().any(|e| e.name == v.entry) {
             return Err(format!("no entry point {}", v.entry));
         }
-        Ok(())
+        Ok((module, info))
+    }
+
+    /// The cooperative-matrix mat-mat variants also go through naga's SPIR-V writer (the path
+    /// Vulkan takes; the feature is experimental in naga, and no CI adapter offers it).
+    #[test]
+    fn coop_variants_write_spirv() {
+        let coop: Vec<Variant> = all_variants()
+            .into_iter()
+            .filter(|v| v.get("COOP").is_some_and(|c| c != 0))
+            .collect();
+        assert!(!coop.is_empty());
+        for v in &coop {
+            let (module, info) = validated(v).unwrap();
+            let words = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+                .unwrap_or_else(|e| panic!("{}: {e}", v.label()));
+            assert!(words.len() > 100);
+        }
     }
 
     #[test]

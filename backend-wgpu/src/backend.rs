@@ -74,7 +74,26 @@ pub struct WgpuBackend {
     /// profile, made on the first profiled graph.
     profiling: bool,
     profile: Option<Profile>,
+    /// Host time spent encoding and submitting recorded graphs, and how many (logged at debug
+    /// level when the backend is dropped).
+    encoding: (std::time::Duration, u64),
 }
+
+/// Dispatches per submitted command buffer of a graph (`TESSERA_WGPU_SUBMIT=N`; default
+/// [`SUBMIT_CHUNK`]): the GPU runs the first part while the host encodes the next.
+fn submit_chunk() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("TESSERA_WGPU_SUBMIT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(SUBMIT_CHUNK)
+    })
+}
+
+/// The default of [`submit_chunk`].
+const SUBMIT_CHUNK: usize = usize::MAX;
 
 /// The caller's memory a pending read fills.
 struct Out(*mut u8, usize);
@@ -101,6 +120,7 @@ impl WgpuBackend {
             last_dispatches: 0,
             profiling: std::env::var("TESSERA_WGPU_PROFILE").as_deref() == Ok("1"),
             profile: None,
+            encoding: (std::time::Duration::ZERO, 0),
         }
     }
 
@@ -321,27 +341,42 @@ impl Backend for WgpuBackend {
             self.unflushed = false;
             return self.gpu.check();
         }
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("tessera graph"),
-            });
+        let started = std::time::Instant::now();
         let timer = if timing::timing_on() && self.gpu.timestamps {
             Some(self.timer.get_or_insert_with(|| Timer::new(&self.gpu)))
         } else {
             None
         };
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: timer.and_then(|t| t.next()),
-            });
-            for d in &rec.dispatches {
-                d.encode(&mut pass);
+        // A timed graph is one pass; else the GPU starts on the first SUBMIT_CHUNK dispatches
+        // while the rest are encoded.
+        let chunk = match timer {
+            Some(_) => rec.dispatches.len().max(1),
+            None => submit_chunk(),
+        };
+        let mut timer = timer;
+        // An empty graph still submits (the queued writes run).
+        let empty: &[Dispatch] = &[];
+        let parts = rec.dispatches.chunks(chunk);
+        for part in parts.chain(rec.dispatches.is_empty().then_some(empty)) {
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tessera graph"),
+                });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: timer.take().and_then(|t| t.next()),
+                });
+                for d in part {
+                    d.encode(&mut pass);
+                }
             }
+            self.gpu.queue.submit([enc.finish()]);
         }
-        self.gpu.queue.submit([enc.finish()]);
+        self.encoding.0 += started.elapsed();
+        self.encoding.1 += 1;
         self.unflushed = false;
         self.gpu.check()
     }
@@ -467,6 +502,14 @@ impl Drop for WgpuBackend {
         }
         if let Some(p) = &self.profile {
             p.log(&self.gpu.name);
+        }
+        let (spent, graphs) = self.encoding;
+        if graphs > 0 {
+            log::debug!(
+                "{}: {graphs} graphs encoded and submitted, {:.1} us each on the host",
+                self.gpu.name,
+                spent.as_secs_f64() * 1e6 / graphs as f64
+            );
         }
     }
 }

@@ -32,9 +32,13 @@ pub fn set_gpu_timing(on: bool) {
     ON.store(on, Ordering::SeqCst);
 }
 
-/// Whether GPU timing is on.
+/// Whether GPU timing is on: [`set_gpu_timing`], or `TESSERA_WGPU_TIMING=1` for the whole
+/// process (each backend then logs the median GPU time of its graphs at debug level when it
+/// is dropped).
 pub(crate) fn timing_on() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     ON.load(Ordering::Relaxed)
+        || *ENV.get_or_init(|| std::env::var("TESSERA_WGPU_TIMING").as_deref() == Ok("1"))
 }
 
 /// The GPU time of each graph timed since the last call (from the beginning to the end of its
@@ -108,6 +112,17 @@ impl Timer {
     /// Waits for the timed graphs, reads their timestamps and appends their times to the list.
     pub fn flush(&mut self, gpu: &Gpu) -> Result<()> {
         let times = self.read_back(gpu)?;
+        if !times.is_empty() {
+            let mut sorted = times.clone();
+            sorted.sort_by(f64::total_cmp);
+            log::debug!(
+                "{}: {} graphs timed, median {:.1} us GPU each, {:.1} us in all",
+                gpu.name,
+                times.len(),
+                sorted[sorted.len() / 2] / 1e3,
+                sorted.iter().sum::<f64>() / 1e3
+            );
+        }
         lock(&TIMES).extend(times);
         Ok(())
     }

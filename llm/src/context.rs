@@ -181,6 +181,7 @@ impl Context {
             }
         };
         let p0 = self.n_past;
+        let started = std::time::Instant::now();
         {
             let step = &self.steps[idx];
             let g = &step.graph;
@@ -203,12 +204,20 @@ impl Context {
             set(be, g, step.io.mask, &mask_bytes)?;
         }
         let step = &self.steps[idx];
+        let inputs = started.elapsed();
         self.sched.compute(&step.graph, &step.plan)?;
+        let computed = started.elapsed();
         self.n_past += n;
         let data = step.graph.data_or_err(step.io.logits)?;
         let count = step.graph.get(step.io.logits).nelements();
         let mut bytes = vec![0u8; count * 4];
         data.buffer.get(data.offset, &mut bytes)?;
+        log::trace!(
+            "step of {n} tokens: host us from its start: inputs queued {}, computed {}, logits read {}",
+            inputs.as_micros(),
+            computed.as_micros(),
+            started.elapsed().as_micros()
+        );
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -45,16 +45,29 @@ pub(crate) struct Recording {
     /// Ids of the buffers it binds (sorted), so that freeing one forgets it.
     pub buffers: Vec<u64>,
     /// The parameter buffer its bind groups use, and the blocks to write there.
-    params: wgpu::Buffer,
+    params: Arc<Params>,
     bytes: Vec<u8>,
+    /// A number no other recording has: what [`Params::held`] holds while the parameter
+    /// buffer holds this recording's blocks.
+    serial: u64,
     dispatches: Vec<Dispatch>,
+}
+
+/// A backend's parameter buffer (uniform blocks of its recordings' dispatches).
+pub(crate) struct Params {
+    id: u64,
+    buffer: wgpu::Buffer,
+    size: u64,
+    /// The serial of the recording whose blocks were last written here (0: none), so that a
+    /// graph replayed again and again writes them once.
+    held: std::sync::atomic::AtomicU64,
 }
 
 /// A stream of work on one wgpu device.
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     /// The parameter buffer: its id, the buffer, and its size in bytes.
-    params: Option<(u64, wgpu::Buffer, u64)>,
+    params: Option<Arc<Params>>,
     /// Timestamp queries, made on the first graph run while GPU timing is on
     /// ([`crate::set_gpu_timing`]).
     timer: Option<Timer>,
@@ -63,9 +76,15 @@ pub struct WgpuBackend {
     reads: Vec<(Readback, Out)>,
     /// Staging buffers of finished reads, kept for the next ones.
     spare: Vec<wgpu::Buffer>,
-    /// Queue writes of [`Backend::set_async`] wait for a submit (the next submit runs them
-    /// first).
-    unflushed: bool,
+    /// Writes of [`Backend::set_async`] not yet submitted: their bytes one after another, and
+    /// for each its buffer, byte offset there, and range in the bytes. The next submit copies
+    /// them in from one upload buffer (one staging write for all of them).
+    uploads: (Vec<u8>, Vec<(wgpu::Buffer, u64, std::ops::Range<usize>)>),
+    /// The upload buffer, grown as needed.
+    upload: Option<wgpu::Buffer>,
+    /// Whether nothing was submitted since the last wait: a synchronize then need not wait
+    /// (a host write into another device's memory, say, costs no round trip).
+    idle: bool,
     /// Whether op sequences run fused ([`WgpuBackend::set_fusion`]).
     fusion: bool,
     /// Dispatches of the last [`Backend::compute`].
@@ -113,6 +132,9 @@ struct Out(*mut u8, usize);
 // next synchronize, from whichever thread drives it.
 unsafe impl Send for Out {}
 
+/// The largest [`Backend::set_async`] write gathered into the upload buffer.
+const UPLOAD_MAX: usize = 1 << 20;
+
 /// Staging buffers kept for reads, at most, and the largest kept.
 const SPARE: usize = 4;
 const SPARE_MAX: u64 = 64 << 20;
@@ -126,7 +148,9 @@ impl WgpuBackend {
             timer: None,
             reads: Vec::new(),
             spare: Vec::new(),
-            unflushed: false,
+            uploads: (Vec::new(), Vec::new()),
+            upload: None,
+            idle: true,
             fusion: crate::fused::default_on(),
             last_dispatches: 0,
             profiling: std::env::var("TESSERA_WGPU_PROFILE").as_deref() == Ok("1"),
@@ -165,16 +189,16 @@ impl WgpuBackend {
     }
 
     /// The parameter buffer, grown to at least `size` bytes.
-    fn params_buffer(&mut self, size: u64) -> Result<(u64, wgpu::Buffer)> {
-        if let Some((id, buf, cap)) = &self.params {
-            if *cap >= size {
-                return Ok((*id, buf.clone()));
+    fn params_buffer(&mut self, size: u64) -> Result<Arc<Params>> {
+        if let Some(p) = &self.params {
+            if p.size >= size {
+                return Ok(p.clone());
             }
-            self.gpu.forget_buffer(*id);
+            self.gpu.forget_buffer(p.id);
         }
         let cap = size.next_power_of_two().max(1 << 16);
         let gpu = &self.gpu;
-        let buf = gpu.scoped(
+        let buffer = gpu.scoped(
             || {
                 gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("tessera params"),
@@ -189,9 +213,74 @@ impl WgpuBackend {
             },
             |e| gpu.err(format!("parameter buffer of {cap} bytes: {e}")),
         )?;
-        let id = gpu.next_id();
-        self.params = Some((id, buf.clone(), cap));
-        Ok((id, buf))
+        let p = Arc::new(Params {
+            id: gpu.next_id(),
+            buffer,
+            size: cap,
+            held: std::sync::atomic::AtomicU64::new(0),
+        });
+        self.params = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Copies the pending [`Backend::set_async`] writes into their buffers with commands
+    /// recorded into `enc` (their bytes go to the upload buffer in one queue write, which runs
+    /// before `enc` is executed).
+    fn flush_uploads(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let (bytes, writes) = &mut self.uploads;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let need = bytes.len() as u64;
+        if self.upload.as_ref().is_none_or(|u| u.size() < need) {
+            let size = need.next_power_of_two().max(1 << 12);
+            let gpu = &self.gpu;
+            self.upload = Some(gpu.scoped(
+                || {
+                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("tessera uploads"),
+                        size,
+                        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                },
+                || Error::OutOfMemory {
+                    device: gpu.name.clone(),
+                    bytes: size as usize,
+                },
+                |e| gpu.err(format!("upload buffer of {size} bytes: {e}")),
+            )?);
+        }
+        let upload = self.upload.as_ref().expect("made above");
+        self.gpu.queue.write_buffer(upload, 0, bytes);
+        for (dst, offset, range) in writes.drain(..) {
+            enc.copy_buffer_to_buffer(
+                upload,
+                range.start as u64,
+                &dst,
+                offset,
+                range.len() as u64,
+            );
+        }
+        bytes.clear();
+        Ok(())
+    }
+
+    /// Submits the pending [`Backend::set_async`] writes on their own.
+    fn submit_uploads(&mut self) -> Result<()> {
+        if self.uploads.1.is_empty() {
+            return Ok(());
+        }
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("tessera uploads"),
+            });
+        self.flush_uploads(&mut enc)?;
+        self.gpu.queue.submit([enc.finish()]);
+        self.idle = false;
+        self.gpu.check()
     }
 
     /// Decides the launches of `nodes` and resolves their pipelines, bind groups and
@@ -235,10 +324,10 @@ impl WgpuBackend {
         let stride = PARAMS_SIZE.max(u64::from(
             self.gpu.limits.min_uniform_buffer_offset_alignment,
         ));
-        let (params_id, params) = self.params_buffer(stride * launches.len() as u64)?;
+        let params = self.params_buffer(stride * launches.len() as u64)?;
         let mut bytes = vec![0u8; (stride as usize) * launches.len()];
         let mut dispatches = Vec::with_capacity(launches.len());
-        let mut buffers = vec![params_id];
+        let mut buffers = vec![params.id];
         for (i, l) in launches.iter_mut().enumerate() {
             let mut storage = Vec::with_capacity(l.bind.len());
             for (k, bind) in l.bind.iter().enumerate() {
@@ -254,7 +343,7 @@ impl WgpuBackend {
                 storage.iter().map(|(w, b)| (w.clone(), b)).collect();
             let group = self
                 .gpu
-                .bind_group(l.variant.family, &refs, (params_id, &params));
+                .bind_group(l.variant.family, &refs, (params.id, &params.buffer));
             dispatches.push(Dispatch {
                 pipeline,
                 group,
@@ -274,6 +363,7 @@ impl WgpuBackend {
             buffers,
             params,
             bytes,
+            serial: self.gpu.next_id(),
             dispatches,
         }))
     }
@@ -344,17 +434,28 @@ impl Backend for WgpuBackend {
             },
         };
         self.last_dispatches = rec.dispatches.len();
-        self.gpu.queue.write_buffer(&rec.params, 0, &rec.bytes);
+        if rec.params.held.swap(rec.serial, std::sync::atomic::Ordering::Relaxed) != rec.serial {
+            self.gpu.queue.write_buffer(&rec.params.buffer, 0, &rec.bytes);
+        }
         if self.profiling && self.gpu.timestamps {
+            self.submit_uploads()?;
             let gpu = self.gpu.clone();
             let prof = self.profile.get_or_insert_with(|| Profile::new(&gpu));
             let names: Vec<&str> = rec.dispatches.iter().map(|d| d.name.as_str()).collect();
+            self.idle = false;
             prof.run(&gpu, &names, |pass, i| rec.dispatches[i].encode(pass))?;
-            self.unflushed = false;
             return self.gpu.check();
         }
         self.host.lookup += found.elapsed();
         let started = std::time::Instant::now();
+        let mut first = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("tessera graph"),
+            });
+        self.flush_uploads(&mut first)?;
+        let mut first = Some(first);
         let timer = if timing::timing_on() && self.gpu.timestamps {
             Some(self.timer.get_or_insert_with(|| Timer::new(&self.gpu)))
         } else {
@@ -371,12 +472,13 @@ impl Backend for WgpuBackend {
         let empty: &[Dispatch] = &[];
         let parts = rec.dispatches.chunks(chunk);
         for part in parts.chain(rec.dispatches.is_empty().then_some(empty)) {
-            let mut enc = self
-                .gpu
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("tessera graph"),
-                });
+            let mut enc = first.take().unwrap_or_else(|| {
+                self.gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("tessera graph"),
+                    })
+            });
             {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: None,
@@ -388,19 +490,21 @@ impl Backend for WgpuBackend {
             }
             self.gpu.queue.submit([enc.finish()]);
         }
+        self.idle = false;
         self.host.encode += started.elapsed();
         self.host.graphs += 1;
-        self.unflushed = false;
         self.gpu.check()
     }
 
     /// One wait for everything submitted, then the pending reads are copied out of their
     /// mapped staging buffers into the callers' memory.
     fn synchronize(&mut self) -> Result<()> {
-        if std::mem::take(&mut self.unflushed) {
-            self.gpu.queue.submit([]);
+        self.submit_uploads()?;
+        if self.idle {
+            return self.gpu.check();
         }
         let mut result = self.gpu.wait();
+        self.idle = true;
         for (r, out) in self.reads.drain(..) {
             // SAFETY: `get_async`'s caller keeps `out` for it until this synchronize.
             let out = unsafe { std::slice::from_raw_parts_mut(out.0, out.1) };
@@ -431,6 +535,7 @@ impl Backend for WgpuBackend {
         if out.is_empty() {
             return Ok(());
         }
+        self.submit_uploads()?;
         let size = buffer::read_size(offset, out.len());
         let fit = (self.spare.iter().enumerate())
             .filter(|(_, s)| s.size() >= size)
@@ -446,19 +551,29 @@ impl Backend for WgpuBackend {
             }
         };
         let r = b.start_read(offset, out.len(), staging)?;
-        self.unflushed = false;
+        self.idle = false;
         self.reads.push((r, Out(out.as_mut_ptr(), out.len())));
         self.gpu.check()
     }
 
     /// Word-aligned writes to this device's buffers are queued in stream order without
-    /// waiting; others fall back to a synchronize and a blocking write.
+    /// waiting (small ones gathered for one upload with the next submit, larger ones queue
+    /// writes of their own); others fall back to a synchronize and a blocking write.
     fn set_async(&mut self, buffer: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
         match self.own(buffer) {
             Some(b) if (offset | data.len()) & 3 == 0 => {
                 b.check_range(offset, data.len())?;
-                self.gpu.queue.write_buffer(&b.buffer, offset as u64, data);
-                self.unflushed = true;
+                if data.len() > UPLOAD_MAX {
+                    self.submit_uploads()?;
+                    self.gpu.queue.write_buffer(&b.buffer, offset as u64, data);
+                    self.gpu.queue.submit([]);
+                    self.idle = false;
+                    return self.gpu.check();
+                }
+                let (bytes, writes) = &mut self.uploads;
+                let start = bytes.len();
+                bytes.extend_from_slice(data);
+                writes.push((b.buffer.clone(), offset as u64, start..bytes.len()));
                 Ok(())
             }
             _ => {
@@ -486,6 +601,7 @@ impl Backend for WgpuBackend {
                     .gpu
                     .device
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                self.flush_uploads(&mut enc)?;
                 enc.copy_buffer_to_buffer(
                     &s.buffer,
                     src_offset as u64,
@@ -494,6 +610,7 @@ impl Backend for WgpuBackend {
                     len as u64,
                 );
                 self.gpu.queue.submit([enc.finish()]);
+                self.idle = false;
                 self.gpu.check()
             }
             _ => {

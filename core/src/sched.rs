@@ -255,6 +255,38 @@ impl Scheduler {
 
     /// Runs a planned graph: copies, then each split on its device; waits for all of it.
     pub fn compute(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
+        self.run(graph, plan, None)
+    }
+
+    /// [`Scheduler::compute`], then the bytes of tensor `id` (one of the graph's results) read
+    /// into `out`: its device's backend queues the read behind the computation, so that the
+    /// one wait for the computation also brings the bytes back (no second round trip).
+    pub fn compute_read(
+        &mut self,
+        graph: &Graph,
+        plan: &SchedPlan,
+        id: TensorId,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let want = graph.get(id).nbytes();
+        if out.len() != want {
+            return Err(Error::Invalid(format!(
+                "reading '{}' of {want} bytes into {} bytes",
+                graph.label(id),
+                out.len()
+            )));
+        }
+        self.run(graph, plan, Some((id, out)))
+    }
+
+    /// The splits of `plan` in order, then `read` (see [`Scheduler::compute_read`]), then one
+    /// synchronize of each backend that ran something.
+    fn run(
+        &mut self,
+        graph: &Graph,
+        plan: &SchedPlan,
+        read: Option<(TensorId, &mut [u8])>,
+    ) -> Result<()> {
         let mut dirty = vec![false; self.devices.len()];
         for split in &plan.splits {
             for &(src, dst) in &split.copies {
@@ -279,12 +311,26 @@ impl Scheduler {
             self.backends[split.device].compute(graph, &split.nodes)?;
             dirty[split.device] = true;
         }
+        let mut late = None;
+        if let Some((id, out)) = read {
+            let d = graph.data_or_err(id)?;
+            match plan.placement.get(id.index()).copied().flatten() {
+                Some(dev) => {
+                    self.backends[dev].get_async(d.buffer.as_ref(), d.offset, out)?;
+                    dirty[dev] = true;
+                }
+                None => late = Some((d, out)),
+            }
+        }
         for (i, b) in self.backends.iter_mut().enumerate() {
             if dirty[i] {
                 b.synchronize()?;
             }
         }
-        Ok(())
+        match late {
+            Some((d, out)) => d.buffer.get(d.offset, out),
+            None => Ok(()),
+        }
     }
 }
 

@@ -16,7 +16,8 @@ pub const KV_PAD: usize = 256;
 /// Settings of a context.
 #[derive(Clone, Debug)]
 pub struct ContextParams {
-    /// Positions the KV cache holds (0: the smaller of the model's training context and 4096).
+    /// Positions the KV cache holds (0: the smaller of the model's training context and 4096),
+    /// rounded up to a multiple of [`KV_PAD`].
     pub n_ctx: usize,
     /// Most tokens evaluated in one graph (prompt processing is cut into batches of this).
     pub n_ubatch: usize,
@@ -55,11 +56,15 @@ impl Context {
     /// A context for `model` on the model's device (the CPU runs what the device cannot).
     pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Self> {
         let cfg = &model.config;
+        // Rounded up to whole KV_PAD blocks, as llama.cpp does: every step's mask rows are then
+        // whole words (a device then writes them without a read-modify-write).
         let n_ctx = if params.n_ctx == 0 {
             cfg.n_ctx_train.min(4096)
         } else {
             params.n_ctx
-        };
+        }
+        .div_ceil(KV_PAD)
+        * KV_PAD;
         if params.n_ubatch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }
@@ -205,17 +210,14 @@ impl Context {
         }
         let step = &self.steps[idx];
         let inputs = started.elapsed();
-        self.sched.compute(&step.graph, &step.plan)?;
-        let computed = started.elapsed();
-        self.n_past += n;
-        let data = step.graph.data_or_err(step.io.logits)?;
         let count = step.graph.get(step.io.logits).nelements();
         let mut bytes = vec![0u8; count * 4];
-        data.buffer.get(data.offset, &mut bytes)?;
+        self.sched
+            .compute_read(&step.graph, &step.plan, step.io.logits, &mut bytes)?;
+        self.n_past += n;
         log::trace!(
-            "step of {n} tokens: host us from its start: inputs queued {}, computed {}, logits read {}",
+            "step of {n} tokens: host us from its start: inputs queued {}, computed and logits read {}",
             inputs.as_micros(),
-            computed.as_micros(),
             started.elapsed().as_micros()
         );
         Ok(bytes

@@ -162,6 +162,12 @@ fn run(
     let yd = g.data_or_err(y).unwrap();
     let mut out = vec![0u8; 8 * 3 * 4];
     yd.buffer.get(yd.offset, &mut out).unwrap();
+    // The same step again with the result read by its device's stream before the wait.
+    let mut read = vec![0u8; out.len()];
+    sched.compute_read(&g, &plan, y, &mut read).unwrap();
+    assert_eq!(read, out, "compute_read gives what compute and a read give");
+    let err = sched.compute_read(&g, &plan, y, &mut [0u8; 4]).unwrap_err();
+    assert!(err.to_string().contains("into 4 bytes"), "{err}");
     let copies = plan.splits.iter().map(|s| s.copies.len()).sum();
     (
         out.chunks_exact(4)

@@ -2,8 +2,13 @@
 //! intermediate results are read by nothing else (the destination of the last op is written,
 //! the intermediates never are).
 //!
-//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows: the norm shader multiplies as
-//!   it stores (MUL in `shaders/norm.wgsl`).
+//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows, read only by mul_mats that run as
+//!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
+//!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
+//!   normalizes its column itself (NORM in `mat_vec_q`, `shaders/mul_mat.wgsl`). Nothing that
+//!   runs until those mat-vecs are done may write x or w.
+//! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
+//!   in `shaders/norm.wgsl`).
 //! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
 //!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
@@ -17,8 +22,8 @@
 //!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU,
-//! `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM and ROPE_KV_ATTN check it
+//! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;

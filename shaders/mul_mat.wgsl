@@ -11,7 +11,8 @@
 // mat_mat: BM x BN tiles of dst per workgroup of 256 invocations (16 x 16, each BM/16 x BN/16
 //   outputs), stepping through k in BK-deep tiles of src0 and src1 staged in workgroup memory.
 //
-// Params: u.x: workgroups (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3.
+// Params: u.x: workgroups (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3; f.x: eps and
+// off4.y: the byte offset of w in binding 5 (mat_vec_q with NORM).
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -378,11 +379,38 @@ fn mat_vec(
 // stride s2.nb.y, laid out as src0: B4 = A4) by the same column, and then GLU stores
 // silu(src0 row . x) * (src2 row . x) (swiglu of the gate and up products of one token), or
 // PAIR stores both products, the second into src3 (f32, dst's shape; K and V of one token).
+// NORM multiplies by rms_norm(x) * w where src1 holds x (f32) and binding 5 holds w (f32, one
+// row of k values, from byte off4.y): the column is quantized as x * w, every invocation adds
+// up the squares of the x it loads, and each sum (both sums of W2 variants) is multiplied by
+// 1 / sqrt(mean(x^2) + eps) before it is stored, which equals normalizing first up to rounding
+// (a per-32 scale is linear). With ADD, GLU and PAIR as above: rms_norm(x) * w feeding Q, K
+// and V, or gate and up, without a norm dispatch of its own.
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
 var<workgroup> yd: array<f32, KC / 32u>;
 const TPR: u32 = {{TPR}}u;
+#if NORM
+@group(0) @binding(5) var<storage, read_write> norm_w: array<u32>;
+// This invocation's sum of the squares of the x it has loaded.
+var<private> sumsq: f32;
+
+// Four values of the column at byte yb from k = e times w (zeros past the row's end); where
+// `own` (they are this invocation's to count), their squares before that are added to sumsq.
+fn y_norm(yb: u32, e: u32, own: bool) -> vec4<f32> {
+    let v = yquad(yb, e);
+    if own {
+        sumsq += dot(v, v);
+    }
+    var w = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if e + i < P.s0.ne.x {
+            w[i] = bitcast<f32>(norm_w[(P.off4.y >> 2u) + e + i]);
+        }
+    }
+    return v * w;
+}
+#endif
 
 // The largest magnitude in v.
 fn amax4(v: vec4<f32>) -> f32 {
@@ -406,10 +434,19 @@ fn quantize_y(yb: u32, k0: u32, li: u32) {
     for (var s = 0u; s < steps; s++) {
         let i = s * {{WG}}u + li;
         let e = k0 + 16u * i;
+#if NORM
+        // Invocations past the chunk load values of the next one: not theirs to count.
+        let own = i < KC / 16u;
+        let v0 = y_norm(yb, e, own);
+        let v1 = y_norm(yb, e + 4u, own);
+        let v2 = y_norm(yb, e + 8u, own);
+        let v3 = y_norm(yb, e + 12u, own);
+#else
         let v0 = yquad(yb, e);
         let v1 = yquad(yb, e + 4u);
         let v2 = yquad(yb, e + 8u);
         let v3 = yquad(yb, e + 12u);
+#endif
         var a = max(max(amax4(v0), amax4(v1)), max(amax4(v2), amax4(v3)));
         a = max(a, subgroupShuffleXor(a, 1u));
         let inv = select(0.0, 127.0 / a, a > 0.0);
@@ -426,7 +463,11 @@ fn quantize_y(yb: u32, k0: u32, li: u32) {
         var v: array<vec4<f32>, 8>;
         var a = 0.0;
         for (var j = 0u; j < 8u; j++) {
+#if NORM
+            v[j] = y_norm(yb, k0 + 32u * i + 4u * j, true);
+#else
             v[j] = yquad(yb, k0 + 32u * i + 4u * j);
+#endif
             a = max(a, amax4(v[j]));
         }
         let inv = select(0.0, 127.0 / a, a > 0.0);
@@ -703,6 +744,32 @@ fn row_sum(v: f32, li: u32, j: u32) -> f32 {
     return red[li];
 }
 
+#if NORM
+#if SUBGROUPS
+// 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq: added in each
+// subgroup (sli, ssz: this invocation's index in it and its size), then over the subgroups'
+// sums in red. Every invocation calls it, in uniform control flow.
+fn norm_scale(li: u32, sli: u32, ssz: u32) -> f32 {
+    let s = subgroupAdd(sumsq);
+    if sli == 0u {
+        red[li / ssz] = s;
+    }
+    workgroupBarrier();
+    var t = 0.0;
+    for (var i = 0u; i < ({{WG}}u + ssz - 1u) / ssz; i++) {
+        t += red[i];
+    }
+    return 1.0 / sqrt(t / f32(P.s0.ne.x) + P.f.x);
+}
+#else
+// 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq. Every invocation
+// calls it, in uniform control flow.
+fn norm_scale(li: u32) -> f32 {
+    return 1.0 / sqrt(wg_sum(sumsq, li) / f32(P.s0.ne.x) + P.f.x);
+}
+#endif
+#endif
+
 // One workgroup per ROWS rows of one column of dst (u.x workgroups in all), TPR invocations
 // per row.
 @compute @workgroup_size({{WG}})
@@ -710,6 +777,12 @@ fn mat_vec_q(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
+#if NORM
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sli: u32,
+    @builtin(subgroup_size) ssz: u32,
+#endif
+#endif
 ) {
     let o = group(wg, nwg);
     if o >= P.u.x {
@@ -757,6 +830,17 @@ fn mat_vec_q(
 #endif
         }
     }
+#if NORM
+#if SUBGROUPS
+    let rs = norm_scale(li, sli, ssz);
+#else
+    let rs = norm_scale(li);
+#endif
+    acc *= rs;
+#if W2
+    acc2 *= rs;
+#endif
+#endif
     var v = row_sum(acc, li, j);
     let dc = vec4<u32>(m, c.yzw);
 #if W2

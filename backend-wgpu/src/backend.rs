@@ -294,12 +294,7 @@ impl WgpuBackend {
         key: Vec<u64>,
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
-        let fuser = Fuser {
-            gpu: &self.gpu,
-            graph,
-            nodes,
-            uses,
-        };
+        let fuser = Fuser::new(&self.gpu, graph, nodes, uses);
         let mut i = 0;
         while i < nodes.len() {
             if self.fusion {

@@ -2,8 +2,13 @@
 //! intermediate results are read by nothing else (the destination of the last op is written,
 //! the intermediates never are).
 //!
-//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows: the norm shader multiplies as
-//!   it stores (MUL in `shaders/norm.wgsl`).
+//! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows, read only by mul_mats that run as
+//!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
+//!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
+//!   normalizes its column itself (NORM in `mat_vec_q`, `shaders/mul_mat.wgsl`). Nothing that
+//!   runs until those mat-vecs are done may write x or w.
+//! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
+//!   in `shaders/norm.wgsl`).
 //! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
 //!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
@@ -17,11 +22,14 @@
 //!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT and ROPE_KV_ATTN check it against the CPU,
-//! `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM and ROPE_KV_ATTN check it
+//! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
 
-use tessera_core::{BinaryOp, DType, GluOp, Graph, Op, Result, TensorId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use tessera_core::{BinaryOp, DType, Error, GluOp, Graph, Op, Result, TensorId};
 
 use crate::context::Gpu;
 use crate::ops::{self, desc, Launch, PlanOut};
@@ -43,12 +51,46 @@ pub(crate) struct Fuser<'a> {
     pub nodes: &'a [TensorId],
     /// [`Graph::reader_counts`] of the graph.
     pub uses: &'a [u32],
+    /// The products `m = rms_norm(x) * w` left to the mat-vecs that read them (NORM), by m.
+    norms: RefCell<HashMap<TensorId, Norm>>,
 }
 
-impl Fuser<'_> {
+/// An `rms_norm(x) * w` that the mat-vecs reading it compute.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Norm {
+    /// The rows normalized.
+    x: TensorId,
+    /// The weights multiplied in (one f32 row).
+    w: TensorId,
+    /// The norm's epsilon.
+    eps: f32,
+}
+
+/// `rms_norm(x) * w` found at a node: the index and id of the mul, and the norm.
+struct NormMul {
+    j: usize,
+    m: TensorId,
+    norm: Norm,
+}
+
+impl<'a> Fuser<'a> {
+    /// A fuser of `nodes` of `graph` (`uses`: its [`Graph::reader_counts`]).
+    pub fn new(gpu: &'a Gpu, graph: &'a Graph, nodes: &'a [TensorId], uses: &'a [u32]) -> Self {
+        Fuser {
+            gpu,
+            graph,
+            nodes,
+            uses,
+            norms: RefCell::new(HashMap::new()),
+        }
+    }
+
     /// Tries every fusion at `nodes[i]`: the launches and how many nodes they stand for
-    /// (`None`: none applies).
+    /// (`None`: none applies). Called for the nodes in order.
     pub fn try_fuse(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        if let Some(f) = self.norm_into_mat_vecs(i)? {
+            return Ok(Some(f));
+        }
         if let Some(f) = self.rms_norm_mul(i)? {
             return Ok(Some(f));
         }
@@ -61,7 +103,10 @@ impl Fuser<'_> {
         if let Some(f) = self.mat_vec_add(i)? {
             return Ok(Some(f));
         }
-        self.mat_vec_pair(i)
+        if let Some(f) = self.mat_vec_pair(i)? {
+            return Ok(Some(f));
+        }
+        self.mat_vec_norm(i)
     }
 
     /// Whether `id` has exactly one reader (and is no output).
@@ -102,20 +147,22 @@ impl Fuser<'_> {
         a1 <= b0 || b1 <= a0
     }
 
-    /// `rms_norm(x) * w` as one norm dispatch (MUL).
-    fn rms_norm_mul(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    /// `r = rms_norm(x)` at `nodes[i]`, read only by the next node that runs, `m = r * w`, w
+    /// one row broadcast over r's rows, all f32.
+    fn norm_mul_at(&self, i: usize) -> Option<NormMul> {
         let g = self.graph;
         let r = self.nodes[i];
         let tr = g.get(r);
-        if !matches!(tr.op, Op::RmsNorm { .. }) || !self.single_use(r) {
-            return Ok(None);
-        }
-        let Some((j, m)) = self.next_running(i + 1) else {
-            return Ok(None);
+        let Op::RmsNorm { eps } = tr.op else {
+            return None;
         };
+        if !self.single_use(r) {
+            return None;
+        }
+        let (j, m) = self.next_running(i + 1)?;
         let tm = g.get(m);
         if tm.op != Op::Binary(BinaryOp::Mul) || tm.src.len() != 2 || tm.src[0] != r {
-            return Ok(None);
+            return None;
         }
         let (w, x) = (tm.src[1], tr.src[0]);
         let tw = g.get(w);
@@ -124,9 +171,68 @@ impl Fuser<'_> {
             && tr.dtype == DType::F32
             && g.get(x).dtype == DType::F32
             && tm.ne == tr.ne
-            && tw.ne == [tr.ne[0], 1, 1, 1]
-            && self.apart(m, x, true);
-        if !fits {
+            && tw.ne == [tr.ne[0], 1, 1, 1];
+        fits.then_some(NormMul {
+            j,
+            m,
+            norm: Norm { x, w, eps },
+        })
+    }
+
+    /// `m = rms_norm(x) * w` read only by later mul_mats by m (as src1) that run as the
+    /// integer-dot mat-vec, alone or fused (ADD, GLU, PAIR): no dispatch; each of those
+    /// mat-vecs computes the norm of its column (NORM). Every node that runs from m on to the
+    /// node after m's last reader must keep apart from x and w, which are read in m's stead.
+    fn norm_into_mat_vecs(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let Some(NormMul { j, m, norm }) = self.norm_mul_at(i) else {
+            return Ok(None);
+        };
+        if g.get(norm.w).nb[0] != 4 {
+            return Ok(None);
+        }
+        let want = self.uses[m.index()] as usize;
+        let (mut found, mut last) = (0, j);
+        for (k, &n) in self.nodes.iter().enumerate().skip(j + 1) {
+            if found == want {
+                break;
+            }
+            let t = g.get(n);
+            if !t.src.contains(&m) {
+                continue;
+            }
+            if t.op != Op::MulMat || t.src[0] == m || self.mat_vec_q_plan(n).is_none() {
+                return Ok(None);
+            }
+            found += 1;
+            last = k;
+        }
+        if found == 0 || found != want {
+            return Ok(None);
+        }
+        let end = self.next_running(last + 1).map_or(last, |(k, _)| k);
+        let apart = self.nodes[j + 1..=end].iter().all(|&n| {
+            let t = g.get(n);
+            t.op == Op::None
+                || t.op.is_view()
+                || (self.apart(n, norm.x, false) && self.apart(n, norm.w, false))
+        });
+        if !apart {
+            return Ok(None);
+        }
+        self.norms.borrow_mut().insert(m, norm);
+        Ok(Some((Vec::new(), j - i + 1)))
+    }
+
+    /// `rms_norm(x) * w` as one norm dispatch (MUL).
+    fn rms_norm_mul(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let Some(NormMul { j, m, norm }) = self.norm_mul_at(i) else {
+            return Ok(None);
+        };
+        let (r, w, x) = (self.nodes[i], norm.w, norm.x);
+        let (tm, tw) = (g.get(m), g.get(w));
+        if !self.apart(m, x, true) {
             return Ok(None);
         }
         let Some(mut out) = self.single_plan(r) else {
@@ -141,6 +247,37 @@ impl Fuser<'_> {
             vec![ops::to_launch(self.gpu, g, m, out)?],
             j - i + 1,
         )))
+    }
+
+    /// The launch of plan `out` for node `id`: an integer-dot mat-vec by a product
+    /// `rms_norm(x) * w` left to it ([`Fuser::norm_into_mat_vecs`]) reads x and w and computes
+    /// the norm (NORM).
+    fn launch(&self, id: TensorId, mut out: PlanOut) -> Result<Launch> {
+        if out.variant.entry == "mat_vec_q" {
+            if let Some(n) = self.norms.borrow().get(&out.bind[2].id) {
+                out = ops::mat_vec_q_norm(self.gpu, self.graph, out, n.x, n.w, n.eps);
+            }
+        }
+        ops::to_launch(self.gpu, self.graph, id, out)
+    }
+
+    /// A mul_mat by a product `rms_norm(x) * w` left to the mat-vecs that no other fusion
+    /// took: one mat-vec dispatch that computes the norm (NORM).
+    fn mat_vec_norm(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let m = self.nodes[i];
+        let tm = self.graph.get(m);
+        if tm.op != Op::MulMat || !self.norms.borrow().contains_key(&tm.src[1]) {
+            return Ok(None);
+        }
+        // Checked when the norm was left to the mat-vecs.
+        let out = self.mat_vec_q_plan(m).ok_or_else(|| Error::Unsupported {
+            backend: self.gpu.name.clone(),
+            what: format!(
+                "MUL_MAT of '{}' by an rms_norm left to it (no integer-dot mat-vec)",
+                self.graph.label(m)
+            ),
+        })?;
+        Ok(Some((vec![self.launch(m, out)?], 1)))
     }
 
     /// The one launch of node `id`'s plan (`None`: it has several, or none, or is not
@@ -223,10 +360,7 @@ impl Fuser<'_> {
         out.bind.push(ops::Bind::whole(r));
         out.params.desc[0] = desc(ta);
         out.params.desc[3] = desc(tr);
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, a, out)?],
-            j - i + 1,
-        )))
+        Ok(Some((vec![self.launch(a, out)?], j - i + 1)))
     }
 
     /// Node `i` when it is a mul_mat, with the index and id of the next node that runs.
@@ -276,10 +410,7 @@ impl Fuser<'_> {
         out.bind.push(pu.bind[1]);
         out.params.desc[0] = desc(ts);
         out.params.desc[3] = desc(g.get(g.get(up).src[0]));
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, s, out)?],
-            js - i + 1,
-        )))
+        Ok(Some((vec![self.launch(s, out)?], js - i + 1)))
     }
 
     /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
@@ -308,10 +439,7 @@ impl Fuser<'_> {
         out.bind.push(pb.bind[0]);
         out.params.desc[3] = desc(g.get(tb.src[0]));
         out.params.desc[4] = desc(tb);
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, a, out)?],
-            jb - i + 1,
-        )))
+        Ok(Some((vec![self.launch(a, out)?], jb - i + 1)))
     }
 
     /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,

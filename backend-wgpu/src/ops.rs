@@ -987,6 +987,35 @@ fn mvq_kc(wg_mem: u32, wg: u32) -> Option<u32> {
         .find(|&kc| kc + kc / 8 + 4 * wg <= wg_mem)
 }
 
+/// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
+/// of its column (NORM in `mat_vec_q`).
+const NORM_W_BINDING: usize = 5;
+
+/// The plan `out` of an integer-dot mat-vec whose src1 is `rms_norm(x) * w` (x f32 of src1's
+/// shape, w one f32 row of contiguous values), made to read x and w and compute the norm itself
+/// (NORM): x in binding 2 (as 16-byte words where x allows, Y4), w in binding 5 (the bindings
+/// before it that the plan does not use repeat dst), eps in f.x.
+pub(crate) fn mat_vec_q_norm(
+    gpu: &Gpu,
+    graph: &Graph,
+    mut out: PlanOut,
+    x: TensorId,
+    w: TensorId,
+    eps: f32,
+) -> PlanOut {
+    let tx = graph.get(x);
+    let y4 = tx.nb[0] == 4 && tx.ne[0].is_multiple_of(4) && aligned(gpu, graph, x, 0, 16);
+    out.variant = out.variant.def("NORM", 1).def("Y4", u32::from(y4));
+    out.bind[2] = Bind::whole(x);
+    out.params.desc[2] = desc(tx);
+    while out.bind.len() < NORM_W_BINDING {
+        out.bind.push(out.bind[0]);
+    }
+    out.bind.push(Bind::whole(w));
+    out.params.f[0] = eps;
+    out
+}
+
 /// The integer-dot mat-vec variant for weights of type `a` (one of [`MVQ_TYPES`]) and
 /// activations of type `b`; `a4` and `y4` as in [`mat_vec_q_shape`] and [`mat_vec_variant`].
 /// ROWS, WG and KC are set by the caller.
@@ -1306,12 +1335,20 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                         .def("WG", wg)
                                         .def("TPR", wg / rows)
                                         .def("KC", kc);
-                                    v.push(x.clone().def("ADD", 1));
-                                    for glu in [false, true] {
-                                        let w2 = crate::fused::second_matrix_variant;
-                                        v.push(w2(x.clone(), glu));
+                                    let w2 = crate::fused::second_matrix_variant;
+                                    let fused = [
+                                        x.clone(),
+                                        x.clone().def("ADD", 1),
+                                        w2(x.clone(), false),
+                                        w2(x, true),
+                                    ];
+                                    for f in fused {
+                                        // NORM: the column is an f32 x to normalize.
+                                        if b == DType::F32 {
+                                            v.push(f.clone().def("NORM", 1));
+                                        }
+                                        v.push(f);
                                     }
-                                    v.push(x);
                                 }
                             }
                         }

@@ -116,7 +116,7 @@ impl Profile {
 
 /// A short name of a variant for the profile: its entry point (its family's file where the
 /// entry is `main`), the type of its first source (T0) where that is not f32, and the
-/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR).
+/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, NORM).
 pub(crate) fn variant_name(v: &Variant) -> String {
     let mut name = if v.entry == "main" {
         v.family.file().0.to_string()
@@ -131,7 +131,7 @@ pub(crate) fn variant_name(v: &Variant) -> String {
         name.push('_');
         name.push_str(t.name());
     }
-    for flag in ["MUL", "ADD", "W2", "GLU", "PAIR"] {
+    for flag in ["MUL", "ADD", "W2", "GLU", "PAIR", "NORM"] {
         if v.get(flag).is_some_and(|x| x != 0) {
             name.push('+');
             name.push_str(&flag.to_lowercase());

@@ -114,8 +114,8 @@ impl Family {
             | Family::Shape => 3,
             Family::FlashAttn => 5,
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
-            // second result).
-            Family::MulMat => 5,
+            // second result), and the weights of an rms_norm they compute (binding 5).
+            Family::MulMat => 6,
             // The fused rope of Q and K with the stores of K and V into their caches.
             Family::Rope => 8,
         }

@@ -1,7 +1,9 @@
-//! Fused dispatches: a decode step of a small Llama-like block (attention output and
-//! feed-forward halves, quantized weights) run with and without fusion gives the same values,
-//! and fusion cuts its dispatches from 14 to 7; the rope of Q and K with the stores of K and V
-//! into F16 caches writes the same bytes in one dispatch as in four.
+//! Fused dispatches: decode steps of small Llama-like blocks (quantized weights) run with and
+//! without fusion give the same values with fewer dispatches: a block whose norms feed the
+//! mat-vecs that read them (15 dispatches to 6), one whose residual add runs in place over the
+//! input of the attention norm, so that the norm keeps a dispatch (14 to 6), and norms whose
+//! result something other than a mat-vec also reads; the rope of Q and K with the stores of K
+//! and V into F16 caches writes the same bytes in one dispatch as in four.
 
 mod common;
 
@@ -15,21 +17,60 @@ use tessera_wgpu::WgpuDevice;
 const D: usize = 256;
 const FF: usize = 512;
 
+/// A graph to run: its inputs (tensor, type, values, and the range they are drawn from) and
+/// its outputs (f32, with their lengths).
+struct Block {
+    g: Graph,
+    inputs: Vec<(TensorId, DType, usize, (f32, f32))>,
+    outs: Vec<(TensorId, usize)>,
+}
+
+/// Ranges of the inputs: activations, norm weights, weight matrices.
+const X: (f32, f32) = (-1.0, 1.0);
+const NORM: (f32, f32) = (0.5, 1.5);
+const W: (f32, f32) = (-0.1, 0.1);
+
+impl Block {
+    /// An empty graph.
+    fn new() -> Block {
+        Block {
+            g: Graph::new(),
+            inputs: Vec::new(),
+            outs: Vec::new(),
+        }
+    }
+
+    /// A new input of type `dtype` and shape `ne`, drawn from `range`.
+    fn input(&mut self, name: &str, dtype: DType, ne: &[usize], range: (f32, f32)) -> TensorId {
+        let id = self.g.input(name, dtype, ne).unwrap();
+        self.inputs.push((id, dtype, ne.iter().product(), range));
+        id
+    }
+
+    /// Marks `id` (f32) as an output.
+    fn output(&mut self, id: TensorId) {
+        self.g.set_output(id);
+        self.outs.push((id, self.g.get(id).nelements()));
+    }
+}
+
 /// The block: x = scale(x_in) (a residual that is not a graph input, so that the adds may run
 /// in place over it as in a model), then h = rms_norm(x) * wn, the outputs K = W_k h and
 /// V = W_v h, x1 = x + W_o h, out = x1 + W_down swiglu(W_gate h2, W_up h2) with
-/// h2 = rms_norm(x1) * wn2. Returns the graph, its inputs and the outputs (out, K, V).
-fn block() -> (Graph, Vec<(TensorId, DType, usize)>, [TensorId; 3]) {
-    let mut g = Graph::new();
-    let x_in = g.input("x", DType::F32, &[D, 1]).unwrap();
-    let wn = g.input("wn", DType::F32, &[D]).unwrap();
-    let wn2 = g.input("wn2", DType::F32, &[D]).unwrap();
-    let wo = g.input("wo", DType::Q8_0, &[D, D]).unwrap();
-    let wg = g.input("wg", DType::Q4_K, &[D, FF]).unwrap();
-    let wu = g.input("wu", DType::Q4_K, &[D, FF]).unwrap();
-    let wd = g.input("wd", DType::Q6_K, &[FF, D]).unwrap();
-    let wk = g.input("wk", DType::Q4_0, &[D, 64]).unwrap();
-    let wv = g.input("wv", DType::Q4_0, &[D, 64]).unwrap();
+/// h2 = rms_norm(x1) * wn2. The add x + W_o h runs in place over x while W_o h reads h: the
+/// attention norm cannot be left to the mat-vecs (they would read x as it is overwritten).
+fn block() -> Block {
+    let mut b = Block::new();
+    let x_in = b.input("x", DType::F32, &[D, 1], X);
+    let wn = b.input("wn", DType::F32, &[D], NORM);
+    let wn2 = b.input("wn2", DType::F32, &[D], NORM);
+    let wo = b.input("wo", DType::Q8_0, &[D, D], W);
+    let wg = b.input("wg", DType::Q4_K, &[D, FF], W);
+    let wu = b.input("wu", DType::Q4_K, &[D, FF], W);
+    let wd = b.input("wd", DType::Q6_K, &[FF, D], W);
+    let wk = b.input("wk", DType::Q4_0, &[D, 64], W);
+    let wv = b.input("wv", DType::Q4_0, &[D, 64], W);
+    let g = &mut b.g;
     let x = g.scale(x_in, 1.0).unwrap();
     let h = g.rms_norm(x, 1e-5).unwrap();
     let h = g.mul(h, wn).unwrap();
@@ -45,20 +86,47 @@ fn block() -> (Graph, Vec<(TensorId, DType, usize)>, [TensorId; 3]) {
     let down = g.mul_mat(wd, act).unwrap();
     let out = g.add(x1, down).unwrap();
     for t in [out, k, v] {
-        g.set_output(t);
+        b.output(t);
     }
-    let inputs = vec![
-        (x_in, DType::F32, D),
-        (wn, DType::F32, D),
-        (wn2, DType::F32, D),
-        (wo, DType::Q8_0, D * D),
-        (wg, DType::Q4_K, D * FF),
-        (wu, DType::Q4_K, D * FF),
-        (wd, DType::Q6_K, FF * D),
-        (wk, DType::Q4_0, D * 64),
-        (wv, DType::Q4_0, D * 64),
-    ];
-    (g, inputs, [out, k, v])
+    b
+}
+
+/// A Llama decode layer with the attention itself left out: x = scale(x_in), h =
+/// rms_norm(x) * wn read by Q = W_q h, K = W_k h and V = W_v h (outputs), x1 = x + W_o Q (Q
+/// standing in for the attention), out = x1 + W_down swiglu(W_gate h2, W_up h2) with h2 =
+/// rms_norm(x1) * wn2: both norms are left to the mat-vecs that read them.
+fn layer() -> Block {
+    let mut b = Block::new();
+    let x_in = b.input("x", DType::F32, &[D, 1], X);
+    let wn = b.input("wn", DType::F32, &[D], NORM);
+    let wn2 = b.input("wn2", DType::F32, &[D], NORM);
+    let wq = b.input("wq", DType::Q8_0, &[D, D], W);
+    let wk = b.input("wk", DType::Q4_0, &[D, 64], W);
+    let wv = b.input("wv", DType::Q4_0, &[D, 64], W);
+    let wo = b.input("wo", DType::Q8_0, &[D, D], W);
+    let wg = b.input("wg", DType::Q4_K, &[D, FF], W);
+    let wu = b.input("wu", DType::Q4_K, &[D, FF], W);
+    let wd = b.input("wd", DType::Q6_K, &[FF, D], W);
+    let g = &mut b.g;
+    let x = g.scale(x_in, 1.0).unwrap();
+    let h = g.rms_norm(x, 1e-5).unwrap();
+    let h = g.mul(h, wn).unwrap();
+    let q = g.mul_mat(wq, h).unwrap();
+    let k = g.mul_mat(wk, h).unwrap();
+    let v = g.mul_mat(wv, h).unwrap();
+    let o = g.mul_mat(wo, q).unwrap();
+    let x1 = g.add(x, o).unwrap();
+    let h2 = g.rms_norm(x1, 1e-5).unwrap();
+    let h2 = g.mul(h2, wn2).unwrap();
+    let gate = g.mul_mat(wg, h2).unwrap();
+    let up = g.mul_mat(wu, h2).unwrap();
+    let act = g.swiglu_split(gate, up).unwrap();
+    let down = g.mul_mat(wd, act).unwrap();
+    let out = g.add(x1, down).unwrap();
+    for t in [out, q, k, v] {
+        b.output(t);
+    }
+    b
 }
 
 /// Deterministic values in [lo, hi).
@@ -74,41 +142,28 @@ fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The block's graph allocated on `dev` with its inputs written, its nodes and outputs.
-fn loaded_block(
-    dev: &std::sync::Arc<dyn tessera_core::Device>,
-) -> (Graph, Vec<TensorId>, [TensorId; 3]) {
-    let (mut g, inputs, outs) = block();
-    let nodes: Vec<_> = g.ids().collect();
+/// `b`'s graph allocated on `dev` with its inputs written, and its nodes.
+fn load(dev: &std::sync::Arc<dyn tessera_core::Device>, b: &mut Block) -> Vec<TensorId> {
+    let nodes: Vec<_> = b.g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut g, &nodes).unwrap();
-    for (k, &(id, dtype, n)) in inputs.iter().enumerate() {
-        let (lo, hi) = match k {
-            0 => (-1.0, 1.0),
-            1 | 2 => (0.5, 1.5),
-            _ => (-0.1, 0.1),
-        };
+    alloc.alloc(&mut b.g, &nodes).unwrap();
+    for (k, &(id, dtype, n, (lo, hi))) in b.inputs.iter().enumerate() {
         let v = values(n, k as u64 + 1, lo, hi);
         let mut bytes = vec![0u8; dtype.row_size(n).unwrap()];
         quantize_row(dtype, &v, &mut bytes).unwrap();
-        let d = g.data(id).unwrap();
+        let d = b.g.data(id).unwrap();
         d.buffer.set(d.offset, &bytes).unwrap();
     }
-    (g, nodes, outs)
+    nodes
 }
 
-/// Runs the block on `backend` and reads its outputs (out, K, V) back.
-fn run_block(
-    backend: &mut tessera_wgpu::WgpuBackend,
-    g: &Graph,
-    nodes: &[TensorId],
-    outs: [TensorId; 3],
-) -> Vec<f32> {
-    backend.compute(g, nodes).unwrap();
+/// Runs `b` on `backend` and reads its outputs back, one after the other.
+fn run(backend: &mut tessera_wgpu::WgpuBackend, b: &Block, nodes: &[TensorId]) -> Vec<f32> {
+    backend.compute(&b.g, nodes).unwrap();
     backend.synchronize().unwrap();
     let mut v = Vec::new();
-    for (o, n) in outs.into_iter().zip([D, 64, 64]) {
-        let d = g.data(o).unwrap();
+    for &(o, n) in &b.outs {
+        let d = b.g.data(o).unwrap();
         let mut x = vec![0f32; n];
         d.buffer
             .get(d.offset, bytemuck::cast_slice_mut(&mut x))
@@ -125,27 +180,21 @@ fn wgpu_device(dev: &std::sync::Arc<dyn tessera_core::Device>) -> &WgpuDevice {
         .expect("a wgpu device")
 }
 
-#[test]
-fn fused_block_matches_unfused_with_fewer_dispatches() {
-    let Some(dev) = common::device() else { return };
-    let wdev = wgpu_device(&dev);
-    let mut backend = wdev.backend().unwrap();
-    let (g, nodes, outs) = loaded_block(&dev);
+/// Runs `b` without fusion, with fusion, and with fusion again (replayed from its recording):
+/// checks that the values agree and returns the dispatch counts without and with fusion.
+fn fused_and_unfused(b: &mut Block) -> Option<(usize, usize)> {
+    let dev = common::device()?;
+    let mut backend = wgpu_device(&dev).backend().unwrap();
+    let nodes = load(&dev, b);
     let mut run = |fusion: bool| {
         backend.set_fusion(fusion);
-        let v = run_block(&mut backend, &g, &nodes, outs);
+        let v = run(&mut backend, b, &nodes);
         (v, backend.last_dispatch_count())
     };
     let (plain, plain_n) = run(false);
     let (fused, fused_n) = run(true);
-    // Replayed from its recording: the same dispatches and values.
     let (again, again_n) = run(true);
-    println!("dispatches per block: {plain_n} unfused, {fused_n} fused");
-    // scale, then norm, mul, K, V, O, add, norm, mul, gate, up, swiglu, down, add; fused:
-    // scale, norm*w, K and V, O+add, norm*w, gate/up/swiglu, down+add.
-    assert_eq!(plain_n, 14);
-    assert_eq!(fused_n, 7);
-    assert_eq!(again_n, 7);
+    assert_eq!(fused_n, again_n);
     assert_eq!(fused, again);
     let scale = plain.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (i, (a, b)) in plain.iter().zip(&fused).enumerate() {
@@ -154,22 +203,79 @@ fn fused_block_matches_unfused_with_fewer_dispatches() {
             "element {i}: unfused {a}, fused {b}"
         );
     }
+    println!("dispatches: {plain_n} unfused, {fused_n} fused");
+    Some((plain_n, fused_n))
+}
+
+#[test]
+fn fused_block_matches_unfused_with_fewer_dispatches() {
+    let Some(counts) = fused_and_unfused(&mut block()) else {
+        return;
+    };
+    // scale, then norm, mul, K, V, O, add, norm, mul, gate, up, swiglu, down, add; fused:
+    // scale, norm*w, K and V, O+add, gate/up/swiglu with the norm, down+add.
+    assert_eq!(counts, (14, 6));
+}
+
+#[test]
+fn norms_fuse_into_the_mat_vecs_that_read_them() {
+    let Some(counts) = fused_and_unfused(&mut layer()) else {
+        return;
+    };
+    // scale, norm, mul, Q, K, V, O, add, norm, mul, gate, up, swiglu, down, add; fused: scale,
+    // Q with the norm, K and V with the norm, O+add, gate/up/swiglu with the norm, down+add.
+    assert_eq!(counts, (15, 6));
+}
+
+/// h = rms_norm(x) * w read by K and V, and also by an add, as an output, or by a mul_mat that
+/// does not run as the integer-dot mat-vec (Q6_K rows of 256 values, 210 bytes, are not whole
+/// words): the norm keeps its dispatch (norm*w), and K and V read its result.
+#[test]
+fn norms_read_by_more_than_mat_vecs_keep_their_dispatch() {
+    for other in ["add", "output", "float mat-vec"] {
+        let mut b = Block::new();
+        let x = b.input("x", DType::F32, &[D, 1], X);
+        let wn = b.input("wn", DType::F32, &[D], NORM);
+        let wk = b.input("wk", DType::Q8_0, &[D, 64], W);
+        let wv = b.input("wv", DType::Q8_0, &[D, 64], W);
+        let wq = b.input("wq", DType::Q6_K, &[D, 64], W);
+        let g = &mut b.g;
+        let h = g.rms_norm(x, 1e-5).unwrap();
+        let h = g.mul(h, wn).unwrap();
+        let k = g.mul_mat(wk, h).unwrap();
+        let v = g.mul_mat(wv, h).unwrap();
+        let o = match other {
+            "add" => g.add(h, x).unwrap(),
+            "output" => h,
+            _ => g.mul_mat(wq, h).unwrap(),
+        };
+        for t in [k, v, o] {
+            b.output(t);
+        }
+        let Some(counts) = fused_and_unfused(&mut b) else {
+            return;
+        };
+        // norm, mul, K, V (and the other reader); fused: norm*w, K and V (and the other).
+        let expect = if other == "output" { (4, 2) } else { (5, 3) };
+        assert_eq!(counts, expect, "also read by: {other}");
+    }
 }
 
 /// The per-dispatch profile: a profiled run gives the same values, and its table counts each
-/// of the fused block's 7 dispatches once per run under its variant's name, with GPU time.
+/// of the fused layer's 6 dispatches once per run under its variant's name, with GPU time.
 #[test]
 fn profiled_block_names_and_times_its_dispatches() {
     let Some(dev) = common::device() else { return };
     let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     backend.set_fusion(true);
-    let (g, nodes, outs) = loaded_block(&dev);
-    let plain = run_block(&mut backend, &g, &nodes, outs);
+    let mut b = layer();
+    let nodes = load(&dev, &mut b);
+    let plain = run(&mut backend, &b, &nodes);
     assert!(backend.profile_table().is_empty());
     backend.set_profile(true);
-    let profiled = run_block(&mut backend, &g, &nodes, outs);
-    let again = run_block(&mut backend, &g, &nodes, outs);
+    let profiled = run(&mut backend, &b, &nodes);
+    let again = run(&mut backend, &b, &nodes);
     assert_eq!(plain, profiled);
     assert_eq!(plain, again);
     let table = backend.profile_table();
@@ -183,11 +289,14 @@ fn profiled_block_names_and_times_its_dispatches() {
         );
         return;
     }
-    assert_eq!(table.iter().map(|r| r.2).sum::<usize>(), 2 * 7);
-    assert!(
-        table.iter().any(|r| r.0 == "mat_vec_q_q4_K+w2+glu"),
-        "{table:?}"
-    );
+    assert_eq!(table.iter().map(|r| r.2).sum::<usize>(), 2 * 6);
+    for name in [
+        "mat_vec_q_q4_K+w2+glu+norm",
+        "mat_vec_q_q4_0+w2+pair+norm",
+        "mat_vec_q_q8_0+norm",
+    ] {
+        assert!(table.iter().any(|r| r.0 == name), "{name}: {table:?}");
+    }
     assert!(table.iter().map(|r| r.1).sum::<std::time::Duration>() > std::time::Duration::ZERO);
 }
 

@@ -1,6 +1,7 @@
 //! Op sequences that backends fuse into one kernel, as a model's graph holds them, so that each
 //! fused kernel is checked against the CPU's unfused ops: rms_norm times a weight (alone, and
-//! feeding quantized mat-vec products, which then take the norm's output already quantized),
+//! feeding quantized mat-vec products, which then take the norm's output already quantized or
+//! compute the norm themselves: one product, Q, K and V, or gate and up),
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
 //! attention, and several products of one activation (Q, K and V of a prompt), which a backend
 //! may convert once for all of them, and a feed-forward block for one token (gate, up, swiglu
@@ -208,6 +209,86 @@ fn rms_norm_mul(v: &mut Vec<Case>) {
             },
         ));
     }
+    norm_readers(v);
+}
+
+/// One token's rms_norm(x) * w read by several products with quantized weights, as in a Llama
+/// block: Q, K and V (K and V of one shape), or gate and up with their swiglu; and read by a
+/// product and by an add of it. A backend may leave the norm to the mat-vecs that read its
+/// result (each normalizing its column itself), where nothing else reads it.
+fn norm_readers(v: &mut Vec<Case>) {
+    // (type, k, Q rows, K and V rows): K types with rows of whole words, and a row longer than
+    // the 16384 values a mat-vec may quantize at once.
+    let shapes = [
+        (DType::Q4_0, 256, 256, 64),
+        (DType::Q8_0, 512, 512, 128),
+        (DType::Q4_K, 256, 256, 64),
+        (DType::Q6_K, 512, 256, 128),
+        (DType::Q8_0, 16896, 64, 32),
+    ];
+    for (t, k, mq, mkv) in shapes {
+        let params = format!("type_a={t},k={k},n=1,readers=q[{mq}]+k[{mkv}]+v[{mkv}]");
+        v.push(Case::new(
+            "RMS_NORM_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
+                let wq = g.input(t, &[k, mq], Init::Uniform(-0.1, 0.1))?;
+                let wk = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let wv = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let h = g.rms_norm(x, 1e-5)?;
+                let h = g.mul(h, w)?;
+                let q = g.mul_mat(wq, h)?;
+                let kk = g.mul_mat(wk, h)?;
+                let vv = g.mul_mat(wv, h)?;
+                let kv = g.concat(kk, vv, 0)?;
+                g.concat(q, kv, 0)
+            },
+        ));
+    }
+    for (t, k, ff) in [
+        (DType::Q4_0, 256, 512),
+        (DType::Q8_0, 576, 96),
+        (DType::Q4_K, 512, 256),
+        (DType::Q6_K, 512, 512),
+    ] {
+        let params = format!("type_a={t},k={k},n=1,readers=gate[{ff}]+up[{ff}]+swiglu");
+        v.push(Case::new(
+            "RMS_NORM_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
+                let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+                let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+                let h = g.rms_norm(x, 1e-5)?;
+                let h = g.mul(h, w)?;
+                let gate = g.mul_mat(wg, h)?;
+                let up = g.mul_mat(wu, h)?;
+                g.swiglu_split(gate, up)
+            },
+        ));
+    }
+    v.push(Case::new(
+        "RMS_NORM_MUL_MAT",
+        "type_a=q8_0,k=256,n=1,readers=a[256]+add",
+        &[DType::Q8_0, DType::F32],
+        Tolerance::MATMUL,
+        |g| {
+            let x = g.leaf(DType::F32, &[256, 1])?;
+            let w = g.input(DType::F32, &[256], Init::Uniform(0.5, 1.5))?;
+            let a = g.input(DType::Q8_0, &[256, 256], Init::Uniform(-0.1, 0.1))?;
+            let h = g.rms_norm(x, 1e-5)?;
+            let h = g.mul(h, w)?;
+            let p = g.mul_mat(a, h)?;
+            g.add(p, h)
+        },
+    ));
 }
 
 /// Q and K rotated, K and V stored into F16 caches at the rows of this step, then attention

@@ -16,8 +16,8 @@ pub const KV_PAD: usize = 256;
 /// Settings of a context.
 #[derive(Clone, Debug)]
 pub struct ContextParams {
-    /// Positions the KV cache holds (0: the smaller of the model's training context and 4096),
-    /// rounded up to a multiple of [`KV_PAD`].
+    /// Positions the context holds (0: the smaller of the model's training context and 4096).
+    /// The KV cache is allocated for this rounded up to a multiple of [`KV_PAD`].
     pub n_ctx: usize,
     /// Most tokens evaluated in one graph (prompt processing is cut into batches of this).
     pub n_ubatch: usize,
@@ -47,6 +47,8 @@ pub struct Context {
     model: Arc<Model>,
     sched: Scheduler,
     kv: KvCache,
+    /// Positions the context holds (the cache may hold a few more: whole KV_PAD blocks).
+    n_ctx: usize,
     n_ubatch: usize,
     n_past: usize,
     steps: Vec<Step>,
@@ -56,22 +58,21 @@ impl Context {
     /// A context for `model` on the model's device (the CPU runs what the device cannot).
     pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Self> {
         let cfg = &model.config;
-        // Rounded up to whole KV_PAD blocks, as llama.cpp does: every step's mask rows are then
-        // whole words (a device then writes them without a read-modify-write).
         let n_ctx = if params.n_ctx == 0 {
             cfg.n_ctx_train.min(4096)
         } else {
             params.n_ctx
         };
-        let n_ctx = n_ctx.div_ceil(KV_PAD) * KV_PAD;
         if params.n_ubatch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }
         let device = model.device().clone();
+        // The cache holds whole KV_PAD blocks (as llama.cpp pads its context): every step's mask
+        // rows are then whole words, which a device writes without a read-modify-write.
         let kv = KvCache::new(
             cfg,
             device.as_ref(),
-            n_ctx,
+            n_ctx.div_ceil(KV_PAD) * KV_PAD,
             params.kv_type,
             model.sharding(),
         )?;
@@ -84,6 +85,7 @@ impl Context {
             model,
             sched,
             kv,
+            n_ctx,
             n_ubatch: params.n_ubatch,
             n_past: 0,
             steps: Vec::new(),
@@ -95,9 +97,9 @@ impl Context {
         self.n_past
     }
 
-    /// Positions the cache holds.
+    /// Positions the context holds.
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx()
+        self.n_ctx
     }
 
     /// Forgets the sequence (the cache's contents are overwritten as new tokens come).
@@ -129,12 +131,12 @@ impl Context {
                 "token id {bad} is past the vocabulary of {n_vocab}"
             )));
         }
-        if self.n_past + tokens.len() > self.kv.n_ctx() {
+        if self.n_past + tokens.len() > self.n_ctx {
             return Err(Error::Invalid(format!(
                 "{} tokens after {} do not fit the context of {} positions",
                 tokens.len(),
                 self.n_past,
-                self.kv.n_ctx()
+                self.n_ctx
             )));
         }
         let mut out = Vec::new();

@@ -79,7 +79,7 @@ pub struct WgpuBackend {
     /// Writes of [`Backend::set_async`] not yet submitted: their bytes one after another, and
     /// for each its buffer, byte offset there, and range in the bytes. The next submit copies
     /// them in from one upload buffer (one staging write for all of them).
-    uploads: (Vec<u8>, Vec<(wgpu::Buffer, u64, std::ops::Range<usize>)>),
+    uploads: (Vec<u8>, Vec<Upload>),
     /// The upload buffer, grown as needed.
     upload: Option<wgpu::Buffer>,
     /// Whether nothing was submitted since the last wait: a synchronize then need not wait
@@ -124,6 +124,10 @@ struct HostTime {
     encode: std::time::Duration,
     graphs: u64,
 }
+
+/// One pending [`Backend::set_async`] write: its buffer, the byte offset there, and its range
+/// in the gathered bytes.
+type Upload = (wgpu::Buffer, u64, std::ops::Range<usize>);
 
 /// The caller's memory a pending read fills.
 struct Out(*mut u8, usize);
@@ -254,13 +258,7 @@ impl WgpuBackend {
         let upload = self.upload.as_ref().expect("made above");
         self.gpu.queue.write_buffer(upload, 0, bytes);
         for (dst, offset, range) in writes.drain(..) {
-            enc.copy_buffer_to_buffer(
-                upload,
-                range.start as u64,
-                &dst,
-                offset,
-                range.len() as u64,
-            );
+            enc.copy_buffer_to_buffer(upload, range.start as u64, &dst, offset, range.len() as u64);
         }
         bytes.clear();
         Ok(())
@@ -450,8 +448,15 @@ impl Backend for WgpuBackend {
             },
         };
         self.last_dispatches = rec.dispatches.len();
-        if rec.params.held.swap(rec.serial, std::sync::atomic::Ordering::Relaxed) != rec.serial {
-            self.gpu.queue.write_buffer(&rec.params.buffer, 0, &rec.bytes);
+        if rec
+            .params
+            .held
+            .swap(rec.serial, std::sync::atomic::Ordering::Relaxed)
+            != rec.serial
+        {
+            self.gpu
+                .queue
+                .write_buffer(&rec.params.buffer, 0, &rec.bytes);
         }
         if self.profiling && self.gpu.timestamps {
             self.submit_uploads()?;

@@ -64,7 +64,7 @@ impl Context {
             params.n_ctx
         }
         .div_ceil(KV_PAD)
-        * KV_PAD;
+            * KV_PAD;
         if params.n_ubatch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }

@@ -258,8 +258,9 @@ pub(crate) struct PlanOut {
     pub groups_3d: Option<[u32; 3]>,
 }
 
-/// Decides how node `id` runs (one launch, or several for a mul_mat whose weights are split
-/// across bindings), or why it cannot.
+/// Decides how node `id` runs (one launch, or several: a mul_mat whose weights are split
+/// across bindings, a flash attention decode split over the keys and its merge), or why it
+/// cannot.
 pub(crate) fn plan(
     gpu: &Gpu,
     graph: &Graph,

@@ -2,8 +2,8 @@
 //
 // src0 q [D, n_q, H, B] f32; src1 k [D, n_kv, Hk, Bk] and src2 v [DV, n_kv, Hk, Bk] (T1, T2:
 // f32 or f16); src3 the mask [n_kv, >= n_q, m2, m3] (T3); dst [DV, H, n_q, B] f32.
-// Both entry points take one workgroup per query row and head (u.x workgroups, n_q * H * B;
-// split decode: one per split of each, see below).
+// `main`, `decode` and `decode_combine` take one workgroup per query row and head (u.x
+// workgroups, n_q * H * B; the split `decode`: one per split of each, see below).
 //
 // `main` (any layout): the query is staged in workgroup memory, then the keys are visited WG at
 // a time (one score per invocation), with a running maximum and sum (online softmax); each
@@ -18,7 +18,8 @@
 // G consecutive invocations of a group are assumed to share a subgroup, as mul_mat assumes),
 // else through workgroup memory, and accumulate the same dim pairs of the output. At the end
 // the groups' maxima, sums and outputs are combined through workgroup memory. Keys past the
-// end are read clamped to the last key (so that loads need no branch) and weigh 0.
+// end (of the split) are read clamped to its last key (so that loads need no branch) and
+// weigh 0.
 //
 // Split decode (SPLIT): the keys of each query row and head are cut into h.x splits of h.y
 // consecutive keys (the last may be shorter, none is empty), one workgroup each (u.x = n_q * H
@@ -28,8 +29,9 @@
 // to the scratch bound as dst: (DV + 2) f32 per split, split s of row and head o at
 // (o * h.x + s) * (DV + 2). A second dispatch, `decode_combine` (one workgroup per row and head,
 // the scratch bound as src0), rescales each split by exp(max_s - max) and stores the row where
-// the unsplit `decode` stores it. TESSERA_WGPU_FA_SPLIT=0 keeps the single pass, =N forces N
-// splits (see `backend-wgpu/src/ops.rs`).
+// the unsplit `decode` stores it. By default there are enough splits of at least 32 keys to
+// make 256 workgroups (`fa_splits` in `backend-wgpu/src/ops.rs`); TESSERA_WGPU_FA_SPLIT=0 keeps
+// the single pass, =N forces N splits.
 //
 // Defines: DMAX: largest D and DV; WG: invocations (main: keys per step, 64, or 256 for long
 // caches; decode: 256; decode_combine: 64); DECODE: the decode entry point is built, with KU
@@ -37,7 +39,8 @@
 // COMBINE: the decode_combine entry point is built.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
-// off4.y: B / Bk; h.x: splits (1 unsplit); h.y: keys per split (decode and decode_combine).
+// off4.y: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split
+// (decode).
 
 const DMAX: u32 = {{DMAX}}u;
 // Output dims per invocation (main).

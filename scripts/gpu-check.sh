@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU machine's whole check-and-measure sequence, in one call (see BENCHMARKS.md):
 # conformance of the CUDA and wgpu backends against the CPU, greedy generation of the test
-# model on cuda:0 and wgpu:0 against llama.cpp's tokens, tessera bench on each device, op perf,
-# and PyTorch anchors measured in the same run. Long logs go under $OUT; a short table is
-# printed last.
+# model on cuda:0 and wgpu:0 against llama.cpp's tokens, tessera bench on each device (the test
+# model, and the synthetic Llama-8B shape on the GPUs), op perf, and PyTorch anchors measured in
+# the same run (TORCH=0 leaves them out: the call then fits well inside the device tool's 600 s).
+# Long logs go under $OUT; a short table is printed last.
 #
 # Before it (from the checkout, on the build machine):
 #   cargo build --release --all-features -p tessera-cli && strip target/release/tessera
@@ -50,18 +51,40 @@ for b in cuda:0 wgpu:0; do
   timeout 150 $BIN ops perf --backend "$b" --op MUL_MAT --name 'm=4096' > "$OUT/perf-${b%%:*}.log" 2>&1
 done
 
-timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
+# The synthetic Llama-8B-shape Q4_0 model (generated here, ~20-60 s), on each GPU backend.
+M8=/root/syn/llama-8b-q4_0.gguf; mkdir -p /root/syn
+[ -f "$M8" ] || timeout 300 $BIN gguf synth --like llama-8b --type q4_0 --out "$M8" > "$OUT/synth8.log" 2>&1
+for d in cuda:0 wgpu:0; do
+  timeout 200 $BIN bench --model "$M8" --device "$d" -p 512 -n 128 -r 3 > "$OUT/bench8-${d%%:*}.log" 2>&1
+  while read -r line; do row "bench 8B $d" "$line"; done < <(grep 'pp512\|tg128' "$OUT/bench8-${d%%:*}.log" | awk -F'|' '{print $4 $5}')
+done
+
+if [ "${TORCH:-1}" != 0 ]; then
+  timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
+fi
 # The CUDA backend's own GPU benchmarks (GEMM f16/bf16 8192^3 and the quantized mat-vecs), when
 # their test executable is carried (BENCH=path: `cargo test --release -p tessera-cuda --test
 # bench --no-run` prints it).
 if [ -n "${BENCH:-}" ] && [ -x "$BENCH" ]; then
   timeout 200 "$BENCH" --ignored --nocapture --test-threads=1 gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
 fi
+# The wgpu backend's own benchmarks, when their test executables are carried (WGPU_MV, WGPU_MM:
+# `cargo test --release -p tessera-wgpu --test mat_vec --test mat_mat --no-run` prints them):
+# quantized mat-vec GB/s at the model's shapes, square f16/f32 GEMM TFLOP/s.
+if [ -n "${WGPU_MV:-}" ] && [ -x "$WGPU_MV" ]; then
+  timeout 120 "$WGPU_MV" --ignored --nocapture bench_model_sizes > "$OUT/wgpu-mv.log" 2>&1
+fi
+if [ -n "${WGPU_MM:-}" ] && [ -x "$WGPU_MM" ]; then
+  timeout 120 "$WGPU_MM" --ignored --nocapture bench_square > "$OUT/wgpu-mm.log" 2>&1
+fi
 
 echo; echo "== perf (mul_mat m=4096 k=14336) =="; grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
-echo; cat "$OUT/torch.md"
+[ -f "$OUT/torch.md" ] && { echo; cat "$OUT/torch.md"; }
 if [ -f "$OUT/cuda-bench.log" ]; then
   echo; echo "== tessera CUDA benchmarks (same call) =="; grep -E 'gemm |rotated|fused|K\+V' "$OUT/cuda-bench.log"
 fi
+for f in "$OUT/wgpu-mv.log" "$OUT/wgpu-mm.log"; do
+  [ -f "$f" ] && { echo; echo "== $(basename "$f" .log) (same call) =="; grep -E 'GB/s|TFLOP/s' "$f"; }
+done
 echo; echo "| check | result |"; echo "|---|---|"
 printf '%s\n' "${summary[@]}"

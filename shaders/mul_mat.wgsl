@@ -1065,7 +1065,6 @@ var<workgroup> tb: array<TV, BN * BK / 4u>;
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-#if COOP
     let m0 = wg.x * BM;
     let n0 = wg.y * BN;
     let i2 = wg.z % P.d.ne.z;
@@ -1073,6 +1072,7 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let mm = P.d.ne.x;
     let nn = P.d.ne.y;
     let kk = P.s0.ne.x;
+#if COOP
     // This invocation's quad (k offset kq in a step) of rows lr + RS p of src0 and columns
     // lr + RS p of src1, and those quads of the first step.
     let kq = 4u * (li % QR);
@@ -1195,13 +1195,6 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         workgroupBarrier();
     }
 #else
-    let m0 = wg.x * BM;
-    let n0 = wg.y * BN;
-    let i2 = wg.z % P.d.ne.z;
-    let i3 = wg.z / P.d.ne.z;
-    let mm = P.d.ne.x;
-    let nn = P.d.ne.y;
-    let kk = P.s0.ne.x;
     let tx = li % 16u;
     let ty = li / 16u;
     // The row of src0 and the column of src1 this invocation loads, and its first quads.

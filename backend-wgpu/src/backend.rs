@@ -5,6 +5,7 @@
 //! [`Recording`] under the graph's fingerprint: a graph run again (a model's step graph, token
 //! after token) is replayed from it without deciding anything again.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tessera_core::backend::{Backend, Buffer};
@@ -60,7 +61,7 @@ pub(crate) struct Params {
     size: u64,
     /// The serial of the recording whose blocks were last written here (0: none), so that a
     /// graph replayed again and again writes them once.
-    held: std::sync::atomic::AtomicU64,
+    held: AtomicU64,
 }
 
 /// A stream of work on one wgpu device.
@@ -76,10 +77,9 @@ pub struct WgpuBackend {
     reads: Vec<(Readback, Out)>,
     /// Staging buffers of finished reads, kept for the next ones.
     spare: Vec<wgpu::Buffer>,
-    /// Writes of [`Backend::set_async`] not yet submitted: their bytes one after another, and
-    /// for each its buffer, byte offset there, and range in the bytes. The next submit copies
-    /// them in from one upload buffer (one staging write for all of them).
-    uploads: (Vec<u8>, Vec<Upload>),
+    /// Writes of [`Backend::set_async`] not yet submitted. The next submit copies them in from
+    /// one upload buffer (one staging write for all of them).
+    uploads: Uploads,
     /// The upload buffer, grown as needed.
     upload: Option<wgpu::Buffer>,
     /// Whether nothing was submitted since the last wait: a synchronize then need not wait
@@ -117,6 +117,20 @@ fn submit_chunk() -> usize {
 /// of 48 197, of 100 195.)
 const SUBMIT_CHUNK: usize = 48;
 
+/// Writes waiting for the next submit: their bytes one after another, and where each goes.
+#[derive(Default)]
+struct Uploads {
+    bytes: Vec<u8>,
+    writes: Vec<Upload>,
+}
+
+/// One pending write: its buffer, byte offset there, and range in [`Uploads`]' bytes.
+struct Upload {
+    dst: wgpu::Buffer,
+    offset: u64,
+    range: std::ops::Range<usize>,
+}
+
 /// Host time of a backend's graphs (see [`WgpuBackend`]'s `host`).
 #[derive(Default)]
 struct HostTime {
@@ -124,10 +138,6 @@ struct HostTime {
     encode: std::time::Duration,
     graphs: u64,
 }
-
-/// One pending [`Backend::set_async`] write: its buffer, the byte offset there, and its range
-/// in the gathered bytes.
-type Upload = (wgpu::Buffer, u64, std::ops::Range<usize>);
 
 /// The caller's memory a pending read fills.
 struct Out(*mut u8, usize);
@@ -152,7 +162,7 @@ impl WgpuBackend {
             timer: None,
             reads: Vec::new(),
             spare: Vec::new(),
-            uploads: (Vec::new(), Vec::new()),
+            uploads: Uploads::default(),
             upload: None,
             idle: true,
             fusion: crate::fused::default_on(),
@@ -221,7 +231,7 @@ impl WgpuBackend {
             id: gpu.next_id(),
             buffer,
             size: cap,
-            held: std::sync::atomic::AtomicU64::new(0),
+            held: AtomicU64::new(0),
         });
         self.params = Some(p.clone());
         Ok(p)
@@ -231,7 +241,7 @@ impl WgpuBackend {
     /// recorded into `enc` (their bytes go to the upload buffer in one queue write, which runs
     /// before `enc` is executed).
     fn flush_uploads(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
-        let (bytes, writes) = &mut self.uploads;
+        let Uploads { bytes, writes } = &mut self.uploads;
         if writes.is_empty() {
             return Ok(());
         }
@@ -257,8 +267,9 @@ impl WgpuBackend {
         }
         let upload = self.upload.as_ref().expect("made above");
         self.gpu.queue.write_buffer(upload, 0, bytes);
-        for (dst, offset, range) in writes.drain(..) {
-            enc.copy_buffer_to_buffer(upload, range.start as u64, &dst, offset, range.len() as u64);
+        for w in writes.drain(..) {
+            let (from, len) = (w.range.start as u64, w.range.len() as u64);
+            enc.copy_buffer_to_buffer(upload, from, &w.dst, w.offset, len);
         }
         bytes.clear();
         Ok(())
@@ -266,7 +277,7 @@ impl WgpuBackend {
 
     /// Submits the pending [`Backend::set_async`] writes on their own.
     fn submit_uploads(&mut self) -> Result<()> {
-        if self.uploads.1.is_empty() {
+        if self.uploads.writes.is_empty() {
             return Ok(());
         }
         let mut enc = self
@@ -448,12 +459,8 @@ impl Backend for WgpuBackend {
             },
         };
         self.last_dispatches = rec.dispatches.len();
-        if rec
-            .params
-            .held
-            .swap(rec.serial, std::sync::atomic::Ordering::Relaxed)
-            != rec.serial
-        {
+        let held = rec.params.held.swap(rec.serial, Ordering::Relaxed);
+        if held != rec.serial {
             self.gpu
                 .queue
                 .write_buffer(&rec.params.buffer, 0, &rec.bytes);
@@ -591,10 +598,14 @@ impl Backend for WgpuBackend {
                     self.idle = false;
                     return self.gpu.check();
                 }
-                let (bytes, writes) = &mut self.uploads;
+                let Uploads { bytes, writes } = &mut self.uploads;
                 let start = bytes.len();
                 bytes.extend_from_slice(data);
-                writes.push((b.buffer.clone(), offset as u64, start..bytes.len()));
+                writes.push(Upload {
+                    dst: b.buffer.clone(),
+                    offset: offset as u64,
+                    range: start..bytes.len(),
+                });
                 Ok(())
             }
             _ => {

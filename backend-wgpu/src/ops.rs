@@ -1131,13 +1131,7 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -
         }
         _ if coop => {
             let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
-            let bk = MM_BK_H16
-                .iter()
-                .rev()
-                .copied()
-                .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, true, true))
-                .unwrap_or(MM_BK_H16[0]);
-            (bm, bn, bk)
+            (bm, bn, deepest_fit(wg_mem, (bm, bn), true, true))
         }
         _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
@@ -1201,14 +1195,19 @@ fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32
     } else {
         MM_TILES[0]
     };
+    (bm, bn, deepest_fit(wg_mem, (bm, bn), h16, false))
+}
+
+/// The deepest BK of [`MM_BK`] (of [`MM_BK_H16`] for f16 tiles, `h16`) whose BM x BN tiles fit
+/// `wg_mem` bytes ([`tile_fits`]; the shallowest where none does).
+fn deepest_fit(wg_mem: u32, tile: (u32, u32), h16: bool, coop: bool) -> u32 {
     let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
-    let bk = depths
+    depths
         .iter()
         .rev()
         .copied()
-        .find(|&bk| tile_fits(wg_mem, (bm, bn), bk, h16, false))
-        .unwrap_or(depths[0]);
-    (bm, bn, bk)
+        .find(|&bk| tile_fits(wg_mem, tile, bk, h16, coop))
+        .unwrap_or(depths[0])
 }
 
 /// The tiled mat-mat variant for weights of type `a` and activations of type `b`; `aligned`

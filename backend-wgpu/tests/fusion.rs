@@ -60,47 +60,23 @@ impl Block {
 /// h2 = rms_norm(x1) * wn2. The add x + W_o h runs in place over x while W_o h reads h: the
 /// attention norm cannot be left to the mat-vecs (they would read x as it is overwritten).
 fn block() -> Block {
-    let mut b = Block::new();
-    let x_in = b.input("x", DType::F32, &[D, 1], X);
-    let wn = b.input("wn", DType::F32, &[D], NORM);
-    let wn2 = b.input("wn2", DType::F32, &[D], NORM);
-    let wo = b.input("wo", DType::Q8_0, &[D, D], W);
-    let wg = b.input("wg", DType::Q4_K, &[D, FF], W);
-    let wu = b.input("wu", DType::Q4_K, &[D, FF], W);
-    let wd = b.input("wd", DType::Q6_K, &[FF, D], W);
-    let wk = b.input("wk", DType::Q4_0, &[D, 64], W);
-    let wv = b.input("wv", DType::Q4_0, &[D, 64], W);
-    let g = &mut b.g;
-    let x = g.scale(x_in, 1.0).unwrap();
-    let h = g.rms_norm(x, 1e-5).unwrap();
-    let h = g.mul(h, wn).unwrap();
-    let k = g.mul_mat(wk, h).unwrap();
-    let v = g.mul_mat(wv, h).unwrap();
-    let o = g.mul_mat(wo, h).unwrap();
-    let x1 = g.add(x, o).unwrap();
-    let h2 = g.rms_norm(x1, 1e-5).unwrap();
-    let h2 = g.mul(h2, wn2).unwrap();
-    let gate = g.mul_mat(wg, h2).unwrap();
-    let up = g.mul_mat(wu, h2).unwrap();
-    let act = g.swiglu_split(gate, up).unwrap();
-    let down = g.mul_mat(wd, act).unwrap();
-    let out = g.add(x1, down).unwrap();
-    for t in [out, k, v] {
-        b.output(t);
-    }
-    b
+    llama(false)
 }
 
-/// A Llama decode layer with the attention itself left out: x = scale(x_in), h =
-/// rms_norm(x) * wn read by Q = W_q h, K = W_k h and V = W_v h (outputs), x1 = x + W_o Q (Q
-/// standing in for the attention), out = x1 + W_down swiglu(W_gate h2, W_up h2) with h2 =
-/// rms_norm(x1) * wn2: both norms are left to the mat-vecs that read them.
+/// A Llama decode layer with the attention itself left out: [`block`] with h also read by
+/// Q = W_q h (an output) and x1 = x + W_o Q (Q standing in for the attention): both norms are
+/// left to the mat-vecs that read them.
 fn layer() -> Block {
+    llama(true)
+}
+
+/// [`block`] (`with_q` false) or [`layer`] (true).
+fn llama(with_q: bool) -> Block {
     let mut b = Block::new();
     let x_in = b.input("x", DType::F32, &[D, 1], X);
     let wn = b.input("wn", DType::F32, &[D], NORM);
     let wn2 = b.input("wn2", DType::F32, &[D], NORM);
-    let wq = b.input("wq", DType::Q8_0, &[D, D], W);
+    let wq = with_q.then(|| b.input("wq", DType::Q8_0, &[D, D], W));
     let wk = b.input("wk", DType::Q4_0, &[D, 64], W);
     let wv = b.input("wv", DType::Q4_0, &[D, 64], W);
     let wo = b.input("wo", DType::Q8_0, &[D, D], W);
@@ -111,10 +87,10 @@ fn layer() -> Block {
     let x = g.scale(x_in, 1.0).unwrap();
     let h = g.rms_norm(x, 1e-5).unwrap();
     let h = g.mul(h, wn).unwrap();
-    let q = g.mul_mat(wq, h).unwrap();
+    let q = wq.map(|wq| g.mul_mat(wq, h).unwrap());
     let k = g.mul_mat(wk, h).unwrap();
     let v = g.mul_mat(wv, h).unwrap();
-    let o = g.mul_mat(wo, q).unwrap();
+    let o = g.mul_mat(wo, q.unwrap_or(h)).unwrap();
     let x1 = g.add(x, o).unwrap();
     let h2 = g.rms_norm(x1, 1e-5).unwrap();
     let h2 = g.mul(h2, wn2).unwrap();
@@ -123,7 +99,8 @@ fn layer() -> Block {
     let act = g.swiglu_split(gate, up).unwrap();
     let down = g.mul_mat(wd, act).unwrap();
     let out = g.add(x1, down).unwrap();
-    for t in [out, q, k, v] {
+    b.output(out);
+    for t in q.into_iter().chain([k, v]) {
         b.output(t);
     }
     b

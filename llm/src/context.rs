@@ -62,9 +62,8 @@ impl Context {
             cfg.n_ctx_train.min(4096)
         } else {
             params.n_ctx
-        }
-        .div_ceil(KV_PAD)
-            * KV_PAD;
+        };
+        let n_ctx = n_ctx.div_ceil(KV_PAD) * KV_PAD;
         if params.n_ubatch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }

@@ -10,10 +10,10 @@
 //! product with its residual add followed by the next rms_norm * w and product (the norm
 //! computed by the first product's kernel).
 
-use tessera_core::{DType, RopeMode, RopeParams};
+use tessera_core::{DType, Result, RopeMode, RopeParams, TensorId};
 
 use super::ne_str;
-use crate::case::{Case, Tolerance};
+use crate::case::{Case, CaseGraph, Tolerance};
 use crate::init::Init;
 
 /// Every fused-sequence case.
@@ -200,11 +200,8 @@ fn rms_norm_mul(v: &mut Vec<Case>) {
             &[t, DType::F32],
             Tolerance::MATMUL,
             move |g| {
-                let x = g.leaf(DType::F32, &[k, n])?;
-                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
                 let a = g.input(t, &[k, 256], Init::Uniform(-0.1, 0.1))?;
-                let h = g.rms_norm(x, 1e-5)?;
-                let h = g.mul(h, w)?;
+                let h = normed(g, &[k, n])?;
                 g.mul_mat(a, h)
             },
         ));
@@ -234,13 +231,10 @@ fn norm_readers(v: &mut Vec<Case>) {
             &[t, DType::F32],
             Tolerance::MATMUL,
             move |g| {
-                let x = g.leaf(DType::F32, &[k, 1])?;
-                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
                 let wq = g.input(t, &[k, mq], Init::Uniform(-0.1, 0.1))?;
                 let wk = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
                 let wv = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
-                let h = g.rms_norm(x, 1e-5)?;
-                let h = g.mul(h, w)?;
+                let h = normed(g, &[k, 1])?;
                 let q = g.mul_mat(wq, h)?;
                 let kk = g.mul_mat(wk, h)?;
                 let vv = g.mul_mat(wv, h)?;
@@ -262,12 +256,9 @@ fn norm_readers(v: &mut Vec<Case>) {
             &[t, DType::F32],
             Tolerance::MATMUL,
             move |g| {
-                let x = g.leaf(DType::F32, &[k, 1])?;
-                let w = g.input(DType::F32, &[k], Init::Uniform(0.5, 1.5))?;
                 let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
                 let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
-                let h = g.rms_norm(x, 1e-5)?;
-                let h = g.mul(h, w)?;
+                let h = normed(g, &[k, 1])?;
                 let gate = g.mul_mat(wg, h)?;
                 let up = g.mul_mat(wu, h)?;
                 g.swiglu_split(gate, up)
@@ -280,11 +271,8 @@ fn norm_readers(v: &mut Vec<Case>) {
         &[DType::Q8_0, DType::F32],
         Tolerance::MATMUL,
         |g| {
-            let x = g.leaf(DType::F32, &[256, 1])?;
-            let w = g.input(DType::F32, &[256], Init::Uniform(0.5, 1.5))?;
             let a = g.input(DType::Q8_0, &[256, 256], Init::Uniform(-0.1, 0.1))?;
-            let h = g.rms_norm(x, 1e-5)?;
-            let h = g.mul(h, w)?;
+            let h = normed(g, &[256, 1])?;
             let p = g.mul_mat(a, h)?;
             g.add(p, h)
         },
@@ -338,4 +326,13 @@ fn rope_kv(v: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// `rms_norm(x) * w` for a leaf x of shape `ne` and a weight row w (values in [0.5, 1.5)), as
+/// a Llama block's norms make it.
+fn normed(g: &mut CaseGraph, ne: &[usize]) -> Result<TensorId> {
+    let x = g.leaf(DType::F32, ne)?;
+    let w = g.input(DType::F32, &ne[..1], Init::Uniform(0.5, 1.5))?;
+    let h = g.rms_norm(x, 1e-5)?;
+    g.mul(h, w)
 }

@@ -29,7 +29,7 @@
 // to the scratch bound as dst: (DV + 2) f32 per split, split s of row and head o at
 // (o * h.x + s) * (DV + 2). A second dispatch, `decode_combine` (one workgroup per row and head,
 // the scratch bound as src0), rescales each split by exp(max_s - max) and stores the row where
-// the unsplit `decode` stores it. By default there are enough splits of at least 32 keys to
+// the unsplit `decode` stores it. By default there are enough splits of at least 256 keys to
 // make 256 workgroups (`fa_splits` in `backend-wgpu/src/ops.rs`); TESSERA_WGPU_FA_SPLIT=0 keeps
 // the single pass, =N forces N splits.
 //

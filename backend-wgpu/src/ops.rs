@@ -120,8 +120,11 @@ const FA_DECODE_WG: u32 = 256;
 /// fewer query rows and heads than this cut their keys into splits ([`fa_splits`]). (H200: the
 /// 8B's 32 heads of one token over 256 keys took ~24 us as 32 workgroups.)
 const FA_SPLIT_GROUPS: usize = 256;
-/// Fewest keys per split of the split flash attention decode.
-const FA_SPLIT_MIN_KEYS: usize = 32;
+/// Fewest keys per split of the split flash attention decode. (H200, 2026-11-30, 8B decode:
+/// over 256 keys one pass 245.6 / 241.5 t/s, 2 splits 241.3 / 236.5, 4 splits 242.4 / 238.1, 8
+/// splits 233.2 / 235.9; 1,024 tokens from an empty cache, 8 splits 234.6 against 227.9 for one
+/// pass: splits pay where they hold a few hundred keys each.)
+const FA_SPLIT_MIN_KEYS: usize = 256;
 /// Invocations per workgroup of the flash attention `decode_combine` entry point.
 const FA_COMBINE_WG: u32 = 64;
 /// Tiles of the tiled mat-mat (BM x BN of dst per workgroup): see [`mat_mat_tile`].
@@ -1551,13 +1554,16 @@ mod tests {
     /// FA_SPLIT_MIN_KEYS keys each, never an empty split, and TESSERA_WGPU_FA_SPLIT's count.
     #[test]
     fn fa_split_counts() {
-        // The 8B's 32 heads of one token: 8 splits of 32 keys over 256 keys, of 512 over 4096.
-        assert_eq!(fa_splits_with(None, 32, 256), 8);
+        // The 8B's 32 heads of one token: one pass over 256 keys, 2 splits over 512, 4 over
+        // 1,024, 8 of 512 keys over 4,096.
+        assert_eq!(fa_splits_with(None, 32, 256), 1);
+        assert_eq!(fa_splits_with(None, 32, 512), 2);
+        assert_eq!(fa_splits_with(None, 32, 1024), 4);
         assert_eq!(fa_splits_with(None, 32, 4096), 8);
         // Short caches and many rows and heads keep the single pass.
         assert_eq!(fa_splits_with(None, 32, 40), 1);
         assert_eq!(fa_splits_with(None, 256, 4096), 1);
-        assert_eq!(fa_splits_with(None, 8, 100), 3);
+        assert_eq!(fa_splits_with(None, 8, 1000), 3);
         // Forced: 0 and 1 are one pass; a count past the keys gives one key a split; a count
         // whose splits would leave the last empty is cut (9 keys: 4 splits of 3 keys are 3).
         assert_eq!(fa_splits_with(Some(0), 8, 1024), 1);

@@ -2,7 +2,8 @@
 //
 // src0 q [D, n_q, H, B] f32; src1 k [D, n_kv, Hk, Bk] and src2 v [DV, n_kv, Hk, Bk] (T1, T2:
 // f32 or f16); src3 the mask [n_kv, >= n_q, m2, m3] (T3); dst [DV, H, n_q, B] f32.
-// Both entry points take one workgroup per query row and head (u.x workgroups, n_q * H * B).
+// `main`, `decode` and `decode_combine` take one workgroup per query row and head (u.x
+// workgroups, n_q * H * B; the split `decode`: one per split of each, see below).
 //
 // `main` (any layout): the query is staged in workgroup memory, then the keys are visited WG at
 // a time (one score per invocation), with a running maximum and sum (online softmax); each
@@ -17,13 +18,29 @@
 // G consecutive invocations of a group are assumed to share a subgroup, as mul_mat assumes),
 // else through workgroup memory, and accumulate the same dim pairs of the output. At the end
 // the groups' maxima, sums and outputs are combined through workgroup memory. Keys past the
-// end are read clamped to the last key (so that loads need no branch) and weigh 0.
+// end (of the split) are read clamped to its last key (so that loads need no branch) and
+// weigh 0.
+//
+// Split decode (SPLIT): the keys of each query row and head are cut into h.x splits of h.y
+// consecutive keys (the last may be shorter, none is empty), one workgroup each (u.x = n_q * H
+// * B * h.x workgroups, the splits of one row and head side by side), so that a single token
+// over a few heads still spreads over many workgroups. Each split runs `decode` over its keys
+// and writes its maximum, its sum and its output not yet divided by the sum (DV values)
+// to the scratch bound as dst: (DV + 2) f32 per split, split s of row and head o at
+// (o * h.x + s) * (DV + 2). A second dispatch, `decode_combine` (one workgroup per row and head,
+// the scratch bound as src0), rescales each split by exp(max_s - max) and stores the row where
+// the unsplit `decode` stores it. By default there are enough splits of at least 256 keys to
+// make 256 workgroups (`fa_splits` in `backend-wgpu/src/ops.rs`); TESSERA_WGPU_FA_SPLIT=0 keeps
+// the single pass, =N forces N splits.
 //
 // Defines: DMAX: largest D and DV; WG: invocations (main: keys per step, 64, or 256 for long
-// caches; decode: 256); DECODE: the decode entry point is built, with KU keys per group and
-// step.
+// caches; decode: 256; decode_combine: 64); DECODE: the decode entry point is built, with KU
+// keys per group and step; SPLIT: it writes its split's partial result to the scratch;
+// COMBINE: the decode_combine entry point is built.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
-// workgroups (n_q * H * B); u.y: has mask; u.z: n_head_log2; u.w: H / Hk; off4.y: B / Bk.
+// workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
+// off4.y: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split
+// (decode).
 
 const DMAX: u32 = {{DMAX}}u;
 // Output dims per invocation (main).
@@ -87,6 +104,11 @@ fn score(qk: f32, j: u32, mb: u32, m: f32) -> f32 {
         s += m * ld3(mb + j * P.s3.nb.x);
     }
     return max(s, NEG_INF);
+}
+
+// The factor that takes values kept against maximum mg to maximum mx.
+fn rescale(mg: f32, mx: f32) -> f32 {
+    return select(exp(mg - mx), 0.0, mg <= NEG_INF);
 }
 
 // Stores output dim e of a row.
@@ -220,24 +242,21 @@ fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
 }
 #endif
 
-// The factor that takes values kept against maximum mg to maximum mx.
-fn rescale(mg: f32, mx: f32) -> f32 {
-    return select(exp(mg - mx), 0.0, mg <= NEG_INF);
-}
-
 @compute @workgroup_size({{WG}})
 fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let o = group(wg, nwg);
     if o >= P.u.x {
         return;
     }
-    let row = locate(o);
+    // This workgroup's keys: split o % h.x of row and head o / h.x (all of them unsplit).
+    let row = locate(o / P.h.x);
+    let start = (o % P.h.x) * P.h.y;
+    let end = min(start + P.h.y, P.s1.ne.y);
     let r = li % G;
     let g = li / G;
     let np = P.s0.ne.x / 2u;
     let npv = P.s2.ne.x / 2u;
     let dv = P.s2.ne.x;
-    let nkv = P.s1.ne.y;
     let m = slope(row.h);
     // The query's dim pairs of this invocation (zeros past D, so that the clamped k pairs
     // there add nothing).
@@ -255,11 +274,11 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var run_max = NEG_INF;
     var run_sum = 0.0;
     // Every group runs the same number of steps (the group reductions are uniform).
-    for (var b0 = 0u; b0 < nkv; b0 += NG * KU) {
+    for (var b0 = start; b0 < end; b0 += NG * KU) {
         let j0 = b0 + g * KU;
         var s: array<f32, KU>;
         for (var u = 0u; u < KU; u++) {
-            let kr = row.kb + min(j0 + u, nkv - 1u) * P.s1.nb.y;
+            let kr = row.kb + min(j0 + u, end - 1u) * P.s1.nb.y;
             var qk = 0.0;
             for (var t = 0u; t < PAIRS; t++) {
                 qk += dot(q[t], kpair(kr, min(r + t * G, np - 1u)));
@@ -270,7 +289,7 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         var top = run_max;
         for (var u = 0u; u < KU; u++) {
             let j = j0 + u;
-            s[u] = select(NEG_INF, score(s[u], j, row.mb, m), j < nkv);
+            s[u] = select(NEG_INF, score(s[u], j, row.mb, m), j < end);
             top = max(top, s[u]);
         }
         let corr = select(exp(run_max - top), 1.0, top <= NEG_INF);
@@ -281,7 +300,7 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         for (var u = 0u; u < KU; u++) {
             let p = select(exp(s[u] - top), 0.0, s[u] <= NEG_INF);
             run_sum += p;
-            let vr = row.vb + min(j0 + u, nkv - 1u) * P.s2.nb.y;
+            let vr = row.vb + min(j0 + u, end - 1u) * P.s2.nb.y;
             for (var t = 0u; t < PAIRS; t++) {
                 acc[t] += p * vpair(vr, min(r + t * G, npv - 1u));
             }
@@ -323,8 +342,57 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         workgroupBarrier();
     }
+#if SPLIT
+    // The split's maximum, sum and undivided output, to the scratch.
+    let at = P.off.x / 4u + o * (dv + 2u);
+    if li == 0u {
+        put_word(at, bitcast<u32>(mx));
+        put_word(at + 1u, bitcast<u32>(total));
+    }
+    if li < dv {
+        put_word(at + 2u + li, bitcast<u32>(sum));
+    }
+#else
     if li < dv {
         store(row, li, select(sum / total, 0.0, total == 0.0));
+    }
+#endif
+}
+#endif
+
+// ---- decode_combine ----
+#if COMBINE
+
+// Merges the splits of one query row and head that the SPLIT `decode` left in the scratch
+// (src0): each split's sum and output rescaled from its maximum to the largest, then the
+// output divided by the sum (0 where every key was masked out).
+@compute @workgroup_size({{WG}})
+fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let o = group(wg, nwg);
+    if o >= P.u.x {
+        return;
+    }
+    let row = locate(o);
+    let dv = P.s2.ne.x;
+    let ns = P.h.x;
+    let stride = dv + 2u;
+    let at = P.off.y / 4u + o * ns * stride;
+    var mx = NEG_INF;
+    for (var i = 0u; i < ns; i++) {
+        mx = max(mx, bitcast<f32>(s0w(at + i * stride)));
+    }
+    var total = 0.0;
+    for (var i = 0u; i < ns; i++) {
+        let e = at + i * stride;
+        total += bitcast<f32>(s0w(e + 1u)) * rescale(bitcast<f32>(s0w(e)), mx);
+    }
+    for (var d = li; d < dv; d += {{WG}}u) {
+        var sum = 0.0;
+        for (var i = 0u; i < ns; i++) {
+            let e = at + i * stride;
+            sum += bitcast<f32>(s0w(e + 2u + d)) * rescale(bitcast<f32>(s0w(e)), mx);
+        }
+        store(row, d, select(sum / total, 0.0, total == 0.0));
     }
 }
 #endif

@@ -329,13 +329,34 @@ impl WgpuBackend {
             self.gpu.limits.min_uniform_buffer_offset_alignment,
         ));
         let params = self.params_buffer(stride * launches.len() as u64)?;
+        // The scratch, made large enough for every launch before any binds it.
+        let scratch_bytes = launches
+            .iter()
+            .flat_map(|l| &l.bind)
+            .filter(|b| b.scratch)
+            .map(|b| b.skip + b.span.unwrap_or(0))
+            .max();
+        let scratch = match scratch_bytes {
+            Some(n) => Some(self.gpu.scratch(n as u64)?),
+            None => None,
+        };
         let mut bytes = vec![0u8; (stride as usize) * launches.len()];
         let mut dispatches = Vec::with_capacity(launches.len());
         let mut buffers = vec![params.id];
         for (i, l) in launches.iter_mut().enumerate() {
             let mut storage = Vec::with_capacity(l.bind.len());
             for (k, bind) in l.bind.iter().enumerate() {
-                let (win, buf, off) = self.binding(graph, bind)?;
+                let (win, buf, off) = match (&scratch, bind.scratch) {
+                    (Some((id, buf)), true) => {
+                        let win = Window {
+                            id: *id,
+                            base: 0,
+                            size: buf.size(),
+                        };
+                        (win, buf.clone(), bind.skip as u32)
+                    }
+                    _ => self.binding(graph, bind)?,
+                };
                 l.params.set_offset(k, off);
                 buffers.push(win.id);
                 storage.push((win, buf));

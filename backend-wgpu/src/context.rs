@@ -96,7 +96,12 @@ pub(crate) struct Gpu {
     bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
     /// Recorded graphs by the hash of their fingerprint.
     recordings: Mutex<HashMap<u64, Arc<Recording>>>,
+    /// The scratch buffer ([`Gpu::scratch`]): its id and the buffer.
+    scratch: Mutex<Option<(u64, wgpu::Buffer)>>,
 }
+
+/// The smallest scratch buffer made.
+const SCRATCH_MIN: u64 = 1 << 16;
 
 /// Whether the tiled mat-mat should run on cooperative matrices on `adapter`, opened with
 /// `features`: the adapter offers EXPERIMENTAL_COOPERATIVE_MATRIX with 16 x 16 x 16 products
@@ -221,6 +226,7 @@ impl Gpu {
             pipelines: Mutex::default(),
             bind_groups: Mutex::default(),
             recordings: Mutex::default(),
+            scratch: Mutex::default(),
         }))
     }
 
@@ -375,6 +381,45 @@ impl Gpu {
         }));
         lock(&self.bind_groups).insert(key, g.clone());
         g
+    }
+
+    /// The device's scratch buffer, grown to at least `bytes` (a power of two, at least
+    /// [`SCRATCH_MIN`]): its id and the buffer. One buffer serves every launch that binds the
+    /// scratch ([`crate::ops::Bind::scratch`]) on any of the device's backends: each node that
+    /// uses it writes it and reads it back in consecutive launches, and all of the device's
+    /// work runs in queue order. A larger one replaces it when asked for, and the recordings
+    /// that bind the old one are forgotten (their work in flight keeps it alive until done).
+    pub fn scratch(&self, bytes: u64) -> Result<(u64, wgpu::Buffer)> {
+        let mut slot = lock(&self.scratch);
+        if let Some((id, buffer)) = slot.as_ref() {
+            if buffer.size() >= bytes {
+                return Ok((*id, buffer.clone()));
+            }
+        }
+        let size = bytes.next_power_of_two().max(SCRATCH_MIN);
+        let buffer = self.scoped(
+            || {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tessera scratch"),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            },
+            || Error::OutOfMemory {
+                device: self.name.clone(),
+                bytes: size as usize,
+            },
+            |e| self.err(format!("scratch buffer of {size} bytes: {e}")),
+        )?;
+        let id = self.next_id();
+        self.allocated.fetch_add(size as usize, Ordering::Relaxed);
+        if let Some((old, old_buffer)) = slot.replace((id, buffer.clone())) {
+            self.allocated
+                .fetch_sub(old_buffer.size() as usize, Ordering::Relaxed);
+            self.forget_buffer(old);
+        }
+        Ok((id, buffer))
     }
 
     /// Forgets the bind groups and recordings that bind buffer `id` (it is being freed).

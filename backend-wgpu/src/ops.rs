@@ -47,15 +47,21 @@ impl Params {
     }
 }
 
-/// One storage binding of a launch: a tensor, or a part of it.
+/// One storage binding of a launch: a tensor, or a part of it, or the device's scratch buffer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bind {
-    /// The tensor.
+    /// The tensor (for the scratch: the node whose launches use it).
     pub id: TensorId,
     /// Bytes from the tensor's first byte to the part bound.
     pub skip: usize,
     /// Bytes of the part (`None`: to the tensor's end).
     pub span: Option<usize>,
+    /// Whether this binds the device's scratch buffer ([`crate::context::Gpu::scratch`], at
+    /// least `span` bytes from its start) instead of the tensor: where one launch of a node
+    /// leaves partial results for a later launch of the same node to read (the split
+    /// flash-attention decode). Nothing else uses the scratch between those launches, since a
+    /// graph's dispatches run in order.
+    pub scratch: bool,
 }
 
 impl Bind {
@@ -65,6 +71,17 @@ impl Bind {
             id,
             skip: 0,
             span: None,
+            scratch: false,
+        }
+    }
+
+    /// `bytes` of the device's scratch buffer, for node `id`.
+    pub fn scratch(id: TensorId, bytes: usize) -> Bind {
+        Bind {
+            id,
+            skip: 0,
+            span: Some(bytes),
+            scratch: true,
         }
     }
 }
@@ -99,6 +116,17 @@ const FA_WG: [u32; 2] = [64, 256];
 const FA_DECODE_MAX_Q: usize = 8;
 /// Invocations per workgroup of the flash attention `decode` entry point.
 const FA_DECODE_WG: u32 = 256;
+/// Workgroups the split flash attention decode aims for (about two per core of a large GPU):
+/// fewer query rows and heads than this cut their keys into splits ([`fa_splits`]). (H200: the
+/// 8B's 32 heads of one token over 256 keys took ~24 us as 32 workgroups.)
+const FA_SPLIT_GROUPS: usize = 256;
+/// Fewest keys per split of the split flash attention decode. (H200, 2026-11-30, 8B decode:
+/// over 256 keys one pass 245.6 / 241.5 t/s, 2 splits 241.3 / 236.5, 4 splits 242.4 / 238.1, 8
+/// splits 233.2 / 235.9; 1,024 tokens from an empty cache, 8 splits 234.6 against 227.9 for one
+/// pass: splits pay where they hold a few hundred keys each.)
+const FA_SPLIT_MIN_KEYS: usize = 256;
+/// Invocations per workgroup of the flash attention `decode_combine` entry point.
+const FA_COMBINE_WG: u32 = 64;
 /// Tiles of the tiled mat-mat (BM x BN of dst per workgroup): see [`mat_mat_tile`].
 const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
 /// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
@@ -233,8 +261,9 @@ pub(crate) struct PlanOut {
     pub groups_3d: Option<[u32; 3]>,
 }
 
-/// Decides how node `id` runs (one launch, or several for a mul_mat whose weights are split
-/// across bindings), or why it cannot.
+/// Decides how node `id` runs (one launch, or several: a mul_mat whose weights are split
+/// across bindings, a flash attention decode split over the keys and its merge), or why it
+/// cannot.
 pub(crate) fn plan(
     gpu: &Gpu,
     graph: &Graph,
@@ -473,11 +502,13 @@ pub(crate) fn plan(
                         id,
                         skip: r0 * t.nb[0],
                         span: None,
+                        scratch: false,
                     },
                     Bind {
                         id: t.src[0],
                         skip: r0 * a.nb[1],
                         span: Some(rc * a.nb[1]),
+                        scratch: false,
                     },
                     Bind::whole(t.src[1]),
                 ];
@@ -581,7 +612,43 @@ pub(crate) fn plan(
                 && fa_decode_layout(gpu, graph, t.src[1])
                 && fa_decode_layout(gpu, graph, t.src[2]);
             let var = if decode {
-                flash_attn_decode_variant(k.dtype, v.dtype, mask, dmax, gpu.subgroups)
+                let var = flash_attn_decode_variant(k.dtype, v.dtype, mask, dmax, gpu.subgroups);
+                let nkv = k.ne[1];
+                let mut splits = fa_splits(groups, nkv);
+                // Each split's maximum, sum and output (DV f32), in one binding.
+                let scratch_bytes = groups * splits * (v.ne[0] + 2) * 4;
+                if scratch_bytes > usable {
+                    splits = 1;
+                }
+                let per = nkv.div_ceil(splits).max(1);
+                p.h[0] = splits as u32;
+                p.h[1] = per as u32;
+                if splits > 1 {
+                    // The splits' partial results go to the scratch, then one workgroup per
+                    // row and head merges them into dst.
+                    let scratch = Bind::scratch(id, scratch_bytes);
+                    let mut split = p;
+                    split.u[0] = (groups * splits) as u32;
+                    let mut first = bind;
+                    first[0] = scratch;
+                    return Ok(vec![
+                        PlanOut {
+                            variant: var.def("SPLIT", 1),
+                            bind: first,
+                            params: split,
+                            groups: groups * splits,
+                            groups_3d: None,
+                        },
+                        PlanOut {
+                            variant: flash_attn_combine_variant(dmax),
+                            bind: vec![Bind::whole(id), scratch],
+                            params: p,
+                            groups,
+                            groups_3d: None,
+                        },
+                    ]);
+                }
+                var
             } else {
                 let wg = if k.ne[1] >= FA_WG[1] as usize {
                     FA_WG[1]
@@ -1213,6 +1280,52 @@ fn flash_attn_decode_variant(
         .def("SUBGROUPS", u32::from(subgroups))
 }
 
+/// The flash attention `decode_combine` variant: merges the splits of the SPLIT `decode`.
+fn flash_attn_combine_variant(dmax: u32) -> Variant {
+    Variant::new(Family::FlashAttn, "decode_combine")
+        .def("DMAX", dmax)
+        .def("COMBINE", 1)
+        .def("WG", FA_COMBINE_WG)
+}
+
+/// The split setting of flash attention's decode: `None` (the default: [`fa_splits`]
+/// decides), `Some(n)` (`TESSERA_WGPU_FA_SPLIT=N`: N splits wherever there are N keys, as many
+/// as there are keys otherwise; 0 or 1: the single pass), for measuring on a GPU.
+fn fa_split_setting() -> Option<usize> {
+    static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        let v = std::env::var("TESSERA_WGPU_FA_SPLIT").ok()?;
+        let n = v.trim().parse::<usize>().ok();
+        if n.is_none() {
+            log::warn!(
+                "wgpu: TESSERA_WGPU_FA_SPLIT={v} is not a number of splits; using the default"
+            );
+        }
+        n
+    })
+}
+
+/// Splits of the keys of each of `groups` query rows and heads of flash attention's decode over
+/// `nkv` keys: enough to make [`FA_SPLIT_GROUPS`] workgroups, with at least
+/// [`FA_SPLIT_MIN_KEYS`] keys each (1: the single pass), unless `TESSERA_WGPU_FA_SPLIT` says
+/// otherwise; then cut to the splits that splits of that many keys (rounded up) make, so
+/// that none is empty.
+fn fa_splits(groups: usize, nkv: usize) -> usize {
+    fa_splits_with(fa_split_setting(), groups, nkv)
+}
+
+/// [`fa_splits`] under split setting `setting` ([`fa_split_setting`]).
+fn fa_splits_with(setting: Option<usize>, groups: usize, nkv: usize) -> usize {
+    let nkv = nkv.max(1);
+    let want = setting.unwrap_or_else(|| {
+        FA_SPLIT_GROUPS
+            .div_ceil(groups.max(1))
+            .min(nkv / FA_SPLIT_MIN_KEYS)
+    });
+    let want = want.clamp(1, nkv);
+    nkv.div_ceil(nkv.div_ceil(want))
+}
+
 /// Whether flash attention's `decode` entry point can read tensor `id` (k or v) as it does:
 /// rows of contiguous values, an even count of them, starting at 4-byte aligned offsets (a
 /// pair of f16 per word).
@@ -1395,6 +1508,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
             }
         }
         Family::FlashAttn => {
+            v.extend(FA_DMAX.map(flash_attn_combine_variant));
             for k in [DType::F32, DType::F16] {
                 for val in [DType::F32, DType::F16] {
                     for m in [None, Some(DType::F16)] {
@@ -1402,7 +1516,9 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             for wg in FA_WG {
                                 v.push(flash_attn_variant("main", k, val, m, d).def("WG", wg));
                             }
-                            v.push(flash_attn_decode_variant(k, val, m, d, subgroups));
+                            let dec = flash_attn_decode_variant(k, val, m, d, subgroups);
+                            v.push(dec.clone().def("SPLIT", 1));
+                            v.push(dec);
                         }
                     }
                 }
@@ -1433,6 +1549,39 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flash attention's decode splits: enough for FA_SPLIT_GROUPS workgroups with at least
+    /// FA_SPLIT_MIN_KEYS keys each, never an empty split, and TESSERA_WGPU_FA_SPLIT's count.
+    #[test]
+    fn fa_split_counts() {
+        // The 8B's 32 heads of one token: one pass over 256 keys, 2 splits over 512, 4 over
+        // 1,024, 8 of 512 keys over 4,096.
+        assert_eq!(fa_splits_with(None, 32, 256), 1);
+        assert_eq!(fa_splits_with(None, 32, 512), 2);
+        assert_eq!(fa_splits_with(None, 32, 1024), 4);
+        assert_eq!(fa_splits_with(None, 32, 4096), 8);
+        // Short caches and many rows and heads keep the single pass.
+        assert_eq!(fa_splits_with(None, 32, 40), 1);
+        assert_eq!(fa_splits_with(None, 256, 4096), 1);
+        assert_eq!(fa_splits_with(None, 8, 1000), 3);
+        // Forced: 0 and 1 are one pass; a count past the keys gives one key a split; a count
+        // whose splits would leave the last empty is cut (9 keys: 4 splits of 3 keys are 3).
+        assert_eq!(fa_splits_with(Some(0), 8, 1024), 1);
+        assert_eq!(fa_splits_with(Some(1), 8, 1024), 1);
+        assert_eq!(fa_splits_with(Some(3), 8, 1000), 3);
+        assert_eq!(fa_splits_with(Some(50), 8, 7), 7);
+        assert_eq!(fa_splits_with(Some(4), 8, 9), 3);
+        for nkv in 1..200 {
+            for want in 1..40 {
+                let s = fa_splits_with(Some(want), 1, nkv);
+                let per = nkv.div_ceil(s);
+                assert!(
+                    s <= want && (s - 1) * per < nkv && s * per >= nkv,
+                    "{nkv} {want}"
+                );
+            }
+        }
+    }
 
     /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
     /// only, and its half-size tiles get the deeper steps.

@@ -20,6 +20,9 @@ pub enum Init {
     /// A mask: uniform in `[-1, 1)` with this fraction of `-inf`, never in column 0 (so no row is
     /// masked out entirely).
     Mask(f64),
+    /// [`Init::Mask`] with every column in `[from, to)` also `-inf` (a run of keys that a split
+    /// of the keys may lie wholly inside).
+    MaskSpan(f64, usize, usize),
     /// NaN bytes (0xFF): a destination the op overwrites entirely.
     Poison,
 }
@@ -69,9 +72,13 @@ impl Init {
                 // the graph's own checks (or the reference) then report.
                 row.iter_mut().zip(all).for_each(|(v, i)| *v = i as f64);
             }
-            Init::Mask(p) => {
+            Init::Mask(p) | Init::MaskSpan(p, ..) => {
+                let span = match self {
+                    Init::MaskSpan(_, from, to) => from.max(1)..to,
+                    _ => 0..0,
+                };
                 for (i, v) in row.iter_mut().enumerate() {
-                    *v = if i > 0 && rng.gen_bool(p.clamp(0.0, 1.0)) {
+                    *v = if span.contains(&i) || (i > 0 && rng.gen_bool(p.clamp(0.0, 1.0))) {
                         f64::NEG_INFINITY
                     } else {
                         rng.gen_range(-1.0..1.0)

@@ -2,6 +2,8 @@
 //! 1, 113 and 512 keys; f16 and f32 k/v; with and without masks, softcap and ALiBi. Large cases
 //! at model shapes (Llama-8B: 8 KV heads of 128 with 4 query heads each; SmolLM2-135M: 3 of 64
 //! with 3 each): decoding over 768 to 16384 keys, and a 512-token prompt under a causal mask.
+//! Decoding one or two tokens over 512 to 1024 keys with few heads, where the keys are cut into
+//! splits (wgpu's split decode), some under a mask that hides a run of keys longer than a split.
 
 use tessera_core::DType;
 
@@ -33,7 +35,7 @@ pub(super) struct FlashAttn {
 
 impl FlashAttn {
     pub(super) fn case(self) -> Case {
-        self.build(false)
+        self.build(Masking::Random)
     }
 
     /// The case with a causal mask, as a prompt sees it: query i (of nb, the last nb of the kv
@@ -41,10 +43,17 @@ impl FlashAttn {
     /// unset); it is made in the graph (diag_mask_inf of random values, then a cast), so the
     /// case also times those two small ops.
     pub(super) fn causal_case(self) -> Case {
-        self.build(true)
+        self.build(Masking::Causal)
     }
 
-    fn build(self, causal: bool) -> Case {
+    /// The case with a random mask (of type `mask`, f16 when unset) that also hides keys
+    /// `from .. to` of every query: a split of the keys that lies inside them has no key left.
+    pub(super) fn span_case(self, from: usize, to: usize) -> Case {
+        self.build(Masking::Span(from, to))
+    }
+
+    /// The case under `masking`.
+    fn build(self, masking: Masking) -> Case {
         let FlashAttn {
             hsk,
             hsv,
@@ -58,15 +67,18 @@ impl FlashAttn {
             softcap,
             type_kv,
         } = self;
-        let mask = if causal {
-            Some(mask.unwrap_or(DType::F16))
-        } else {
-            mask
+        let mask = match masking {
+            Masking::Random => mask,
+            _ => Some(mask.unwrap_or(DType::F16)),
+        };
+        let kind = match masking {
+            Masking::Random => String::new(),
+            Masking::Causal => "-causal".into(),
+            Masking::Span(from, to) => format!("-hiding{from}..{to}"),
         };
         let params = format!(
-            "hsk={hsk},hsv={hsv},nh={nh},nr={nr},kv={kv},nb={nb},batch={batch},mask={}{},max_bias={max_bias},logit_softcap={softcap},type_KV={type_kv}",
+            "hsk={hsk},hsv={hsv},nh={nh},nr={nr},kv={kv},nb={nb},batch={batch},mask={}{kind},max_bias={max_bias},logit_softcap={softcap},type_KV={type_kv}",
             mask.map_or("none", |t| t.name()),
-            if causal { "-causal" } else { "" }
         );
         let heads = nh * nr;
         let flops = 2.0 * (nb * kv * (hsk + hsv) * heads * batch) as f64;
@@ -82,20 +94,36 @@ impl FlashAttn {
                 let q = g.leaf(DType::F32, &[hsk, nb, heads, batch])?;
                 let k = g.leaf(type_kv, &[hsk, kv, nh, batch])?;
                 let v = g.leaf(type_kv, &[hsv, kv, nh, batch])?;
-                let m = match mask {
-                    Some(t) if causal => {
+                let m = match (mask, masking) {
+                    (Some(t), Masking::Causal) => {
                         let m = g.leaf(DType::F32, &[kv, nb, 1, 1])?;
                         let m = g.diag_mask_inf(m, n_past)?;
                         Some(g.cast(m, t)?)
                     }
-                    Some(t) => Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?),
-                    None => None,
+                    (Some(t), Masking::Span(from, to)) => {
+                        Some(g.input(t, &[kv, nb, 1, 1], Init::MaskSpan(0.2, from, to))?)
+                    }
+                    (Some(t), Masking::Random) => {
+                        Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?)
+                    }
+                    (None, _) => None,
                 };
                 g.flash_attn_ext(q, k, v, m, 1.0 / (hsk as f32).sqrt(), max_bias, softcap)
             },
         )
         .with_flops(flops)
     }
+}
+
+/// How a case masks the keys.
+#[derive(Clone, Copy)]
+enum Masking {
+    /// A random mask (`Init::Mask`), or none.
+    Random,
+    /// A causal mask over the last queries.
+    Causal,
+    /// A random mask that also hides keys `from .. to` (`Init::MaskSpan`).
+    Span(usize, usize),
 }
 
 /// Every flash_attn_ext case: the full grid of head dims, GQA ratios, query and key counts,
@@ -186,6 +214,35 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         }
         .case(),
     );
+    // Split decoding at sizes a software device runs quickly: 2 KV heads of 4 query heads, one
+    // or two tokens, head dims 64 and 128, f16 and f32 K/V. With wgpu's default split (8 or 16
+    // rows and heads over 512 to 1024 keys: 2 to 4 splits of 256 keys) and with 3 splits, the
+    // hidden keys hold whole splits.
+    let split = |hs: usize, kv: usize, nb: usize, type_kv: DType, mask: Option<DType>| FlashAttn {
+        hsk: hs,
+        hsv: hs,
+        nh: 2,
+        nr: 4,
+        kv,
+        nb,
+        batch: 1,
+        mask,
+        max_bias: 0.0,
+        softcap: 0.0,
+        type_kv,
+    };
+    v.push(split(128, 1024, 1, DType::F16, Some(DType::F16)).span_case(300, 1000));
+    v.push(split(64, 512, 2, DType::F32, Some(DType::F32)).span_case(200, 512));
+    v.push(split(64, 1024, 1, DType::F16, Some(DType::F32)).span_case(1, 700));
+    v.push(
+        FlashAttn {
+            max_bias: 8.0,
+            softcap: 50.0,
+            ..split(128, 700, 2, DType::F32, Some(DType::F16))
+        }
+        .case(),
+    );
+    v.push(split(64, 1000, 1, DType::F16, None).case());
     v.push(model(128, 8, 4, 512, 512).causal_case().large());
     v.push(model(64, 3, 3, 512, 512).causal_case().large());
 }

@@ -1,7 +1,7 @@
 //! CUDA graphs: replaying a computation instead of launching it again.
 //!
-//! A graph's command list ([`crate::cmd`]) is compared with the one last run from the same
-//! place (a slot per recurring list, up to [`MAX_SLOTS`], so that a caller alternating between
+//! A graph's command list (`cmd` module) is compared with the one last run from the same
+//! place (a slot per recurring list, up to `MAX_SLOTS`, so that a caller alternating between
 //! lists, such as a meta device's stages, keeps a graph for each):
 //!
 //! - the same list (same kernels, launch shapes and arguments, hence the same tensor
@@ -12,7 +12,7 @@
 //! - a list seen for the first time runs eagerly: capturing only pays when a list comes back,
 //!   so the first repeat is captured;
 //! - a capture that fails (an operation that cannot be captured) leaves the stream usable and
-//!   the list runs eagerly; after [`MAX_FAILURES`] failures graphs are off for the backend.
+//!   the list runs eagerly; after `MAX_FAILURES` failures graphs are off for the backend.
 //!
 //! `TESSERA_CUDA_GRAPHS=0` turns graphs off.
 //!

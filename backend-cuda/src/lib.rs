@@ -1,7 +1,7 @@
 //! tessera-cuda: tessera's backend for NVIDIA GPUs.
 //!
 //! - **No toolkit at build time.** cudarc loads the driver, NVRTC and cuBLAS at run time; a
-//!   missing library means [`CudaBackendReg::devices`] returns the reason, never a panic.
+//!   missing library means `devices()` of [`CudaBackendReg`] returns the reason, never a panic.
 //! - **Kernels** are the CUDA C files of `kernels/` (one op family each), compiled by NVRTC at
 //!   first use for the device's exact architecture and cached on disk ([`kernels`] module docs).
 //! - **Memory**: device buffers come from CUDA's stream-ordered pool, which keeps freed blocks

@@ -2,7 +2,7 @@
 //!
 //! Two carriers, chosen per call:
 //!
-//! - **peer** ([`peer`]): a one-shot kernel that writes each rank's values into every other
+//! - **peer** (`peer` module): a one-shot kernel that writes each rank's values into every other
 //!   rank's memory (peer access) and sums what it received; it needs no host step between the
 //!   ranks, so it runs inside each rank's CUDA graph (the meta device puts
 //!   [`tessera_core::Op::AllReduce`] nodes in the part graphs), fused with a residual add that

@@ -4,7 +4,7 @@
 //! Ranks are set up the way several processes or nodes would set them up: a unique id from
 //! [`unique_id`] (made by one rank and handed to the others by the caller), then
 //! `ncclCommInitRank` for every local rank inside a group. A single process that owns all
-//! the ranks makes the id itself ([`NcclComm::local`]).
+//! the ranks makes the id itself (`NcclComm::local`).
 
 use std::sync::Arc;
 

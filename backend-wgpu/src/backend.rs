@@ -211,24 +211,10 @@ impl WgpuBackend {
             self.gpu.forget_buffer(p.id);
         }
         let cap = size.next_power_of_two().max(1 << 16);
-        let gpu = &self.gpu;
-        let buffer = gpu.scoped(
-            || {
-                gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("tessera params"),
-                    size: cap,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            },
-            || Error::OutOfMemory {
-                device: gpu.name.clone(),
-                bytes: cap as usize,
-            },
-            |e| gpu.err(format!("parameter buffer of {cap} bytes: {e}")),
-        )?;
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        let buffer = self.gpu.new_buffer("tessera params", cap, usage)?;
         let p = Arc::new(Params {
-            id: gpu.next_id(),
+            id: self.gpu.next_id(),
             buffer,
             size: cap,
             held: AtomicU64::new(0),
@@ -248,22 +234,8 @@ impl WgpuBackend {
         let need = bytes.len() as u64;
         if self.upload.as_ref().is_none_or(|u| u.size() < need) {
             let size = need.next_power_of_two().max(1 << 12);
-            let gpu = &self.gpu;
-            self.upload = Some(gpu.scoped(
-                || {
-                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("tessera uploads"),
-                        size,
-                        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })
-                },
-                || Error::OutOfMemory {
-                    device: gpu.name.clone(),
-                    bytes: size as usize,
-                },
-                |e| gpu.err(format!("upload buffer of {size} bytes: {e}")),
-            )?);
+            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+            self.upload = Some(self.gpu.new_buffer("tessera uploads", size, usage)?);
         }
         let upload = self.upload.as_ref().expect("made above");
         self.gpu.queue.write_buffer(upload, 0, bytes);

@@ -299,21 +299,8 @@ pub(crate) fn read_size(offset: usize, len: usize) -> u64 {
 
 /// A mappable buffer of `size` bytes that reads are copied into.
 pub(crate) fn staging_buffer(gpu: &Gpu, size: u64) -> Result<wgpu::Buffer> {
-    gpu.scoped(
-        || {
-            gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("tessera staging"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        },
-        || Error::OutOfMemory {
-            device: gpu.name.clone(),
-            bytes: size as usize,
-        },
-        |e| gpu.err(format!("staging {size} bytes: {e}")),
-    )
+    let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+    gpu.new_buffer("tessera staging", size, usage)
 }
 
 /// A read started by [`WgpuBuffer::start_read`]: its staging buffer being mapped.

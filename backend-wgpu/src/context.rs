@@ -260,6 +260,31 @@ impl Gpu {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A buffer of `size` bytes for `usage` (named `what` in wgpu's labels and in the error):
+    /// the adapter's out-of-memory or validation error becomes a tessera error.
+    pub fn new_buffer(
+        &self,
+        what: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        self.scoped(
+            || {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(what),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            },
+            || Error::OutOfMemory {
+                device: self.name.clone(),
+                bytes: size as usize,
+            },
+            |e| self.err(format!("{what} buffer of {size} bytes: {e}")),
+        )
+    }
+
     /// Runs `f` inside out-of-memory and validation error scopes; an error caught becomes
     /// `on_oom` or `on_invalid`.
     pub fn scoped<T>(
@@ -397,21 +422,7 @@ impl Gpu {
             }
         }
         let size = bytes.next_power_of_two().max(SCRATCH_MIN);
-        let buffer = self.scoped(
-            || {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("tessera scratch"),
-                    size,
-                    usage: wgpu::BufferUsages::STORAGE,
-                    mapped_at_creation: false,
-                })
-            },
-            || Error::OutOfMemory {
-                device: self.name.clone(),
-                bytes: size as usize,
-            },
-            |e| self.err(format!("scratch buffer of {size} bytes: {e}")),
-        )?;
+        let buffer = self.new_buffer("tessera scratch", size, wgpu::BufferUsages::STORAGE)?;
         let id = self.next_id();
         self.allocated.fetch_add(size as usize, Ordering::Relaxed);
         if let Some((old, old_buffer)) = slot.replace((id, buffer.clone())) {

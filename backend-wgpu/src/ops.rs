@@ -1604,35 +1604,16 @@ mod tests {
         assert_eq!(mat_mat_tile_for(32768, big, true, false), (128, 64, 64));
         assert_eq!(mat_mat_tile_for(16384, big, false, false), (128, 64, 16));
         assert_eq!(mat_mat_tile_for(16384, big, true, false), (128, 64, 32));
-        let v = mat_mat_variant(
-            DType::F16,
-            DType::F32,
-            (128, 128, 64),
-            true,
-            true,
-            (true, false),
-        );
-        let src = v.source().unwrap();
+        // The source of the f16-weights 128 x 128 mat-mat of depth bk with (h16, coop).
+        let source = |bk, h16_coop| {
+            let v = mat_mat_variant(DType::F16, DType::F32, (128, 128, bk), true, true, h16_coop);
+            v.source().unwrap()
+        };
+        let src = source(64, (true, false));
         assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
         assert!(!src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
-        let v = mat_mat_variant(
-            DType::F16,
-            DType::F32,
-            (128, 128, 64),
-            true,
-            true,
-            (true, true),
-        );
-        let src = v.source().unwrap();
+        let src = source(64, (true, true));
         assert!(src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
-        let v = mat_mat_variant(
-            DType::F16,
-            DType::F32,
-            (128, 128, 32),
-            true,
-            true,
-            (false, false),
-        );
-        assert!(!v.source().unwrap().starts_with("enable f16;"));
+        assert!(!source(32, (false, false)).starts_with("enable f16;"));
     }
 }

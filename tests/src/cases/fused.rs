@@ -122,12 +122,8 @@ fn gate_up_down(v: &mut Vec<Case>) {
             Tolerance::MATMUL,
             move |g| {
                 let x = g.leaf(DType::F32, &[k, 1])?;
-                let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
-                let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
                 let wd = g.input(t, &[ff, k], Init::Uniform(-0.1, 0.1))?;
-                let gate = g.mul_mat(wg, x)?;
-                let up = g.mul_mat(wu, x)?;
-                let act = g.swiglu_split(gate, up)?;
+                let act = gate_up(g, t, ff, x)?;
                 g.mul_mat(wd, act)
             },
         ));
@@ -256,12 +252,8 @@ fn norm_readers(v: &mut Vec<Case>) {
             &[t, DType::F32],
             Tolerance::MATMUL,
             move |g| {
-                let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
-                let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
                 let h = normed(g, &[k, 1])?;
-                let gate = g.mul_mat(wg, h)?;
-                let up = g.mul_mat(wu, h)?;
-                g.swiglu_split(gate, up)
+                gate_up(g, t, ff, h)
             },
         ));
     }
@@ -335,4 +327,15 @@ fn normed(g: &mut CaseGraph, ne: &[usize]) -> Result<TensorId> {
     let w = g.input(DType::F32, &ne[..1], Init::Uniform(0.5, 1.5))?;
     let h = g.rms_norm(x, 1e-5)?;
     g.mul(h, w)
+}
+
+/// `swiglu(W_gate x, W_up x)` for a column x, with random gate and up weights of type `t` and
+/// `ff` rows.
+fn gate_up(g: &mut CaseGraph, t: DType, ff: usize, x: TensorId) -> Result<TensorId> {
+    let k = g.get(x).ne[0];
+    let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+    let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
+    let gate = g.mul_mat(wg, x)?;
+    let up = g.mul_mat(wu, x)?;
+    g.swiglu_split(gate, up)
 }

@@ -1,6 +1,9 @@
-//! The peer-memory all-reduce group: per rank a signal block and a receive area (two slots of
-//! one region per rank) that every rank's GPU writes into (peer access enabled between every
-//! pair of GPUs), and the one-shot kernel of `kernels/allreduce.cu` that sums through them.
+//! The peer-memory all-reduce group: per rank a signal block and two receive areas (each two
+//! slots of one region per rank) that every rank's GPU writes into (peer access enabled between
+//! every pair of GPUs), and the one-shot kernels of `kernels/allreduce.cu` that sum through
+//! them: `all_reduce_small_f32` (no flags: the small area starts empty and is polled value by
+//! value) for tensors up to `TESSERA_PEER_SMALL_KIB` (256 KiB by default, 0: never), and
+//! `all_reduce_f32` (flags between the ranks) for larger ones.
 //!
 //! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
 //! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
@@ -22,15 +25,41 @@ const MAX_BLOCKS: usize = 64;
 const THREADS: u32 = 512;
 /// Elements a block handles at least before another block is added.
 const PER_BLOCK: usize = 16 * 1024;
+/// The same for the small-tensor kernel, whose blocks wait on NVLink latency, not bandwidth.
+const SMALL_PER_BLOCK: usize = 2048;
+/// Bytes of one region of the small receive area: the largest tensor the small kernel sums.
+const SMALL_REGION: usize = 256 << 10;
+/// The bit pattern of an empty value in the small area (`AR_EMPTY`, -0.0).
+const EMPTY: u32 = 0x8000_0000;
 
-/// Bytes of `struct ArSignal`: two pointer tables, the flags, the epoch and a counter.
-const SIGNAL_BYTES: usize = 2 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + 8;
+/// Bytes of `struct ArSignal`: three pointer tables, the flags, the small kernel's call count
+/// per block, the epoch and a counter.
+const SIGNAL_BYTES: usize = 3 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + MAX_BLOCKS * 4 + 8;
+
+/// The largest tensor, in bytes, that the small-tensor kernel sums (`TESSERA_PEER_SMALL_KIB`).
+fn small_limit() -> Result<usize> {
+    match std::env::var("TESSERA_PEER_SMALL_KIB") {
+        Err(_) => Ok(SMALL_REGION),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&k| k << 10 <= SMALL_REGION)
+            .map(|k| k << 10)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "TESSERA_PEER_SMALL_KIB={v}: expected a whole number of KiB from 0 to {}",
+                    SMALL_REGION >> 10
+                ))
+            }),
+    }
+}
 
 /// One rank's memory.
 struct Rank {
     dev: Arc<DeviceShared>,
     signal: u64,
     scratch: u64,
+    small: u64,
 }
 
 /// The memory and peer access of one group of ranks.
@@ -38,6 +67,8 @@ pub(crate) struct PeerGroup {
     ranks: Vec<Rank>,
     /// Bytes of one region of a receive slot: the largest tensor one call can sum.
     slot_bytes: usize,
+    /// The largest tensor, in bytes, summed by the small-tensor kernel.
+    small_bytes: usize,
 }
 
 /// Whether every pair of distinct GPUs among `devs` can reach each other's memory.
@@ -82,27 +113,30 @@ impl PeerGroup {
         let mut group = PeerGroup {
             ranks: Vec::with_capacity(devs.len()),
             slot_bytes,
+            small_bytes: small_limit()?,
         };
         for dev in devs {
-            let signal = alloc(dev, SIGNAL_BYTES)?;
-            let rank = Rank {
+            // Pushed before the next allocation, so that Drop frees what was made.
+            group.ranks.push(Rank {
                 dev: dev.clone(),
-                signal,
+                signal: 0,
                 scratch: 0,
-            };
-            group.ranks.push(rank);
-            let scratch = alloc(dev, 2 * devs.len() * slot_bytes)?;
+                small: 0,
+            });
             if let Some(r) = group.ranks.last_mut() {
-                r.scratch = scratch;
+                r.signal = alloc(dev, SIGNAL_BYTES, 0)?;
+                r.scratch = alloc(dev, 2 * devs.len() * slot_bytes, 0)?;
+                r.small = alloc(dev, 2 * devs.len() * SMALL_REGION, EMPTY)?;
             }
         }
-        // Every rank's table: the scratch and signal addresses of all ranks; flags and epochs
-        // start at zero.
+        // Every rank's table: the scratch, signal and small-area addresses of all ranks; flags
+        // and epochs start at zero.
         let mut table = vec![0u8; SIGNAL_BYTES];
         for (k, r) in group.ranks.iter().enumerate() {
-            table[k * 8..k * 8 + 8].copy_from_slice(&r.scratch.to_le_bytes());
-            let s = (MAX_RANKS + k) * 8;
-            table[s..s + 8].copy_from_slice(&r.signal.to_le_bytes());
+            for (t, addr) in [r.scratch, r.signal, r.small].into_iter().enumerate() {
+                let s = (t * MAX_RANKS + k) * 8;
+                table[s..s + 8].copy_from_slice(&addr.to_le_bytes());
+            }
         }
         for r in &group.ranks {
             r.dev.bind()?;
@@ -145,10 +179,13 @@ impl PeerGroup {
                 self.max_elements()
             )));
         }
-        let (func, name) = r
-            .dev
-            .kernels
-            .func(&r.dev.ctx, "allreduce", "all_reduce_f32")?;
+        let small = count * 4 <= self.small_bytes;
+        let kernel = if small {
+            "all_reduce_small_f32"
+        } else {
+            "all_reduce_f32"
+        };
+        let (func, name) = r.dev.kernels.func(&r.dev.ctx, "allreduce", kernel)?;
         let mut p = KParams::default();
         let flat = |ptr: u64| TArg {
             ptr,
@@ -159,10 +196,11 @@ impl PeerGroup {
         p.t[1] = flat(input);
         p.t[2] = flat(residual);
         p.aux[0] = r.signal;
-        p.aux[1] = self.slot_bytes as u64;
+        p.aux[1] = if small { SMALL_REGION } else { self.slot_bytes } as u64;
         p.i[0] = rank as i32;
         p.i[1] = self.len() as i32;
-        let blocks = count.div_ceil(PER_BLOCK).clamp(1, MAX_BLOCKS) as u32;
+        let per_block = if small { SMALL_PER_BLOCK } else { PER_BLOCK };
+        let blocks = count.div_ceil(per_block).clamp(1, MAX_BLOCKS) as u32;
         Ok(Cmd::Kernel {
             func,
             name,
@@ -174,15 +212,16 @@ impl PeerGroup {
     }
 }
 
-fn alloc(dev: &DeviceShared, bytes: usize) -> Result<u64> {
+/// `bytes` of device memory with every 32-bit word set to `fill`.
+fn alloc(dev: &DeviceShared, bytes: usize, fill: u32) -> Result<u64> {
     dev.bind()?;
     let mut ptr = 0;
     // SAFETY: ptr is a valid out-pointer; the context is current.
     unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
         .result()
         .map_err(|e| dev.err("allocating all-reduce memory", e))?;
-    // SAFETY: ptr holds `bytes` bytes of this context.
-    unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) }
+    // SAFETY: ptr holds `bytes` bytes (a multiple of 4) of this context.
+    unsafe { sys::cuMemsetD32_v2(ptr, fill, bytes / 4) }
         .result()
         .map_err(|e| dev.err("clearing all-reduce memory", e))?;
     Ok(ptr)
@@ -194,7 +233,7 @@ impl Drop for PeerGroup {
             if r.dev.synchronize_all().is_err() {
                 continue;
             }
-            for p in [r.signal, r.scratch] {
+            for p in [r.signal, r.scratch, r.small] {
                 if p != 0 {
                     // SAFETY: p came from cuMemAlloc of this context and is freed once, after
                     // every stream of the device finished.

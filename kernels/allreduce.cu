@@ -22,10 +22,13 @@
 // +0.0) straight into region `rank` of the other ranks' slot, then polls its own slot value by
 // value until none is AR_EMPTY, sums in rank order, and writes AR_EMPTY back where it read.
 // One NVLink crossing per call instead of the write, fence, flag and poll of the kernel above.
-// Each block keeps its own call count (small_epoch) for the slot; blocks of a launch never
-// wait for each other. Two slots suffice: a rank writes slot (e & 1) again at call e + 2, after
-// it received this rank's values of call e + 1, which this rank sends after it emptied slot
-// (e & 1) in call e.
+// The values are cut into chunks of AR_SMALL_CHUNK, each with its own call count
+// (small_epoch) that picks its slot: a rank writes a value's slot again two calls that touch
+// it later, after it received this rank's values of the call between, which this rank sends
+// after it emptied that slot. Kernels that cover the chunks differently (one block per chunk,
+// or one block for a whole row) keep to the same counts, so they may follow one another.
+// all_reduce_small_norm_f32 is that sum for one row, plus a residual, followed in the same
+// block by rms_norm(sum) * w (the next Llama block's norm), quantized for the mat-vecs.
 
 #include "common.cuh"
 
@@ -34,6 +37,10 @@
 #define AR_TIMEOUT_NS 60000000000ull
 
 #define AR_EMPTY 0x80000000u
+#define AR_SMALL_CHUNK 2048
+// float4s of a row each thread of all_reduce_small_norm_f32 holds (with 1024 threads: rows of
+// up to 8192 values).
+#define AR_NORM_VEC 2
 
 struct ArSignal {
     u64 scratch[AR_MAX_RANKS];
@@ -254,7 +261,8 @@ __device__ __forceinline__ u32 receive(void* p) {
     return v;
 }
 
-// Parameters as all_reduce_f32's, except aux[1]: bytes of one region of the small area.
+// Parameters as all_reduce_f32's, except aux[1]: bytes of one region of the small area; one
+// block per chunk of AR_SMALL_CHUNK values.
 KERNEL all_reduce_small_f32(KParams p) {
     ArSignal* own = (ArSignal*)p.aux[0];
     const u64 region = p.aux[1];
@@ -274,9 +282,8 @@ KERNEL all_reduce_small_f32(KParams p) {
     const u32 e = epoch_sh;
     const u64 slot = (u64)(e & 1u) * (u64)n * region;
 
-    const i64 per = ((count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
-    const i64 lo = (i64)b * per;
-    const i64 hi = min(count, lo + per);
+    const i64 lo = (i64)b * AR_SMALL_CHUNK;
+    const i64 hi = min(count, lo + AR_SMALL_CHUNK);
     const bool vec = (count % 4) == 0;
 
     // Each thread sends, then receives, the same elements: an in-place sum reads its input
@@ -300,6 +307,8 @@ KERNEL all_reduce_small_f32(KParams p) {
     char* recv = (char*)(own->small[rank] + slot);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
+            // The residual loads before the wait for the others' values.
+            const float4 a = res ? *(const float4*)(res + i) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
             for (int r = 0; r < n; ++r) {
                 const uint4 u = r == rank ? sendable4(in + i) : receive4(recv + (u64)r * region + 4 * i);
@@ -309,7 +318,6 @@ KERNEL all_reduce_small_f32(KParams p) {
                 s.w += __uint_as_float(u.w);
             }
             if (res) {
-                const float4 a = *(const float4*)(res + i);
                 s.x += a.x;
                 s.y += a.y;
                 s.z += a.z;
@@ -331,5 +339,92 @@ KERNEL all_reduce_small_f32(KParams p) {
     __syncthreads();
     if (threadIdx.x == 0) {
         own->small_epoch[b] = e + 1;
+    }
+}
+
+// t[0]: the sum plus the residual t[2] (ptr 0: none), t[1]: the input, one contiguous f32 row
+// of a multiple of 4 values, at most 4 * AR_NORM_VEC * blockDim; t[3]: the norm's weight (f32,
+// the row's length, 16-byte aligned); t[4]: rms_norm(t[0]) * t[3]; aux[2], aux[3]: where its
+// q8_1 blocks go (0: not wanted); f[0]: eps. Otherwise as all_reduce_small_f32, in one block
+// of up to 1024 threads (each thread waits for as few values as it can), each holding up to
+// AR_NORM_VEC float4s of the row.
+KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
+    ArSignal* own = (ArSignal*)p.aux[0];
+    const u64 region = p.aux[1];
+    const int rank = p.i[0];
+    const int n = p.i[1];
+    const int n4 = (int)(p.t[0].ne[0] / 4);
+    float4* out = (float4*)p.t[0].ptr;
+    const float* in = (const float*)p.t[1].ptr;
+    const float4* res = (const float4*)p.t[2].ptr;
+    const float4* w = (const float4*)p.t[3].ptr;
+    const int chunks = (4 * n4 + AR_SMALL_CHUNK - 1) / AR_SMALL_CHUNK;
+
+    __shared__ u32 epochs[AR_MAX_BLOCKS];
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        epochs[c] = *(volatile u32*)&own->small_epoch[c];
+    }
+    __syncthreads();
+    char* recv = (char*)own->small[rank];
+
+    // Send. This rank's values, the residual and the weights load first and stay in
+    // registers: no memory wait after the values arrive but theirs.
+    float4 v[AR_NORM_VEC], wv[AR_NORM_VEC], rv[AR_NORM_VEC];
+#pragma unroll
+    for (int j = 0; j < AR_NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        v[j] = wv[j] = rv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c >= n4) {
+            continue;
+        }
+        wv[j] = w[c];
+        if (res) {
+            rv[j] = res[c];
+        }
+        const uint4 u = sendable4(in + 4 * c);
+        v[j] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)n * region;
+        for (int r = 0; r < n; ++r) {
+            if (r != rank) {
+                store_volatile4((char*)(own->small[r] + slot + (u64)rank * region) + 16 * (i64)c, u);
+            }
+        }
+    }
+
+    // Receive and sum in rank order, add the residual, keep the row for the norm.
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < AR_NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c >= n4) {
+            continue;
+        }
+        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)n * region;
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int r = 0; r < n; ++r) {
+            float4 x = v[j];
+            if (r != rank) {
+                const uint4 u = receive4(recv + slot + (u64)r * region + 16 * (i64)c);
+                x = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+            }
+            s.x += x.x;
+            s.y += x.y;
+            s.z += x.z;
+            s.w += x.w;
+        }
+        s.x += rv[j].x;
+        s.y += rv[j].y;
+        s.z += rv[j].z;
+        s.w += rv[j].w;
+        out[c] = s;
+        v[j] = s;
+        sum += s.x * s.x + s.y * s.y + s.z * s.z + s.w * s.w;
+    }
+
+    rms_norm_mul_row(v, wv, sum, n4, p.f[0], (float4*)p.t[4].ptr, 0, p.aux[2], p.aux[3]);
+
+    __syncthreads();
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        own->small_epoch[c] = epochs[c] + 1;
     }
 }

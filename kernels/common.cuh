@@ -156,6 +156,50 @@ __device__ float block_max(float v) {
     return warp_max(v);
 }
 
+// ---- rms_norm(x) * w of a row held in registers (norm.cu, allreduce.cu) ----
+
+// The end of rms_norm(x) * w for one row of n4 float4s that the block holds in registers:
+// thread t holds x's float4 t + j * blockDim.x (j < J) in v[j] (zeros past the row) and w's in wv[j];
+// `sum` is its share of the sum of squares. Writes the row to y and, with qs != 0 (the row a
+// multiple of 32 values), its q8_1 blocks as quantize_q8_1 of mmvq.cu does: int8 values at qs,
+// (d, d * sum) pairs at ds, `row` the row's index among the rows so written.
+template <int J>
+__device__ __forceinline__ void rms_norm_mul_row(const float4 (&v)[J], const float4 (&wv)[J], float sum, int n4,
+                                                 float eps, float4* y, i64 row, u64 qs, u64 ds) {
+    sum = block_sum(sum);
+    const float scale = 1.0f / sqrtf(sum / (float)(4 * n4) + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (j * blockDim.x >= n4) break;  // the same for the whole block
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            o = make_float4(v[j].x * scale * wv[j].x, v[j].y * scale * wv[j].y, v[j].z * scale * wv[j].z,
+                            v[j].w * scale * wv[j].w);
+            y[c] = o;
+        }
+        if (qs != 0) {
+            // Lanes 8g .. 8g+7 of a warp hold one 32-value block (c is a multiple of 8 there).
+            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+            for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            const float dq = amax / 127.0f;
+            const int q0 = dq == 0.0f ? 0 : __float2int_rn(o.x / dq);
+            const int q1 = dq == 0.0f ? 0 : __float2int_rn(o.y / dq);
+            const int q2 = dq == 0.0f ? 0 : __float2int_rn(o.z / dq);
+            const int q3 = dq == 0.0f ? 0 : __float2int_rn(o.w / dq);
+            int qsum = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int m = 4; m > 0; m >>= 1) qsum += __shfl_xor_sync(0xffffffffu, qsum, m);
+            if (c < n4) {
+                const i64 e = row * 4 * (i64)n4 + 4 * (i64)c;
+                ((char4*)qs)[e / 4] = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+                if (c % 8 == 0) ((float2*)ds)[e / 32] = make_float2(dq, dq * (float)qsum);
+            }
+        }
+    }
+}
+
 // ---- activations shared by several op families ----
 
 __device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }

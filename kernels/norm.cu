@@ -90,39 +90,7 @@ KERNEL rms_norm_mul_vec_f32(const KParams p) {
         wv[j] = in ? w[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
-    sum = block_sum(sum);
-    const float scale = 1.0f / sqrtf(sum / (float)s.ne[0] + p.f[0]);
-    const bool q8 = p.aux[0] != 0;
-#pragma unroll
-    for (int j = 0; j < NORM_VEC; j++) {
-        const int c = threadIdx.x + j * blockDim.x;
-        if (j * blockDim.x >= n4) break;  // the same for the whole block
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (c < n4) {
-            o = make_float4(v[j].x * scale * wv[j].x, v[j].y * scale * wv[j].y, v[j].z * scale * wv[j].z,
-                            v[j].w * scale * wv[j].w);
-            y[c] = o;
-        }
-        if (q8) {
-            // Lanes 8g .. 8g+7 of a warp hold one 32-value block (c is a multiple of 8 there).
-            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-#pragma unroll
-            for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-            const float dq = amax / 127.0f;
-            const int q0 = dq == 0.0f ? 0 : __float2int_rn(o.x / dq);
-            const int q1 = dq == 0.0f ? 0 : __float2int_rn(o.y / dq);
-            const int q2 = dq == 0.0f ? 0 : __float2int_rn(o.z / dq);
-            const int q3 = dq == 0.0f ? 0 : __float2int_rn(o.w / dq);
-            int qs = q0 + q1 + q2 + q3;
-#pragma unroll
-            for (int m = 4; m > 0; m >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, m);
-            if (c < n4) {
-                const i64 e = (i64)blockIdx.x * s.ne[0] + 4 * (i64)c;
-                ((char4*)p.aux[0])[e / 4] = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
-                if (c % 8 == 0) ((float2*)p.aux[1])[e / 32] = make_float2(dq, dq * (float)qs);
-            }
-        }
-    }
+    rms_norm_mul_row(v, wv, sum, n4, p.f[0], y, blockIdx.x, p.aux[0], p.aux[1]);
 }
 
 KERNEL norm_f32(const KParams p) {

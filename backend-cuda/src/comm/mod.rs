@@ -6,9 +6,11 @@
 //!   rank's memory (peer access) and sums what it received; it needs no host step between the
 //!   ranks, so it runs inside each rank's CUDA graph (the meta device puts
 //!   [`tessera_core::Op::AllReduce`] nodes in the part graphs), fused with a residual add that
-//!   follows (tensors up to `TESSERA_PEER_SMALL_KIB` go through a kernel without flags or
-//!   fences; see `peer`). About 10 µs for a decode step's 16 KiB on two NVLinked H200s with flags; used for f32
-//!   tensors up to the scratch size, when every pair of GPUs has peer access (NVLink or PCIe).
+//!   follows, and for one row also with the rms_norm * w after that. Tensors up to
+//!   `TESSERA_PEER_SMALL_KIB` (a decode step's) take a kernel without flags or fences (about
+//!   8 µs a call from the host for 16 KiB on two NVLinked H200s, 10 µs with flags); larger f32
+//!   tensors up to the scratch size one with flags. Used when every pair of GPUs has peer
+//!   access (NVLink or PCIe).
 //! - **NCCL** ([`nccl`]): ring and tree algorithms with the bandwidth for large tensors, and
 //!   bf16 sums; enqueued on each rank's stream between graph stages.
 //!

@@ -25,8 +25,12 @@ const MAX_BLOCKS: usize = 64;
 const THREADS: u32 = 512;
 /// Elements a block handles at least before another block is added.
 const PER_BLOCK: usize = 16 * 1024;
-/// The same for the small-tensor kernel, whose blocks wait on NVLink latency, not bandwidth.
-const SMALL_PER_BLOCK: usize = 2048;
+/// Values per chunk of the small-tensor kernels (`AR_SMALL_CHUNK`): each chunk has its own call
+/// count, and all_reduce_small_f32 one block per chunk (its blocks wait on NVLink latency, not
+/// bandwidth).
+const SMALL_CHUNK: usize = 2048;
+/// Float4s each thread of all_reduce_small_norm_f32 holds (`AR_NORM_VEC`).
+const NORM_VEC: usize = 2;
 /// Bytes of one region of the small receive area: the largest tensor the small kernel sums.
 const SMALL_REGION: usize = 256 << 10;
 /// The bit pattern of an empty value in the small area (`AR_EMPTY`, -0.0).
@@ -169,10 +173,6 @@ impl PeerGroup {
         residual: u64,
         count: usize,
     ) -> Result<Cmd> {
-        let r = self
-            .ranks
-            .get(rank)
-            .ok_or_else(|| Error::Invalid(format!("rank {rank} of a {}-rank group", self.len())))?;
         if count > self.max_elements() {
             return Err(Error::Invalid(format!(
                 "a peer all-reduce of {count} elements is larger than its {} scratch elements",
@@ -180,35 +180,103 @@ impl PeerGroup {
             )));
         }
         let small = count * 4 <= self.small_bytes;
-        let kernel = if small {
-            "all_reduce_small_f32"
+        let (kernel, region, blocks) = if small {
+            ("all_reduce_small_f32", SMALL_REGION, count.div_ceil(SMALL_CHUNK))
         } else {
-            "all_reduce_f32"
+            ("all_reduce_f32", self.slot_bytes, count.div_ceil(PER_BLOCK))
         };
-        let (func, name) = r.dev.kernels.func(&r.dev.ctx, "allreduce", kernel)?;
+        let p = self.params(rank, [output, input, residual], count, region)?;
+        let blocks = blocks.clamp(1, MAX_BLOCKS) as u32;
+        self.launch(rank, kernel, blocks, THREADS, p)
+    }
+
+    /// The kernel launch, for rank `rank`'s stream, that sums one row of `count` f32 values at
+    /// `input` over the group, adds `residual` (0: none) into `output`, and writes
+    /// rms_norm(output) * weight into `tail.out` (and its q8_1 blocks where asked): the
+    /// all-reduce and the next block's norm in one kernel. `None` where the row does not suit
+    /// it (too long for one block, or for the small-tensor kernel, or not whole float4s).
+    pub(crate) fn norm_command(
+        &self,
+        rank: usize,
+        [output, input, residual]: [u64; 3],
+        count: usize,
+        tail: &NormTail,
+    ) -> Result<Option<Cmd>> {
+        // One float4 a thread where the row allows: a thread waits for its values in turn.
+        let threads = (count / 4).div_ceil(32).min(32) * 32;
+        let aligned = [output, input, residual, tail.weight, tail.out]
+            .iter()
+            .all(|a| a.is_multiple_of(16));
+        let fits = count / 4 <= NORM_VEC * threads && count.is_multiple_of(4);
+        if count * 4 > self.small_bytes || !fits || !aligned {
+            return Ok(None);
+        }
+        let mut p = self.params(rank, [output, input, residual], count, SMALL_REGION)?;
+        p.t[3] = flat(tail.weight, count);
+        p.t[4] = flat(tail.out, count);
+        if let Some((qs, ds)) = tail.q8 {
+            p.aux[2] = qs;
+            p.aux[3] = ds;
+        }
+        p.f[0] = tail.eps;
+        self.launch(rank, "all_reduce_small_norm_f32", 1, threads as u32, p)
+            .map(Some)
+    }
+
+    /// The parameters every all-reduce kernel takes: output, input and residual, rank `rank`'s
+    /// signal block, the receive region's bytes, the rank and the group's size.
+    fn params(&self, rank: usize, t: [u64; 3], count: usize, region: usize) -> Result<KParams> {
+        let r = self.rank(rank)?;
         let mut p = KParams::default();
-        let flat = |ptr: u64| TArg {
-            ptr,
-            ne: [count as i64, 1, 1, 1],
-            nb: [4, 4 * count as i64, 4 * count as i64, 4 * count as i64],
-        };
-        p.t[0] = flat(output);
-        p.t[1] = flat(input);
-        p.t[2] = flat(residual);
+        for (k, ptr) in t.into_iter().enumerate() {
+            p.t[k] = flat(ptr, count);
+        }
         p.aux[0] = r.signal;
-        p.aux[1] = if small { SMALL_REGION } else { self.slot_bytes } as u64;
+        p.aux[1] = region as u64;
         p.i[0] = rank as i32;
         p.i[1] = self.len() as i32;
-        let per_block = if small { SMALL_PER_BLOCK } else { PER_BLOCK };
-        let blocks = count.div_ceil(per_block).clamp(1, MAX_BLOCKS) as u32;
+        Ok(p)
+    }
+
+    fn rank(&self, rank: usize) -> Result<&Rank> {
+        self.ranks
+            .get(rank)
+            .ok_or_else(|| Error::Invalid(format!("rank {rank} of a {}-rank group", self.len())))
+    }
+
+    fn launch(&self, rank: usize, kernel: &str, blocks: u32, threads: u32, p: KParams) -> Result<Cmd> {
+        let r = self.rank(rank)?;
+        let (func, name) = r.dev.kernels.func(&r.dev.ctx, "allreduce", kernel)?;
         Ok(Cmd::Kernel {
             func,
             name,
             grid: [blocks, 1, 1],
-            block: [THREADS, 1, 1],
+            block: [threads, 1, 1],
             smem: 0,
             p: Box::new(p),
         })
+    }
+}
+
+/// What [`PeerGroup::norm_command`] computes after the sum: rms_norm(sum) * weight.
+pub(crate) struct NormTail {
+    /// The norm's weight: f32, one row.
+    pub weight: u64,
+    /// Where the normed row goes (f32).
+    pub out: u64,
+    /// Where its q8_1 blocks go (int8 values, (d, d * sum) pairs), for mat-vecs that read it.
+    pub q8: Option<(u64, u64)>,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+/// A contiguous f32 vector of `count` values at `ptr`.
+fn flat(ptr: u64, count: usize) -> TArg {
+    let c = count as i64;
+    TArg {
+        ptr,
+        ne: [c, 1, 1, 1],
+        nb: [4, 4 * c, 4 * c, 4 * c],
     }
 }
 

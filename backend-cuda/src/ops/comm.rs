@@ -2,9 +2,12 @@
 //! launched by [`crate::comm::peer`]).
 
 use tessera_core::dtype::DType;
+use std::sync::Arc;
+
 use tessera_core::{BinaryOp, Op, Result, TensorId};
 
 use super::Encoder;
+use crate::comm::peer::{NormTail, PeerGroup};
 
 /// src0 summed over the group's ranks, in place.
 pub(super) fn all_reduce(enc: &mut Encoder, id: TensorId) -> Result<()> {
@@ -33,41 +36,120 @@ pub(super) fn all_reduce(enc: &mut Encoder, id: TensorId) -> Result<()> {
 /// result. Applies when the summed tensor has no other reader, so its memory need not hold
 /// the sum. Returns the nodes consumed (0: the pattern is not here).
 pub(super) fn all_reduce_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let Some(m) = add_after(enc, nodes, i) else {
+        return Ok(0);
+    };
+    let (out, input, residual) = (enc.arg(m.add)?, enc.arg(m.x)?, enc.arg(m.res)?);
+    enc.q8 = None;
+    let cmd = m
+        .group
+        .command(m.rank, out.ptr, input.ptr, residual.ptr, m.count)?;
+    enc.cmds.push(cmd);
+    Ok(2)
+}
+
+/// [`all_reduce_add`] of one row followed by `rms_norm(sum) * w` (the next Llama block's
+/// norm, read by nothing else): one kernel does all four nodes, and quantizes the normed row
+/// when quantized mat-vecs read it next. Returns the nodes consumed (0: the pattern is not
+/// here, or the group's kernel does not take this row).
+pub(super) fn all_reduce_add_norm(
+    enc: &mut Encoder,
+    nodes: &[TensorId],
+    i: usize,
+) -> Result<usize> {
+    let Some(m) = add_after(enc, nodes, i) else {
+        return Ok(0);
+    };
+    let g = enc.graph;
+    let (Some(&norm), Some(&mul)) = (nodes.get(i + 2), nodes.get(i + 3)) else {
+        return Ok(0);
+    };
+    let (tn, tm) = (g.get(norm), g.get(mul));
+    let Op::RmsNorm { eps } = tn.op else {
+        return Ok(0);
+    };
+    let w = tm.src[1];
+    let tw = g.get(w);
+    let fits = tn.src[0] == m.add
+        && enc.single_use(norm)
+        && tm.op == Op::Binary(BinaryOp::Mul)
+        && tm.src[0] == norm
+        && tm.dtype == DType::F32
+        && tm.is_contiguous()
+        && tm.ne == tn.ne
+        && tn.ne[1..] == [1, 1, 1]
+        && tw.dtype == DType::F32
+        && tw.is_contiguous()
+        && tw.ne == [tn.ne[0], 1, 1, 1];
+    if !fits {
+        return Ok(0);
+    }
+    let q8 = if super::fused::feeds_mmvq(enc, nodes, i + 4, mul)? {
+        let blocks = tm.nelements() / 32;
+        Some((enc.scratch(blocks * 32), enc.scratch(blocks * 8)))
+    } else {
+        None
+    };
+    let tail = NormTail {
+        weight: enc.arg(w)?.ptr,
+        out: enc.arg(mul)?.ptr,
+        q8,
+        eps,
+    };
+    let t = [enc.arg(m.add)?.ptr, enc.arg(m.x)?.ptr, enc.arg(m.res)?.ptr];
+    let Some(cmd) = m.group.norm_command(m.rank, t, m.count, &tail)? else {
+        return Ok(0);
+    };
+    enc.cmds.push(cmd);
+    enc.q8 = q8.map(|q| (mul, q));
+    Ok(4)
+}
+
+/// An all-reduce node at `nodes[i]` whose sum is added to a residual right after it.
+struct ReduceAdd {
+    group: Arc<PeerGroup>,
+    rank: usize,
+    /// The summed tensor (summed in place by the all-reduce node).
+    x: TensorId,
+    /// The addition and its other operand.
+    add: TensorId,
+    res: TensorId,
+    count: usize,
+}
+
+/// The all-reduce-then-add pattern at `nodes[i]`, where the summed tensor is read by the two
+/// nodes alone, both operands and the result are flat f32 of one shape, and the group's kernel
+/// takes that many elements.
+fn add_after(enc: &Encoder, nodes: &[TensorId], i: usize) -> Option<ReduceAdd> {
     let g = enc.graph;
     let ar = nodes[i];
     let t = g.get(ar);
     if t.op != Op::AllReduce {
-        return Ok(0);
+        return None;
     }
-    let Some((group, rank)) = enc.group.clone() else {
-        return Ok(0);
-    };
-    let Some(&add) = nodes.get(i + 1) else {
-        return Ok(0);
-    };
+    let (group, rank) = enc.group.clone()?;
+    let add = *nodes.get(i + 1)?;
     let ta = g.get(add);
     let x = t.src[0];
     if ta.op != Op::Binary(BinaryOp::Add) || !ta.src.contains(&x) || ta.src[0] == ta.src[1] {
-        return Ok(0);
+        return None;
     }
     // x is read by the all-reduce node and the addition only; nothing reads the node itself.
     if enc.use_count(x) != 2 || enc.use_count(ar) != 0 {
-        return Ok(0);
+        return None;
     }
     let res = if ta.src[0] == x { ta.src[1] } else { ta.src[0] };
-    let tr = g.get(res);
-    let flat =
-        |u: &tessera_core::Tensor| u.dtype == DType::F32 && u.is_contiguous() && u.ne == t.ne;
-    if !flat(ta) || !flat(tr) {
-        return Ok(0);
-    }
+    let flat = |u: &tessera_core::Tensor| u.dtype == DType::F32 && u.is_contiguous() && u.ne == t.ne;
     let count = t.nelements();
-    if count > group.max_elements() {
-        return Ok(0);
+    if !flat(ta) || !flat(g.get(res)) || count > group.max_elements() {
+        return None;
     }
-    let (out, input, residual) = (enc.arg(add)?, enc.arg(x)?, enc.arg(res)?);
-    enc.q8 = None;
-    let cmd = group.command(rank, out.ptr, input.ptr, residual.ptr, count)?;
-    enc.cmds.push(cmd);
-    Ok(2)
+    Some(ReduceAdd {
+        group,
+        rank,
+        x,
+        add,
+        res,
+        count,
+    })
 }

@@ -13,6 +13,9 @@
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
 //!   F32) KV cache (rope.cu); with the rope of Q before it and the set_rows of V after it, all
 //!   four in one kernel.
+//! - `rms_norm(all_reduce(x) + r) * w` of one row in a part graph of a meta device: the peer
+//!   all-reduce kernel adds the residual and applies the next block's norm (comm.rs,
+//!   allreduce.cu); without the norm, `all_reduce(x) + r` alone.
 //! - `W reshape(flash_attn_ext(..))` for a token, W quantized: attention writes its result
 //!   quantized too (attention.cu), so the mat-vec (the o projection) quantizes nothing.
 //!
@@ -40,6 +43,10 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
         return Ok(n);
     }
     let n = mmvq_multi(enc, nodes, i)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    let n = super::comm::all_reduce_add_norm(enc, nodes, i)?;
     if n > 0 {
         return Ok(n);
     }
@@ -167,7 +174,7 @@ fn norm_vec_threads(p: &crate::cmd::KParams) -> Option<u32> {
 /// Whether the next node that runs (from `nodes[j]`, past leaves and views) is a mul_mat of
 /// quantized weights by `x` (F32, rows of a multiple of 32 values) that runs as mat-vec kernels,
 /// which then take `x` quantized by the node that makes it.
-fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Result<bool> {
+pub(super) fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorId) -> Result<bool> {
     let g = enc.graph;
     let tx = g.get(x);
     if tx.dtype != DType::F32 || !tx.ne[0].is_multiple_of(32) || !tx.is_contiguous() {

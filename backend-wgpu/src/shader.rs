@@ -118,7 +118,8 @@ impl Family {
             | Family::Shape => 3,
             Family::FlashAttn => 5,
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
-            // second result), and the weights of an rms_norm they compute (binding 5).
+            // second result), and the weights of an rms_norm they compute (binding 5); the one
+            // over Q, K and V two more ([`Variant::storage_bindings`]).
             Family::MulMat => 6,
             // The fused rope of Q and K with the stores of K and V into their caches.
             Family::Rope => 8,

@@ -12,7 +12,8 @@
 //   outputs), stepping through k in BK-deep tiles of src0 and src1 staged in workgroup memory.
 //
 // Params: u.x: workgroups (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3; f.x: eps and
-// off4.y: the byte offset of w in binding 5 (mat_vec_q with NORM).
+// off4.y: the byte offset of w in binding 5 (mat_vec_q with NORM); u.w: Q's workgroups, off4.z
+// and off4.w: the byte offsets in bindings 6 and 7 (mat_vec_q with QKV).
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -385,11 +386,30 @@ fn mat_vec(
 // 1 / sqrt(mean(x^2) + eps) before it is stored, which equals normalizing first up to rounding
 // (a per-32 scale is linear). With ADD, GLU and PAIR as above: rms_norm(x) * w feeding Q, K
 // and V, or gate and up, without a norm dispatch of its own.
+// QKV (with W2 and PAIR) runs three products of one column in one dispatch (a Llama block's Q,
+// K and V): the first u.w workgroups take ROWS rows each of src0 (Q) into dst as the plain
+// variant does, the ones after them ROWS rows each of src2 (K, into src3) and of a third
+// matrix in binding 6 (V, from byte off4.z, laid out as src2) into binding 7 (from byte
+// off4.w, laid out as src3), as PAIR does; Q may have more rows than K and V.
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
 var<workgroup> yd: array<f32, KC / 32u>;
 const TPR: u32 = {{TPR}}u;
+#if QKV
+#if B4
+@group(0) @binding(6) var<storage, read_write> src6: array<vec4<u32>>;
+fn s6w(i: u32) -> u32 { return src6[i >> 2u][i & 3u]; }
+fn last6() -> u32 { return arrayLength(&src6) * 4u - 1u; }
+#else
+@group(0) @binding(6) var<storage, read_write> src6: array<u32>;
+fn s6w(i: u32) -> u32 { return src6[i]; }
+fn last6() -> u32 { return arrayLength(&src6) - 1u; }
+#endif
+@group(0) @binding(7) var<storage, read_write> dst7: array<u32>;
+// Whether this workgroup takes rows of K and V (src2 and binding 6), else of Q (src0).
+var<private> kv: bool;
+#endif
 #if NORM
 @group(0) @binding(5) var<storage, read_write> norm_w: array<u32>;
 // This invocation's sum of the squares of the x it has loaded.
@@ -552,12 +572,22 @@ struct WPart {
     s: vec4<u32>,
 }
 
-// Word i of the weights: src0, or src2 where `u` (the second matrix of W2 variants).
+// Word i of the weights: src0, or src2 where `u` (the second matrix of W2 variants). With
+// QKV: src0 (Q), else src2 (K) in K and V workgroups, and binding 6 (V) where `u`.
 fn wword(u: bool, i: u32) -> u32 {
+#if QKV
+    if u {
+        return s6w(i);
+    }
+    if kv {
+        return s2w(i);
+    }
+#else
 #if W2
     if u {
         return s2w(i);
     }
+#endif
 #endif
     return s0w(i);
 }
@@ -570,10 +600,19 @@ fn words4(u: bool, i: u32) -> vec4<u32> {
 // Word i of the weights, clamped to the binding's last word (for the word after a run whose
 // last bytes end the binding).
 fn word_c(u: bool, i: u32) -> u32 {
+#if QKV
+    if u {
+        return s6w(min(i, last6()));
+    }
+    if kv {
+        return s2w(min(i, last2()));
+    }
+#else
 #if W2
     if u {
         return s2w(min(i, last2()));
     }
+#endif
 #endif
     return s0w(min(i, last0()));
 }
@@ -581,10 +620,19 @@ fn word_c(u: bool, i: u32) -> u32 {
 // The 16 bytes from byte b of the weights, a multiple of 16 (with A4, one 16-byte load).
 fn run16(u: bool, b: u32) -> vec4<u32> {
 #if A4
+#if QKV
+    if u {
+        return src6[b >> 4u];
+    }
+    if kv {
+        return src2[b >> 4u];
+    }
+#else
 #if W2
     if u {
         return src2[b >> 4u];
     }
+#endif
 #endif
     return src0[b >> 4u];
 #else
@@ -770,8 +818,8 @@ fn norm_scale(li: u32) -> f32 {
 #endif
 #endif
 
-// One workgroup per ROWS rows of one column of dst (u.x workgroups in all), TPR invocations
-// per row.
+// One workgroup per ROWS rows of one column of dst (u.x workgroups in all; with QKV the
+// first u.w of them for Q, the rest for K and V), TPR invocations per row.
 @compute @workgroup_size({{WG}})
 fn mat_vec_q(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -788,14 +836,25 @@ fn mat_vec_q(
     if o >= P.u.x {
         return;
     }
-    let mm = P.d.ne.x;
     let kk = P.s0.ne.x;
+#if QKV
+    // One column: workgroup o takes row block o of Q, or o - u.w of K and V.
+    kv = o >= P.u.w;
+    let mm = select(P.d.ne.x, P.s3.ne.x, kv);
+    let c = vec4<u32>(select(o, o - P.u.w, kv), 0u, 0u, 0u);
+#else
+    let mm = P.d.ne.x;
     let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+#endif
     let m = c.x * ROWS + li / TPR;
     let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
     // A row past the end repeats the last row (its sum is not stored).
+#if QKV
+    let r = select(row0(min(m, mm - 1u), 0u, 0u), P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
+#else
     let r = row0(min(m, mm - 1u), c.z, c.w);
+#endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
     let np = (kk / QB) * TPB;
     var p = j;
@@ -803,8 +862,17 @@ fn mat_vec_q(
     var w = load_part(false, r, pn / TPB, pn % TPB);
     var acc = 0.0;
 #if W2
+#if QKV
+    // V's row (Q workgroups load none).
+    let r2 = P.off4.z + min(m, mm - 1u) * P.s2.nb.y;
+    var w2: WPart;
+    if kv {
+        w2 = load_part(true, r2, pn / TPB, pn % TPB);
+    }
+#else
     let r2 = P.off.w + min(m, mm - 1u) * P.s2.nb.y;
     var w2 = load_part(true, r2, pn / TPB, pn % TPB);
+#endif
     var acc2 = 0.0;
 #endif
     for (var k0 = 0u; k0 < kk; k0 += KC) {
@@ -817,16 +885,30 @@ fn mat_vec_q(
         for (; p < end; p += TPR) {
             pn = min(p + TPR, np - 1u);
             let next = load_part(false, r, pn / TPB, pn % TPB);
+#if QKV
+            var next2 = w2;
+            if kv {
+                next2 = load_part(true, r2, pn / TPB, pn % TPB);
+            }
+#else
 #if W2
             let next2 = load_part(true, r2, pn / TPB, pn % TPB);
+#endif
 #endif
             let t = p % TPB;
             let y = y_part((p - base) / TPB, t);
             acc += part_dot_q(w, r, p / TPB, t, y);
             w = next;
+#if QKV
+            if kv {
+                acc2 += part_dot_q(w2, r2, p / TPB, t, y);
+                w2 = next2;
+            }
+#else
 #if W2
             acc2 += part_dot_q(w2, r2, p / TPB, t, y);
             w2 = next2;
+#endif
 #endif
         }
     }
@@ -848,9 +930,20 @@ fn mat_vec_q(
 #if GLU
     v = v / (1.0 + exp(-v)) * v2;
 #else
+#if QKV
+    // K and V workgroups store both sums (K's first) and are done.
+    if kv {
+        if j == 0u && m < mm {
+            src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v);
+            dst7[(P.off4.w + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
+        }
+        return;
+    }
+#else
     if j == 0u && m < mm {
         src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
     }
+#endif
 #endif
 #endif
 #if ADD

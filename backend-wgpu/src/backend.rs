@@ -340,7 +340,7 @@ impl WgpuBackend {
                 storage.iter().map(|(w, b)| (w.clone(), b)).collect();
             let group = self
                 .gpu
-                .bind_group(l.variant.family, &refs, (params.id, &params.buffer));
+                .bind_group(&l.variant, &refs, (params.id, &params.buffer));
             dispatches.push(Dispatch {
                 pipeline,
                 group,

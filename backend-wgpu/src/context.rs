@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tessera_core::{Error, Result};
 
 use crate::backend::Recording;
-use crate::shader::{Family, Variant};
+use crate::shader::Variant;
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
 pub(crate) const MAX_STORAGE: usize = 8;
@@ -326,7 +326,7 @@ impl Gpu {
             .source()
             .map_err(|e| self.err(e))?;
         let label = v.label();
-        let layout = &self.layouts[v.family.storage_bindings()].1;
+        let layout = &self.layouts[v.storage_bindings()].1;
         let pipeline = self.scoped(
             || {
                 // SAFETY: every variant the backend can ask for is validated by naga in the
@@ -363,11 +363,11 @@ impl Gpu {
         Ok(p)
     }
 
-    /// The bind group binding `storage` (windows of buffers, destination first) and the
-    /// parameter buffer, built (and cached) on first use.
+    /// The bind group of a pipeline of `variant` binding `storage` (windows of buffers,
+    /// destination first) and the parameter buffer, built (and cached) on first use.
     pub fn bind_group(
         &self,
-        family: Family,
+        variant: &Variant,
         storage: &[(Window, &wgpu::Buffer)],
         params: (u64, &wgpu::Buffer),
     ) -> Arc<wgpu::BindGroup> {
@@ -378,7 +378,7 @@ impl Gpu {
         if let Some(g) = lock(&self.bind_groups).get(&key) {
             return g.clone();
         }
-        let n = family.storage_bindings();
+        let n = variant.storage_bindings();
         let mut entries: Vec<wgpu::BindGroupEntry> = storage
             .iter()
             .enumerate()

@@ -14,6 +14,10 @@
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
+//!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
+//!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),
+//!   unless `TESSERA_WGPU_QKV=0` or the adapter binds fewer than 8 storage buffers.
 //! - two mul_mats of one token by the same vector with weights of one type and shape (a
 //!   Llama block's K and V): one mat-vec dispatch computes both (PAIR in `mat_vec_q`).
 //! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
@@ -38,6 +42,11 @@ use crate::shader::Variant;
 /// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
 pub(crate) fn default_on() -> bool {
     std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
+}
+
+/// Whether Q, K and V may run as one mat-vec dispatch (QKV): unless `TESSERA_WGPU_QKV=0`.
+fn qkv_on() -> bool {
+    std::env::var("TESSERA_WGPU_QKV").map_or(true, |v| v.trim() != "0")
 }
 
 /// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
@@ -101,6 +110,9 @@ impl<'a> Fuser<'a> {
             return Ok(Some(f));
         }
         if let Some(f) = self.mat_vec_add(i)? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = self.q_kv(i)? {
             return Ok(Some(f));
         }
         if let Some(f) = self.mat_vec_pair(i)? {
@@ -252,13 +264,19 @@ impl<'a> Fuser<'a> {
     /// The launch of plan `out` for node `id`: an integer-dot mat-vec by a product
     /// `rms_norm(x) * w` left to it ([`Fuser::norm_into_mat_vecs`]) reads x and w and computes
     /// the norm (NORM).
-    fn launch(&self, id: TensorId, mut out: PlanOut) -> Result<Launch> {
+    fn launch(&self, id: TensorId, out: PlanOut) -> Result<Launch> {
+        ops::to_launch(self.gpu, self.graph, id, self.with_norm(out))
+    }
+
+    /// Plan `out`, made to compute the norm (NORM) where it is an integer-dot mat-vec by a
+    /// product `rms_norm(x) * w` left to it.
+    fn with_norm(&self, out: PlanOut) -> PlanOut {
         if out.variant.entry == "mat_vec_q" {
             if let Some(n) = self.norms.borrow().get(&out.bind[2].id) {
-                out = ops::mat_vec_q_norm(self.gpu, self.graph, out, n.x, n.w, n.eps);
+                return ops::mat_vec_q_norm(self.gpu, self.graph, out, n.x, n.w, n.eps);
             }
         }
-        ops::to_launch(self.gpu, self.graph, id, out)
+        out
     }
 
     /// A mul_mat by a product `rms_norm(x) * w` left to the mat-vecs that no other fusion
@@ -413,16 +431,12 @@ impl<'a> Fuser<'a> {
         Ok(Some((vec![self.launch(s, out)?], js - i + 1)))
     }
 
-    /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
-    /// one mat-vec dispatch (PAIR).
-    fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    /// The PAIR plan of mul_mats `a` and `b` (one token by the same vector, with weights of
+    /// one type and shape) when they may run as one mat-vec dispatch: bindings dst (a), a's
+    /// weights, the vector, b's weights, b (the norm not yet applied).
+    fn pair_plan(&self, a: TensorId, b: TensorId) -> Option<PlanOut> {
         let g = self.graph;
-        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
-            return Ok(None);
-        };
-        let Some((mut out, pb)) = self.mat_vec_q_pair(a, b) else {
-            return Ok(None);
-        };
+        let (mut out, pb) = self.mat_vec_q_pair(a, b)?;
         let (ta, tb) = (g.get(a), g.get(b));
         let x = ta.src[1];
         let fits = tb.dtype == DType::F32
@@ -432,14 +446,95 @@ impl<'a> Fuser<'a> {
             && self.apart(b, x, false)
             && self.apart(a, b, false);
         if !fits {
-            return Ok(None);
+            return None;
         }
         out.variant = second_matrix_variant(out.variant, false);
         out.bind.push(pb.bind[1]);
         out.bind.push(pb.bind[0]);
         out.params.desc[3] = desc(g.get(tb.src[0]));
         out.params.desc[4] = desc(tb);
+        Some(out)
+    }
+
+    /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
+    /// one mat-vec dispatch (PAIR).
+    fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
+            return Ok(None);
+        };
+        let Some(out) = self.pair_plan(a, b) else {
+            return Ok(None);
+        };
         Ok(Some((vec![self.launch(a, out)?], jb - i + 1)))
+    }
+
+    /// A mul_mat Q followed by a PAIR of mul_mats K and V by the same vector, Q's weights of
+    /// K's type and row length (any number of rows), as one mat-vec dispatch (QKV): Q's
+    /// workgroups first, then those of K and V. Bindings: dst (Q), Wq, the vector, Wk, K, the
+    /// norm weights (NORM; else dst again), Wv, V.
+    fn q_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let Some((q, jk, k)) = self.mul_mat_and_next(i) else {
+            return Ok(None);
+        };
+        let Some((jv, v)) = self.next_running(jk + 1) else {
+            return Ok(None);
+        };
+        let same = |n: TensorId| g.get(n).op == Op::MulMat && g.get(n).src[1] == g.get(q).src[1];
+        if !same(k) || !same(v) {
+            return Ok(None);
+        }
+        let Some(pair) = self.pair_plan(k, v) else {
+            return Ok(None);
+        };
+        let (tq, tk, tv) = (g.get(q), g.get(k), g.get(v));
+        let (wq, wk, wv) = (g.get(tq.src[0]), g.get(tk.src[0]), g.get(tv.src[0]));
+        let x = tq.src[1];
+        let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        let fits = limit >= crate::shader::QKV_BINDINGS
+            && wq.dtype == wk.dtype
+            && wq.ne[0] == wk.ne[0]
+            && wq.ne[2] == 1
+            && wq.ne[3] == 1
+            && wv.nb == wk.nb
+            && tv.nb == tk.nb
+            && tq.nb[0] == 4
+            && self.apart(q, x, false)
+            && self.apart(q, k, false)
+            && self.apart(q, v, false)
+            && qkv_on();
+        if !fits {
+            return Ok(None);
+        }
+        let Some(pq) = self.mat_vec_q_plan(q) else {
+            return Ok(None);
+        };
+        let (mq, mk) = (tq.ne[0], tk.ne[0]);
+        let Some(mut out) = ops::mat_vec_q_reshaped(self.gpu, g, q, pq, mq + mk) else {
+            return Ok(None);
+        };
+        if out.variant.get("A4") != pair.variant.get("A4") {
+            return Ok(None);
+        }
+        let rows = out.variant.get("ROWS").unwrap_or(1) as usize;
+        let (gq, groups) = (mq.div_ceil(rows), mq.div_ceil(rows) + mk.div_ceil(rows));
+        out.variant = second_matrix_variant(out.variant, false).def("QKV", 1);
+        out.groups = groups;
+        out.params.u[0] = groups as u32;
+        out.params.u[3] = gq as u32;
+        out.params.desc[3] = pair.params.desc[1];
+        out.params.desc[4] = pair.params.desc[0];
+        out.bind.truncate(3);
+        out.bind.extend([pair.bind[1], pair.bind[0]]);
+        let mut out = self.with_norm(out);
+        while out.bind.len() < ops::NORM_W_BINDING + 1 {
+            out.bind.push(out.bind[0]);
+        }
+        out.bind.extend([pair.bind[3], pair.bind[4]]);
+        Ok(Some((
+            vec![ops::to_launch(self.gpu, g, q, out)?],
+            jv - i + 1,
+        )))
     }
 
     /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,

@@ -802,7 +802,7 @@ pub(crate) fn to_launch(gpu: &Gpu, graph: &Graph, id: TensorId, out: PlanOut) ->
         }
     };
     let mut bind = out.bind;
-    let n = out.variant.family.storage_bindings();
+    let n = out.variant.storage_bindings();
     while bind.len() < n {
         bind.push(bind[0]);
     }
@@ -1057,9 +1057,33 @@ fn mvq_kc(wg_mem: u32, wg: u32) -> Option<u32> {
         .find(|&kc| kc + kc / 8 + 4 * wg <= wg_mem)
 }
 
+/// The plan `out` of mul_mat `id` as the integer-dot mat-vec, shaped (ROWS, WG, TPR, KC) for
+/// one dispatch over `rows` rows in all (the fused Q, K and V, whose K and V rows count once:
+/// a workgroup computes the same rows of both); `None` where that shape does not fit the
+/// device or loses A4.
+pub(crate) fn mat_vec_q_reshaped(
+    gpu: &Gpu,
+    graph: &Graph,
+    id: TensorId,
+    mut out: PlanOut,
+    rows: usize,
+) -> Option<PlanOut> {
+    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, graph.get(id), 0, rows)?;
+    if out.variant.get("A4") != Some(u32::from(a4)) {
+        return None;
+    }
+    out.variant = out
+        .variant
+        .def("ROWS", nr)
+        .def("WG", wg)
+        .def("TPR", wg / nr)
+        .def("KC", kc);
+    Some(out)
+}
+
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
 /// of its column (NORM in `mat_vec_q`).
-const NORM_W_BINDING: usize = 5;
+pub(crate) const NORM_W_BINDING: usize = 5;
 
 /// The plan `out` of an integer-dot mat-vec whose src1 is `rms_norm(x) * w` (x f32 of src1's
 /// shape, w one f32 row of contiguous values), made to read x and w and compute the norm itself
@@ -1455,6 +1479,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                         x.clone(),
                                         x.clone().def("ADD", 1),
                                         w2(x.clone(), false),
+                                        w2(x.clone(), false).def("QKV", 1),
                                         w2(x, true),
                                     ];
                                     for f in fused {

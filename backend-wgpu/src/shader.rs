@@ -36,6 +36,10 @@ const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
 /// Block quantization, for the variants that write quantized blocks.
 const QUANTIZE: &str = include_str!("../../shaders/quantize.wgsl");
 
+/// Storage bindings of the mat-vec over Q, K and V (QKV in `shaders/mul_mat.wgsl`): dst (Q),
+/// Wq, x, Wk, K, the norm weights (or dst again), Wv, V.
+pub(crate) const QKV_BINDINGS: usize = 8;
+
 /// An op family: one WGSL file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
@@ -114,7 +118,8 @@ impl Family {
             | Family::Shape => 3,
             Family::FlashAttn => 5,
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
-            // second result), and the weights of an rms_norm they compute (binding 5).
+            // second result), and the weights of an rms_norm they compute (binding 5); the one
+            // over Q, K and V two more ([`Variant::storage_bindings`]).
             Family::MulMat => 6,
             // The fused rope of Q and K with the stores of K and V into their caches.
             Family::Rope => 8,
@@ -175,6 +180,16 @@ impl Variant {
     /// A define's value.
     pub fn get(&self, name: &str) -> Option<u32> {
         self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    /// Storage bindings of the variant's pipeline: its family's, or [`QKV_BINDINGS`] for the
+    /// mat-vec over Q, K and V (QKV: V's weights and result in bindings 6 and 7).
+    pub fn storage_bindings(&self) -> usize {
+        if self.get("QKV").is_some_and(|v| v != 0) {
+            QKV_BINDINGS
+        } else {
+            self.family.storage_bindings()
+        }
     }
 
     /// A label for logs and errors: `family.entry[A=1,B=2]`.

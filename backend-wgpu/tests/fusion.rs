@@ -1,6 +1,7 @@
 //! Fused dispatches: decode steps of small Llama-like blocks (quantized weights) run with and
 //! without fusion give the same values with fewer dispatches: a block whose norms feed the
-//! mat-vecs that read them (15 dispatches to 6), one whose residual add runs in place over the
+//! mat-vecs that read them, Q, K and V in one (15 dispatches to 5; to 6 where Q's weights are
+//! of another type than K's and V's, which run as one), one whose residual add runs in place over the
 //! input of the attention norm, so that the norm keeps a dispatch (14 to 6), and norms whose
 //! result something other than a mat-vec also reads; the rope of Q and K with the stores of K
 //! and V into F16 caches writes the same bytes in one dispatch as in four.
@@ -60,23 +61,23 @@ impl Block {
 /// h2 = rms_norm(x1) * wn2. The add x + W_o h runs in place over x while W_o h reads h: the
 /// attention norm cannot be left to the mat-vecs (they would read x as it is overwritten).
 fn block() -> Block {
-    llama(false)
+    llama(None)
 }
 
 /// A Llama decode layer with the attention itself left out: [`block`] with h also read by
-/// Q = W_q h (an output) and x1 = x + W_o Q (Q standing in for the attention): both norms are
-/// left to the mat-vecs that read them.
+/// Q = W_q h (an output; W_q of K's and V's type) and x1 = x + W_o Q (Q standing in for the
+/// attention): both norms are left to the mat-vecs that read them.
 fn layer() -> Block {
-    llama(true)
+    llama(Some(DType::Q4_0))
 }
 
-/// [`block`] (`with_q` false) or [`layer`] (true).
-fn llama(with_q: bool) -> Block {
+/// [`block`] (`q` None) or [`layer`] with W_q of type `q`.
+fn llama(q: Option<DType>) -> Block {
     let mut b = Block::new();
     let x_in = b.input("x", DType::F32, &[D, 1], X);
     let wn = b.input("wn", DType::F32, &[D], NORM);
     let wn2 = b.input("wn2", DType::F32, &[D], NORM);
-    let wq = with_q.then(|| b.input("wq", DType::Q8_0, &[D, D], W));
+    let wq = q.map(|t| b.input("wq", t, &[D, D], W));
     let wk = b.input("wk", DType::Q4_0, &[D, 64], W);
     let wv = b.input("wv", DType::Q4_0, &[D, 64], W);
     let wo = b.input("wo", DType::Q8_0, &[D, D], W);
@@ -200,8 +201,61 @@ fn norms_fuse_into_the_mat_vecs_that_read_them() {
         return;
     };
     // scale, norm, mul, Q, K, V, O, add, norm, mul, gate, up, swiglu, down, add; fused: scale,
-    // Q with the norm, K and V with the norm, O+add, gate/up/swiglu with the norm, down+add.
+    // Q, K and V with the norm, O+add, gate/up/swiglu with the norm, down+add.
+    assert_eq!(counts, (15, 5));
+}
+
+/// W_q of another type than W_k and W_v (Q8_0 and Q4_0): Q keeps a mat-vec of its own, and K
+/// and V run as one.
+#[test]
+fn q_of_another_type_runs_apart_from_k_and_v() {
+    let Some(counts) = fused_and_unfused(&mut llama(Some(DType::Q8_0))) else {
+        return;
+    };
+    // As the layer, with Q with the norm and K and V with the norm as two dispatches.
     assert_eq!(counts, (15, 6));
+}
+
+/// Q with more rows than K and V (as in grouped-query attention), all of one type, by a plain
+/// vector (no norm) and by a normalized one, for each weight type of the integer-dot mat-vec:
+/// one dispatch with the values of three.
+#[test]
+fn q_k_and_v_run_as_one_dispatch() {
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        for norm in [false, true] {
+            let mut b = Block::new();
+            let x = b.input("x", DType::F32, &[2 * D, 1], X);
+            let wn = b.input("wn", DType::F32, &[2 * D], NORM);
+            let wq = b.input("wq", t, &[2 * D, 3 * D], W);
+            let wk = b.input("wk", t, &[2 * D, 80], W);
+            let wv = b.input("wv", t, &[2 * D, 80], W);
+            let g = &mut b.g;
+            let h = if norm {
+                let h = g.rms_norm(x, 1e-5).unwrap();
+                g.mul(h, wn).unwrap()
+            } else {
+                g.scale(x, 1.0).unwrap()
+            };
+            let q = g.mul_mat(wq, h).unwrap();
+            let k = g.mul_mat(wk, h).unwrap();
+            let v = g.mul_mat(wv, h).unwrap();
+            for o in [q, k, v] {
+                b.output(o);
+            }
+            let Some(counts) = fused_and_unfused(&mut b) else {
+                return;
+            };
+            // norm, mul (or scale), Q, K, V; fused: Q, K and V (after the scale).
+            let expect = if norm { (5, 1) } else { (4, 2) };
+            assert_eq!(counts, expect, "type {t}, norm {norm}");
+        }
+    }
 }
 
 /// h = rms_norm(x) * w read by K and V, and also by an add, as an output, or by a mul_mat that
@@ -239,7 +293,7 @@ fn norms_read_by_more_than_mat_vecs_keep_their_dispatch() {
 }
 
 /// The per-dispatch profile: a profiled run gives the same values, and its table counts each
-/// of the fused layer's 6 dispatches once per run under its variant's name, with GPU time.
+/// of the fused layer's 5 dispatches once per run under its variant's name, with GPU time.
 #[test]
 fn profiled_block_names_and_times_its_dispatches() {
     let Some(dev) = common::device() else { return };
@@ -266,11 +320,10 @@ fn profiled_block_names_and_times_its_dispatches() {
         );
         return;
     }
-    assert_eq!(table.iter().map(|r| r.2).sum::<usize>(), 2 * 6);
+    assert_eq!(table.iter().map(|r| r.2).sum::<usize>(), 2 * 5);
     for name in [
         "mat_vec_q_q4_K+w2+glu+norm",
-        "mat_vec_q_q4_0+w2+pair+norm",
-        "mat_vec_q_q8_0+norm",
+        "mat_vec_q_q4_0+w2+pair+qkv+norm",
     ] {
         assert!(table.iter().any(|r| r.0 == name), "{name}: {table:?}");
     }

@@ -3,8 +3,8 @@
 //! feeding quantized mat-vec products, which then take the norm's output already quantized or
 //! compute the norm themselves: one product, Q, K and V, or gate and up),
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
-//! attention, and several products of one activation (Q, K and V of a prompt), which a backend
-//! may convert once for all of them, and a feed-forward block for one token (gate, up, swiglu
+//! attention, and several products of one activation (Q, K and V of a prompt, which a backend
+//! may convert once for all of them, or of one token, which it may compute in one kernel), and a feed-forward block for one token (gate, up, swiglu
 //! and down: the swiglu result quantized by the kernel that makes it), and attention followed
 //! by the o projection (the attention result quantized by the attention kernels), and a
 //! product with its residual add followed by the next rms_norm * w and product (the norm
@@ -130,7 +130,8 @@ fn gate_up_down(v: &mut Vec<Case>) {
     }
 }
 
-/// Three mul_mats of one prompt-sized activation by weights of different types, summed.
+/// Three mul_mats of one prompt-sized activation by weights of different types, summed; and
+/// one token's Q, K and V of one vector.
 fn shared_activation(v: &mut Vec<Case>) {
     let types = [DType::Q4_0, DType::Q8_0, DType::F16];
     v.push(Case::new(
@@ -149,6 +150,32 @@ fn shared_activation(v: &mut Vec<Case>) {
             g.add(s, products[2])
         },
     ));
+    // One token's Q, K and V of a plain vector (no norm), K and V of one shape and Q taller: a
+    // backend may run the three as one mat-vec; and Q of another type than K and V.
+    for (tq, tkv, k, mq, mkv) in [
+        (DType::Q4_0, DType::Q4_0, 512, 512, 128),
+        (DType::Q8_0, DType::Q8_0, 1024, 768, 200),
+        (DType::Q8_0, DType::Q4_0, 512, 512, 128),
+    ] {
+        let params = format!("types=[{tq},{tkv},{tkv}],k={k},m=[{mq},{mkv},{mkv}],n=1");
+        v.push(Case::new(
+            "MUL_MAT_SHARED_B",
+            params,
+            &[tq, tkv, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let wq = g.input(tq, &[k, mq], Init::Uniform(-0.1, 0.1))?;
+                let wk = g.input(tkv, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let wv = g.input(tkv, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let q = g.mul_mat(wq, x)?;
+                let kk = g.mul_mat(wk, x)?;
+                let vv = g.mul_mat(wv, x)?;
+                let kv = g.concat(kk, vv, 0)?;
+                g.concat(q, kv, 0)
+            },
+        ));
+    }
 }
 
 /// rms_norm(x) * w, w one row broadcast over x's rows; with `mat` rows of quantized weights

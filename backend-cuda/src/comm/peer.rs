@@ -181,7 +181,11 @@ impl PeerGroup {
         }
         let small = count * 4 <= self.small_bytes;
         let (kernel, region, blocks) = if small {
-            ("all_reduce_small_f32", SMALL_REGION, count.div_ceil(SMALL_CHUNK))
+            (
+                "all_reduce_small_f32",
+                SMALL_REGION,
+                count.div_ceil(SMALL_CHUNK),
+            )
         } else {
             ("all_reduce_f32", self.slot_bytes, count.div_ceil(PER_BLOCK))
         };
@@ -244,7 +248,14 @@ impl PeerGroup {
             .ok_or_else(|| Error::Invalid(format!("rank {rank} of a {}-rank group", self.len())))
     }
 
-    fn launch(&self, rank: usize, kernel: &str, blocks: u32, threads: u32, p: KParams) -> Result<Cmd> {
+    fn launch(
+        &self,
+        rank: usize,
+        kernel: &str,
+        blocks: u32,
+        threads: u32,
+        p: KParams,
+    ) -> Result<Cmd> {
         let r = self.rank(rank)?;
         let (func, name) = r.dev.kernels.func(&r.dev.ctx, "allreduce", kernel)?;
         Ok(Cmd::Kernel {

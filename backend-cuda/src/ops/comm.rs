@@ -1,8 +1,8 @@
 //! All-reduce nodes: the peer kernel of the group the backend joined (kernels/allreduce.cu,
 //! launched by [`crate::comm::peer`]).
 
-use tessera_core::dtype::DType;
 use std::sync::Arc;
+use tessera_core::dtype::DType;
 
 use tessera_core::{BinaryOp, Op, Result, TensorId};
 
@@ -139,7 +139,8 @@ fn add_after(enc: &Encoder, nodes: &[TensorId], i: usize) -> Option<ReduceAdd> {
         return None;
     }
     let res = if ta.src[0] == x { ta.src[1] } else { ta.src[0] };
-    let flat = |u: &tessera_core::Tensor| u.dtype == DType::F32 && u.is_contiguous() && u.ne == t.ne;
+    let flat =
+        |u: &tessera_core::Tensor| u.dtype == DType::F32 && u.is_contiguous() && u.ne == t.ne;
     let count = t.nelements();
     if !flat(ta) || !flat(g.get(res)) || count > group.max_elements() {
         return None;

@@ -83,105 +83,131 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
+// The time a wait has taken: tick() on every spin traps once it passes AR_TIMEOUT_NS (a rank
+// that never arrives).
+struct Patience {
+    u64 start = 0;
+    __device__ __forceinline__ void tick() {
+        const u64 now = global_ns();
+        if (start == 0) {
+            start = now;
+        } else if (now - start > AR_TIMEOUT_NS) {
+            __trap();
+        }
+    }
+};
+
+// What every all-reduce kernel reads from its parameters (layout at all_reduce_f32).
+struct ArArgs {
+    ArSignal* own;
+    u64 region;
+    int rank, n;
+    i64 count;
+    float* out;
+    const float* in;
+    const float* res;
+};
+
+__device__ __forceinline__ ArArgs ar_args(const KParams& p) {
+    ArArgs a;
+    a.own = (ArSignal*)p.aux[0];
+    a.region = p.aux[1];
+    a.rank = p.i[0];
+    a.n = p.i[1];
+    a.count = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3];
+    a.out = (float*)p.t[0].ptr;
+    a.in = (const float*)p.t[1].ptr;
+    a.res = (const float*)p.t[2].ptr;
+    return a;
+}
+
 // t[0]: the output, f32, contiguous (the input itself for an in-place sum); t[1]: the input;
 // t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
 // aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
 KERNEL all_reduce_f32(KParams p) {
-    ArSignal* own = (ArSignal*)p.aux[0];
-    const u64 region = p.aux[1];
-    const int rank = p.i[0];
-    const int n = p.i[1];
-    const i64 count = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3];
-    float* out = (float*)p.t[0].ptr;
-    const float* in = (const float*)p.t[1].ptr;
-    const float* res = (const float*)p.t[2].ptr;
+    const ArArgs a = ar_args(p);
     const int b = blockIdx.x;
 
     __shared__ u32 epoch_sh;
     if (threadIdx.x == 0) {
-        epoch_sh = *(volatile u32*)&own->epoch + 1;
+        epoch_sh = *(volatile u32*)&a.own->epoch + 1;
     }
     __syncthreads();
     const u32 e = epoch_sh;
     // Slot (e & 1) of a receive area holds n regions; region r is what rank r sent.
-    const u64 slot = (u64)(e & 1u) * (u64)n * region;
+    const u64 slot = (u64)(e & 1u) * (u64)a.n * a.region;
 
     // This block's share, in whole float4s where the tensor allows.
-    const i64 per = ((count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+    const i64 per = ((a.count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
     const i64 lo = (i64)b * per;
-    const i64 hi = min(count, lo + per);
-    const bool vec = (count % 4) == 0;
+    const i64 hi = min(a.count, lo + per);
+    const bool vec = (a.count % 4) == 0;
 
-    for (int r = 0; r < n; ++r) {
-        float* dst = (float*)(own->scratch[r] + slot + (u64)rank * region);
+    for (int r = 0; r < a.n; ++r) {
+        float* dst = (float*)(a.own->scratch[r] + slot + (u64)a.rank * a.region);
         if (vec) {
             for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
-                *(float4*)(dst + i) = *(const float4*)(in + i);
+                *(float4*)(dst + i) = *(const float4*)(a.in + i);
             }
         } else {
             for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-                dst[i] = in[i];
+                dst[i] = a.in[i];
             }
         }
     }
     __threadfence_system();
     __syncthreads();
 
-    if (threadIdx.x < n) {
+    if (threadIdx.x < a.n) {
         const int r = threadIdx.x;
-        ArSignal* peer = (ArSignal*)own->signal[r];
-        store_release(&peer->flags[b][rank], e);
-        const u32* flag = &own->flags[b][r];
-        u64 start = 0;
+        ArSignal* peer = (ArSignal*)a.own->signal[r];
+        store_release(&peer->flags[b][a.rank], e);
+        const u32* flag = &a.own->flags[b][r];
+        Patience wait;
         while ((int)(load_acquire(flag) - e) < 0) {
-            const u64 now = global_ns();
-            if (start == 0) {
-                start = now;
-            } else if (now - start > AR_TIMEOUT_NS) {
-                __trap();
-            }
+            wait.tick();
         }
     }
     __syncthreads();
 
-    const float* recv = (const float*)(own->scratch[rank] + slot);
-    const i64 stride = (i64)(region / 4);
+    const float* recv = (const float*)(a.own->scratch[a.rank] + slot);
+    const i64 stride = (i64)(a.region / 4);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             float4 s;
             s.x = s.y = s.z = s.w = 0.f;
-            for (int r = 0; r < n; ++r) {
+            for (int r = 0; r < a.n; ++r) {
                 const float4 v = load_fresh4(recv + r * stride + i);
                 s.x += v.x;
                 s.y += v.y;
                 s.z += v.z;
                 s.w += v.w;
             }
-            if (res) {
-                const float4 a = *(const float4*)(res + i);
-                s.x += a.x;
-                s.y += a.y;
-                s.z += a.z;
-                s.w += a.w;
+            if (a.res) {
+                const float4 rv = *(const float4*)(a.res + i);
+                s.x += rv.x;
+                s.y += rv.y;
+                s.z += rv.z;
+                s.w += rv.w;
             }
-            *(float4*)(out + i) = s;
+            *(float4*)(a.out + i) = s;
         }
     } else {
         for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float s = 0.f;
-            for (int r = 0; r < n; ++r) {
+            for (int r = 0; r < a.n; ++r) {
                 s += load_fresh(recv + r * stride + i);
             }
-            out[i] = res ? s + res[i] : s;
+            a.out[i] = a.res ? s + a.res[i] : s;
         }
     }
 
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(&own->done, 1u) == gridDim.x - 1) {
-            own->done = 0;
-            own->epoch = e;
+        if (atomicAdd(&a.own->done, 1u) == gridDim.x - 1) {
+            a.own->done = 0;
+            a.own->epoch = e;
             __threadfence();
         }
     }
@@ -231,14 +257,9 @@ __device__ __forceinline__ u32 load_volatile(const void* p) {
 // them again; returns what arrived.
 __device__ __forceinline__ uint4 receive4(void* p) {
     uint4 v = load_volatile4(p);
-    u64 start = 0;
+    Patience wait;
     while (v.x == AR_EMPTY || v.y == AR_EMPTY || v.z == AR_EMPTY || v.w == AR_EMPTY) {
-        const u64 now = global_ns();
-        if (start == 0) {
-            start = now;
-        } else if (now - start > AR_TIMEOUT_NS) {
-            __trap();
-        }
+        wait.tick();
         v = load_volatile4(p);
     }
     store_volatile4(p, make_uint4(AR_EMPTY, AR_EMPTY, AR_EMPTY, AR_EMPTY));
@@ -247,14 +268,9 @@ __device__ __forceinline__ uint4 receive4(void* p) {
 
 __device__ __forceinline__ u32 receive(void* p) {
     u32 v = load_volatile(p);
-    u64 start = 0;
+    Patience wait;
     while (v == AR_EMPTY) {
-        const u64 now = global_ns();
-        if (start == 0) {
-            start = now;
-        } else if (now - start > AR_TIMEOUT_NS) {
-            __trap();
-        }
+        wait.tick();
         v = load_volatile(p);
     }
     store_volatile(p, AR_EMPTY);
@@ -264,81 +280,74 @@ __device__ __forceinline__ u32 receive(void* p) {
 // Parameters as all_reduce_f32's, except aux[1]: bytes of one region of the small area; one
 // block per chunk of AR_SMALL_CHUNK values.
 KERNEL all_reduce_small_f32(KParams p) {
-    ArSignal* own = (ArSignal*)p.aux[0];
-    const u64 region = p.aux[1];
-    const int rank = p.i[0];
-    const int n = p.i[1];
-    const i64 count = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3];
-    float* out = (float*)p.t[0].ptr;
-    const float* in = (const float*)p.t[1].ptr;
-    const float* res = (const float*)p.t[2].ptr;
+    const ArArgs a = ar_args(p);
     const int b = blockIdx.x;
 
     __shared__ u32 epoch_sh;
     if (threadIdx.x == 0) {
-        epoch_sh = *(volatile u32*)&own->small_epoch[b];
+        epoch_sh = *(volatile u32*)&a.own->small_epoch[b];
     }
     __syncthreads();
     const u32 e = epoch_sh;
-    const u64 slot = (u64)(e & 1u) * (u64)n * region;
+    const u64 slot = (u64)(e & 1u) * (u64)a.n * a.region;
 
     const i64 lo = (i64)b * AR_SMALL_CHUNK;
-    const i64 hi = min(count, lo + AR_SMALL_CHUNK);
-    const bool vec = (count % 4) == 0;
+    const i64 hi = min(a.count, lo + AR_SMALL_CHUNK);
+    const bool vec = (a.count % 4) == 0;
 
     // Each thread sends, then receives, the same elements: an in-place sum reads its input
     // before it writes there.
-    for (int r = 0; r < n; ++r) {
-        if (r == rank) {
+    for (int r = 0; r < a.n; ++r) {
+        if (r == a.rank) {
             continue;
         }
-        char* dst = (char*)(own->small[r] + slot + (u64)rank * region);
+        char* dst = (char*)(a.own->small[r] + slot + (u64)a.rank * a.region);
         if (vec) {
             for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
-                store_volatile4(dst + 4 * i, sendable4(in + i));
+                store_volatile4(dst + 4 * i, sendable4(a.in + i));
             }
         } else {
             for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-                store_volatile(dst + 4 * i, sendable(in + i));
+                store_volatile(dst + 4 * i, sendable(a.in + i));
             }
         }
     }
 
-    char* recv = (char*)(own->small[rank] + slot);
+    char* recv = (char*)(a.own->small[a.rank] + slot);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             // The residual loads before the wait for the others' values.
-            const float4 a = res ? *(const float4*)(res + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 rv = a.res ? *(const float4*)(a.res + i) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int r = 0; r < n; ++r) {
-                const uint4 u = r == rank ? sendable4(in + i) : receive4(recv + (u64)r * region + 4 * i);
+            for (int r = 0; r < a.n; ++r) {
+                const uint4 u = r == a.rank ? sendable4(a.in + i) : receive4(recv + (u64)r * a.region + 4 * i);
                 s.x += __uint_as_float(u.x);
                 s.y += __uint_as_float(u.y);
                 s.z += __uint_as_float(u.z);
                 s.w += __uint_as_float(u.w);
             }
-            if (res) {
-                s.x += a.x;
-                s.y += a.y;
-                s.z += a.z;
-                s.w += a.w;
+            if (a.res) {
+                s.x += rv.x;
+                s.y += rv.y;
+                s.z += rv.z;
+                s.w += rv.w;
             }
-            *(float4*)(out + i) = s;
+            *(float4*)(a.out + i) = s;
         }
     } else {
         for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float s = 0.f;
-            for (int r = 0; r < n; ++r) {
-                const u32 u = r == rank ? sendable(in + i) : receive(recv + (u64)r * region + 4 * i);
+            for (int r = 0; r < a.n; ++r) {
+                const u32 u = r == a.rank ? sendable(a.in + i) : receive(recv + (u64)r * a.region + 4 * i);
                 s += __uint_as_float(u);
             }
-            out[i] = res ? s + res[i] : s;
+            a.out[i] = a.res ? s + a.res[i] : s;
         }
     }
 
     __syncthreads();
     if (threadIdx.x == 0) {
-        own->small_epoch[b] = e + 1;
+        a.own->small_epoch[b] = e + 1;
     }
 }
 
@@ -349,23 +358,19 @@ KERNEL all_reduce_small_f32(KParams p) {
 // of up to 1024 threads (each thread waits for as few values as it can), each holding up to
 // AR_NORM_VEC float4s of the row.
 KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
-    ArSignal* own = (ArSignal*)p.aux[0];
-    const u64 region = p.aux[1];
-    const int rank = p.i[0];
-    const int n = p.i[1];
-    const int n4 = (int)(p.t[0].ne[0] / 4);
-    float4* out = (float4*)p.t[0].ptr;
-    const float* in = (const float*)p.t[1].ptr;
-    const float4* res = (const float4*)p.t[2].ptr;
+    const ArArgs a = ar_args(p);
+    const int n4 = (int)(a.count / 4);
+    float4* out = (float4*)a.out;
+    const float4* res = (const float4*)a.res;
     const float4* w = (const float4*)p.t[3].ptr;
     const int chunks = (4 * n4 + AR_SMALL_CHUNK - 1) / AR_SMALL_CHUNK;
 
     __shared__ u32 epochs[AR_MAX_BLOCKS];
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-        epochs[c] = *(volatile u32*)&own->small_epoch[c];
+        epochs[c] = *(volatile u32*)&a.own->small_epoch[c];
     }
     __syncthreads();
-    char* recv = (char*)own->small[rank];
+    char* recv = (char*)a.own->small[a.rank];
 
     // Send. This rank's values, the residual and the weights load first and stay in
     // registers: no memory wait after the values arrive but theirs.
@@ -381,12 +386,12 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
         if (res) {
             rv[j] = res[c];
         }
-        const uint4 u = sendable4(in + 4 * c);
+        const uint4 u = sendable4(a.in + 4 * c);
         v[j] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)n * region;
-        for (int r = 0; r < n; ++r) {
-            if (r != rank) {
-                store_volatile4((char*)(own->small[r] + slot + (u64)rank * region) + 16 * (i64)c, u);
+        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)a.n * a.region;
+        for (int r = 0; r < a.n; ++r) {
+            if (r != a.rank) {
+                store_volatile4((char*)(a.own->small[r] + slot + (u64)a.rank * a.region) + 16 * (i64)c, u);
             }
         }
     }
@@ -399,12 +404,12 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
         if (c >= n4) {
             continue;
         }
-        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)n * region;
+        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)a.n * a.region;
         float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int r = 0; r < n; ++r) {
+        for (int r = 0; r < a.n; ++r) {
             float4 x = v[j];
-            if (r != rank) {
-                const uint4 u = receive4(recv + slot + (u64)r * region + 16 * (i64)c);
+            if (r != a.rank) {
+                const uint4 u = receive4(recv + slot + (u64)r * a.region + 16 * (i64)c);
                 x = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
             }
             s.x += x.x;
@@ -425,6 +430,6 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
 
     __syncthreads();
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-        own->small_epoch[c] = epochs[c] + 1;
+        a.own->small_epoch[c] = epochs[c] + 1;
     }
 }

@@ -192,6 +192,23 @@ fn flash_attn_vec(
     combine(enc, p, nsplit, rows)
 }
 
+/// The split count of the f16 decoding kernel asked for with `TESSERA_CUDA_FA_SPLIT=N` (N
+/// splits of the keys, at most one a key and 256; 1: one pass), for measuring on a GPU; `None`
+/// (unset or not a number): [`flash_attn_dec`] decides.
+fn dec_split_setting() -> Option<usize> {
+    static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        let v = std::env::var("TESSERA_CUDA_FA_SPLIT").ok()?;
+        let n = v.trim().parse::<usize>().ok();
+        if n.is_none() {
+            log::warn!(
+                "cuda: TESSERA_CUDA_FA_SPLIT={v} is not a number of splits; using the default"
+            );
+        }
+        n
+    })
+}
+
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
 /// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
@@ -212,10 +229,13 @@ fn flash_attn_dec(
     // Short splits, so that even a short cache fills the GPU, but no more than a few blocks
     // per SM: a long cache is streamed by each block in turn, its next keys loading while it
     // works on the last.
-    let nsplit = nkv
-        .div_ceil(DEC_MIN_KEYS)
-        .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
-        .clamp(1, 256);
+    let nsplit = match dec_split_setting() {
+        Some(n) => n.min(nkv).clamp(1, 256),
+        None => nkv
+            .div_ceil(DEC_MIN_KEYS)
+            .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
+            .clamp(1, 256),
+    };
     p.i[2] = nsplit as i32;
     if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);

@@ -340,22 +340,26 @@ fn run(
     let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
     for s in 0..n_stages {
         if in_graph {
-            // Each part submits from its own thread: a part's graph waits inside for the
-            // others' all-reduce nodes, and one that has filled its launch queue must not keep
-            // the next part from submitting.
+            // Each part submits concurrently with the others: a part's graph waits inside for
+            // the others' all-reduce nodes, and one that has filled its launch queue must not
+            // keep the next part from submitting. The first part submits from this thread
+            // (a thread less to start every run), after the others' threads started.
             let kept = std::thread::scope(|scope| {
-                let jobs: Vec<_> = backends
+                let Some((first, rest)) = backends.split_first_mut() else {
+                    return Vec::new();
+                };
+                let jobs: Vec<_> = rest
                     .iter_mut()
                     .enumerate()
-                    .map(|(j, b)| scope.spawn(move || run_stage(plan, j, s, b.as_mut())))
+                    .map(|(j, b)| scope.spawn(move || run_stage(plan, j + 1, s, b.as_mut())))
                     .collect();
-                jobs.into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::Invalid("a part's submitting thread panicked".into()))
-                        })
+                let mut kept = vec![run_stage(plan, 0, s, first.as_mut())];
+                kept.extend(jobs.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Invalid("a part's submitting thread panicked".into()))
                     })
-                    .collect::<Vec<_>>()
+                }));
+                kept
             });
             for k in kept {
                 keep.extend(k?);

@@ -40,6 +40,10 @@ const EMPTY: u32 = 0x8000_0000;
 /// per block, the epoch and a counter.
 const SIGNAL_BYTES: usize = 3 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + MAX_BLOCKS * 4 + 8;
 
+// The signal block is cleared as 32-bit words; the small area's chunks each have a call count.
+const _: () =
+    assert!(SIGNAL_BYTES.is_multiple_of(4) && SMALL_REGION / 4 / SMALL_CHUNK <= MAX_BLOCKS);
+
 /// The largest tensor, in bytes, that the small-tensor kernel sums (`TESSERA_PEER_SMALL_KIB`).
 fn small_limit() -> Result<usize> {
     match std::env::var("TESSERA_PEER_SMALL_KIB") {
@@ -206,15 +210,10 @@ impl PeerGroup {
         count: usize,
         tail: &NormTail,
     ) -> Result<Option<Cmd>> {
-        // One float4 a thread where the row allows: a thread waits for its values in turn.
-        let threads = (count / 4).div_ceil(32).min(32) * 32;
-        let aligned = [output, input, residual, tail.weight, tail.out]
-            .iter()
-            .all(|a| a.is_multiple_of(16));
-        let fits = count / 4 <= NORM_VEC * threads && count.is_multiple_of(4);
-        if count * 4 > self.small_bytes || !fits || !aligned {
+        let addrs = [output, input, residual, tail.weight, tail.out];
+        let Some(threads) = norm_threads(count, self.small_bytes, &addrs) else {
             return Ok(None);
-        }
+        };
         let mut p = self.params(rank, [output, input, residual], count, SMALL_REGION)?;
         p.t[3] = flat(tail.weight, count);
         p.t[4] = flat(tail.out, count);
@@ -223,7 +222,7 @@ impl PeerGroup {
             p.aux[3] = ds;
         }
         p.f[0] = tail.eps;
-        self.launch(rank, "all_reduce_small_norm_f32", 1, threads as u32, p)
+        self.launch(rank, "all_reduce_small_norm_f32", 1, threads, p)
             .map(Some)
     }
 
@@ -267,6 +266,21 @@ impl PeerGroup {
             p: Box::new(p),
         })
     }
+}
+
+/// Threads of the one block of all_reduce_small_norm_f32 for a row of `count` f32 values whose
+/// addresses are `addrs` (0: absent), with the small-tensor kernel taking up to `small_bytes`:
+/// one float4 a thread where the row allows (a thread waits for its values in turn), at most
+/// 1,024 threads of NORM_VEC float4s each. `None` where the kernel cannot take the row: empty,
+/// not whole float4s, too long, or an address not on 16 bytes.
+fn norm_threads(count: usize, small_bytes: usize, addrs: &[u64]) -> Option<u32> {
+    let threads = (count / 4).div_ceil(32).min(32) * 32;
+    let fits = count > 0
+        && count.is_multiple_of(4)
+        && count / 4 <= NORM_VEC * threads
+        && count * 4 <= small_bytes
+        && addrs.iter().all(|a| a.is_multiple_of(16));
+    fits.then_some(threads as u32)
 }
 
 /// What [`PeerGroup::norm_command`] computes after the sum: rms_norm(sum) * weight.
@@ -320,5 +334,89 @@ impl Drop for PeerGroup {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fused_norm_takes_rows_of_whole_float4s_up_to_8192_values() {
+        let a = [256u64, 512, 0, 1024, 2048];
+        // A decode row of an 8B model: one float4 a thread.
+        assert_eq!(norm_threads(4096, SMALL_REGION, &a), Some(1024));
+        // The test model's 576 values: 144 float4s in 160 threads.
+        assert_eq!(norm_threads(576, SMALL_REGION, &a), Some(160));
+        // 70B's 8192 values: two float4s a thread.
+        assert_eq!(norm_threads(8192, SMALL_REGION, &a), Some(1024));
+        assert_eq!(
+            norm_threads(8196, SMALL_REGION, &a),
+            None,
+            "past 2 x 1024 float4s"
+        );
+        assert_eq!(
+            norm_threads(4098, SMALL_REGION, &a),
+            None,
+            "not whole float4s"
+        );
+        assert_eq!(norm_threads(0, SMALL_REGION, &a), None, "empty");
+        assert_eq!(
+            norm_threads(4096, 8 << 10, &a),
+            None,
+            "past the small kernel's limit"
+        );
+        assert_eq!(norm_threads(4096, 0, &a), None, "small kernel off");
+        assert_eq!(
+            norm_threads(4096, SMALL_REGION, &[256, 520, 0, 1024, 2048]),
+            None,
+            "an address off 16 bytes"
+        );
+    }
+
+    #[test]
+    fn the_signal_block_mirrors_the_kernels_struct() {
+        // Sizes struct ArSignal from kernels/allreduce.cu's own text: each field a u64 or u32
+        // with array dimensions from the defines.
+        let src = include_str!("../../../kernels/allreduce.cu");
+        let dim = |d: &str| match d {
+            "AR_MAX_RANKS" => MAX_RANKS,
+            "AR_MAX_BLOCKS" => MAX_BLOCKS,
+            other => panic!("unknown array dimension {other}"),
+        };
+        let body = src
+            .split("struct ArSignal {")
+            .nth(1)
+            .and_then(|r| r.split("};").next())
+            .expect("struct ArSignal in allreduce.cu");
+        let mut bytes = 0;
+        for field in body.split(';').map(str::trim).filter(|f| !f.is_empty()) {
+            let (ty, rest) = field.split_once(' ').expect("a type and a name");
+            let mut n = match ty {
+                "u64" => 8,
+                "u32" => 4,
+                other => panic!("unexpected field type {other}"),
+            };
+            for d in rest.split('[').skip(1) {
+                n *= dim(d.trim_end_matches(']'));
+            }
+            bytes += n;
+        }
+        assert_eq!(SIGNAL_BYTES, bytes);
+        let define = |name: &str| -> usize {
+            src.lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("#define {name} in allreduce.cu"))
+        };
+        assert_eq!(define("AR_MAX_RANKS"), MAX_RANKS);
+        assert_eq!(define("AR_MAX_BLOCKS"), MAX_BLOCKS);
+        assert_eq!(define("AR_SMALL_CHUNK"), SMALL_CHUNK);
+        assert_eq!(define("AR_NORM_VEC"), NORM_VEC);
+        let empty = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define AR_EMPTY 0x"))
+            .and_then(|v| u32::from_str_radix(v.trim().trim_end_matches('u'), 16).ok());
+        assert_eq!(empty, Some(EMPTY));
     }
 }

@@ -212,19 +212,21 @@ impl Context {
         let step = &self.steps[idx];
         let inputs = started.elapsed();
         let count = step.graph.get(step.io.logits).nelements();
-        let mut bytes = vec![0u8; count * 4];
-        self.sched
-            .compute_read(&step.graph, &step.plan, step.io.logits, &mut bytes)?;
+        // Read straight into the f32s returned (no second pass over n_vocab values a token).
+        let mut logits = vec![0f32; count];
+        self.sched.compute_read(
+            &step.graph,
+            &step.plan,
+            step.io.logits,
+            bytemuck::cast_slice_mut(&mut logits),
+        )?;
         self.n_past += n;
         log::trace!(
             "step of {n} tokens: host us from its start: inputs queued {}, computed and logits read {}",
             inputs.as_micros(),
             started.elapsed().as_micros()
         );
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(logits)
     }
 }
 

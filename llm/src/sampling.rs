@@ -98,27 +98,32 @@ impl Sampler {
     ///
     /// NaN logits count as impossible tokens. An empty `logits` slice gives token 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let mut cands: Vec<Candidate> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| Candidate {
-                id: i as u32,
-                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
-            })
-            .collect();
-        if cands.is_empty() {
+        if logits.is_empty() {
             return 0;
         }
-        apply_repeat_penalty(
-            &mut cands,
+        // A copy only where the repetition penalty changes some values.
+        let penalized;
+        let vals: &[f32] = if penalizes(
             history,
             self.config.repeat_last_n,
             self.config.repeat_penalty,
-        );
+        ) {
+            let mut v: Vec<f32> = logits.iter().map(|&l| possible(l)).collect();
+            apply_repeat_penalty(
+                &mut v,
+                history,
+                self.config.repeat_last_n,
+                self.config.repeat_penalty,
+            );
+            penalized = v;
+            &penalized
+        } else {
+            logits
+        };
         if self.config.temperature <= 0.0 {
-            return argmax(&cands);
+            return argmax(vals);
         }
-        apply_top_k(&mut cands, self.config.top_k);
+        let mut cands = top_k(vals, self.config.top_k);
         apply_top_p(&mut cands, self.config.top_p);
         apply_min_p(&mut cands, self.config.min_p);
         apply_temperature(&mut cands, self.config.temperature);
@@ -128,47 +133,102 @@ impl Sampler {
     }
 }
 
-/// The id of the highest logit; the lowest id wins a tie.
-fn argmax(cands: &[Candidate]) -> u32 {
-    let mut best = cands[0];
-    for c in &cands[1..] {
-        if c.logit > best.logit || (c.logit == best.logit && c.id < best.id) {
-            best = *c;
-        }
+/// A logit as the samplers see it: NaN is an impossible token.
+fn possible(l: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        l
     }
-    best.id
 }
 
-/// Repetition penalty over the last `last_n` tokens of `history`; each distinct token once.
-fn apply_repeat_penalty(cands: &mut [Candidate], history: &[u32], last_n: usize, penalty: f32) {
-    if last_n == 0 || penalty == 1.0 || history.is_empty() {
+/// The id of the highest value (NaN counting as -inf); the lowest id wins a tie. Two plain
+/// passes (the maximum, then where it first is) that the compiler vectorizes.
+fn argmax(vals: &[f32]) -> u32 {
+    // f32::max passes over NaN.
+    let max = vals.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    vals.iter().position(|&v| v == max).unwrap_or(0) as u32
+}
+
+/// Whether [`apply_repeat_penalty`] changes anything.
+fn penalizes(history: &[u32], last_n: usize, penalty: f32) -> bool {
+    last_n != 0 && penalty != 1.0 && !history.is_empty()
+}
+
+/// Repetition penalty over the last `last_n` tokens of `history`, on the values indexed by
+/// id; each distinct token once.
+fn apply_repeat_penalty(vals: &mut [f32], history: &[u32], last_n: usize, penalty: f32) {
+    if !penalizes(history, last_n, penalty) {
         return;
     }
     let recent = &history[history.len().saturating_sub(last_n)..];
     let seen: HashSet<u32> = recent.iter().copied().collect();
-    // `cands` is still indexed by id here (no filter has run yet).
     for &t in &seen {
-        if let Some(c) = cands.get_mut(t as usize) {
-            if c.logit <= 0.0 {
-                c.logit *= penalty;
+        if let Some(v) = vals.get_mut(t as usize) {
+            if *v <= 0.0 {
+                *v *= penalty;
             } else {
-                c.logit /= penalty;
+                *v /= penalty;
             }
         }
     }
 }
 
-/// Sorts by falling logit, the lower id first among equals.
-fn sort_desc(cands: &mut [Candidate]) {
-    cands.sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+/// The order of falling logit, the lower id first among equals.
+fn falling(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
 }
 
-/// Keeps the `k` highest logits (all when `k` is 0 or not smaller than the count).
-fn apply_top_k(cands: &mut Vec<Candidate>, k: usize) {
-    sort_desc(cands);
-    if k > 0 && k < cands.len() {
-        cands.truncate(k);
+/// A candidate ordered by [`falling`] (greater: less likely), for the top-k heap.
+#[derive(Clone, Copy, PartialEq)]
+struct Ranked(Candidate);
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        falling(&self.0, &other.0)
+    }
+}
+
+/// The `k` highest of `vals` (indexed by id) as candidates sorted by falling logit; all of them,
+/// sorted, when `k` is 0 or not smaller than the count. One pass keeps the k best in a heap
+/// whose top is the worst kept, so nearly every value costs one comparison and a whole
+/// vocabulary (128,256 entries for Llama 3) is never sorted.
+fn top_k(vals: &[f32], k: usize) -> Vec<Candidate> {
+    let cand = |i: usize| Candidate {
+        id: i as u32,
+        logit: possible(vals[i]),
+    };
+    if k == 0 || k >= vals.len() {
+        let mut all: Vec<Candidate> = (0..vals.len()).map(cand).collect();
+        sort_desc(&mut all);
+        return all;
+    }
+    let mut heap: std::collections::BinaryHeap<Ranked> = (0..k).map(|i| Ranked(cand(i))).collect();
+    // Later ids lose ties, so a value enters only when it is above the worst kept one.
+    let mut floor = heap.peek().map_or(f32::NEG_INFINITY, |r| r.0.logit);
+    for (i, &v) in vals.iter().enumerate().skip(k) {
+        if possible(v).total_cmp(&floor) != std::cmp::Ordering::Greater {
+            continue;
+        }
+        if let Some(mut worst) = heap.peek_mut() {
+            *worst = Ranked(cand(i));
+        }
+        floor = heap.peek().map_or(f32::NEG_INFINITY, |r| r.0.logit);
+    }
+    heap.into_sorted_vec().into_iter().map(|r| r.0).collect()
+}
+
+/// Sorts by falling logit, the lower id first among equals.
+fn sort_desc(cands: &mut [Candidate]) {
+    cands.sort_by(falling);
 }
 
 /// Softmax of the candidates' logits, in f64; impossible (-inf) tokens get 0.
@@ -294,19 +354,16 @@ mod tests {
 
     #[test]
     fn repeat_penalty_divides_positive_and_multiplies_negative() {
-        let mut c = cands(&[2.0, -2.0, 2.0, 1.0]);
+        let mut v = vec![2.0, -2.0, 2.0, 1.0];
         // token 0 appears twice, token 1 once; token 2 is outside the last-3 window.
-        apply_repeat_penalty(&mut c, &[2, 0, 1, 0], 3, 2.0);
-        assert_eq!(c[0].logit, 1.0);
-        assert_eq!(c[1].logit, -4.0);
-        assert_eq!(c[2].logit, 2.0);
-        assert_eq!(c[3].logit, 1.0);
+        apply_repeat_penalty(&mut v, &[2, 0, 1, 0], 3, 2.0);
+        assert_eq!(v, [1.0, -4.0, 2.0, 1.0]);
         // Penalty 1 or window 0: no change; ids past the vocabulary are ignored.
-        let mut c = cands(&[2.0, -2.0]);
-        apply_repeat_penalty(&mut c, &[0, 1, 99], 0, 2.0);
-        apply_repeat_penalty(&mut c, &[0, 1, 99], 8, 1.0);
-        apply_repeat_penalty(&mut c, &[99], 8, 2.0);
-        assert_eq!(c, cands(&[2.0, -2.0]));
+        let mut v = vec![2.0, -2.0];
+        apply_repeat_penalty(&mut v, &[0, 1, 99], 0, 2.0);
+        apply_repeat_penalty(&mut v, &[0, 1, 99], 8, 1.0);
+        apply_repeat_penalty(&mut v, &[99], 8, 2.0);
+        assert_eq!(v, [2.0, -2.0]);
     }
 
     #[test]
@@ -321,17 +378,35 @@ mod tests {
     }
 
     #[test]
+    fn top_k_selects_what_a_full_sort_keeps() {
+        // Logits with many ties (ids break them) and a NaN-free spread of values.
+        let mut rng = StdRng::seed_from_u64(7);
+        for k in [1, 2, 40, 999, 1000, 1001, 5000] {
+            let logits: Vec<f32> = (0..1000)
+                .map(|_| rng.gen_range(0..50) as f32 * 0.5)
+                .collect();
+            let fast = top_k(&logits, k);
+            let mut full = cands(&logits);
+            sort_desc(&mut full);
+            full.truncate(k.min(full.len()));
+            assert_eq!(fast, full, "k = {k}");
+        }
+    }
+
+    #[test]
     fn top_k_keeps_the_k_highest() {
-        let mut c = cands(&[0.5, 3.0, 1.0, 2.0, -1.0]);
-        apply_top_k(&mut c, 2);
+        let c = top_k(&[0.5, 3.0, 1.0, 2.0, -1.0], 2);
         assert_eq!(ids(&c), vec![1, 3]);
-        let mut c = cands(&[0.5, 3.0, 1.0]);
-        apply_top_k(&mut c, 0);
+        let c = top_k(&[0.5, 3.0, 1.0], 0);
         assert_eq!(c.len(), 3);
         assert_eq!(c[0].id, 1, "sorted by falling logit");
-        let mut c = cands(&[0.5, 3.0]);
-        apply_top_k(&mut c, 10);
+        let c = top_k(&[0.5, 3.0], 10);
         assert_eq!(c.len(), 2);
+        // NaN is an impossible token, never one of the k, even where it comes first.
+        let c = top_k(&[f32::NAN, 1.0, f32::NAN, 0.5, -2.0], 2);
+        assert_eq!(ids(&c), vec![1, 3]);
+        let c = top_k(&[f32::NAN, f32::NAN, 0.5], 1);
+        assert_eq!(ids(&c), vec![2]);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! launched by [`crate::comm::peer`]).
 
 use std::sync::Arc;
-use tessera_core::dtype::DType;
 
+use tessera_core::dtype::DType;
 use tessera_core::{BinaryOp, Op, Result, TensorId};
 
 use super::Encoder;

@@ -33,7 +33,7 @@
 #include "common.cuh"
 
 #define AR_MAX_RANKS 8
-#define AR_MAX_BLOCKS 64
+#define AR_MAX_BLOCKS 256
 #define AR_TIMEOUT_NS 60000000000ull
 
 #define AR_EMPTY 0x80000000u

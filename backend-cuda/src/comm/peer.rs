@@ -3,7 +3,8 @@
 //! every pair of GPUs), and the one-shot kernels of `kernels/allreduce.cu` that sum through
 //! them: `all_reduce_small_f32` (no flags: the small area starts empty and is polled value by
 //! value) for tensors up to `TESSERA_PEER_SMALL_KIB` (256 KiB by default, 0: never), and
-//! `all_reduce_f32` (flags between the ranks) for larger ones.
+//! `all_reduce_f32` (flags between the ranks) for larger ones, in up to `TESSERA_PEER_BLOCKS`
+//! blocks (64 by default).
 //!
 //! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
 //! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
@@ -20,7 +21,10 @@ use crate::driver::DeviceShared;
 /// Most ranks of a group (`AR_MAX_RANKS` in kernels/allreduce.cu).
 pub(crate) const MAX_RANKS: usize = 8;
 /// Most blocks of one launch (`AR_MAX_BLOCKS`).
-const MAX_BLOCKS: usize = 64;
+const MAX_BLOCKS: usize = 256;
+/// Most blocks of one launch of the kernel with flags unless `TESSERA_PEER_BLOCKS` says
+/// otherwise (measured in sessions 4-7 with this count).
+const DEFAULT_BLOCKS: usize = 64;
 /// Threads per block.
 const THREADS: u32 = 512;
 /// Elements a block handles at least before another block is added.
@@ -43,6 +47,23 @@ const SIGNAL_BYTES: usize = 3 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + MAX
 // The signal block is cleared as 32-bit words; the small area's chunks each have a call count.
 const _: () =
     assert!(SIGNAL_BYTES.is_multiple_of(4) && SMALL_REGION / 4 / SMALL_CHUNK <= MAX_BLOCKS);
+
+/// Most blocks of the kernel with flags (`TESSERA_PEER_BLOCKS`, 1 to MAX_BLOCKS): more blocks
+/// keep more NVLink writes in flight for large tensors (a prompt's).
+fn block_limit() -> Result<usize> {
+    match std::env::var("TESSERA_PEER_BLOCKS") {
+        Err(_) => Ok(DEFAULT_BLOCKS),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|b| (1..=MAX_BLOCKS).contains(b))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "TESSERA_PEER_BLOCKS={v}: expected a whole number of blocks from 1 to {MAX_BLOCKS}"
+                ))
+            }),
+    }
+}
 
 /// The largest tensor, in bytes, that the small-tensor kernel sums (`TESSERA_PEER_SMALL_KIB`).
 fn small_limit() -> Result<usize> {
@@ -77,6 +98,8 @@ pub(crate) struct PeerGroup {
     slot_bytes: usize,
     /// The largest tensor, in bytes, summed by the small-tensor kernel.
     small_bytes: usize,
+    /// Most blocks of one launch of the kernel with flags.
+    blocks: usize,
 }
 
 /// Whether every pair of distinct GPUs among `devs` can reach each other's memory.
@@ -122,6 +145,7 @@ impl PeerGroup {
             ranks: Vec::with_capacity(devs.len()),
             slot_bytes,
             small_bytes: small_limit()?,
+            blocks: block_limit()?,
         };
         for dev in devs {
             // Pushed before the next allocation, so that Drop frees what was made.
@@ -191,7 +215,11 @@ impl PeerGroup {
                 count.div_ceil(SMALL_CHUNK),
             )
         } else {
-            ("all_reduce_f32", self.slot_bytes, count.div_ceil(PER_BLOCK))
+            (
+                "all_reduce_f32",
+                self.slot_bytes,
+                count.div_ceil(PER_BLOCK).min(self.blocks),
+            )
         };
         let p = self.params(rank, [output, input, residual], count, region)?;
         let blocks = blocks.clamp(1, MAX_BLOCKS) as u32;

@@ -43,6 +43,9 @@ struct TensorKey {
 
 /// A graph's structure and bindings, compared to find its plan again.
 struct GraphKey {
+    /// The [`Graph::stamp`] of the graph last found to match: the same stamp is the same
+    /// structure and bindings, so the tensor-by-tensor comparison is skipped.
+    stamp: u64,
     nodes: Vec<TensorId>,
     tensors: Vec<TensorKey>,
     /// The bound buffers, held so that no other buffer can take their addresses.
@@ -80,6 +83,7 @@ impl GraphKey {
             })
             .collect();
         GraphKey {
+            stamp: g.stamp(),
             nodes: nodes.to_vec(),
             tensors,
             _held: held,
@@ -87,6 +91,9 @@ impl GraphKey {
     }
 
     fn matches(&self, g: &Graph, nodes: &[TensorId]) -> bool {
+        if self.stamp == g.stamp() {
+            return self.nodes == nodes;
+        }
         self.nodes == nodes
             && self.tensors.len() == g.len()
             && g.ids().zip(&self.tensors).all(|(id, k)| {
@@ -234,6 +241,8 @@ impl MetaBackend {
 
     fn plan_index(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<usize> {
         if let Some(i) = self.plans.iter().position(|(k, _)| k.matches(graph, nodes)) {
+            // The next run of this graph, unchanged, matches by its stamp alone.
+            self.plans[i].0.stamp = graph.stamp();
             return Ok(i);
         }
         let s = &self.shared;
@@ -527,5 +536,33 @@ impl Backend for MetaBackend {
 
     fn synchronize(&mut self) -> Result<()> {
         self.backends.iter_mut().try_for_each(|b| b.synchronize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph() -> (Graph, Vec<TensorId>) {
+        let mut g = Graph::new();
+        let a = g.input("a", DType::F32, &[8, 2]).unwrap();
+        let b = g.input("b", DType::F32, &[8, 2]).unwrap();
+        let c = g.add(a, b).unwrap();
+        (g, vec![c])
+    }
+
+    #[test]
+    fn a_plan_is_found_by_stamp_and_by_structure_and_lost_on_a_change() {
+        let (mut g, nodes) = graph();
+        let key = GraphKey::new(&g, &nodes);
+        assert!(key.matches(&g, &nodes), "the same graph, by its stamp");
+        assert!(!key.matches(&g, &[]), "other nodes");
+        // Another graph of the same structure (another stamp) matches tensor by tensor.
+        let (h, h_nodes) = graph();
+        assert_ne!(h.stamp(), g.stamp());
+        assert!(key.matches(&h, &h_nodes));
+        // A change through get_mut changes the stamp, and the structure no longer matches.
+        g.get_mut(nodes[0]).ne[0] = 4;
+        assert!(!key.matches(&g, &nodes));
     }
 }

@@ -22,6 +22,7 @@ use super::buffer::{place_slice, slice_of};
 use super::device::Shared;
 use super::plan::{self, Action, Plan, ReducePlan};
 use super::reduce::HostReduce;
+use super::split::byte_chunks;
 use super::split::SplitState;
 
 /// Plans kept per backend (a model context alternates a prompt graph and a decode graph).
@@ -113,6 +114,10 @@ impl GraphKey {
             })
     }
 }
+
+/// Most byte stretches of a gathered split result that are written into the caller's buffer one
+/// by one; a result of more is assembled in host memory first and written at once.
+const DIRECT_STRETCHES: usize = 16;
 
 /// Host time spent per step of a run, summed over runs (`TESSERA_META_PROFILE=1`, logged at
 /// info level when the backend is dropped).
@@ -449,17 +454,31 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
         let t = graph.get(gt.tensor);
         let data = graph.data_or_err(gt.tensor)?;
         let n = t.nbytes();
-        let mut full = vec![0u8; n];
+        // Results of few stretches (a row of logits split by columns, a mirrored tensor) go
+        // straight into the caller's buffer; others are assembled first.
+        let mut full = vec![];
         match &gt.state {
-            SplitState::Mirrored => {
-                if let Some(b) = per_part.into_iter().flatten().next() {
-                    full.copy_from_slice(&b[..n]);
-                }
-            }
-            SplitState::Split(_) => {
-                for (j, b) in per_part.iter().enumerate() {
-                    if let Some(b) = b {
-                        place_slice(t.dtype, t.ne, &gt.state, j, b, &mut full);
+            SplitState::Mirrored => match per_part.into_iter().flatten().next() {
+                Some(b) => data.buffer.set(data.offset, &b[..n])?,
+                None => data.buffer.set(data.offset, &vec![0u8; n])?,
+            },
+            SplitState::Split(x) => {
+                let chunks: Vec<_> = (0..per_part.len())
+                    .map(|j| byte_chunks(t.dtype, t.ne, x, j))
+                    .collect();
+                if chunks.iter().map(Vec::len).sum::<usize>() <= DIRECT_STRETCHES {
+                    for (b, stretches) in per_part.iter().zip(&chunks) {
+                        let Some(b) = b else { continue };
+                        for &(f, p, len) in stretches {
+                            data.buffer.set(data.offset + f, &b[p..p + len])?;
+                        }
+                    }
+                } else {
+                    full = vec![0u8; n];
+                    for (j, b) in per_part.iter().enumerate() {
+                        if let Some(b) = b {
+                            place_slice(t.dtype, t.ne, &gt.state, j, b, &mut full);
+                        }
                     }
                 }
             }
@@ -477,12 +496,15 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
                         *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
                 }
+                full = vec![0u8; n];
                 for (o, s) in full.chunks_exact_mut(4).zip(&sum) {
                     o.copy_from_slice(&s.to_le_bytes());
                 }
             }
         }
-        data.buffer.set(data.offset, &full)?;
+        if !full.is_empty() {
+            data.buffer.set(data.offset, &full)?;
+        }
     }
     Ok(())
 }

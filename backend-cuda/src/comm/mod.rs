@@ -56,19 +56,30 @@ fn mode() -> Result<Mode> {
 }
 
 fn peer_slot_bytes() -> Result<usize> {
-    match std::env::var("TESSERA_PEER_MIB") {
-        Err(_) => Ok(DEFAULT_PEER_MIB << 20),
-        Ok(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&m| (1..=4096).contains(&m))
-            .map(|m| m << 20)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "TESSERA_PEER_MIB={v}: expected a whole number of MiB from 1 to 4096"
-                ))
-            }),
-    }
+    Ok(env_count("TESSERA_PEER_MIB", 1..=4096, "MiB")?.map_or(DEFAULT_PEER_MIB << 20, |m| m << 20))
+}
+
+/// The whole number in the environment variable `name` (`None`: unset); an error naming the
+/// variable where it is not a number of `unit` within `range`.
+pub(crate) fn env_count(
+    name: &str,
+    range: std::ops::RangeInclusive<usize>,
+    unit: &str,
+) -> Result<Option<usize>> {
+    let Ok(v) = std::env::var(name) else {
+        return Ok(None);
+    };
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .map(Some)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{name}={v}: expected a whole number of {unit} from {} to {}",
+                range.start(),
+                range.end()
+            ))
+        })
 }
 
 /// The all-reduce of a group of CUDA devices (one rank per device, in order).
@@ -333,4 +344,28 @@ pub(crate) fn shared_of(
                 .map(|c| c.shared().clone())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_counts_are_read_in_range_or_refused_by_name() {
+        // A variable of this test alone (tests run in parallel threads of one process).
+        let name = "TESSERA_TEST_ENV_COUNT";
+        std::env::remove_var(name);
+        assert_eq!(env_count(name, 1..=8, "blocks").unwrap(), None);
+        std::env::set_var(name, "8");
+        assert_eq!(env_count(name, 1..=8, "blocks").unwrap(), Some(8));
+        for bad in ["0", "9", "x", "-1", ""] {
+            std::env::set_var(name, bad);
+            let e = env_count(name, 1..=8, "blocks").unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains("blocks from 1 to 8"),
+                "{bad:?}: {e}"
+            );
+        }
+        std::env::remove_var(name);
+    }
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use tessera_core::{Error, Result};
 
+use super::env_count;
 use crate::cmd::{Cmd, KParams, TArg};
 use crate::driver::DeviceShared;
 
@@ -51,36 +52,15 @@ const _: () =
 /// Most blocks of the kernel with flags (`TESSERA_PEER_BLOCKS`, 1 to MAX_BLOCKS): more blocks
 /// keep more NVLink writes in flight for large tensors (a prompt's).
 fn block_limit() -> Result<usize> {
-    match std::env::var("TESSERA_PEER_BLOCKS") {
-        Err(_) => Ok(DEFAULT_BLOCKS),
-        Ok(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|b| (1..=MAX_BLOCKS).contains(b))
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "TESSERA_PEER_BLOCKS={v}: expected a whole number of blocks from 1 to {MAX_BLOCKS}"
-                ))
-            }),
-    }
+    Ok(env_count("TESSERA_PEER_BLOCKS", 1..=MAX_BLOCKS, "blocks")?.unwrap_or(DEFAULT_BLOCKS))
 }
 
 /// The largest tensor, in bytes, that the small-tensor kernel sums (`TESSERA_PEER_SMALL_KIB`).
 fn small_limit() -> Result<usize> {
-    match std::env::var("TESSERA_PEER_SMALL_KIB") {
-        Err(_) => Ok(SMALL_REGION),
-        Ok(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&k| k << 10 <= SMALL_REGION)
-            .map(|k| k << 10)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "TESSERA_PEER_SMALL_KIB={v}: expected a whole number of KiB from 0 to {}",
-                    SMALL_REGION >> 10
-                ))
-            }),
-    }
+    Ok(
+        env_count("TESSERA_PEER_SMALL_KIB", 0..=SMALL_REGION >> 10, "KiB")?
+            .map_or(SMALL_REGION, |k| k << 10),
+    )
 }
 
 /// One rank's memory.

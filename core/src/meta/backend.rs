@@ -18,7 +18,7 @@ use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{TensorFlags, TensorId, MAX_DIMS};
 
-use super::buffer::{place_slice, slice_of};
+use super::buffer::slice_of;
 use super::device::Shared;
 use super::plan::{self, Action, Plan, ReducePlan};
 use super::reduce::HostReduce;
@@ -466,18 +466,17 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
                 let chunks: Vec<_> = (0..per_part.len())
                     .map(|j| byte_chunks(t.dtype, t.ne, x, j))
                     .collect();
-                if chunks.iter().map(Vec::len).sum::<usize>() <= DIRECT_STRETCHES {
-                    for (b, stretches) in per_part.iter().zip(&chunks) {
-                        let Some(b) = b else { continue };
-                        for &(f, p, len) in stretches {
-                            data.buffer.set(data.offset + f, &b[p..p + len])?;
-                        }
-                    }
-                } else {
+                let direct = chunks.iter().map(Vec::len).sum::<usize>() <= DIRECT_STRETCHES;
+                if !direct {
                     full = vec![0u8; n];
-                    for (j, b) in per_part.iter().enumerate() {
-                        if let Some(b) = b {
-                            place_slice(t.dtype, t.ne, &gt.state, j, b, &mut full);
+                }
+                for (b, stretches) in per_part.iter().zip(&chunks) {
+                    let Some(b) = b else { continue };
+                    for &(f, p, len) in stretches {
+                        if direct {
+                            data.buffer.set(data.offset + f, &b[p..p + len])?;
+                        } else {
+                            full[f..f + len].copy_from_slice(&b[p..p + len]);
                         }
                     }
                 }

@@ -121,6 +121,11 @@ __device__ __forceinline__ ArArgs ar_args(const KParams& p) {
     return a;
 }
 
+// The byte offset of slot (e & 1) of a receive area: n regions of `region` bytes a slot.
+__device__ __forceinline__ u64 slot_at(const ArArgs& a, u32 e) {
+    return (u64)(e & 1u) * (u64)a.n * a.region;
+}
+
 // t[0]: the output, f32, contiguous (the input itself for an in-place sum); t[1]: the input;
 // t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
 // aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
@@ -135,7 +140,7 @@ KERNEL all_reduce_f32(KParams p) {
     __syncthreads();
     const u32 e = epoch_sh;
     // Slot (e & 1) of a receive area holds n regions; region r is what rank r sent.
-    const u64 slot = (u64)(e & 1u) * (u64)a.n * a.region;
+    const u64 slot = slot_at(a, e);
 
     // This block's share, in whole float4s where the tensor allows.
     const i64 per = ((a.count + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
@@ -277,6 +282,43 @@ __device__ __forceinline__ u32 receive(void* p) {
     return v;
 }
 
+// The four values at p as sent (see sendable4), as floats.
+__device__ __forceinline__ float4 own4(const float* p) {
+    const uint4 u = sendable4(p);
+    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+
+// Sends four values (as own4 made them) into region `rank` of slot `slot` of every other rank's
+// small area, `off` bytes into the region.
+__device__ __forceinline__ void send4(const ArArgs& a, u64 slot, u64 off, float4 v) {
+    const uint4 u = make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w));
+    for (int r = 0; r < a.n; ++r) {
+        if (r != a.rank) {
+            store_volatile4((char*)(a.own->small[r] + slot + (u64)a.rank * a.region) + off, u);
+        }
+    }
+}
+
+// The sum, in rank order (so that every rank gets the same bits), of four values over the
+// ranks: this rank's `own`, the others' as they arrive in slot `slot` of this rank's small
+// area, `off` bytes into their regions (emptied again by receive4).
+__device__ __forceinline__ float4 sum_ranks4(const ArArgs& a, u64 slot, u64 off, float4 own) {
+    char* recv = (char*)(a.own->small[a.rank] + slot);
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = 0; r < a.n; ++r) {
+        float4 x = own;
+        if (r != a.rank) {
+            const uint4 u = receive4(recv + (u64)r * a.region + off);
+            x = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+        }
+        s.x += x.x;
+        s.y += x.y;
+        s.z += x.z;
+        s.w += x.w;
+    }
+    return s;
+}
+
 // Parameters as all_reduce_f32's, except aux[1]: bytes of one region of the small area; one
 // block per chunk of AR_SMALL_CHUNK values.
 KERNEL all_reduce_small_f32(KParams p) {
@@ -289,7 +331,7 @@ KERNEL all_reduce_small_f32(KParams p) {
     }
     __syncthreads();
     const u32 e = epoch_sh;
-    const u64 slot = (u64)(e & 1u) * (u64)a.n * a.region;
+    const u64 slot = slot_at(a, e);
 
     const i64 lo = (i64)b * AR_SMALL_CHUNK;
     const i64 hi = min(a.count, lo + AR_SMALL_CHUNK);
@@ -297,35 +339,27 @@ KERNEL all_reduce_small_f32(KParams p) {
 
     // Each thread sends, then receives, the same elements: an in-place sum reads its input
     // before it writes there.
-    for (int r = 0; r < a.n; ++r) {
-        if (r == a.rank) {
-            continue;
+    if (vec) {
+        for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
+            send4(a, slot, 4 * i, own4(a.in + i));
         }
-        char* dst = (char*)(a.own->small[r] + slot + (u64)a.rank * a.region);
-        if (vec) {
-            for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
-                store_volatile4(dst + 4 * i, sendable4(a.in + i));
+    } else {
+        for (int r = 0; r < a.n; ++r) {
+            if (r == a.rank) {
+                continue;
             }
-        } else {
+            char* dst = (char*)(a.own->small[r] + slot + (u64)a.rank * a.region);
             for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
                 store_volatile(dst + 4 * i, sendable(a.in + i));
             }
         }
     }
 
-    char* recv = (char*)(a.own->small[a.rank] + slot);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             // The residual loads before the wait for the others' values.
             const float4 rv = a.res ? *(const float4*)(a.res + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int r = 0; r < a.n; ++r) {
-                const uint4 u = r == a.rank ? sendable4(a.in + i) : receive4(recv + (u64)r * a.region + 4 * i);
-                s.x += __uint_as_float(u.x);
-                s.y += __uint_as_float(u.y);
-                s.z += __uint_as_float(u.z);
-                s.w += __uint_as_float(u.w);
-            }
+            float4 s = sum_ranks4(a, slot, 4 * i, own4(a.in + i));
             if (a.res) {
                 s.x += rv.x;
                 s.y += rv.y;
@@ -335,6 +369,7 @@ KERNEL all_reduce_small_f32(KParams p) {
             *(float4*)(a.out + i) = s;
         }
     } else {
+        char* recv = (char*)(a.own->small[a.rank] + slot);
         for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float s = 0.f;
             for (int r = 0; r < a.n; ++r) {
@@ -370,7 +405,6 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
         epochs[c] = *(volatile u32*)&a.own->small_epoch[c];
     }
     __syncthreads();
-    char* recv = (char*)a.own->small[a.rank];
 
     // Send. This rank's values, the residual and the weights load first and stay in
     // registers: no memory wait after the values arrive but theirs.
@@ -386,14 +420,8 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
         if (res) {
             rv[j] = res[c];
         }
-        const uint4 u = sendable4(a.in + 4 * c);
-        v[j] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)a.n * a.region;
-        for (int r = 0; r < a.n; ++r) {
-            if (r != a.rank) {
-                store_volatile4((char*)(a.own->small[r] + slot + (u64)a.rank * a.region) + 16 * (i64)c, u);
-            }
-        }
+        v[j] = own4(a.in + 4 * c);
+        send4(a, slot_at(a, epochs[4 * c / AR_SMALL_CHUNK]), 16 * (u64)c, v[j]);
     }
 
     // Receive and sum in rank order, add the residual, keep the row for the norm.
@@ -404,19 +432,7 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
         if (c >= n4) {
             continue;
         }
-        const u64 slot = (u64)(epochs[4 * c / AR_SMALL_CHUNK] & 1u) * (u64)a.n * a.region;
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int r = 0; r < a.n; ++r) {
-            float4 x = v[j];
-            if (r != a.rank) {
-                const uint4 u = receive4(recv + slot + (u64)r * a.region + 16 * (i64)c);
-                x = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-            }
-            s.x += x.x;
-            s.y += x.y;
-            s.z += x.z;
-            s.w += x.w;
-        }
+        float4 s = sum_ranks4(a, slot_at(a, epochs[4 * c / AR_SMALL_CHUNK]), 16 * (u64)c, v[j]);
         s.x += rv[j].x;
         s.y += rv[j].y;
         s.z += rv[j].z;

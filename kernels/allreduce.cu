@@ -130,6 +130,7 @@ __device__ __forceinline__ u64 slot_at(const ArArgs& a, u32 e) {
 // t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
 // aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
 KERNEL all_reduce_f32(KParams p) {
+    pdl_wait();
     const ArArgs a = ar_args(p);
     const int b = blockIdx.x;
 
@@ -322,6 +323,7 @@ __device__ __forceinline__ float4 sum_ranks4(const ArArgs& a, u64 slot, u64 off,
 // Parameters as all_reduce_f32's, except aux[1]: bytes of one region of the small area; one
 // block per chunk of AR_SMALL_CHUNK values.
 KERNEL all_reduce_small_f32(KParams p) {
+    pdl_wait();
     const ArArgs a = ar_args(p);
     const int b = blockIdx.x;
 
@@ -393,6 +395,7 @@ KERNEL all_reduce_small_f32(KParams p) {
 // of up to 1024 threads (each thread waits for as few values as it can), each holding up to
 // AR_NORM_VEC float4s of the row.
 KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
+    pdl_wait();
     const ArArgs a = ar_args(p);
     const int n4 = (int)(a.count / 4);
     float4* out = (float4*)a.out;

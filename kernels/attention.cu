@@ -227,9 +227,9 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
 }
 
 #define FATTN(nk, K, nv, V)                                                                \
-    KERNEL fattn_##nk##_##nv##_1(const KParams p) { fattn<K, V, 1>(p); }                   \
-    KERNEL fattn_##nk##_##nv##_2(const KParams p) { fattn<K, V, 2>(p); }                   \
-    KERNEL fattn_##nk##_##nv##_4(const KParams p) { fattn<K, V, 4>(p); }
+    KERNEL fattn_##nk##_##nv##_1(const KParams p) { pdl_wait(); fattn<K, V, 1>(p); }       \
+    KERNEL fattn_##nk##_##nv##_2(const KParams p) { pdl_wait(); fattn<K, V, 2>(p); }       \
+    KERNEL fattn_##nk##_##nv##_4(const KParams p) { pdl_wait(); fattn<K, V, 4>(p); }
 FATTN(f32, F32, f32, F32)
 FATTN(f32, F32, f16, F16)
 FATTN(f16, F16, f32, F32)
@@ -394,10 +394,10 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
     }
 }
 
-KERNEL fattn_vec_f32_f32(const KParams p) { fattn_vec<F32, F32>(p); }
-KERNEL fattn_vec_f32_f16(const KParams p) { fattn_vec<F32, F16>(p); }
-KERNEL fattn_vec_f16_f32(const KParams p) { fattn_vec<F16, F32>(p); }
-KERNEL fattn_vec_f16_f16(const KParams p) { fattn_vec<F16, F16>(p); }
+KERNEL fattn_vec_f32_f32(const KParams p) { pdl_wait(); fattn_vec<F32, F32>(p); }
+KERNEL fattn_vec_f32_f16(const KParams p) { pdl_wait(); fattn_vec<F32, F16>(p); }
+KERNEL fattn_vec_f16_f32(const KParams p) { pdl_wait(); fattn_vec<F16, F32>(p); }
+KERNEL fattn_vec_f16_f16(const KParams p) { pdl_wait(); fattn_vec<F16, F16>(p); }
 
 // ---- decoding with f16 K and V (fattn_dec) ----
 
@@ -704,9 +704,9 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     dec_merge<D>(p, R, g, b, nsplit, &O[0][0][0], &ML[0][0]);
 }
 
-#define FATTN_DEC(d)                                                          \
-    KERNEL fattn_dec##d##_4(const KParams p) { fattn_dec<d, 4>(p); }          \
-    KERNEL fattn_dec##d##_8(const KParams p) { fattn_dec<d, 8>(p); }
+#define FATTN_DEC(d)                                                             \
+    KERNEL fattn_dec##d##_4(const KParams p) { pdl_wait(); fattn_dec<d, 4>(p); } \
+    KERNEL fattn_dec##d##_8(const KParams p) { pdl_wait(); fattn_dec<d, 8>(p); }
 FATTN_DEC(64)
 FATTN_DEC(128)
 FATTN_DEC(256)
@@ -1108,16 +1108,17 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     }
 }
 
-KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64(const KParams p) { fattn_mma<64, false>(p); }
-KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128(const KParams p) { fattn_mma<128, false>(p); }
-KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64_cap(const KParams p) { fattn_mma<64, true>(p); }
-KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { fattn_mma<128, true>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64(const KParams p) { pdl_wait(); fattn_mma<64, false>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128(const KParams p) { pdl_wait(); fattn_mma<128, false>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma64_cap(const KParams p) { pdl_wait(); fattn_mma<64, true>(p); }
+KERNEL __launch_bounds__(MMA_THREADS) fattn_mma128_cap(const KParams p) { pdl_wait(); fattn_mma<128, true>(p); }
 
 // One block of 256 threads per query row (in the partials' order), nsplit <= 256: the splits'
 // weights are found in parallel, then each column is summed over the splits by 256 / dv
 // threads (each a share of the splits) and their sums added through shared memory.
 // t[0] dst, t[1] q, t[2] k, t[3] v as above; aux[1], aux[2] the quantized output when set.
 KERNEL fattn_combine(const KParams p) {
+    pdl_wait();
     __shared__ float wts[256];
     __shared__ float red[256];
     const TArg& q = p.t[1];

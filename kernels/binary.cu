@@ -29,7 +29,7 @@ template <class A, class B> __device__ void binary(const KParams& p) {
 }
 
 #define BINARY(na, A, nb, B) \
-    KERNEL binary_##na##_##nb(const KParams p) { binary<A, B>(p); }
+    KERNEL binary_##na##_##nb(const KParams p) { pdl_wait(); binary<A, B>(p); }
 
 BINARY(f32, F32, f32, F32)
 BINARY(f32, F32, f16, F16)
@@ -42,6 +42,7 @@ BINARY(bf16, BF16, f16, F16)
 BINARY(bf16, BF16, bf16, BF16)
 
 KERNEL binary_flat_f32(const KParams p) {
+    pdl_wait();
     const float4* a = (const float4*)p.t[1].ptr;
     const float4* b = (const float4*)p.t[2].ptr;
     float4* d = (float4*)p.t[0].ptr;

@@ -28,6 +28,19 @@ struct KParams {
 
 #define KERNEL extern "C" __global__ void
 
+// Programmatic dependent launch (Hopper and later): when the backend launches a kernel with
+// programmatic stream serialization (TESSERA_CUDA_PDL=1), the kernel's blocks may be scheduled
+// while the kernel before it in the stream is still finishing. pdl_wait() blocks until every
+// kernel this one depends on has completed and its memory writes are visible, so every entry
+// point calls it as its first statement, before it reads or writes global memory (the test
+// `kernel_entry_points_wait_first` in backend-cuda/tests/kernels.rs checks this). Launched the
+// ordinary way, the wait returns at once; before sm_90 it compiles to nothing.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- scalar conversions (round to nearest even, as the host's `half` crate does) ----

@@ -100,7 +100,7 @@ template <int Q> __device__ void dequantize(const KParams& p) {
 }
 
 #define CPY(ns, S, nd, D) \
-    KERNEL cpy_##ns##_##nd(const KParams p) { cpy<S, D>(p); }
+    KERNEL cpy_##ns##_##nd(const KParams p) { pdl_wait(); cpy<S, D>(p); }
 CPY(f32, F32, f32, F32)
 CPY(f32, F32, f16, F16)
 CPY(f32, F32, bf16, BF16)
@@ -111,15 +111,15 @@ CPY(bf16, BF16, f32, F32)
 CPY(bf16, BF16, f16, F16)
 CPY(bf16, BF16, bf16, BF16)
 
-KERNEL cpy_raw1(const KParams p) { cpy_raw<u8>(p); }
-KERNEL cpy_raw2(const KParams p) { cpy_raw<u16>(p); }
-KERNEL cpy_raw4(const KParams p) { cpy_raw<u32>(p); }
-KERNEL cpy_raw8(const KParams p) { cpy_raw<u64>(p); }
+KERNEL cpy_raw1(const KParams p) { pdl_wait(); cpy_raw<u8>(p); }
+KERNEL cpy_raw2(const KParams p) { pdl_wait(); cpy_raw<u16>(p); }
+KERNEL cpy_raw4(const KParams p) { pdl_wait(); cpy_raw<u32>(p); }
+KERNEL cpy_raw8(const KParams p) { pdl_wait(); cpy_raw<u64>(p); }
 
 #define QUANTIZE(nq, Q)                                                              \
-    KERNEL quantize_##nq##_f32(const KParams p) { quantize<Q, F32>(p); }             \
-    KERNEL quantize_##nq##_f16(const KParams p) { quantize<Q, F16>(p); }             \
-    KERNEL quantize_##nq##_bf16(const KParams p) { quantize<Q, BF16>(p); }
+    KERNEL quantize_##nq##_f32(const KParams p) { pdl_wait(); quantize<Q, F32>(p); } \
+    KERNEL quantize_##nq##_f16(const KParams p) { pdl_wait(); quantize<Q, F16>(p); } \
+    KERNEL quantize_##nq##_bf16(const KParams p) { pdl_wait(); quantize<Q, BF16>(p); }
 QUANTIZE(q4_0, Q4_0)
 QUANTIZE(q4_1, Q4_1)
 QUANTIZE(q5_0, Q5_0)
@@ -127,7 +127,7 @@ QUANTIZE(q5_1, Q5_1)
 QUANTIZE(q8_0, Q8_0)
 
 #define DEQUANTIZE(nq, Q) \
-    KERNEL dequantize_##nq(const KParams p) { dequantize<Q>(p); }
+    KERNEL dequantize_##nq(const KParams p) { pdl_wait(); dequantize<Q>(p); }
 DEQUANTIZE(q4_0, Q4_0)
 DEQUANTIZE(q4_1, Q4_1)
 DEQUANTIZE(q5_0, Q5_0)
@@ -156,5 +156,5 @@ __device__ __forceinline__ void cpy_flat(const KParams& p) {
     }
 }
 
-KERNEL cpy_flat_f32_f16(const KParams p) { cpy_flat<F16>(p); }
-KERNEL cpy_flat_f32_bf16(const KParams p) { cpy_flat<BF16>(p); }
+KERNEL cpy_flat_f32_f16(const KParams p) { pdl_wait(); cpy_flat<F16>(p); }
+KERNEL cpy_flat_f32_bf16(const KParams p) { pdl_wait(); cpy_flat<BF16>(p); }

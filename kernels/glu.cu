@@ -29,10 +29,11 @@ template <class T> __device__ void glu(const KParams& p) {
     }
 }
 
-KERNEL glu_f32(const KParams p) { glu<F32>(p); }
-KERNEL glu_f16(const KParams p) { glu<F16>(p); }
+KERNEL glu_f32(const KParams p) { pdl_wait(); glu<F32>(p); }
+KERNEL glu_f16(const KParams p) { pdl_wait(); glu<F16>(p); }
 
 KERNEL glu_flat_f32(const KParams p) {
+    pdl_wait();
     const float4* g = (const float4*)p.t[1].ptr;
     const float4* u = (const float4*)p.t[2].ptr;
     float4* d = (float4*)p.t[0].ptr;

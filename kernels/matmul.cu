@@ -9,6 +9,7 @@
 #include "quant.cuh"
 
 KERNEL batch_ptrs(const KParams p) {
+    pdl_wait();
     const TArg& c = p.t[0];
     const TArg& a = p.t[1];
     const TArg& b = p.t[2];
@@ -60,7 +61,7 @@ template <int Q> __device__ void dequant_f16(const KParams& p) {
 }
 
 #define DEQUANT_F16(nq, Q) \
-    KERNEL dequant_f16_##nq(const KParams p) { dequant_f16<Q>(p); }
+    KERNEL dequant_f16_##nq(const KParams p) { pdl_wait(); dequant_f16<Q>(p); }
 DEQUANT_F16(q4_0, Q4_0)
 DEQUANT_F16(q4_1, Q4_1)
 DEQUANT_F16(q5_0, Q5_0)

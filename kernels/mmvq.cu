@@ -59,8 +59,8 @@ template <class S> __device__ void quantize_q8_1(const KParams& p) {
     q8_1_block(x, (i8*)p.aux[0] + g * 32, (float2*)p.aux[1] + g);
 }
 
-KERNEL quantize_q8_1_f32(const KParams p) { quantize_q8_1<F32>(p); }
-KERNEL quantize_q8_1_f16(const KParams p) { quantize_q8_1<F16>(p); }
+KERNEL quantize_q8_1_f32(const KParams p) { pdl_wait(); quantize_q8_1<F32>(p); }
+KERNEL quantize_q8_1_f16(const KParams p) { pdl_wait(); quantize_q8_1<F16>(p); }
 
 __device__ __forceinline__ int ld4(const u8* p) { return *(const int*)p; }
 
@@ -759,16 +759,16 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
 #define MMVQ_KERNEL_1 extern "C" __global__ void __launch_bounds__(128, 8)
 
 #define MMVQ(nq, Q)                                                               \
-    MMVQ_KERNEL_1 mmvq_##nq##_1(const KParams p) { mmvq<Q, 1>(p); }               \
-    MMVQ_KERNEL mmvq_##nq##_2(const KParams p) { mmvq<Q, 2>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_3(const KParams p) { mmvq<Q, 3>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_4(const KParams p) { mmvq<Q, 4>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_5(const KParams p) { mmvq<Q, 5>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_6(const KParams p) { mmvq<Q, 6>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { mmvq<Q, 7>(p); }                 \
-    MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { mmvq<Q, 8>(p); }                 \
-    MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { mmvq_glu<Q>(p); }                \
-    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { mmvq_multi<Q>(p); }
+    MMVQ_KERNEL_1 mmvq_##nq##_1(const KParams p) { pdl_wait(); mmvq<Q, 1>(p); }   \
+    MMVQ_KERNEL mmvq_##nq##_2(const KParams p) { pdl_wait(); mmvq<Q, 2>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_3(const KParams p) { pdl_wait(); mmvq<Q, 3>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_4(const KParams p) { pdl_wait(); mmvq<Q, 4>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_5(const KParams p) { pdl_wait(); mmvq<Q, 5>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_6(const KParams p) { pdl_wait(); mmvq<Q, 6>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { pdl_wait(); mmvq<Q, 7>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { pdl_wait(); mmvq<Q, 8>(p); }     \
+    MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { pdl_wait(); mmvq_glu<Q>(p); }    \
+    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q>(p); }
 
 MMVQ(q4_0, Q4_0)
 MMVQ(q4_1, Q4_1)

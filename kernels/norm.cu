@@ -32,6 +32,7 @@ __device__ __forceinline__ float rms_scale(const TArg& s, const char* x, float e
 }
 
 KERNEL rms_norm_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     i64 i1, i2, i3;
@@ -45,6 +46,7 @@ KERNEL rms_norm_f32(const KParams p) {
 }
 
 KERNEL rms_norm_mul_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     const TArg& w = p.t[2];
@@ -72,6 +74,7 @@ KERNEL rms_norm_mul_f32(const KParams p) {
 }
 
 KERNEL rms_norm_mul_vec_f32(const KParams p) {
+    pdl_wait();
     const TArg& s = p.t[1];
     i64 i1, i2, i3;
     row_of(p, i1, i2, i3);
@@ -94,6 +97,7 @@ KERNEL rms_norm_mul_vec_f32(const KParams p) {
 }
 
 KERNEL norm_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     i64 i1, i2, i3;

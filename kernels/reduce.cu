@@ -21,11 +21,12 @@ template <class T> __device__ void sum_all(const KParams& p) {
     if (threadIdx.x == 0) *(float*)p.t[0].ptr = acc;
 }
 
-KERNEL sum_f32(const KParams p) { sum_all<F32>(p); }
-KERNEL sum_f16(const KParams p) { sum_all<F16>(p); }
-KERNEL sum_bf16(const KParams p) { sum_all<BF16>(p); }
+KERNEL sum_f32(const KParams p) { pdl_wait(); sum_all<F32>(p); }
+KERNEL sum_f16(const KParams p) { pdl_wait(); sum_all<F16>(p); }
+KERNEL sum_bf16(const KParams p) { pdl_wait(); sum_all<BF16>(p); }
 
 KERNEL sum_rows_f32(const KParams p) {
+    pdl_wait();
     const TArg& s = p.t[1];
     i64 i1, i2, i3;
     split_rows(blockIdx.x, s.ne, i1, i2, i3);
@@ -37,6 +38,7 @@ KERNEL sum_rows_f32(const KParams p) {
 }
 
 KERNEL argmax_f32(const KParams p) {
+    pdl_wait();
     const TArg& s = p.t[1];
     const char* x = at(s, 0, blockIdx.x, 0, 0);
     float best = NEG_INF;

@@ -62,8 +62,8 @@ template <class T> __device__ void rope(const KParams& p) {
     }
 }
 
-KERNEL rope_f32(const KParams p) { rope<F32>(p); }
-KERNEL rope_f16(const KParams p) { rope<F16>(p); }
+KERNEL rope_f32(const KParams p) { pdl_wait(); rope<F32>(p); }
+KERNEL rope_f16(const KParams p) { pdl_wait(); rope<F16>(p); }
 
 // Rope of f32 src [hd, heads, tokens] written straight into rows of a cache t[0]
 // [hd * heads, rows] of type D: token i2 goes to row idx[i2] (t[3], i32 or i64 indices).
@@ -84,10 +84,10 @@ template <class D, class I> __device__ void rope_set_rows(const KParams& p) {
     }
 }
 
-KERNEL rope_set_rows_f16_i32(const KParams p) { rope_set_rows<F16, int>(p); }
-KERNEL rope_set_rows_f16_i64(const KParams p) { rope_set_rows<F16, i64>(p); }
-KERNEL rope_set_rows_f32_i32(const KParams p) { rope_set_rows<F32, int>(p); }
-KERNEL rope_set_rows_f32_i64(const KParams p) { rope_set_rows<F32, i64>(p); }
+KERNEL rope_set_rows_f16_i32(const KParams p) { pdl_wait(); rope_set_rows<F16, int>(p); }
+KERNEL rope_set_rows_f16_i64(const KParams p) { pdl_wait(); rope_set_rows<F16, i64>(p); }
+KERNEL rope_set_rows_f32_i32(const KParams p) { pdl_wait(); rope_set_rows<F32, int>(p); }
+KERNEL rope_set_rows_f32_i64(const KParams p) { pdl_wait(); rope_set_rows<F32, i64>(p); }
 
 // t[0] K cache [hd * kv_heads, rows] of type D, t[1] K f32 [hd, kv_heads, tokens], t[2] i32
 // positions [tokens], t[3] cache rows [tokens] (i32 or i64), t[4] Q f32 [hd, heads, tokens],
@@ -130,7 +130,7 @@ template <class D, class I> __device__ void rope_kv(const KParams& p) {
     }
 }
 
-KERNEL rope_kv_f16_i32(const KParams p) { rope_kv<F16, int>(p); }
-KERNEL rope_kv_f16_i64(const KParams p) { rope_kv<F16, i64>(p); }
-KERNEL rope_kv_f32_i32(const KParams p) { rope_kv<F32, int>(p); }
-KERNEL rope_kv_f32_i64(const KParams p) { rope_kv<F32, i64>(p); }
+KERNEL rope_kv_f16_i32(const KParams p) { pdl_wait(); rope_kv<F16, int>(p); }
+KERNEL rope_kv_f16_i64(const KParams p) { pdl_wait(); rope_kv<F16, i64>(p); }
+KERNEL rope_kv_f32_i32(const KParams p) { pdl_wait(); rope_kv<F32, int>(p); }
+KERNEL rope_kv_f32_i64(const KParams p) { pdl_wait(); rope_kv<F32, i64>(p); }

@@ -22,11 +22,12 @@ template <class S> __device__ void get_rows_float(const KParams& p) {
     }
 }
 
-KERNEL get_rows_f32(const KParams p) { get_rows_float<F32>(p); }
-KERNEL get_rows_f16(const KParams p) { get_rows_float<F16>(p); }
-KERNEL get_rows_bf16(const KParams p) { get_rows_float<BF16>(p); }
+KERNEL get_rows_f32(const KParams p) { pdl_wait(); get_rows_float<F32>(p); }
+KERNEL get_rows_f16(const KParams p) { pdl_wait(); get_rows_float<F16>(p); }
+KERNEL get_rows_bf16(const KParams p) { pdl_wait(); get_rows_float<BF16>(p); }
 
 KERNEL get_rows_i32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     FOR_EACH_ELEMENT(d.ne) {
@@ -55,7 +56,7 @@ template <int Q> __device__ void get_rows_quant(const KParams& p) {
 }
 
 #define GET_ROWS_Q(nq, Q) \
-    KERNEL get_rows_##nq(const KParams p) { get_rows_quant<Q>(p); }
+    KERNEL get_rows_##nq(const KParams p) { pdl_wait(); get_rows_quant<Q>(p); }
 GET_ROWS_Q(q4_0, Q4_0)
 GET_ROWS_Q(q4_1, Q4_1)
 GET_ROWS_Q(q5_0, Q5_0)
@@ -97,16 +98,16 @@ template <int Q, class I> __device__ void set_rows_quant(const KParams& p) {
     }
 }
 
-#define SET_ROWS_F(nd, D)                                                              \
-    KERNEL set_rows_##nd##_i32(const KParams p) { set_rows_float<D, int>(p); }         \
-    KERNEL set_rows_##nd##_i64(const KParams p) { set_rows_float<D, i64>(p); }
+#define SET_ROWS_F(nd, D)                                                                  \
+    KERNEL set_rows_##nd##_i32(const KParams p) { pdl_wait(); set_rows_float<D, int>(p); } \
+    KERNEL set_rows_##nd##_i64(const KParams p) { pdl_wait(); set_rows_float<D, i64>(p); }
 SET_ROWS_F(f32, F32)
 SET_ROWS_F(f16, F16)
 SET_ROWS_F(bf16, BF16)
 
-#define SET_ROWS_Q(nq, Q)                                                              \
-    KERNEL set_rows_##nq##_i32(const KParams p) { set_rows_quant<Q, int>(p); }         \
-    KERNEL set_rows_##nq##_i64(const KParams p) { set_rows_quant<Q, i64>(p); }
+#define SET_ROWS_Q(nq, Q)                                                                  \
+    KERNEL set_rows_##nq##_i32(const KParams p) { pdl_wait(); set_rows_quant<Q, int>(p); } \
+    KERNEL set_rows_##nq##_i64(const KParams p) { pdl_wait(); set_rows_quant<Q, i64>(p); }
 SET_ROWS_Q(q4_0, Q4_0)
 SET_ROWS_Q(q4_1, Q4_1)
 SET_ROWS_Q(q5_0, Q5_0)

@@ -29,14 +29,15 @@ template <class T> __device__ void repeat(const KParams& p) {
     }
 }
 
-KERNEL concat_raw2(const KParams p) { concat<u16>(p); }
-KERNEL concat_raw4(const KParams p) { concat<u32>(p); }
-KERNEL concat_raw8(const KParams p) { concat<u64>(p); }
-KERNEL repeat_raw2(const KParams p) { repeat<u16>(p); }
-KERNEL repeat_raw4(const KParams p) { repeat<u32>(p); }
-KERNEL repeat_raw8(const KParams p) { repeat<u64>(p); }
+KERNEL concat_raw2(const KParams p) { pdl_wait(); concat<u16>(p); }
+KERNEL concat_raw4(const KParams p) { pdl_wait(); concat<u32>(p); }
+KERNEL concat_raw8(const KParams p) { pdl_wait(); concat<u64>(p); }
+KERNEL repeat_raw2(const KParams p) { pdl_wait(); repeat<u16>(p); }
+KERNEL repeat_raw4(const KParams p) { pdl_wait(); repeat<u32>(p); }
+KERNEL repeat_raw8(const KParams p) { pdl_wait(); repeat<u64>(p); }
 
 KERNEL pad_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     FOR_EACH_ELEMENT(d.ne) {
@@ -46,6 +47,7 @@ KERNEL pad_f32(const KParams p) {
 }
 
 KERNEL arange_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < d.ne[0]; i += (i64)gridDim.x * blockDim.x) {
         F32::store(at(d, i, 0, 0, 0), __fadd_rn(p.f[0], __fmul_rn(p.f[1], (float)i)));

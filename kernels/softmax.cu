@@ -49,11 +49,12 @@ template <int M> __device__ void soft_max(const KParams& p) {
     }
 }
 
-KERNEL soft_max_f32(const KParams p) { soft_max<0>(p); }
-KERNEL soft_max_f32_mask_f32(const KParams p) { soft_max<1>(p); }
-KERNEL soft_max_f32_mask_f16(const KParams p) { soft_max<2>(p); }
+KERNEL soft_max_f32(const KParams p) { pdl_wait(); soft_max<0>(p); }
+KERNEL soft_max_f32_mask_f32(const KParams p) { pdl_wait(); soft_max<1>(p); }
+KERNEL soft_max_f32_mask_f16(const KParams p) { pdl_wait(); soft_max<2>(p); }
 
 KERNEL diag_mask_inf_f32(const KParams p) {
+    pdl_wait();
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
     const i64 n_past = p.i[0];

@@ -37,6 +37,6 @@ template <class T> __device__ void unary(const KParams& p) {
     }
 }
 
-KERNEL unary_f32(const KParams p) { unary<F32>(p); }
-KERNEL unary_f16(const KParams p) { unary<F16>(p); }
-KERNEL unary_bf16(const KParams p) { unary<BF16>(p); }
+KERNEL unary_f32(const KParams p) { pdl_wait(); unary<F32>(p); }
+KERNEL unary_f16(const KParams p) { pdl_wait(); unary<F16>(p); }
+KERNEL unary_bf16(const KParams p) { pdl_wait(); unary<BF16>(p); }

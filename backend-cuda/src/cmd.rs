@@ -6,6 +6,12 @@
 //! Every kernel takes one argument, [`KParams`], mirrored by `struct KParams` in
 //! `kernels/common.cuh`: up to eight tensors (address, `ne`, `nb`), four extra addresses, and
 //! eight float and eight integer parameters whose meaning each kernel documents.
+//!
+//! With `TESSERA_CUDA_PDL=1` (off by default) on compute capability 9.0 or later, kernels are
+//! launched with `cuLaunchKernelEx` and programmatic stream serialization (programmatic
+//! dependent launch, see the `driver` module docs): each may be scheduled while the kernel
+//! before it finishes and waits for that kernel's results in its first statement, which hides
+//! part of the gap between small dependent kernels, also inside CUDA graphs.
 
 use cudarc::driver::sys;
 use tessera_core::Result;
@@ -138,27 +144,33 @@ impl Cmd {
                 smem,
                 p,
             } => {
-                let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
-                // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh mirrors
-                // its layout); the driver copies the parameter before returning. Every address
-                // in it was checked against its buffer when the command was encoded.
-                unsafe {
-                    sys::cuLaunchKernel(
-                        func.0,
-                        grid[0],
-                        grid[1],
-                        grid[2],
-                        block[0],
-                        block[1],
-                        block[2],
-                        *smem,
-                        stream,
-                        &mut arg,
-                        std::ptr::null_mut(),
-                    )
-                }
-                .result()
-                .map_err(|e| dev.err(&format!("launching kernel {name}"), e))
+                let launched = if dev.pdl {
+                    launch_programmatic(func, *grid, *block, *smem, stream, p)
+                } else {
+                    let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
+                    // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh
+                    // mirrors its layout); the driver copies the parameter before returning.
+                    // Every address in it was checked against its buffer when the command was
+                    // encoded.
+                    unsafe {
+                        sys::cuLaunchKernel(
+                            func.0,
+                            grid[0],
+                            grid[1],
+                            grid[2],
+                            block[0],
+                            block[1],
+                            block[2],
+                            *smem,
+                            stream,
+                            &mut arg,
+                            std::ptr::null_mut(),
+                        )
+                    }
+                };
+                launched
+                    .result()
+                    .map_err(|e| dev.err(&format!("launching kernel {name}"), e))
             }
             Cmd::Gemm(g) => blas.gemm(g),
             Cmd::Copy { dst, src, len } => {
@@ -169,4 +181,44 @@ impl Cmd {
             }
         }
     }
+}
+
+/// Launches a kernel with programmatic stream serialization allowed (programmatic dependent
+/// launch, [`DeviceShared::pdl`]): its blocks may be scheduled before the previous kernel on
+/// `stream` has finished, and a stream capture records the dependency as a programmatic graph
+/// edge. The kernel itself waits for its predecessors (`pdl_wait()` in `kernels/common.cuh`,
+/// the first statement of every entry point).
+fn launch_programmatic(
+    func: &Func,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    stream: sys::CUstream,
+    p: &KParams,
+) -> sys::CUresult {
+    let mut arg: *mut std::ffi::c_void = (p as *const KParams).cast_mut().cast();
+    // SAFETY: all-zero bytes are a valid value of this plain C union.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block[0],
+        blockDimY: block[1],
+        blockDimZ: block[2],
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as for cuLaunchKernel in `Cmd::run` (one KParams parameter, copied by the driver
+    // before returning); `config` and the attribute it points to outlive the call, and
+    // cuLaunchKernelEx is present (DeviceShared::pdl is set only then).
+    unsafe { sys::cuLaunchKernelEx(&config, func.0, &mut arg, std::ptr::null_mut()) }
 }

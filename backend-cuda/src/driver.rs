@@ -4,8 +4,16 @@
 //! cudarc loads libcuda, libnvrtc and libcublas at their first use and panics when a library
 //! or one of its symbols is missing. [`probe`] therefore checks every library and every symbol
 //! this crate calls before anything else touches them, and turns absence into a sentence.
+//!
+//! Programmatic dependent launch (PDL): with `TESSERA_CUDA_PDL=1`, on GPUs of compute capability
+//! 9.0 or later and a driver that has `cuLaunchKernelEx`, kernels are launched with programmatic
+//! stream serialization ([`DeviceShared::pdl`], `cmd` module): a kernel's blocks may be scheduled
+//! while the kernel before it is still finishing, and inside CUDA graphs kernel-to-kernel edges
+//! become programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
+//! `kernels/common.cuh`), so results do not change. Off by default (not measured yet); an older
+//! GPU or driver simply launches the ordinary way.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use tessera_core::{Error, Result};
@@ -62,6 +70,10 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphDestroy",
     "cuGraphExecDestroy",
 ];
+
+/// The driver entry point of launches with attributes, used only for programmatic dependent
+/// launch: checked on its own, since a driver without it still runs everything else.
+const LAUNCH_EX_SYMBOL: &str = "cuLaunchKernelEx";
 
 /// NVRTC entry points this crate calls.
 const NVRTC_SYMBOLS: &[&str] = &[
@@ -127,6 +139,20 @@ pub(crate) fn probe_libraries() -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether the driver library has `cuLaunchKernelEx` (called only after [`probe_libraries`]
+/// succeeded).
+fn has_launch_kernel_ex() -> bool {
+    // SAFETY: the library was found by probe_libraries, so culib() does not panic; only the
+    // symbol's presence is checked.
+    unsafe { missing_symbol!(sys::culib(), [LAUNCH_EX_SYMBOL]).is_none() }
+}
+
+/// Whether `TESSERA_CUDA_PDL=1` asks for programmatic dependent launch (read once per process).
+fn pdl_requested() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TESSERA_CUDA_PDL").is_ok_and(|v| v == "1"))
 }
 
 /// An [`Error::Device`] for a failed driver call.
@@ -277,6 +303,10 @@ pub(crate) struct DeviceShared {
     pub sm_count: u32,
     /// Total memory in bytes.
     pub total_mem: usize,
+    /// Whether kernels are launched with programmatic stream serialization (programmatic
+    /// dependent launch; see the module docs): `TESSERA_CUDA_PDL=1`, compute capability 9.0 or
+    /// later and a driver with `cuLaunchKernelEx`.
+    pub pdl: bool,
     /// Stream used by blocking buffer calls, one caller at a time.
     transfer: Mutex<Arc<CudaStream>>,
     /// The memory pool.
@@ -305,6 +335,20 @@ impl DeviceShared {
             .map_err(|e| drv(&name, "creating a stream", e))?;
         let pool = Pool::new(&ctx);
         let kernels = KernelSet::new(&name, cc, driver_version);
+        let pdl = pdl_requested() && {
+            let why_not = if cc.0 < 9 {
+                Some("it needs compute capability 9.0")
+            } else if !has_launch_kernel_ex() {
+                Some("the driver lacks cuLaunchKernelEx")
+            } else {
+                None
+            };
+            match why_not {
+                None => log::info!("{name}: programmatic dependent launch on (TESSERA_CUDA_PDL=1)"),
+                Some(w) => log::info!("{name}: programmatic dependent launch off: {w}"),
+            }
+            why_not.is_none()
+        };
         Ok(Arc::new(DeviceShared {
             name,
             model,
@@ -313,6 +357,7 @@ impl DeviceShared {
             cc,
             sm_count,
             total_mem,
+            pdl,
             transfer: Mutex::new(transfer),
             pool,
             kernels,

@@ -29,15 +29,22 @@ struct KParams {
 #define KERNEL extern "C" __global__ void
 
 // Programmatic dependent launch (Hopper and later): when the backend launches a kernel with
-// programmatic stream serialization (TESSERA_CUDA_PDL=1), the kernel's blocks may be scheduled
+// programmatic stream serialization (the default on sm_90; TESSERA_CUDA_PDL=0 turns it off),
+// the kernel's blocks may be scheduled
 // while the kernel before it in the stream is still finishing. pdl_wait() blocks until every
 // kernel this one depends on has completed and its memory writes are visible, so every entry
 // point calls it as its first statement, before it reads or writes global memory (the test
 // `kernel_entry_points_wait_first` in backend-cuda/tests/kernels.rs checks this). Launched the
 // ordinary way, the wait returns at once; before sm_90 it compiles to nothing.
+// With TESSERA_PDL_EARLY defined (TESSERA_CUDA_PDL=early) a kernel also lets the next one be
+// scheduled as soon as it has passed its own wait (griddepcontrol.launch_dependents); the next
+// kernel still waits for this one to complete before it touches memory.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef TESSERA_PDL_EARLY
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
 #endif
 }
 

@@ -7,7 +7,7 @@
 //! `kernels/common.cuh`: up to eight tensors (address, `ne`, `nb`), four extra addresses, and
 //! eight float and eight integer parameters whose meaning each kernel documents.
 //!
-//! With `TESSERA_CUDA_PDL=1` (off by default) on compute capability 9.0 or later, kernels are
+//! On compute capability 9.0 or later (unless `TESSERA_CUDA_PDL=0`), kernels are
 //! launched with `cuLaunchKernelEx` and programmatic stream serialization (programmatic
 //! dependent launch, see the `driver` module docs): each may be scheduled while the kernel
 //! before it finishes and waits for that kernel's results in its first statement, which hides

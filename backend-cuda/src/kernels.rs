@@ -19,6 +19,8 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{sys as nsys, Ptx};
 use tessera_core::{Error, Result};
 
+use crate::driver::PdlMode;
+
 /// Headers the kernel files include, by the name they include them with.
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
@@ -184,13 +186,18 @@ fn nvrtc_compile(
     }
 }
 
-/// The NVRTC options every file is compiled with.
+/// The NVRTC options every file is compiled with (`TESSERA_CUDA_PDL=early` adds the define that
+/// makes every kernel release the next one early, see `PdlMode`).
 fn options(arch: &str) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "--device-as-default-execution-space".into(),
-    ]
+    ];
+    if PdlMode::requested() == PdlMode::Early {
+        o.push("-DTESSERA_PDL_EARLY".into());
+    }
+    o
 }
 
 /// Compiles every kernel file for `arch` (e.g. `sm_90`) with NVRTC alone, no GPU or driver

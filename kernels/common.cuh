@@ -222,6 +222,14 @@ __device__ __forceinline__ void rms_norm_mul_row(const float4 (&v)[J], const flo
 
 // ---- activations shared by several op families ----
 
+// Rope: the angle of pair k at position pos, theta_scale^k by repeated multiplication (the
+// order of the host reference). Shared by rope.cu and the rope fused into mmvq_multi_rope.
+__device__ __forceinline__ float rope_theta(float pos, float theta_scale, float freq_scale, int k) {
+    float t = pos;
+    for (int j = 0; j < k; j++) t *= theta_scale;
+    return freq_scale * t;
+}
+
 __device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float act_gelu(float x) {

@@ -43,6 +43,13 @@
 // t[1], t[2], t[3] the weights (same type and k), i[0..3] their rows (0: absent), results to the
 // contiguous f32 vectors at t[0].ptr, t[4].ptr and aux[2]; aux[0], aux[1] the quantized column.
 // Grid ceil((i[0] + i[1] + i[2]) / R) blocks of 128 threads over the stacked rows (R as above).
+//
+// mmvq_multi_rope_<type>: mmvq_multi of a token's Q, K and V with what follows them in a Llama
+// block fused in (rope_kv in rope.cu): Q and K rotated in adjacent pairs (rope mode 0; rows 2 k
+// and 2 k + 1 of a block are always both in it), Q stored to t[0] (f32, [hd, heads]), K and V
+// to row idx of their caches (f16). t[4] the K cache, t[5] the V cache, t[6] the i32 position,
+// t[7] the cache row (i64 when i[5], else i32); out of the cache's range, no cache row is
+// written. i[4] n_dims, i[6] hd; f[0] freq_scale, f[1] theta_scale as for rope_f32.
 #include "quant.cuh"
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
@@ -694,12 +701,48 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     q8_1_block(v, (i8*)p.aux[2] + q0, (float2*)p.aux[3] + q0 / 32);
 }
 
-template <int Q> __device__ void mmvq_multi(const KParams& p) {
+// Stores the results x0, x1 of stacked rows row, row + 1 (row even) of mmvq_multi_rope: V rows
+// to the V cache, Q and K rows rotated as the pair they are, to the rotated Q or the K cache;
+// pos: the position, crow: the cache row.
+__device__ void multi_rope_store(const KParams& p, i64 row, float x0, float x1, float pos, i64 crow) {
+    int j;
+    const i64 r = stacked_row(row, p.i, j);
+    const TArg& kc = p.t[4];
+    const bool in_cache = crow >= 0 && crow < kc.ne[1];
+    float y0 = x0, y1 = x1;
+    const int hd = p.i[6];
+    const i64 h = r / hd, a = r % hd;
+    if (j < 2 && a < p.i[4]) {
+        const float theta = rope_theta(pos, p.f[1], p.f[0], (int)(a / 2));
+        const float c = cosf(theta), sn = sinf(theta);
+        y0 = x0 * c - x1 * sn;
+        y1 = x0 * sn + x1 * c;
+    }
+    if (j == 0) {
+        F32::store(at(p.t[0], a, h, 0, 0), y0);
+        F32::store(at(p.t[0], a + 1, h, 0, 0), y1);
+    } else if (in_cache) {
+        const TArg& c = j == 1 ? kc : p.t[5];
+        F16::store(at(c, r, crow, 0, 0), y0);
+        F16::store(at(c, r + 1, crow, 0, 0), y1);
+    }
+}
+
+template <int Q, bool ROPE> __device__ void mmvq_multi(const KParams& p) {
     typedef Tile<Q> T;
     const int R = T::RPG;
     __shared__ __align__(16) u8 sm[T::SMEM];
     __shared__ float red[4][R];
+    __shared__ float vals[4];  // ROPE: the block's results, rotated in pairs at the end
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // ROPE: the position and cache row, loaded first so that their latency hides behind the
+    // products (threads 0 and 1 store the pairs).
+    float pos = 0.0f;
+    i64 crow = -1;
+    if (ROPE && threadIdx.x < 2) {
+        pos = (float)*(const int*)p.t[6].ptr;
+        crow = p.i[5] ? *(const i64*)p.t[7].ptr : (i64) * (const int*)p.t[7].ptr;
+    }
     const int tasks = (int)(p.t[1].ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks, p.i[3]);
     const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
@@ -722,7 +765,15 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
         const u8* wrow = row_at(row, j);
         float a[1][1];
         direct_rows<Q, 1, 1>(tasks, act, 0, [&](int) { return wrow; }, a);
-        if (lane == 0 && row < total) store(row, a[0][0]);
+        if (lane == 0 && row < total) {
+            if (ROPE) vals[warp] = a[0][0];
+            else store(row, a[0][0]);
+        }
+        if (ROPE) {
+            __syncthreads();
+            const i64 r0 = (i64)blockIdx.x * 4 + 2 * threadIdx.x;
+            if (threadIdx.x < 2 && r0 < total) multi_rope_store(p, r0, vals[2 * threadIdx.x], vals[2 * threadIdx.x + 1], pos, crow);
+        }
         return;
     }
     const int KS = T::KS;
@@ -749,7 +800,13 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
         float v = red[w0][s];
 #pragma unroll
         for (int k = 1; k < KS; k++) v += red[w0 + k][s];
-        store(row, v);
+        if (ROPE) vals[threadIdx.x] = v;
+        else store(row, v);
+    }
+    if (ROPE) {
+        __syncthreads();
+        const i64 r0 = (i64)blockIdx.x * T::ROWS + 2 * threadIdx.x;
+        if (2 * threadIdx.x < T::ROWS && r0 < total) multi_rope_store(p, r0, vals[2 * threadIdx.x], vals[2 * threadIdx.x + 1], pos, crow);
     }
 }
 
@@ -768,7 +825,8 @@ template <int Q> __device__ void mmvq_multi(const KParams& p) {
     MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { pdl_wait(); mmvq<Q, 7>(p); }     \
     MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { pdl_wait(); mmvq<Q, 8>(p); }     \
     MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { pdl_wait(); mmvq_glu<Q>(p); }    \
-    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q>(p); }
+    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q, false>(p); } \
+    MMVQ_KERNEL_1 mmvq_multi_rope_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q, true>(p); }
 
 MMVQ(q4_0, Q4_0)
 MMVQ(q4_1, Q4_1)

@@ -14,13 +14,6 @@
 // KV-cache rows (see the kernel).
 #include "common.cuh"
 
-// theta_scale^k by repeated multiplication, the order of the host reference.
-__device__ __forceinline__ float rope_theta(float pos, float theta_scale, float freq_scale, int k) {
-    float t = pos;
-    for (int j = 0; j < k; j++) t *= theta_scale;
-    return freq_scale * t;
-}
-
 // Pair k of row (i1, i2, i3) of s: the two dimensions it covers and their new values.
 template <class T>
 __device__ __forceinline__ void rope_pair(const KParams& p, const TArg& s, i64 k, i64 i1, i64 i2, i64 i3, i64& a, i64& b,

@@ -16,17 +16,19 @@ struct Block {
     g: Graph,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
+    /// The type of the K and V weights (Q's is Q4_0).
+    kv_type: DType,
 }
 
 const OUTPUT_NAMES: [&str; 4] = ["K cache", "V cache", "gate/up/swiglu", "Q"];
 
-fn block(tokens: usize, qv: bool) -> Block {
+fn block(tokens: usize, qv: bool, kv_type: DType) -> Block {
     let mut g = Graph::new();
     let x = g.input("x", DType::F32, &[576, tokens]).unwrap();
     let wn = g.input("wn", DType::F32, &[576]).unwrap();
     let wq = g.input("wq", DType::Q4_0, &[576, 576]).unwrap();
-    let wk = g.input("wk", DType::Q8_0, &[576, 192]).unwrap();
-    let wv = g.input("wv", DType::Q8_0, &[576, 192]).unwrap();
+    let wk = g.input("wk", kv_type, &[576, 192]).unwrap();
+    let wv = g.input("wv", kv_type, &[576, 192]).unwrap();
     let wg = g.input("wg", DType::Q4_1, &[576, 1536]).unwrap();
     let wu = g.input("wu", DType::Q4_1, &[576, 1536]).unwrap();
     let pos = g.input("pos", DType::I32, &[tokens]).unwrap();
@@ -62,6 +64,7 @@ fn block(tokens: usize, qv: bool) -> Block {
         g,
         inputs: vec![x, wn, wq, wk, wv, wg, wu, pos, idx, kcache, vcache],
         outputs: vec![sk, sv, sw, qr],
+        kv_type,
     }
 }
 
@@ -78,8 +81,8 @@ fn block_inputs(b: &Block, rng: &mut Rng, tokens: usize, step: usize) -> Vec<(Te
         (x, to_bytes(DType::F32, &rng.vec(576 * tokens, -1.0, 1.0))),
         (wn, to_bytes(DType::F32, &rng.vec(576, 0.5, 1.5))),
         (wq, to_bytes(DType::Q4_0, &rng.vec(576 * 576, -0.1, 0.1))),
-        (wk, to_bytes(DType::Q8_0, &rng.vec(576 * 192, -0.1, 0.1))),
-        (wv, to_bytes(DType::Q8_0, &rng.vec(576 * 192, -0.1, 0.1))),
+        (wk, to_bytes(b.kv_type, &rng.vec(576 * 192, -0.1, 0.1))),
+        (wv, to_bytes(b.kv_type, &rng.vec(576 * 192, -0.1, 0.1))),
         (wg, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
         (wu, to_bytes(DType::Q4_1, &rng.vec(576 * 1536, -0.1, 0.1))),
         (pos, to_bytes(DType::I32, &positions)),
@@ -106,11 +109,16 @@ fn fused_kernels_match_unfused_ops() {
     // Commands of one fused decode step: rms_norm*w (quantizing for the mat-vecs), Q (Q4_0),
     // K and V (Q8_0, one launch), rope of Q and K with both cache stores, the quantizing of the
     // norm's result again (the rope ran in between), gate/up/swiglu; without Q's rope and V's
-    // store: a K rope + store launch in their place.
-    for (qv, fused_commands) in [(true, 6), (false, 6)] {
+    // store: a K rope + store launch in their place. With Q, K and V all Q4_0: one launch for
+    // the three products, the rope and the stores (mmvq_multi_rope), no quantizing again.
+    for (qv, kv_type, fused_commands) in [
+        (true, DType::Q8_0, 6),
+        (false, DType::Q8_0, 6),
+        (true, DType::Q4_0, 3),
+    ] {
         for tokens in [1usize, 5] {
             let [(fused, names), (unfused, unfused_names)] = fused_and_unfused(&dev, || {
-                let b = block(tokens, qv);
+                let b = block(tokens, qv, kv_type);
                 let inputs = block_inputs(&b, &mut Rng::new(21 + tokens as u64), tokens, 3);
                 (b, inputs)
             });
@@ -125,8 +133,14 @@ fn fused_kernels_match_unfused_ops() {
                 );
             }
             println!(
-                "{tokens} tokens, rope of Q {qv}: {} commands fused, {} unfused",
+                "{tokens} tokens, rope of Q {qv}, K/V {kv_type}: {} commands fused, {} unfused: {names:?}",
                 counts[0], counts[1]
+            );
+            let rope_in_mmvq = names.iter().any(|n| n.starts_with("mmvq_multi_rope"));
+            assert_eq!(
+                rope_in_mmvq,
+                tokens == 1 && qv && kv_type == DType::Q4_0,
+                "mmvq_multi_rope where Q, K and V of one token share a type: {names:?}"
             );
             assert!(counts[0] < counts[1], "fusion removed no launch");
             if tokens == 1 {
@@ -183,7 +197,7 @@ fn step_vs_eager(
 fn graphs_replay_and_update() {
     let Some(dev) = cuda() else { return };
     let mut rng = Rng::new(22);
-    let mut b = block(1, true);
+    let mut b = block(1, true, DType::Q8_0);
     let outs = b.outputs.clone();
     let nodes: Vec<TensorId> = b.g.ids().collect();
     for &o in &outs {
@@ -224,7 +238,7 @@ fn graphs_replay_and_update() {
     let rebound = step_vs_eager(&mut be, &mut eager, &b, &nodes, &inputs, "rebound input");
     assert_eq!(rebound, GraphMode::Updated);
     // The same graph in other memory: the executable graph is updated, not rebuilt.
-    let mut b2 = block(1, true);
+    let mut b2 = block(1, true, DType::Q8_0);
     for &o in &outs {
         b2.g.set_output(o);
     }
@@ -288,6 +302,7 @@ fn attention_block() -> Block {
         g,
         inputs: vec![q, k, v, mask, wo, r],
         outputs: vec![att, out],
+        kv_type: DType::F16,
     }
 }
 

@@ -9,7 +9,9 @@
 //! - `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels): the
 //!   mat-vec kernel adds `r` as it stores (mmvq.cu).
 //! - two or three mul_mats of one token by the same vector (Q, K and V), with quantized
-//!   weights of one type: one mat-vec launch over the stacked rows (mmvq.cu).
+//!   weights of one type: one mat-vec launch over the stacked rows (mmvq.cu); followed by the
+//!   rope of Q and K and the KV-cache stores below (adjacent-pair rope, F16 caches), those too
+//!   (mmvq_multi_rope: the products are never stored).
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
 //!   F32) KV cache (rope.cu); with the rope of Q before it and the set_rows of V after it, all
 //!   four in one kernel.
@@ -22,7 +24,7 @@
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
 use tessera_core::dtype::DType;
-use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, TensorId};
+use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, RopeMode, RopeParams, TensorId};
 
 use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
 use super::rope::rope_params;
@@ -354,6 +356,11 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
     if found.len() < 2 {
         return Ok(0);
     }
+    let rope = match next_running(g, nodes, end) {
+        Some((j, _)) if found.len() == 3 => match_rope_kv(enc, nodes, j)
+            .filter(|m| rope_follows_qkv(enc, m, [found[0].0, found[1].0, found[2].0])),
+        _ => None,
+    };
     let tx = g.get(x);
     let xa = enc.arg(x)?;
     let q8 = quantize_q8(enc, x, xa, tx.dtype)?;
@@ -374,16 +381,63 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[j] = r as i32;
         rows += r;
     }
+    if let Some(m) = &rope {
+        // The Q, K and V products are read by the rope and set_rows alone: the kernel writes
+        // the rotated Q and the caches instead (see mmvq.cu).
+        let (tq, tsk) = (g.get(m.q), g.get(m.sk));
+        p.t[0] = enc.arg(m.q)?;
+        p.t[4] = enc.arg(m.sk)?;
+        p.t[5] = enc.arg(m.sv)?;
+        p.t[6] = enc.arg(tq.src[1])?;
+        p.t[7] = enc.arg(tsk.src[2])?;
+        p.aux[2] = 0;
+        p.i[4] = m.rp.n_dims as i32;
+        p.i[5] = i32::from(g.get(tsk.src[2]).dtype == DType::I64);
+        p.i[6] = tq.ne[0] as i32;
+        p.f[0] = m.rp.freq_scale;
+        p.f[1] = m.rp.freq_base.powf(-2.0 / m.rp.n_dims as f32);
+    }
     let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64);
+    let kernel = if rope.is_some() {
+        "mmvq_multi_rope"
+    } else {
+        "mmvq_multi"
+    };
     enc.launch(
         "mmvq",
-        &format!("mmvq_multi_{}", qt.name()),
+        &format!("{kernel}_{}", qt.name()),
         [blocks, 1, 1],
         [threads, 1, 1],
         0,
         p,
     )?;
-    Ok(end - i)
+    Ok(rope.map_or(end, |m| m.last + 1) - i)
+}
+
+/// Whether the rope_kv step `m` takes the Q, K and V products `qkv` of one token (each read by
+/// it alone, straight or through a reshape) in the form mmvq_multi_rope handles: adjacent
+/// pairs, F16 caches, I32 positions, a contiguous rotated Q.
+fn rope_follows_qkv(enc: &Encoder, m: &RopeKv, qkv: [TensorId; 3]) -> bool {
+    let g = enc.graph;
+    // `t` is `of`, or a reshape of it, and nothing else reads `of` (or the reshape).
+    let takes = |t: TensorId, of: TensorId| {
+        enc.single_use(of)
+            && (t == of
+                || (g.get(t).op == Op::Reshape && g.get(t).src[0] == of && enc.single_use(t)))
+    };
+    let (tq, tk, tsk, tsv) = (g.get(m.q), g.get(m.k), g.get(m.sk), g.get(m.sv));
+    m.rp.mode == RopeMode::Normal
+        && takes(tq.src[0], qkv[0])
+        && takes(tk.src[0], qkv[1])
+        && takes(tsv.src[1], qkv[2])
+        && tq.is_contiguous()
+        && tq.ne[2] == 1
+        && tk.ne[0] == tq.ne[0]
+        && g.get(tq.src[1]).dtype == DType::I32
+        && matches!(g.get(tsk.src[2]).dtype, DType::I32 | DType::I64)
+        && g.get(tsk.src[0]).dtype == DType::F16
+        && g.get(qkv[0]).ne[0] == tq.ne[0] * tq.ne[1]
+        && g.get(qkv[1]).ne[0] == tk.ne[0] * tk.ne[1]
 }
 
 /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a kernel, with its
@@ -440,22 +494,33 @@ fn rope_set_rows(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usiz
     Ok(j - i + 1)
 }
 
-/// `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their caches at the
-/// same rows (a Llama block between its projections and attention): one rope_kv launch.
-fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+/// A Llama block's step between its projections and attention: `rope(q)`, `rope(k)`, then
+/// `set_rows` of the rotated K and of V into their caches at the same rows, as [`match_rope_kv`]
+/// finds it.
+struct RopeKv {
+    /// The rope of Q (its result is what attention reads).
+    q: TensorId,
+    /// The rope of K.
+    k: TensorId,
+    /// The set_rows of the rotated K (its result: the K cache).
+    sk: TensorId,
+    /// The set_rows of V (its result: the V cache).
+    sv: TensorId,
+    /// The rope's parameters.
+    rp: RopeParams,
+    /// The index of the last of the four nodes.
+    last: usize,
+}
+
+/// The rope_kv step starting at `nodes[i]`, if it is one the rope kernels can run.
+fn match_rope_kv(enc: &Encoder, nodes: &[TensorId], i: usize) -> Option<RopeKv> {
     let g = enc.graph;
     let q = nodes[i];
     let tq = g.get(q);
-    let Op::Rope(rp) = tq.op else { return Ok(0) };
-    let Some((jk, k)) = next_running(g, nodes, i + 1) else {
-        return Ok(0);
-    };
-    let Some((jsk, sk)) = next_running(g, nodes, jk + 1) else {
-        return Ok(0);
-    };
-    let Some((jsv, sv)) = next_running(g, nodes, jsk + 1) else {
-        return Ok(0);
-    };
+    let Op::Rope(rp) = tq.op else { return None };
+    let (jk, k) = next_running(g, nodes, i + 1)?;
+    let (jsk, sk) = next_running(g, nodes, jk + 1)?;
+    let (jsv, sv) = next_running(g, nodes, jsk + 1)?;
     let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
     if tk.op != tq.op
         || tk.src.len() != 2
@@ -465,7 +530,7 @@ fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
         || tsv.op != Op::SetRows
         || tsv.src[2] != tsk.src[2]
     {
-        return Ok(0);
+        return None;
     }
     let (v, kc, vc) = (g.get(tsv.src[1]), g.get(tsk.src[0]), g.get(tsv.src[0]));
     let tokens = tk.ne[2];
@@ -479,17 +544,39 @@ fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
         && vc.ne[1] == kc.ne[1]
         && vc.ne[2] == 1
         && vc.ne[3] == 1;
-    if !fits {
+    fits.then_some(RopeKv {
+        q,
+        k,
+        sk,
+        sv,
+        rp,
+        last: jsv,
+    })
+}
+
+/// `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their caches at the
+/// same rows (a Llama block between its projections and attention): one rope_kv launch.
+fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
+    let Some(m) = match_rope_kv(enc, nodes, i) else {
         return Ok(0);
-    }
+    };
+    let g = enc.graph;
+    let (tq, tk, tsk, tsv) = (g.get(m.q), g.get(m.k), g.get(m.sk), g.get(m.sv));
+    let (v, kc) = (g.get(tsv.src[1]), g.get(tsk.src[0]));
+    let tokens = tk.ne[2];
     let idx = g.get(tsk.src[2]);
     let name = format!("rope_kv_{}_{}", kc.dtype.name(), idx.dtype.name());
-    let mut p = rope_params(enc.arg(sk)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &rp);
+    let mut p = rope_params(
+        enc.arg(m.sk)?,
+        enc.arg(tk.src[0])?,
+        enc.arg(tk.src[1])?,
+        &m.rp,
+    );
     p.t[3] = enc.arg(tsk.src[2])?;
     p.t[4] = enc.arg(tq.src[0])?;
-    p.t[5] = enc.arg(q)?;
+    p.t[5] = enc.arg(m.q)?;
     p.t[6] = enc.arg(tsv.src[1])?;
-    p.t[7] = enc.arg(sv)?;
+    p.t[7] = enc.arg(m.sv)?;
     let threads = (tq.ne[1] + tk.ne[1]) * (tk.ne[0] / 2) + v.ne[0].div_ceil(2);
     enc.launch(
         "rope",
@@ -503,5 +590,5 @@ fn rope_kv(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
         0,
         p,
     )?;
-    Ok(jsv - i + 1)
+    Ok(m.last - i + 1)
 }

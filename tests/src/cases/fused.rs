@@ -3,7 +3,8 @@
 //! feeding quantized mat-vec products, which then take the norm's output already quantized or
 //! compute the norm themselves: one product, Q, K and V, or gate and up),
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
-//! attention, and several products of one activation (Q, K and V of a prompt, which a backend
+//! attention (also straight after one token's Q, K and V products, which a backend may compute,
+//! rotate and store in one kernel), and several products of one activation (Q, K and V of a prompt, which a backend
 //! may convert once for all of them, or of one token, which it may compute in one kernel), and a feed-forward block for one token (gate, up, swiglu
 //! and down: the swiglu result quantized by the kernel that makes it), and attention followed
 //! by the o projection (the attention result quantized by the attention kernels), and a
@@ -20,6 +21,7 @@ use crate::init::Init;
 pub(super) fn cases(v: &mut Vec<Case>) {
     rms_norm_mul(v);
     rope_kv(v);
+    qkv_rope_kv(v);
     shared_activation(v);
     gate_up_down(v);
     attn_out_proj(v);
@@ -332,6 +334,78 @@ fn rope_kv(v: &mut Vec<Case>) {
                 let qr = g.rope(q, pos, p)?;
                 let kr = g.rope(k, pos, p)?;
                 let kr = g.reshape(kr, &[hd * nkv, n])?;
+                let kc = g.set_rows(kc, kr, idx)?;
+                let vc = g.set_rows(vc, val, idx)?;
+                let es = 2;
+                let kv = g.view(kc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+                let vv = g.view(vc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+                let kv = g.permute(kv, [0, 2, 1, 3])?;
+                let vv = g.permute(vv, [0, 2, 1, 3])?;
+                let qr = g.permute(qr, [0, 2, 1, 3])?;
+                let scale = 1.0 / (hd as f32).sqrt();
+                g.flash_attn_ext(qr, kv, vv, Some(mask), scale, 0.0, 0.0)
+            },
+        ));
+    }
+}
+
+/// One token's Q, K and V products with quantized weights, then the rope of Q and K and the
+/// stores of K and V into F16 caches, read back by attention: a backend may run the products,
+/// the rope and the stores as one kernel. Types of both mat-vec geometries; NEOX pairs (left
+/// unfused by such a backend) and I32 cache rows too.
+fn qkv_rope_kv(v: &mut Vec<Case>) {
+    // (weight type, k, head dim, query heads, kv heads, cache rows, rope mode, n_dims, i64 rows)
+    let shapes = [
+        (DType::Q4_0, 256, 64, 4, 2, 32, RopeMode::Normal, 64, true),
+        (DType::Q8_0, 512, 128, 6, 2, 20, RopeMode::Normal, 96, false),
+        (DType::Q4_K, 512, 64, 8, 4, 16, RopeMode::Normal, 64, true),
+        (
+            DType::Q6_K,
+            256,
+            128,
+            4,
+            1,
+            24,
+            RopeMode::Normal,
+            128,
+            false,
+        ),
+        (DType::Q4_0, 256, 64, 4, 2, 32, RopeMode::Neox, 64, true),
+    ];
+    for (t, k, hd, nh, nkv, rows, mode, n_dims, wide_idx) in shapes {
+        let it = if wide_idx { DType::I64 } else { DType::I32 };
+        let params = format!(
+            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},rows={rows},mode={mode:?},n_dims={n_dims},idx={it}"
+        );
+        v.push(Case::new(
+            "QKV_ROPE_KV_ATTN",
+            params,
+            &[t, DType::F16],
+            Tolerance::MATMUL,
+            move |g| {
+                let p = RopeParams {
+                    n_dims,
+                    mode,
+                    freq_base: 10000.0,
+                    freq_scale: 0.5,
+                };
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let wq = g.input(t, &[k, hd * nh], Init::Uniform(-0.1, 0.1))?;
+                let wk = g.input(t, &[k, hd * nkv], Init::Uniform(-0.1, 0.1))?;
+                let wv = g.input(t, &[k, hd * nkv], Init::Uniform(-0.1, 0.1))?;
+                let q = g.mul_mat(wq, x)?;
+                let kk = g.mul_mat(wk, x)?;
+                let val = g.mul_mat(wv, x)?;
+                let q = g.reshape(q, &[hd, nh, 1])?;
+                let kk = g.reshape(kk, &[hd, nkv, 1])?;
+                let pos = g.input(DType::I32, &[1], Init::Indices(4096))?;
+                let idx = g.input(it, &[1], Init::UniqueIndices(rows))?;
+                let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+                let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+                let mask = g.input(DType::F16, &[rows, 1], Init::Mask(0.2))?;
+                let qr = g.rope(q, pos, p)?;
+                let kr = g.rope(kk, pos, p)?;
+                let kr = g.reshape(kr, &[hd * nkv, 1])?;
                 let kc = g.set_rows(kc, kr, idx)?;
                 let vc = g.set_rows(vc, val, idx)?;
                 let es = 2;

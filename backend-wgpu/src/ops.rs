@@ -1317,16 +1317,8 @@ fn flash_attn_combine_variant(dmax: u32) -> Variant {
 /// as there are keys otherwise; 0 or 1: the single pass), for measuring on a GPU.
 fn fa_split_setting() -> Option<usize> {
     static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        let v = std::env::var("TESSERA_WGPU_FA_SPLIT").ok()?;
-        let n = v.trim().parse::<usize>().ok();
-        if n.is_none() {
-            log::warn!(
-                "wgpu: TESSERA_WGPU_FA_SPLIT={v} is not a number of splits; using the default"
-            );
-        }
-        n
-    })
+    *SETTING
+        .get_or_init(|| tessera_core::env::setting("TESSERA_WGPU_FA_SPLIT", "a number of splits"))
 }
 
 /// Splits of the keys of each of `groups` query rows and heads of flash attention's decode over

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod dtype;
+pub mod env;
 pub mod error;
 pub mod gguf;
 pub mod graph;

@@ -197,16 +197,8 @@ fn flash_attn_vec(
 /// (unset or not a number): [`flash_attn_dec`] decides.
 fn dec_split_setting() -> Option<usize> {
     static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        let v = std::env::var("TESSERA_CUDA_FA_SPLIT").ok()?;
-        let n = v.trim().parse::<usize>().ok();
-        if n.is_none() {
-            log::warn!(
-                "cuda: TESSERA_CUDA_FA_SPLIT={v} is not a number of splits; using the default"
-            );
-        }
-        n
-    })
+    *SETTING
+        .get_or_init(|| tessera_core::env::setting("TESSERA_CUDA_FA_SPLIT", "a number of splits"))
 }
 
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`

@@ -326,24 +326,7 @@ fn rope_kv(v: &mut Vec<Case>) {
                 let q = g.leaf(DType::F32, &[hd, nh, n])?;
                 let k = g.leaf(DType::F32, &[hd, nkv, n])?;
                 let val = g.leaf(DType::F32, &[hd * nkv, n])?;
-                let pos = g.input(DType::I32, &[n], Init::Indices(4096))?;
-                let idx = g.input(DType::I64, &[n], Init::UniqueIndices(rows))?;
-                let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
-                let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
-                let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
-                let qr = g.rope(q, pos, p)?;
-                let kr = g.rope(k, pos, p)?;
-                let kr = g.reshape(kr, &[hd * nkv, n])?;
-                let kc = g.set_rows(kc, kr, idx)?;
-                let vc = g.set_rows(vc, val, idx)?;
-                let es = 2;
-                let kv = g.view(kc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
-                let vv = g.view(vc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
-                let kv = g.permute(kv, [0, 2, 1, 3])?;
-                let vv = g.permute(vv, [0, 2, 1, 3])?;
-                let qr = g.permute(qr, [0, 2, 1, 3])?;
-                let scale = 1.0 / (hd as f32).sqrt();
-                g.flash_attn_ext(qr, kv, vv, Some(mask), scale, 0.0, 0.0)
+                rope_store_attend(g, [q, k, val], [hd, nkv, n, rows], p, DType::I64)
             },
         ));
     }
@@ -354,28 +337,18 @@ fn rope_kv(v: &mut Vec<Case>) {
 /// the rope and the stores as one kernel. Types of both mat-vec geometries; NEOX pairs (left
 /// unfused by such a backend) and I32 cache rows too.
 fn qkv_rope_kv(v: &mut Vec<Case>) {
-    // (weight type, k, head dim, query heads, kv heads, cache rows, rope mode, n_dims, i64 rows)
+    // (weight type, k, head dim, query heads, kv heads, rope mode, rotated dims, cache rows' type)
+    #[rustfmt::skip]
     let shapes = [
-        (DType::Q4_0, 256, 64, 4, 2, 32, RopeMode::Normal, 64, true),
-        (DType::Q8_0, 512, 128, 6, 2, 20, RopeMode::Normal, 96, false),
-        (DType::Q4_K, 512, 64, 8, 4, 16, RopeMode::Normal, 64, true),
-        (
-            DType::Q6_K,
-            256,
-            128,
-            4,
-            1,
-            24,
-            RopeMode::Normal,
-            128,
-            false,
-        ),
-        (DType::Q4_0, 256, 64, 4, 2, 32, RopeMode::Neox, 64, true),
+        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Normal, 64, DType::I64),
+        (DType::Q8_0, 512, 128, 6, 2, RopeMode::Normal, 96, DType::I32),
+        (DType::Q4_K, 512, 64, 8, 4, RopeMode::Normal, 64, DType::I64),
+        (DType::Q6_K, 256, 128, 4, 1, RopeMode::Normal, 128, DType::I32),
+        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Neox, 64, DType::I64),
     ];
-    for (t, k, hd, nh, nkv, rows, mode, n_dims, wide_idx) in shapes {
-        let it = if wide_idx { DType::I64 } else { DType::I32 };
+    for (t, k, hd, nh, nkv, mode, n_dims, it) in shapes {
         let params = format!(
-            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},rows={rows},mode={mode:?},n_dims={n_dims},idx={it}"
+            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},mode={mode:?},n_dims={n_dims},idx={it}"
         );
         v.push(Case::new(
             "QKV_ROPE_KV_ATTN",
@@ -398,27 +371,41 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
                 let val = g.mul_mat(wv, x)?;
                 let q = g.reshape(q, &[hd, nh, 1])?;
                 let kk = g.reshape(kk, &[hd, nkv, 1])?;
-                let pos = g.input(DType::I32, &[1], Init::Indices(4096))?;
-                let idx = g.input(it, &[1], Init::UniqueIndices(rows))?;
-                let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
-                let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
-                let mask = g.input(DType::F16, &[rows, 1], Init::Mask(0.2))?;
-                let qr = g.rope(q, pos, p)?;
-                let kr = g.rope(kk, pos, p)?;
-                let kr = g.reshape(kr, &[hd * nkv, 1])?;
-                let kc = g.set_rows(kc, kr, idx)?;
-                let vc = g.set_rows(vc, val, idx)?;
-                let es = 2;
-                let kv = g.view(kc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
-                let vv = g.view(vc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
-                let kv = g.permute(kv, [0, 2, 1, 3])?;
-                let vv = g.permute(vv, [0, 2, 1, 3])?;
-                let qr = g.permute(qr, [0, 2, 1, 3])?;
-                let scale = 1.0 / (hd as f32).sqrt();
-                g.flash_attn_ext(qr, kv, vv, Some(mask), scale, 0.0, 0.0)
+                rope_store_attend(g, [q, kk, val], [hd, nkv, 1, 24], p, it)
             },
         ));
     }
+}
+
+/// Q `[hd, heads, n]` and K `[hd, nkv, n]` rotated at random positions, the rotated K and V
+/// (`[hd * nkv, n]`) stored into F16 caches of `rows` rows at distinct rows (indices of type
+/// `idx`), then attention of the rotated Q over the caches (which reads what was stored);
+/// `dims` = [hd, nkv, n, rows].
+fn rope_store_attend(
+    g: &mut CaseGraph,
+    [q, k, val]: [TensorId; 3],
+    [hd, nkv, n, rows]: [usize; 4],
+    p: RopeParams,
+    idx: DType,
+) -> Result<TensorId> {
+    let pos = g.input(DType::I32, &[n], Init::Indices(4096))?;
+    let idx = g.input(idx, &[n], Init::UniqueIndices(rows))?;
+    let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+    let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
+    let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
+    let qr = g.rope(q, pos, p)?;
+    let kr = g.rope(k, pos, p)?;
+    let kr = g.reshape(kr, &[hd * nkv, n])?;
+    let kc = g.set_rows(kc, kr, idx)?;
+    let vc = g.set_rows(vc, val, idx)?;
+    let es = 2;
+    let kv = g.view(kc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+    let vv = g.view(vc, &[hd, nkv, rows], &[hd * es, hd * nkv * es], 0)?;
+    let kv = g.permute(kv, [0, 2, 1, 3])?;
+    let vv = g.permute(vv, [0, 2, 1, 3])?;
+    let qr = g.permute(qr, [0, 2, 1, 3])?;
+    let scale = 1.0 / (hd as f32).sqrt();
+    g.flash_attn_ext(qr, kv, vv, Some(mask), scale, 0.0, 0.0)
 }
 
 /// `rms_norm(x) * w` for a leaf x of shape `ne` and a weight row w (values in [0.5, 1.5)), as

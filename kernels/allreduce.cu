@@ -30,6 +30,9 @@
 // all_reduce_small_norm_f32 is that sum for one row, plus a residual, followed in the same
 // block by rms_norm(sum) * w (the next Llama block's norm), quantized for the mat-vecs.
 
+// These kernels wait on other GPUs: they never release the next kernel early
+// (TESSERA_CUDA_PDL=early), so that it cannot take their SMs while they spin.
+#undef TESSERA_PDL_EARLY
 #include "common.cuh"
 
 #define AR_MAX_RANKS 8

@@ -32,7 +32,10 @@
 // 8 output columns of every row for its keys; groups and warps are summed at the end. Split, it
 // writes partials as fattn does; with aux[3] != 0 (a zeroed u32 counter per (KV head, batch),
 // grid y, which the kernel leaves at zero) the last block of each KV head to finish also merges
-// them (no fattn_combine launch).
+// them (no fattn_combine launch); with i[3] = 1 the splits of a KV head are one thread-block
+// cluster instead (launched so, at most 8 splits; sm_90): each block keeps its partials in its
+// shared memory, and the cluster's first block merges them through distributed shared memory
+// after a cluster barrier (no partials in global memory, no fences, no counters).
 //
 // Quantized output (fattn_dec, and fattn_combine after any kernel): with aux[1] != 0 (dst
 // contiguous, dv a multiple of 32) the kernel that writes the final result also writes it as
@@ -432,6 +435,65 @@ __device__ __forceinline__ void store_out(const KParams& p, float x, int col, in
 #define DEC_WARPS 4
 #define DEC_PASSES 8
 
+// Thread-block clusters (sm_90): a barrier of all the cluster's threads (the shared memory
+// writes before it visible to the whole cluster after it), this block's rank in its cluster,
+// and a float from the shared memory of block `rank` of the cluster at the address that `p`
+// has in this block's.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned a, b;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
+#endif
+    return v;
+}
+
+// The merge of fattn_dec's nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) when the
+// splits are one cluster (i[3]): block s of the cluster holds its output sums at O0[r * D + col]
+// and its max and sum at ML[2 r], ML[2 r + 1] in shared memory. The first block merges them as
+// dec_merge does; every block waits until it has (its shared memory must outlive the reads).
+template <int D>
+__device__ void dec_cluster_merge(const KParams& p, int R, int g, i64 b, int nsplit, const float* O0, const float* ML) {
+    __shared__ float CW[8][8];  // split weights exp(max_s - max) per row (nsplit <= 8)
+    __shared__ float CINV[8];   // 1 / the row's total
+    const int kv_heads = (int)p.t[2].ne[2], gqa = (int)p.t[1].ne[2] / kv_heads;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    cluster_sync();
+    if (cluster_rank() == 0) {
+        for (int r = warp; r < R; r += warps) {
+            const float ms = lane < nsplit ? ld_cluster(ML + 2 * r, lane) : NEG_INF;
+            const float ls = lane < nsplit ? ld_cluster(ML + 2 * r + 1, lane) : 0.0f;
+            const float mx = warp_max(ms);
+            const float w = ms == NEG_INF ? 0.0f : expf(ms - mx);
+            const float tot = warp_sum(w * ls);
+            if (lane < nsplit) CW[r][lane] = w;
+            if (lane == 0) CINV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+            const int r = idx / D, col = idx - r * D;
+            float acc = 0.0f;
+            for (int s = 0; s < nsplit; s++) acc += CW[r][s] * ld_cluster(O0 + idx, s);
+            store_out(p, acc * CINV[r], col, g * gqa + r % gqa, r / gqa, b);
+        }
+    }
+    cluster_sync();
+}
+
 // Merges the nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) at aux[0] (written by
 // this launch's blocks) into the result, as fattn_combine does, in one block of DEC_WARPS
 // warps. W: shared memory for R * 256 split weights, INV: for R floats.
@@ -673,6 +735,8 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
         const float sum = ML[r][1];
         if (nsplit == 1) {
             store_out(p, sum == 0.0f ? 0.0f : o / sum, col, g * gqa + r % gqa, r / gqa, b);
+        } else if (p.i[3]) {
+            O[0][r][col] = o;  // this thread's own (r, col): read above, by no other thread
         } else {
             const i64 row = (b * kv_heads + g) * R + r;
             float* part = (float*)p.aux[0] + (row * nsplit + split) * (D + 2);
@@ -682,6 +746,10 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
             }
             part[2 + col] = o;
         }
+    }
+    if (nsplit > 1 && p.i[3]) {
+        dec_cluster_merge<D>(p, R, g, b, nsplit, &O[0][0][0], &ML[0][0]);
+        return;
     }
     if (nsplit == 1 || p.aux[3] == 0) return;
 

@@ -82,6 +82,8 @@ pub(crate) enum Cmd {
         grid: [u32; 3],
         block: [u32; 3],
         smem: u32,
+        /// Blocks per thread-block cluster along z (0 or 1: no clusters; sm_90).
+        cluster: u32,
         p: Box<KParams>,
     },
     /// A cuBLAS GEMM.
@@ -110,6 +112,7 @@ impl Cmd {
                     grid: g1,
                     block: b1,
                     smem: s1,
+                    cluster: c1,
                     ..
                 },
                 Cmd::Kernel {
@@ -117,9 +120,10 @@ impl Cmd {
                     grid: g2,
                     block: b2,
                     smem: s2,
+                    cluster: c2,
                     ..
                 },
-            ) => f1 == f2 && g1 == g2 && b1 == b2 && s1 == s2,
+            ) => f1 == f2 && g1 == g2 && b1 == b2 && s1 == s2 && c1 == c2,
             (Cmd::Gemm(a), Cmd::Gemm(b)) => {
                 a.m == b.m
                     && a.n == b.n
@@ -142,10 +146,17 @@ impl Cmd {
                 grid,
                 block,
                 smem,
+                cluster,
                 p,
             } => {
-                let launched = if dev.pdl {
-                    launch_programmatic(func, *grid, *block, *smem, stream, p)
+                let launched = if dev.pdl || *cluster > 1 {
+                    let shape = LaunchShape {
+                        grid: *grid,
+                        block: *block,
+                        smem: *smem,
+                        cluster: *cluster,
+                    };
+                    launch_ex(func, &shape, dev.pdl, stream, p)
                 } else {
                     let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
                     // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh
@@ -183,42 +194,66 @@ impl Cmd {
     }
 }
 
-/// Launches a kernel with programmatic stream serialization allowed (programmatic dependent
-/// launch, [`DeviceShared::pdl`]): its blocks may be scheduled before the previous kernel on
-/// `stream` has finished, and a stream capture records the dependency as a programmatic graph
-/// edge. The kernel itself waits for its predecessors (`pdl_wait()` in `kernels/common.cuh`,
-/// the first statement of every entry point).
-fn launch_programmatic(
-    func: &Func,
+/// A kernel launch's grid, block, dynamic shared memory and cluster size (along z).
+struct LaunchShape {
     grid: [u32; 3],
     block: [u32; 3],
     smem: u32,
+    cluster: u32,
+}
+
+/// Launches a kernel with attributes: programmatic stream serialization allowed when `pdl`
+/// (programmatic dependent launch, [`DeviceShared::pdl`]: its blocks may be scheduled before
+/// the previous kernel on `stream` has finished, and a stream capture records the dependency as
+/// a programmatic graph edge; the kernel itself waits for its predecessors, `pdl_wait()` in
+/// `kernels/common.cuh`), and thread-block clusters of `shape.cluster` blocks along z when
+/// that is more than 1.
+fn launch_ex(
+    func: &Func,
+    shape: &LaunchShape,
+    pdl: bool,
     stream: sys::CUstream,
     p: &KParams,
 ) -> sys::CUresult {
     let mut arg: *mut std::ffi::c_void = (p as *const KParams).cast_mut().cast();
-    // SAFETY: all-zero bytes are a valid value of this plain C union.
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.programmaticStreamSerializationAllowed = 1;
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        pad: [0; 4],
-        value,
-    };
+    let mut attrs = Vec::with_capacity(2);
+    if pdl {
+        // SAFETY: all-zero bytes are a valid value of this plain C union.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        });
+    }
+    if shape.cluster > 1 {
+        // SAFETY: as above.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.clusterDim.x = 1;
+        value.clusterDim.y = 1;
+        value.clusterDim.z = shape.cluster;
+        attrs.push(sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value,
+        });
+    }
     let config = sys::CUlaunchConfig {
-        gridDimX: grid[0],
-        gridDimY: grid[1],
-        gridDimZ: grid[2],
-        blockDimX: block[0],
-        blockDimY: block[1],
-        blockDimZ: block[2],
-        sharedMemBytes: smem,
+        gridDimX: shape.grid[0],
+        gridDimY: shape.grid[1],
+        gridDimZ: shape.grid[2],
+        blockDimX: shape.block[0],
+        blockDimY: shape.block[1],
+        blockDimZ: shape.block[2],
+        sharedMemBytes: shape.smem,
         hStream: stream,
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
     // SAFETY: as for cuLaunchKernel in `Cmd::run` (one KParams parameter, copied by the driver
-    // before returning); `config` and the attribute it points to outlive the call, and
-    // cuLaunchKernelEx is present (DeviceShared::pdl is set only then).
+    // before returning); `config` and the attributes it points to outlive the call, and
+    // cuLaunchKernelEx is present (DeviceShared::pdl and the cluster launches of the encoder
+    // are set only where it is).
     unsafe { sys::cuLaunchKernelEx(&config, func.0, &mut arg, std::ptr::null_mut()) }
 }

@@ -159,8 +159,8 @@ pub(crate) enum PdlMode {
     /// The default (`1`): launched with programmatic stream serialization; a kernel is released
     /// when the one before it finishes its blocks.
     Wait,
-    /// `early`: as `Wait`, and every kernel releases the next one as soon as it has passed its
-    /// own wait (kernels compiled with `TESSERA_PDL_EARLY`).
+    /// `early`: as `Wait`, and every kernel but the all-reduce's releases the next one as soon
+    /// as it has passed its own wait (kernels compiled with `TESSERA_PDL_EARLY`).
     Early,
 }
 
@@ -345,6 +345,10 @@ pub(crate) struct DeviceShared {
     /// dependent launch; see the module docs): not turned off by `TESSERA_CUDA_PDL=0`, compute
     /// capability 9.0 or later and a driver with `cuLaunchKernelEx`.
     pub pdl: bool,
+    /// Whether kernels can be launched with attributes (programmatic dependent launch,
+    /// thread-block clusters): compute capability 9.0 or later and a driver with
+    /// `cuLaunchKernelEx`.
+    pub launch_ex: bool,
     /// Stream used by blocking buffer calls, one caller at a time.
     transfer: Mutex<Arc<CudaStream>>,
     /// The memory pool.
@@ -373,22 +377,23 @@ impl DeviceShared {
             .map_err(|e| drv(&name, "creating a stream", e))?;
         let pool = Pool::new(&ctx);
         let kernels = KernelSet::new(&name, cc, driver_version);
+        let why_no_launch_ex = if cc.0 < 9 {
+            Some("it needs compute capability 9.0")
+        } else if !has_launch_kernel_ex() {
+            Some("the driver lacks cuLaunchKernelEx")
+        } else {
+            None
+        };
+        let launch_ex = why_no_launch_ex.is_none();
         let pdl = PdlMode::requested() != PdlMode::Off && {
-            let why_not = if cc.0 < 9 {
-                Some("it needs compute capability 9.0")
-            } else if !has_launch_kernel_ex() {
-                Some("the driver lacks cuLaunchKernelEx")
-            } else {
-                None
-            };
-            match why_not {
+            match why_no_launch_ex {
                 None => log::info!(
                     "{name}: programmatic dependent launch on ({:?})",
                     PdlMode::requested()
                 ),
                 Some(w) => log::info!("{name}: programmatic dependent launch off: {w}"),
             }
-            why_not.is_none()
+            launch_ex
         };
         Ok(Arc::new(DeviceShared {
             name,
@@ -399,6 +404,7 @@ impl DeviceShared {
             sm_count,
             total_mem,
             pdl,
+            launch_ex,
             transfer: Mutex::new(transfer),
             pool,
             kernels,

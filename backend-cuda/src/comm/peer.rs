@@ -272,6 +272,7 @@ impl PeerGroup {
             grid: [blocks, 1, 1],
             block: [threads, 1, 1],
             smem: 0,
+            cluster: 0,
             p: Box::new(p),
         })
     }

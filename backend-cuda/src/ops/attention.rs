@@ -25,6 +25,8 @@ const DEC_THREADS: u32 = 128;
 const DEC_PER_SM: usize = 4;
 /// Fewest keys per split of fattn_dec.
 const DEC_MIN_KEYS: usize = 32;
+/// Most splits of fattn_dec that merge as one thread-block cluster (the portable cluster size).
+const DEC_CLUSTER_MAX: usize = 8;
 /// Query rows per block of fattn_mma (MMA_BQ in attention.cu).
 const MMA_BQ: usize = 64;
 /// Keys per tile of fattn_mma (MMA_BK in attention.cu).
@@ -201,6 +203,15 @@ fn dec_split_setting() -> Option<usize> {
         .get_or_init(|| tessera_core::env::setting("TESSERA_CUDA_FA_SPLIT", "a number of splits"))
 }
 
+/// Whether the splits of fattn_dec merge in thread-block clusters: `TESSERA_CUDA_FA_CLUSTER=1`
+/// (off by default until measured), read once.
+fn dec_cluster_setting() -> bool {
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        tessera_core::env::setting::<u8>("TESSERA_CUDA_FA_CLUSTER", "0 or 1") == Some(1)
+    })
+}
+
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
 /// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
@@ -229,20 +240,30 @@ fn flash_attn_dec(
             .clamp(1, 256),
     };
     p.i[2] = nsplit as i32;
-    if nsplit > 1 {
+    // Up to 8 splits of a KV head may run as one thread-block cluster and merge through
+    // distributed shared memory (`TESSERA_CUDA_FA_CLUSTER=1`, where the device launches
+    // clusters); else split, the last block of each KV head merges the splits in the same
+    // launch (a counter per block row of the grid), unless there are no counters for it or
+    // fusion is off (which keeps the separate fattn_combine to compare with).
+    let cluster = enc.fuse
+        && (2..=DEC_CLUSTER_MAX).contains(&nsplit)
+        && enc.clusters()
+        && dec_cluster_setting();
+    let merge =
+        cluster || (enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4);
+    if cluster {
+        p.i[3] = 1;
+    } else if nsplit > 1 {
         p.aux[0] = enc.scratch(rows_total * nsplit * (d + 2) * 4);
-    }
-    // Split, the last block of each KV head merges the splits in the same launch (a counter
-    // per block row of the grid), unless there are no counters for it or fusion is off (which
-    // keeps the separate fattn_combine to compare with).
-    let merge = enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4;
-    if merge {
-        p.aux[3] = enc.counters;
+        if merge {
+            p.aux[3] = enc.counters;
+        }
     }
     let out = q8_out(enc, &mut p, q8);
     let name = format!("fattn_dec{d}_{}", if rows <= 4 { 4 } else { 8 });
-    let grid = [1, blocks as u32, nsplit as u32];
-    enc.launch("attention", &name, grid, [DEC_THREADS, 1, 1], 0, p)?;
+    let dims = [[1, blocks as u32, nsplit as u32], [DEC_THREADS, 1, 1]];
+    let cluster_size = if cluster { nsplit as u32 } else { 0 };
+    enc.launch_clusters("attention", &name, dims, 0, cluster_size, p)?;
     if !merge {
         combine(enc, p, nsplit, [rows_total, 0])?;
     }

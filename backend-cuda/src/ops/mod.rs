@@ -204,6 +204,21 @@ impl<'a> Encoder<'a> {
         smem: u32,
         p: KParams,
     ) -> Result<()> {
+        self.launch_clusters(file, name, [grid, block], smem, 0, p)
+    }
+
+    /// [`Encoder::launch`] in thread-block clusters of `cluster` blocks along z (0 or 1: none;
+    /// only where [`Encoder::clusters`] says the device launches them); `dims` are the grid and
+    /// the block.
+    pub(crate) fn launch_clusters(
+        &mut self,
+        file: &'static str,
+        name: &str,
+        [grid, block]: [[u32; 3]; 2],
+        smem: u32,
+        cluster: u32,
+        p: KParams,
+    ) -> Result<()> {
         let (func, name) = self.dev.kernels.func(&self.dev.ctx, file, name)?;
         if smem > 48 * 1024 {
             self.dev.kernels.allow_smem(&self.dev.name, func, smem)?;
@@ -214,9 +229,16 @@ impl<'a> Encoder<'a> {
             grid,
             block,
             smem,
+            cluster,
             p: Box::new(p),
         });
         Ok(())
+    }
+
+    /// Whether kernels may be launched in thread-block clusters of up to 8 blocks: compute
+    /// capability 9.0 or later and a driver with `cuLaunchKernelEx`.
+    pub(crate) fn clusters(&self) -> bool {
+        self.dev.launch_ex
     }
 
     /// Queues a kernel over the elements of `shape` (see FOR_EACH_ELEMENT in common.cuh).

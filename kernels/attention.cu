@@ -32,8 +32,8 @@
 // 8 output columns of every row for its keys; groups and warps are summed at the end. Split, it
 // writes partials as fattn does; with aux[3] != 0 (a zeroed u32 counter per (KV head, batch),
 // grid y, which the kernel leaves at zero) the last block of each KV head to finish also merges
-// them (no fattn_combine launch); with i[3] = 1 the splits of a KV head are one thread-block
-// cluster instead (launched so, at most 8 splits; sm_90): each block keeps its partials in its
+// them (no fattn_combine launch); with i[3] = 1 (the default on sm_90 for at most 8 splits) the
+// splits of a KV head are one thread-block cluster instead (launched so): each block keeps its partials in its
 // shared memory, and the cluster's first block merges them through distributed shared memory
 // after a cluster barrier (no partials in global memory, no fences, no counters).
 //

@@ -208,8 +208,8 @@ impl<'a> Encoder<'a> {
     }
 
     /// [`Encoder::launch`] in thread-block clusters of `cluster` blocks along z (0 or 1: none;
-    /// only where [`Encoder::clusters`] says the device launches them); `dims` are the grid and
-    /// the block.
+    /// only where [`Encoder::clusters`] says the device launches them), the grid and the block
+    /// given as one pair.
     pub(crate) fn launch_clusters(
         &mut self,
         file: &'static str,

@@ -11,7 +11,7 @@
 //! while the kernel before it is still finishing, and inside CUDA graphs kernel-to-kernel edges
 //! become programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
 //! `kernels/common.cuh`), so results do not change. On by default (measured on an H200: 8B decode
-//! +1-2% on one GPU, +4% on two); `TESSERA_CUDA_PDL=0` turns it off, `TESSERA_CUDA_PDL=early`
+//! +1-2% on one GPU, +6% on two); `TESSERA_CUDA_PDL=0` turns it off, `TESSERA_CUDA_PDL=early`
 //! also lets each kernel release the next one as soon as it has passed its own wait
 //! ([`PdlMode::Early`]). An older GPU or driver simply launches the ordinary way.
 

@@ -435,6 +435,13 @@ __device__ __forceinline__ void store_out(const KParams& p, float x, int col, in
 #define DEC_WARPS 4
 #define DEC_PASSES 8
 
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_u32(const void* ptr) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+    return a;
+}
+
 // Thread-block clusters (sm_90): a barrier of all the cluster's threads (the shared memory
 // writes before it visible to the whole cluster after it), this block's rank in its cluster,
 // and a float from the shared memory of block `rank` of the cluster at the address that `p`
@@ -454,9 +461,8 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
     float v = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned a, b;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(a), "r"(rank));
+    u32 b;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(p)), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
 #endif
     return v;
@@ -785,12 +791,6 @@ FATTN_DEC(256)
 #define MMA_BK 64          // keys per tile
 #define MMA_THREADS 128
 #define LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ u32 smem_u32(const void* ptr) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-    return a;
-}
 
 // 16 bytes from global to shared memory without passing registers; zero-filled when !ok.
 __device__ __forceinline__ void cp16(u32 dst, const void* src, bool ok) {

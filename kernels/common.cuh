@@ -223,12 +223,17 @@ __device__ __forceinline__ void rms_norm_mul_row(const float4 (&v)[J], const flo
 
 // ---- activations shared by several op families ----
 
-// Rope: the angle of pair k at position pos, theta_scale^k by repeated multiplication (the
-// order of the host reference). Shared by rope.cu and the rope fused into mmvq_multi_rope.
-__device__ __forceinline__ float rope_theta(float pos, float theta_scale, float freq_scale, int k) {
+// Rope: pair k (x0, x1) at position pos rotated into (y0, y1), by the angle freq_scale * pos *
+// theta_scale^k (the power by repeated multiplication, the order of the host reference).
+// Shared by rope.cu and the rope fused into mmvq_multi_rope.
+__device__ __forceinline__ void rope_rotate(float pos, float theta_scale, float freq_scale, int k, float x0, float x1,
+                                            float& y0, float& y1) {
     float t = pos;
     for (int j = 0; j < k; j++) t *= theta_scale;
-    return freq_scale * t;
+    const float theta = freq_scale * t;
+    const float c = cosf(theta), sn = sinf(theta);
+    y0 = x0 * c - x1 * sn;
+    y1 = x0 * sn + x1 * c;
 }
 
 __device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }

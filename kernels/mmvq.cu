@@ -712,12 +712,7 @@ __device__ void multi_rope_store(const KParams& p, i64 row, float x0, float x1, 
     float y0 = x0, y1 = x1;
     const int hd = p.i[6];
     const i64 h = r / hd, a = r % hd;
-    if (j < 2 && a < p.i[4]) {
-        const float theta = rope_theta(pos, p.f[1], p.f[0], (int)(a / 2));
-        const float c = cosf(theta), sn = sinf(theta);
-        y0 = x0 * c - x1 * sn;
-        y1 = x0 * sn + x1 * c;
-    }
+    if (j < 2 && a < p.i[4]) rope_rotate(pos, p.f[1], p.f[0], (int)(a / 2), x0, x1, y0, y1);
     if (j == 0) {
         F32::store(at(p.t[0], a, h, 0, 0), y0);
         F32::store(at(p.t[0], a + 1, h, 0, 0), y1);

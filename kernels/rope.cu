@@ -34,12 +34,7 @@ __device__ __forceinline__ void rope_pair(const KParams& p, const TArg& s, i64 k
         b = 2 * k + 1;
     }
     const float ps = (float)*(const int*)at(p.t[2], i2, 0, 0, 0);
-    const float theta = rope_theta(ps, p.f[1], p.f[0], (int)k);
-    const float c = cosf(theta), sn = sinf(theta);
-    const float x0 = T::load(at(s, a, i1, i2, i3));
-    const float x1 = T::load(at(s, b, i1, i2, i3));
-    y0 = x0 * c - x1 * sn;
-    y1 = x0 * sn + x1 * c;
+    rope_rotate(ps, p.f[1], p.f[0], (int)k, T::load(at(s, a, i1, i2, i3)), T::load(at(s, b, i1, i2, i3)), y0, y1);
 }
 
 template <class T> __device__ void rope(const KParams& p) {

@@ -73,8 +73,9 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphExecDestroy",
 ];
 
-/// The driver entry point of launches with attributes, used only for programmatic dependent
-/// launch: checked on its own, since a driver without it still runs everything else.
+/// The driver entry point of launches with attributes (programmatic dependent launch,
+/// thread-block clusters): checked on its own, since a driver without it still runs everything
+/// else.
 const LAUNCH_EX_SYMBOL: &str = "cuLaunchKernelEx";
 
 /// NVRTC entry points this crate calls.
@@ -164,31 +165,27 @@ pub(crate) enum PdlMode {
     Early,
 }
 
-impl PdlMode {
-    /// The mode a value of `TESSERA_CUDA_PDL` names (unset: the default); `None` for a value
-    /// that names none.
-    pub(crate) fn parse(v: Option<&str>) -> Option<PdlMode> {
-        match v.map(str::trim) {
-            None | Some("1") | Some("") => Some(PdlMode::Wait),
-            Some("0") => Some(PdlMode::Off),
-            Some(v) if v.eq_ignore_ascii_case("early") => Some(PdlMode::Early),
-            Some(_) => None,
+/// The mode a value of `TESSERA_CUDA_PDL` names (empty: the default).
+impl std::str::FromStr for PdlMode {
+    type Err = ();
+
+    fn from_str(v: &str) -> std::result::Result<PdlMode, ()> {
+        match v.trim() {
+            "" | "1" => Ok(PdlMode::Wait),
+            "0" => Ok(PdlMode::Off),
+            v if v.eq_ignore_ascii_case("early") => Ok(PdlMode::Early),
+            _ => Err(()),
         }
     }
+}
 
-    /// The mode asked for in this process (read once; an unknown value is logged and the
-    /// default kept).
+impl PdlMode {
+    /// The mode asked for in this process (read once; unset, or a value that names no mode,
+    /// which is logged: the default).
     pub(crate) fn requested() -> PdlMode {
         static MODE: OnceLock<PdlMode> = OnceLock::new();
         *MODE.get_or_init(|| {
-            let v = std::env::var("TESSERA_CUDA_PDL").ok();
-            PdlMode::parse(v.as_deref()).unwrap_or_else(|| {
-                log::warn!(
-                    "cuda: TESSERA_CUDA_PDL={} is not 0, 1 or early; using the default",
-                    v.unwrap_or_default()
-                );
-                PdlMode::Wait
-            })
+            tessera_core::env::setting("TESSERA_CUDA_PDL", "0, 1 or early").unwrap_or(PdlMode::Wait)
         })
     }
 }
@@ -466,10 +463,10 @@ mod tests {
 
     #[test]
     fn pdl_mode_values() {
-        assert_eq!(PdlMode::parse(None), Some(PdlMode::Wait));
-        assert_eq!(PdlMode::parse(Some("1")), Some(PdlMode::Wait));
-        assert_eq!(PdlMode::parse(Some("0")), Some(PdlMode::Off));
-        assert_eq!(PdlMode::parse(Some(" Early ")), Some(PdlMode::Early));
-        assert_eq!(PdlMode::parse(Some("yes")), None);
+        assert_eq!("".parse(), Ok(PdlMode::Wait));
+        assert_eq!("1".parse(), Ok(PdlMode::Wait));
+        assert_eq!("0".parse(), Ok(PdlMode::Off));
+        assert_eq!(" Early ".parse(), Ok(PdlMode::Early));
+        assert_eq!("yes".parse::<PdlMode>(), Err(()));
     }
 }

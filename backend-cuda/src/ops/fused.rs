@@ -27,7 +27,7 @@ use tessera_core::dtype::DType;
 use tessera_core::{BinaryOp, GluOp, Graph, Op, Result, RopeMode, RopeParams, TensorId};
 
 use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
-use super::rope::rope_params;
+use super::rope::{rope_params, theta_scale};
 use super::{params, Encoder, COUNTER_BYTES};
 
 /// Tries every fusion at `nodes[i]`; returns how many nodes were consumed (0: none applied).
@@ -395,7 +395,7 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.i[5] = i32::from(g.get(tsk.src[2]).dtype == DType::I64);
         p.i[6] = tq.ne[0] as i32;
         p.f[0] = m.rp.freq_scale;
-        p.f[1] = m.rp.freq_base.powf(-2.0 / m.rp.n_dims as f32);
+        p.f[1] = theta_scale(&m.rp);
     }
     let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64);
     let kernel = if rope.is_some() {

@@ -22,8 +22,13 @@ pub(super) fn rope_params(
 ) -> crate::cmd::KParams {
     let mut p = params(d, &[s, pos]);
     p.f[0] = rp.freq_scale;
-    p.f[1] = rp.freq_base.powf(-2.0 / rp.n_dims as f32);
+    p.f[1] = theta_scale(rp);
     p.i[0] = rp.n_dims as i32;
     p.i[1] = i32::from(rp.mode == RopeMode::Neox);
     p
+}
+
+/// The ratio of one rotated pair's angle to the one before it: freq_base^(-2 / n_dims).
+pub(super) fn theta_scale(rp: &RopeParams) -> f32 {
+    rp.freq_base.powf(-2.0 / rp.n_dims as f32)
 }

@@ -13,7 +13,9 @@
 //
 // Params: u.x: workgroups (mat_vec); u.y, u.z: broadcast ratios of dims 2 and 3; f.x: eps and
 // off4.y: the byte offset of w in binding 5 (mat_vec_q with NORM); u.w: Q's workgroups, off4.z
-// and off4.w: the byte offsets in bindings 6 and 7 (mat_vec_q with QKV).
+// and off4.w: the byte offsets in bindings 6 and 7 (mat_vec_q with QKV); h.x and h.y: the byte
+// offsets in bindings 9 and 10, h.z: n_dims, h.w: the head size, g.x: log2(freq_base), g.y:
+// freq_scale (mat_vec_q with QKV and ROPE).
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -391,6 +393,15 @@ fn mat_vec(
 // variant does, the ones after them ROWS rows each of src2 (K, into src3) and of a third
 // matrix in binding 6 (V, from byte off4.z, laid out as src2) into binding 7 (from byte
 // off4.w, laid out as src3), as PAIR does; Q may have more rows than K and V.
+// ROPE (with QKV) also runs what follows those products in a Llama block's decode step: the
+// rope of Q and K (adjacent pairs (2i, 2i + 1) of each head of h.w values, the first h.z
+// values of a head rotated, the rest copied) and the stores of K and V into their caches.
+// dst is the rotated Q (f32, contiguous); src3 and binding 7 are the K and V caches (type T3:
+// f16 or f32; rows of s3.ne.x values with stride s3.nb.y, both laid out alike, word-aligned),
+// stored at cache row idx (binding 10: i32, or the low word of an i64); nothing is stored
+// there when idx is past the cache's s3.ne.y rows. The position is the i32 in binding 9. Row
+// pairs (m, m + 1) of a workgroup (m even: ROWS is even) meet in workgroup memory, and the
+// first invocation of row m rotates and stores both (an f16 pair as one word).
 #if MVQ
 const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
@@ -407,6 +418,12 @@ fn s6w(i: u32) -> u32 { return src6[i]; }
 fn last6() -> u32 { return arrayLength(&src6) - 1u; }
 #endif
 @group(0) @binding(7) var<storage, read_write> dst7: array<u32>;
+#if ROPE
+@group(0) @binding(9) var<storage, read_write> rope_pos: array<u32>;
+@group(0) @binding(10) var<storage, read_write> rope_row: array<u32>;
+// The sums of each row of the workgroup (x: Q's or K's, y: V's), for the rope of row pairs.
+var<workgroup> pair_sums: array<vec2<f32>, ROWS>;
+#endif
 // Whether this workgroup takes rows of K and V (src2 and binding 6), else of Q (src0).
 var<private> kv: bool;
 #endif
@@ -792,6 +809,51 @@ fn row_sum(v: f32, li: u32, j: u32) -> f32 {
     return red[li];
 }
 
+#if ROPE
+// Row m's sums v (Q's or K's) and v2 (V's; none in Q workgroups) stored by ROPE (see above):
+// the first invocation of each even row m < mm rotates the pair (m, m + 1) and stores it.
+// Every invocation calls it, in uniform control flow.
+fn rope_store(v: f32, v2: f32, m: u32, mm: u32, li: u32, j: u32) {
+    let lr = li / TPR;
+    if j == 0u {
+        pair_sums[lr] = vec2<f32>(v, v2);
+    }
+    workgroupBarrier();
+    if j != 0u || (lr & 1u) != 0u || m >= mm {
+        return;
+    }
+    let next = pair_sums[lr + 1u];
+    var y = vec2<f32>(v, next.x);
+    let e = m % P.h.w;
+    if e < P.h.z {
+        let pos = f32(bitcast<i32>(rope_pos[P.h.x >> 2u]));
+        y = rope_rotate(y, e / 2u, pos, P.g.x, P.g.y, P.h.z);
+    }
+    if !kv {
+        let b = P.off.x + m * P.d.nb.x;
+        put_word(b >> 2u, bitcast<u32>(y.x));
+        put_word((b + P.d.nb.x) >> 2u, bitcast<u32>(y.y));
+        return;
+    }
+    let row = rope_row[P.h.y >> 2u];
+    if row >= P.s3.ne.y {
+        return;
+    }
+    let at_row = row * P.s3.nb.y + m * P.s3.nb.x;
+    let kb = (P.off4.x + at_row) >> 2u;
+    let vb = (P.off4.w + at_row) >> 2u;
+    if T3 == 1u {
+        src3[kb] = f16_bits(y.x) | (f16_bits(y.y) << 16u);
+        dst7[vb] = f16_bits(v2) | (f16_bits(next.y) << 16u);
+    } else {
+        src3[kb] = bitcast<u32>(y.x);
+        src3[kb + 1u] = bitcast<u32>(y.y);
+        dst7[vb] = bitcast<u32>(v2);
+        dst7[vb + 1u] = bitcast<u32>(next.y);
+    }
+}
+#endif
+
 #if NORM
 #if SUBGROUPS
 // 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq: added in each
@@ -931,6 +993,10 @@ fn mat_vec_q(
     v = v / (1.0 + exp(-v)) * v2;
 #else
 #if QKV
+#if ROPE
+    rope_store(v, v2, m, mm, li, j);
+    return;
+#else
     // K and V workgroups store both sums (K's first) and are done.
     if kv {
         if j == 0u && m < mm {
@@ -939,6 +1005,7 @@ fn mat_vec_q(
         }
         return;
     }
+#endif
 #else
     if j == 0u && m < mm {
         src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);

@@ -21,12 +21,10 @@ fn pair(k: u32) -> vec2<u32> {
     return vec2<u32>(2u * k, 2u * k + 1u);
 }
 
-// The pair (x0, x1) of pair index k rotated for position pos.
+// The pair (x0, x1) of pair index k rotated for position pos (rope_rotate of common.wgsl with
+// this op's parameters).
 fn rotate(x: vec2<f32>, k: u32, pos: f32) -> vec2<f32> {
-    let theta = pos * P.f.y * exp2(-P.f.x * f32(2u * k) / f32(P.u.y));
-    let cs = cos(theta);
-    let sn = sin(theta);
-    return vec2<f32>(x.x * cs - x.y * sn, x.x * sn + x.y * cs);
+    return rope_rotate(x, k, pos, P.f.x, P.f.y, P.u.y);
 }
 
 // Pair (or copy past n_dims) k of the row at byte sb of src0, rotated for position pos, into

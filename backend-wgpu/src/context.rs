@@ -23,6 +23,20 @@ use crate::shader::Variant;
 pub(crate) const MAX_STORAGE: usize = 8;
 /// The binding of the per-op parameter block (a uniform with a dynamic offset).
 pub(crate) const PARAMS_BINDING: u32 = 8;
+/// The most storage bindings a pipeline has (the mat-vec with the fused rope,
+/// [`crate::shader::QKV_ROPE_BINDINGS`]): layouts with more than [`MAX_STORAGE`] are made
+/// where the adapter allows them, and their bindings past 7 are WGSL bindings 9 on.
+const MAX_LAYOUT: usize = crate::shader::QKV_ROPE_BINDINGS;
+
+/// The WGSL binding of storage binding `i`: `i`, or `i + 1` from [`PARAMS_BINDING`] on.
+fn storage_slot(i: usize) -> u32 {
+    let i = i as u32;
+    if i < PARAMS_BINDING {
+        i
+    } else {
+        i + 1
+    }
+}
 /// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).
 pub(crate) const PARAMS_SIZE: u64 = 256;
 
@@ -88,7 +102,8 @@ pub(crate) struct Gpu {
     pub allocated: AtomicUsize,
     /// The next buffer id.
     next_id: AtomicU64,
-    /// Bind group layouts by number of storage bindings (index 0 unused).
+    /// Bind group layouts by number of storage bindings (index 0 unused), up to
+    /// [`MAX_LAYOUT`] or the adapter's limit.
     layouts: Vec<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
     /// Compute pipelines by variant.
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
@@ -187,7 +202,8 @@ impl Gpu {
             log::error!("wgpu device lost ({reason:?}): {msg}");
             flag.store(true, Ordering::SeqCst);
         });
-        let layouts = (0..=MAX_STORAGE).map(|n| make_layout(&device, n)).collect();
+        let most = MAX_LAYOUT.min(limits.max_storage_buffers_per_shader_stage as usize);
+        let layouts = (0..=most).map(|n| make_layout(&device, n)).collect();
         let mat_vec = mat_vec_shape(&limits);
         log::debug!(
             "wgpu: opened {} ({:?}, {:?}) with {:?}",
@@ -383,7 +399,7 @@ impl Gpu {
             .iter()
             .enumerate()
             .map(|(i, (w, b))| wgpu::BindGroupEntry {
-                binding: i as u32,
+                binding: storage_slot(i),
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: b,
                     offset: w.base,
@@ -487,11 +503,12 @@ fn mat_vec_shape(limits: &wgpu::Limits) -> (u32, u32) {
     }
 }
 
-/// The bind group layout (and pipeline layout) with `n` storage bindings and the parameters.
+/// The bind group layout (and pipeline layout) with `n` storage bindings (at
+/// [`storage_slot`]s) and the parameters.
 fn make_layout(device: &wgpu::Device, n: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
-    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n as u32)
-        .map(|binding| wgpu::BindGroupLayoutEntry {
-            binding,
+    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n)
+        .map(|i| wgpu::BindGroupLayoutEntry {
+            binding: storage_slot(i),
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Storage { read_only: false },

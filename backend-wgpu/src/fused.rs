@@ -17,7 +17,15 @@
 //! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
 //!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
 //!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),
-//!   unless `TESSERA_WGPU_QKV=0` or the adapter binds fewer than 8 storage buffers.
+//!   unless `TESSERA_WGPU_QKV=0` or the adapter binds fewer than 8 storage buffers. Where
+//!   the rope of Q and K and the stores of K and V into their caches follow (as below) and
+//!   read the three products alone (straight or through a reshape), the same dispatch also
+//!   rotates Q and K and stores the rotated Q and, at the cache row, K and V (ROPE in
+//!   `mat_vec_q`; `rope(q)` must come right before `rope(k)`): adjacent-pair rope
+//!   (`RopeMode::Normal`) only, F16 or F32 caches whose rows start at word-aligned bytes, an
+//!   i32 position and an i32 or i64 cache row (a row past the cache's end is not written),
+//!   with an even ROWS and where the adapter binds 10 storage buffers. NEOX rope, or products
+//!   read by anything else, keep the rope dispatch below.
 //! - two mul_mats of one token by the same vector with weights of one type and shape (a
 //!   Llama block's K and V): one mat-vec dispatch computes both (PAIR in `mat_vec_q`).
 //! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
@@ -26,14 +34,17 @@
 //!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM and ROPE_KV_ATTN check it
+//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM, ROPE_KV_ATTN and
+//! QKV_ROPE_KV_ATTN check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use tessera_core::{BinaryOp, DType, Error, GluOp, Graph, Op, Result, TensorId};
+use tessera_core::{
+    BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, RopeParams, TensorId,
+};
 
 use crate::context::Gpu;
 use crate::ops::{self, desc, Launch, PlanOut};
@@ -73,6 +84,24 @@ pub(crate) struct Norm {
     w: TensorId,
     /// The norm's epsilon.
     eps: f32,
+}
+
+/// A Llama block's step between its projections and attention, as [`Fuser::rope_kv_at`]
+/// finds it.
+#[derive(Clone, Copy)]
+struct RopeKv {
+    /// The rope of Q, where it comes right before K's.
+    q: Option<TensorId>,
+    /// The rope of K.
+    k: TensorId,
+    /// The set_rows of the rotated K (its result: the K cache).
+    sk: TensorId,
+    /// The set_rows of V (its result: the V cache).
+    sv: TensorId,
+    /// The rope's parameters.
+    rp: RopeParams,
+    /// The index of the last of its nodes (the set_rows of V).
+    last: usize,
 }
 
 /// `rms_norm(x) * w` found at a node: the index and id of the mul, and the norm.
@@ -531,20 +560,107 @@ impl<'a> Fuser<'a> {
             out.bind.push(out.bind[0]);
         }
         out.bind.extend([pair.bind[3], pair.bind[4]]);
+        let rope = self
+            .next_running(jv + 1)
+            .and_then(|(j, _)| self.rope_kv_at(j))
+            .filter(|r| self.rope_follows_qkv(r, [q, k, v], &out))
+            .and_then(|r| r.q.map(|qr| (r, qr)));
+        let last = match rope {
+            Some((r, qr)) => {
+                out = self.with_rope(out, &r, qr);
+                r.last
+            }
+            None => jv,
+        };
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, q, out)?],
-            jv - i + 1,
+            last - i + 1,
         )))
     }
 
+    /// Whether the rope and cache stores `r` take the Q, K and V products `qkv` of one token
+    /// whose QKV plan is `out` (each product read by `r` alone, straight or through a reshape)
+    /// in the form the QKV mat-vec runs them itself (ROPE): Q's rope included, adjacent pairs,
+    /// a contiguous rotated Q, word-aligned cache rows, ROWS even, an adapter that binds
+    /// [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and the caches and the rotated Q
+    /// apart from everything the dispatch reads.
+    fn rope_follows_qkv(&self, r: &RopeKv, qkv: [TensorId; 3], out: &PlanOut) -> bool {
+        let g = self.graph;
+        let Some(qr) = r.q else {
+            return false;
+        };
+        // `t` is `of`, or a reshape of it, and nothing else reads `of` (or the reshape).
+        let takes = |t: TensorId, of: TensorId| {
+            self.single_use(of)
+                && (t == of
+                    || (g.get(t).op == Op::Reshape && g.get(t).src[0] == of && self.single_use(t)))
+        };
+        let (tq, tk, tsk, tsv) = (g.get(qr), g.get(r.k), g.get(r.sk), g.get(r.sv));
+        let (pos, idx) = (tq.src[1], tsk.src[2]);
+        let mut reads = vec![out.bind[2].id, pos, idx];
+        if out.variant.get("NORM") == Some(1) {
+            reads.push(out.bind[ops::NORM_W_BINDING].id);
+        }
+        let hd = tk.ne[0];
+        let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        limit >= crate::shader::QKV_ROPE_BINDINGS
+            && r.rp.mode == RopeMode::Normal
+            && takes(tq.src[0], qkv[0])
+            && takes(tk.src[0], qkv[1])
+            && takes(tsv.src[1], qkv[2])
+            && tq.is_contiguous()
+            && tq.ne[2] == 1
+            && hd.is_multiple_of(2)
+            && r.rp.n_dims <= hd
+            && g.get(qkv[0]).ne[0] == tq.ne[0] * tq.ne[1]
+            && g.get(qkv[1]).ne[0] == hd * tk.ne[1]
+            && tsk.ne[0] == g.get(qkv[1]).ne[0]
+            && g.get(pos).dtype == DType::I32
+            && out.variant.get("ROWS").is_some_and(|n| n % 2 == 0)
+            && tsk.nb[0] == tsk.dtype.type_size()
+            && tsv.nb == tsk.nb
+            && tsv.ne == tsk.ne
+            && ops::aligned(self.gpu, g, r.sk, 0, 4)
+            && ops::aligned(self.gpu, g, r.sv, 0, 4)
+            && [qr, r.sk, r.sv]
+                .iter()
+                .all(|&w| reads.iter().all(|&x| self.apart(w, x, false)))
+    }
+
+    /// The QKV plan `out` made to run the rope and cache stores `r` that follow it, with the
+    /// rope of Q `qr` (ROPE): bindings the rotated Q (for Q's product), Wq, the vector, Wk, the
+    /// K cache (for K's), the norm weights (NORM; else the rotated Q), Wv, the V cache (for
+    /// V's), the positions, the cache rows.
+    fn with_rope(&self, mut out: PlanOut, r: &RopeKv, qr: TensorId) -> PlanOut {
+        let g = self.graph;
+        let (tq, tsk) = (g.get(qr), g.get(r.sk));
+        let norm = out.variant.get("NORM") == Some(1);
+        out.variant = qkv_rope_variant(out.variant, tsk.dtype);
+        out.bind[0] = ops::Bind::whole(qr);
+        out.bind[4] = ops::Bind::whole(r.sk);
+        if !norm {
+            out.bind[ops::NORM_W_BINDING] = out.bind[0];
+        }
+        out.bind[7] = ops::Bind::whole(r.sv);
+        out.bind
+            .extend([tq.src[1], tsk.src[2]].map(ops::Bind::whole));
+        out.params.desc[4] = desc(tsk);
+        out.params.g[0] = r.rp.freq_base.log2();
+        out.params.g[1] = r.rp.freq_scale;
+        out.params.h[2] = r.rp.n_dims as u32;
+        out.params.h[3] = g.get(r.k).ne[0] as u32;
+        out
+    }
+
+    /// The step between a Llama block's projections and its attention at `nodes[i]`:
     /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
-    /// and `rope(q)` where it comes right before `rope(k)`: one rope dispatch (KV) that writes
-    /// both caches (and the rotated Q).
-    fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    /// and `rope(q)` where it comes right before `rope(k)`, in the form the fused rope
+    /// dispatch (KV) runs.
+    fn rope_kv_at(&self, i: usize) -> Option<RopeKv> {
         let g = self.graph;
         let first = self.nodes[i];
         let Op::Rope(rp) = g.get(first).op else {
-            return Ok(None);
+            return None;
         };
         // With the rope of Q before K's (same positions and parameters): Q's too.
         let (q, jr, k) = match self.next_running(i + 1) {
@@ -557,17 +673,13 @@ impl<'a> Fuser<'a> {
         };
         let tk = g.get(k);
         if !self.single_use(k) {
-            return Ok(None);
+            return None;
         }
-        let Some((jk, sk)) = self.next_running(jr + 1) else {
-            return Ok(None);
-        };
-        let Some((jv, sv)) = self.next_running(jk + 1) else {
-            return Ok(None);
-        };
+        let (jk, sk) = self.next_running(jr + 1)?;
+        let (jv, sv) = self.next_running(jk + 1)?;
         let (tsk, tsv) = (g.get(sk), g.get(sv));
         if tsk.op != Op::SetRows || tsv.op != Op::SetRows || tsv.src[2] != tsk.src[2] {
-            return Ok(None);
+            return None;
         }
         let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);
         let (v, vc) = (tsv.src[1], tsv.src[0]);
@@ -600,7 +712,7 @@ impl<'a> Fuser<'a> {
             && self.apart(sv, v, false)
             && self.apart(sk, sv, false);
         if !fits {
-            return Ok(None);
+            return None;
         }
         let q_fits = q.is_none_or(|q| {
             let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
@@ -616,9 +728,35 @@ impl<'a> Fuser<'a> {
                     .iter()
                     .all(|&o| self.apart(q, o, false))
         });
-        if !q_fits {
+        q_fits.then_some(RopeKv {
+            q,
+            k,
+            sk,
+            sv,
+            rp,
+            last: jv,
+        })
+    }
+
+    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
+    /// and `rope(q)` where it comes right before `rope(k)` ([`Fuser::rope_kv_at`]): one rope
+    /// dispatch (KV) that writes both caches (and the rotated Q).
+    fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+        let g = self.graph;
+        let Some(RopeKv {
+            q,
+            k,
+            sk,
+            sv,
+            rp,
+            last,
+        }) = self.rope_kv_at(i)
+        else {
             return Ok(None);
-        }
+        };
+        let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
+        let (idx, v, tokens) = (tsk.src[2], tsv.src[1], tk.ne[2]);
+        let (ti, tv, tkc) = (g.get(idx), g.get(v), g.get(tsk.src[0]));
         let Some(mut out) = self.single_plan(k) else {
             return Ok(None);
         };
@@ -643,9 +781,15 @@ impl<'a> Fuser<'a> {
         }
         Ok(Some((
             vec![ops::to_launch(self.gpu, g, sk, out)?],
-            jv - i + 1,
+            last - i + 1,
         )))
     }
+}
+
+/// The QKV mat-vec variant `v` with the rope of Q and K and the stores of K and V into caches
+/// of type `cache` (F16 or F32) fused in (ROPE in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+pub(crate) fn qkv_rope_variant(v: Variant, cache: DType) -> Variant {
+    v.def("ROPE", 1).ty("T3", cache)
 }
 
 /// An integer-dot mat-vec variant that also multiplies a second weight matrix in src2, read

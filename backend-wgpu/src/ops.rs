@@ -37,12 +37,15 @@ pub(crate) struct Params {
 }
 
 impl Params {
-    /// Sets the byte offset of binding `k` (0 = dst; 4 to 7 in off4).
+    /// Sets the byte offset of storage binding `k` (0 = dst; 4 to 7 in off4; 8 and 9, which
+    /// only the mat-vec with the fused rope has, in h.x and h.y).
     pub fn set_offset(&mut self, k: usize, off: u32) {
         if k < 4 {
             self.off[k] = off;
-        } else {
+        } else if k < 8 {
             self.off4[k - 4] = off;
+        } else {
+            self.h[k - 8] = off;
         }
     }
 }
@@ -210,7 +213,7 @@ fn fits_u32(t: &Tensor) -> bool {
 /// Whether tensor `id`, bound from `skip` bytes on, starts at an `n`-byte aligned offset in its
 /// binding and has `n`-byte aligned row, plane and batch strides, so that a shader may read its
 /// rows with `n`-byte loads (false when it has no memory yet).
-fn aligned(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize, n: usize) -> bool {
+pub(crate) fn aligned(gpu: &Gpu, graph: &Graph, id: TensorId, skip: usize, n: usize) -> bool {
     (gpu.limits.min_storage_buffer_offset_alignment as usize).is_multiple_of(n)
         && graph
             .data(id)
@@ -1472,6 +1475,14 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                         x.clone().def("ADD", 1),
                                         w2(x.clone(), false),
                                         w2(x.clone(), false).def("QKV", 1),
+                                        crate::fused::qkv_rope_variant(
+                                            w2(x.clone(), false).def("QKV", 1),
+                                            DType::F16,
+                                        ),
+                                        crate::fused::qkv_rope_variant(
+                                            w2(x.clone(), false).def("QKV", 1),
+                                            DType::F32,
+                                        ),
                                         w2(x, true),
                                     ];
                                     for f in fused {

@@ -132,7 +132,9 @@ pub(crate) fn variant_name(v: &Variant) -> String {
         name.push('_');
         name.push_str(t.name());
     }
-    for flag in ["MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "NORM", "SPLIT"] {
+    for flag in [
+        "MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "ROPE", "NORM", "SPLIT",
+    ] {
         if v.get(flag).is_some_and(|x| x != 0) {
             name.push('+');
             name.push_str(&flag.to_lowercase());

@@ -40,6 +40,12 @@ const QUANTIZE: &str = include_str!("../../shaders/quantize.wgsl");
 /// Wq, x, Wk, K, the norm weights (or dst again), Wv, V.
 pub(crate) const QKV_BINDINGS: usize = 8;
 
+/// Storage bindings of the mat-vec over Q, K and V with the rope and the KV-cache stores
+/// fused in (QKV and ROPE in `shaders/mul_mat.wgsl`): the rotated Q, Wq, x, Wk, the K cache,
+/// the norm weights (or the rotated Q again), Wv, the V cache, the positions, the cache rows
+/// (the last two in WGSL bindings 9 and 10: binding 8 holds the parameters).
+pub(crate) const QKV_ROPE_BINDINGS: usize = 10;
+
 /// An op family: one WGSL file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
@@ -183,9 +189,12 @@ impl Variant {
     }
 
     /// Storage bindings of the variant's pipeline: its family's, or [`QKV_BINDINGS`] for the
-    /// mat-vec over Q, K and V (QKV: V's weights and result in bindings 6 and 7).
+    /// mat-vec over Q, K and V (QKV: V's weights and result in bindings 6 and 7), or
+    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores (ROPE).
     pub fn storage_bindings(&self) -> usize {
-        if self.get("QKV").is_some_and(|v| v != 0) {
+        if self.get("ROPE").is_some_and(|v| v != 0) {
+            QKV_ROPE_BINDINGS
+        } else if self.get("QKV").is_some_and(|v| v != 0) {
             QKV_BINDINGS
         } else {
             self.family.storage_bindings()

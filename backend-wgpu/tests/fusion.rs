@@ -4,7 +4,9 @@
 //! of another type than K's and V's, which run as one), one whose residual add runs in place over the
 //! input of the attention norm, so that the norm keeps a dispatch (14 to 6), and norms whose
 //! result something other than a mat-vec also reads; the rope of Q and K with the stores of K
-//! and V into F16 caches writes the same bytes in one dispatch as in four.
+//! and V into F16 caches writes the same bytes in one dispatch as in four; and a token's Q, K
+//! and V with that rope and those stores run as one mat-vec dispatch (adjacent pairs; NEOX
+//! pairs keep the rope dispatch).
 
 mod common;
 
@@ -392,4 +394,121 @@ fn fused_rope_kv_stores_match_unfused() {
     assert!(plain[0].iter().any(|&b| b != 0) && plain[1].iter().any(|&b| b != 0));
     // The same f32 arithmetic, rounded to f16 alike: the same bytes.
     assert_eq!(plain, fused);
+}
+
+/// A token's Q, K and V (Q4_0 weights, by a normalized or a plain vector), the rope of Q and K
+/// and the stores of K and V into their caches at row `idx`: with adjacent pairs, all in the
+/// Q/K/V mat-vec dispatch (ROPE; F16 and F32 caches, i32 and i64 rows, a part of each head
+/// left unrotated), with NEOX pairs the mat-vec and the fused rope dispatch. The rotated Q and
+/// the caches agree with the unfused run's.
+#[test]
+fn q_k_v_rope_and_cache_stores_run_as_one_dispatch() {
+    let (hd, nh, nkv, rows) = (64, 4, 2, 12);
+    // (cache type, row index type, rope mode, norm, dispatches unfused and fused)
+    let cases = [
+        (DType::F16, DType::I64, RopeMode::Normal, true, (9, 1)),
+        (DType::F32, DType::I32, RopeMode::Normal, true, (9, 1)),
+        (DType::F16, DType::I64, RopeMode::Normal, false, (8, 2)),
+        (DType::F16, DType::I32, RopeMode::Neox, true, (9, 2)),
+    ];
+    for (ct, it, mode, norm, expect) in cases {
+        let Some(dev) = common::device() else { return };
+        let mut backend = wgpu_device(&dev).backend().unwrap();
+        let mut b = Block::new();
+        let x = b.input("x", DType::F32, &[D, 1], X);
+        let wn = b.input("wn", DType::F32, &[D], NORM);
+        let wq = b.input("wq", DType::Q4_0, &[D, hd * nh], W);
+        let wk = b.input("wk", DType::Q4_0, &[D, hd * nkv], W);
+        let wv = b.input("wv", DType::Q4_0, &[D, hd * nkv], W);
+        let kc = b.input("kc", ct, &[hd * nkv, rows], X);
+        let vc = b.input("vc", ct, &[hd * nkv, rows], X);
+        let g = &mut b.g;
+        let pos = g.input("pos", DType::I32, &[1]).unwrap();
+        let idx = g.input("idx", it, &[1]).unwrap();
+        let h = if norm {
+            let h = g.rms_norm(x, 1e-5).unwrap();
+            g.mul(h, wn).unwrap()
+        } else {
+            // An output, so that its memory outlives the products: where the rotated Q may
+            // take it, the dispatch that reads it cannot write Q, and the rope runs apart.
+            let h = g.scale(x, 1.0).unwrap();
+            g.set_output(h);
+            h
+        };
+        let q = g.mul_mat(wq, h).unwrap();
+        let k = g.mul_mat(wk, h).unwrap();
+        let v = g.mul_mat(wv, h).unwrap();
+        let q = g.reshape(q, &[hd, nh, 1]).unwrap();
+        let k = g.reshape(k, &[hd, nkv, 1]).unwrap();
+        let p = RopeParams {
+            n_dims: 48,
+            mode,
+            freq_base: 10000.0,
+            freq_scale: 0.5,
+        };
+        let qr = g.rope(q, pos, p).unwrap();
+        let kr = g.rope(k, pos, p).unwrap();
+        let kr = g.reshape(kr, &[hd * nkv, 1]).unwrap();
+        let sk = g.set_rows(kc, kr, idx).unwrap();
+        let sv = g.set_rows(vc, v, idx).unwrap();
+        for t in [qr, sk, sv] {
+            g.set_output(t);
+        }
+        let nodes = load(&dev, &mut b);
+        let put = |id: TensorId, bytes: &[u8]| {
+            let d = b.g.data(id).unwrap();
+            d.buffer.set(d.offset, bytes).unwrap();
+        };
+        put(pos, &37i32.to_le_bytes());
+        match it {
+            DType::I64 => put(idx, &5i64.to_le_bytes()),
+            _ => put(idx, &5i32.to_le_bytes()),
+        }
+        let before: Vec<u8> = {
+            let d = b.g.data(kc).unwrap();
+            let mut v = vec![0u8; ct.row_size(hd * nkv * rows).unwrap()];
+            d.buffer.get(d.offset, &mut v).unwrap();
+            v
+        };
+        let mut run = |fusion: bool| {
+            backend.set_fusion(fusion);
+            backend.compute(&b.g, &nodes).unwrap();
+            backend.synchronize().unwrap();
+            let mut out = Vec::new();
+            for (id, t, n) in [
+                (qr, DType::F32, hd * nh),
+                (kc, ct, hd * nkv * rows),
+                (vc, ct, hd * nkv * rows),
+            ] {
+                let d = b.g.data(id).unwrap();
+                let mut bytes = vec![0u8; t.row_size(n).unwrap()];
+                d.buffer.get(d.offset, &mut bytes).unwrap();
+                if id == kc {
+                    assert_ne!(bytes, before, "K cache not written");
+                }
+                let mut v = vec![0f32; n];
+                tessera_core::quant::dequantize_row(t, &bytes, &mut v).unwrap();
+                out.push(v);
+            }
+            (out, backend.last_dispatch_count())
+        };
+        let (plain, plain_n) = run(false);
+        let (fused, fused_n) = run(true);
+        let (again, again_n) = run(true);
+        let case = format!("cache {ct}, rows {it}, {mode:?}, norm {norm}");
+        assert_eq!((plain_n, fused_n), expect, "{case}");
+        assert_eq!((fused_n, &fused), (again_n, &again), "{case}");
+        for (which, (a, f)) in ["Q", "K cache", "V cache"]
+            .iter()
+            .zip(plain.iter().zip(&fused))
+        {
+            let scale = a.iter().fold(1f32, |m, v| m.max(v.abs()));
+            for (i, (x, y)) in a.iter().zip(f).enumerate() {
+                assert!(
+                    (x - y).abs() <= 2e-3 * scale,
+                    "{case}: {which} element {i}: unfused {x}, fused {y}"
+                );
+            }
+        }
+    }
 }

@@ -34,8 +34,8 @@
 // grid y, which the kernel leaves at zero) the last block of each KV head to finish also merges
 // them (no fattn_combine launch); with i[3] = 1 (the default on sm_90 for at most 8 splits) the
 // splits of a KV head are one thread-block cluster instead (launched so): each block keeps its partials in its
-// shared memory, and the cluster's first block merges them through distributed shared memory
-// after a cluster barrier (no partials in global memory, no fences, no counters).
+// shared memory, and after a cluster barrier every block merges a slice of the results through
+// distributed shared memory (no partials in global memory, no fences, no counters).
 //
 // Quantized output (fattn_dec, and fattn_combine after any kernel): with aux[1] != 0 (dst
 // contiguous, dv a multiple of 32) the kernel that writes the final result also writes it as
@@ -470,8 +470,10 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 
 // The merge of fattn_dec's nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) when the
 // splits are one cluster (i[3]): block s of the cluster holds its output sums at O0[r * D + col]
-// and its max and sum at ML[2 r], ML[2 r + 1] in shared memory. The first block merges them as
-// dec_merge does; every block waits until it has (its shared memory must outlive the reads).
+// and its max and sum at ML[2 r], ML[2 r + 1] in shared memory. Every block computes the split
+// weights, then merges its own slice of the R * D results (whole warps of 32 columns), with the
+// nsplit loads of a result in flight together; the sums run in split order, as dec_merge's do.
+// Every block waits at the end until all have merged (its shared memory must outlive the reads).
 template <int D>
 __device__ void dec_cluster_merge(const KParams& p, int R, int g, i64 b, int nsplit, const float* O0, const float* ML) {
     __shared__ float CW[8][8];  // split weights exp(max_s - max) per row (nsplit <= 8)
@@ -479,23 +481,28 @@ __device__ void dec_cluster_merge(const KParams& p, int R, int g, i64 b, int nsp
     const int kv_heads = (int)p.t[2].ne[2], gqa = (int)p.t[1].ne[2] / kv_heads;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     cluster_sync();
-    if (cluster_rank() == 0) {
-        for (int r = warp; r < R; r += warps) {
-            const float ms = lane < nsplit ? ld_cluster(ML + 2 * r, lane) : NEG_INF;
-            const float ls = lane < nsplit ? ld_cluster(ML + 2 * r + 1, lane) : 0.0f;
-            const float mx = warp_max(ms);
-            const float w = ms == NEG_INF ? 0.0f : expf(ms - mx);
-            const float tot = warp_sum(w * ls);
-            if (lane < nsplit) CW[r][lane] = w;
-            if (lane == 0) CINV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
-        }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
-            const int r = idx / D, col = idx - r * D;
-            float acc = 0.0f;
-            for (int s = 0; s < nsplit; s++) acc += CW[r][s] * ld_cluster(O0 + idx, s);
-            store_out(p, acc * CINV[r], col, g * gqa + r % gqa, r / gqa, b);
-        }
+    for (int r = warp; r < R; r += warps) {
+        const float ms = lane < nsplit ? ld_cluster(ML + 2 * r, lane) : NEG_INF;
+        const float ls = lane < nsplit ? ld_cluster(ML + 2 * r + 1, lane) : 0.0f;
+        const float mx = warp_max(ms);
+        const float w = ms == NEG_INF ? 0.0f : expf(ms - mx);
+        const float tot = warp_sum(w * ls);
+        if (lane < nsplit) CW[r][lane] = w;
+        if (lane == 0) CINV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
+    }
+    __syncthreads();
+    const int total = R * D, slice = ((total + nsplit - 1) / nsplit + 31) / 32 * 32;
+    const int lo = (int)cluster_rank() * slice, hi = min(total, lo + slice);
+    for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
+        const int r = idx / D, col = idx - r * D;
+        float part[8];
+#pragma unroll
+        for (int s = 0; s < 8; s++) part[s] = s < nsplit ? ld_cluster(O0 + idx, s) : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+            if (s < nsplit) acc += CW[r][s] * part[s];
+        store_out(p, acc * CINV[r], col, g * gqa + r % gqa, r / gqa, b);
     }
     cluster_sync();
 }

@@ -5,11 +5,11 @@
 // Each rank owns a signal block (struct ArSignal, mirrored by backend-cuda/src/comm/peer.rs)
 // and a receive area of two slots, each with one region per rank. One call:
 //   1. every block writes its share of the tensor into region `rank` of slot (epoch & 1) of
-//      every rank's receive area (its own included);
+//      every other rank's receive area (as f32, or as f16 with all_reduce_f32_h);
 //   2. every block tells its twin block on each rank that it has written this epoch (a release
 //      store into that rank's flags) and waits until each twin has written here;
-//   3. every block sums its share over the regions of its own slot, in rank order (so every
-//      rank gets the same bits), plus an optional residual, into the output;
+//   3. every block sums its share over the regions of its own slot and its own input, in rank
+//      order (so every rank gets the same bits), plus an optional residual, into the output;
 //   4. the last block to finish advances this rank's epoch.
 // Two slots suffice: a rank can start writing slot (e & 1) of call e + 2 only after every
 // rank arrived at call e + 1, by when every rank has finished reading call e.
@@ -129,11 +129,24 @@ __device__ __forceinline__ u64 slot_at(const ArArgs& a, u32 e) {
     return (u64)(e & 1u) * (u64)a.n * a.region;
 }
 
-// t[0]: the output, f32, contiguous (the input itself for an in-place sum); t[1]: the input;
-// t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
-// aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
-KERNEL all_reduce_f32(KParams p) {
-    pdl_wait();
+// Four floats as the f16 wire carries them (8 bytes), and back.
+__device__ __forceinline__ uint2 pack_h4(float4 v) {
+    return make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+}
+__device__ __forceinline__ float4 unpack_h4(uint2 u) {
+    return make_float4(h2f((u16)u.x), h2f((u16)(u.x >> 16)), h2f((u16)u.y), h2f((u16)(u.y >> 16)));
+}
+__device__ __forceinline__ uint2 load_fresh_u2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+// One sum through flags. H: the values cross as f16 (half the bytes over the link; every
+// rank's own values are rounded the same way, so that every rank sums the same values).
+// A rank's own values are read from its input, not sent to itself. Tensors whose length is no
+// multiple of 4 go as f32 (the one-value loop).
+template <bool H> __device__ void all_reduce_flags(const KParams& p) {
     const ArArgs a = ar_args(p);
     const int b = blockIdx.x;
 
@@ -153,21 +166,27 @@ KERNEL all_reduce_f32(KParams p) {
     const bool vec = (a.count % 4) == 0;
 
     for (int r = 0; r < a.n; ++r) {
-        float* dst = (float*)(a.own->scratch[r] + slot + (u64)a.rank * a.region);
+        if (r == a.rank) continue;
+        char* dst = (char*)(a.own->scratch[r] + slot + (u64)a.rank * a.region);
         if (vec) {
             for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
-                *(float4*)(dst + i) = *(const float4*)(a.in + i);
+                const float4 v = *(const float4*)(a.in + i);
+                if (H) {
+                    *(uint2*)(dst + 2 * i) = pack_h4(v);
+                } else {
+                    *(float4*)(dst + 4 * i) = v;
+                }
             }
         } else {
             for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-                dst[i] = a.in[i];
+                ((float*)dst)[i] = a.in[i];
             }
         }
     }
     __threadfence_system();
     __syncthreads();
 
-    if (threadIdx.x < a.n) {
+    if (threadIdx.x < a.n && (int)threadIdx.x != a.rank) {
         const int r = threadIdx.x;
         ArSignal* peer = (ArSignal*)a.own->signal[r];
         store_release(&peer->flags[b][a.rank], e);
@@ -179,14 +198,21 @@ KERNEL all_reduce_f32(KParams p) {
     }
     __syncthreads();
 
-    const float* recv = (const float*)(a.own->scratch[a.rank] + slot);
-    const i64 stride = (i64)(a.region / 4);
+    const char* recv = (const char*)(a.own->scratch[a.rank] + slot);
     if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             float4 s;
             s.x = s.y = s.z = s.w = 0.f;
             for (int r = 0; r < a.n; ++r) {
-                const float4 v = load_fresh4(recv + r * stride + i);
+                float4 v;
+                if (r == a.rank) {
+                    v = *(const float4*)(a.in + i);
+                    if (H) v = unpack_h4(pack_h4(v));
+                } else if (H) {
+                    v = unpack_h4(load_fresh_u2(recv + (u64)r * a.region + 2 * i));
+                } else {
+                    v = load_fresh4((const float*)(recv + (u64)r * a.region) + i);
+                }
                 s.x += v.x;
                 s.y += v.y;
                 s.z += v.z;
@@ -205,7 +231,7 @@ KERNEL all_reduce_f32(KParams p) {
         for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float s = 0.f;
             for (int r = 0; r < a.n; ++r) {
-                s += load_fresh(recv + r * stride + i);
+                s += r == a.rank ? a.in[i] : load_fresh((const float*)(recv + (u64)r * a.region) + i);
             }
             a.out[i] = a.res ? s + a.res[i] : s;
         }
@@ -220,6 +246,19 @@ KERNEL all_reduce_f32(KParams p) {
             __threadfence();
         }
     }
+}
+
+// t[0]: the output, f32, contiguous (the input itself for an in-place sum); t[1]: the input;
+// t[2]: a residual added to the sum (ptr 0: none), same shape. aux[0]: this rank's ArSignal;
+// aux[1]: bytes of one region (the most one call sums). i[0]: this rank; i[1]: number of ranks.
+// all_reduce_f32 sends f32 values, all_reduce_f32_h f16 ones.
+KERNEL all_reduce_f32(KParams p) {
+    pdl_wait();
+    all_reduce_flags<false>(p);
+}
+KERNEL all_reduce_f32_h(KParams p) {
+    pdl_wait();
+    all_reduce_flags<true>(p);
 }
 
 // Four values as sent: -0.0 (AR_EMPTY's pattern) becomes +0.0.

@@ -4,7 +4,7 @@
 //! them: `all_reduce_small_f32` (no flags: the small area starts empty and is polled value by
 //! value) for tensors up to `TESSERA_PEER_SMALL_KIB` (256 KiB by default, 0: never), and
 //! `all_reduce_f32` (flags between the ranks) for larger ones, in up to `TESSERA_PEER_BLOCKS`
-//! blocks (256 by default).
+//! blocks (256 by default), sending f32 values, or f16 ones with `TESSERA_PEER_WIRE=f16`.
 //!
 //! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
 //! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
@@ -64,6 +64,26 @@ fn small_limit() -> Result<usize> {
     )
 }
 
+/// The type the kernel with flags sends its values as (`TESSERA_PEER_WIRE`: `f32`, the default,
+/// or `f16`: half the bytes over the link, each rank's values rounded to f16 before the sum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wire {
+    F32,
+    F16,
+}
+
+impl std::str::FromStr for Wire {
+    type Err = ();
+
+    fn from_str(v: &str) -> std::result::Result<Wire, ()> {
+        match v.trim() {
+            v if v.eq_ignore_ascii_case("f32") => Ok(Wire::F32),
+            v if v.eq_ignore_ascii_case("f16") => Ok(Wire::F16),
+            _ => Err(()),
+        }
+    }
+}
+
 /// One rank's memory.
 struct Rank {
     dev: Arc<DeviceShared>,
@@ -81,6 +101,8 @@ pub(crate) struct PeerGroup {
     small_bytes: usize,
     /// Most blocks of one launch of the kernel with flags.
     blocks: usize,
+    /// What the kernel with flags sends.
+    wire: Wire,
 }
 
 /// Whether every pair of distinct GPUs among `devs` can reach each other's memory.
@@ -127,6 +149,7 @@ impl PeerGroup {
             slot_bytes,
             small_bytes: small_limit()?,
             blocks: block_limit()?,
+            wire: tessera_core::env::setting("TESSERA_PEER_WIRE", "f32 or f16").unwrap_or(Wire::F32),
         };
         for dev in devs {
             // Pushed before the next allocation, so that Drop frees what was made.
@@ -197,7 +220,10 @@ impl PeerGroup {
             )
         } else {
             (
-                "all_reduce_f32",
+                match self.wire {
+                    Wire::F32 => "all_reduce_f32",
+                    Wire::F16 => "all_reduce_f32_h",
+                },
                 self.slot_bytes,
                 count.div_ceil(PER_BLOCK).min(self.blocks),
             )

@@ -31,7 +31,7 @@
 // block by rms_norm(sum) * w (the next Llama block's norm), quantized for the mat-vecs.
 
 // These kernels wait on other GPUs: they never release the next kernel early
-// (TESSERA_CUDA_PDL=early), so that it cannot take their SMs while they spin.
+// (TESSERA_PDL_EARLY), so that it cannot take their SMs while they spin.
 #undef TESSERA_PDL_EARLY
 #include "common.cuh"
 

@@ -36,7 +36,8 @@ struct KParams {
 // point calls it as its first statement, before it reads or writes global memory (the test
 // `kernel_entry_points_wait_first` in backend-cuda/tests/kernels.rs checks this). Launched the
 // ordinary way, the wait returns at once; before sm_90 it compiles to nothing.
-// With TESSERA_PDL_EARLY defined (TESSERA_CUDA_PDL=early; allreduce.cu leaves it out) a kernel
+// With TESSERA_PDL_EARLY defined (by default on a GPU used alone, see PdlMode in
+// backend-cuda/src/driver.rs; allreduce.cu leaves it out) a kernel
 // also lets the next one be scheduled as soon as it has passed its own wait
 // (griddepcontrol.launch_dependents); the next kernel still waits for this one to complete
 // before it touches memory.

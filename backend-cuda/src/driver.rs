@@ -11,9 +11,10 @@
 //! while the kernel before it is still finishing, and inside CUDA graphs kernel-to-kernel edges
 //! become programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
 //! `kernels/common.cuh`), so results do not change. On by default (measured on an H200: 8B decode
-//! +1-2% on one GPU, +6% on two); `TESSERA_CUDA_PDL=0` turns it off, `TESSERA_CUDA_PDL=early`
-//! also lets each kernel release the next one as soon as it has passed its own wait
-//! ([`PdlMode::Early`]). An older GPU or driver simply launches the ordinary way.
+//! +1-2% on one GPU, +6% on two). By default a GPU used alone also lets each kernel release the
+//! next one as soon as it has passed its own wait (early release: +2-3% more on one H200), and a
+//! GPU in a multi-GPU group does not (early release cost 6-9% there), see [`PdlMode`].
+//! An older GPU or driver simply launches the ordinary way.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -157,12 +158,16 @@ fn has_launch_kernel_ex() -> bool {
 pub(crate) enum PdlMode {
     /// `0`: ordinary launches.
     Off,
-    /// The default (`1`): launched with programmatic stream serialization; a kernel is released
-    /// when the one before it finishes its blocks.
+    /// `1`: launched with programmatic stream serialization; a kernel is released when the one
+    /// before it finishes its blocks.
     Wait,
     /// `early`: as `Wait`, and every kernel but the all-reduce's releases the next one as soon
     /// as it has passed its own wait (kernels compiled with `TESSERA_PDL_EARLY`).
     Early,
+    /// The default (unset or `auto`): `Early` on a GPU used alone, `Wait` on a GPU that has
+    /// joined a multi-GPU group (`KernelSet::leave_early`), where early release was slower
+    /// (two H200s, 8B decode: 451-461 against 484-495 t/s).
+    Auto,
 }
 
 /// The mode a value of `TESSERA_CUDA_PDL` names (empty: the default).
@@ -171,9 +176,11 @@ impl std::str::FromStr for PdlMode {
 
     fn from_str(v: &str) -> std::result::Result<PdlMode, ()> {
         match v.trim() {
-            "" | "1" => Ok(PdlMode::Wait),
+            "" => Ok(PdlMode::Auto),
+            "1" => Ok(PdlMode::Wait),
             "0" => Ok(PdlMode::Off),
             v if v.eq_ignore_ascii_case("early") => Ok(PdlMode::Early),
+            v if v.eq_ignore_ascii_case("auto") => Ok(PdlMode::Auto),
             _ => Err(()),
         }
     }
@@ -185,7 +192,8 @@ impl PdlMode {
     pub(crate) fn requested() -> PdlMode {
         static MODE: OnceLock<PdlMode> = OnceLock::new();
         *MODE.get_or_init(|| {
-            tessera_core::env::setting("TESSERA_CUDA_PDL", "0, 1 or early").unwrap_or(PdlMode::Wait)
+            tessera_core::env::setting("TESSERA_CUDA_PDL", "0, 1, early or auto")
+                .unwrap_or(PdlMode::Auto)
         })
     }
 }
@@ -463,7 +471,8 @@ mod tests {
 
     #[test]
     fn pdl_mode_values() {
-        assert_eq!("".parse(), Ok(PdlMode::Wait));
+        assert_eq!("".parse(), Ok(PdlMode::Auto));
+        assert_eq!("auto".parse(), Ok(PdlMode::Auto));
         assert_eq!("1".parse(), Ok(PdlMode::Wait));
         assert_eq!("0".parse(), Ok(PdlMode::Off));
         assert_eq!(" Early ".parse(), Ok(PdlMode::Early));

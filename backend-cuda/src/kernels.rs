@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
@@ -186,15 +187,15 @@ fn nvrtc_compile(
     }
 }
 
-/// The NVRTC options every file is compiled with (`TESSERA_CUDA_PDL=early` adds the define that
-/// makes every kernel release the next one early, see `PdlMode`).
-fn options(arch: &str) -> Vec<String> {
+/// The NVRTC options every file is compiled with (`early` adds the define that makes every
+/// kernel release the next one early, see `PdlMode`).
+fn options(arch: &str, early: bool) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "--device-as-default-execution-space".into(),
     ];
-    if PdlMode::requested() == PdlMode::Early {
+    if early {
         o.push("-DTESSERA_PDL_EARLY".into());
     }
     o
@@ -212,7 +213,7 @@ pub fn compile_all(arch: &str) -> std::result::Result<Vec<(&'static str, usize)>
         .iter()
         .map(|(file, _)| {
             let src = expanded_source(file).unwrap_or_default();
-            nvrtc_compile(file, &src, &options(arch))
+            nvrtc_compile(file, &src, &options(arch, true))
                 .map(|bin| (*file, bin.len()))
                 .map_err(|log| format!("kernels/{file}.cu: {log}"))
         })
@@ -227,6 +228,11 @@ pub(crate) struct KernelSet {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<String, (CudaFunction, &'static str)>>,
     smem: Mutex<HashMap<usize, u32>>,
+    /// Whether files are compiled with early release (`PdlMode`).
+    early: AtomicBool,
+    /// Modules compiled with early release before the GPU joined a group: kept loaded, since
+    /// commands and CUDA graphs recorded before may still launch their kernels.
+    retired: Mutex<Vec<Arc<CudaModule>>>,
 }
 
 impl KernelSet {
@@ -238,7 +244,31 @@ impl KernelSet {
             modules: Mutex::new(HashMap::new()),
             funcs: Mutex::new(HashMap::new()),
             smem: Mutex::new(HashMap::new()),
+            early: AtomicBool::new(matches!(
+                PdlMode::requested(),
+                PdlMode::Early | PdlMode::Auto
+            )),
+            retired: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Kernels compiled from now on wait for their predecessors without releasing the next
+    /// kernel early, unless `TESSERA_CUDA_PDL=early` asked for it everywhere: called when the
+    /// GPU joins a multi-GPU group. Kernels loaded before are looked up again.
+    pub(crate) fn leave_early(&self) {
+        if PdlMode::requested() != PdlMode::Auto || !self.early.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        log::info!(
+            "{}: in a multi-GPU group: kernels without early release",
+            self.device
+        );
+        let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        self.funcs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(mods.drain().map(|(_, m)| m));
     }
 
     /// The CUBIN of a file, from the disk cache or compiled now.
@@ -247,7 +277,7 @@ impl KernelSet {
             device: self.device.clone(),
             reason: format!("no kernel file kernels/{file}.cu"),
         })?;
-        let options = options(&self.arch);
+        let options = options(&self.arch, self.early.load(Ordering::Relaxed));
         let (nv_major, nv_minor) = nvrtc_version();
         let key_parts: Vec<Vec<u8>> = vec![
             source.as_bytes().to_vec(),

@@ -209,9 +209,7 @@ fn check(bufs: &[(Arc<dyn Buffer>, usize)], inputs: &[Vec<f32>], count: usize) -
         }
         match &first {
             Some(f) if f != &got => {
-                return Err(Error::Invalid(format!(
-                    "all-reduce parts 0 and {j} differ"
-                )))
+                return Err(Error::Invalid(format!("all-reduce parts 0 and {j} differ")))
             }
             Some(_) => {}
             None => first = Some(got),

@@ -123,10 +123,19 @@ impl Drop for CudaComm {
     }
 }
 
+/// The GPUs of a group compile their kernels without early release from now on
+/// (`PdlMode::Auto`; early release was slower on two H200s).
+fn leave_early(devs: &[Arc<DeviceShared>]) {
+    for d in devs {
+        d.kernels.leave_early();
+    }
+}
+
 impl CudaComm {
     /// A group over `devs`, with every carrier `TESSERA_ALLREDUCE` allows that works here.
     /// `Ok(None)`: neither works (no peer access and no NCCL); the caller uses the host.
     pub(crate) fn new(devs: Vec<Arc<DeviceShared>>) -> Result<Option<CudaComm>> {
+        leave_early(&devs);
         let mode = mode()?;
         let slot_bytes = peer_slot_bytes()?;
         let ordinals: Vec<usize> = devs.iter().map(|d| d.ordinal).collect();
@@ -186,6 +195,7 @@ impl CudaComm {
         nranks: usize,
     ) -> Result<CudaComm> {
         let devs: Vec<_> = devices.iter().map(|d| d.shared().clone()).collect();
+        leave_early(&devs);
         let nccl = NcclComm::join(&devs, id, first_rank, nranks)?;
         Ok(CudaComm {
             devs,
@@ -199,6 +209,7 @@ impl CudaComm {
     /// `max_bytes` of f32; an error where some pair of GPUs lacks peer access.
     pub fn peer_only(devices: &[&crate::CudaDevice], max_bytes: usize) -> Result<CudaComm> {
         let devs: Vec<_> = devices.iter().map(|d| d.shared().clone()).collect();
+        leave_early(&devs);
         if !peer::all_peers(&devs)? {
             return Err(Error::Unsupported {
                 backend: "cuda".into(),

@@ -149,7 +149,8 @@ impl PeerGroup {
             slot_bytes,
             small_bytes: small_limit()?,
             blocks: block_limit()?,
-            wire: tessera_core::env::setting("TESSERA_PEER_WIRE", "f32 or f16").unwrap_or(Wire::F32),
+            wire: tessera_core::env::setting("TESSERA_PEER_WIRE", "f32 or f16")
+                .unwrap_or(Wire::F32),
         };
         for dev in devs {
             // Pushed before the next allocation, so that Drop frees what was made.

@@ -92,6 +92,9 @@ impl MetaDevice {
                 m.name()
             )));
         }
+        if parts.len() > 1 {
+            parts.iter().for_each(|p| p.joined_group());
+        }
         let ratios = match ratios {
             SplitRatios::Given(r) => normalize_ratios(r, parts.len())?,
             SplitRatios::Auto => ratio::auto_ratios(&parts)?,

@@ -426,3 +426,17 @@ impl KernelSet {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::options;
+
+    #[test]
+    fn early_release_is_one_define() {
+        let early = options("sm_90", true);
+        let plain = options("sm_90", false);
+        assert!(early.iter().any(|o| o == "-DTESSERA_PDL_EARLY"));
+        assert!(!plain.iter().any(|o| o.contains("PDL")));
+        assert_eq!(early.len(), plain.len() + 1);
+    }
+}

@@ -379,6 +379,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_wire_setting_names_f32_or_f16() {
+        assert_eq!("f32".parse(), Ok(Wire::F32));
+        assert_eq!(" F16 ".parse(), Ok(Wire::F16));
+        assert_eq!("bf16".parse::<Wire>(), Err(()));
+        assert_eq!("".parse::<Wire>(), Err(()));
+    }
+
+    #[test]
     fn the_fused_norm_takes_rows_of_whole_float4s_up_to_8192_values() {
         let a = [256u64, 512, 0, 1024, 2048];
         // A decode row of an 8B model: one float4 a thread.

@@ -332,6 +332,28 @@ fn profiled_block_names_and_times_its_dispatches() {
     assert!(table.iter().map(|r| r.1).sum::<std::time::Duration>() > std::time::Duration::ZERO);
 }
 
+/// A Llama block's step between its projections and attention: the rope of q and k (k of
+/// `[hd, nkv, 1]`) at `pos`, then the rotated k and v stored at cache row `idx`; the rotated q
+/// and both stores are outputs. Returns the rotated q.
+fn rope_and_store(
+    g: &mut Graph,
+    [q, k, v]: [TensorId; 3],
+    [pos, idx]: [TensorId; 2],
+    [kc, vc]: [TensorId; 2],
+    p: RopeParams,
+) -> TensorId {
+    let ne = g.get(k).ne;
+    let qr = g.rope(q, pos, p).unwrap();
+    let kr = g.rope(k, pos, p).unwrap();
+    let kr = g.reshape(kr, &[ne[0] * ne[1], 1]).unwrap();
+    let sk = g.set_rows(kc, kr, idx).unwrap();
+    let sv = g.set_rows(vc, v, idx).unwrap();
+    for t in [qr, sk, sv] {
+        g.set_output(t);
+    }
+    qr
+}
+
 #[test]
 fn fused_rope_kv_stores_match_unfused() {
     let Some(dev) = common::device() else { return };
@@ -352,14 +374,7 @@ fn fused_rope_kv_stores_match_unfused() {
         freq_base: 10000.0,
         freq_scale: 1.0,
     };
-    let qr = g.rope(q, pos, p).unwrap();
-    let kr = g.rope(k, pos, p).unwrap();
-    let kr = g.reshape(kr, &[hd * nkv, 1]).unwrap();
-    let sk = g.set_rows(kc, kr, idx).unwrap();
-    let sv = g.set_rows(vc, v, idx).unwrap();
-    for t in [qr, sk, sv] {
-        g.set_output(t);
-    }
+    let qr = rope_and_store(&mut g, [q, k, v], [pos, idx], [kc, vc], p);
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut g, &nodes).unwrap();
@@ -446,14 +461,7 @@ fn q_k_v_rope_and_cache_stores_run_as_one_dispatch() {
             freq_base: 10000.0,
             freq_scale: 0.5,
         };
-        let qr = g.rope(q, pos, p).unwrap();
-        let kr = g.rope(k, pos, p).unwrap();
-        let kr = g.reshape(kr, &[hd * nkv, 1]).unwrap();
-        let sk = g.set_rows(kc, kr, idx).unwrap();
-        let sv = g.set_rows(vc, v, idx).unwrap();
-        for t in [qr, sk, sv] {
-            g.set_output(t);
-        }
+        let qr = rope_and_store(g, [q, k, v], [pos, idx], [kc, vc], p);
         let nodes = load(&dev, &mut b);
         let put = |id: TensorId, bytes: &[u8]| {
             let d = b.g.data(id).unwrap();

@@ -125,8 +125,8 @@ pub trait Device: Send + Sync {
     }
     /// Tells the device that it is one of several parts of a meta device, which run one graph
     /// together and wait on each other (a backend may compile its kernels differently for
-    /// that). The meta device calls it before its parts compile or run anything; nothing by
-    /// default.
+    /// that). A meta device of several parts calls it on each when it is made, before it
+    /// compiles or runs anything on them; nothing by default.
     fn joined_group(&self) {}
     /// A communicator that all-reduces over `devices` (all of this device's backend kind),
     /// where the backend has one (NCCL for CUDA). `Ok(None)`: use the generic path.

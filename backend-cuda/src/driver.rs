@@ -175,14 +175,14 @@ impl std::str::FromStr for PdlMode {
     type Err = ();
 
     fn from_str(v: &str) -> std::result::Result<PdlMode, ()> {
-        match v.trim() {
-            "" => Ok(PdlMode::Auto),
-            "1" => Ok(PdlMode::Wait),
-            "0" => Ok(PdlMode::Off),
-            v if v.eq_ignore_ascii_case("early") => Ok(PdlMode::Early),
-            v if v.eq_ignore_ascii_case("auto") => Ok(PdlMode::Auto),
-            _ => Err(()),
-        }
+        let names = [
+            ("", PdlMode::Auto),
+            ("auto", PdlMode::Auto),
+            ("1", PdlMode::Wait),
+            ("0", PdlMode::Off),
+            ("early", PdlMode::Early),
+        ];
+        tessera_core::env::named(v, &names).ok_or(())
     }
 }
 
@@ -390,7 +390,8 @@ impl DeviceShared {
             None
         };
         let launch_ex = why_no_launch_ex.is_none();
-        let pdl = PdlMode::requested() != PdlMode::Off && {
+        let pdl = PdlMode::requested() != PdlMode::Off && launch_ex;
+        if PdlMode::requested() != PdlMode::Off {
             match why_no_launch_ex {
                 None => log::info!(
                     "{name}: programmatic dependent launch on ({:?})",
@@ -398,8 +399,7 @@ impl DeviceShared {
                 ),
                 Some(w) => log::info!("{name}: programmatic dependent launch off: {w}"),
             }
-            launch_ex
-        };
+        }
         Ok(Arc::new(DeviceShared {
             name,
             model,

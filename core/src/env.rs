@@ -11,6 +11,16 @@ pub fn setting<T: FromStr>(name: &str, what: &str) -> Option<T> {
     parse_setting(name, &v, what)
 }
 
+/// The value that `v` names among `names` (pairs of a word and its value), ignoring
+/// surrounding whitespace and ASCII case: the parser of a setting that takes one of a few words.
+pub fn named<T: Copy>(v: &str, names: &[(&str, T)]) -> Option<T> {
+    let v = v.trim();
+    names
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(v))
+        .map(|&(_, t)| t)
+}
+
 /// [`setting`] of the value `v` of variable `name`.
 fn parse_setting<T: FromStr>(name: &str, v: &str, what: &str) -> Option<T> {
     let parsed = v.trim().parse::<T>().ok();
@@ -22,12 +32,20 @@ fn parse_setting<T: FromStr>(name: &str, v: &str, what: &str) -> Option<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_setting;
+    use super::{named, parse_setting};
 
     #[test]
     fn settings_parse_or_fall_back() {
         assert_eq!(parse_setting::<usize>("X", " 8 ", "a count"), Some(8));
         assert_eq!(parse_setting::<usize>("X", "eight", "a count"), None);
         assert_eq!(parse_setting::<usize>("X", "-1", "a count"), None);
+    }
+
+    #[test]
+    fn words_name_values_in_any_case() {
+        let names = [("", 0), ("on", 1), ("early", 2)];
+        assert_eq!(named(" EARLY ", &names), Some(2));
+        assert_eq!(named("", &names), Some(0));
+        assert_eq!(named("off", &names), None);
     }
 }

@@ -76,11 +76,7 @@ impl std::str::FromStr for Wire {
     type Err = ();
 
     fn from_str(v: &str) -> std::result::Result<Wire, ()> {
-        match v.trim() {
-            v if v.eq_ignore_ascii_case("f32") => Ok(Wire::F32),
-            v if v.eq_ignore_ascii_case("f16") => Ok(Wire::F16),
-            _ => Err(()),
-        }
+        tessera_core::env::named(v, &[("f32", Wire::F32), ("f16", Wire::F16)]).ok_or(())
     }
 }
 

@@ -74,6 +74,12 @@ __device__ __forceinline__ float4 load_fresh4(const float* p) {
     return v;
 }
 
+__device__ __forceinline__ uint2 load_fresh_u2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float load_fresh(const float* p) {
     float v;
     asm volatile("ld.global.cv.f32 %0, [%1];" : "=f"(v) : "l"(p));
@@ -129,19 +135,6 @@ __device__ __forceinline__ u64 slot_at(const ArArgs& a, u32 e) {
     return (u64)(e & 1u) * (u64)a.n * a.region;
 }
 
-// Four floats as the f16 wire carries them (8 bytes), and back.
-__device__ __forceinline__ uint2 pack_h4(float4 v) {
-    return make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
-}
-__device__ __forceinline__ float4 unpack_h4(uint2 u) {
-    return make_float4(h2f((u16)u.x), h2f((u16)(u.x >> 16)), h2f((u16)u.y), h2f((u16)(u.y >> 16)));
-}
-__device__ __forceinline__ uint2 load_fresh_u2(const void* p) {
-    uint2 v;
-    asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-
 // One sum through flags. H: the values cross as f16 (half the bytes over the link; every
 // rank's own values are rounded the same way, so that every rank sums the same values).
 // A rank's own values are read from its input, not sent to itself. Tensors whose length is no
@@ -172,7 +165,7 @@ template <bool H> __device__ void all_reduce_flags(const KParams& p) {
             for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
                 const float4 v = *(const float4*)(a.in + i);
                 if (H) {
-                    *(uint2*)(dst + 2 * i) = pack_h4(v);
+                    *(uint2*)(dst + 2 * i) = pack4<F16>(v);
                 } else {
                     *(float4*)(dst + 4 * i) = v;
                 }
@@ -207,9 +200,9 @@ template <bool H> __device__ void all_reduce_flags(const KParams& p) {
                 float4 v;
                 if (r == a.rank) {
                     v = *(const float4*)(a.in + i);
-                    if (H) v = unpack_h4(pack_h4(v));
+                    if (H) v = unpack4_f16(pack4<F16>(v));
                 } else if (H) {
-                    v = unpack_h4(load_fresh_u2(recv + (u64)r * a.region + 2 * i));
+                    v = unpack4_f16(load_fresh_u2(recv + (u64)r * a.region + 2 * i));
                 } else {
                     v = load_fresh4((const float*)(recv + (u64)r * a.region) + i);
                 }

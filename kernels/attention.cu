@@ -59,10 +59,7 @@
 // Four consecutive elements of a K or V row (aligned to four elements) as floats.
 template <class T> __device__ __forceinline__ float4 load4(const char* p);
 template <> __device__ __forceinline__ float4 load4<F32>(const char* p) { return *(const float4*)p; }
-template <> __device__ __forceinline__ float4 load4<F16>(const char* p) {
-    const uint2 u = *(const uint2*)p;
-    return make_float4(h2f((u16)u.x), h2f((u16)(u.x >> 16)), h2f((u16)u.y), h2f((u16)(u.y >> 16)));
-}
+template <> __device__ __forceinline__ float4 load4<F16>(const char* p) { return unpack4_f16(*(const uint2*)p); }
 
 // A tile of KTILE rows (keys c0 .. c0+KTILE, zero past kv1) of t, n elements each, into smem
 // rows `stride` floats apart. vec: rows are aligned to four elements (load four at a time).

@@ -99,6 +99,20 @@ struct BF16 {
     static __device__ __forceinline__ void store(char* p, float v) { *(u16*)p = f2bf(v); }
 };
 
+// Four floats as four 16-bit floats of type D (F16 or BF16) in 8 bytes, the first in the low
+// half of x; and four f16 in 8 bytes back as floats.
+template <class D> __device__ __forceinline__ uint2 pack4(float4 v) {
+    u16 h[4];
+    D::store((char*)&h[0], v.x);
+    D::store((char*)&h[1], v.y);
+    D::store((char*)&h[2], v.z);
+    D::store((char*)&h[3], v.w);
+    return make_uint2((u32)h[0] | ((u32)h[1] << 16), (u32)h[2] | ((u32)h[3] << 16));
+}
+__device__ __forceinline__ float4 unpack4_f16(uint2 u) {
+    return make_float4(h2f((u16)u.x), h2f((u16)(u.x >> 16)), h2f((u16)u.y), h2f((u16)(u.y >> 16)));
+}
+
 // ---- addressing ----
 
 __device__ __forceinline__ char* at(const TArg& t, i64 i0, i64 i1, i64 i2, i64 i3) {

@@ -146,13 +146,7 @@ __device__ __forceinline__ void cpy_flat(const KParams& p) {
     uint2* d = (uint2*)p.t[0].ptr;
     const i64 n4 = p.t[0].ne[0] * p.t[0].ne[1] * p.t[0].ne[2] * p.t[0].ne[3] / 4;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
-        const float4 v = s[i];
-        u16 h[4];
-        D::store((char*)&h[0], v.x);
-        D::store((char*)&h[1], v.y);
-        D::store((char*)&h[2], v.z);
-        D::store((char*)&h[3], v.w);
-        d[i] = make_uint2((u32)h[0] | ((u32)h[1] << 16), (u32)h[2] | ((u32)h[3] << 16));
+        d[i] = pack4<D>(s[i]);
     }
 }
 

@@ -37,6 +37,12 @@ fn time_graph(
     s
 }
 
+/// Whether type `name` is measured: `TESSERA_BENCH_TYPES` (comma-separated names, e.g.
+/// `q4_K,q6_K`) limits the types; every one when unset.
+fn only_types(name: &str) -> bool {
+    std::env::var("TESSERA_BENCH_TYPES").map_or(true, |v| v.split(',').any(|t| t.trim() == name))
+}
+
 #[test]
 #[ignore]
 fn mat_vec_bandwidth() {
@@ -53,7 +59,10 @@ fn mat_vec_bandwidth() {
         DType::Q6_K,
         DType::Q5_0,
         DType::F16,
-    ] {
+    ]
+    .into_iter()
+    .filter(|dt| only_types(dt.name()))
+    {
         let bytes = m * dt.row_size(k).unwrap();
         let wdata: Vec<f32> = (0..m * k)
             .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)

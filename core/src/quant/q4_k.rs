@@ -74,8 +74,22 @@ fn unpack(qs: &[u8]) -> [u8; 256] {
 
 /// Dequantizes one block.
 pub(super) fn dequantize(b: &[u8], y: &mut [f32]) {
+    dequantize_k4(b, &unpack(&b[16..144]), y);
+}
+
+/// Q4_K weights times Q8_K activations.
+pub(super) fn dot(x: &[u8], y: &[u8]) -> f32 {
+    x.chunks_exact(144)
+        .zip(y.chunks_exact(292))
+        .map(|(bx, by)| dot_k4(bx, &unpack(&bx[16..144]), by))
+        .sum()
+}
+
+/// The values of a Q4_K or Q5_K block `b` whose quants, in value order, are `q`:
+/// `d * sc * q - dmin * m` with each sub-block's scale and min.
+#[inline(always)]
+pub(super) fn dequantize_k4(b: &[u8], q: &[u8; 256], y: &mut [f32]) {
     let (d, dmin) = (get_f16(b, 0), get_f16(b, 2));
-    let q = unpack(&b[16..144]);
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &b[4..16]);
         let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
@@ -85,19 +99,16 @@ pub(super) fn dequantize(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Q4_K weights times Q8_K activations.
-pub(super) fn dot(x: &[u8], y: &[u8]) -> f32 {
-    let mut acc = 0f32;
-    for (bx, by) in x.chunks_exact(144).zip(y.chunks_exact(292)) {
-        let (dy, qy) = q8k_parts(by);
-        let q = unpack(&bx[16..144]);
-        let (mut sum_q, mut sum_m) = (0i32, 0i32);
-        for j in 0..8 {
-            let (sc, m) = scale_min_k4(j, &bx[4..16]);
-            sum_q += i32::from(sc) * dot_i8_u8(&q[32 * j..32 * j + 32], &qy[32 * j..32 * j + 32]);
-            sum_m += i32::from(m) * (q8k_bsum(by, 2 * j) + q8k_bsum(by, 2 * j + 1));
-        }
-        acc += dy * (get_f16(bx, 0) * sum_q as f32 - get_f16(bx, 2) * sum_m as f32);
+/// The dot product of a Q4_K or Q5_K block `bx`, whose quants in value order are `q`, with the
+/// Q8_K block `by`.
+#[inline(always)]
+pub(super) fn dot_k4(bx: &[u8], q: &[u8; 256], by: &[u8]) -> f32 {
+    let (dy, qy) = q8k_parts(by);
+    let (mut sum_q, mut sum_m) = (0i32, 0i32);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &bx[4..16]);
+        sum_q += i32::from(sc) * dot_i8_u8(&q[32 * j..32 * j + 32], &qy[32 * j..32 * j + 32]);
+        sum_m += i32::from(m) * (q8k_bsum(by, 2 * j) + q8k_bsum(by, 2 * j + 1));
     }
-    acc
+    dy * (get_f16(bx, 0) * sum_q as f32 - get_f16(bx, 2) * sum_m as f32)
 }

@@ -11,6 +11,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::symbols::{self, Symbol};
+
 /// Whether GPT-2's byte encoder writes byte `b` as the character of the same value.
 fn printable(b: u8) -> bool {
     matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
@@ -91,38 +93,16 @@ impl Merges {
     }
 }
 
-/// A symbol of the word being merged: a byte range of the encoded word, linked to its
-/// neighbours. A symbol merged into its left neighbour has `len == 0`.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
 /// Merges one encoded word into symbols; calls `emit` with each final symbol's text in order.
-pub(crate) fn merge_word(word: &str, merges: &Merges, mut emit: impl FnMut(&str)) {
-    let mut syms: Vec<Symbol> = Vec::with_capacity(word.len());
-    for (i, (start, c)) in word.char_indices().enumerate() {
-        syms.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: Some(i + 1),
-        });
-    }
-    if let Some(last) = syms.last_mut() {
-        last.next = None;
-    }
-    let text = |s: &Symbol| &word[s.start..s.start + s.len];
+pub(crate) fn merge_word(word: &str, merges: &Merges, emit: impl FnMut(&str)) {
+    let mut syms = symbols::chars(word);
 
     // Queue entries (rank, left, right, left length, right length): lowest rank first, then
     // leftmost; the lengths they were made with tell whether they are still current.
     type Entry = Reverse<(u32, usize, usize, usize, usize)>;
     let mut queue: BinaryHeap<Entry> = BinaryHeap::new();
     let push = |queue: &mut BinaryHeap<_>, syms: &[Symbol], left: usize, right: usize| {
-        if let Some(rank) = merges.rank(text(&syms[left]), text(&syms[right])) {
+        if let Some(rank) = merges.rank(syms[left].text(word), syms[right].text(word)) {
             queue.push(Reverse((
                 rank,
                 left,
@@ -140,22 +120,15 @@ pub(crate) fn merge_word(word: &str, merges: &Merges, mut emit: impl FnMut(&str)
         if l.len == 0 || r.len == 0 || l.len != left_len || r.len != right_len {
             continue;
         }
-        syms[left].len += r.len;
-        syms[right].len = 0;
-        syms[left].next = r.next;
-        if let Some(n) = r.next {
-            syms[n].prev = Some(left);
-        }
-        if let Some(p) = syms[left].prev {
+        let (before, after) = symbols::merge_pair(&mut syms, left, right);
+        if let Some(p) = before {
             push(&mut queue, &syms, p, left);
         }
-        if let Some(n) = syms[left].next {
+        if let Some(n) = after {
             push(&mut queue, &syms, left, n);
         }
     }
-    for s in syms.iter().filter(|s| s.len > 0) {
-        emit(text(s));
-    }
+    symbols::emit_all(word, &syms, emit);
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 pub(crate) mod bpe;
 mod pretok;
 mod spm;
+mod symbols;
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -8,6 +8,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 
+use super::symbols::{self, Symbol};
+
 /// A candidate merge: higher score first, then the leftmost.
 struct Bigram {
     score: f32,
@@ -43,34 +45,14 @@ impl Ord for Bigram {
     }
 }
 
-/// A symbol: a byte range of the text, linked to its neighbours; `len == 0` once merged away.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
 /// Merges `text` by score; calls `emit` with each final symbol's text in order.
 pub(crate) fn merge(
     text: &str,
     token_to_id: &HashMap<String, u32>,
     scores: &[f32],
-    mut emit: impl FnMut(&str),
+    emit: impl FnMut(&str),
 ) {
-    let mut syms: Vec<Symbol> = Vec::with_capacity(text.len());
-    for (i, (start, c)) in text.char_indices().enumerate() {
-        syms.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: Some(i + 1),
-        });
-    }
-    if let Some(last) = syms.last_mut() {
-        last.next = None;
-    }
+    let mut syms = symbols::chars(text);
     let mut queue = BinaryHeap::new();
     let push = |queue: &mut BinaryHeap<Bigram>, syms: &[Symbol], left: usize, right: usize| {
         let (l, r) = (syms[left], syms[right]);
@@ -93,22 +75,15 @@ pub(crate) fn merge(
         if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
             continue;
         }
-        syms[b.left].len += r.len;
-        syms[b.right].len = 0;
-        syms[b.left].next = r.next;
-        if let Some(n) = r.next {
-            syms[n].prev = Some(b.left);
-        }
-        if let Some(p) = syms[b.left].prev {
+        let (before, after) = symbols::merge_pair(&mut syms, b.left, b.right);
+        if let Some(p) = before {
             push(&mut queue, &syms, p, b.left);
         }
-        if let Some(n) = syms[b.left].next {
+        if let Some(n) = after {
             push(&mut queue, &syms, b.left, n);
         }
     }
-    for s in syms.iter().filter(|s| s.len > 0) {
-        emit(&text[s.start..s.start + s.len]);
-    }
+    symbols::emit_all(text, &syms, emit);
 }
 
 #[cfg(test)]

@@ -131,6 +131,24 @@ struct Timings {
     submit: Vec<f64>,
     /// Gathering the results and waiting for the parts.
     finish: Vec<f64>,
+    /// Where a concurrent submission's time goes, per stage of each run.
+    threads: Vec<SubmitTimes>,
+}
+
+/// One concurrent submission of a stage (the parts' graphs hold all-reduce nodes), in seconds
+/// from its start.
+#[derive(Default, Clone, Copy)]
+struct SubmitTimes {
+    /// When the other parts' threads had been started.
+    spawned: f64,
+    /// The latest start of another part's submission in its thread.
+    began: f64,
+    /// The first part's own submission, in the calling thread.
+    own: f64,
+    /// The longest of the other parts' submissions.
+    others: f64,
+    /// The wait for the other threads after the first part's submission.
+    joined: f64,
 }
 
 /// The median of `v` in microseconds.
@@ -358,23 +376,47 @@ fn run(
             // the others' all-reduce nodes, and one that has filled its launch queue must not
             // keep the next part from submitting. The first part submits from this thread
             // (a thread less to start every run), after the others' threads started.
-            let kept = std::thread::scope(|scope| {
+            let t0 = std::time::Instant::now();
+            let (kept, times) = std::thread::scope(|scope| {
                 let Some((first, rest)) = backends.split_first_mut() else {
-                    return Vec::new();
+                    return (Vec::new(), SubmitTimes::default());
                 };
                 let jobs: Vec<_> = rest
                     .iter_mut()
                     .enumerate()
-                    .map(|(j, b)| scope.spawn(move || run_stage(plan, j + 1, s, b.as_mut())))
-                    .collect();
-                let mut kept = vec![run_stage(plan, 0, s, first.as_mut())];
-                kept.extend(jobs.into_iter().map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Invalid("a part's submitting thread panicked".into()))
+                    .map(|(j, b)| {
+                        scope.spawn(move || {
+                            let began = t0.elapsed();
+                            (run_stage(plan, j + 1, s, b.as_mut()), began, t0.elapsed())
+                        })
                     })
-                }));
-                kept
+                    .collect();
+                let spawned = t0.elapsed();
+                let mut kept = vec![run_stage(plan, 0, s, first.as_mut())];
+                let own = t0.elapsed();
+                let mut times = SubmitTimes {
+                    spawned: spawned.as_secs_f64(),
+                    own: (own - spawned).as_secs_f64(),
+                    ..SubmitTimes::default()
+                };
+                for h in jobs {
+                    match h.join() {
+                        Ok((r, began, ended)) => {
+                            kept.push(r);
+                            times.began = times.began.max(began.as_secs_f64());
+                            times.others = times.others.max((ended - began).as_secs_f64());
+                        }
+                        Err(_) => kept.push(Err(Error::Invalid(
+                            "a part's submitting thread panicked".into(),
+                        ))),
+                    }
+                }
+                times.joined = (t0.elapsed() - own).as_secs_f64();
+                (kept, times)
             });
+            if let Some(t) = timings.as_deref_mut() {
+                t.threads.push(times);
+            }
             for k in kept {
                 keep.extend(k?);
             }
@@ -520,6 +562,20 @@ impl Drop for MetaBackend {
                 median_us(&t.submit),
                 median_us(&t.finish)
             );
+            if !t.threads.is_empty() {
+                let m = |f: fn(&SubmitTimes) -> f64| {
+                    median_us(&t.threads.iter().map(f).collect::<Vec<_>>())
+                };
+                log::info!(
+                    "{}: concurrent submission, median µs: threads started {:.0}, latest part began {:.0}, first part {:.0}, other parts {:.0}, join wait {:.0}",
+                    self.shared.name,
+                    m(|x| x.spawned),
+                    m(|x| x.began),
+                    m(|x| x.own),
+                    m(|x| x.others),
+                    m(|x| x.joined)
+                );
+            }
         }
     }
 }

@@ -471,8 +471,16 @@ fn reduce(
 /// mirrored result from the first part that holds it.
 fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Result<()> {
     let mut bufs: Vec<Vec<Option<Vec<u8>>>> = Vec::with_capacity(plan.gathers.len());
+    // Results read in place by gather_in_place (nothing left to do for them below).
+    let mut in_place = Vec::with_capacity(plan.gathers.len());
     for gt in &plan.gathers {
         let mut per_part: Vec<Option<Vec<u8>>> = vec![None; backends.len()];
+        let done = gather_in_place(plan, graph, gt, backends)?;
+        in_place.push(done);
+        if done {
+            bufs.push(per_part);
+            continue;
+        }
         let first = gt.part.iter().position(Option::is_some);
         for (j, p) in gt.part.iter().enumerate() {
             let Some(p) = *p else { continue };
@@ -492,7 +500,10 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
     for b in backends.iter_mut() {
         b.synchronize()?;
     }
-    for (gt, per_part) in plan.gathers.iter().zip(bufs) {
+    for ((gt, per_part), done) in plan.gathers.iter().zip(bufs).zip(in_place) {
+        if done {
+            continue;
+        }
         let t = graph.get(gt.tensor);
         let data = graph.data_or_err(gt.tensor)?;
         let n = t.nbytes();
@@ -548,6 +559,73 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
         }
     }
     Ok(())
+}
+
+/// Reads a result straight from the parts into the caller's staged buffer, with no host copy
+/// between, then waits for the parts: a mirrored result from its first part, a split one whose
+/// parts are few byte stretches (a row of logits split by columns) from each. Returns whether
+/// it did (false: the result takes the general path).
+fn gather_in_place(
+    plan: &Plan,
+    graph: &Graph,
+    gt: &plan::Transfer,
+    backends: &mut [Box<dyn Backend>],
+) -> Result<bool> {
+    let t = graph.get(gt.tensor);
+    let n = t.nbytes();
+    // Per part: (byte offset in the result, byte offset in the part's tensor, bytes).
+    let stretches: Vec<Vec<(usize, usize, usize)>> = match &gt.state {
+        SplitState::Mirrored => {
+            let Some(first) = gt.part.iter().position(Option::is_some) else {
+                return Ok(false);
+            };
+            (0..gt.part.len())
+                .map(|j| {
+                    if j == first {
+                        vec![(0, 0, n)]
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect()
+        }
+        SplitState::Split(x) => {
+            let chunks: Vec<_> = (0..gt.part.len())
+                .map(|j| byte_chunks(t.dtype, t.ne, x, j))
+                .collect();
+            if chunks.iter().map(Vec::len).sum::<usize>() > DIRECT_STRETCHES {
+                return Ok(false);
+            }
+            chunks
+        }
+        SplitState::Partial => return Ok(false),
+    };
+    let data = graph.data_or_err(gt.tensor)?;
+    let Some(meta) = data
+        .buffer
+        .as_any()
+        .downcast_ref::<super::buffer::MetaBuffer>()
+    else {
+        return Ok(false);
+    };
+    let read = meta.with_staged_mut(|bytes| {
+        let dst = bytes.get_mut(data.offset..data.offset + n).ok_or_else(|| {
+            Error::Invalid(format!("'{}' lies past its buffer", graph.label(gt.tensor)))
+        })?;
+        for (j, part) in stretches.iter().enumerate() {
+            let Some(p) = gt.part[j] else { continue };
+            let (buf, off) = part_data(plan, j, p)?;
+            for &(f, at, len) in part {
+                backends[j].get_async(buf.as_ref(), off + at, &mut dst[f..f + len])?;
+            }
+        }
+        // The reads land in `dst` by the time every part has synchronized.
+        backends.iter_mut().try_for_each(|b| b.synchronize())
+    });
+    match read {
+        Some(r) => r.map(|()| true),
+        None => Ok(false),
+    }
 }
 
 impl Drop for MetaBackend {

@@ -112,6 +112,21 @@ impl MetaBuffer {
         }
     }
 
+    /// Calls `f` with the host bytes of a staged buffer (created zeroed on first use), locked
+    /// for the call; `None` for a sharded buffer.
+    pub(crate) fn with_staged_mut<R>(
+        &self,
+        f: impl FnOnce(&mut [u8]) -> Result<R>,
+    ) -> Option<Result<R>> {
+        let Kind::Staged(m) = &self.kind else {
+            return None;
+        };
+        Some(match m.lock() {
+            Ok(mut g) => f(g.get_or_insert_with(|| vec![0u8; self.size])),
+            Err(_) => Err(poisoned(&self.name)),
+        })
+    }
+
     /// Whether the buffer holds registered tensors sliced over the parts.
     pub fn is_sharded(&self) -> bool {
         matches!(self.kind, Kind::Sharded { .. })

@@ -10,8 +10,12 @@
 //! - **Row-parallel** attention output and down: each part holds the input columns (`ne[0]`)
 //!   matching its heads or feed-forward slice, so each part's product is a partial sum of the
 //!   full result; the meta layer all-reduces it before the residual add.
-//! - **Mirrored** everything else: embeddings, norms, the output head. The residual stream is
-//!   mirrored, so every part has the whole activation at the start of each block.
+//! - **Column-parallel** output head (`output.weight`, where the model has one): each part
+//!   computes the logits of its slice of the vocabulary, and the meta layer joins the slices
+//!   when it reads the logits back (no all-reduce). A head tied to the token embedding stays
+//!   mirrored, since the embedding lookup reads whole rows of it.
+//! - **Mirrored** everything else: embeddings, norms. The residual stream is mirrored, so
+//!   every part has the whole activation at the start of each block.
 //!
 //! The split ratios are rounded to whole units once per dimension, so that all tensors of a
 //! dimension agree: KV heads (Q, K, V, attention output, KV cache) and feed-forward rows in
@@ -39,6 +43,8 @@ pub struct Sharding {
     head_dim: usize,
     /// Feed-forward rows of each part.
     ffn: Vec<usize>,
+    /// Vocabulary rows of the output head of each part.
+    vocab: Vec<usize>,
 }
 
 impl Sharding {
@@ -77,12 +83,14 @@ impl Sharding {
             .unwrap_or(1);
         let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width")
             .map_err(|e| Error::Model(e.to_string()))?;
+        let vocab = partition(cfg.n_vocab, ratios);
         let group = cfg.n_head / cfg.n_head_kv;
         log::info!(
-            "{}: KV heads {:?} (each with {group} query heads), feed-forward rows {:?}",
+            "{}: KV heads {:?} (each with {group} query heads), feed-forward rows {:?}, output head rows {:?}",
             device.name(),
             kv_heads,
-            ffn
+            ffn,
+            vocab
         );
         Ok(Some(Sharding {
             meta: meta.clone(),
@@ -90,6 +98,7 @@ impl Sharding {
             group,
             head_dim: cfg.head_dim,
             ffn,
+            vocab,
         }))
     }
 
@@ -129,6 +138,7 @@ impl Sharding {
             "attn_output.weight" => SplitState::split(0, self.q_rows()),
             "ffn_gate.weight" | "ffn_up.weight" => SplitState::split(1, self.ffn.clone()),
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
+            _ if name == "output.weight" => SplitState::split(1, self.vocab.clone()),
             _ => SplitState::Mirrored,
         };
         state

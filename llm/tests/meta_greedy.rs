@@ -146,6 +146,50 @@ fn precise_meta_logits_match_the_precise_cpu() {
     }
 }
 
+/// A model with its own output head (not tied to the token embedding): the head is split by
+/// vocabulary rows over the parts (each computes its slice of the logits, joined when they are
+/// read back), and in precise mode the logits agree with the CPU's to rounding.
+#[test]
+fn an_untied_output_head_is_split_and_its_logits_match() {
+    let path = std::env::temp_dir().join(format!("tessera-untied-{}.gguf", std::process::id()));
+    let shape = tessera_llm::synth::Shape {
+        n_embd: 384,
+        n_layer: 2,
+        n_ff: 512,
+        n_head: 6,
+        n_head_kv: 3,
+        n_vocab: 2000,
+        rope_base: 500_000.0,
+        n_ctx_train: 2048,
+        tied_output: false,
+    };
+    tessera_llm::synth::synth_shape(&shape, tessera::DType::Q8_0, &path, &mut |_, _| {}).unwrap();
+    let at = |dev: Arc<dyn Device>| {
+        Arc::new(Model::load(&path, dev, Arc::new(CpuDevice::new()), &mut |_, _| {}).unwrap())
+    };
+    let cpu = at(Arc::new(CpuDevice::new().with_precise(true)));
+    let prompt = [1u32, 50, 300, 1200, 7];
+    let (toks, want) = greedy(&cpu, &prompt, 4);
+    for ratios in [vec![0.7, 0.3], vec![0.4, 0.3, 0.3]] {
+        let model = at(meta(&ratios, true));
+        let sh = model.sharding().expect("a sharded model");
+        let state = sh
+            .weight_state("output.weight", tessera::DType::Q8_0, [384, 2000, 1, 1])
+            .unwrap();
+        assert!(
+            matches!(state, tessera_core::meta::SplitState::Split(_)),
+            "{ratios:?}: the output head is not split"
+        );
+        let (got_toks, got) = greedy(&model, &prompt, 4);
+        assert_eq!(got_toks, toks, "{ratios:?}");
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            let e = nmse(w, g);
+            assert!(e < 1e-6, "{ratios:?} step {i}: logits nmse {e:e}");
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn heads_that_cannot_be_divided_are_refused() {
     // Three KV heads over four parts that all ask for work.

@@ -468,19 +468,18 @@ fn reduce(
 }
 
 /// Reads the results back into the caller's memory: slices joined, partial sums added, a
-/// mirrored result from the first part that holds it.
+/// mirrored result from the first part that holds it. Results that [`gather_in_place`] can
+/// read straight into a staged buffer go that way; the others through host copies.
 fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Result<()> {
-    let mut bufs: Vec<Vec<Option<Vec<u8>>>> = Vec::with_capacity(plan.gathers.len());
-    // Results read in place by gather_in_place (nothing left to do for them below).
-    let mut in_place = Vec::with_capacity(plan.gathers.len());
+    // Per result, the bytes read from each part; None for a result read in place by
+    // gather_in_place (nothing left to do for it below).
+    let mut bufs: Vec<Option<Vec<Option<Vec<u8>>>>> = Vec::with_capacity(plan.gathers.len());
     for gt in &plan.gathers {
-        let mut per_part: Vec<Option<Vec<u8>>> = vec![None; backends.len()];
-        let done = gather_in_place(plan, graph, gt, backends)?;
-        in_place.push(done);
-        if done {
-            bufs.push(per_part);
+        if gather_in_place(plan, graph, gt, backends)? {
+            bufs.push(None);
             continue;
         }
+        let mut per_part: Vec<Option<Vec<u8>>> = vec![None; backends.len()];
         let first = gt.part.iter().position(Option::is_some);
         for (j, p) in gt.part.iter().enumerate() {
             let Some(p) = *p else { continue };
@@ -492,7 +491,7 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
             backends[j].get_async(buf.as_ref(), off, &mut bytes)?;
             per_part[j] = Some(bytes);
         }
-        bufs.push(per_part);
+        bufs.push(Some(per_part));
     }
     if plan.gathers.is_empty() {
         return Ok(());
@@ -500,10 +499,8 @@ fn gather(plan: &Plan, graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Resu
     for b in backends.iter_mut() {
         b.synchronize()?;
     }
-    for ((gt, per_part), done) in plan.gathers.iter().zip(bufs).zip(in_place) {
-        if done {
-            continue;
-        }
+    for (gt, per_part) in plan.gathers.iter().zip(bufs) {
+        let Some(per_part) = per_part else { continue };
         let t = graph.get(gt.tensor);
         let data = graph.data_or_err(gt.tensor)?;
         let n = t.nbytes();

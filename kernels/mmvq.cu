@@ -438,8 +438,8 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // One warp's share of S weight rows ("streams") of type Q times NC columns, in G passes: pass g
 // covers the tiles j0, j0 + KS, ... (j < ceil(tasks / 32)) of rows ptr(g, 0..S) (global row
 // addresses). Tiles are copied into sm (this warp's NBUF * S slots), NBUF - 1 tiles ahead of the
-// one computed. With one column a lane loads its task's activations once and then takes the rows
-// one at a time (weights, dot: fewer registers live). At the end of each pass every lane calls fin(g, acc) with its partial sums
+// one computed. With one column a lane loads its task's activations once, before it waits for
+// the tile, and then takes the rows one at a time (weights, dot: fewer registers live). At the end of each pass every lane calls fin(g, acc) with its partial sums
 // acc[s][c] (zeros when the warp has no tiles); summing them over the warp is fin's job.
 // A tile's copy may read up to 15 bytes past a row's end, within the row's last aligned 16 bytes.
 template <int Q, int NC, int S, int NBUF, class Ptr, class Fin>
@@ -488,6 +488,10 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
     for (int i = 0; i < total; i++) {
         issue();
         const int t = 32 * (j0 + jj * KS) + lane;
+        // One column: the task's activations are loaded before the wait for its tile, so that
+        // their latency overlaps the copy's instead of following it.
+        Y<Mmvq<Q>> y;
+        if (NC == 1 && t < tasks) act.template load<Mmvq<Q>>(c0, t, y.y, y.ds);
         cp_wait<NBUF - 1>();
         __syncwarp();
         if (t < tasks) {
@@ -497,8 +501,6 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
                 Mmvq<Q>::load(tile + s * T::SLOT + (int)((u64)ptr(g, s) & 15), lane % T::TPB, w);
             };
             if (NC == 1) {
-                Y<Mmvq<Q>> y;
-                act.template load<Mmvq<Q>>(c0, t, y.y, y.ds);
 #pragma unroll
                 for (int s = 0; s < S; s++) {
                     typename Mmvq<Q>::W w;

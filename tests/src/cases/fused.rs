@@ -115,6 +115,7 @@ fn gate_up_down(v: &mut Vec<Case>) {
         (DType::Q4_0, 256, 512),
         (DType::Q4_1, 576, 1536),
         (DType::Q8_0, 128, 96),
+        (DType::Q4_K, 14336, 256),
     ] {
         let params = format!("type={t},k={k},ff={ff}");
         v.push(Case::new(
@@ -345,6 +346,7 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
         (DType::Q4_K, 512, 64, 8, 4, RopeMode::Normal, 64, DType::I64),
         (DType::Q6_K, 256, 128, 4, 1, RopeMode::Normal, 128, DType::I32),
         (DType::Q4_0, 256, 64, 4, 2, RopeMode::Neox, 64, DType::I64),
+        (DType::Q6_K, 8192, 64, 4, 2, RopeMode::Normal, 64, DType::I64),
     ];
     for (t, k, hd, nh, nkv, mode, n_dims, it) in shapes {
         let params = format!(

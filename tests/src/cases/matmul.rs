@@ -169,6 +169,13 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     for &t in &DType::QUANTIZED[5..] {
         v.push(MulMat::new(t, DType::F32, 17, 3, 512).case());
     }
+    // Rows of many 32-task tiles, the last one ragged (a GPU's staged mat-vec splits a row's
+    // tiles over several warps), an odd number of rows, one and two columns.
+    for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for n in [1, 2] {
+            v.push(MulMat::new(t, DType::F32, 37, n, 14336).case());
+        }
+    }
     v.push(
         MulMat::new(DType::F32, DType::F32, 256, 32, 4096)
             .case()

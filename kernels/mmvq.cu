@@ -410,13 +410,16 @@ __device__ __forceinline__ void task_dots(const typename Mmvq<Q>::W (&w)[S], con
 
 // Tiles of type Q: TPB tasks per block, BYTES per tile of 32 tasks (a multiple of 16), SLOT bytes
 // of shared memory per tile and row (a row's tile starts at its address modulo 16), SMEM bytes
-// of tile slots per block (4 warps); ROWS rows per block of the plain kernels, in groups of RPG
+// of tile slots per block (4 warps), CPL copies a lane per row and tile; ROWS rows per block of the plain kernels, in groups of RPG
 // rows, KS warps per group (warp w: group w / KS, tiles w % KS, w % KS + KS, ...).
 template <int Q> struct Tile {
     static const int TPB = QInfo<Q>::block / Mmvq<Q>::TV;
     static const int BYTES = 32 / TPB * QInfo<Q>::bytes;
     static const int SLOT = BYTES + 16;
     static const int SMEM = 4 * Mmvq<Q>::SL * SLOT;
+    // The most 16-byte chunks a lane copies of a row's tile: a tile is BYTES / 16 chunks, one
+    // more where the row starts off a 16-byte boundary.
+    static const int CPL = (BYTES / 16 + 1 + 31) / 32;
     static const int ROWS = Mmvq<Q>::ROWS, KS = Mmvq<Q>::KS, RPG = ROWS * KS / 4;
     static_assert(BYTES % 16 == 0, "a tile is whole 16-byte chunks");
     static_assert(RPG >= 1 && RPG <= Mmvq<Q>::SL, "a group's rows fit the warp's slots");
@@ -471,7 +474,18 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
                 const u64 a = (u64)ptr(ig, s) + (u64)j * T::BYTES;
                 const u8* src = (const u8*)(a & ~(u64)15);
                 const int n = ((int)(a & 15) + bytes + 15) >> 4;
-                for (int c = lane; c < n; c += 32) cp_async16(dst + s * T::SLOT + 16 * c, src + 16 * c);
+                // Chunks lane, lane + 32, ... below n. At most T::CPL a lane: up to 3 as a
+                // fixed count of predicated copies (no loop to run); Q6_K's 4 as a loop (the
+                // fixed count makes its one-column kernels spill registers).
+                const u8* from = src + 16 * lane;
+                u8* to = dst + s * T::SLOT + 16 * lane;
+                if (T::CPL <= 3) {
+#pragma unroll
+                    for (int i = 0; i < T::CPL; i++)
+                        if (lane + 32 * i < n) cp_async16(to + 512 * i, from + 512 * i);
+                } else {
+                    for (int c = lane; c < n; c += 32) cp_async16(to + 16 * (c - lane), from + 16 * (c - lane));
+                }
             }
             if (++ij == ntw) {
                 ij = 0;

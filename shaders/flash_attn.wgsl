@@ -190,8 +190,12 @@ const PAIRS: u32 = DMAX / (2u * G);
 // Groups per round of the final combine.
 const CG: u32 = 2048u / DMAX;
 
+// Chunks of the groups' maxima and sums reduced in the first stage of the final combine.
+const RC: u32 = 8u;
+
 var<workgroup> gmax: array<f32, NG>;
 var<workgroup> gsum: array<f32, NG>;
+var<workgroup> gred: array<f32, RC>;
 var<workgroup> comb: array<f32, CG * DMAX>;
 
 // Dims 2i and 2i + 1 of the k row at byte r.
@@ -307,21 +311,42 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         run_max = top;
     }
-    // Combine the groups: their maxima and sums, then their outputs CG groups at a time.
+    // Combine the groups: the largest of their maxima and the sum of their sums rescaled to it
+    // (each in two stages: RC invocations reduce a chunk of NG / RC groups each, then every
+    // invocation the RC chunks), then their outputs CG groups at a time.
     if r == 0u {
         gmax[g] = run_max;
-        gsum[g] = run_sum;
+    }
+    workgroupBarrier();
+    if li < RC {
+        var m = NEG_INF;
+        for (var i = li * (NG / RC); i < (li + 1u) * (NG / RC); i++) {
+            m = max(m, gmax[i]);
+        }
+        gred[li] = m;
     }
     workgroupBarrier();
     var mx = NEG_INF;
-    for (var i = 0u; i < NG; i++) {
-        mx = max(mx, gmax[i]);
-    }
-    var total = 0.0;
-    for (var i = 0u; i < NG; i++) {
-        total += gsum[i] * rescale(gmax[i], mx);
+    for (var i = 0u; i < RC; i++) {
+        mx = max(mx, gred[i]);
     }
     let w = rescale(run_max, mx);
+    if r == 0u {
+        gsum[g] = run_sum * w;
+    }
+    workgroupBarrier();
+    if li < RC {
+        var t = 0.0;
+        for (var i = li * (NG / RC); i < (li + 1u) * (NG / RC); i++) {
+            t += gsum[i];
+        }
+        gred[li] = t;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < RC; i++) {
+        total += gred[i];
+    }
     var sum = 0.0;
     for (var c0 = 0u; c0 < NG; c0 += CG) {
         if g >= c0 && g < c0 + CG {

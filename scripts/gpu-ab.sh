@@ -13,7 +13,8 @@
 #   mv   quantized mat-vec, m=4096 k=14336 n=1, 8 weights rotated through DRAM and one repeated
 #        (L2), plus the fused gate+up+swiglu (`bench mat_vec_*`; TYPES limits the types);
 #   dec  tessera bench -p 0 -n 128 -r 3 on the synthetic Llama-8B-shape model (MODEL8 type,
-#        default q4_0; a q4_k model takes ~2 minutes to generate);
+#        default q4_0; a q4_k model takes ~2 minutes to generate) on DEV (default cuda:0;
+#        wgpu:0 for the wgpu backend);
 #   ops  tessera ops test --backend cuda:0 (the whole suite) with B.
 # ENV_A / ENV_B add environment settings to one side (e.g. ENV_B="TESSERA_CUDA_MMVQ=staged").
 # Prints RESULT lines; every log goes into $OUT/logs.tgz (the device tool returns few files).
@@ -23,7 +24,7 @@ OUT=${OUT:-/tmp/gpu-ab}; L=/tmp/gpu-ab-logs; mkdir -p "$OUT" "$L"
 export NODEVICE_SELECT=1 NCCL_NVLS_ENABLE=0
 for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 STEPS=${STEPS:-mv dec}; ROUNDS=${ROUNDS:-2}; TYPES=${TYPES:-q4_0,q4_1,q8_0,q4_K,q5_K,q6_K}
-MODEL8=${MODEL8:-q4_0}
+MODEL8=${MODEL8:-q4_0}; DEV=${DEV:-cuda:0}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 ))s"; }
 unpack() { # folder name -> /root/ab/name/{tessera,bench}
@@ -54,8 +55,8 @@ if has dec; then
   for r in $(seq "$ROUNDS"); do
     for s in A B; do
       log=$L/dec-$s-$r.log
-      env $(side_env $s) timeout 150 /root/ab/$s/tessera bench --model "$M" --device cuda:0 -p 0 -n 128 -r 3 > "$log" 2>&1
-      echo "RESULT dec $s$r $(grep tg128 "$log" | awk -F'|' '{print $5}') ($(el))"
+      env $(side_env $s) timeout 150 /root/ab/$s/tessera bench --model "$M" --device "$DEV" -p 0 -n 128 -r 3 > "$log" 2>&1
+      echo "RESULT dec $DEV $s$r $(grep tg128 "$log" | awk -F'|' '{print $5}') ($(el))"
     done
   done
 fi

@@ -192,6 +192,8 @@ const CG: u32 = 2048u / DMAX;
 
 // Chunks of the groups' maxima and sums reduced in the first stage of the final combine.
 const RC: u32 = 8u;
+// Parts of the workgroup that add the groups' outputs side by side (at least one).
+const PARTS: u32 = max({{WG}}u / DMAX, 1u);
 
 var<workgroup> gmax: array<f32, NG>;
 var<workgroup> gsum: array<f32, NG>;
@@ -347,6 +349,11 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var i = 0u; i < RC; i++) {
         total += gred[i];
     }
+    // The outputs: the workgroup is PARTS parts of DMAX invocations side by side; invocation li
+    // adds, at dim li % DMAX, every PARTS-th group of a round from group li / DMAX on, and the
+    // parts' sums are added at the end.
+    let part = li / DMAX;
+    let d = li % DMAX;
     var sum = 0.0;
     for (var c0 = 0u; c0 < NG; c0 += CG) {
         if g >= c0 && g < c0 + CG {
@@ -360,12 +367,24 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             }
         }
         workgroupBarrier();
-        if li < dv {
-            for (var c = 0u; c < min(CG, NG - c0); c++) {
-                sum += comb[c * DMAX + li];
+        if part < PARTS && d < dv {
+            for (var c = part; c < min(CG, NG - c0); c += PARTS) {
+                sum += comb[c * DMAX + d];
             }
         }
         workgroupBarrier();
+    }
+    if PARTS > 1u {
+        if part < PARTS && d < dv {
+            comb[part * DMAX + d] = sum;
+        }
+        workgroupBarrier();
+        sum = 0.0;
+        if li < dv {
+            for (var p = 0u; p < PARTS; p++) {
+                sum += comb[p * DMAX + li];
+            }
+        }
     }
 #if SPLIT
     // The split's maximum, sum and undivided output, to the scratch.

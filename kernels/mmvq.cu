@@ -436,8 +436,9 @@ __device__ __forceinline__ void task_dots(const typename Mmvq<Q>::W (&w)[S], con
 
 // Tiles of type Q: TPB tasks per block, BYTES per tile of 32 tasks (a multiple of 16), SLOT bytes
 // of shared memory per tile and row (a row's tile starts at its address modulo 16), SMEM bytes
-// of tile slots per block (4 warps), CPL copies a lane per row and tile; ROWS rows per block of the plain kernels, in groups of RPG
-// rows, KS warps per group (warp w: group w / KS, tiles w % KS, w % KS + KS, ...).
+// of tile slots per block (4 warps), CPL copies a lane per row and tile; ROWS rows per block of
+// the plain kernels, in groups of RPG rows, KS warps per group (warp w: group w / KS, tiles
+// w % KS, w % KS + KS, ...).
 template <int Q> struct Tile {
     static const int TPB = QInfo<Q>::block / Mmvq<Q>::TV;
     static const int BYTES = 32 / TPB * QInfo<Q>::bytes;
@@ -468,8 +469,9 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // covers the tiles j0, j0 + KS, ... (j < ceil(tasks / 32)) of rows ptr(g, 0..S) (global row
 // addresses). Tiles are copied into sm (this warp's NBUF * S slots), NBUF - 1 tiles ahead of the
 // one computed. With one column a lane loads its task's activations once, before it waits for
-// the tile, and then takes the rows one at a time (weights, dot: fewer registers live). At the end of each pass every lane calls fin(g, acc) with its partial sums
-// acc[s][c] (zeros when the warp has no tiles); summing them over the warp is fin's job.
+// the tile, and then takes the rows one at a time (weights, dot: fewer registers live). At the
+// end of each pass every lane calls fin(g, acc) with its partial sums acc[s][c] (zeros when the
+// warp has no tiles); summing them over the warp is fin's job.
 // A tile's copy may read up to 15 bytes past a row's end, within the row's last aligned 16 bytes.
 template <int Q, int NC, int S, int NBUF, class Ptr, class Fin>
 __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, const Act& act, i64 c0, u8* sm, Ptr ptr, Fin fin) {

@@ -195,10 +195,30 @@ const RC: u32 = 8u;
 // Parts of the workgroup that add the groups' outputs side by side (at least one).
 const PARTS: u32 = max({{WG}}u / DMAX, 1u);
 
-var<workgroup> gmax: array<f32, NG>;
-var<workgroup> gsum: array<f32, NG>;
+// One value per group (its maximum, then its rescaled sum), and the chunks' reductions of them.
+var<workgroup> gval: array<f32, NG>;
 var<workgroup> gred: array<f32, RC>;
 var<workgroup> comb: array<f32, CG * DMAX>;
+
+// gval reduced to one value in every invocation: the largest where take_max, else the sum. Two
+// stages: RC invocations reduce a chunk of NG / RC groups each, then every invocation the RC
+// chunks. Call it with gval stored and a barrier passed.
+fn reduce_groups(li: u32, take_max: bool) -> f32 {
+    let zero = select(0.0, NEG_INF, take_max);
+    if li < RC {
+        var v = zero;
+        for (var i = li * (NG / RC); i < (li + 1u) * (NG / RC); i++) {
+            v = select(v + gval[i], max(v, gval[i]), take_max);
+        }
+        gred[li] = v;
+    }
+    workgroupBarrier();
+    var v = zero;
+    for (var i = 0u; i < RC; i++) {
+        v = select(v + gred[i], max(v, gred[i]), take_max);
+    }
+    return v;
+}
 
 // Dims 2i and 2i + 1 of the k row at byte r.
 fn kpair(r: u32, i: u32) -> vec2<f32> {
@@ -313,42 +333,19 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         run_max = top;
     }
-    // Combine the groups: the largest of their maxima and the sum of their sums rescaled to it
-    // (each in two stages: RC invocations reduce a chunk of NG / RC groups each, then every
-    // invocation the RC chunks), then their outputs CG groups at a time.
+    // Combine the groups: the largest of their maxima and the sum of their sums rescaled to it,
+    // then their outputs CG groups at a time.
     if r == 0u {
-        gmax[g] = run_max;
+        gval[g] = run_max;
     }
     workgroupBarrier();
-    if li < RC {
-        var m = NEG_INF;
-        for (var i = li * (NG / RC); i < (li + 1u) * (NG / RC); i++) {
-            m = max(m, gmax[i]);
-        }
-        gred[li] = m;
-    }
-    workgroupBarrier();
-    var mx = NEG_INF;
-    for (var i = 0u; i < RC; i++) {
-        mx = max(mx, gred[i]);
-    }
+    let mx = reduce_groups(li, true);
     let w = rescale(run_max, mx);
     if r == 0u {
-        gsum[g] = run_sum * w;
+        gval[g] = run_sum * w;
     }
     workgroupBarrier();
-    if li < RC {
-        var t = 0.0;
-        for (var i = li * (NG / RC); i < (li + 1u) * (NG / RC); i++) {
-            t += gsum[i];
-        }
-        gred[li] = t;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < RC; i++) {
-        total += gred[i];
-    }
+    let total = reduce_groups(li, false);
     // The outputs: the workgroup is PARTS parts of DMAX invocations side by side; invocation li
     // adds, at dim li % DMAX, every PARTS-th group of a round from group li / DMAX on, and the
     // parts' sums are added at the end.

@@ -71,13 +71,6 @@ KERNEL quantize_q8_1_f16(const KParams p) { pdl_wait(); quantize_q8_1<F16>(p); }
 
 __device__ __forceinline__ int ld4(const u8* p) { return *(const int*)p; }
 
-// c + the dot product of a's four unsigned bytes with b's four signed bytes.
-__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 // An f16 at a 2-byte aligned address, as float.
 __device__ __forceinline__ float ldh(const u8* p) { return h2f(*(const u16*)p); }
 
@@ -147,11 +140,8 @@ template <int Q> struct Mmvq;
 
 // The 32-value types held as low and high nibbles (lo: values 0-15, hi: 16-31):
 // d * ds.x * (lo . y[0..16) + hi . y[16..32)) + bias * ds.y, where bias is the block's min
-// (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16). H16 (the 4-bit types): the high nibbles are
-// kept in place, 16 times their values as unsigned bytes (one mask, no shift), and their
-// products' sum is divided by 16 (exactly: every term is a multiple of 16); the 5-bit types
-// shift them down to add their fifth bits.
-template <bool H16> struct Nibbles : Consecutive<32> {
+// (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
+struct Nibbles : Consecutive<32> {
     static const int TV = 32;
     static const int SL = 8;
     static const int ROWS = 4, KS = 4;
@@ -161,27 +151,17 @@ template <bool H16> struct Nibbles : Consecutive<32> {
     };
     static __device__ __forceinline__ void split(W& w, int i, int v) {
         w.lo[i] = v & 0x0F0F0F0F;
-        w.hi[i] = H16 ? (int)((u32)v & 0xF0F0F0F0u) : (v >> 4) & 0x0F0F0F0F;
+        w.hi[i] = (v >> 4) & 0x0F0F0F0F;
     }
     static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
         int s = 0;
-        if (H16) {
-            int h = 0;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                s = __dp4a(w.lo[i], y[i], s);
-                h = dp4a_us((u32)w.hi[i], y[4 + i], h);
-            }
-            s += h >> 4;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) s = __dp4a(w.hi[i], y[4 + i], __dp4a(w.lo[i], y[i], s));
-        }
+        for (int i = 0; i < 4; i++) s = __dp4a(w.hi[i], y[4 + i], __dp4a(w.lo[i], y[i], s));
         return w.d * ds[0].x * (float)s + w.bias * ds[0].y;
     }
 };
 
-template <> struct Mmvq<Q4_0> : Nibbles<true> {
+template <> struct Mmvq<Q4_0> : Nibbles {
     static __device__ __forceinline__ void load(const u8* b, int, W& w) {
         w.d = ldh(b);
         w.bias = -8.0f * w.d;
@@ -192,7 +172,7 @@ template <> struct Mmvq<Q4_0> : Nibbles<true> {
     }
 };
 
-template <> struct Mmvq<Q4_1> : Nibbles<true> {
+template <> struct Mmvq<Q4_1> : Nibbles {
     static __device__ __forceinline__ void load(const u8* b, int, W& w) {
         w.d = ldh(b);
         w.bias = ldh(b + 2);
@@ -201,7 +181,7 @@ template <> struct Mmvq<Q4_1> : Nibbles<true> {
     }
 };
 
-template <> struct Mmvq<Q5_0> : Nibbles<false> {
+template <> struct Mmvq<Q5_0> : Nibbles {
     static __device__ __forceinline__ void load(const u8* b, int, W& w) {
         w.d = ldh(b);
         w.bias = -16.0f * w.d;
@@ -217,7 +197,7 @@ template <> struct Mmvq<Q5_0> : Nibbles<false> {
     }
 };
 
-template <> struct Mmvq<Q5_1> : Nibbles<false> {
+template <> struct Mmvq<Q5_1> : Nibbles {
     static __device__ __forceinline__ void load(const u8* b, int, W& w) {
         w.d = ldh(b);
         w.bias = ldh(b + 2);
@@ -263,6 +243,13 @@ template <int N> __device__ __forceinline__ void ld16(const u8* p, int* out) {
         out[4 * i + 2] = v.z;
         out[4 * i + 3] = v.w;
     }
+}
+
+// c + the dot product of a's four unsigned bytes with b's four signed bytes.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 // The 6-bit scales (sc) and mins (m) of sub-blocks 2 k and 2 k + 1 of a Q4_K/Q5_K block, in bytes

@@ -245,13 +245,6 @@ template <int N> __device__ __forceinline__ void ld16(const u8* p, int* out) {
     }
 }
 
-// c + the dot product of a's four unsigned bytes with b's four signed bytes.
-__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 // The 6-bit scales (sc) and mins (m) of sub-blocks 2 k and 2 k + 1 of a Q4_K/Q5_K block, in bytes
 // 0 and 1 of each (higher bits zero), from the block's 12-byte scales field as three words s:
 // sub-block j < 4 has its scale in the low 6 bits of byte j of s[0] and its min in those of
@@ -307,21 +300,15 @@ template <int Q> struct MmvqK45 : Consecutive<64> {
         int s0 = 0, s1 = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int lo = w.q[i] & 0x0F0F0F0F;
-            if (Q == Q4_K) {
-                // The high nibbles left in place: 16 times their products, as unsigned bytes
-                // (one mask, no shift); the sum is divided by 16 below, exactly.
-                s1 = dp4a_us((u32)w.q[i] & 0xF0F0F0F0u, y[8 + i], s1);
-            } else {
-                int hi = (w.q[i] >> 4) & 0x0F0F0F0F;
+            int lo = w.q[i] & 0x0F0F0F0F, hi = (w.q[i] >> 4) & 0x0F0F0F0F;
+            if (Q == Q5_K) {
                 const u32 hb = (u32)w.h[i / 4] >> (2 * (i % 4));
                 lo |= (int)((hb & 0x01010101u) << 4);
                 hi |= (int)((hb & 0x02020202u) << 3);
-                s1 = __dp4a(hi, y[8 + i], s1);
             }
             s0 = __dp4a(lo, y[i], s0);
+            s1 = __dp4a(hi, y[8 + i], s1);
         }
-        if (Q == Q4_K) s1 >>= 4;
         const int sc0 = (int)(w.sc & 0xFF), sc1 = (int)(w.sc >> 8);
         const int m0 = (int)(w.m & 0xFF), m1 = (int)(w.m >> 8);
         return w.d * (ds[0].x * (float)(sc0 * s0) + ds[1].x * (float)(sc1 * s1))

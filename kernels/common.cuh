@@ -50,6 +50,12 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// The first statement of an entry point that calls pdl_wait() itself further on, having issued
+// before it only reads of memory that no kernel of the graph writes (the mat-vec kernels' early
+// weights, see mmvq.cu). It does nothing; it tells readers and the entry-point check that the
+// wait is deliberately later.
+__device__ __forceinline__ void pdl_wait_later() {}
+
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- scalar conversions (round to nearest even, as the host's `half` crate does) ----

@@ -22,7 +22,12 @@
 //   share (tile j to the group's warp j % KS, partial sums added through shared memory): KS = 4
 //   (one group) for the 32-value types, 2 for the k-quants.
 // Each is the faster one for its types on the H200 (BENCHMARKS.md); TESSERA_CUDA_MMVQ=direct or
-// staged forces one (i[3] = 1 or 2) for measuring.
+// staged forces one (i[3] & 3 = 1 or 2) for measuring.
+// Early weights (i[3] & 4, set where no node of the graph writes the weights; used by the types
+// whose Mmvq<Q>::EARLY is set, Q4_K and Q5_K): the staged engine issues its first tiles' copies
+// before pdl_wait(), so that their latency overlaps the end of the kernel ahead; everything else
+// (activations, outputs) waits. The mat-vec entry points therefore begin with pdl_wait_later()
+// and the engines call pdl_wait() themselves, through the `wait` they are given.
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
@@ -143,6 +148,7 @@ template <int Q> struct Mmvq;
 // (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
 struct Nibbles : Consecutive<32> {
     static const int TV = 32;
+    static const bool EARLY = false;  // early weights: not measured on the staged engine
     static const int SL = 8;
     static const int ROWS = 4, KS = 4;
     struct W {
@@ -213,6 +219,7 @@ template <> struct Mmvq<Q5_1> : Nibbles {
 
 template <> struct Mmvq<Q8_0> : Consecutive<32> {
     static const int TV = 32;
+    static const bool EARLY = false;  // early weights: not measured on the staged engine
     static const int SL = 4;
     static const int ROWS = 2, KS = 4;
     struct W {
@@ -266,6 +273,7 @@ __device__ __forceinline__ void k45_scales(int k, const int* s, u32& sc, u32& m)
 // keeps only the task's two qh bits of each byte, packed four words to one register.
 template <int Q> struct MmvqK45 : Consecutive<64> {
     static const int TV = 64;
+    static const bool EARLY = true;   // early weights (BENCHMARKS.md, session 12: -5%)
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
     struct W {
@@ -329,6 +337,7 @@ template <> struct Mmvq<Q5_K> : MmvqK45<Q5_K> {};
 // aligned loads and funnel shifts, which also shift the qh bits into place.
 template <> struct Mmvq<Q6_K> {
     static const int TV = 64;
+    static const bool EARLY = false;  // early weights: the kernel spills more, slower (session 12)
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
     static __device__ __forceinline__ int blk(int t, int i) { return 2 * t - (t & 1) + 2 * i; }
@@ -445,10 +454,13 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // one computed. With one column a lane loads its task's activations once, before it waits for
 // the tile, and then takes the rows one at a time (weights, dot: fewer registers live). At the
 // end of each pass every lane calls fin(g, acc) with its partial sums acc[s][c] (zeros when the
-// warp has no tiles); summing them over the warp is fin's job.
+// warp has no tiles); summing them over the warp is fin's job. wait() (the kernel's pdl_wait and
+// whatever must follow it) is called once: after the first tiles' copies are issued when early,
+// else before them.
 // A tile's copy may read up to 15 bytes past a row's end, within the row's last aligned 16 bytes.
-template <int Q, int NC, int S, int NBUF, class Ptr, class Fin>
-__device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, const Act& act, i64 c0, u8* sm, Ptr ptr, Fin fin) {
+template <int Q, int NC, int S, int NBUF, class Ptr, class Fin, class Wait>
+__device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, const Act& act, i64 c0, u8* sm, Ptr ptr, Fin fin,
+                                            bool early, Wait wait) {
     typedef Tile<Q> T;
     const int QB = QInfo<Q>::bytes;
     const int lane = threadIdx.x % 32;
@@ -460,6 +472,7 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
 #pragma unroll
         for (int c = 0; c < NC; c++) acc[s][c] = 0.0f;
     if (ntw == 0) {
+        wait();
         for (int g = 0; g < G; g++) fin(g, acc);
         return;
     }
@@ -497,8 +510,10 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
         }
         cp_commit();
     };
+    if (!early) wait();
 #pragma unroll
     for (int b = 0; b < NBUF - 1; b++) issue();
+    if (early) wait();
     // The tile computed: pass g, the warp's tile jj of that pass, in slot cb.
     int g = 0, jj = 0, cb = 0;
     for (int i = 0; i < total; i++) {
@@ -544,14 +559,21 @@ __device__ __forceinline__ void stream_rows(int G, int tasks, int j0, int KS, co
     }
 }
 
+// The `wait` of the engines where nothing else follows the kernel's pdl_wait().
+struct PdlWait {
+    __device__ __forceinline__ void operator()() const { pdl_wait(); }
+};
+
 // The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: the staged engine's
 // (ROWS rows a block, KS warps sharing each group of RPG rows) for a row of at least KS tiles
 // where i[3] asks for it (2), or by default (0) for the k-quants; else narrow (one row per warp,
 // direct loads; always with i[3] = 1). `rows` per block.
 template <int Q> struct Geom {
-    bool narrow;
+    bool narrow, early;
     int rows;
-    __device__ Geom(int tasks, int mode) {
+    __device__ Geom(int tasks, int flags) {
+        const int mode = flags & 3;
+        early = Mmvq<Q>::EARLY && (flags & 4) != 0;
         const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
@@ -607,6 +629,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     if (gm.narrow) {
         const i64 row = (i64)blockIdx.x * 4 + warp;
         float a[1][NC];
+        pdl_wait();
         direct_rows<Q, NC, 1>(tasks, act, (i64)blockIdx.y * NC, [&](int) { return base + min(row, last) * w.nb[1]; }, a);
         if (lane < NC && row <= last) {
             float v = 0.0f;
@@ -629,7 +652,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
             }
     };
     stream_rows<Q, NC, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, (i64)blockIdx.y * NC,
-                                           sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+                                           sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin, gm.early, PdlWait());
     __syncthreads();
     if (threadIdx.x < T::ROWS * NC) {
         const int r = threadIdx.x / NC % R, c = threadIdx.x % NC, w0 = threadIdx.x / NC / R * KS;
@@ -662,6 +685,7 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     if (gm.narrow) {
         const i64 r = min(row0 + warp, m - 1);
         float a[2][1];
+        pdl_wait();
         direct_rows<Q, 1, 2>(tasks, act, 0, [&](int s) {
             return s == 0 ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
         }, a);
@@ -681,7 +705,8 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
                 if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
             }
         };
-        stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin);
+        stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin,
+                                   gm.early, PdlWait());
         __syncthreads();
         if (threadIdx.x < T::ROWS && row0 + threadIdx.x < m) {
             const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
@@ -748,14 +773,17 @@ template <int Q, bool ROPE> __device__ void mmvq_multi(const KParams& p) {
     __shared__ float red[4][R];
     __shared__ float vals[4];  // ROPE: the block's results, rotated in pairs at the end
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // ROPE: the position and cache row, loaded first so that their latency hides behind the
-    // products (threads 0 and 1 store the pairs).
+    // ROPE: the position and cache row, loaded right after the wait so that their latency
+    // hides behind the products (threads 0 and 1 store the pairs).
     float pos = 0.0f;
     i64 crow = -1;
-    if (ROPE && threadIdx.x < 2) {
-        pos = (float)*(const int*)p.t[6].ptr;
-        crow = p.i[5] ? *(const i64*)p.t[7].ptr : (i64) * (const int*)p.t[7].ptr;
-    }
+    auto wait = [&]() {
+        pdl_wait();
+        if (ROPE && threadIdx.x < 2) {
+            pos = (float)*(const int*)p.t[6].ptr;
+            crow = p.i[5] ? *(const i64*)p.t[7].ptr : (i64) * (const int*)p.t[7].ptr;
+        }
+    };
     const int tasks = (int)(p.t[1].ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks, p.i[3]);
     const i64 total = (i64)p.i[0] + p.i[1] + p.i[2];
@@ -777,6 +805,7 @@ template <int Q, bool ROPE> __device__ void mmvq_multi(const KParams& p) {
         int j;
         const u8* wrow = row_at(row, j);
         float a[1][1];
+        wait();
         direct_rows<Q, 1, 1>(tasks, act, 0, [&](int) { return wrow; }, a);
         if (lane == 0 && row < total) {
             if (ROPE) vals[warp] = a[0][0];
@@ -805,7 +834,8 @@ template <int Q, bool ROPE> __device__ void mmvq_multi(const KParams& p) {
             if (lane == 0) red[warp][s] = v;
         }
     };
-    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin);
+    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, 0, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin,
+                                          gm.early, wait);
     __syncthreads();
     const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x;
     if (threadIdx.x < T::ROWS && row < total) {
@@ -829,17 +859,17 @@ template <int Q, bool ROPE> __device__ void mmvq_multi(const KParams& p) {
 #define MMVQ_KERNEL_1 extern "C" __global__ void __launch_bounds__(128, 8)
 
 #define MMVQ(nq, Q)                                                               \
-    MMVQ_KERNEL_1 mmvq_##nq##_1(const KParams p) { pdl_wait(); mmvq<Q, 1>(p); }   \
-    MMVQ_KERNEL mmvq_##nq##_2(const KParams p) { pdl_wait(); mmvq<Q, 2>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_3(const KParams p) { pdl_wait(); mmvq<Q, 3>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_4(const KParams p) { pdl_wait(); mmvq<Q, 4>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_5(const KParams p) { pdl_wait(); mmvq<Q, 5>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_6(const KParams p) { pdl_wait(); mmvq<Q, 6>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { pdl_wait(); mmvq<Q, 7>(p); }     \
-    MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { pdl_wait(); mmvq<Q, 8>(p); }     \
-    MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { pdl_wait(); mmvq_glu<Q>(p); }    \
-    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q, false>(p); } \
-    MMVQ_KERNEL_1 mmvq_multi_rope_##nq(const KParams p) { pdl_wait(); mmvq_multi<Q, true>(p); }
+    MMVQ_KERNEL_1 mmvq_##nq##_1(const KParams p) { pdl_wait_later(); mmvq<Q, 1>(p); }   \
+    MMVQ_KERNEL mmvq_##nq##_2(const KParams p) { pdl_wait_later(); mmvq<Q, 2>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_3(const KParams p) { pdl_wait_later(); mmvq<Q, 3>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_4(const KParams p) { pdl_wait_later(); mmvq<Q, 4>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_5(const KParams p) { pdl_wait_later(); mmvq<Q, 5>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_6(const KParams p) { pdl_wait_later(); mmvq<Q, 6>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_7(const KParams p) { pdl_wait_later(); mmvq<Q, 7>(p); }     \
+    MMVQ_KERNEL mmvq_##nq##_8(const KParams p) { pdl_wait_later(); mmvq<Q, 8>(p); }     \
+    MMVQ_KERNEL mmvq_glu_##nq(const KParams p) { pdl_wait_later(); mmvq_glu<Q>(p); }    \
+    MMVQ_KERNEL_1 mmvq_multi_##nq(const KParams p) { pdl_wait_later(); mmvq_multi<Q, false>(p); } \
+    MMVQ_KERNEL_1 mmvq_multi_rope_##nq(const KParams p) { pdl_wait_later(); mmvq_multi<Q, true>(p); }
 
 MMVQ(q4_0, Q4_0)
 MMVQ(q4_1, Q4_1)

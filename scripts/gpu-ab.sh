@@ -17,6 +17,7 @@
 #        wgpu:0 for the wgpu backend);
 #   ops  tessera ops test --backend cuda:0 (the whole suite) with B.
 # ENV_A / ENV_B add environment settings to one side (e.g. ENV_B="TESSERA_CUDA_MMVQ=staged").
+# C and D (optional) name more builds for the mv step only (e.g. one commit of a series each).
 # Prints RESULT lines; every log goes into $OUT/logs.tgz (the device tool returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,11 +36,12 @@ unpack() { # folder name -> /root/ab/name/{tessera,bench}
   done
 }
 unpack "${A:?A=folder of build A}" A; unpack "${B:?B=folder of build B}" B
+MVSIDES="A B"; for s in C D; do [ -n "${!s:-}" ] && unpack "${!s}" $s && MVSIDES="$MVSIDES $s"; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/RESULT gpu /'
-side_env() { [ "$1" = A ] && echo "${ENV_A:-}" || echo "${ENV_B:-}"; }
+side_env() { local v=ENV_$1; echo "${!v:-}"; }
 if has mv; then
   for r in $(seq "$ROUNDS"); do
-    for s in A B; do
+    for s in $MVSIDES; do
       log=$L/mv-$s-$r.log
       env $(side_env $s) TESSERA_BENCH_TYPES=$TYPES timeout 200 /root/ab/$s/bench --ignored --nocapture \
         --test-threads=1 mat_vec > "$log" 2>&1

@@ -85,6 +85,26 @@ impl Graph {
         counts
     }
 
+    /// Whether each tensor, by index, is a leaf set from outside the graph (a weight or an
+    /// input) that no node writes into (CPY and SET_ROWS store into their destination's
+    /// memory): its bytes are in place before the graph runs and stay as they are. A backend
+    /// may read such a tensor before the kernels ahead of its reader finish.
+    pub fn read_only_leaves(&self) -> Vec<bool> {
+        let mut fixed: Vec<bool> = self
+            .tensors
+            .iter()
+            .map(|t| t.flags.weight || t.flags.input)
+            .collect();
+        for t in &self.tensors {
+            if matches!(t.op, Op::Cpy | Op::SetRows) {
+                if let Some(root) = t.view_src {
+                    fixed[root.index()] = false;
+                }
+            }
+        }
+        fixed
+    }
+
     /// The first of `nodes[j..]`, looking at most `window` nodes ahead, that computes
     /// something, with its index in `nodes`: leaves and views compute nothing (a scheduler
     /// leaves them out of the lists it hands backends; other callers may not).
@@ -1146,6 +1166,28 @@ fn check_convertible(from: DType, to: DType) -> std::result::Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_only_leaves_are_the_unwritten_inputs_and_weights() {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[8, 4]).unwrap();
+        let cache = g.input("cache", DType::F16, &[8, 16]).unwrap();
+        let idx = g.input("idx", DType::I32, &[4]).unwrap();
+        let rows = g.add(x, x).unwrap();
+        let stored = g.set_rows(cache, rows, idx).unwrap();
+        let copied_into = g.input("dst", DType::F32, &[8, 4]).unwrap();
+        let view = g.reshape(copied_into, &[32]).unwrap();
+        let flat = g.reshape(x, &[32]).unwrap();
+        let c = g.cpy(flat, view).unwrap();
+        let plain = g.new_tensor(DType::F32, &[4]).unwrap();
+        let ro = g.read_only_leaves();
+        assert!(ro[x.index()] && ro[idx.index()], "inputs nothing writes");
+        assert!(!ro[cache.index()], "SET_ROWS writes the cache");
+        assert!(!ro[copied_into.index()], "CPY writes through a view of it");
+        for t in [rows, stored, view, flat, c, plain] {
+            assert!(!ro[t.index()], "not an input or weight leaf");
+        }
+    }
 
     #[test]
     fn reader_counts_and_the_next_computed_node() {

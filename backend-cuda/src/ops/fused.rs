@@ -240,7 +240,8 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let m = wg.ne[1] as u64;
-    let (blocks, threads) = mmvq_launch(&mut p, wg.dtype, m, wg.ne[0] as u64);
+    let fixed = enc.is_read_only_leaf(tg.src[0]) && enc.is_read_only_leaf(tu.src[0]);
+    let (blocks, threads) = mmvq_launch(&mut p, wg.dtype, m, wg.ne[0] as u64, fixed);
     // The result quantized too, for the down projection that reads it next (its quantize
     // kernel is then skipped); the kernel counts finished rows per 32-row block with the
     // backend's block counters.
@@ -306,7 +307,8 @@ fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     }
     let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(r)?, enc.arg(a)?);
     let q8 = quantize_q8(enc, tm.src[1], xa, tx.dtype)?;
-    mmvq(enc, tw.dtype, wa, da, q8, tx.ne[1], Some(ra))?;
+    let fixed = enc.is_read_only_leaf(tm.src[0]);
+    mmvq(enc, tw.dtype, wa, da, q8, tx.ne[1], Some(ra), fixed)?;
     // The add's result may sit where a quantized tensor was: nothing is reused past here.
     enc.q8 = None;
     Ok(2)
@@ -397,7 +399,8 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.f[0] = m.rp.freq_scale;
         p.f[1] = theta_scale(&m.rp);
     }
-    let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64);
+    let fixed = found.iter().all(|&(_, w)| enc.is_read_only_leaf(w));
+    let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64, fixed);
     let kernel = if rope.is_some() {
         "mmvq_multi_rope"
     } else {

@@ -78,7 +78,8 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if ta.dtype.is_quantized() {
         if mmvq_fits(ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
-            return mmvq(enc, ta.dtype, aa, da, q8, tb.ne[1], None);
+            let fixed = enc.is_read_only_leaf(a);
+            return mmvq(enc, ta.dtype, aa, da, q8, tb.ne[1], None, fixed);
         }
         return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
     }
@@ -150,21 +151,37 @@ fn mmvq_mode() -> i32 {
     })
 }
 
+/// Whether mat-vec kernels may start reading weights that no node of the graph writes before
+/// the kernel ahead of them has finished (see mmvq.cu, "Early weights"); on unless
+/// `TESSERA_CUDA_EARLY_WEIGHTS=0` (for measuring).
+fn early_weights() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TESSERA_CUDA_EARLY_WEIGHTS").as_deref() != Ok("0"))
+}
+
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
-/// `k` values of type `qt`, with the geometry set in `p.i[3]` ([`mmvq_mode`]): 128 threads (4
-/// warps) per block of 4 rows, as mmvq.cu's `Geom` decides for every geometry but one: Q8_0 on
-/// the staged engine (only when asked for, a 32-value type, and only for rows of at least 4
-/// tiles of 32 tasks) has 2 rows a block.
-pub(super) fn mmvq_launch(p: &mut KParams, qt: DType, rows: u64, k: u64) -> (u32, u32) {
+/// `k` values of type `qt`, with the geometry set in `p.i[3]` ([`mmvq_mode`]), plus 4 there
+/// when the weights are `fixed` ([`Encoder::is_read_only_leaf`]) and may be read early: 128
+/// threads (4 warps) per block of 4 rows, as mmvq.cu's `Geom` decides for every geometry but
+/// one: Q8_0 on the staged engine (only when asked for, a 32-value type, and only for rows of
+/// at least 4 tiles of 32 tasks) has 2 rows a block.
+pub(super) fn mmvq_launch(
+    p: &mut KParams,
+    qt: DType,
+    rows: u64,
+    k: u64,
+    fixed: bool,
+) -> (u32, u32) {
     let mode = mmvq_mode();
-    p.i[3] = mode;
+    p.i[3] = mode | if fixed && early_weights() { 4 } else { 0 };
     let staged_q8_0 = qt == DType::Q8_0 && mode == 2 && (k / 32).div_ceil(32) >= 4;
     let per_block = if staged_q8_0 { 2 } else { 4 };
     (rows.div_ceil(per_block) as u32, 128)
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
-/// `residual` (F32, d's shape) when given.
+/// `residual` (F32, d's shape) when given; `fixed`: `a` may be read early
+/// ([`Encoder::is_read_only_leaf`]).
 pub(super) fn mmvq(
     enc: &mut Encoder,
     qt: DType,
@@ -173,6 +190,7 @@ pub(super) fn mmvq(
     q8: (u64, u64),
     n: usize,
     residual: Option<TArg>,
+    fixed: bool,
 ) -> Result<()> {
     let mut p = params(d, &[a]);
     if let Some(r) = residual {
@@ -182,7 +200,7 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64);
+    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64, fixed);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),

@@ -58,6 +58,9 @@ pub(crate) struct Encoder<'a> {
     /// them at zero, so its commands may run again (a CUDA graph replays them); kernels run in
     /// stream order, so each may use them from the start. 0 when there are none.
     pub counters: u64,
+    /// [`Graph::read_only_leaves`]: the tensors a mat-vec kernel may start reading before the
+    /// kernel ahead of it has finished.
+    read_only: Vec<bool>,
 }
 
 /// Bytes of the block counters (see [`Encoder::counters`]): 16384 u32 counters.
@@ -92,7 +95,14 @@ impl<'a> Encoder<'a> {
             f16: None,
             group: None,
             counters: 0,
+            read_only: graph.read_only_leaves(),
         }
+    }
+
+    /// Whether tensor `id` lies in a weight or input that no node of the graph writes, so that
+    /// a kernel may read it before the kernels ahead of it in the stream have finished.
+    pub fn is_read_only_leaf(&self, id: TensorId) -> bool {
+        self.read_only[self.graph.root(id).0.index()]
     }
 
     /// Encodes `nodes` in order (fusing where it can).

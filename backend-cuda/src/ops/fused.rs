@@ -307,8 +307,7 @@ fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     }
     let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(r)?, enc.arg(a)?);
     let q8 = quantize_q8(enc, tm.src[1], xa, tx.dtype)?;
-    let fixed = enc.is_read_only_leaf(tm.src[0]);
-    mmvq(enc, tw.dtype, wa, da, q8, tx.ne[1], Some(ra), fixed)?;
+    mmvq(enc, tm.src[0], da, q8, tx.ne[1], Some(ra))?;
     // The add's result may sit where a quantized tensor was: nothing is reused past here.
     enc.q8 = None;
     Ok(2)

@@ -78,8 +78,7 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if ta.dtype.is_quantized() {
         if mmvq_fits(ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
-            let fixed = enc.is_read_only_leaf(a);
-            return mmvq(enc, ta.dtype, aa, da, q8, tb.ne[1], None, fixed);
+            return mmvq(enc, a, da, q8, tb.ne[1], None);
         }
         return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
     }
@@ -180,18 +179,21 @@ pub(super) fn mmvq_launch(
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
-/// `residual` (F32, d's shape) when given; `fixed`: `a` may be read early
-/// ([`Encoder::is_read_only_leaf`]).
+/// `residual` (F32, d's shape) when given; `a` is the weights' tensor (read early where it is
+/// a read-only leaf, [`Encoder::is_read_only_leaf`]).
 pub(super) fn mmvq(
     enc: &mut Encoder,
-    qt: DType,
-    a: TArg,
+    a_id: TensorId,
     d: TArg,
     q8: (u64, u64),
     n: usize,
     residual: Option<TArg>,
-    fixed: bool,
 ) -> Result<()> {
+    let (a, qt, fixed) = (
+        enc.arg(a_id)?,
+        enc.graph.get(a_id).dtype,
+        enc.is_read_only_leaf(a_id),
+    );
     let mut p = params(d, &[a]);
     if let Some(r) = residual {
         p.t[2] = r;

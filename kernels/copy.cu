@@ -13,6 +13,7 @@
 // - dequantize_<type>: a quantized src (rows contiguous) into f32, one thread per 32 values
 //   (when shapes differ, dst is contiguous).
 #include "quant.cuh"
+#include "quant_k.cuh"
 
 // Coordinates of element index l of a shape, row-major.
 __device__ __forceinline__ void unravel(i64 l, const i64* ne, i64& i0, i64& i1, i64& i2, i64& i3) {
@@ -57,23 +58,24 @@ template <class T> __device__ void cpy_raw(const KParams& p) {
 }
 
 template <int Q, class S> __device__ void quantize(const KParams& p) {
+    const int QK = QInfo<Q>::block;
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
-    const i64 per_row = d.ne[0] / 32;
+    const i64 per_row = d.ne[0] / QK;
     const i64 nblocks = per_row * d.ne[1] * d.ne[2] * d.ne[3];
     for (i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x; g < nblocks; g += (i64)gridDim.x * blockDim.x) {
         const i64 r = g / per_row, j = g % per_row;
         i64 i1, i2, i3;
         split_rows(r, d.ne, i1, i2, i3);
-        float x[32];
+        float x[QK];
         if (p.i[0]) {
-            const char* src = at(s, 32 * j, i1, i2, i3);
-            for (int e = 0; e < 32; e++) x[e] = S::load(src + e * s.nb[0]);
+            const char* src = at(s, QK * j, i1, i2, i3);
+            for (int e = 0; e < QK; e++) x[e] = S::load(src + e * s.nb[0]);
         } else {
-            const char* src = (const char*)s.ptr + (r * d.ne[0] + 32 * j) * S::size;
-            for (int e = 0; e < 32; e++) x[e] = S::load(src + e * S::size);
+            const char* src = (const char*)s.ptr + (r * d.ne[0] + QK * j) * S::size;
+            for (int e = 0; e < QK; e++) x[e] = S::load(src + e * S::size);
         }
-        quant32<Q>(x, (u8*)at(d, 0, i1, i2, i3) + j * QInfo<Q>::bytes);
+        quant_block<Q>(x, (u8*)at(d, 0, i1, i2, i3) + j * QInfo<Q>::bytes);
     }
 }
 
@@ -125,6 +127,11 @@ QUANTIZE(q4_1, Q4_1)
 QUANTIZE(q5_0, Q5_0)
 QUANTIZE(q5_1, Q5_1)
 QUANTIZE(q8_0, Q8_0)
+QUANTIZE(q2_K, Q2_K)
+QUANTIZE(q3_K, Q3_K)
+QUANTIZE(q4_K, Q4_K)
+QUANTIZE(q5_K, Q5_K)
+QUANTIZE(q6_K, Q6_K)
 
 #define DEQUANTIZE(nq, Q) \
     KERNEL dequantize_##nq(const KParams p) { pdl_wait(); dequantize<Q>(p); }

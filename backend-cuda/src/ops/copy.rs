@@ -6,11 +6,20 @@ use tessera_core::{Result, Tensor, TensorId};
 use super::{flat4, params, Encoder};
 use crate::cmd::{Cmd, TArg};
 
-/// Float types a quantized destination can be made from on the GPU.
-fn quantizable(d: DType) -> bool {
+/// Quantized destination types the GPU can make from floats.
+pub(super) fn quantizable(d: DType) -> bool {
     matches!(
         d,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
     )
 }
 
@@ -101,7 +110,7 @@ pub(super) fn copy(enc: &mut Encoder, id: TensorId) -> Result<()> {
         );
     }
     if t.dtype.is_quantized() {
-        let blocks = (t.nelements() / 32) as i64;
+        let blocks = (t.nelements() / t.dtype.block_size()) as i64;
         return enc.launch_flat(
             "copy",
             &format!("quantize_{}_{}", t.dtype.name(), s.dtype.name()),

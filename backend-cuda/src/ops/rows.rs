@@ -13,17 +13,7 @@ pub(super) fn gettable(d: DType) -> bool {
 
 /// Destination types set_rows writes.
 pub(super) fn settable(d: DType) -> bool {
-    matches!(
-        d,
-        DType::F32
-            | DType::F16
-            | DType::BF16
-            | DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-    )
+    matches!(d, DType::F32 | DType::F16 | DType::BF16) || super::copy::quantizable(d)
 }
 
 /// Rows of src0 at the indices in src1.
@@ -51,8 +41,6 @@ pub(super) fn set_rows(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let p = params(d, &[s, enc.arg(idx)?]);
     let name = format!("set_rows_{}_{}", t.dtype.name(), it.name());
     let mut shape = s.ne;
-    if t.dtype.is_quantized() {
-        shape[0] /= 32;
-    }
+    shape[0] /= t.dtype.block_size() as i64;
     enc.launch_elems("rows", &name, shape, p)
 }

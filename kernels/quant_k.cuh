@@ -298,14 +298,9 @@ __device__ __forceinline__ int q3_scale(const u8* sc, int s) {
 template <> __device__ void quant256<Q3_K>(const float* x, u8* b) {
     u8 blk[110];
     i8 l[256];
-    float scales[16], max_scale = 0.0f, amax = 0.0f;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = make_q3_quants(4, x + 16 * j, l + 16 * j);
-        if (fabsf(scales[j]) > amax) {
-            amax = fabsf(scales[j]);
-            max_scale = scales[j];
-        }
-    }
+    float scales[16], max_scale, amax;
+    for (int j = 0; j < 16; j++) scales[j] = make_q3_quants(4, x + 16 * j, l + 16 * j);
+    signed_max(scales, 16, max_scale, amax);
     u8* sc = blk + 96;
     for (int i = 0; i < 12; i++) sc[i] = 0;
     if (max_scale != 0.0f) {
@@ -365,14 +360,9 @@ template <> __device__ void quant256<Q5_K>(const float* x, u8* b) {
 template <> __device__ void quant256<Q6_K>(const float* x, u8* b) {
     u8 blk[210];
     i8 l[256];
-    float scales[16], max_scale = 0.0f, amax = 0.0f;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = make_qx_quants(32, x + 16 * j, l + 16 * j);
-        if (fabsf(scales[j]) > amax) {
-            amax = fabsf(scales[j]);
-            max_scale = scales[j];
-        }
-    }
+    float scales[16], max_scale, amax;
+    for (int j = 0; j < 16; j++) scales[j] = make_qx_quants(32, x + 16 * j, l + 16 * j);
+    signed_max(scales, 16, max_scale, amax);
     for (int i = 0; i < 210; i++) blk[i] = 0;
     if (amax >= GROUP_MAX_EPS) {
         const float iscale = fdiv(-128.0f, max_scale);

@@ -6,25 +6,9 @@ use tessera_core::{Result, Tensor, TensorId};
 use super::{flat4, params, Encoder};
 use crate::cmd::{Cmd, TArg};
 
-/// Quantized destination types the GPU can make from floats.
-pub(super) fn quantizable(d: DType) -> bool {
-    matches!(
-        d,
-        DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-            | DType::Q2_K
-            | DType::Q3_K
-            | DType::Q4_K
-            | DType::Q5_K
-            | DType::Q6_K
-    )
-}
-
-/// Quantized types the GPU can read.
-pub(super) fn dequantizable(d: DType) -> bool {
+/// Quantized types the GPU reads (get_rows, mul_mat, cpy to f32) and writes (cpy from the
+/// float types, set_rows).
+pub(super) fn quant_supported(d: DType) -> bool {
     matches!(
         d,
         DType::Q4_0
@@ -49,10 +33,10 @@ pub(super) fn supported(a: &Tensor, d: &Tensor) -> bool {
     if a.dtype.is_float() && d.dtype.is_float() {
         return true;
     }
-    if a.dtype.is_float() && quantizable(d.dtype) {
+    if a.dtype.is_float() && quant_supported(d.dtype) {
         return d.is_contiguous() && (same_shape || a.is_contiguous());
     }
-    if dequantizable(a.dtype) && d.dtype == DType::F32 {
+    if quant_supported(a.dtype) && d.dtype == DType::F32 {
         return a.rows_contiguous() && (same_shape || d.is_contiguous());
     }
     false

@@ -12,7 +12,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
 
-use super::copy::{dequantizable, to_contiguous};
+use super::copy::{quant_supported, to_contiguous};
 use super::{params, Encoder};
 use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 
@@ -37,7 +37,7 @@ pub(super) fn has_mmvq(d: DType) -> bool {
 /// Whether mul_mat of these operands is implemented.
 pub(super) fn supported(a: &Tensor, b: &Tensor) -> bool {
     let plain = a.dtype.is_float();
-    (plain || dequantizable(a.dtype))
+    (plain || quant_supported(a.dtype))
         && a.rows_contiguous()
         && a.nb[1] >= a.row_bytes()
         && (matches!(b.dtype, DType::F32 | DType::F16) || (plain && b.dtype == DType::BF16))

@@ -3,17 +3,17 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, TensorId};
 
-use super::copy::dequantizable;
+use super::copy::quant_supported;
 use super::{params, Encoder};
 
 /// Source types get_rows reads.
 pub(super) fn gettable(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I32) || dequantizable(d)
+    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I32) || quant_supported(d)
 }
 
 /// Destination types set_rows writes.
 pub(super) fn settable(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16) || super::copy::quantizable(d)
+    matches!(d, DType::F32 | DType::F16 | DType::BF16) || quant_supported(d)
 }
 
 /// Rows of src0 at the indices in src1.

@@ -2,7 +2,8 @@
 // algorithms of core/src/quant (k_search.rs and q*_k.rs), step for step. Each sub-block's scale
 // (and min) is searched for (make_qkx2_quants, make_qx_quants, make_q3_quants), the scales are
 // quantized against their largest, and the values are quantized again against the quantized
-// scales. One thread per block: these run for cpy and set_rows into K types, never on a hot path.
+// scales. One thread per block: these run for cpy and set_rows into K types, never on a hot path;
+// the searches are __noinline__ so that each is compiled once per file, not once per kernel.
 //
 // Every product and sum is rounded on its own (the _rn intrinsics, never contracted into a fused
 // multiply-add), as the host computes them, so that the searches compare the same numbers and
@@ -56,7 +57,7 @@ __device__ void qx_store(int nmax, const float* x, float iscale, i8* l) {
 
 // Symmetric quantization of 16 values to l in 0..2 nmax (offset by nmax), best of 19 candidate
 // scales by the x^2-weighted error; returns the scale (Q6_K).
-__device__ float make_qx_quants(int nmax, const float* x, i8* l) {
+__device__ __noinline__ float make_qx_quants(int nmax, const float* x, i8* l) {
     float max, amax;
     signed_max(x, 16, max, amax);
     if (amax < GROUP_MAX_EPS) {
@@ -84,7 +85,7 @@ __device__ float make_qx_quants(int nmax, const float* x, i8* l) {
 
 // Symmetric 3-bit quantization of 16 values to l in 0..2 nmax, refined by coordinate descent on
 // the x^2-weighted error; returns the scale (Q3_K).
-__device__ float make_q3_quants(int nmax, const float* x, i8* l) {
+__device__ __noinline__ float make_q3_quants(int nmax, const float* x, i8* l) {
     float max, amax;
     signed_max(x, 16, max, amax);
     if (amax < GROUP_MAX_EPS) {
@@ -140,7 +141,7 @@ __device__ __forceinline__ float qkx2_err(const Qkx2& p, float d) { return p.mad
 
 // Asymmetric quantization x ~ scale l - min of n (16 or 32) values with l in 0..nmax, weighted
 // by w, over candidate scales refitted by least squares; returns the scale, and -min in *mn.
-__device__ float make_qkx2_quants(const Qkx2& p, const float* x, const float* w, int n, u8* l, float* mn) {
+__device__ __noinline__ float make_qkx2_quants(const Qkx2& p, const float* x, const float* w, int n, u8* l, float* mn) {
     const int nmax = p.nmax;
     float min = x[0], max = x[0], sum_w = 0.0f, sum_x = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -199,7 +200,7 @@ __device__ float make_qkx2_quants(const Qkx2& p, const float* x, const float* w,
 
 // Q4_K / Q5_K: the 8 sub-block fits, the packed 6-bit scales and mins with the f16 super-scales
 // (b[0..16]), and the final quants l (0..nmax) against them.
-__device__ void fit_k4(const Qkx2& p, const float* x, u8* b, u8* l) {
+__device__ __noinline__ void fit_k4(const Qkx2& p, const float* x, u8* b, u8* l) {
     float scales[8], mins[8];
     for (int j = 0; j < 8; j++) {
         const float* xs = x + 32 * j;
@@ -245,9 +246,9 @@ __device__ void fit_k4(const Qkx2& p, const float* x, u8* b, u8* l) {
 }
 
 // Quantizes the 256 floats x into a block of type Q at b (QInfo<Q>::bytes bytes, 2-byte aligned).
-template <int Q> __device__ void quant256(const float* x, u8* b);
+template <int Q> __device__ __noinline__ void quant256(const float* x, u8* b);
 
-template <> __device__ void quant256<Q2_K>(const float* x, u8* b) {
+template <> __device__ __noinline__ void quant256<Q2_K>(const float* x, u8* b) {
     const Qkx2 p = {3, -0.5f, 0.1f, 15, true};
     u8 blk[84];
     u8 l[256];
@@ -295,7 +296,7 @@ __device__ __forceinline__ int q3_scale(const u8* sc, int s) {
     return (low | (high << 4)) - 32;
 }
 
-template <> __device__ void quant256<Q3_K>(const float* x, u8* b) {
+template <> __device__ __noinline__ void quant256<Q3_K>(const float* x, u8* b) {
     u8 blk[110];
     i8 l[256];
     float scales[16], max_scale, amax;
@@ -330,7 +331,7 @@ template <> __device__ void quant256<Q3_K>(const float* x, u8* b) {
     for (int i = 0; i < 110; i++) b[i] = blk[i];
 }
 
-template <> __device__ void quant256<Q4_K>(const float* x, u8* b) {
+template <> __device__ __noinline__ void quant256<Q4_K>(const float* x, u8* b) {
     const Qkx2 p = {15, -1.0f, 0.1f, 20, false};
     u8 blk[144];
     u8 l[256];
@@ -340,7 +341,7 @@ template <> __device__ void quant256<Q4_K>(const float* x, u8* b) {
     for (int i = 0; i < 144; i++) b[i] = blk[i];
 }
 
-template <> __device__ void quant256<Q5_K>(const float* x, u8* b) {
+template <> __device__ __noinline__ void quant256<Q5_K>(const float* x, u8* b) {
     const Qkx2 p = {31, -0.5f, 0.1f, 15, false};
     u8 blk[176];
     u8 l[256];
@@ -357,7 +358,7 @@ template <> __device__ void quant256<Q5_K>(const float* x, u8* b) {
     for (int i = 0; i < 176; i++) b[i] = blk[i];
 }
 
-template <> __device__ void quant256<Q6_K>(const float* x, u8* b) {
+template <> __device__ __noinline__ void quant256<Q6_K>(const float* x, u8* b) {
     u8 blk[210];
     i8 l[256];
     float scales[16], max_scale, amax;

@@ -28,6 +28,7 @@ typedef int8_t i8;
 typedef uint16_t u16;
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 static float __fmul_rn(float a, float b) { return a * b; }
 static float __fadd_rn(float a, float b) { return a + b; }
 static float __fsub_rn(float a, float b) { return a - b; }

@@ -163,15 +163,23 @@ __device__ __forceinline__ float inverse(float d) { return d != 0.0f ? __frcp_rn
 // Stores an f16 (every f16 field of a block is 2-byte aligned).
 __device__ __forceinline__ void put_h(u8* p, float v) { *(u16*)p = f2h(v); }
 
-// The value of largest magnitude (the first one, keeping its sign).
-__device__ __forceinline__ float max_magnitude(const float* x) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; j++) {
-        if (amax < fabsf(x[j])) {
-            amax = fabsf(x[j]);
-            max = x[j];
+// The value of largest magnitude of x[0..n] (the first on ties, keeping its sign) and that
+// magnitude.
+__device__ __forceinline__ void signed_max(const float* x, int n, float& max, float& amax) {
+    max = 0.0f;
+    amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
         }
     }
+}
+
+// The value of largest magnitude of 32 values (the first one, keeping its sign).
+__device__ __forceinline__ float max_magnitude(const float* x) {
+    float max, amax;
+    signed_max(x, 32, max, amax);
     return max;
 }
 

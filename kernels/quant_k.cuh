@@ -27,18 +27,6 @@ __device__ __forceinline__ void put_f16(u8* b, float v) {
 // Below this magnitude a group counts as all zeros.
 #define GROUP_MAX_EPS 1e-15f
 
-// The value of largest magnitude of x[0..n] (the first on ties) and that magnitude.
-__device__ __forceinline__ void signed_max(const float* x, int n, float& max, float& amax) {
-    max = 0.0f;
-    amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            max = x[i];
-        }
-    }
-}
-
 // make_qx_quants sums for one candidate inverse scale: (sum w x q, sum w q^2) with w = x^2.
 __device__ void qx_sums(int nmax, const float* x, float iscale, float& sumlx, float& suml2) {
     sumlx = 0.0f;

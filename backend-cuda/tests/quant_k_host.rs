@@ -1,6 +1,6 @@
 //! The K-type quantizers of kernels/quant_k.cuh (cpy and set_rows into Q2_K..Q6_K on the GPU),
-//! compiled for the host with the system's C++ compiler (`CXX`, else `c++`) behind a small shim
-//! for the CUDA intrinsics they use, give the same bytes as the CPU reference
+//! compiled for the host with the system's C++ compiler (`CXX`, else `c++`) with a stand-in
+//! for common.cuh (the CUDA intrinsics they use), give the same bytes as the CPU reference
 //! (`tessera_core::quant::quantize_row`) on random blocks and on edge cases. The searches compare
 //! sums of products, so this checks the port step for step without a GPU; the conformance suite
 //! checks the kernels on the GPU.
@@ -12,20 +12,20 @@ use std::process::{Command, Stdio};
 use tessera_core::dtype::DType;
 use tessera_core::quant::quantize_row;
 
-/// What quant_k.cuh takes from common.cuh and quant.cuh, for the host: every `_rn` intrinsic is
-/// one rounded IEEE operation (compiled with -ffp-contract=off), f16 conversions round to
-/// nearest even, as on the GPU.
-const SHIM: &str = r#"
+/// A host stand-in for common.cuh, the one header quant.cuh and quant_k.cuh build on: every
+/// `_rn` intrinsic is one rounded IEEE operation (compiled with -ffp-contract=off), f16
+/// conversions round to nearest even, as on the GPU. The real quant.cuh (block sizes, type
+/// codes, f16 and scale field readers) and quant_k.cuh are compiled beside it.
+const COMMON_SHIM: &str = r#"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <vector>
 using std::max;
 using std::min;
 typedef uint8_t u8;
 typedef int8_t i8;
 typedef uint16_t u16;
+typedef uint32_t u32;
 #define __device__
 #define __forceinline__ inline
 #define __noinline__
@@ -33,6 +33,7 @@ static float __fmul_rn(float a, float b) { return a * b; }
 static float __fadd_rn(float a, float b) { return a + b; }
 static float __fsub_rn(float a, float b) { return a - b; }
 static float __fdiv_rn(float a, float b) { return a / b; }
+static float __frcp_rn(float a) { return 1.0f / a; }
 static float __fsqrt_rn(float a) { return std::sqrt(a); }
 static int __float2int_rn(float v) {
     if (v != v) return 0;
@@ -42,21 +43,15 @@ static int __float2int_rn(float v) {
 }
 static u16 f2h(float f) { _Float16 h = (_Float16)f; u16 r; __builtin_memcpy(&r, &h, 2); return r; }
 static float h2f(u16 b) { _Float16 h; __builtin_memcpy(&h, &b, 2); return (float)h; }
-static float ld_h(const u8* p) { return h2f((u16)(p[0] | (p[1] << 8))); }
-static void scale_min_k4(int j, const u8* q, int& sc, int& m) {
-    if (j < 4) { sc = q[j] & 63; m = q[j + 4] & 63; }
-    else { sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4); m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
-}
-enum { Q2_K, Q3_K, Q4_K, Q5_K, Q6_K };
-template <int Q> struct QInfo;
-template <> struct QInfo<Q2_K> { static const int block = 256, bytes = 84; };
-template <> struct QInfo<Q3_K> { static const int block = 256, bytes = 110; };
-template <> struct QInfo<Q4_K> { static const int block = 256, bytes = 144; };
-template <> struct QInfo<Q5_K> { static const int block = 256, bytes = 176; };
-template <> struct QInfo<Q6_K> { static const int block = 256, bytes = 210; };
-template <int Q> void quant32(const float*, u8*);
+"#;
+
+/// The host program: stdin is the type (one byte, 0..4 for Q2_K..Q6_K), then blocks of 256
+/// f32; stdout the quantized blocks.
+const PROGRAM: &str = r#"
+#include <cstdio>
+#include <vector>
+#include "quant.cuh"
 #include "quant_k.cuh"
-// stdin: the type (one byte, the enum above), then blocks of 256 f32; stdout: the blocks.
 template <int Q> void run(const std::vector<float>& x) {
     std::vector<u8> out(x.size() / 256 * QInfo<Q>::bytes);
     for (size_t b = 0; b < x.size() / 256; b++) quant_block<Q>(&x[256 * b], &out[b * QInfo<Q>::bytes]);
@@ -68,11 +63,11 @@ int main() {
     float v;
     while (fread(&v, 4, 1, stdin) == 1) x.push_back(v);
     switch (t) {
-        case Q2_K: run<Q2_K>(x); break;
-        case Q3_K: run<Q3_K>(x); break;
-        case Q4_K: run<Q4_K>(x); break;
-        case Q5_K: run<Q5_K>(x); break;
-        case Q6_K: run<Q6_K>(x); break;
+        case 0: run<Q2_K>(x); break;
+        case 1: run<Q3_K>(x); break;
+        case 2: run<Q4_K>(x); break;
+        case 3: run<Q5_K>(x); break;
+        case 4: run<Q6_K>(x); break;
         default: return 1;
     }
     return 0;
@@ -116,14 +111,19 @@ fn inputs() -> Vec<f32> {
 fn k_quantizers_match_the_cpu_reference_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("tessera-quant-k-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("quant_k_host.cpp");
-    std::fs::write(&src, SHIM).unwrap();
-    let exe = dir.join("quant_k_host");
+    // The headers beside the shim: a quoted include looks in the including file's folder first,
+    // so quant.cuh finds the shim as its common.cuh.
     let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+    for h in ["quant.cuh", "quant_k.cuh"] {
+        std::fs::copy(kernels.join(h), dir.join(h)).unwrap();
+    }
+    std::fs::write(dir.join("common.cuh"), COMMON_SHIM).unwrap();
+    let src = dir.join("quant_k_host.cpp");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let exe = dir.join("quant_k_host");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let built = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-I"])
-        .arg(&kernels)
+        .args(["-std=c++17", "-O1", "-ffp-contract=off"])
         .arg(&src)
         .arg("-o")
         .arg(&exe)

@@ -90,7 +90,7 @@ impl Graph {
     /// memory): its bytes are in place before the graph runs and stay as they are. A backend
     /// may read such a tensor before the kernels ahead of its reader finish.
     pub fn read_only_leaves(&self) -> Vec<bool> {
-        let mut fixed: Vec<bool> = self
+        let mut read_only: Vec<bool> = self
             .tensors
             .iter()
             .map(|t| t.flags.weight || t.flags.input)
@@ -98,11 +98,11 @@ impl Graph {
         for t in &self.tensors {
             if matches!(t.op, Op::Cpy | Op::SetRows) {
                 if let Some(root) = t.view_src {
-                    fixed[root.index()] = false;
+                    read_only[root.index()] = false;
                 }
             }
         }
-        fixed
+        read_only
     }
 
     /// The first of `nodes[j..]`, looking at most `window` nodes ahead, that computes

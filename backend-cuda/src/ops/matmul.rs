@@ -160,7 +160,7 @@ fn early_weights() -> bool {
 
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
 /// `k` values of type `qt`, with the geometry set in `p.i[3]` ([`mmvq_mode`]), plus 4 there
-/// when the weights are `fixed` ([`Encoder::is_read_only_leaf`]) and may be read early: 128
+/// when the weights are `read_only` ([`Encoder::is_read_only_leaf`]) and may be read early: 128
 /// threads (4 warps) per block of 4 rows, as mmvq.cu's `Geom` decides for every geometry but
 /// one: Q8_0 on the staged engine (only when asked for, a 32-value type, and only for rows of
 /// at least 4 tiles of 32 tasks) has 2 rows a block.
@@ -169,10 +169,10 @@ pub(super) fn mmvq_launch(
     qt: DType,
     rows: u64,
     k: u64,
-    fixed: bool,
+    read_only: bool,
 ) -> (u32, u32) {
     let mode = mmvq_mode();
-    p.i[3] = mode | if fixed && early_weights() { 4 } else { 0 };
+    p.i[3] = mode | if read_only && early_weights() { 4 } else { 0 };
     let staged_q8_0 = qt == DType::Q8_0 && mode == 2 && (k / 32).div_ceil(32) >= 4;
     let per_block = if staged_q8_0 { 2 } else { 4 };
     (rows.div_ceil(per_block) as u32, 128)
@@ -189,7 +189,7 @@ pub(super) fn mmvq(
     n: usize,
     residual: Option<TArg>,
 ) -> Result<()> {
-    let (a, qt, fixed) = (
+    let (a, qt, read_only) = (
         enc.arg(a_id)?,
         enc.graph.get(a_id).dtype,
         enc.is_read_only_leaf(a_id),
@@ -202,7 +202,7 @@ pub(super) fn mmvq(
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64, fixed);
+    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64, read_only);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),

@@ -7,8 +7,11 @@
 //
 // Every product and sum is rounded on its own (the _rn intrinsics, never contracted into a fused
 // multiply-add), as the host computes them, so that the searches compare the same numbers and
-// choose the same candidates. Blocks are assembled in registers / local memory and stored byte by
-// byte (K blocks of 110 and 210 bytes are only 2-byte aligned).
+// choose the same candidates. Blocks are assembled in a 4-byte aligned local array, their f16
+// fields written whole with put_h, and copied out byte by byte (K blocks of 110 and 210 bytes are
+// only 2-byte aligned). Storing a converted f16's low byte on its own is avoided: NVRTC 13.0
+// (the H200 machine's) compiled that store as a conversion of the half's value to an integer
+// (F2I.U8.F16), which wrote 0 for the Q4_K / Q5_K super-scales.
 
 __device__ __forceinline__ float fmul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float fadd(float a, float b) { return __fadd_rn(a, b); }
@@ -17,13 +20,6 @@ __device__ __forceinline__ float fdiv(float a, float b) { return __fdiv_rn(a, b)
 // ggml's nearest_int: halfway cases to even (saturating, as Rust's `as i32`).
 __device__ __forceinline__ int nearest_int(float v) { return __float2int_rn(v); }
 __device__ __forceinline__ int clampi(int v, int lo, int hi) { return min(max(v, lo), hi); }
-// An f16 field written into the block being assembled, byte by byte (read back with ld_h).
-__device__ __forceinline__ void put_f16(u8* b, float v) {
-    const u16 h = f2h(v);
-    b[0] = (u8)h;
-    b[1] = (u8)(h >> 8);
-}
-
 // Below this magnitude a group counts as all zeros.
 #define GROUP_MAX_EPS 1e-15f
 
@@ -220,8 +216,8 @@ __device__ __noinline__ void fit_k4(const Qkx2& p, const float* x, u8* b, u8* l)
             q[j] |= (u8)((lm >> 4) << 6);
         }
     }
-    put_f16(b, fdiv(max_scale, 63.0f));
-    put_f16(b + 2, fdiv(max_min, 63.0f));
+    put_h(b, fdiv(max_scale, 63.0f));
+    put_h(b + 2, fdiv(max_min, 63.0f));
     const float d = ld_h(b), dmin = ld_h(b + 2);
     for (int j = 0; j < 8; j++) {
         int sc, m;
@@ -238,7 +234,7 @@ template <int Q> __device__ __noinline__ void quant256(const float* x, u8* b);
 
 template <> __device__ __noinline__ void quant256<Q2_K>(const float* x, u8* b) {
     const Qkx2 p = {3, -0.5f, 0.1f, 15, true};
-    u8 blk[84];
+    __align__(4) u8 blk[84];
     u8 l[256];
     float scales[16], mins[16];
     for (int j = 0; j < 16; j++) {
@@ -256,12 +252,12 @@ template <> __device__ __noinline__ void quant256<Q2_K>(const float* x, u8* b) {
         const float iscale = fdiv(15.0f, max_scale);
         for (int j = 0; j < 16; j++) blk[j] = (u8)clampi(nearest_int(fmul(iscale, scales[j])), 0, 15);
     }
-    put_f16(blk + 80, fdiv(max_scale, 15.0f));
+    put_h(blk + 80, fdiv(max_scale, 15.0f));
     if (max_min > 0.0f) {
         const float iscale = fdiv(15.0f, max_min);
         for (int j = 0; j < 16; j++) blk[j] |= (u8)(clampi(nearest_int(fmul(iscale, mins[j])), 0, 15) << 4);
     }
-    put_f16(blk + 82, fdiv(max_min, 15.0f));
+    put_h(blk + 82, fdiv(max_min, 15.0f));
     const float d = ld_h(blk + 80), dmin = ld_h(blk + 82);
     for (int j = 0; j < 16; j++) {
         const float dl = fmul(d, (float)(blk[j] & 15));
@@ -285,7 +281,7 @@ __device__ __forceinline__ int q3_scale(const u8* sc, int s) {
 }
 
 template <> __device__ __noinline__ void quant256<Q3_K>(const float* x, u8* b) {
-    u8 blk[110];
+    __align__(4) u8 blk[110];
     i8 l[256];
     float scales[16], max_scale, amax;
     for (int j = 0; j < 16; j++) scales[j] = make_q3_quants(4, x + 16 * j, l + 16 * j);
@@ -300,9 +296,9 @@ template <> __device__ __noinline__ void quant256<Q3_K>(const float* x, u8* b) {
             else sc[j - 8] |= (u8)((v & 15) << 4);
             sc[8 + j % 4] |= (u8)((v >> 4) << (2 * (j / 4)));
         }
-        put_f16(blk + 108, fdiv(1.0f, iscale));
+        put_h(blk + 108, fdiv(1.0f, iscale));
     } else {
-        put_f16(blk + 108, 0.0f);
+        put_h(blk + 108, 0.0f);
     }
     const float d = ld_h(blk + 108);
     for (int j = 0; j < 16; j++) {
@@ -321,7 +317,7 @@ template <> __device__ __noinline__ void quant256<Q3_K>(const float* x, u8* b) {
 
 template <> __device__ __noinline__ void quant256<Q4_K>(const float* x, u8* b) {
     const Qkx2 p = {15, -1.0f, 0.1f, 20, false};
-    u8 blk[144];
+    __align__(4) u8 blk[144];
     u8 l[256];
     fit_k4(p, x, blk, l);
     for (int k = 0; k < 4; k++)
@@ -331,7 +327,7 @@ template <> __device__ __noinline__ void quant256<Q4_K>(const float* x, u8* b) {
 
 template <> __device__ __noinline__ void quant256<Q5_K>(const float* x, u8* b) {
     const Qkx2 p = {31, -0.5f, 0.1f, 15, false};
-    u8 blk[176];
+    __align__(4) u8 blk[176];
     u8 l[256];
     fit_k4(p, x, blk, l);
     u8* qh = blk + 16;
@@ -347,7 +343,7 @@ template <> __device__ __noinline__ void quant256<Q5_K>(const float* x, u8* b) {
 }
 
 template <> __device__ __noinline__ void quant256<Q6_K>(const float* x, u8* b) {
-    u8 blk[210];
+    __align__(4) u8 blk[210];
     i8 l[256];
     float scales[16], max_scale, amax;
     for (int j = 0; j < 16; j++) scales[j] = make_qx_quants(32, x + 16 * j, l + 16 * j);
@@ -355,7 +351,7 @@ template <> __device__ __noinline__ void quant256<Q6_K>(const float* x, u8* b) {
     for (int i = 0; i < 210; i++) blk[i] = 0;
     if (amax >= GROUP_MAX_EPS) {
         const float iscale = fdiv(-128.0f, max_scale);
-        put_f16(blk + 208, fdiv(1.0f, iscale));
+        put_h(blk + 208, fdiv(1.0f, iscale));
         for (int j = 0; j < 16; j++) blk[192 + j] = (u8)(i8)clampi(nearest_int(fmul(iscale, scales[j])), -128, 127);
         const float d = ld_h(blk + 208);
         for (int j = 0; j < 16; j++) {

@@ -263,13 +263,18 @@ fn copies_and_conversions() {
             );
         }
     }
-    // Float into the simple quantized types: bit-exact with the host quantizer.
+    // Float into the quantized types: bit-exact with the host quantizer.
     for q in [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ] {
         let x = rng.vec(256 * 3, -1.0, 1.0);
         let mut g = Graph::new();
@@ -288,6 +293,21 @@ fn copies_and_conversions() {
         );
         let want = to_bytes(q, &x);
         let diff = out[0].iter().zip(&want).filter(|(a, b)| a != b).count();
+        // Which fields differ says which step went wrong (super-scale, scales, quants).
+        let ts = q.type_size();
+        let differing = out[0]
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(_, (o, w))| o != w);
+        for (i, (o, w)) in differing.take(8) {
+            eprintln!(
+                "{} block {} byte {}: {o:#04x}, host {w:#04x}",
+                q.name(),
+                i / ts,
+                i % ts
+            );
+        }
         // Q8_0's host quantizer may use SIMD arithmetic: allow a rare last-bit difference there.
         let dec = from_bytes(q, &out[0], 768);
         check(

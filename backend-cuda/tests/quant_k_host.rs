@@ -29,6 +29,7 @@ typedef uint32_t u32;
 #define __device__
 #define __forceinline__ inline
 #define __noinline__
+#define __align__(n) alignas(n)
 static float __fmul_rn(float a, float b) { return a * b; }
 static float __fadd_rn(float a, float b) { return a + b; }
 static float __fsub_rn(float a, float b) { return a - b; }

@@ -111,6 +111,9 @@ pub(crate) struct Gpu {
     bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
     /// Recorded graphs by the hash of their fingerprint.
     recordings: Mutex<HashMap<u64, Arc<Recording>>>,
+    /// How many times buffers were forgotten ([`Gpu::forget_buffer`]): a recording held since
+    /// this last changed binds no freed buffer.
+    forgets: AtomicU64,
     /// The scratch buffer ([`Gpu::scratch`]): its id and the buffer.
     scratch: Mutex<Option<(u64, wgpu::Buffer)>>,
 }
@@ -242,6 +245,7 @@ impl Gpu {
             pipelines: Mutex::default(),
             bind_groups: Mutex::default(),
             recordings: Mutex::default(),
+            forgets: AtomicU64::new(0),
             scratch: Mutex::default(),
         }))
     }
@@ -451,9 +455,15 @@ impl Gpu {
 
     /// Forgets the bind groups and recordings that bind buffer `id` (it is being freed).
     pub fn forget_buffer(&self, id: u64) {
+        self.forgets.fetch_add(1, Ordering::SeqCst);
         lock(&self.bind_groups)
             .retain(|k, _| k.params != id && k.windows.iter().all(|w| w.id != id));
         lock(&self.recordings).retain(|_, r| r.buffers.binary_search(&id).is_err());
+    }
+
+    /// The number of [`Gpu::forget_buffer`] calls so far.
+    pub fn forget_count(&self) -> u64 {
+        self.forgets.load(Ordering::SeqCst)
     }
 
     /// The recording of a graph with fingerprint `key` (hashed to `hash`), if there is one.

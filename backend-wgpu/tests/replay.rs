@@ -1,5 +1,6 @@
 //! A graph computed again is replayed from its recording: new input values give new results,
-//! and the same shapes in other memory are not mistaken for it. Graphs whose split attention
+//! the same shapes in other memory are not mistaken for it, and a graph changed in place (an
+//! op's parameter) is not replayed as it was. Graphs whose split attention
 //! decode leaves partial results in the device's scratch buffer give the same results when a
 //! larger graph grows the scratch between their runs.
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::backend::Backend;
-use tessera_core::{DType, Graph, TensorId};
+use tessera_core::{DType, Graph, Op, TensorId};
 use tessera_wgpu::WgpuDevice;
 
 /// out = x * 2 + x * y over [n].
@@ -75,6 +76,41 @@ fn replayed_graphs_see_new_inputs_and_new_memory() {
     backend.compute(&g2, &nodes).unwrap();
     backend.synchronize().unwrap();
     assert!(take(&g2, out2, n).iter().all(|&v| v == 3.0));
+}
+
+#[test]
+fn a_graph_changed_in_place_is_not_replayed_as_it_was() {
+    let Some(dev) = common::device() else { return };
+    let n = 256;
+    let mut backend = dev.new_backend().unwrap();
+    let (mut g, x, y, out) = build(n);
+    let nodes: Vec<_> = g.ids().collect();
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut g, &nodes).unwrap();
+    let xv: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let yv: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+    put(&g, x, &xv);
+    put(&g, y, &yv);
+    let scale = nodes
+        .iter()
+        .copied()
+        .find(|&id| matches!(g.get(id).op, Op::Scale { .. }))
+        .unwrap();
+    for factor in [2.0f32, 2.0, 5.0, 5.0, -1.0] {
+        if let Op::Scale { scale: s, .. } = &mut g.get_mut(scale).op {
+            *s = factor;
+        }
+        backend.compute(&g, &nodes).unwrap();
+        backend.synchronize().unwrap();
+        let got = take(&g, out, n);
+        for i in 0..n {
+            assert_eq!(
+                got[i],
+                xv[i] * factor + xv[i] * yv[i],
+                "factor {factor}, element {i}"
+            );
+        }
+    }
 }
 
 /// An attention graph in device memory: the graph, its nodes, its output, and the allocator

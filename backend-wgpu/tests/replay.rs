@@ -41,23 +41,51 @@ fn take(g: &Graph, id: TensorId, n: usize) -> Vec<f32> {
     v
 }
 
+/// [`build`]'s graph in memory of `dev`: the graph, x, y, out, its nodes, and the allocator
+/// that holds its memory.
+fn allocated(
+    dev: &Arc<dyn tessera_core::Device>,
+    n: usize,
+) -> (
+    Graph,
+    TensorId,
+    TensorId,
+    TensorId,
+    Vec<TensorId>,
+    GraphAllocator,
+) {
+    let (mut g, x, y, out) = build(n);
+    let nodes: Vec<_> = g.ids().collect();
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut g, &nodes).unwrap();
+    (g, x, y, out, nodes, alloc)
+}
+
+/// Computes `nodes` of `g` on `backend`, waits, and reads `n` values of `out`.
+fn run(
+    backend: &mut dyn Backend,
+    g: &Graph,
+    nodes: &[TensorId],
+    out: TensorId,
+    n: usize,
+) -> Vec<f32> {
+    backend.compute(g, nodes).unwrap();
+    backend.synchronize().unwrap();
+    take(g, out, n)
+}
+
 #[test]
 fn replayed_graphs_see_new_inputs_and_new_memory() {
     let Some(dev) = common::device() else { return };
     let n = 1000;
     let mut backend = dev.new_backend().unwrap();
-    let (mut g, x, y, out) = build(n);
-    let nodes: Vec<_> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut g, &nodes).unwrap();
+    let (g, x, y, out, nodes, alloc) = allocated(&dev, n);
     for round in 0..3 {
         let xv: Vec<f32> = (0..n).map(|i| (i + round) as f32 * 0.5).collect();
         let yv: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - round as f32).collect();
         put(&g, x, &xv);
         put(&g, y, &yv);
-        backend.compute(&g, &nodes).unwrap();
-        backend.synchronize().unwrap();
-        let got = take(&g, out, n);
+        let got = run(backend.as_mut(), &g, &nodes, out, n);
         for i in 0..n {
             assert_eq!(
                 got[i],
@@ -68,14 +96,11 @@ fn replayed_graphs_see_new_inputs_and_new_memory() {
     }
     // The same graph in another buffer (a fresh allocator), with the first one freed.
     drop(alloc);
-    let (mut g2, x2, y2, out2) = build(n);
-    let mut alloc2 = GraphAllocator::new(Arc::clone(&dev.buffer_type()));
-    alloc2.alloc(&mut g2, &nodes).unwrap();
+    let (g2, x2, y2, out2, nodes2, _alloc2) = allocated(&dev, n);
     put(&g2, x2, &vec![3.0; n]);
     put(&g2, y2, &vec![-1.0; n]);
-    backend.compute(&g2, &nodes).unwrap();
-    backend.synchronize().unwrap();
-    assert!(take(&g2, out2, n).iter().all(|&v| v == 3.0));
+    let got = run(backend.as_mut(), &g2, &nodes2, out2, n);
+    assert!(got.iter().all(|&v| v == 3.0));
 }
 
 #[test]
@@ -83,10 +108,7 @@ fn a_graph_changed_in_place_is_not_replayed_as_it_was() {
     let Some(dev) = common::device() else { return };
     let n = 256;
     let mut backend = dev.new_backend().unwrap();
-    let (mut g, x, y, out) = build(n);
-    let nodes: Vec<_> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut g, &nodes).unwrap();
+    let (mut g, x, y, out, nodes, _alloc) = allocated(&dev, n);
     let xv: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
     let yv: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
     put(&g, x, &xv);
@@ -100,9 +122,7 @@ fn a_graph_changed_in_place_is_not_replayed_as_it_was() {
         if let Op::Scale { scale: s, .. } = &mut g.get_mut(scale).op {
             *s = factor;
         }
-        backend.compute(&g, &nodes).unwrap();
-        backend.synchronize().unwrap();
-        let got = take(&g, out, n);
+        let got = run(backend.as_mut(), &g, &nodes, out, n);
         for i in 0..n {
             assert_eq!(
                 got[i],

@@ -15,7 +15,9 @@
 #   dec  tessera bench -p 0 -n 128 -r 3 on the synthetic Llama-8B-shape model (MODEL8 type,
 #        default q4_0; a q4_k model takes ~2 minutes to generate) on DEV (default cuda:0;
 #        wgpu:0 for the wgpu backend);
-#   ops  tessera ops test --backend cuda:0 (the whole suite) with B.
+#   prof the per-kernel (cuda) or per-dispatch (wgpu) GPU time of one 8B decode run on DEV for
+#        each side (TESSERA_CUDA_PROFILE / TESSERA_WGPU_PROFILE), its costliest lines;
+#   ops  tessera ops test --backend DEV (the whole suite) with B.
 # ENV_A / ENV_B add environment settings to one side (e.g. ENV_B="TESSERA_CUDA_MMVQ=staged").
 # C and D (optional) name more builds for the mv step only (e.g. one commit of a series each).
 # Prints RESULT lines; every log goes into $OUT/logs.tgz (the device tool returns few files).
@@ -62,8 +64,18 @@ if has dec; then
     done
   done
 fi
+if has prof; then
+  M=/root/syn/llama-8b-$MODEL8.gguf; mkdir -p /root/syn
+  [ -f "$M" ] || timeout 300 /root/ab/A/tessera gguf synth --like llama-8b --type "$MODEL8" --out "$M" > "$L/synth.log" 2>&1
+  for s in A B; do
+    log=$L/prof-$s.log
+    env $(side_env $s) TESSERA_CUDA_PROFILE=1 TESSERA_WGPU_PROFILE=1 RUST_LOG=tessera_cuda=debug,tessera_wgpu=debug \
+      timeout 150 /root/ab/$s/tessera bench --model "$M" --device "$DEV" -p 0 -n 32 -r 1 > "$log" 2>&1
+    grep -E 'profile of|us each' "$log" | head -8 | sed "s/^.*\] /RESULT prof $s /"
+  done
+fi
 if has ops; then
-  env $(side_env B) timeout 300 /root/ab/B/tessera ops test --backend cuda:0 > "$L/ops-B.log" 2>&1
+  env $(side_env B) timeout 300 /root/ab/B/tessera ops test --backend "$DEV" > "$L/ops-B.log" 2>&1
   echo "RESULT ops B $(tail -1 "$L/ops-B.log") ($(el))"
 fi
 tar czf "$OUT/logs.tgz" -C "$L" .

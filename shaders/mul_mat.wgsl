@@ -426,6 +426,15 @@ fn s6w(i: u32) -> u32 { return src6[i]; }
 fn last6() -> u32 { return arrayLength(&src6) - 1u; }
 #endif
 @group(0) @binding(7) var<storage, read_write> dst7: array<u32>;
+
+// Stores w at word i of K's output (src3) or, where `to_v`, of V's (binding 7).
+fn kv_word(to_v: bool, i: u32, w: u32) {
+    if to_v {
+        dst7[i] = w;
+    } else {
+        src3[i] = w;
+    }
+}
 #if ROPE
 @group(0) @binding(9) var<storage, read_write> rope_pos: array<u32>;
 @group(0) @binding(10) var<storage, read_write> rope_row: array<u32>;
@@ -856,31 +865,21 @@ fn rope_store(v: f32, v2: f32, m: u32, mm: u32, li: u32, j: u32) {
     let vb = (P.off4.w + at_row) >> 2u;
 #if KVS
     // A pair of K rows (rotated) or of V rows (as they are).
-    if isv {
-        if T3 == 1u {
-            dst7[vb] = f16_bits(v) | (f16_bits(next.x) << 16u);
-        } else {
-            dst7[vb] = bitcast<u32>(v);
-            dst7[vb + 1u] = bitcast<u32>(next.x);
-        }
-    } else {
-        if T3 == 1u {
-            src3[kb] = f16_bits(y.x) | (f16_bits(y.y) << 16u);
-        } else {
-            src3[kb] = bitcast<u32>(y.x);
-            src3[kb + 1u] = bitcast<u32>(y.y);
-        }
-    }
-    return;
+    cache_pair(isv, select(kb, vb, isv), select(y, vec2<f32>(v, next.x), isv));
+#else
+    cache_pair(false, kb, y);
+    cache_pair(true, vb, vec2<f32>(v2, next.y));
 #endif
+}
+
+// Stores the values z of two neighbouring cache entries from word i of K's cache or, where
+// `to_v`, of V's: both f16 in one word (T3 f16), else a word each.
+fn cache_pair(to_v: bool, i: u32, z: vec2<f32>) {
     if T3 == 1u {
-        src3[kb] = f16_bits(y.x) | (f16_bits(y.y) << 16u);
-        dst7[vb] = f16_bits(v2) | (f16_bits(next.y) << 16u);
+        kv_word(to_v, i, f16_bits(z.x) | (f16_bits(z.y) << 16u));
     } else {
-        src3[kb] = bitcast<u32>(y.x);
-        src3[kb + 1u] = bitcast<u32>(y.y);
-        dst7[vb] = bitcast<u32>(v2);
-        dst7[vb + 1u] = bitcast<u32>(next.y);
+        kv_word(to_v, i, bitcast<u32>(z.x));
+        kv_word(to_v, i + 1u, bitcast<u32>(z.y));
     }
 }
 #endif
@@ -950,15 +949,16 @@ fn mat_vec_q(
     let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
     // A row past the end repeats the last row (its sum is not stored).
-#if KVS
-    let kvr = min(m, mm - 1u) * P.s2.nb.y;
-    let r = select(row0(min(m, mm - 1u), 0u, 0u), select(P.off.w, P.off4.z, isv) + kvr, kv);
-#else
 #if QKV
-    let r = select(row0(min(m, mm - 1u), 0u, 0u), P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
+    // K's rows from byte off.w (V's, with KVS, from off4.z), laid out alike.
+#if KVS
+    let kv_base = select(P.off.w, P.off4.z, isv);
+#else
+    let kv_base = P.off.w;
+#endif
+    let r = select(row0(min(m, mm - 1u), 0u, 0u), kv_base + min(m, mm - 1u) * P.s2.nb.y, kv);
 #else
     let r = row0(min(m, mm - 1u), c.z, c.w);
-#endif
 #endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
     let np = (kk / QB) * TPB;
@@ -1054,14 +1054,10 @@ fn mat_vec_q(
     if kv {
         if j == 0u && m < mm {
 #if KVS
-            if isv {
-                dst7[(P.off4.w + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v);
-            } else {
-                src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v);
-            }
+            kv_word(isv, (select(P.off4.x, P.off4.w, isv) + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v));
 #else
-            src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v);
-            dst7[(P.off4.w + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
+            kv_word(false, (P.off4.x + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v));
+            kv_word(true, (P.off4.w + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v2));
 #endif
         }
         return;

@@ -392,10 +392,7 @@ fn mat_vec(
 // K and V): the first u.w workgroups take ROWS rows each of src0 (Q) into dst as the plain
 // variant does, the ones after them ROWS rows each of src2 (K, into src3) and of a third
 // matrix in binding 6 (V, from byte off4.z, laid out as src2) into binding 7 (from byte
-// off4.w, laid out as src3), as PAIR does; Q may have more rows than K and V. KVS (K/V split,
-// ROWS a multiple of 4): a K/V workgroup takes ROWS / 2 rows of K in its first half of rows and
-// the same rows of V in its second, one matrix an invocation, so that it reads as many bytes
-// as a Q workgroup (without KVS each of its invocations reads a row of K and one of V).
+// off4.w, laid out as src3), as PAIR does; Q may have more rows than K and V.
 // ROPE (with QKV) also runs what follows those products in a Llama block's decode step: the
 // rope of Q and K (adjacent pairs (2i, 2i + 1) of each head of h.w values, the first h.z
 // values of a head rotated, the rest copied) and the stores of K and V into their caches.
@@ -410,11 +407,6 @@ const KC: u32 = {{KC}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
 var<workgroup> yd: array<f32, KC / 32u>;
 const TPR: u32 = {{TPR}}u;
-#if KVS
-const KVS_ON: bool = true;
-#else
-const KVS_ON: bool = false;
-#endif
 #if QKV
 #if B4
 @group(0) @binding(6) var<storage, read_write> src6: array<vec4<u32>>;
@@ -426,15 +418,6 @@ fn s6w(i: u32) -> u32 { return src6[i]; }
 fn last6() -> u32 { return arrayLength(&src6) - 1u; }
 #endif
 @group(0) @binding(7) var<storage, read_write> dst7: array<u32>;
-
-// Stores w at word i of K's output (src3) or, where `to_v`, of V's (binding 7).
-fn kv_word(to_v: bool, i: u32, w: u32) {
-    if to_v {
-        dst7[i] = w;
-    } else {
-        src3[i] = w;
-    }
-}
 #if ROPE
 @group(0) @binding(9) var<storage, read_write> rope_pos: array<u32>;
 @group(0) @binding(10) var<storage, read_write> rope_row: array<u32>;
@@ -443,10 +426,6 @@ var<workgroup> pair_sums: array<vec2<f32>, ROWS>;
 #endif
 // Whether this workgroup takes rows of K and V (src2 and binding 6), else of Q (src0).
 var<private> kv: bool;
-#if KVS
-// Whether this invocation's row is one of V (the second half of a K/V workgroup's rows).
-var<private> isv: bool;
-#endif
 #endif
 #if NORM
 @group(0) @binding(5) var<storage, read_write> norm_w: array<u32>;
@@ -863,23 +842,14 @@ fn rope_store(v: f32, v2: f32, m: u32, mm: u32, li: u32, j: u32) {
     let at_row = row * P.s3.nb.y + m * P.s3.nb.x;
     let kb = (P.off4.x + at_row) >> 2u;
     let vb = (P.off4.w + at_row) >> 2u;
-#if KVS
-    // A pair of K rows (rotated) or of V rows (as they are).
-    cache_pair(isv, select(kb, vb, isv), select(y, vec2<f32>(v, next.x), isv));
-#else
-    cache_pair(false, kb, y);
-    cache_pair(true, vb, vec2<f32>(v2, next.y));
-#endif
-}
-
-// Stores the values z of two neighbouring cache entries from word i of K's cache or, where
-// `to_v`, of V's: both f16 in one word (T3 f16), else a word each.
-fn cache_pair(to_v: bool, i: u32, z: vec2<f32>) {
     if T3 == 1u {
-        kv_word(to_v, i, f16_bits(z.x) | (f16_bits(z.y) << 16u));
+        src3[kb] = f16_bits(y.x) | (f16_bits(y.y) << 16u);
+        dst7[vb] = f16_bits(v2) | (f16_bits(next.y) << 16u);
     } else {
-        kv_word(to_v, i, bitcast<u32>(z.x));
-        kv_word(to_v, i + 1u, bitcast<u32>(z.y));
+        src3[kb] = bitcast<u32>(y.x);
+        src3[kb + 1u] = bitcast<u32>(y.y);
+        dst7[vb] = bitcast<u32>(v2);
+        dst7[vb + 1u] = bitcast<u32>(next.y);
     }
 }
 #endif
@@ -938,25 +908,12 @@ fn mat_vec_q(
     let mm = P.d.ne.x;
     let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
 #endif
-#if KVS
-    // K/V workgroups: rows c.x * ROWS / 2 .. of K, then the same rows of V.
-    let lr = li / TPR;
-    isv = kv && lr >= ROWS / 2u;
-    let m = select(c.x * ROWS + lr, c.x * (ROWS / 2u) + lr % (ROWS / 2u), kv);
-#else
     let m = c.x * ROWS + li / TPR;
-#endif
     let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
     // A row past the end repeats the last row (its sum is not stored).
 #if QKV
-    // K's rows from byte off.w (V's, with KVS, from off4.z), laid out alike.
-#if KVS
-    let kv_base = select(P.off.w, P.off4.z, isv);
-#else
-    let kv_base = P.off.w;
-#endif
-    let r = select(row0(min(m, mm - 1u), 0u, 0u), kv_base + min(m, mm - 1u) * P.s2.nb.y, kv);
+    let r = select(row0(min(m, mm - 1u), 0u, 0u), P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
 #else
     let r = row0(min(m, mm - 1u), c.z, c.w);
 #endif
@@ -964,20 +921,14 @@ fn mat_vec_q(
     let np = (kk / QB) * TPB;
     var p = j;
     var pn = min(p, np - 1u);
-#if KVS
-    let u = isv;
-#else
-    let u = false;
-#endif
-    var w = load_part(u, r, pn / TPB, pn % TPB);
+    var w = load_part(false, r, pn / TPB, pn % TPB);
     var acc = 0.0;
 #if W2
 #if QKV
-    // V's row (Q workgroups load none; nor does any with KVS).
+    // V's row (Q workgroups load none).
     let r2 = P.off4.z + min(m, mm - 1u) * P.s2.nb.y;
     var w2: WPart;
-    let two = kv && !KVS_ON;
-    if two {
+    if kv {
         w2 = load_part(true, r2, pn / TPB, pn % TPB);
     }
 #else
@@ -995,10 +946,10 @@ fn mat_vec_q(
         let end = min(np, ((k0 + KC) / QB) * TPB);
         for (; p < end; p += TPR) {
             pn = min(p + TPR, np - 1u);
-            let next = load_part(u, r, pn / TPB, pn % TPB);
+            let next = load_part(false, r, pn / TPB, pn % TPB);
 #if QKV
             var next2 = w2;
-            if two {
+            if kv {
                 next2 = load_part(true, r2, pn / TPB, pn % TPB);
             }
 #else
@@ -1011,7 +962,7 @@ fn mat_vec_q(
             acc += part_dot_q(w, r, p / TPB, t, y);
             w = next;
 #if QKV
-            if two {
+            if kv {
                 acc2 += part_dot_q(w2, r2, p / TPB, t, y);
                 w2 = next2;
             }
@@ -1037,11 +988,7 @@ fn mat_vec_q(
     var v = row_sum(acc, li, j);
     let dc = vec4<u32>(m, c.yzw);
 #if W2
-#if KVS
-    let v2 = 0.0;
-#else
     let v2 = row_sum(acc2, li, j);
-#endif
 #if GLU
     v = v / (1.0 + exp(-v)) * v2;
 #else
@@ -1053,12 +1000,8 @@ fn mat_vec_q(
     // K and V workgroups store both sums (K's first) and are done.
     if kv {
         if j == 0u && m < mm {
-#if KVS
-            kv_word(isv, (select(P.off4.x, P.off4.w, isv) + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v));
-#else
-            kv_word(false, (P.off4.x + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v));
-            kv_word(true, (P.off4.w + at(dc, P.s3.nb)) >> 2u, bitcast<u32>(v2));
-#endif
+            src3[(P.off4.x + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v);
+            dst7[(P.off4.w + at(dc, P.s3.nb)) >> 2u] = bitcast<u32>(v2);
         }
         return;
     }

@@ -60,14 +60,6 @@ fn qkv_on() -> bool {
     std::env::var("TESSERA_WGPU_QKV").map_or(true, |v| v.trim() != "0")
 }
 
-/// Whether the QKV dispatch's K/V workgroups take half their rows from K and half from V, one
-/// matrix an invocation (KVS in `shaders/mul_mat.wgsl`), instead of a row of each per
-/// invocation: `TESSERA_WGPU_QKV_SPLIT=1` (off by default until measured on a GPU; its
-/// prediction: the Q/K/V dispatch of an 8B decode step 25 -> ~20 µs).
-fn kv_split_on() -> bool {
-    std::env::var("TESSERA_WGPU_QKV_SPLIT").is_ok_and(|v| v.trim() == "1")
-}
-
 /// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
 /// of each tensor.
 pub(crate) struct Fuser<'a> {
@@ -554,13 +546,8 @@ impl<'a> Fuser<'a> {
             return Ok(None);
         }
         let rows = out.variant.get("ROWS").unwrap_or(1) as usize;
-        let split = kv_split_on() && rows.is_multiple_of(4);
-        let kv_rows = if split { rows / 2 } else { rows };
-        let (gq, groups) = (mq.div_ceil(rows), mq.div_ceil(rows) + mk.div_ceil(kv_rows));
+        let (gq, groups) = (mq.div_ceil(rows), mq.div_ceil(rows) + mk.div_ceil(rows));
         out.variant = second_matrix_variant(out.variant, false).def("QKV", 1);
-        if split {
-            out.variant = out.variant.def("KVS", 1);
-        }
         out.groups = groups;
         out.params.u[0] = groups as u32;
         out.params.u[3] = gq as u32;

@@ -1483,11 +1483,6 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                             w2(x.clone(), false).def("QKV", 1),
                                             DType::F32,
                                         ),
-                                        w2(x.clone(), false).def("QKV", 1).def("KVS", 1),
-                                        crate::fused::qkv_rope_variant(
-                                            w2(x.clone(), false).def("QKV", 1).def("KVS", 1),
-                                            DType::F16,
-                                        ),
                                         w2(x, true),
                                     ];
                                     for f in fused {

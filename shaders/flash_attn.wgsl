@@ -16,8 +16,11 @@
 // one word per pair of f16, so that a group's loads are contiguous), add their partial dot
 // products with subgroupShuffleXor where SUBGROUPS (G is at most any subgroup size, and the
 // G consecutive invocations of a group are assumed to share a subgroup, as mul_mat assumes),
-// else through workgroup memory, and accumulate the same dim pairs of the output. At the end
-// the groups' maxima, sums and outputs are combined through workgroup memory. Keys past the
+// else through workgroup memory, and accumulate the same dim pairs of the output. Each step
+// issues its k, mask and v loads together. At the end the groups' maxima, sums and outputs are
+// combined: with SUBGROUPS first within each subgroup by subgroup operations (subgroup i
+// assumed to be invocations i * size ..., as mul_mat assumes), then the subgroups' through
+// workgroup memory; without, the groups' through workgroup memory. Keys past the
 // end (of the split) are read clamped to its last key (so that loads need no branch) and
 // weigh 0.
 //
@@ -91,19 +94,24 @@ fn locate(o: u32) -> Row {
     );
 }
 
-// The score of key j from its dot product with the query: scaled, soft-capped, plus the slope
-// m times the mask (NEG_INF at the lowest).
-fn score(qk: f32, j: u32, mb: u32, m: f32) -> f32 {
+// The mask's value for key j of the mask row at byte mb (0 without a mask).
+fn mask_at(mb: u32, j: u32) -> f32 {
+    if P.u.y != 0u {
+        return ld3(mb + j * P.s3.nb.x);
+    }
+    return 0.0;
+}
+
+// The score of a key from its dot product with the query: scaled, soft-capped, plus the slope
+// m times its mask value mk (NEG_INF at the lowest).
+fn score(qk: f32, mk: f32, m: f32) -> f32 {
     var s = qk * P.f.x;
     if P.g.x != 0.0 {
         let t = s / P.g.x;
         let e = exp(-2.0 * abs(t));
         s = P.g.x * sign(t) * (1.0 - e) / (1.0 + e);
     }
-    if P.u.y != 0u {
-        s += m * ld3(mb + j * P.s3.nb.x);
-    }
-    return max(s, NEG_INF);
+    return max(s + m * mk, NEG_INF);
 }
 
 // The factor that takes values kept against maximum mg to maximum mx.
@@ -146,7 +154,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             for (var i = 0u; i < d; i++) {
                 qk += qs[i] * ld1(kr + i * P.s1.nb.x);
             }
-            s = score(qk, j, row.mb, m);
+            s = score(qk, mask_at(row.mb, j), m);
         }
         let new_max = max(run_max, wg_max(s, li));
         let p = select(exp(s - new_max), 0.0, s <= NEG_INF);
@@ -180,25 +188,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 #if DECODE
 
 // Invocations per key.
-const G: u32 = 4u;
+const G: u32 = 8u;
 // Key groups per workgroup.
 const NG: u32 = {{WG}}u / G;
 // Keys per group and step.
 const KU: u32 = {{KU}}u;
-// Dim pairs per invocation.
-const PAIRS: u32 = DMAX / (2u * G);
-// Groups per round of the final combine.
+// vec4s of values per 16-byte chunk of a k row and of a v row (T1, T2: 0 f32, 1 f16).
+const KW: u32 = 1u + T1;
+const VW: u32 = 1u + T2;
+// Chunks of a k row and of a v row per invocation (rows of at most DMAX values).
+const CK: u32 = (DMAX + 4u * KW * G - 1u) / (4u * KW * G);
+const CV: u32 = (DMAX + 4u * VW * G - 1u) / (4u * VW * G);
+// Units (groups, or subgroups with SUBGROUPS) per round of the final combine.
 const CG: u32 = 2048u / DMAX;
-
-// Chunks of the groups' maxima and sums reduced in the first stage of the final combine.
-const RC: u32 = 8u;
 // Parts of the workgroup that add the groups' outputs side by side (at least one).
 const PARTS: u32 = max({{WG}}u / DMAX, 1u);
 
+var<workgroup> comb: array<f32, CG * DMAX>;
+#if SUBGROUPS
+// One value per subgroup: its maximum, and its sum rescaled to the largest.
+var<workgroup> gval: array<f32, NG>;
+var<workgroup> gsum: array<f32, NG>;
+#else
+// Chunks of the groups' maxima and sums reduced in the first stage of the final combine.
+const RC: u32 = 8u;
 // One value per group (its maximum, then its rescaled sum), and the chunks' reductions of them.
 var<workgroup> gval: array<f32, NG>;
 var<workgroup> gred: array<f32, RC>;
-var<workgroup> comb: array<f32, CG * DMAX>;
 
 // gval reduced to one value in every invocation: the largest where take_max, else the sum. Two
 // stages: RC invocations reduce a chunk of NG / RC groups each, then every invocation the RC
@@ -219,23 +235,42 @@ fn reduce_groups(li: u32, take_max: bool) -> f32 {
     }
     return v;
 }
+#endif
 
-// Dims 2i and 2i + 1 of the k row at byte r.
-fn kpair(r: u32, i: u32) -> vec2<f32> {
-    if T1 == 1u {
-        return halves(s1w((r >> 2u) + i));
-    }
-    let w = (r >> 2u) + 2u * i;
-    return vec2<f32>(bitcast<f32>(s1w(w)), bitcast<f32>(s1w(w + 1u)));
+// Chunk c (words 4c .. 4c + 3) of the k row at byte r, of nw words: one 16-byte load with Y4
+// (16-byte aligned rows of whole chunks), else four word loads, each clamped to the row's last
+// word.
+fn kchunk(r: u32, c: u32, nw: u32) -> vec4<u32> {
+#if Y4
+    return src1[(r >> 4u) + c];
+#else
+    let w = r >> 2u;
+    let l = nw - 1u;
+    let i = 4u * c;
+    return vec4<u32>(src1[w + min(i, l)], src1[w + min(i + 1u, l)], src1[w + min(i + 2u, l)], src1[w + min(i + 3u, l)]);
+#endif
 }
 
-// Dims 2i and 2i + 1 of the v row at byte r.
-fn vpair(r: u32, i: u32) -> vec2<f32> {
-    if T2 == 1u {
-        return halves(s2w((r >> 2u) + i));
+// The same for the v row at byte r (B4 as Y4).
+fn vchunk(r: u32, c: u32, nw: u32) -> vec4<u32> {
+#if B4
+    return src2[(r >> 4u) + c];
+#else
+    let w = r >> 2u;
+    let l = nw - 1u;
+    let i = 4u * c;
+    return vec4<u32>(src2[w + min(i, l)], src2[w + min(i + 1u, l)], src2[w + min(i + 2u, l)], src2[w + min(i + 3u, l)]);
+#endif
+}
+
+// vec4 h of the values of chunk w: its words' f16 pairs (h = 0: words x, y; 1: z, w) where
+// `f16v`, else its four f32.
+fn chunk_values(w: vec4<u32>, f16v: bool, h: u32) -> vec4<f32> {
+    if f16v {
+        let a = select(w.xy, w.zw, h == 1u);
+        return vec4<f32>(halves(a.x), halves(a.y));
     }
-    let w = (r >> 2u) + 2u * i;
-    return vec2<f32>(bitcast<f32>(s2w(w)), bitcast<f32>(s2w(w + 1u)));
+    return bitcast<vec4<f32>>(w);
 }
 
 // The sums of x over each group's G invocations (every invocation of the group gets them, the
@@ -244,8 +279,9 @@ fn vpair(r: u32, i: u32) -> vec2<f32> {
 fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
     var y = x;
     for (var u = 0u; u < KU; u++) {
-        y[u] += subgroupShuffleXor(y[u], 1u);
-        y[u] += subgroupShuffleXor(y[u], 2u);
+        for (var b = 1u; b < G; b <<= 1u) {
+            y[u] += subgroupShuffleXor(y[u], b);
+        }
     }
     return y;
 }
@@ -260,8 +296,17 @@ fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
     var y: array<f32, KU>;
     let b = li - li % G;
     for (var u = 0u; u < KU; u++) {
-        let i = u * {{WG}}u + b;
-        y[u] = (part[i] + part[i + 1u]) + (part[i + 2u] + part[i + 3u]);
+        // Pairwise, as the shuffles add.
+        var v: array<f32, G>;
+        for (var i = 0u; i < G; i++) {
+            v[i] = part[u * {{WG}}u + b + i];
+        }
+        for (var h = 1u; h < G; h <<= 1u) {
+            for (var i = 0u; i < G; i += 2u * h) {
+                v[i] += v[i + h];
+            }
+        }
+        y[u] = v[0];
     }
     workgroupBarrier();
     return y;
@@ -269,7 +314,15 @@ fn group_sums(x: array<f32, KU>, li: u32) -> array<f32, KU> {
 #endif
 
 @compute @workgroup_size({{WG}})
-fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn decode(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sli: u32,
+    @builtin(subgroup_size) ssz: u32,
+#endif
+) {
     let o = group(wg, nwg);
     if o >= P.u.x {
         return;
@@ -280,61 +333,113 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let end = min(start + P.h.y, P.s1.ne.y);
     let r = li % G;
     let g = li / G;
-    let np = P.s0.ne.x / 2u;
-    let npv = P.s2.ne.x / 2u;
+    let dk = P.s0.ne.x;
     let dv = P.s2.ne.x;
+    // Words and 16-byte chunks of a k row and a v row.
+    let nwk = dk / (1u + T1);
+    let nwv = dv / (1u + T2);
+    let nck = (nwk + 3u) / 4u;
+    let ncv = (nwv + 3u) / 4u;
     let m = slope(row.h);
-    // The query's dim pairs of this invocation (zeros past D, so that the clamped k pairs
-    // there add nothing).
-    var q: array<vec2<f32>, PAIRS>;
-    var acc: array<vec2<f32>, PAIRS>;
-    for (var t = 0u; t < PAIRS; t++) {
-        let i = r + t * G;
-        let e = row.qb + 2u * i * P.s0.nb.x;
-        q[t] = vec2<f32>(0.0);
-        if i < np {
-            q[t] = vec2<f32>(ld0(e), ld0(e + P.s0.nb.x));
+    // The query's values of this invocation's k chunks r, r + G, ... (zeros past D, so that
+    // the clamped chunks there add nothing), and the output's of its v chunks.
+    var q: array<vec4<f32>, CK * KW>;
+    var acc: array<vec4<f32>, CV * VW>;
+    for (var c = 0u; c < CK * KW; c++) {
+        let e0 = ((r + (c / KW) * G) * KW + c % KW) * 4u;
+        var v = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u; i++) {
+            if e0 + i < dk {
+                v[i] = ld0(row.qb + (e0 + i) * P.s0.nb.x);
+            }
         }
-        acc[t] = vec2<f32>(0.0);
+        q[c] = v;
+    }
+    for (var c = 0u; c < CV * VW; c++) {
+        acc[c] = vec4<f32>(0.0);
     }
     var run_max = NEG_INF;
     var run_sum = 0.0;
     // Every group runs the same number of steps (the group reductions are uniform).
     for (var b0 = start; b0 < end; b0 += NG * KU) {
         let j0 = b0 + g * KU;
+        // The step's k, mask and v loads are all issued before any is used, so that one
+        // memory round trip serves them all (v and the mask do not wait for the scores).
         var s: array<f32, KU>;
+        var mk: array<f32, KU>;
+        var vs: array<array<vec4<u32>, CV>, KU>;
         for (var u = 0u; u < KU; u++) {
-            let kr = row.kb + min(j0 + u, end - 1u) * P.s1.nb.y;
+            let j = min(j0 + u, end - 1u);
+            let kr = row.kb + j * P.s1.nb.y;
+            let vr = row.vb + j * P.s2.nb.y;
+            mk[u] = mask_at(row.mb, j);
             var qk = 0.0;
-            for (var t = 0u; t < PAIRS; t++) {
-                qk += dot(q[t], kpair(kr, min(r + t * G, np - 1u)));
+            for (var c = 0u; c < CK; c++) {
+                let w = kchunk(kr, min(r + c * G, nck - 1u), nwk);
+                for (var h = 0u; h < KW; h++) {
+                    qk += dot(q[c * KW + h], chunk_values(w, T1 == 1u, h));
+                }
+            }
+            for (var c = 0u; c < CV; c++) {
+                vs[u][c] = vchunk(vr, min(r + c * G, ncv - 1u), nwv);
             }
             s[u] = qk;
         }
         s = group_sums(s, li);
         var top = run_max;
         for (var u = 0u; u < KU; u++) {
-            let j = j0 + u;
-            s[u] = select(NEG_INF, score(s[u], j, row.mb, m), j < end);
+            s[u] = select(NEG_INF, score(s[u], mk[u], m), j0 + u < end);
             top = max(top, s[u]);
         }
         let corr = select(exp(run_max - top), 1.0, top <= NEG_INF);
         run_sum *= corr;
-        for (var t = 0u; t < PAIRS; t++) {
-            acc[t] *= corr;
+        for (var c = 0u; c < CV * VW; c++) {
+            acc[c] *= corr;
         }
         for (var u = 0u; u < KU; u++) {
             let p = select(exp(s[u] - top), 0.0, s[u] <= NEG_INF);
             run_sum += p;
-            let vr = row.vb + min(j0 + u, end - 1u) * P.s2.nb.y;
-            for (var t = 0u; t < PAIRS; t++) {
-                acc[t] += p * vpair(vr, min(r + t * G, npv - 1u));
+            for (var c = 0u; c < CV * VW; c++) {
+                acc[c] += p * chunk_values(vs[u][c / VW], T2 == 1u, c % VW);
             }
         }
         run_max = top;
     }
-    // Combine the groups: the largest of their maxima and the sum of their sums rescaled to it,
-    // then their outputs CG groups at a time.
+#if SUBGROUPS
+    // Combine the groups: first within each subgroup (the groups it holds: their maximum, their
+    // sums rescaled to it and their outputs by shuffles), then the subgroups ("units") through
+    // workgroup memory: the largest of their maxima, and their sums and outputs rescaled to it.
+    let nu = {{WG}}u / ssz;
+    let unit = li / ssz;
+    let lead = sli < G;
+    let smx = subgroupMax(run_max);
+    if sli == 0u {
+        gval[unit] = smx;
+    }
+    workgroupBarrier();
+    var mx = NEG_INF;
+    for (var i = 0u; i < nu; i++) {
+        mx = max(mx, gval[i]);
+    }
+    let w = rescale(run_max, mx);
+    let ssum = subgroupAdd(select(0.0, run_sum * w, r == 0u));
+    if sli == 0u {
+        gsum[unit] = ssum;
+    }
+    for (var c = 0u; c < CV * VW; c++) {
+        acc[c] *= w;
+    }
+    for (var x = G; x < ssz; x <<= 1u) {
+        for (var c = 0u; c < CV * VW; c++) {
+            acc[c] += subgroupShuffleXor(acc[c], x);
+        }
+    }
+#else
+    // Combine the groups ("units" here): the largest of their maxima and the sum of their sums
+    // rescaled to it, then their outputs CG groups at a time.
+    let nu = NG;
+    let unit = g;
+    let lead = true;
     if r == 0u {
         gval[g] = run_max;
     }
@@ -346,26 +451,31 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     workgroupBarrier();
     let total = reduce_groups(li, false);
-    // The outputs: the workgroup is PARTS parts of DMAX invocations side by side; invocation li
-    // adds, at dim li % DMAX, every PARTS-th group of a round from group li / DMAX on, and the
-    // parts' sums are added at the end.
+    for (var c = 0u; c < CV * VW; c++) {
+        acc[c] *= w;
+    }
+#endif
+    // The outputs, CG units a round (the lead group of each unit stores its output): the
+    // workgroup is PARTS parts of DMAX invocations side by side; invocation li adds, at dim
+    // li % DMAX, every PARTS-th unit of a round from unit li / DMAX on, and the parts' sums are
+    // added at the end.
     let part = li / DMAX;
     let d = li % DMAX;
     var sum = 0.0;
-    for (var c0 = 0u; c0 < NG; c0 += CG) {
-        if g >= c0 && g < c0 + CG {
-            for (var t = 0u; t < PAIRS; t++) {
-                let i = r + t * G;
-                if i < npv {
-                    let e = (g - c0) * DMAX + 2u * i;
-                    comb[e] = acc[t].x * w;
-                    comb[e + 1u] = acc[t].y * w;
+    for (var c0 = 0u; c0 < nu; c0 += CG) {
+        if lead && unit >= c0 && unit < c0 + CG {
+            for (var c = 0u; c < CV * VW; c++) {
+                let e0 = ((r + (c / VW) * G) * VW + c % VW) * 4u;
+                for (var i = 0u; i < 4u; i++) {
+                    if e0 + i < dv {
+                        comb[(unit - c0) * DMAX + e0 + i] = acc[c][i];
+                    }
                 }
             }
         }
         workgroupBarrier();
         if part < PARTS && d < dv {
-            for (var c = part; c < min(CG, NG - c0); c += PARTS) {
+            for (var c = part; c < min(CG, nu - c0); c += PARTS) {
                 sum += comb[c * DMAX + d];
             }
         }
@@ -383,6 +493,13 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             }
         }
     }
+#if SUBGROUPS
+    // The units' sums (stored before the rounds' barriers).
+    var total = 0.0;
+    for (var i = 0u; i < nu; i++) {
+        total += gsum[i];
+    }
+#endif
 #if SPLIT
     // The split's maximum, sum and undivided output, to the scratch.
     let at = P.off.x / 4u + o * (dv + 2u);

@@ -76,6 +76,9 @@ pub(crate) struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether the device has SUBGROUP (and the shaders may use subgroup operations).
     pub subgroups: bool,
+    /// The adapter's smallest subgroup size (a shader whose subgroup operations assume more
+    /// invocations a subgroup uses its fallback below it).
+    pub subgroup_min: u32,
     /// Whether the device has TIMESTAMP_QUERY (graphs can be timed on the GPU).
     pub timestamps: bool,
     /// Rows and invocations per mat-vec workgroup (`ops::MV_ROWS`, `ops::MV_WG`, or
@@ -224,6 +227,7 @@ impl Gpu {
             // on an adapter that has subgroups.
             subgroups: features.contains(wgpu::Features::SUBGROUP)
                 && std::env::var_os("TESSERA_WGPU_NO_SUBGROUPS").is_none(),
+            subgroup_min: info.subgroup_min_size,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             mat_mat_f16: features.contains(wgpu::Features::SHADER_F16)
                 && match std::env::var("TESSERA_WGPU_MM_F16").as_deref() {

@@ -114,11 +114,14 @@ const FA_DMAX: [u32; 4] = [64, 128, 192, 256];
 /// Invocations (keys per step) of flash attention: the larger from this many keys on.
 const FA_WG: [u32; 2] = [64, 256];
 /// Query rows up to which flash attention runs its `decode` entry point (where k and v allow:
-/// see [`fa_decode_layout`]): 64 groups of 4 invocations per row and head, each group taking
+/// see [`fa_decode_layout`]): 32 groups of 8 invocations per row and head, each group taking
 /// its own share of the keys, rather than one key per invocation.
 const FA_DECODE_MAX_Q: usize = 8;
 /// Invocations per workgroup of the flash attention `decode` entry point.
 const FA_DECODE_WG: u32 = 256;
+/// Invocations per key in flash attention's `decode` (G in `shaders/flash_attn.wgsl`): its
+/// subgroup operations need subgroups of at least this many.
+const FA_DECODE_G: u32 = 8;
 /// Workgroups the split flash attention decode aims for (about two per core of a large GPU):
 /// fewer query rows and heads than this cut their keys into splits ([`fa_splits`]). (H200: the
 /// 8B's 32 heads of one token over 256 keys took ~24 us as 32 workgroups.)
@@ -615,7 +618,14 @@ pub(crate) fn plan(
                 && fa_decode_layout(gpu, graph, t.src[1])
                 && fa_decode_layout(gpu, graph, t.src[2]);
             let var = if decode {
-                let var = flash_attn_decode_variant(k.dtype, v.dtype, mask, dmax, gpu.subgroups);
+                let var = flash_attn_decode_variant(
+                    k.dtype,
+                    v.dtype,
+                    mask,
+                    dmax,
+                    gpu.subgroups && gpu.subgroup_min >= FA_DECODE_G,
+                    [t.src[1], t.src[2]].map(|id| fa_decode_wide(gpu, graph, id)),
+                );
                 let nkv = k.ne[1];
                 let mut splits = fa_splits(groups, nkv);
                 // Each split's maximum, sum and output (DV f32), in one binding.
@@ -1290,21 +1300,26 @@ fn flash_attn_variant(
         .ty("T3", mask.unwrap_or(DType::F32))
 }
 
-/// The flash attention `decode` variant (see `shaders/flash_attn.wgsl`): 256 invocations, and
-/// keys per group and step (KU) so that each step holds about as many loads in flight at any
-/// head size.
+/// The flash attention `decode` variant (see `shaders/flash_attn.wgsl`): 256 invocations, keys
+/// per group and step (KU) so that each step holds about as many loads in flight at any head
+/// size, subgroup operations where `subgroups` (the adapter's subgroups hold at least
+/// [`FA_DECODE_G`] invocations), and k, resp. v, rows read as 16-byte chunks where `wide`
+/// says so ([`fa_decode_wide`]: Y4, B4).
 fn flash_attn_decode_variant(
     k: DType,
     v: DType,
     mask: Option<DType>,
     dmax: u32,
     subgroups: bool,
+    wide: [bool; 2],
 ) -> Variant {
     flash_attn_variant("decode", k, v, mask, dmax)
         .def("DECODE", 1)
-        .def("KU", (256 / dmax).max(1))
+        .def("KU", (512 / dmax).max(1))
         .def("WG", FA_DECODE_WG)
         .def("SUBGROUPS", u32::from(subgroups))
+        .def("Y4", u32::from(wide[0]))
+        .def("B4", u32::from(wide[1]))
 }
 
 /// The flash attention `decode_combine` variant: merges the splits of the SPLIT `decode`.
@@ -1354,6 +1369,13 @@ fn fa_decode_layout(gpu: &Gpu, graph: &Graph, id: TensorId) -> bool {
         && t.ne[0] >= 2
         && t.ne[0].is_multiple_of(2)
         && aligned(gpu, graph, id, 0, 4)
+}
+
+/// Whether flash attention's `decode` can read the rows of tensor `id` (k or v, in its decode
+/// layout) as whole 16-byte chunks: rows of a multiple of 16 bytes at 16-byte aligned offsets.
+fn fa_decode_wide(gpu: &Gpu, graph: &Graph, id: TensorId) -> bool {
+    let t = graph.get(id);
+    (t.ne[0] * t.nb[0]).is_multiple_of(16) && aligned(gpu, graph, id, 0, 16)
 }
 
 fn reduce_variant(op: u32, a: DType, to: DType) -> Variant {
@@ -1544,9 +1566,11 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             for wg in FA_WG {
                                 v.push(flash_attn_variant("main", k, val, m, d).def("WG", wg));
                             }
-                            let dec = flash_attn_decode_variant(k, val, m, d, subgroups);
-                            v.push(dec.clone().def("SPLIT", 1));
-                            v.push(dec);
+                            for wide in [[false, false], [true, true], [true, false]] {
+                                let dec = flash_attn_decode_variant(k, val, m, d, subgroups, wide);
+                                v.push(dec.clone().def("SPLIT", 1));
+                                v.push(dec);
+                            }
                         }
                     }
                 }

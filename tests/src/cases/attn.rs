@@ -207,6 +207,10 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     // Decoding kernels' other shapes, with splits: two tokens of four heads a KV head (8 rows),
     // and two sequences (a batch).
     v.push(model(64, 2, 4, 600, 2).case());
+    // Head size 36: f16 rows of 72 bytes, not whole 16-byte chunks (wgpu's decode then reads
+    // them word by word), in one pass and in splits.
+    v.push(model(36, 2, 4, 300, 1).case());
+    v.push(model(36, 2, 4, 1000, 1).span_case(5, 600));
     v.push(
         FlashAttn {
             batch: 2,

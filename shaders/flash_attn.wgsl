@@ -12,17 +12,20 @@
 // `decode` (few query rows; k and v rows contiguous, 4-byte aligned, D and DV even): the
 // workgroup is NG groups of G invocations, and each group runs its own online softmax over
 // its share of the keys (KU consecutive keys per step; steps of NG * KU keys). The G
-// invocations of a group split each key's dims (invocation r takes dim pairs r, r + G, ...:
-// one word per pair of f16, so that a group's loads are contiguous), add their partial dot
-// products with subgroupShuffleXor where SUBGROUPS (G is at most any subgroup size, and the
-// G consecutive invocations of a group are assumed to share a subgroup, as mul_mat assumes),
-// else through workgroup memory, and accumulate the same dim pairs of the output. Each step
-// issues its k, mask and v loads together. At the end the groups' maxima, sums and outputs are
-// combined: with SUBGROUPS first within each subgroup by subgroup operations (subgroup i
-// assumed to be invocations i * size ..., as mul_mat assumes), then the subgroups' through
-// workgroup memory; without, the groups' through workgroup memory. Keys past the
-// end (of the split) are read clamped to its last key (so that loads need no branch) and
-// weigh 0.
+// invocations of a group split each key's row into 16-byte chunks (invocation r takes chunks
+// r, r + G, ..., so that a group reads 128 contiguous bytes a load: one 16-byte load a chunk
+// where Y4, resp. B4, says that k's, resp. v's, rows are 16-byte aligned whole chunks, else
+// four word loads clamped to the row), add their partial dot products with
+// subgroupShuffleXor where SUBGROUPS (used only where the adapter's subgroups hold at least G
+// invocations; the G consecutive invocations of a group are assumed to share a subgroup, as
+// mul_mat assumes), else through workgroup memory, and accumulate the output's values of the
+// same chunks of v. Each step issues its k, mask and v loads together. At the end the groups'
+// maxima, sums and outputs are combined: with SUBGROUPS first within each subgroup by
+// subgroup operations (subgroup i assumed to be invocations i * size ..., as mul_mat
+// assumes), then the subgroups' through workgroup memory; without, the groups' through
+// workgroup memory. The steps end after the last key the mask does not hide
+// (`visible_end`). Keys past the end (of the split) are read clamped to its last key (so that
+// loads need no branch) and weigh 0.
 //
 // Split decode (SPLIT): the keys of each query row and head are cut into h.x splits of h.y
 // consecutive keys (the last may be shorter, none is empty), one workgroup each (u.x = n_q * H
@@ -38,7 +41,8 @@
 //
 // Defines: DMAX: largest D and DV; WG: invocations (main: keys per step, 64, or 256 for long
 // caches; decode: 256; decode_combine: 64); DECODE: the decode entry point is built, with KU
-// keys per group and step; SPLIT: it writes its split's partial result to the scratch;
+// keys per group and step (Y4, B4: k's, v's rows as 16-byte chunks, binding them as vec4
+// words); SPLIT: it writes its split's partial result to the scratch;
 // COMBINE: the decode_combine entry point is built.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
@@ -273,6 +277,35 @@ fn chunk_values(w: vec4<u32>, f16v: bool, h: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(w);
 }
 
+// One past the last key of [start, end) that the mask does not hide (start where it hides
+// them all; end without a mask), the same in every invocation: the keys after it weigh
+// nothing (a decode step's mask hides the cache's padding past the current position), so the
+// steps stop there. One mask load per WG keys, and three barriers.
+var<workgroup> seen_end: atomic<u32>;
+var<workgroup> shown_end: u32;
+
+fn visible_end(mb: u32, start: u32, end: u32, li: u32) -> u32 {
+    if P.u.y == 0u {
+        return end;
+    }
+    if li == 0u {
+        atomicStore(&seen_end, start);
+    }
+    workgroupBarrier();
+    var e = start;
+    for (var j = start + li; j < end; j += {{WG}}u) {
+        if mask_at(mb, j) > NEG_INF {
+            e = j + 1u;
+        }
+    }
+    atomicMax(&seen_end, e);
+    workgroupBarrier();
+    if li == 0u {
+        shown_end = atomicLoad(&seen_end);
+    }
+    return workgroupUniformLoad(&shown_end);
+}
+
 // The sums of x over each group's G invocations (every invocation of the group gets them, the
 // same in each: the additions pair the same values).
 #if SUBGROUPS
@@ -330,7 +363,7 @@ fn decode(
     // This workgroup's keys: split o % h.x of row and head o / h.x (all of them unsplit).
     let row = locate(o / P.h.x);
     let start = (o % P.h.x) * P.h.y;
-    let end = min(start + P.h.y, P.s1.ne.y);
+    let end = visible_end(row.mb, start, min(start + P.h.y, P.s1.ne.y), li);
     let r = li % G;
     let g = li / G;
     let dk = P.s0.ne.x;

@@ -24,6 +24,7 @@ use super::plan::{self, Action, Plan, ReducePlan};
 use super::reduce::HostReduce;
 use super::split::byte_chunks;
 use super::split::SplitState;
+use super::submit::Submitters;
 
 /// Plans kept per backend (a model context alternates a prompt graph and a decode graph).
 const PLAN_CACHE: usize = 4;
@@ -139,7 +140,7 @@ struct Timings {
 /// from its start.
 #[derive(Default, Clone, Copy)]
 struct SubmitTimes {
-    /// When the other parts' threads had been started.
+    /// When the other parts' submissions had been handed to their threads.
     spawned: f64,
     /// The latest start of another part's submission in its thread.
     began: f64,
@@ -170,6 +171,9 @@ pub struct MetaBackend {
     comm: Option<Box<dyn Communicator>>,
     /// The most elements an all-reduce inside the part graphs may hold (0: none).
     in_graph_max: usize,
+    /// Where all-reduces run inside the part graphs: a thread per part but the first, which
+    /// submits that part's work concurrently with the caller's (see [`run`]).
+    submitters: Option<Submitters>,
     host: HostReduce,
     timings: Option<Timings>,
 }
@@ -219,6 +223,11 @@ impl MetaBackend {
                 in_graph_max
             );
         }
+        let submitters = if in_graph_max > 0 && shared.parts.len() > 1 {
+            Some(Submitters::new(shared.parts.len() - 1, &shared.name)?)
+        } else {
+            None
+        };
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
         Ok(MetaBackend {
@@ -229,6 +238,7 @@ impl MetaBackend {
             plans: Vec::new(),
             comm,
             in_graph_max,
+            submitters,
             host: HostReduce::default(),
             timings: std::env::var("TESSERA_META_PROFILE")
                 .is_ok_and(|v| v == "1")
@@ -324,8 +334,9 @@ fn run_stage(plan: &Plan, j: usize, s: usize, b: &mut dyn Backend) -> Result<Vec
 
 /// What a run drives: the parts' streams and the all-reduce paths.
 struct Streams<'a> {
-    /// The part graphs hold all-reduce nodes (each part then submits from its own thread).
-    in_graph: bool,
+    /// Where the part graphs hold all-reduce nodes, the threads that submit every part's work
+    /// but the first's (each part then submits from its own thread).
+    submitters: Option<&'a Submitters>,
     order: &'a [usize],
     backends: &'a mut [Box<dyn Backend>],
     comm: &'a mut Option<Box<dyn Communicator>>,
@@ -340,7 +351,7 @@ fn run(
     mut timings: Option<&mut Timings>,
 ) -> Result<()> {
     let Streams {
-        in_graph,
+        submitters,
         order,
         backends,
         comm,
@@ -371,49 +382,41 @@ fn run(
     lap(|t| &mut t.upload, &mut timings);
     let n_stages = plan.parts.first().map_or(0, |p| p.stages.len());
     for s in 0..n_stages {
-        if in_graph {
+        if let Some(submitters) = submitters {
             // Each part submits concurrently with the others: a part's graph waits inside for
             // the others' all-reduce nodes, and one that has filled its launch queue must not
-            // keep the next part from submitting. The first part submits from this thread
-            // (a thread less to start every run), after the others' threads started.
+            // keep the next part from submitting. The first part submits from this thread,
+            // the others from the submitting threads.
             let t0 = std::time::Instant::now();
-            let (kept, times) = std::thread::scope(|scope| {
-                let Some((first, rest)) = backends.split_first_mut() else {
-                    return (Vec::new(), SubmitTimes::default());
-                };
-                let jobs: Vec<_> = rest
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(j, b)| {
-                        scope.spawn(move || {
-                            let began = t0.elapsed();
-                            (run_stage(plan, j + 1, s, b.as_mut()), began, t0.elapsed())
-                        })
-                    })
-                    .collect();
-                let spawned = t0.elapsed();
-                let mut kept = vec![run_stage(plan, 0, s, first.as_mut())];
-                let own = t0.elapsed();
-                let mut times = SubmitTimes {
-                    spawned: spawned.as_secs_f64(),
-                    own: (own - spawned).as_secs_f64(),
-                    ..SubmitTimes::default()
-                };
-                for h in jobs {
-                    match h.join() {
-                        Ok((r, began, ended)) => {
-                            kept.push(r);
-                            times.began = times.began.max(began.as_secs_f64());
-                            times.others = times.others.max((ended - began).as_secs_f64());
-                        }
-                        Err(_) => kept.push(Err(Error::Invalid(
-                            "a part's submitting thread panicked".into(),
-                        ))),
-                    }
-                }
-                times.joined = (t0.elapsed() - own).as_secs_f64();
-                (kept, times)
+            let Some((first, rest)) = backends.split_first_mut() else {
+                return Err(Error::Invalid("a meta graph without parts".into()));
+            };
+            let each = |j: usize, b: &mut Box<dyn Backend>| {
+                let began = t0.elapsed();
+                let r = run_stage(plan, j + 1, s, b.as_mut());
+                r.map(|k| (k, began, t0.elapsed()))
+            };
+            let mut spawned = t0.elapsed();
+            let (own, others) = submitters.run(rest.iter_mut().collect(), &each, || {
+                spawned = t0.elapsed();
+                let r = run_stage(plan, 0, s, first.as_mut());
+                (r, t0.elapsed())
             });
+            let (own, own_end) = own;
+            let mut times = SubmitTimes {
+                spawned: spawned.as_secs_f64(),
+                own: (own_end - spawned).as_secs_f64(),
+                joined: (t0.elapsed() - own_end).as_secs_f64(),
+                ..SubmitTimes::default()
+            };
+            let mut kept = vec![own];
+            for r in others {
+                kept.push(r.map(|(k, began, ended)| {
+                    times.began = times.began.max(began.as_secs_f64());
+                    times.others = times.others.max((ended - began).as_secs_f64());
+                    k
+                }));
+            }
             if let Some(t) = timings.as_deref_mut() {
                 t.threads.push(times);
             }
@@ -642,7 +645,7 @@ impl Drop for MetaBackend {
                     median_us(&t.threads.iter().map(f).collect::<Vec<_>>())
                 };
                 log::info!(
-                    "{}: concurrent submission, median µs: threads started {:.0}, latest part began {:.0}, first part {:.0}, other parts {:.0}, join wait {:.0}",
+                    "{}: concurrent submission, median µs: handed over {:.0}, latest part began {:.0}, first part {:.0}, other parts {:.0}, join wait {:.0}",
                     self.shared.name,
                     m(|x| x.spawned),
                     m(|x| x.began),
@@ -662,6 +665,11 @@ impl Backend for MetaBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<()> {
         let start = std::time::Instant::now();
+        if let Some(s) = &self.submitters {
+            // Awake by the time the run hands them their parts' work (after planning and the
+            // uploads).
+            s.wake();
+        }
         let i = self.plan_index(graph, nodes)?;
         let MetaBackend {
             plans,
@@ -669,7 +677,7 @@ impl Backend for MetaBackend {
             backends,
             comm,
             host,
-            in_graph_max,
+            submitters,
             timings,
             ..
         } = self;
@@ -677,7 +685,7 @@ impl Backend for MetaBackend {
             t.plan.push(start.elapsed().as_secs_f64());
         }
         let streams = Streams {
-            in_graph: *in_graph_max > 0,
+            submitters: submitters.as_ref(),
             order,
             backends,
             comm,

@@ -72,6 +72,7 @@ mod ratio;
 mod reduce;
 mod rules;
 mod split;
+mod submit;
 
 use std::sync::Arc;
 

@@ -83,9 +83,8 @@ impl Submitters {
             // has sent its message (`wait` receives one per job, also while unwinding), and a
             // job sends it last, after its last use of what it borrows; a job that could not be
             // handed over is dropped here, unrun.
-            let job: Job = unsafe {
-                std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Job>(job)
-            };
+            let job: Job =
+                unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Job>(job) };
             match self.workers.get(i).map(|w| w.send(job)) {
                 Some(Ok(())) => wait.pending += 1,
                 _ => {
@@ -109,7 +108,9 @@ impl Submitters {
         }
         let results = out
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Invalid("a part's submission did not run".into()))))
+            .map(|r| {
+                r.unwrap_or_else(|| Err(Error::Invalid("a part's submission did not run".into())))
+            })
             .collect();
         (own, results)
     }

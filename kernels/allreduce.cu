@@ -2,7 +2,8 @@
 // rank's receive area over NVLink (or PCIe), then each sums what it received, inside one kernel
 // launch, so that the sum can sit in a CUDA graph between other kernels with no host step.
 //
-// Each rank owns a signal block (struct ArSignal, mirrored by backend-cuda/src/comm/peer.rs)
+// Each rank owns a signal block (struct ArSignal in peer.cuh, mirrored by
+// backend-cuda/src/comm/peer.rs)
 // and a receive area of two slots, each with one region per rank. One call:
 //   1. every block writes its share of the tensor into region `rank` of slot (epoch & 1) of
 //      every other rank's receive area (as f32, or as f16 with all_reduce_f32_h);
@@ -29,31 +30,20 @@
 // or one block for a whole row) keep to the same counts, so they may follow one another.
 // all_reduce_small_norm_f32 is that sum for one row, plus a residual, followed in the same
 // block by rms_norm(sum) * w (the next Llama block's norm), quantized for the mat-vecs.
+// With i[4] set, the kernel that wrote the input (a decode mat-vec, presend_value in
+// peer.cuh) has already sent this rank's values, in the same slots: these kernels then only
+// receive. The slots stay safe: that kernel runs after this rank's previous all-reduce.
 
 // These kernels wait on other GPUs: they never release the next kernel early
 // (TESSERA_PDL_EARLY), so that it cannot take their SMs while they spin.
 #undef TESSERA_PDL_EARLY
 #include "common.cuh"
+#include "peer.cuh"
 
-#define AR_MAX_RANKS 8
-#define AR_MAX_BLOCKS 256
 #define AR_TIMEOUT_NS 60000000000ull
-
-#define AR_EMPTY 0x80000000u
-#define AR_SMALL_CHUNK 2048
 // float4s of a row each thread of all_reduce_small_norm_f32 holds (with 1024 threads: rows of
 // up to 8192 values).
 #define AR_NORM_VEC 2
-
-struct ArSignal {
-    u64 scratch[AR_MAX_RANKS];
-    u64 signal[AR_MAX_RANKS];
-    u64 small[AR_MAX_RANKS];
-    u32 flags[AR_MAX_BLOCKS][AR_MAX_RANKS];
-    u32 small_epoch[AR_MAX_BLOCKS];
-    u32 epoch;
-    u32 done;
-};
 
 __device__ __forceinline__ void store_release(u32* p, u32 v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -264,11 +254,6 @@ __device__ __forceinline__ uint4 sendable4(const float* p) {
     return v;
 }
 
-__device__ __forceinline__ u32 sendable(const float* p) {
-    const u32 v = __float_as_uint(*p);
-    return v == AR_EMPTY ? 0u : v;
-}
-
 __device__ __forceinline__ void store_volatile4(void* p, uint4 v) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
@@ -282,10 +267,6 @@ __device__ __forceinline__ uint4 load_volatile4(const void* p) {
                  : "l"(p)
                  : "memory");
     return v;
-}
-
-__device__ __forceinline__ void store_volatile(void* p, u32 v) {
-    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ u32 load_volatile(const void* p) {
@@ -375,8 +356,10 @@ KERNEL all_reduce_small_f32(KParams p) {
     const bool vec = (a.count % 4) == 0;
 
     // Each thread sends, then receives, the same elements: an in-place sum reads its input
-    // before it writes there.
-    if (vec) {
+    // before it writes there. With i[4] set, the kernel that wrote the input has sent it
+    // (presend_value).
+    if (p.i[4] != 0) {
+    } else if (vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             send4(a, slot, 4 * i, own4(a.in + i));
         }
@@ -459,7 +442,9 @@ KERNEL __launch_bounds__(1024) all_reduce_small_norm_f32(KParams p) {
             rv[j] = res[c];
         }
         v[j] = own4(a.in + 4 * c);
-        send4(a, slot_at(a, epochs[4 * c / AR_SMALL_CHUNK]), 16 * (u64)c, v[j]);
+        if (p.i[4] == 0) {
+            send4(a, slot_at(a, epochs[4 * c / AR_SMALL_CHUNK]), 16 * (u64)c, v[j]);
+        }
     }
 
     // Receive and sum in rank order, add the residual, keep the row for the norm.

@@ -31,7 +31,9 @@
 //
 // mmvq_<type>_<n>: t[0] dst f32 [m, n, e2, e3] (contiguous), t[1] quantized src0 [k, m, d2, d3]
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
-// residual of dst's shape added to each result (a fused add). Grid (ceil(m / R), e2 e3), R the
+// residual of dst's shape added to each result (a fused add); i[4] = rank + 1, i[5], aux[2],
+// aux[3]: each result also goes to the peer all-reduce group's other ranks (see store_row; one
+// column, opt-in: TESSERA_PEER_PRESEND=1). Grid (ceil(m / R), e2 e3), R the
 // rows per block of the geometry (`Geom::rows`): block x computes rows R x .. R x + R - 1; batch
 // blockIdx.y, n columns.
 //
@@ -56,6 +58,7 @@
 // t[7] the cache row (i64 when i[5], else i32); out of the cache's range, no cache row is
 // written. i[4] n_dims, i[6] hd; f[0] freq_scale, f[1] theta_scale as for rope_f32.
 #include "quant.cuh"
+#include "peer.cuh"
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
     const TArg& s = p.t[1];
@@ -612,6 +615,18 @@ __device__ __forceinline__ i64 stacked_row(i64 r, const int* n, int& j) {
     return r;
 }
 
+// Stores result v of row `row`, column c, batch (i2, i3) of mmvq's dst, plus the residual
+// where i[2] is set; with i[4] = rank + 1 (one column, dst a flat f32 vector read next by the
+// small peer all-reduce, which then does not send), also sends it to the group's other ranks
+// (presend_value: aux[2] this rank's signal block, aux[3] the region bytes, i[5] the ranks).
+__device__ __forceinline__ void store_row(const KParams& p, i64 row, int c, i64 i2, i64 i3, float v) {
+    const float o = p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v;
+    F32::store(at(p.t[0], row, c, i2, i3), o);
+    if (p.i[4] != 0) {
+        presend_value((const ArSignal*)p.aux[2], p.aux[3], p.i[4] - 1, p.i[5], row, o);
+    }
+}
+
 template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     typedef Tile<Q> T;
     const int R = T::RPG;
@@ -635,7 +650,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
             float v = 0.0f;
 #pragma unroll
             for (int c = 0; c < NC; c++) v = c == lane ? a[0][c] : v;
-            F32::store(at(d, row, lane, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, lane, i2, i3)) : v);
+            store_row(p, row, lane, i2, i3, v);
         }
         return;
     }
@@ -661,7 +676,7 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
             float v = red[w0][r][c];
 #pragma unroll
             for (int k = 1; k < KS; k++) v += red[w0 + k][r][c];
-            F32::store(at(d, row, c, i2, i3), p.i[2] ? v + F32::load(at(p.t[2], row, c, i2, i3)) : v);
+            store_row(p, row, c, i2, i3, v);
         }
     }
 }

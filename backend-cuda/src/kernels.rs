@@ -27,6 +27,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     ("quant.cuh", include_str!("../../kernels/quant.cuh")),
     ("quant_k.cuh", include_str!("../../kernels/quant_k.cuh")),
+    ("peer.cuh", include_str!("../../kernels/peer.cuh")),
 ];
 
 /// The kernel files: one op family each.

@@ -308,7 +308,7 @@ impl Communicator for CudaComm {
         match (&self.peer, &self.nccl) {
             (Some(peer), _) if peer_fits && (self.nccl.is_none() || self.mode == Mode::Peer) => {
                 for (k, s) in streams.iter_mut().enumerate() {
-                    let cmd = peer.command(k, ptrs[k], ptrs[k], 0, count)?;
+                    let cmd = peer.command(k, ptrs[k], ptrs[k], 0, count, false)?;
                     s.run_command(&cmd)?;
                 }
                 Ok(())

@@ -19,7 +19,7 @@ use super::env_count;
 use crate::cmd::{Cmd, KParams, TArg};
 use crate::driver::DeviceShared;
 
-/// Most ranks of a group (`AR_MAX_RANKS` in kernels/allreduce.cu).
+/// Most ranks of a group (`AR_MAX_RANKS` in kernels/peer.cuh).
 pub(crate) const MAX_RANKS: usize = 8;
 /// Most blocks of one launch (`AR_MAX_BLOCKS`).
 const MAX_BLOCKS: usize = 256;
@@ -193,7 +193,9 @@ impl PeerGroup {
 
     /// The kernel launch, for rank `rank`'s stream, that sums `count` f32 values at `input`
     /// over the group into `output` (the same address for an in-place sum), adding the values
-    /// at `residual` where it is not 0; every address is memory of that rank's GPU.
+    /// at `residual` where it is not 0; every address is memory of that rank's GPU. `sent`:
+    /// the kernel that wrote `input` has sent it to the other ranks ([`PeerGroup::presend`]),
+    /// so this one only receives.
     pub(crate) fn command(
         &self,
         rank: usize,
@@ -201,6 +203,7 @@ impl PeerGroup {
         input: u64,
         residual: u64,
         count: usize,
+        sent: bool,
     ) -> Result<Cmd> {
         if count > self.max_elements() {
             return Err(Error::Invalid(format!(
@@ -209,6 +212,11 @@ impl PeerGroup {
             )));
         }
         let small = count * 4 <= self.small_bytes;
+        if sent && !small {
+            return Err(Error::Invalid(format!(
+                "a peer all-reduce of {count} elements was sent ahead, which only the small kernel takes"
+            )));
+        }
         let (kernel, region, blocks) = if small {
             (
                 "all_reduce_small_f32",
@@ -225,7 +233,8 @@ impl PeerGroup {
                 count.div_ceil(PER_BLOCK).min(self.blocks),
             )
         };
-        let p = self.params(rank, [output, input, residual], count, region)?;
+        let mut p = self.params(rank, [output, input, residual], count, region)?;
+        p.i[4] = i32::from(sent);
         let blocks = blocks.clamp(1, MAX_BLOCKS) as u32;
         self.launch(rank, kernel, blocks, THREADS, p)
     }
@@ -235,12 +244,14 @@ impl PeerGroup {
     /// rms_norm(output) * weight into `tail.out` (and its q8_1 blocks where asked): the
     /// all-reduce and the next block's norm in one kernel. `None` where the row does not suit
     /// it (too long for one block, or for the small-tensor kernel, or not whole float4s).
+    /// `sent` as for [`PeerGroup::command`].
     pub(crate) fn norm_command(
         &self,
         rank: usize,
         [output, input, residual]: [u64; 3],
         count: usize,
         tail: &NormTail,
+        sent: bool,
     ) -> Result<Option<Cmd>> {
         let addrs = [output, input, residual, tail.weight, tail.out];
         let Some(threads) = norm_threads(count, self.small_bytes, &addrs) else {
@@ -254,8 +265,18 @@ impl PeerGroup {
             p.aux[3] = ds;
         }
         p.f[0] = tail.eps;
+        p.i[4] = i32::from(sent);
         self.launch(rank, "all_reduce_small_norm_f32", 1, threads, p)
             .map(Some)
+    }
+
+    /// Where a kernel that writes a tensor of `count` f32 values, which rank `rank` sums next
+    /// with the small-tensor kernel, sends each value to the other ranks itself
+    /// (`presend_value` in kernels/peer.cuh): this rank's signal block and the small area's
+    /// region bytes. `None` where the small kernel does not take `count` values.
+    pub(crate) fn presend(&self, rank: usize, count: usize) -> Option<(u64, u64)> {
+        let r = self.ranks.get(rank)?;
+        (count * 4 <= self.small_bytes).then_some((r.signal, SMALL_REGION as u64))
     }
 
     /// The parameters every all-reduce kernel takes: output, input and residual, rank `rank`'s
@@ -417,9 +438,9 @@ mod tests {
 
     #[test]
     fn the_signal_block_mirrors_the_kernels_struct() {
-        // Sizes struct ArSignal from kernels/allreduce.cu's own text: each field a u64 or u32
+        // Sizes struct ArSignal from kernels/peer.cuh's own text: each field a u64 or u32
         // with array dimensions from the defines.
-        let src = include_str!("../../../kernels/allreduce.cu");
+        let src = include_str!("../../../kernels/peer.cuh");
         let dim = |d: &str| match d {
             "AR_MAX_RANKS" => MAX_RANKS,
             "AR_MAX_BLOCKS" => MAX_BLOCKS,
@@ -429,7 +450,7 @@ mod tests {
             .split("struct ArSignal {")
             .nth(1)
             .and_then(|r| r.split("};").next())
-            .expect("struct ArSignal in allreduce.cu");
+            .expect("struct ArSignal in peer.cuh");
         let mut bytes = 0;
         for field in body.split(';').map(str::trim).filter(|f| !f.is_empty()) {
             let (ty, rest) = field.split_once(' ').expect("a type and a name");
@@ -445,10 +466,13 @@ mod tests {
         }
         assert_eq!(SIGNAL_BYTES, bytes);
         let define = |name: &str| -> usize {
-            src.lines()
+            let ar = include_str!("../../../kernels/allreduce.cu");
+            [src, ar]
+                .iter()
+                .flat_map(|f| f.lines())
                 .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
                 .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("#define {name} in allreduce.cu"))
+                .unwrap_or_else(|| panic!("#define {name} in peer.cuh or allreduce.cu"))
         };
         assert_eq!(define("AR_MAX_RANKS"), MAX_RANKS);
         assert_eq!(define("AR_MAX_BLOCKS"), MAX_BLOCKS);

@@ -26,7 +26,8 @@ pub(super) fn all_reduce(enc: &mut Encoder, id: TensorId) -> Result<()> {
     }
     let d = enc.arg(id)?;
     enc.q8 = None;
-    let cmd = group.command(rank, d.ptr, d.ptr, 0, count)?;
+    let sent = enc.present.take() == Some(enc.graph.get(id).src[0]);
+    let cmd = group.command(rank, d.ptr, d.ptr, 0, count, sent)?;
     enc.cmds.push(cmd);
     Ok(())
 }
@@ -41,9 +42,10 @@ pub(super) fn all_reduce_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) ->
     };
     let (out, input, residual) = (enc.arg(m.add)?, enc.arg(m.x)?, enc.arg(m.res)?);
     enc.q8 = None;
+    let sent = enc.present.take() == Some(m.x);
     let cmd = m
         .group
-        .command(m.rank, out.ptr, input.ptr, residual.ptr, m.count)?;
+        .command(m.rank, out.ptr, input.ptr, residual.ptr, m.count, sent)?;
     enc.cmds.push(cmd);
     Ok(2)
 }
@@ -97,9 +99,11 @@ pub(super) fn all_reduce_add_norm(
         eps,
     };
     let t = [enc.arg(m.add)?.ptr, enc.arg(m.x)?.ptr, enc.arg(m.res)?.ptr];
-    let Some(cmd) = m.group.norm_command(m.rank, t, m.count, &tail)? else {
+    let sent = enc.present == Some(m.x);
+    let Some(cmd) = m.group.norm_command(m.rank, t, m.count, &tail, sent)? else {
         return Ok(0);
     };
+    enc.present = None;
     enc.cmds.push(cmd);
     enc.q8 = q8.map(|q| (mul, q));
     Ok(4)

@@ -307,7 +307,7 @@ fn mmvq_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     }
     let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(r)?, enc.arg(a)?);
     let q8 = quantize_q8(enc, tm.src[1], xa, tx.dtype)?;
-    mmvq(enc, tm.src[0], da, q8, tx.ne[1], Some(ra))?;
+    mmvq(enc, tm.src[0], da, q8, tx.ne[1], Some(ra), None)?;
     // The add's result may sit where a quantized tensor was: nothing is reused past here.
     enc.q8 = None;
     Ok(2)

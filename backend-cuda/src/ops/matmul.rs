@@ -78,7 +78,24 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if ta.dtype.is_quantized() {
         if mmvq_fits(ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
-            return mmvq(enc, a, da, q8, tb.ne[1], None);
+            // The all-reduce node right after this one sums the result (Encoder::presend_target):
+            // the mat-vec sends it to the other ranks itself.
+            let presend = match &enc.group {
+                Some((group, rank)) if enc.presend_next == Some(id) && tb.ne[1] == 1 => group
+                    .presend(*rank, t.nelements())
+                    .map(|(signal, region)| Presend {
+                        signal,
+                        region,
+                        rank: *rank,
+                        ranks: group.len(),
+                    }),
+                _ => None,
+            };
+            mmvq(enc, a, da, q8, tb.ne[1], None, presend)?;
+            if presend.is_some() {
+                enc.present = Some(id);
+            }
+            return Ok(());
         }
         return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
     }
@@ -178,9 +195,21 @@ pub(super) fn mmvq_launch(
     (rows.div_ceil(per_block) as u32, 128)
 }
 
+/// Where a mat-vec sends its results ahead of the all-reduce that sums them (see `store_row`
+/// in kernels/mmvq.cu): this rank's signal block, the small area's region bytes, the rank and
+/// the group's ranks.
+#[derive(Clone, Copy)]
+pub(super) struct Presend {
+    signal: u64,
+    region: u64,
+    rank: usize,
+    ranks: usize,
+}
+
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus
 /// `residual` (F32, d's shape) when given; `a` is the weights' tensor (read early where it is
-/// a read-only leaf, [`Encoder::is_read_only_leaf`]).
+/// a read-only leaf, [`Encoder::is_read_only_leaf`]); with `presend`, each result also goes to
+/// the all-reduce group's other ranks.
 pub(super) fn mmvq(
     enc: &mut Encoder,
     a_id: TensorId,
@@ -188,6 +217,7 @@ pub(super) fn mmvq(
     q8: (u64, u64),
     n: usize,
     residual: Option<TArg>,
+    presend: Option<Presend>,
 ) -> Result<()> {
     let (a, qt, read_only) = (
         enc.arg(a_id)?,
@@ -200,6 +230,12 @@ pub(super) fn mmvq(
         p.i[2] = 1;
     }
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
+    if let Some(s) = presend {
+        p.aux[2] = s.signal;
+        p.aux[3] = s.region;
+        p.i[4] = s.rank as i32 + 1;
+        p.i[5] = s.ranks as i32;
+    }
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
     let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64, read_only);

@@ -52,6 +52,12 @@ pub(crate) struct Encoder<'a> {
     pub f16: Option<(TArg, TArg, usize)>,
     /// The peer all-reduce group the backend joined and its rank, for all-reduce nodes.
     pub group: Option<(std::sync::Arc<crate::comm::peer::PeerGroup>, usize)>,
+    /// The mul_mat node being encoded when an all-reduce node of its result follows it and
+    /// its mat-vec may send the result to the other ranks itself ([`Encoder::presend_target`]).
+    pub presend_next: Option<TensorId>,
+    /// The tensor whose values a mat-vec has sent to the other ranks: the all-reduce node that
+    /// sums it next only receives.
+    pub present: Option<TensorId>,
     /// The backend's block counters: [`COUNTER_BYTES`] of device memory, zeroed once when the
     /// backend is made, for kernels whose blocks count themselves finished (the last one then
     /// finishes the work, as fattn_dec merging its splits). Every kernel that uses them leaves
@@ -94,6 +100,8 @@ impl<'a> Encoder<'a> {
             q8: None,
             f16: None,
             group: None,
+            presend_next: None,
+            present: None,
             counters: 0,
             read_only: graph.read_only_leaves(),
         }
@@ -119,6 +127,7 @@ impl<'a> Encoder<'a> {
                 self.q8 = None;
                 self.f16 = None;
             }
+            self.presend_next = self.presend_target(nodes, i);
             if self.fuse {
                 let used = fused::try_fuse(self, nodes, i)?;
                 if used > 0 {
@@ -130,6 +139,28 @@ impl<'a> Encoder<'a> {
             i += 1;
         }
         Ok(())
+    }
+
+    /// `nodes[i]` where it is a mul_mat whose result the next node all-reduces through the
+    /// small peer kernel, and mat-vecs send their results ahead (`TESSERA_PEER_PRESEND=1`, off
+    /// by default until measured on two GPUs): its mat-vec then sends each value to the other
+    /// ranks as it stores it, and the all-reduce kernel only receives.
+    fn presend_target(&self, nodes: &[TensorId], i: usize) -> Option<TensorId> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var("TESSERA_PEER_PRESEND").as_deref() == Ok("1")) {
+            return None;
+        }
+        let (group, rank) = self.group.as_ref()?;
+        let (id, next) = (nodes[i], *nodes.get(i + 1)?);
+        let (t, tn) = (self.graph.get(id), self.graph.get(next));
+        let fits = t.op == Op::MulMat
+            && tn.op == Op::AllReduce
+            && tn.src[0] == id
+            && t.dtype == DType::F32
+            && t.is_contiguous()
+            && t.ne[1..] == [1, 1, 1]
+            && group.presend(*rank, t.nelements()).is_some();
+        fits.then_some(id)
     }
 
     /// The kernel's view of a tensor: its device address (checked to be memory of this device,

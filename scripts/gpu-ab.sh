@@ -41,6 +41,12 @@ unpack "${A:?A=folder of build A}" A; unpack "${B:?B=folder of build B}" B
 MVSIDES="A B"; for s in C D; do [ -n "${!s:-}" ] && unpack "${!s}" $s && MVSIDES="$MVSIDES $s"; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/RESULT gpu /'
 side_env() { local v=ENV_$1; echo "${!v:-}"; }
+# The synthetic Llama-8B-shape model of type MODEL8 at $M (made once, by build A).
+M=/root/syn/llama-8b-$MODEL8.gguf
+synth8() {
+  mkdir -p /root/syn
+  [ -f "$M" ] || timeout 300 /root/ab/A/tessera gguf synth --like llama-8b --type "$MODEL8" --out "$M" > "$L/synth.log" 2>&1
+}
 if has mv; then
   for r in $(seq "$ROUNDS"); do
     for s in $MVSIDES; do
@@ -54,8 +60,7 @@ if has mv; then
   done
 fi
 if has dec; then
-  M=/root/syn/llama-8b-$MODEL8.gguf; mkdir -p /root/syn
-  [ -f "$M" ] || timeout 300 /root/ab/A/tessera gguf synth --like llama-8b --type "$MODEL8" --out "$M" > "$L/synth.log" 2>&1
+  synth8
   for r in $(seq "$ROUNDS"); do
     for s in A B; do
       log=$L/dec-$s-$r.log
@@ -65,8 +70,7 @@ if has dec; then
   done
 fi
 if has prof; then
-  M=/root/syn/llama-8b-$MODEL8.gguf; mkdir -p /root/syn
-  [ -f "$M" ] || timeout 300 /root/ab/A/tessera gguf synth --like llama-8b --type "$MODEL8" --out "$M" > "$L/synth.log" 2>&1
+  synth8
   for s in A B; do
     log=$L/prof-$s.log
     env $(side_env $s) TESSERA_CUDA_PROFILE=1 TESSERA_WGPU_PROFILE=1 RUST_LOG=tessera_cuda=debug,tessera_wgpu=debug \

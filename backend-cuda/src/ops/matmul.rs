@@ -78,19 +78,12 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if ta.dtype.is_quantized() {
         if mmvq_fits(ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
-            // The all-reduce node right after this one sums the result (Encoder::presend_target):
-            // the mat-vec sends it to the other ranks itself.
-            let presend = match &enc.group {
-                Some((group, rank)) if enc.presend_next == Some(id) && tb.ne[1] == 1 => group
-                    .presend(*rank, t.nelements())
-                    .map(|(signal, region)| Presend {
-                        signal,
-                        region,
-                        rank: *rank,
-                        ranks: group.len(),
-                    }),
-                _ => None,
-            };
+            // The all-reduce node right after this one sums the one-column result
+            // (Encoder::presend_target): the mat-vec sends it to the other ranks itself.
+            let presend = enc
+                .presend_next
+                .filter(|&(node, _)| node == id)
+                .map(|(_, to)| to);
             mmvq(enc, a, da, q8, tb.ne[1], None, presend)?;
             if presend.is_some() {
                 enc.present = Some(id);
@@ -200,10 +193,10 @@ pub(super) fn mmvq_launch(
 /// the group's ranks.
 #[derive(Clone, Copy)]
 pub(super) struct Presend {
-    signal: u64,
-    region: u64,
-    rank: usize,
-    ranks: usize,
+    pub signal: u64,
+    pub region: u64,
+    pub rank: usize,
+    pub ranks: usize,
 }
 
 /// Queues the mat-vec kernel: `d = a^T x` for the `n` quantized columns at `q8`, plus

@@ -53,8 +53,9 @@ pub(crate) struct Encoder<'a> {
     /// The peer all-reduce group the backend joined and its rank, for all-reduce nodes.
     pub group: Option<(std::sync::Arc<crate::comm::peer::PeerGroup>, usize)>,
     /// The mul_mat node being encoded when an all-reduce node of its result follows it and
-    /// its mat-vec may send the result to the other ranks itself ([`Encoder::presend_target`]).
-    pub presend_next: Option<TensorId>,
+    /// its mat-vec may send the result to the other ranks itself, with where to send it
+    /// ([`Encoder::presend_target`]).
+    presend_next: Option<(TensorId, matmul::Presend)>,
     /// The tensor whose values a mat-vec has sent to the other ranks: the all-reduce node that
     /// sums it next only receives.
     pub present: Option<TensorId>,
@@ -145,7 +146,7 @@ impl<'a> Encoder<'a> {
     /// small peer kernel, and mat-vecs send their results ahead (`TESSERA_PEER_PRESEND=1`, off
     /// by default until measured on two GPUs): its mat-vec then sends each value to the other
     /// ranks as it stores it, and the all-reduce kernel only receives.
-    fn presend_target(&self, nodes: &[TensorId], i: usize) -> Option<TensorId> {
+    fn presend_target(&self, nodes: &[TensorId], i: usize) -> Option<(TensorId, matmul::Presend)> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         if !*ON.get_or_init(|| std::env::var("TESSERA_PEER_PRESEND").as_deref() == Ok("1")) {
             return None;
@@ -158,9 +159,18 @@ impl<'a> Encoder<'a> {
             && tn.src[0] == id
             && t.dtype == DType::F32
             && t.is_contiguous()
-            && t.ne[1..] == [1, 1, 1]
-            && group.presend(*rank, t.nelements()).is_some();
-        fits.then_some(id)
+            && t.ne[1..] == [1, 1, 1];
+        if !fits {
+            return None;
+        }
+        let (signal, region) = group.presend(*rank, t.nelements())?;
+        let to = matmul::Presend {
+            signal,
+            region,
+            rank: *rank,
+            ranks: group.len(),
+        };
+        Some((id, to))
     }
 
     /// The kernel's view of a tensor: its device address (checked to be memory of this device,

@@ -209,15 +209,15 @@ const CG: u32 = 2048u / DMAX;
 const PARTS: u32 = max({{WG}}u / DMAX, 1u);
 
 var<workgroup> comb: array<f32, CG * DMAX>;
-#if SUBGROUPS
-// One value per subgroup: its maximum, and its sum rescaled to the largest.
+// One value per unit of the final combine: with SUBGROUPS a subgroup's maximum (its sum
+// rescaled to the largest goes to gsum); without, a group's maximum, then its rescaled sum.
 var<workgroup> gval: array<f32, NG>;
+#if SUBGROUPS
 var<workgroup> gsum: array<f32, NG>;
 #else
 // Chunks of the groups' maxima and sums reduced in the first stage of the final combine.
 const RC: u32 = 8u;
-// One value per group (its maximum, then its rescaled sum), and the chunks' reductions of them.
-var<workgroup> gval: array<f32, NG>;
+// The chunks' reductions of gval.
 var<workgroup> gred: array<f32, RC>;
 
 // gval reduced to one value in every invocation: the largest where take_max, else the sum. Two
@@ -242,16 +242,12 @@ fn reduce_groups(li: u32, take_max: bool) -> f32 {
 #endif
 
 // Chunk c (words 4c .. 4c + 3) of the k row at byte r, of nw words: one 16-byte load with Y4
-// (16-byte aligned rows of whole chunks), else four word loads, each clamped to the row's last
-// word.
+// (16-byte aligned rows of whole chunks), else four word loads (`clamped_chunk`).
 fn kchunk(r: u32, c: u32, nw: u32) -> vec4<u32> {
 #if Y4
     return src1[(r >> 4u) + c];
 #else
-    let w = r >> 2u;
-    let l = nw - 1u;
-    let i = 4u * c;
-    return vec4<u32>(src1[w + min(i, l)], src1[w + min(i + 1u, l)], src1[w + min(i + 2u, l)], src1[w + min(i + 3u, l)]);
+    return clamped_chunk(false, r, c, nw);
 #endif
 }
 
@@ -260,11 +256,25 @@ fn vchunk(r: u32, c: u32, nw: u32) -> vec4<u32> {
 #if B4
     return src2[(r >> 4u) + c];
 #else
+    return clamped_chunk(true, r, c, nw);
+#endif
+}
+
+// Chunk c of the k row (the v row where `v`) at byte r, of nw words, as four word loads, each
+// clamped to the row's last word.
+fn clamped_chunk(v: bool, r: u32, c: u32, nw: u32) -> vec4<u32> {
     let w = r >> 2u;
     let l = nw - 1u;
     let i = 4u * c;
-    return vec4<u32>(src2[w + min(i, l)], src2[w + min(i + 1u, l)], src2[w + min(i + 2u, l)], src2[w + min(i + 3u, l)]);
-#endif
+    return vec4<u32>(kv_word(v, w + min(i, l)), kv_word(v, w + min(i + 1u, l)), kv_word(v, w + min(i + 2u, l)), kv_word(v, w + min(i + 3u, l)));
+}
+
+// Word i of k's binding, or of v's where `v`.
+fn kv_word(v: bool, i: u32) -> u32 {
+    if v {
+        return s2w(i);
+    }
+    return s1w(i);
 }
 
 // vec4 h of the values of chunk w: its words' f16 pairs (h = 0: words x, y; 1: z, w) where

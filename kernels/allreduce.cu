@@ -358,12 +358,12 @@ KERNEL all_reduce_small_f32(KParams p) {
     // Each thread sends, then receives, the same elements: an in-place sum reads its input
     // before it writes there. With i[4] set, the kernel that wrote the input has sent it
     // (presend_value).
-    if (p.i[4] != 0) {
-    } else if (vec) {
+    const bool send = p.i[4] == 0;
+    if (send && vec) {
         for (i64 i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
             send4(a, slot, 4 * i, own4(a.in + i));
         }
-    } else {
+    } else if (send) {
         for (int r = 0; r < a.n; ++r) {
             if (r == a.rank) {
                 continue;

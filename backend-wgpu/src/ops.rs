@@ -1021,29 +1021,10 @@ fn mvq_setting() -> Option<Option<(u32, u32)>> {
     })
 }
 
-/// The weight types whose rows the integer-dot mat-vec reads as 16-byte words where they start
-/// at 16-byte aligned offsets (A4): Q4_K by default (its block parts are aligned 16-byte runs);
-/// `TESSERA_WGPU_MVQ_A4=all` every type of [`MVQ_TYPES`] (its 4-byte words then come out of
-/// 16-byte loads, two or three a Q4_0 block instead of six word loads: not yet measured on a
-/// GPU), `=0` none.
-fn mvq_a4_setting() -> &'static [DType] {
-    static SETTING: std::sync::OnceLock<&'static [DType]> = std::sync::OnceLock::new();
-    SETTING.get_or_init(|| match std::env::var("TESSERA_WGPU_MVQ_A4").as_deref() {
-        Err(_) => &[DType::Q4_K],
-        Ok("all") => &MVQ_TYPES,
-        Ok("0") => &[],
-        Ok(v) => {
-            log::warn!("wgpu: TESSERA_WGPU_MVQ_A4={v} is not all or 0; using the default (Q4_K)");
-            &[DType::Q4_K]
-        }
-    })
-}
-
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
 /// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of [`MVQ_TYPES`] whose rows
-/// start at 4-byte aligned offsets (A4: rows at 16-byte aligned ones, of the types
-/// [`mvq_a4_setting`] names, read as 16-byte words), on a device whose limits hold the
-/// workgroup.
+/// start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte
+/// words), on a device whose limits hold the workgroup.
 fn mat_vec_q_shape(
     gpu: &Gpu,
     graph: &Graph,
@@ -1059,7 +1040,7 @@ fn mat_vec_q_shape(
     if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
         return None;
     }
-    let a4 = mvq_a4_setting().contains(&a.dtype) && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+    let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
     let (nr, wg) = setting.flatten().unwrap_or_else(|| {
@@ -1500,8 +1481,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                 if MVQ_TYPES.contains(&a) {
                     for b in [DType::F32, DType::F16] {
                         for (a4, y4) in [(false, false), (false, true), (true, true)] {
-                            // A4 for every type: TESSERA_WGPU_MVQ_A4=all.
-                            if y4 && b != DType::F32 {
+                            if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
                                 continue;
                             }
                             for (rows, wg) in [(16, 512), (2, 64)] {

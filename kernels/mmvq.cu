@@ -33,7 +33,7 @@
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
 // residual of dst's shape added to each result (a fused add); i[4] = rank + 1, i[5], aux[2],
 // aux[3]: each result also goes to the peer all-reduce group's other ranks (see store_row; one
-// column, opt-in: TESSERA_PEER_PRESEND=1). Grid (ceil(m / R), e2 e3), R the
+// column; TESSERA_PEER_PRESEND=0 turns it off). Grid (ceil(m / R), e2 e3), R the
 // rows per block of the geometry (`Geom::rows`): block x computes rows R x .. R x + R - 1; batch
 // blockIdx.y, n columns.
 //

@@ -9,7 +9,7 @@ mod products;
 use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::DType;
 
-use products::{gpu_median, product};
+use products::{gpu_median, product, products};
 
 /// The weight types the integer-dot mat-vec reads.
 const TYPES: [DType; 5] = [
@@ -128,8 +128,16 @@ fn rows_past_one_chunk() {
     }
 }
 
+/// Weight copies rotated through in [`bench_model_sizes`]' second figure: 8 of the largest
+/// shape (264 MB of Q4_0) are well past the H200's 50 MB L2.
+const ROTATED: usize = 8;
+
 /// The GPU time (timestamp queries, median of 50 runs) of the model-sized mat-vecs, for each
-/// type in TESSERA_BENCH_TYPES (comma-separated, default every integer-dot type and f16):
+/// type in TESSERA_BENCH_TYPES (comma-separated, default every integer-dot type and f16), two
+/// ways: one product alone in its compute pass (the pass's fixed cost included; the weights
+/// partly in L2 from the run before), and [`ROTATED`] products of as many weight copies and
+/// columns in one pass, the pass's time over ROTATED (weights from DRAM; measured as the CUDA
+/// backend's `bench mat_vec` measures its rotated figure):
 /// `cargo test --release -p tessera-wgpu --test mat_vec -- --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -167,6 +175,17 @@ fn bench_model_sizes() {
             let us = med.as_secs_f64() * 1e6;
             let gb = (bytes.len() + 4 * (k + m)) as f64 / us / 1e3;
             println!("{t} m={m} k={k}: {us:.2} us, {gb:.0} GB/s");
+            let cols: Vec<Vec<f32>> = (0..ROTATED)
+                .map(|c| b.iter().map(|v| v * (1.0 + c as f32 / 8.0)).collect())
+                .collect();
+            let cols: Vec<&[f32]> = cols.iter().map(Vec::as_slice).collect();
+            let (g, nodes, _) = products(&dev, t, &bytes, &cols, (m, 1, k));
+            let Some(med) = gpu_median(&dev, &g, &nodes, 50) else {
+                return;
+            };
+            let us = med.as_secs_f64() * 1e6 / ROTATED as f64;
+            let gb = (bytes.len() + 4 * (k + m)) as f64 / us / 1e3;
+            println!("{t} m={m} k={k} {ROTATED} weights rotated: {us:.2} us, {gb:.0} GB/s");
         }
     }
 }

@@ -15,22 +15,44 @@ pub fn product(
     dtype: DType,
     bytes: &[u8],
     b: &[f32],
-    (m, n, k): (usize, usize, usize),
+    shape: (usize, usize, usize),
 ) -> (Graph, Vec<TensorId>, TensorId) {
+    let (g, nodes, outs) = products(dev, dtype, bytes, &[b], shape);
+    (g, nodes, outs[0])
+}
+
+/// A graph of one product per column in `cols` (each [k, n] f32), each of its own copy of the
+/// weights `bytes` (separate buffers, so that successive products read different memory), in
+/// that order: the graph, its nodes and the outputs.
+pub fn products(
+    dev: &Arc<dyn Device>,
+    dtype: DType,
+    bytes: &[u8],
+    cols: &[&[f32]],
+    (m, n, k): (usize, usize, usize),
+) -> (Graph, Vec<TensorId>, Vec<TensorId>) {
     let bt = dev.buffer_type();
-    let wbuf = bt.alloc(bytes.len()).unwrap();
-    wbuf.set(0, bytes).unwrap();
     let mut g = Graph::new();
-    let wa = g.weight("a", dtype, &[k, m], wbuf, 0).unwrap();
-    let ib = g.input("b", DType::F32, &[k, n]).unwrap();
-    let out = g.mul_mat(wa, ib).unwrap();
-    g.set_output(out);
+    let mut ins = Vec::new();
+    let mut outs = Vec::new();
+    for i in 0..cols.len() {
+        let wbuf = bt.alloc(bytes.len()).unwrap();
+        wbuf.set(0, bytes).unwrap();
+        let wa = g.weight(&format!("a{i}"), dtype, &[k, m], wbuf, 0).unwrap();
+        let ib = g.input(&format!("b{i}"), DType::F32, &[k, n]).unwrap();
+        let out = g.mul_mat(wa, ib).unwrap();
+        g.set_output(out);
+        ins.push(ib);
+        outs.push(out);
+    }
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(Arc::clone(&bt));
     alloc.alloc(&mut g, &nodes).unwrap();
-    let bd = g.data(ib).unwrap();
-    bd.buffer.set(bd.offset, bytemuck::cast_slice(b)).unwrap();
-    (g, nodes, out)
+    for (ib, b) in ins.into_iter().zip(cols) {
+        let bd = g.data(ib).unwrap();
+        bd.buffer.set(bd.offset, bytemuck::cast_slice(b)).unwrap();
+    }
+    (g, nodes, outs)
 }
 
 /// The median GPU time (timestamp queries; GPU timing must be on) of `runs` computations of

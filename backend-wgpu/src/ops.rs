@@ -183,6 +183,17 @@ const MVQ_PARTS: usize = 4;
 /// Invocations per integer-dot mat-vec workgroup (ROWS x TPR) at most: TPR is cut to fit
 /// (and raised to make at least 32, which quantize the column).
 const MVQ_WG: u32 = 512;
+/// Rows at least this long (k) take [`MVQ_LONG_GROUPS`] workgroups of up to [`MVQ_LONG_WG`]
+/// invocations instead: every workgroup quantizes the whole column, and for long rows half as
+/// many workgroups, twice as large, spend less on that than a second workgroup per core gains.
+/// (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: Q4_0 18.27 ->
+/// 17.70 µs, Q8_0 26.50 -> 25.89, Q4_K 20.42 -> 18.57; at k=4096 the smaller workgroups stay
+/// ahead: m=4096 8.78 against 9.33 µs.)
+const MVQ_LONG_K: usize = 8192;
+/// Workgroups per column the integer-dot mat-vec aims for with long rows (about one per core).
+const MVQ_LONG_GROUPS: usize = 128;
+/// Invocations per integer-dot mat-vec workgroup at most with long rows.
+const MVQ_LONG_WG: u32 = 1024;
 /// Values of the column quantized into workgroup memory per step: the larger where the
 /// adapter's workgroup memory holds it.
 const MVQ_KC: [u32; 2] = [4096, 16384];
@@ -1044,11 +1055,16 @@ fn mat_vec_q_shape(
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
     let (nr, wg) = setting.flatten().unwrap_or_else(|| {
+        let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
+            (MVQ_LONG_GROUPS, MVQ_LONG_WG)
+        } else {
+            (MVQ_GROUPS, MVQ_WG)
+        };
         let nr = MVQ_ROWS
             .into_iter()
-            .find(|&r| rows.div_ceil(r as usize) >= MVQ_GROUPS)
+            .find(|&r| rows.div_ceil(r as usize) >= groups)
             .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
-        let max_wg = MVQ_WG.min(gpu.limits.max_compute_invocations_per_workgroup);
+        let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
         let tpr =
             (parts.div_ceil(MVQ_PARTS).next_power_of_two() as u32).clamp(32 / nr, max_wg / nr);
         (nr, nr * tpr)
@@ -1484,7 +1500,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
                                 continue;
                             }
-                            for (rows, wg) in [(16, 512), (2, 64)] {
+                            for (rows, wg) in [(32, 1024), (16, 512), (2, 64)] {
                                 for kc in MVQ_KC {
                                     let x = mat_vec_q_variant(a, b, subgroups, a4, y4)
                                         .def("ROWS", rows)

@@ -119,6 +119,15 @@ fn several_columns() {
     }
 }
 
+/// Tens of thousands of rows, as an output head over a vocabulary has (a thousand workgroups
+/// and more).
+#[test]
+fn tall_weights() {
+    for t in [DType::Q4_0, DType::Q6_K] {
+        check(t, 128 * 256 + 1000, 1, 512);
+    }
+}
+
 /// Rows longer than one quantized chunk of the column (16384 values where workgroup memory
 /// holds it, else 4096).
 #[test]
@@ -156,7 +165,13 @@ fn bench_model_sizes() {
         Err(_) => TYPES.iter().copied().chain([DType::F16]).collect(),
     };
     tessera_wgpu::set_gpu_timing(true);
-    for (m, k) in [(4096, 14336), (14336, 4096), (4096, 4096), (1024, 4096)] {
+    for (m, k) in [
+        (4096, 14336),
+        (14336, 4096),
+        (4096, 4096),
+        (1024, 4096),
+        (128256, 4096),
+    ] {
         for &t in &types {
             let bytes = if t.is_quantized() {
                 weights(t, m, k, 64).0

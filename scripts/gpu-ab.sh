@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A/B of two builds on the GPU machine in one call, rounds alternated so that both see the same
-# machine (H200s of the same kind differ by up to 15% on some kernels: compare only within a
-# call). Each build is a folder holding `tessera` and the CUDA bench executable `bench`, plain or
+# A/B of two builds on the GPU machine in one call, rounds alternated (and the order within a
+# round reversed every other round) so that both see the same machine (H200s of the same kind
+# differ by up to 15% on some kernels: compare only within a call). Each build is a folder holding `tessera` and the CUDA bench executable `bench`, plain or
 # xz-compressed (`tessera.xz`, `bench.xz`), built here:
 #   cargo build --release --all-features -p tessera-cli
 #   cargo test --release -p tessera-cuda --test bench --no-run   # prints the executable's path
@@ -41,6 +41,12 @@ unpack "${A:?A=folder of build A}" A; unpack "${B:?B=folder of build B}" B
 MVSIDES="A B"; for s in C D; do [ -n "${!s:-}" ] && unpack "${!s}" $s && MVSIDES="$MVSIDES $s"; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/RESULT gpu /'
 side_env() { local v=ENV_$1; echo "${!v:-}"; }
+# The sides of round $1 in turn: as given in odd rounds, reversed in even ones (the side run
+# second in a round led decode A/Bs by ~1% whatever it was: session 15, BENCHMARKS.md).
+order() {
+  local r=$1; shift
+  if (( r % 2 )); then echo "$@"; else printf '%s\n' "$@" | tac | tr '\n' ' '; fi
+}
 # The synthetic Llama-8B-shape model of type MODEL8 at $M (made once, by build A).
 M=/root/syn/llama-8b-$MODEL8.gguf
 synth8() {
@@ -49,7 +55,7 @@ synth8() {
 }
 if has mv; then
   for r in $(seq "$ROUNDS"); do
-    for s in $MVSIDES; do
+    for s in $(order "$r" $MVSIDES); do
       log=$L/mv-$s-$r.log
       env $(side_env $s) TESSERA_BENCH_TYPES=$TYPES timeout 200 /root/ab/$s/bench --ignored --nocapture \
         --test-threads=1 mat_vec > "$log" 2>&1
@@ -62,7 +68,7 @@ fi
 if has dec; then
   synth8
   for r in $(seq "$ROUNDS"); do
-    for s in A B; do
+    for s in $(order "$r" A B); do
       log=$L/dec-$s-$r.log
       env $(side_env $s) timeout 150 /root/ab/$s/tessera bench --model "$M" --device "$DEV" -p 0 -n 128 -r 3 > "$log" 2>&1
       echo "RESULT dec $DEV $s$r $(grep tg128 "$log" | awk -F'|' '{print $5}') ($(el))"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B of two builds on the GPU machine in one call, rounds alternated (and the order within a
 # round reversed every other round) so that both see the same machine (H200s of the same kind
-# differ by up to 15% on some kernels: compare only within a call). Each build is a folder holding `tessera` and the CUDA bench executable `bench`, plain or
-# xz-compressed (`tessera.xz`, `bench.xz`), built here:
+# differ by up to 15% on some kernels: compare only within a call). Each build is a folder
+# holding `tessera` and the CUDA bench executable `bench`, plain or xz-compressed
+# (`tessera.xz`, `bench.xz`), built here:
 #   cargo build --release --all-features -p tessera-cli
 #   cargo test --release -p tessera-cuda --test bench --no-run   # prints the executable's path
 #   mkdir -p .gpu/A && xz -c target/release/tessera > .gpu/A/tessera.xz &&

@@ -3,10 +3,10 @@
 //! When the parts of a meta device share a backend whose communicator can join the parts'
 //! streams ([`Communicator::attach`] returns a non-zero element count), the plans put
 //! [`Op::AllReduce`] nodes into every part's graph instead of cutting the graph into stages,
-//! and the meta backend submits each part's work from its own thread (the caller's, or one of a
-//! pool the meta backend keeps), because a part's graph waits inside the all-reduce until every
-//! other part reaches it. Only the CUDA backend does this for real, and CI has no GPU, so this
-//! file builds a mock: `GroupCpu`, a CPU device whose
+//! and the meta backend submits each part's work from its own thread (the caller's, or one of
+//! the submitting threads the meta backend keeps), because a part's graph waits inside the
+//! all-reduce until every other part reaches it. Only the CUDA backend does this for real, and
+//! CI has no GPU, so this file builds a mock: `GroupCpu`, a CPU device whose
 //! communicator is a rendezvous of N ranks in host memory, and whose backend runs the part
 //! graph on the CPU backend but stops at each `ALL_REDUCE` node to sum the node's memory with
 //! the other ranks (a barrier, the sum in rank order so every rank gets the same bits, a

@@ -1204,10 +1204,8 @@ fn yquad1(yb: u32, k: u32) -> vec4<f32> {
 }
 
 #if COOP
-// Row stride of the cooperative tiles, quads a row, rows loaded at once.
+// Row stride of the cooperative tiles (f16 values).
 const SA: u32 = BK + 8u;
-const QR: u32 = BK / 4u;
-const RS: u32 = 256u / QR;
 // 16-row fragments along m per subgroup: 2 (32 x 32 parts of 128 x 64 tiles) or 4 (FM4: 64 x
 // 32 parts of 128 x 128 tiles).
 #if FM4
@@ -1215,9 +1213,137 @@ const FM: u32 = 4u;
 #else
 const FM: u32 = 2u;
 #endif
+// Chunks (8 values of a src0 row) and quads (4 values of a src1 column) each invocation loads
+// a step.
+const CA: u32 = BM * BK / 2048u;
+const CB: u32 = BN * BK / 1024u;
 var<workgroup> ta: array<f16, 2u * BM * SA>;
 var<workgroup> tb: array<f16, 2u * BN * SA>;
 var<workgroup> tc: array<f32, 8u * 256u>;
+
+// The words a chunk of src0 (8 values of the row at byte r from k, a multiple of 8) is made
+// of, as loaded: `chunk_fetch` only loads them, and `chunk_values` turns them into values
+// once the step's products have been issued, so that the loads' latency hides behind them.
+// f16 weights (A4) and Q4_0, Q4_1, Q8_0, Q4_K and Q6_K are fetched as words (w, x); the other
+// types are dequantized as they are fetched (v).
+struct Chunk {
+    w: vec4<u32>,
+    x: vec2<u32>,
+    v: array<vec4<f32>, 2>,
+}
+
+fn chunk_fetch(r: u32, k: u32) -> Chunk {
+    var c: Chunk;
+#if QUANT
+    let e = k % 32u;
+    switch T0 {
+        case 2u: {
+            // Q4_0: bytes e % 16 .. + 7 of the nibbles (low nibbles for e < 16), and d.
+            let b = r + (k / 32u) * 18u;
+            c.w = vec4<u32>(word0(b + 2u + e % 16u), word0(b + 6u + e % 16u), s0w(b >> 2u), 0u);
+        }
+        case 3u: {
+            // Q4_1: d and m, then the nibble bytes as Q4_0's.
+            let b = r + (k / 32u) * 20u;
+            c.w = vec4<u32>(word0(b + 4u + e % 16u), word0(b + 8u + e % 16u), word0(b), 0u);
+        }
+        case 8u: {
+            // Q8_0: bytes e .. e + 7 of the quants, and d.
+            let b = r + (k / 32u) * 34u;
+            c.w = vec4<u32>(word0(b + 2u + e), word0(b + 6u + e), s0w(b >> 2u), 0u);
+        }
+        case 12u: {
+            // Q4_K: the nibble bytes of 64-value group e / 64 (low nibbles for its first 32),
+            // d and dmin, and the 12 bytes of scales and mins.
+            let b = r + (k / 256u) * 144u;
+            let f = k % 256u;
+            let q = b + 16u + 32u * (f / 64u) + f % 32u;
+            c.w = vec4<u32>(word0(q), word0(q + 4u), word0(b), word0(b + 4u));
+            c.x = vec2<u32>(word0(b + 8u), word0(b + 12u));
+        }
+        case 14u: {
+            // Q6_K: the low-nibble bytes and the 2-bit bytes of the chunk, the words holding
+            // d and the chunk's i8 scale.
+            let b = r + (k / 256u) * 210u;
+            let f = k % 256u;
+            let n = f / 128u;
+            let s = (f / 32u) % 4u;
+            let lo = b + 64u * n + 32u * (s % 2u) + f % 32u;
+            let hi = b + 128u + 32u * n + f % 32u;
+            c.w = vec4<u32>(word0(lo), word0(lo + 4u), word0(hi), word0(hi + 4u));
+            c.x = vec2<u32>(s0w((b + 208u) >> 2u), s0w((b + 192u + f / 16u) >> 2u));
+        }
+        default: {
+            c.v = array(wquad(r, k), wquad(r, k + 4u));
+        }
+    }
+#else
+    // f16 weights, 16-byte aligned (A4): the chunk is one 16-byte word.
+    c.w = src0[(r >> 4u) + (k >> 3u)];
+#endif
+    return c;
+}
+
+// The 8 values of chunk c (fetched from the row at byte r from k), as two quads.
+fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
+#if QUANT
+    let e = k % 32u;
+    switch T0 {
+        case 2u: {
+            let b = r + (k / 32u) * 18u;
+            let d = half(c.w.z >> ((b & 2u) * 8u));
+            let sh = 4u * (e / 16u);
+            return array(
+                (vec4<f32>(fields4(c.w.x, sh, 15u)) - 8.0) * d,
+                (vec4<f32>(fields4(c.w.y, sh, 15u)) - 8.0) * d,
+            );
+        }
+        case 3u: {
+            let dm = halves(c.w.z);
+            let sh = 4u * (e / 16u);
+            return array(
+                vec4<f32>(fields4(c.w.x, sh, 15u)) * dm.x + dm.y,
+                vec4<f32>(fields4(c.w.y, sh, 15u)) * dm.x + dm.y,
+            );
+        }
+        case 8u: {
+            let b = r + (k / 32u) * 34u;
+            let d = half(c.w.z >> ((b & 2u) * 8u));
+            return array(i8x4(c.w.x) * d, i8x4(c.w.y) * d);
+        }
+        case 12u: {
+            let f = k % 256u;
+            let dm = halves(c.w.z);
+            let sm = sm_k(vec3<u32>(c.w.w, c.x.x, c.x.y), f / 32u);
+            let sh = 4u * ((f / 32u) % 2u);
+            let d = dm.x * sm.x;
+            let m = dm.y * sm.y;
+            return array(
+                vec4<f32>(fields4(c.w.x, sh, 15u)) * d - m,
+                vec4<f32>(fields4(c.w.y, sh, 15u)) * d - m,
+            );
+        }
+        case 14u: {
+            let b = r + (k / 256u) * 210u;
+            let f = k % 256u;
+            let s = (f / 32u) % 4u;
+            let sb = b + 192u + f / 16u;
+            let sc = f32(bitcast<i32>(((c.x.y >> ((sb & 3u) * 8u)) & 255u) << 24u) >> 24u);
+            let d = half(c.x.x >> (((b + 208u) & 2u) * 8u)) * sc;
+            let lo0 = fields4(c.w.x, 4u * (s / 2u), 15u);
+            let lo1 = fields4(c.w.y, 4u * (s / 2u), 15u);
+            let hi0 = fields4(c.w.z, 2u * s, 3u) << vec4<u32>(4u);
+            let hi1 = fields4(c.w.w, 2u * s, 3u) << vec4<u32>(4u);
+            return array((vec4<f32>(lo0 | hi0) - 32.0) * d, (vec4<f32>(lo1 | hi1) - 32.0) * d);
+        }
+        default: {
+            return c.v;
+        }
+    }
+#else
+    return array(vec4<f32>(halves(c.w.x), halves(c.w.y)), vec4<f32>(halves(c.w.z), halves(c.w.w)));
+#endif
+}
 #else
 var<workgroup> ta: array<TV, BM * BK / 4u>;
 var<workgroup> tb: array<TV, BN * BK / 4u>;
@@ -1233,31 +1359,23 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let nn = P.d.ne.y;
     let kk = P.s0.ne.x;
 #if COOP
-    // This invocation's quad (k offset kq in a step) of rows lr + RS p of src0 and columns
-    // lr + RS p of src1, and those quads of the first step.
-    let kq = 4u * (li % QR);
-    let lr = li / QR;
-    var ra: array<u32, LA>;
-    var va: array<bool, LA>;
-    var cb: array<u32, LB>;
-    var vb: array<bool, LB>;
-    var pa: array<TV, LA>;
-    var pb: array<TV, LB>;
-    for (var p = 0u; p < LA; p++) {
-        let m = m0 + lr + RS * p;
-        ra[p] = row0(min(m, mm - 1u), i2, i3);
-        va[p] = m < mm;
-        if va[p] && kq < kk {
-            pa[p] = TV(wquad(ra[p], kq));
-        }
+    // This invocation's chunks: 8 values at k offset ka of rows li / 4 + 64 p of src0; its
+    // quads: 4 values at kb of columns li / 8 + 32 p of src1 (rows and columns past the end
+    // read the last one: their results are not stored). Each step's loads are issued before
+    // the products of the step before and stored (as f16) into the tiles after them.
+    let ka = 8u * (li % 4u);
+    let kb = 4u * (li % 8u);
+    var ra: array<u32, CA>;
+    var cb: array<u32, CB>;
+    var pa: array<Chunk, CA>;
+    var pb: array<vec4<f32>, CB>;
+    for (var p = 0u; p < CA; p++) {
+        ra[p] = row0(min(m0 + li / 4u + 64u * p, mm - 1u), i2, i3);
+        pa[p] = chunk_fetch(ra[p], min(ka, kk - 8u));
     }
-    for (var p = 0u; p < LB; p++) {
-        let n = n0 + lr + RS * p;
-        cb[p] = col1(min(n, nn - 1u), i2, i3);
-        vb[p] = n < nn;
-        if vb[p] && kq < kk {
-            pb[p] = TV(yquad1(cb[p], kq));
-        }
+    for (var p = 0u; p < CB; p++) {
+        cb[p] = col1(min(n0 + li / 8u + 32u * p, nn - 1u), i2, i3);
+        pb[p] = yquad1(cb[p], min(kb, kk - 4u));
     }
     // This subgroup's part of the tile: rows sm .. sm + 16 FM, columns sn .. sn + 32.
     let sg = li / 32u;
@@ -1275,37 +1393,42 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
 #endif
     for (var k0 = 0u; k0 < kk; k0 += BK) {
         // This step's tiles (every other step the second pair: the barrier of the step before
-        // has seen every read of this pair's previous contents done).
+        // has seen every read of this pair's previous contents done). Values past k's end
+        // are zeros.
         let oa = ((k0 / BK) % 2u) * BM * SA;
         let ob = ((k0 / BK) % 2u) * BN * SA;
-        for (var p = 0u; p < LA; p++) {
-            let o = oa + (lr + RS * p) * SA + kq;
-            for (var i = 0u; i < 4u; i++) {
-                ta[o + i] = pa[p][i];
-            }
+        for (var p = 0u; p < CA; p++) {
+            let v = chunk_values(pa[p], ra[p], min(k0 + ka, kk - 8u));
+            let live = k0 + ka < kk;
+            let h0 = vec4<f16>(select(vec4<f32>(0.0), v[0], live));
+            let h1 = vec4<f16>(select(vec4<f32>(0.0), v[1], live));
+            let o = oa + (li / 4u + 64u * p) * SA + ka;
+            ta[o] = h0.x;
+            ta[o + 1u] = h0.y;
+            ta[o + 2u] = h0.z;
+            ta[o + 3u] = h0.w;
+            ta[o + 4u] = h1.x;
+            ta[o + 5u] = h1.y;
+            ta[o + 6u] = h1.z;
+            ta[o + 7u] = h1.w;
         }
-        for (var p = 0u; p < LB; p++) {
-            let o = ob + (lr + RS * p) * SA + kq;
-            for (var i = 0u; i < 4u; i++) {
-                tb[o + i] = pb[p][i];
-            }
+        for (var p = 0u; p < CB; p++) {
+            let h = vec4<f16>(select(vec4<f32>(0.0), pb[p], k0 + kb < kk));
+            let o = ob + (li / 8u + 32u * p) * SA + kb;
+            tb[o] = h.x;
+            tb[o + 1u] = h.y;
+            tb[o + 2u] = h.z;
+            tb[o + 3u] = h.w;
         }
         workgroupBarrier();
-        // The next step's quads, loaded while this step's tiles are multiplied.
+        // The next step's loads, issued before this step's products.
         let k1 = k0 + BK;
         if k1 < kk {
-            let k = k1 + kq;
-            for (var p = 0u; p < LA; p++) {
-                pa[p] = TV(0.0);
-                if va[p] && k < kk {
-                    pa[p] = TV(wquad(ra[p], k));
-                }
+            for (var p = 0u; p < CA; p++) {
+                pa[p] = chunk_fetch(ra[p], min(k1 + ka, kk - 8u));
             }
-            for (var p = 0u; p < LB; p++) {
-                pb[p] = TV(0.0);
-                if vb[p] && k < kk {
-                    pb[p] = TV(yquad1(cb[p], k));
-                }
+            for (var p = 0u; p < CB; p++) {
+                pb[p] = yquad1(cb[p], min(k1 + kb, kk - 4u));
             }
         }
         for (var k = 0u; k < BK; k += 16u) {

@@ -147,6 +147,9 @@ const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
 /// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
 /// mul_mat.wgsl), which keeps two tiles of each (double buffered).
 const MM_COOP_PAD: u32 = 8;
+/// The cooperative-matrix mat-mat's k-step (BK): each invocation loads one 8-value chunk of
+/// each of two src0 rows and one 4-value quad of each of BN / 32 src1 columns a step.
+const MM_COOP_BK: u32 = 32;
 /// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
 const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
@@ -505,7 +508,21 @@ pub(crate) fn plan(
                 ));
             };
             let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
-            let coop = h16 && gpu.coop && coop_wanted(t.ne, a.dtype.is_quantized());
+            // The cooperative-matrix mat-mat reads f16 weights as 16-byte chunks of 8 values.
+            let chunks = a.dtype.is_quantized()
+                || (a.ne[0].is_multiple_of(8) && wide_loads(gpu, graph, t, 0, 8).0);
+            let coop_fits = tile_fits(
+                gpu.limits.max_compute_workgroup_storage_size,
+                MM_COOP_TILES[1],
+                MM_COOP_BK,
+                true,
+                true,
+            );
+            let coop = h16
+                && chunks
+                && coop_fits
+                && gpu.coop
+                && coop_wanted(t.ne);
             let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();
@@ -1181,13 +1198,13 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -
     match mm_setting() {
         Some((bm, bn, bk))
             if tile_fits(wg_mem, (bm, bn), bk, h16, coop)
-                && (!coop || MM_COOP_TILES.contains(&(bm, bn))) =>
+                && (!coop || (MM_COOP_TILES.contains(&(bm, bn)) && bk == MM_COOP_BK)) =>
         {
             (bm, bn, bk)
         }
         _ if coop => {
             let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
-            (bm, bn, deepest_fit(wg_mem, (bm, bn), true, true))
+            (bm, bn, MM_COOP_BK)
         }
         _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
     }
@@ -1212,13 +1229,10 @@ fn coop_big(ne: [usize; 4]) -> bool {
     ne[1] >= 128 && groups >= MM_BIG_GROUPS
 }
 
-/// Whether an f16 mat-mat of dst shape `ne` runs on cooperative matrices: quantized weights
-/// (`quant`) wherever dst has 128 rows, float weights only with the larger tile. (H200,
-/// 2026-11-30: f16 weights m=4096 n=512 k=14336 23.7 TFLOP/s on 128 x 64 cooperative tiles
-/// against 27.4 on the plain 128 x 64 x 64 ones, square 4096^3 35.3 on 128 x 128 cooperative
-/// tiles against 31.1; q4_0 m=4096 n=512 29.0 against 18.8.)
-fn coop_wanted(ne: [usize; 4], quant: bool) -> bool {
-    ne[0] >= MM_COOP_TILES[0].0 as usize && (quant || coop_big(ne))
+/// Whether an f16 mat-mat of dst shape `ne` runs on cooperative matrices: wherever dst has
+/// 128 rows.
+fn coop_wanted(ne: [usize; 4]) -> bool {
+    ne[0] >= MM_COOP_TILES[0].0 as usize
 }
 
 /// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
@@ -1251,18 +1265,18 @@ fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32
     } else {
         MM_TILES[0]
     };
-    (bm, bn, deepest_fit(wg_mem, (bm, bn), h16, false))
+    (bm, bn, deepest_fit(wg_mem, (bm, bn), h16))
 }
 
 /// The deepest BK of [`MM_BK`] (of [`MM_BK_H16`] for f16 tiles, `h16`) whose BM x BN tiles fit
 /// `wg_mem` bytes ([`tile_fits`]; the shallowest where none does).
-fn deepest_fit(wg_mem: u32, tile: (u32, u32), h16: bool, coop: bool) -> u32 {
+fn deepest_fit(wg_mem: u32, tile: (u32, u32), h16: bool) -> u32 {
     let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
     depths
         .iter()
         .rev()
         .copied()
-        .find(|&bk| tile_fits(wg_mem, tile, bk, h16, coop))
+        .find(|&bk| tile_fits(wg_mem, tile, bk, h16, false))
         .unwrap_or(depths[0])
 }
 
@@ -1546,11 +1560,18 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                 continue;
                             }
                             for &bk in depths {
+                                if coop && bk != MM_COOP_BK {
+                                    continue;
+                                }
                                 for aligned in [false, true] {
                                     if aligned
                                         && a.is_quantized()
                                         && !a.type_size().is_multiple_of(4)
                                     {
+                                        continue;
+                                    }
+                                    // Float weights take cooperative matrices only aligned.
+                                    if coop && !aligned && !a.is_quantized() {
                                         continue;
                                     }
                                     for y4 in [false, true] {
@@ -1680,7 +1701,7 @@ mod tests {
         let src = source(64, (true, false));
         assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
         assert!(!src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
-        let src = source(64, (true, true));
+        let src = source(32, (true, true));
         assert!(src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
         assert!(!source(32, (false, false)).starts_with("enable f16;"));
     }

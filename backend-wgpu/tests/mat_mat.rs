@@ -28,12 +28,15 @@ const F16_NMSE: f64 = 1e-5;
 /// where `f16` (and the adapter has SHADER_F16) and the f32 one otherwise, and checks it
 /// within the variant's NMSE bound.
 fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
-    let dev = {
+    let (dev, mut backend) = {
         let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("TESSERA_WGPU_MM_F16", if f16 { "1" } else { "0" });
-        common::device()
+        // The device is opened (and reads the variable) with its first stream: here, under
+        // the lock.
+        let Some(dev) = common::device() else { return };
+        let backend = dev.new_backend().unwrap();
+        (dev, backend)
     };
-    let Some(dev) = dev else { return };
     let tol = if f16 { F16_NMSE } else { F32_NMSE };
     let vals: Vec<f32> = (0..k * m)
         .map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
@@ -59,7 +62,6 @@ fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
         .map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0)
         .collect();
     let (g, nodes, out) = products::product(&dev, dtype, &bytes, &b, (m, n, k));
-    let mut backend = dev.new_backend().unwrap();
     backend.compute(&g, &nodes).unwrap();
     backend.synchronize().unwrap();
     let od = g.data(out).unwrap();
@@ -113,6 +115,41 @@ fn f16_variant_q4_0() {
 #[test]
 fn f16_variant_q6_k() {
     check(DType::Q6_K, 140, 128, 256, true);
+}
+
+// The weight types the cooperative-matrix mat-mat fetches as words (Q4_1, Q8_0, Q4_K; Q4_0 and
+// Q6_K above), one it dequantizes as it fetches (Q5_K), and f16 weights whose k is not a
+// multiple of its 32-deep step (the step's tail is zeros).
+
+#[test]
+fn f16_variant_q4_1() {
+    check(DType::Q4_1, 136, 130, 96, true);
+}
+
+#[test]
+fn f16_variant_q8_0() {
+    check(DType::Q8_0, 129, 140, 160, true);
+}
+
+#[test]
+fn f16_variant_q4_k() {
+    check(DType::Q4_K, 130, 129, 512, true);
+}
+
+#[test]
+fn f16_variant_q5_k() {
+    check(DType::Q5_K, 128, 131, 256, true);
+}
+
+#[test]
+fn f16_variant_f16_k_tail() {
+    check(DType::F16, 200, 140, 72, true);
+}
+
+/// Enough 128 x 128 tiles for the larger cooperative tile (and a k tail).
+#[test]
+fn f16_variant_f16_large() {
+    check(DType::F16, 4100, 2050, 40, true);
 }
 
 /// GPU time (timestamp queries, median of 10 runs) of dst = a^T b with a and b n x n, a f16 or

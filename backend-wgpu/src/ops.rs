@@ -518,11 +518,7 @@ pub(crate) fn plan(
                 true,
                 true,
             );
-            let coop = h16
-                && chunks
-                && coop_fits
-                && gpu.coop
-                && coop_wanted(t.ne);
+            let coop = h16 && chunks && coop_fits && gpu.coop && coop_wanted(t.ne);
             let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
             let (bm, bn, _) = tile;
             let mut out = Vec::new();

@@ -597,3 +597,190 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 #endif
+
+// ---- prefill ----
+#if PREFILL
+
+// Query rows per workgroup, keys per step, and the row strides (f16 values) of the staged
+// tiles: q and k/v rows of DMAX values, p rows of FK values, each padded by 8 (so that the 8
+// rows of 16 bytes a fragment load reads fall on distinct banks).
+const FQ: u32 = 64u;
+const FK: u32 = 32u;
+const SQ: u32 = DMAX + 8u;
+const SP: u32 = FK + 8u;
+// Output tiles (16 x 16) per subgroup: the 4 x DMAX / 16 tiles of the block's output over 8
+// subgroups.
+const OT: u32 = DMAX / 32u;
+
+var<workgroup> fq: array<f16, FQ * SQ>;
+var<workgroup> fkv: array<f16, FK * SQ>;
+var<workgroup> fs: array<f32, FQ * FK>;
+var<workgroup> fp: array<f16, FQ * SP>;
+var<workgroup> fm: array<f32, 256>;
+var<workgroup> fl: array<f32, 256>;
+
+// Stages key rows j0 .. j0 + FK of k (src1 at byte kb; v, src2 at byte vb, where `v`) into
+// fkv as f16, dims below `n` (keys past nkv read as the last key: their scores are masked).
+fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
+    for (var i = li; i < FK * n; i += 256u) {
+        let j = min(j0 + i / n, nkv - 1u);
+        let e = i % n;
+        var x: f32;
+        if v {
+            x = ld2(base + j * P.s2.nb.y + e * P.s2.nb.x);
+        } else {
+            x = ld1(base + j * P.s1.nb.y + e * P.s1.nb.x);
+        }
+        fkv[(i / n) * SQ + e] = f16(x);
+    }
+}
+
+// The scores of this invocation's 8 keys (of row li / 4: keys 8 (li % 4) .. + 7 of the step
+// from j0) from fs: scaled, soft-capped, masked (NEG_INF past nkv).
+fn step_scores(mb: u32, j0: u32, nkv: u32, m: f32, li: u32) -> array<f32, 8> {
+    var s: array<f32, 8>;
+    let r = li / 4u;
+    for (var c = 0u; c < 8u; c++) {
+        let j = 8u * (li % 4u) + c;
+        s[c] = NEG_INF;
+        if j0 + j < nkv {
+            s[c] = score(fs[r * FK + j], mask_at(mb, j0 + j), m);
+        }
+    }
+    return s;
+}
+
+// S = q k^T for the step's keys (staged in fkv) into fs: subgroup sg computes the 16 x 16
+// block (sg % 4, sg / 4) over d / 16 fragment steps.
+fn step_products(d: u32, sg: u32) {
+    var c: coop_mat16x16<f32, C>;
+    let r0 = 16u * (sg % 4u);
+    let c0 = 16u * (sg / 4u);
+    for (var k = 0u; k < d; k += 16u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&fq[r0 * SQ + k], SQ);
+        let b = coopLoad<coop_mat16x16<f16, B>>(&fkv[c0 * SQ + k], SQ);
+        c = coopMultiplyAdd(a, b, c);
+    }
+    coopStoreT(c, &fs[r0 * FK + c0], FK);
+}
+
+// Prompt attention on cooperative matrices (PREFILL, with H16 and COOP; D and DV multiples of
+// 16, at most DMAX = 64 or 128): one workgroup of 256 invocations (8 subgroups of 32) per FQ
+// query rows of one head (u.x workgroups: ceil(n_q / FQ) * H * B). q is staged once as f16;
+// the keys are visited FK at a time, twice: the first pass finds each row's maximum score and
+// the sum of its exponentials (online, per invocation: 4 invocations share a row, 8 keys each
+// a step), the second computes P = exp(s - max) / sum as f16 and adds P v into the output,
+// which stays in cooperative matrices (OT 16 x 16 blocks per subgroup: rows 16 (sg % 4),
+// columns from 16 OT (sg / 4)), since they cannot be rescaled in place as an online softmax
+// would need. Rows whose keys are all masked give zeros, as `main`.
+@compute @workgroup_size(256)
+fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // Workgroups past u.x (the grid's last row) redo the last block and store nothing (no
+    // early return: cooperative-matrix operations need uniform control flow).
+    let live = group(wg, nwg) < P.u.x;
+    let o = min(group(wg, nwg), P.u.x - 1u);
+    let nq = P.s0.ne.y;
+    let blocks = (nq + FQ - 1u) / FQ;
+    let q0 = (o % blocks) * FQ;
+    // The workgroup's first row (for its head's k and v), and this invocation's row's mask.
+    let first = locate(q0 + nq * (o / blocks));
+    let mine = locate(min(q0 + li / 4u, nq - 1u) + nq * (o / blocks));
+    let d = P.s0.ne.x;
+    let dv = P.s2.ne.x;
+    let nkv = P.s1.ne.y;
+    let m = slope(first.h);
+    let sg = li / 32u;
+    for (var i = li; i < FQ * d; i += 256u) {
+        let r = locate(min(q0 + i / d, nq - 1u) + nq * (o / blocks));
+        fq[(i / d) * SQ + i % d] = f16(ld0(r.qb + (i % d) * P.s0.nb.x));
+    }
+    // Pass 1: each invocation's running maximum and sum over its keys.
+    var mx = NEG_INF;
+    var sum = 0.0;
+    for (var j0 = 0u; j0 < nkv; j0 += FK) {
+        stage_kv(false, first.kb, j0, nkv, d, li);
+        workgroupBarrier();
+        step_products(d, sg);
+        workgroupBarrier();
+        let s = step_scores(mine.mb, j0, nkv, m, li);
+        var top = mx;
+        for (var c = 0u; c < 8u; c++) {
+            top = max(top, s[c]);
+        }
+        sum *= rescale(mx, top);
+        for (var c = 0u; c < 8u; c++) {
+            sum += select(exp(s[c] - top), 0.0, s[c] <= NEG_INF);
+        }
+        mx = top;
+    }
+    // The row's maximum and sum from its 4 invocations'.
+    fm[li] = mx;
+    fl[li] = sum;
+    workgroupBarrier();
+    let g = li & ~3u;
+    let rmax = max(max(fm[g], fm[g + 1u]), max(fm[g + 2u], fm[g + 3u]));
+    var rsum = 0.0;
+    for (var i = 0u; i < 4u; i++) {
+        rsum += fl[g + i] * rescale(fm[g + i], rmax);
+    }
+    let inv = select(1.0 / rsum, 0.0, rsum == 0.0);
+    // Pass 2: P v.
+    var o0: coop_mat16x16<f32, C>;
+    var o1: coop_mat16x16<f32, C>;
+#if OT4
+    var o2: coop_mat16x16<f32, C>;
+    var o3: coop_mat16x16<f32, C>;
+#endif
+    let pr = 16u * (sg % 4u);
+    let pc = 16u * OT * (sg / 4u);
+    for (var j0 = 0u; j0 < nkv; j0 += FK) {
+        stage_kv(false, first.kb, j0, nkv, d, li);
+        workgroupBarrier();
+        step_products(d, sg);
+        workgroupBarrier();
+        let s = step_scores(mine.mb, j0, nkv, m, li);
+        for (var c = 0u; c < 8u; c++) {
+            let p = select(exp(s[c] - rmax) * inv, 0.0, s[c] <= NEG_INF);
+            fp[(li / 4u) * SP + 8u * (li % 4u) + c] = f16(p);
+        }
+        stage_kv(true, first.vb, j0, nkv, dv, li);
+        workgroupBarrier();
+        for (var k = 0u; k < FK; k += 16u) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&fp[pr * SP + k], SP);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&fkv[k * SQ + pc], SQ);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&fkv[k * SQ + pc + 16u], SQ);
+            o0 = coopMultiplyAdd(a, b0, o0);
+            o1 = coopMultiplyAdd(a, b1, o1);
+#if OT4
+            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&fkv[k * SQ + pc + 32u], SQ);
+            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&fkv[k * SQ + pc + 48u], SQ);
+            o2 = coopMultiplyAdd(a, b2, o2);
+            o3 = coopMultiplyAdd(a, b3, o3);
+#endif
+        }
+        workgroupBarrier();
+    }
+    // Each output block through fs (256 values a subgroup, column-major), then to dst.
+    for (var t = 0u; t < OT; t++) {
+        switch t {
+            case 0u: { coopStore(o0, &fs[256u * sg], 16u); }
+#if OT4
+            case 1u: { coopStore(o1, &fs[256u * sg], 16u); }
+            case 2u: { coopStore(o2, &fs[256u * sg], 16u); }
+            default: { coopStore(o3, &fs[256u * sg], 16u); }
+#else
+            default: { coopStore(o1, &fs[256u * sg], 16u); }
+#endif
+        }
+        workgroupBarrier();
+        for (var e = li % 32u; e < 256u; e += 32u) {
+            let iq = q0 + pr + e % 16u;
+            let dim = pc + 16u * t + e / 16u;
+            if live && iq < nq && dim < dv {
+                store(locate(iq + nq * (o / blocks)), dim, fs[256u * sg + e]);
+            }
+        }
+        workgroupBarrier();
+    }
+}
+#endif

@@ -167,8 +167,14 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             }
         }
     }
-    // Batched, and a v head size other than k's.
-    for (hsk, hsv, batch) in [(64, 64, 2), (128, 64, 1)] {
+    // Batched, and a v head size other than k's: 7 query rows (decoding kernels) and 40
+    // (prompt kernels).
+    for (hsk, hsv, batch, nb) in [
+        (64, 64, 2, 7),
+        (128, 64, 1, 7),
+        (64, 64, 2, 40),
+        (128, 64, 1, 40),
+    ] {
         for type_kv in [DType::F16, DType::F32] {
             let base = FlashAttn {
                 hsk,
@@ -176,7 +182,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 nh: 2,
                 nr: 2,
                 kv: 113,
-                nb: 7,
+                nb,
                 batch,
                 mask: Some(DType::F16),
                 max_bias: 0.0,

@@ -3,7 +3,9 @@
 // src0 q [D, n_q, H, B] f32; src1 k [D, n_kv, Hk, Bk] and src2 v [DV, n_kv, Hk, Bk] (T1, T2:
 // f32 or f16); src3 the mask [n_kv, >= n_q, m2, m3] (T3); dst [DV, H, n_q, B] f32.
 // `main`, `decode` and `decode_combine` take one workgroup per query row and head (u.x
-// workgroups, n_q * H * B; the split `decode`: one per split of each, see below).
+// workgroups, n_q * H * B; the split `decode`: one per split of each, see below); `prefill`
+// (prompts, on adapters with cooperative matrices) one per 64 query rows of a head (at the
+// end of the file).
 //
 // `main` (any layout): the query is staged in workgroup memory, then the keys are visited WG at
 // a time (one score per invocation), with a running maximum and sum (online softmax); each
@@ -43,7 +45,8 @@
 // caches; decode: 256; decode_combine: 64); DECODE: the decode entry point is built, with KU
 // keys per group and step (Y4, B4: k's, v's rows as 16-byte chunks, binding them as vec4
 // words); SPLIT: it writes its split's partial result to the scratch;
-// COMBINE: the decode_combine entry point is built.
+// COMBINE: the decode_combine entry point is built; PREFILL (with H16 and COOP): the prefill
+// entry point is built, OT4 with 4 output blocks a subgroup (DMAX 128; else 2, DMAX 64).
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
 // off4.y: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split

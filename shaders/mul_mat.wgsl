@@ -1043,20 +1043,22 @@ fn mat_vec_q(
 // activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
 // f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
 // COOP (with H16; adapters with cooperative matrices of 16 x 16 x 16 f16 products and f32 sums,
-// and subgroups of 32; tiles of 128 x 64 or 128 x 128): its own loading and tile layout. The
-// tiles are f16 arrays k-contiguous (ta[m][k], tb[n][k]) with rows of SA = BK + 8 values (the
-// padding puts the 8 rows of 16 bytes that a fragment load reads at once on distinct banks),
-// two of each (double buffered: one barrier per step). Loading: invocation li loads quad
-// li % QR (QR = BK / 4 quads a row) of rows li / QR + RS p (RS = 256 / QR) of the src0 tile
-// and of columns li / QR + RS p of the src1 tile, so that neighbouring invocations read
-// neighbouring bytes of a row (coalesced), and stores each quad as 4 neighbouring f16. Each of
-// the 8 subgroups computes a 16 FM x 32 part of the tile (FM = 2 for 128 x 64 tiles, 4 for
-// 128 x 128: FM4) as 2 FM 16 x 16 matrices held in named variables (c00 .. c31: no arrays of
-// matrices, which a driver may keep in local memory): A fragments read row-major from ta
-// (coopLoadT), B fragments column-major from tb (coopLoad), sums in f32. The results go through
-// workgroup memory (tc, one 16 x 16 block a subgroup at a time) to dst, so that partial tiles
-// are written with bounds checks. Quantized weights take this path too (wquad dequantizes any
-// quad).
+// and subgroups of 32; tiles of 128 x 64 or 128 x 128, BK = 32; quantized weights, or f16
+// weights with A4 and k a multiple of 8): its own loading and tile layout. The tiles are f16
+// arrays k-contiguous (ta[m][k], tb[n][k]) with rows of SA = BK + 8 values (the padding puts
+// the 8 rows of 16 bytes that a fragment load reads at once on distinct banks), two of each
+// (double buffered: one barrier per step). Loading: invocation li takes an 8-value chunk of
+// src0 (k offset 8 (li % 4)) of rows li / 4 and li / 4 + 64, and a quad of src1 (k offset
+// 4 (li % 8)) of columns li / 8 + 32 p, so that neighbouring invocations read neighbouring
+// bytes of a row. A step's loads are issued before the products of the step before and their
+// values are turned into f16 and stored after them (`chunk_fetch` loads a chunk's words only:
+// a chunk dequantized as it is loaded would stall each step on the loads' latency, which made
+// this path 4 times slower). Each of the 8 subgroups computes a 16 FM x 32 part of the tile
+// (FM = 2 for 128 x 64 tiles, 4 for 128 x 128: FM4) as 2 FM 16 x 16 matrices held in named
+// variables (c00 .. c31: no arrays of matrices, which a driver may keep in local memory): A
+// fragments read row-major from ta (coopLoadT), B fragments column-major from tb (coopLoad),
+// sums in f32. The results go through workgroup memory (tc, one 16 x 16 block a subgroup at a
+// time) to dst, so that partial tiles are written with bounds checks.
 
 #if H16
 alias TE = f16;

@@ -49,6 +49,8 @@ done
 
 for b in cuda:0 wgpu:0; do
   timeout 150 $BIN ops perf --backend "$b" --op MUL_MAT --name 'm=4096' > "$OUT/perf-${b%%:*}.log" 2>&1
+  # Prompt attention: the causal 512 x 512 model-shaped cases.
+  timeout 100 $BIN ops perf --backend "$b" --op FLASH_ATTN_EXT --name 'nb=512' > "$OUT/perf-fa-${b%%:*}.log" 2>&1
 done
 
 # The synthetic Llama-8B-shape Q4_0 model (generated here, ~20-60 s), on each GPU backend.
@@ -78,7 +80,8 @@ if [ -n "${WGPU_MM:-}" ] && [ -x "$WGPU_MM" ]; then
   timeout 120 "$WGPU_MM" --ignored --nocapture bench_square > "$OUT/wgpu-mm.log" 2>&1
 fi
 
-echo; echo "== perf (mul_mat m=4096 k=14336) =="; grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
+echo; echo "== perf (mul_mat m=4096 k=14336; flash_attn_ext causal 512 x 512) =="
+grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
 [ -f "$OUT/torch.md" ] && { echo; cat "$OUT/torch.md"; }
 if [ -f "$OUT/cuda-bench.log" ]; then
   echo; echo "== tessera CUDA benchmarks (same call) =="; grep -E 'gemm |rotated|fused|K\+V' "$OUT/cuda-bench.log"

@@ -667,6 +667,18 @@ fn step_products(d: u32, sg: u32) {
     coopStoreT(c, &fs[r0 * FK + c0], FK);
 }
 
+// One step of both passes: the keys from j0 staged, their products with the block's queries,
+// and this invocation's 8 scores (`step_scores`); k at byte kb, the invocation's mask row at mb.
+fn step_keys(kb: u32, mb: u32, j0: u32, m: f32, sg: u32, li: u32) -> array<f32, 8> {
+    let d = P.s0.ne.x;
+    let nkv = P.s1.ne.y;
+    stage_kv(false, kb, j0, nkv, d, li);
+    workgroupBarrier();
+    step_products(d, sg);
+    workgroupBarrier();
+    return step_scores(mb, j0, nkv, m, li);
+}
+
 // Prompt attention on cooperative matrices (PREFILL, with H16 and COOP; D and DV multiples of
 // 16, at most DMAX = 64 or 128): one workgroup of 256 invocations (8 subgroups of 32) per FQ
 // query rows of one head (u.x workgroups: ceil(n_q / FQ) * H * B). q is staged once as f16;
@@ -701,11 +713,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     var mx = NEG_INF;
     var sum = 0.0;
     for (var j0 = 0u; j0 < nkv; j0 += FK) {
-        stage_kv(false, first.kb, j0, nkv, d, li);
-        workgroupBarrier();
-        step_products(d, sg);
-        workgroupBarrier();
-        let s = step_scores(mine.mb, j0, nkv, m, li);
+        let s = step_keys(first.kb, mine.mb, j0, m, sg, li);
         var top = mx;
         for (var c = 0u; c < 8u; c++) {
             top = max(top, s[c]);
@@ -737,11 +745,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let pr = 16u * (sg % 4u);
     let pc = 16u * OT * (sg / 4u);
     for (var j0 = 0u; j0 < nkv; j0 += FK) {
-        stage_kv(false, first.kb, j0, nkv, d, li);
-        workgroupBarrier();
-        step_products(d, sg);
-        workgroupBarrier();
-        let s = step_scores(mine.mb, j0, nkv, m, li);
+        let s = step_keys(first.kb, mine.mb, j0, m, sg, li);
         for (var c = 0u; c < 8u; c++) {
             let p = select(exp(s[c] - rmax) * inv, 0.0, s[c] <= NEG_INF);
             fp[(li / 4u) * SP + 8u * (li % 4u) + c] = f16(p);

@@ -692,6 +692,7 @@ pub(crate) fn plan(
                 var
             } else if gpu.coop
                 && dmax <= FA_PREFILL_DMAX
+                && fa_prefill_fits(gpu.limits.max_compute_workgroup_storage_size, dmax)
                 && q.ne[0].is_multiple_of(16)
                 && v.ne[0].is_multiple_of(16)
             {
@@ -1345,6 +1346,15 @@ fn flash_attn_variant(
         .ty("T3", mask.unwrap_or(DType::F32))
 }
 
+/// Whether the `prefill` attention's workgroup memory at head size `dmax` fits `wg_mem` bytes:
+/// f16 tiles of FA_PREFILL_Q q rows and 32 k/v rows of dmax + 8 values, the f32 scores and f16
+/// probabilities of a step (rows of 32 and 40 values), and two f32 per invocation.
+fn fa_prefill_fits(wg_mem: u32, dmax: u32) -> bool {
+    let q = FA_PREFILL_Q as u32;
+    let bytes = (q + 32) * (dmax + 8) * 2 + q * 32 * 4 + q * 40 * 2 + 2 * 256 * 4;
+    bytes <= wg_mem
+}
+
 /// The flash attention `prefill` variant (cooperative matrices, see `shaders/flash_attn.wgsl`):
 /// 256 invocations, f16 tiles, DMAX 64 or 128 (OT4: four output blocks a subgroup at 128).
 fn flash_attn_prefill_variant(k: DType, v: DType, mask: Option<DType>, dmax: u32) -> Variant {
@@ -1703,6 +1713,14 @@ mod tests {
 
     /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
     /// only, and its half-size tiles get the deeper steps.
+    #[test]
+    fn fa_prefill_memory() {
+        // The prefill attention fits the 48 KiB of NVIDIA's Vulkan driver at head size 128.
+        assert!(fa_prefill_fits(49152, 128));
+        assert!(!fa_prefill_fits(32768, 128));
+        assert!(fa_prefill_fits(32768, 64));
+    }
+
     #[test]
     fn mat_mat_f16_selection() {
         assert!(mat_mat_h16(true, DType::F16));

@@ -622,8 +622,9 @@ var<workgroup> fp: array<f16, FQ * SP>;
 var<workgroup> fm: array<f32, 256>;
 var<workgroup> fl: array<f32, 256>;
 
-// Stages key rows j0 .. j0 + FK of k (src1 at byte kb; v, src2 at byte vb, where `v`) into
-// fkv as f16, dims below `n` (keys past nkv read as the last key: their scores are masked).
+// Stages key rows j0 .. j0 + FK of k (src1; of v, src2, where `v`), whose head starts at byte
+// `base`, into fkv as f16, dims below `n` (keys past nkv read as the last key: their scores
+// are masked).
 fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
     for (var i = li; i < FK * n; i += 256u) {
         let j = min(j0 + i / n, nkv - 1u);
@@ -667,6 +668,16 @@ fn step_products(d: u32, sg: u32) {
     coopStoreT(c, &fs[r0 * FK + c0], FK);
 }
 
+// Row iq (>= first.iq) of the block whose first row is `first`: the same head and batch, its q
+// row and mask row moved on by iq - first.iq rows.
+fn block_row(first: Row, iq: u32) -> Row {
+    var r = first;
+    r.iq = iq;
+    r.qb = first.qb + (iq - first.iq) * P.s0.nb.y;
+    r.mb = first.mb + (iq - first.iq) * P.s3.nb.y;
+    return r;
+}
+
 // One step of both passes: the keys from j0 staged, their products with the block's queries,
 // and this invocation's 8 scores (`step_scores`); k at byte kb, the invocation's mask row at mb.
 fn step_keys(kb: u32, mb: u32, j0: u32, m: f32, sg: u32, li: u32) -> array<f32, 8> {
@@ -699,14 +710,14 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let q0 = (o % blocks) * FQ;
     // The workgroup's first row (for its head's k and v), and this invocation's row's mask.
     let first = locate(q0 + nq * (o / blocks));
-    let mine = locate(min(q0 + li / 4u, nq - 1u) + nq * (o / blocks));
+    let mine = block_row(first, min(q0 + li / 4u, nq - 1u));
     let d = P.s0.ne.x;
     let dv = P.s2.ne.x;
     let nkv = P.s1.ne.y;
     let m = slope(first.h);
     let sg = li / 32u;
     for (var i = li; i < FQ * d; i += 256u) {
-        let r = locate(min(q0 + i / d, nq - 1u) + nq * (o / blocks));
+        let r = block_row(first, min(q0 + i / d, nq - 1u));
         fq[(i / d) * SQ + i % d] = f16(ld0(r.qb + (i % d) * P.s0.nb.x));
     }
     // Pass 1: each invocation's running maximum and sum over its keys.
@@ -784,7 +795,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
             let iq = q0 + pr + e % 16u;
             let dim = pc + 16u * t + e / 16u;
             if live && iq < nq && dim < dv {
-                store(locate(iq + nq * (o / blocks)), dim, fs[256u * sg + e]);
+                store(block_row(first, iq), dim, fs[256u * sg + e]);
             }
         }
         workgroupBarrier();

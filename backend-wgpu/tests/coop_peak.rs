@@ -31,16 +31,20 @@ fn shader(load: bool, barrier: bool, acc: u32) -> String {
             if t == "T" { "ta" } else { "tb" }
         )
     };
-    let mut loads = String::new();
-    for (i, n) in ["a0", "a1", "a2", "a3"]
-        .iter()
-        .enumerate()
-        .take((acc / 2) as usize)
-    {
-        loads += &frag(n, "T", &format!("(sm + {}u) * 40u + k", 16 * i));
-    }
-    loads += &frag("b0", "", "sn * 40u + k");
-    loads += &frag("b1", "", "(sn + 16u) * 40u + k");
+    // The fragment loads of one step at k offset `k` (a WGSL expression).
+    let loads = |k: &str| {
+        let mut l = String::new();
+        for (i, n) in ["a0", "a1", "a2", "a3"]
+            .iter()
+            .enumerate()
+            .take((acc / 2) as usize)
+        {
+            l += &frag(n, "T", &format!("(sm + {}u) * 40u + {k}", 16 * i));
+        }
+        l += &frag("b0", "", &format!("sn * 40u + {k}"));
+        l += &frag("b1", "", &format!("(sn + 16u) * 40u + {k}"));
+        l
+    };
     let mut decl = String::new();
     let mut mma = String::new();
     let mut store = String::new();
@@ -55,9 +59,9 @@ fn shader(load: bool, barrier: bool, acc: u32) -> String {
         }
     }
     let (outer, inner) = if load {
-        (String::new(), loads)
+        (String::new(), loads("k"))
     } else {
-        (loads.replace("k]", "0u]"), String::new())
+        (loads("0u"), String::new())
     };
     let sync = if barrier {
         "if (i & 1u) == 1u { workgroupBarrier(); }"

@@ -374,6 +374,8 @@ fn mat_vec(
 // column, TPR invocations per row (WG = ROWS x TPR): invocation j of a row takes its parts j,
 // j + TPR, ..., and loads the raw words of its next part before it computes the current one
 // (the first before the column is quantized), so that two parts per invocation are in flight.
+// A row's partial sums are added by subgroup shuffles where its TPR invocations lie within one
+// subgroup (RSUB), else through workgroup memory.
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
 // (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
 // four 16-value sub-blocks).
@@ -793,9 +795,18 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
     }
 }
 
-// The sum of v over the TPR invocations of row li / TPR (j = li % TPR), in red: the row's
-// first invocation (j = 0) gets it. Every invocation calls it, in uniform control flow.
+// The sum of v over the TPR invocations of row li / TPR (j = li % TPR): the row's first
+// invocation (j = 0) gets it. RSUB (a row's invocations are within one subgroup): by subgroup
+// shuffles, and every invocation of the row gets it; else through workgroup memory (red).
+// Every invocation calls it, in uniform control flow.
 fn row_sum(v: f32, li: u32, j: u32) -> f32 {
+#if RSUB
+    var x = v;
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        x += subgroupShuffleXor(x, s);
+    }
+    return x;
+#else
     // Earlier readers of red are done with it.
     workgroupBarrier();
     red[li] = v;
@@ -807,6 +818,7 @@ fn row_sum(v: f32, li: u32, j: u32) -> f32 {
         workgroupBarrier();
     }
     return red[li];
+#endif
 }
 
 #if ROPE

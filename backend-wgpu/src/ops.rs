@@ -553,11 +553,11 @@ pub(crate) fn plan(
                     let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
-                    let v = mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4)
-                        .def("ROWS", rows)
-                        .def("WG", wg)
-                        .def("TPR", wg / rows)
-                        .def("KC", kc);
+                    let v = mat_vec_q_sized(
+                        mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4),
+                        (rows, wg, kc),
+                        gpu.subgroups.then_some(gpu.subgroup_min),
+                    );
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -1134,13 +1134,31 @@ pub(crate) fn mat_vec_q_reshaped(
     if out.variant.get("A4") != Some(u32::from(a4)) {
         return None;
     }
-    out.variant = out
-        .variant
-        .def("ROWS", nr)
-        .def("WG", wg)
-        .def("TPR", wg / nr)
-        .def("KC", kc);
+    out.variant = mat_vec_q_sized(
+        out.variant,
+        (nr, wg, kc),
+        gpu.subgroups.then_some(gpu.subgroup_min),
+    );
     Some(out)
+}
+
+/// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS
+/// invocations per row). `subgroup_min`: the adapter's smallest subgroup size where the
+/// variant uses subgroups; where a row's TPR invocations fit in it, the row sums are added by
+/// subgroup shuffles (RSUB) instead of a tree through workgroup memory. (H200, 2026-12-01,
+/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0 17.73 -> 17.29 µs,
+/// Q4_K 18.64 -> 18.18, Q8_0 25.96 -> 25.52.)
+fn mat_vec_q_sized(
+    v: Variant,
+    (rows, wg, kc): (u32, u32, u32),
+    subgroup_min: Option<u32>,
+) -> Variant {
+    let tpr = wg / rows;
+    v.def("ROWS", rows)
+        .def("WG", wg)
+        .def("TPR", tpr)
+        .def("KC", kc)
+        .def("RSUB", u32::from(subgroup_min.is_some_and(|s| tpr <= s)))
 }
 
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
@@ -1552,11 +1570,11 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             }
                             for (rows, wg) in [(32, 1024), (16, 512), (2, 64)] {
                                 for kc in MVQ_KC {
-                                    let x = mat_vec_q_variant(a, b, subgroups, a4, y4)
-                                        .def("ROWS", rows)
-                                        .def("WG", wg)
-                                        .def("TPR", wg / rows)
-                                        .def("KC", kc);
+                                    let x = mat_vec_q_sized(
+                                        mat_vec_q_variant(a, b, subgroups, a4, y4),
+                                        (rows, wg, kc),
+                                        subgroups.then_some(32),
+                                    );
                                     let w2 = crate::fused::second_matrix_variant;
                                     let fused = [
                                         x.clone(),

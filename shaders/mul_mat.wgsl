@@ -373,7 +373,10 @@ fn mat_vec(
 // dot products) in i32, and scaled once per part in f32. A workgroup takes ROWS rows of one
 // column, TPR invocations per row (WG = ROWS x TPR): invocation j of a row takes its parts j,
 // j + TPR, ..., and loads the raw words of its next part before it computes the current one
-// (the first before the column is quantized), so that two parts per invocation are in flight.
+// (the first before the column is quantized). With PF2 the next two parts are in flight: two
+// sets of registers take turns, each loaded again right after its part is computed, so that no
+// loaded value is ever copied (a copy waits for its load: with one set, `w = next` made each
+// step wait for the next part's load before the step after could begin).
 // A row's partial sums are added by subgroup shuffles where its TPR invocations lie within one
 // subgroup (RSUB), else through workgroup memory.
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
@@ -892,6 +895,47 @@ fn norm_scale(li: u32) -> f32 {
 #endif
 #endif
 
+// The raw words of one part of each weight row an invocation takes: of src0 (w), and with W2
+// of the second matrix (w2; with QKV only in K and V workgroups).
+struct Parts {
+    w: WPart,
+    w2: WPart,
+}
+
+// Loads part pn of the rows at byte r of src0 and, with W2, at byte r2 of the second matrix.
+fn load_parts(r: u32, r2: u32, pn: u32) -> Parts {
+    var q: Parts;
+    q.w = load_part(false, r, pn / TPB, pn % TPB);
+#if W2
+#if QKV
+    if kv {
+        q.w2 = load_part(true, r2, pn / TPB, pn % TPB);
+    }
+#else
+    q.w2 = load_part(true, r2, pn / TPB, pn % TPB);
+#endif
+#endif
+    return q;
+}
+
+// The products of part p (loaded as q) with the column's chunk that starts at part base: x
+// src0's, y the second matrix's (W2; zero in Q workgroups of QKV).
+fn parts_dot(q: Parts, r: u32, r2: u32, p: u32, base: u32) -> vec2<f32> {
+    let t = p % TPB;
+    let y = y_part((p - base) / TPB, t);
+    var d = vec2<f32>(part_dot_q(q.w, r, p / TPB, t, y), 0.0);
+#if W2
+#if QKV
+    if kv {
+        d.y = part_dot_q(q.w2, r2, p / TPB, t, y);
+    }
+#else
+    d.y = part_dot_q(q.w2, r2, p / TPB, t, y);
+#endif
+#endif
+    return d;
+}
+
 // One workgroup per ROWS rows of one column of dst (u.x workgroups in all; with QKV the
 // first u.w of them for Q, the rest for K and V), TPR invocations per row.
 @compute @workgroup_size({{WG}})
@@ -931,24 +975,22 @@ fn mat_vec_q(
 #endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
     let np = (kk / QB) * TPB;
-    var p = j;
-    var pn = min(p, np - 1u);
-    var w = load_part(false, r, pn / TPB, pn % TPB);
-    var acc = 0.0;
 #if W2
 #if QKV
     // V's row (Q workgroups load none).
     let r2 = P.off4.z + min(m, mm - 1u) * P.s2.nb.y;
-    var w2: WPart;
-    if kv {
-        w2 = load_part(true, r2, pn / TPB, pn % TPB);
-    }
 #else
     let r2 = P.off.w + min(m, mm - 1u) * P.s2.nb.y;
-    var w2 = load_part(true, r2, pn / TPB, pn % TPB);
 #endif
-    var acc2 = 0.0;
+#else
+    let r2 = 0u;
 #endif
+    var p = j;
+    var qa = load_parts(r, r2, min(p, np - 1u));
+#if PF2
+    var qb = load_parts(r, r2, min(p + TPR, np - 1u));
+#endif
+    var acc = vec2<f32>(0.0);
     for (var k0 = 0u; k0 < kk; k0 += KC) {
         // The previous chunk's parts are done with yq before it is overwritten.
         workgroupBarrier();
@@ -956,35 +998,34 @@ fn mat_vec_q(
         workgroupBarrier();
         let base = (k0 / QB) * TPB;
         let end = min(np, ((k0 + KC) / QB) * TPB);
-        for (; p < end; p += TPR) {
-            pn = min(p + TPR, np - 1u);
-            let next = load_part(false, r, pn / TPB, pn % TPB);
-#if QKV
-            var next2 = w2;
-            if kv {
-                next2 = load_part(true, r2, pn / TPB, pn % TPB);
+#if PF2
+        // qa and qb take turns; each is loaded again as soon as it has been used, so that
+        // it is never copied (a copy would wait for its loads). Where the chunk ends after
+        // qa, qb holds the next part: they swap for the next chunk.
+        loop {
+            if p >= end {
+                break;
             }
-#else
-#if W2
-            let next2 = load_part(true, r2, pn / TPB, pn % TPB);
-#endif
-#endif
-            let t = p % TPB;
-            let y = y_part((p - base) / TPB, t);
-            acc += part_dot_q(w, r, p / TPB, t, y);
-            w = next;
-#if QKV
-            if kv {
-                acc2 += part_dot_q(w2, r2, p / TPB, t, y);
-                w2 = next2;
+            acc += parts_dot(qa, r, r2, p, base);
+            qa = load_parts(r, r2, min(p + 2u * TPR, np - 1u));
+            p += TPR;
+            if p >= end {
+                let t = qa;
+                qa = qb;
+                qb = t;
+                break;
             }
-#else
-#if W2
-            acc2 += part_dot_q(w2, r2, p / TPB, t, y);
-            w2 = next2;
-#endif
-#endif
+            acc += parts_dot(qb, r, r2, p, base);
+            qb = load_parts(r, r2, min(p + 2u * TPR, np - 1u));
+            p += TPR;
         }
+#else
+        for (; p < end; p += TPR) {
+            let next = load_parts(r, r2, min(p + TPR, np - 1u));
+            acc += parts_dot(qa, r, r2, p, base);
+            qa = next;
+        }
+#endif
     }
 #if NORM
 #if SUBGROUPS
@@ -993,14 +1034,11 @@ fn mat_vec_q(
     let rs = norm_scale(li);
 #endif
     acc *= rs;
-#if W2
-    acc2 *= rs;
 #endif
-#endif
-    var v = row_sum(acc, li, j);
+    var v = row_sum(acc.x, li, j);
     let dc = vec4<u32>(m, c.yzw);
 #if W2
-    let v2 = row_sum(acc2, li, j);
+    let v2 = row_sum(acc.y, li, j);
 #if GLU
     v = v / (1.0 + exp(-v)) * v2;
 #else

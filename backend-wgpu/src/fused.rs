@@ -797,7 +797,10 @@ pub(crate) fn qkv_rope_variant(v: Variant, cache: DType) -> Variant {
 /// and swiglu) or both products (PAIR).
 pub(crate) fn second_matrix_variant(v: Variant, glu: bool) -> Variant {
     let a4 = v.get("A4").unwrap_or(0);
-    let v = v.def("W2", 1).def("B4", a4);
+    // Two parts of each of two matrices in flight (PF2) lost the plain variant's gain here
+    // (H200, 2026-12-01, 8B decode on wgpu:0: 291.5 t/s with PF2 in plain mat-vecs only, 284.6
+    // with it in the fused ones too).
+    let v = v.def("W2", 1).def("B4", a4).def("PF2", 0);
     if glu {
         v.def("GLU", 1)
     } else {

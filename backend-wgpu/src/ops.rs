@@ -1041,6 +1041,15 @@ fn mvq_parts(a: DType) -> (u32, u32) {
     }
 }
 
+/// Whether the integer-dot mat-vec of weights of type `a` keeps two parts per invocation in
+/// flight (PF2 in `mat_vec_q`). (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated,
+/// m=4096 k=14336: Q4_0 17.28 -> 16.72 µs, Q4_1 17.24 -> 16.36, Q8_0 25.68 -> 23.64, but Q4_K
+/// 18.12 -> 19.05; Q6_K's parts are too large (session 15: it spills); 8B decode on wgpu:0
+/// 282.5 -> 291.5 t/s.)
+fn mvq_two_in_flight(a: DType) -> bool {
+    matches!(a, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
 /// The integer-dot mat-vec's shape setting: `None` (the default: on), `Some(None)`
 /// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or `Some(Some((ROWS, WG)))`
 /// (TESSERA_WGPU_MVQ=ROWS,WG: ROWS rows and WG / ROWS invocations per row for every product,
@@ -1197,6 +1206,7 @@ fn mat_vec_q_variant(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) ->
     let (qb, tpb) = mvq_parts(a);
     Variant::new(Family::MulMat, "mat_vec_q")
         .def("MVQ", 1)
+        .def("PF2", u32::from(mvq_two_in_flight(a)))
         .def("QUANT", 1)
         .def("SUBGROUPS", u32::from(subgroups))
         .def("A4", u32::from(a4))

@@ -1,0 +1,261 @@
+//! The read bandwidth one dispatch gets through this path, apart from any op: dispatches that
+//! only read a buffer the size of the mat-vec benchmark's largest Q4_0 weights (m=4096,
+//! k=14336: 33.0 MB) with 16-byte loads and fold it into one word, 8 buffers rotated in a pass
+//! as `mat_vec`'s `bench_model_sizes` rotates its weights (a barrier between dispatches, which
+//! write one buffer), over several workgroup counts and sizes, loads in flight per invocation,
+//! and with the buffer bound read-write (as tessera binds every buffer) or read-only. It is the
+//! ceiling a mat-vec of that size can reach here:
+//! `cargo test --release -p tessera-wgpu --test read_peak -- --ignored --nocapture`.
+
+/// Bytes of each buffer: the Q4_0 weights of a 4096 x 14336 mat-vec.
+const BYTES: u64 = 4096 * 14336 / 32 * 18;
+/// Buffers rotated through in a pass (264 MB: well past the H200's 50 MB L2).
+const ROTATED: usize = 8;
+/// Passes timed per case (the median is taken).
+const PASSES: usize = 25;
+
+/// The cases: (workgroups, invocations per workgroup, 16-byte loads in flight per invocation,
+/// bound read-only).
+const CASES: &[(u32, u32, u32, bool)] = &[
+    (128, 1024, 1, false),
+    (128, 1024, 2, false),
+    (132, 1024, 1, false),
+    (132, 1024, 2, false),
+    (132, 1024, 4, false),
+    (264, 1024, 1, false),
+    (264, 1024, 2, false),
+    (528, 512, 1, false),
+    (1056, 256, 1, false),
+    (1056, 256, 2, false),
+    (2112, 256, 1, false),
+    (4224, 128, 1, false),
+    (1056, 256, 2, true),
+    (132, 1024, 2, true),
+];
+
+/// The shader of one case: each invocation reads the 16-byte words i, i + T, ... (T: all
+/// invocations of the dispatch), `unroll` at a time, folds them with xor and stores the result
+/// only where it equals a value no input here gives (so that no load can be dropped).
+fn shader(wg: u32, unroll: u32, read_only: bool) -> String {
+    let access = if read_only { "read" } else { "read_write" };
+    let mut loads = String::new();
+    let mut fold = String::new();
+    for u in 0..unroll {
+        loads += &format!("let v{u} = src[i + {u}u * t];\n");
+        fold += &format!("acc ^= v{u};\n");
+    }
+    format!(
+        r#"@group(0) @binding(0) var<storage, {access}> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size({wg})
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {{
+    let t = n.x * {wg}u;
+    let len = arrayLength(&src);
+    var acc = vec4<u32>(0u);
+    var i = g.x;
+    for (; i + {last}u * t < len; i += {unroll}u * t) {{
+        {loads}
+        {fold}
+    }}
+    for (; i < len; i += t) {{
+        acc ^= src[i];
+    }}
+    if (acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u {{
+        out[g.x] = 1u;
+    }}
+}}
+"#,
+        last = unroll - 1
+    )
+}
+
+#[test]
+#[ignore]
+fn bench_read_peak() {
+    let Some((device, queue)) = open() else {
+        return;
+    };
+    let bufs: Vec<wgpu::Buffer> = (0..ROTATED)
+        .map(|i| {
+            let b = device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: BYTES,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let words: Vec<u32> = (0..BYTES / 4)
+                .map(|w| (w as u32).wrapping_mul(2654435761) ^ i as u32)
+                .collect();
+            queue.write_buffer(&b, 0, bytemuck::cast_slice(&words));
+            b
+        })
+        .collect();
+    let out = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 4 * 1024 * 4224,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    for &(groups, wg, unroll, read_only) in CASES {
+        let secs = time(
+            &device,
+            &queue,
+            &shader(wg, unroll, read_only),
+            &bufs,
+            &out,
+            groups,
+        );
+        println!(
+            "read {groups} x {wg}, {unroll} loads in flight, {}: {:.2} us, {:.0} GB/s",
+            if read_only { "read-only" } else { "read-write" },
+            secs * 1e6,
+            BYTES as f64 / secs / 1e9
+        );
+    }
+}
+
+/// The median GPU seconds per dispatch (timestamp queries at the beginning and end of each
+/// pass, over its [`ROTATED`] dispatches) of [`PASSES`] passes, each one dispatch of
+/// `source`'s `main` over `groups` workgroups per buffer in `bufs` (binding 0; `out` binding 1).
+fn time(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    source: &str,
+    bufs: &[wgpu::Buffer],
+    out: &wgpu::Buffer,
+    groups: u32,
+) -> f64 {
+    // SAFETY: the benchmark's shaders index only within their arrays (checked by reading them).
+    let module = unsafe {
+        device.create_shader_module_trusted(
+            wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            },
+            wgpu::ShaderRuntimeChecks::unchecked(),
+        )
+    };
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: None,
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let binds: Vec<wgpu::BindGroup> = bufs
+        .iter()
+        .map(|b| {
+            device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: b.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: out.as_entire_binding(),
+                    },
+                ],
+            })
+        })
+        .collect();
+    let n = PASSES as u32;
+    let set = device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: None,
+        ty: wgpu::QueryType::Timestamp,
+        count: 2 * n,
+    });
+    let buffer = |usage| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: u64::from(2 * n) * 8,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let resolve = buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
+    let read = buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+    let mut enc = device.create_command_encoder(&Default::default());
+    for i in 0..n {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &set,
+                beginning_of_pass_write_index: Some(2 * i),
+                end_of_pass_write_index: Some(2 * i + 1),
+            }),
+        });
+        pass.set_pipeline(&pipeline);
+        for bind in &binds {
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+    }
+    enc.resolve_query_set(&set, 0..2 * n, &resolve, 0);
+    enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, u64::from(2 * n) * 8);
+    queue.submit([enc.finish()]);
+    read.slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.expect("map"));
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
+        &read
+            .slice(..)
+            .get_mapped_range()
+            .expect("mapped timestamps")[..],
+    );
+    let period = f64::from(queue.get_timestamp_period()) * 1e-9;
+    let mut times: Vec<f64> = ticks
+        .chunks_exact(2)
+        .map(|p| p[1].saturating_sub(p[0]) as f64 * period / bufs.len() as f64)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// A device on the first Vulkan adapter with timestamp queries (opened with them and its
+/// limits), or `None` (printed as skipped).
+fn open() -> Option<(wgpu::Device, wgpu::Queue)> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN;
+    let instance = wgpu::Instance::new(desc.with_env());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+    let Some(adapter) = adapters
+        .into_iter()
+        .find(|a| a.features().contains(wgpu::Features::TIMESTAMP_QUERY))
+    else {
+        println!("skipped: no Vulkan adapter with timestamp queries");
+        return None;
+    };
+    println!("adapter: {}", adapter.get_info().name);
+    let device = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: None,
+        required_features: wgpu::Features::TIMESTAMP_QUERY,
+        required_limits: adapter.limits(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }))
+    .expect("device");
+    Some(device)
+}
+
+/// Every case's shader is valid WGSL for naga (no GPU needed).
+#[test]
+fn read_shaders_validate() {
+    for &(_, wg, unroll, read_only) in CASES {
+        let src = shader(wg, unroll, read_only);
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{e:?}\n{src}"));
+    }
+}

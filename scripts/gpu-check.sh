@@ -79,6 +79,11 @@ fi
 if [ -n "${WGPU_MM:-}" ] && [ -x "$WGPU_MM" ]; then
   timeout 120 "$WGPU_MM" --ignored --nocapture bench_square > "$OUT/wgpu-mm.log" 2>&1
 fi
+# The read bandwidth one dispatch gets (the mat-vec's ceiling), when its test executable is
+# carried (WGPU_RP: `cargo test --release -p tessera-wgpu --test read_peak --no-run`).
+if [ -n "${WGPU_RP:-}" ] && [ -x "$WGPU_RP" ]; then
+  timeout 60 "$WGPU_RP" --ignored --nocapture bench_read_peak > "$OUT/wgpu-rp.log" 2>&1
+fi
 
 echo; echo "== perf (mul_mat m=4096 k=14336; flash_attn_ext causal 512 x 512) =="
 grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
@@ -86,8 +91,9 @@ grep -h 'runs' "$OUT"/perf-*.log | sed 's/^ *//' | cut -c1-160
 if [ -f "$OUT/cuda-bench.log" ]; then
   echo; echo "== tessera CUDA benchmarks (same call) =="; grep -E 'gemm |rotated|fused|K\+V' "$OUT/cuda-bench.log"
 fi
-for f in "$OUT/wgpu-mv.log" "$OUT/wgpu-mm.log"; do
-  [ -f "$f" ] && { echo; echo "== $(basename "$f" .log) (same call) =="; grep -E 'GB/s|TFLOP/s' "$f"; }
+# The mat-vec's rotated figures (weights from DRAM) only; the read ceiling's figures.
+for f in "$OUT/wgpu-mv.log" "$OUT/wgpu-mm.log" "$OUT/wgpu-rp.log"; do
+  [ -f "$f" ] && { echo; echo "== $(basename "$f" .log) (same call) =="; grep -E 'rotated|TFLOP/s|^read ' "$f"; }
 done
 echo; echo "| check | result |"; echo "|---|---|"
 printf '%s\n' "${summary[@]}"

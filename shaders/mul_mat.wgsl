@@ -1125,6 +1125,29 @@ const VN: u32 = BN / 64u;
 const LA: u32 = BM * BK / 1024u;
 const LB: u32 = BN * BK / 1024u;
 
+// Four values of a quantized type from the raw words that hold them (the formulas the plain
+// tiles' `wquad` and the cooperative tiles' `chunk_values` share). Q4_0: the nibbles at bit sh
+// of the bytes of q, (n - 8) d.
+fn deq_q4_0(q: u32, sh: u32, d: f32) -> vec4<f32> {
+    return (vec4<f32>(fields4(q, sh, 15u)) - 8.0) * d;
+}
+
+// Q4_1: n d + m (dm: d and m).
+fn deq_q4_1(q: u32, sh: u32, dm: vec2<f32>) -> vec4<f32> {
+    return vec4<f32>(fields4(q, sh, 15u)) * dm.x + dm.y;
+}
+
+// Q4_K and Q5_K: q d - m, where d and m are the super-block's d and dmin times the sub-block's
+// scale and min.
+fn deq_k(q: vec4<u32>, d: f32, m: f32) -> vec4<f32> {
+    return vec4<f32>(q) * d - m;
+}
+
+// Q6_K: (lo | hi << 4) - 32, times d (the super-block's d times the sub-block's scale).
+fn deq_q6_k(lo: vec4<u32>, hi: vec4<u32>, d: f32) -> vec4<f32> {
+    return (vec4<f32>(lo | (hi << vec4<u32>(4u))) - 32.0) * d;
+}
+
 // Four values of the src0 row at byte r from k, a multiple of 4 below the row's length
 // (zeros past its end).
 fn wquad(r: u32, k: u32) -> vec4<f32> {
@@ -1134,14 +1157,13 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             // Q4_0: f16 d, 16 bytes of nibbles (value - 8); byte j holds values j and j + 16.
             let b = r + (k / 32u) * 18u;
             let e = k % 32u;
-            return (vec4<f32>(fields4(word0(b + 2u + e % 16u), 4u * (e / 16u), 15u)) - 8.0) * half0(b);
+            return deq_q4_0(word0(b + 2u + e % 16u), 4u * (e / 16u), half0(b));
         }
         case 3u: {
             // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
             let b = r + (k / 32u) * 20u;
             let e = k % 32u;
-            let dm = halves(word0(b));
-            return vec4<f32>(fields4(word0(b + 4u + e % 16u), 4u * (e / 16u), 15u)) * dm.x + dm.y;
+            return deq_q4_1(word0(b + 4u + e % 16u), 4u * (e / 16u), halves(word0(b)));
         }
         case 6u: {
             // Q5_0: f16 d, 32 high bits, 16 bytes of nibbles (value - 16).
@@ -1192,7 +1214,7 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let dm = halves(word0(b));
             let sm = sm_k(vec3<u32>(word0(b + 4u), word0(b + 8u), word0(b + 12u)), e / 32u);
             let q = fields4(word0(b + 16u + 32u * (e / 64u) + e % 32u), 4u * ((e / 32u) % 2u), 15u);
-            return vec4<f32>(q) * (dm.x * sm.x) - dm.y * sm.y;
+            return deq_k(q, dm.x * sm.x, dm.y * sm.y);
         }
         case 13u: {
             // Q5_K: f16 d, f16 dmin, 12 bytes of scales and mins, 32 bytes of high bits, 128
@@ -1205,7 +1227,7 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let dm = halves(word0(b));
             let sm = sm_k(vec3<u32>(word0(b + 4u), word0(b + 8u), word0(b + 12u)), e / 32u);
             let q = fields4(word0(b + 48u + 32u * j + l), 4u * hi, 15u) | (fields4(word0(b + 16u + l), 2u * j + hi, 1u) << vec4<u32>(4u));
-            return vec4<f32>(q) * (dm.x * sm.x) - dm.y * sm.y;
+            return deq_k(q, dm.x * sm.x, dm.y * sm.y);
         }
         case 14u: {
             // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 i8 scales, f16 d;
@@ -1217,7 +1239,7 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let l = e % 32u;
             let lo = fields4(word0(b + 64u * n + 32u * (s % 2u) + l), 4u * (s / 2u), 15u);
             let hi = fields4(word0(b + 128u + 32u * n + l), 2u * s, 3u);
-            return (vec4<f32>(lo | (hi << vec4<u32>(4u))) - 32.0) * (half0(b + 208u) * i8_0(b + 192u + e / 16u));
+            return deq_q6_k(lo, hi, half0(b + 208u) * i8_0(b + 192u + e / 16u));
         }
         default: {
             return vec4<f32>(0.0);
@@ -1345,18 +1367,12 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
             let b = r + (k / 32u) * 18u;
             let d = half(c.w.z >> ((b & 2u) * 8u));
             let sh = 4u * (e / 16u);
-            return array(
-                (vec4<f32>(fields4(c.w.x, sh, 15u)) - 8.0) * d,
-                (vec4<f32>(fields4(c.w.y, sh, 15u)) - 8.0) * d,
-            );
+            return array(deq_q4_0(c.w.x, sh, d), deq_q4_0(c.w.y, sh, d));
         }
         case 3u: {
             let dm = halves(c.w.z);
             let sh = 4u * (e / 16u);
-            return array(
-                vec4<f32>(fields4(c.w.x, sh, 15u)) * dm.x + dm.y,
-                vec4<f32>(fields4(c.w.y, sh, 15u)) * dm.x + dm.y,
-            );
+            return array(deq_q4_1(c.w.x, sh, dm), deq_q4_1(c.w.y, sh, dm));
         }
         case 8u: {
             let b = r + (k / 32u) * 34u;
@@ -1370,10 +1386,7 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
             let sh = 4u * ((f / 32u) % 2u);
             let d = dm.x * sm.x;
             let m = dm.y * sm.y;
-            return array(
-                vec4<f32>(fields4(c.w.x, sh, 15u)) * d - m,
-                vec4<f32>(fields4(c.w.y, sh, 15u)) * d - m,
-            );
+            return array(deq_k(fields4(c.w.x, sh, 15u), d, m), deq_k(fields4(c.w.y, sh, 15u), d, m));
         }
         case 14u: {
             let b = r + (k / 256u) * 210u;
@@ -1382,11 +1395,11 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
             let sb = b + 192u + f / 16u;
             let sc = f32(bitcast<i32>(((c.x.y >> ((sb & 3u) * 8u)) & 255u) << 24u) >> 24u);
             let d = half(c.x.x >> (((b + 208u) & 2u) * 8u)) * sc;
-            let lo0 = fields4(c.w.x, 4u * (s / 2u), 15u);
-            let lo1 = fields4(c.w.y, 4u * (s / 2u), 15u);
-            let hi0 = fields4(c.w.z, 2u * s, 3u) << vec4<u32>(4u);
-            let hi1 = fields4(c.w.w, 2u * s, 3u) << vec4<u32>(4u);
-            return array((vec4<f32>(lo0 | hi0) - 32.0) * d, (vec4<f32>(lo1 | hi1) - 32.0) * d);
+            let lo = 4u * (s / 2u);
+            return array(
+                deq_q6_k(fields4(c.w.x, lo, 15u), fields4(c.w.z, 2u * s, 3u), d),
+                deq_q6_k(fields4(c.w.y, lo, 15u), fields4(c.w.w, 2u * s, 3u), d),
+            );
         }
         default: {
             return c.v;

@@ -5,6 +5,8 @@
 //! staging keep it from what the tensor cores give through this path:
 //! `cargo test --release -p tessera-wgpu --test coop_peak -- --ignored --nocapture`.
 
+mod raw;
+
 use std::time::Instant;
 
 /// Workgroups of the dispatch (several per SM on a large GPU) and steps of each subgroup.
@@ -102,7 +104,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
 #[ignore]
 fn bench_coop_peak() {
     let Some((device, queue)) =
-        open(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+        raw::open(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
     else {
         return;
     };
@@ -132,24 +134,7 @@ fn time(
     out: &wgpu::Buffer,
     groups: u32,
 ) -> f64 {
-    // SAFETY: the benchmark's shaders index only within their arrays (checked by reading them).
-    let module = unsafe {
-        device.create_shader_module_trusted(
-            wgpu::ShaderModuleDescriptor {
-                label: None,
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            },
-            wgpu::ShaderRuntimeChecks::unchecked(),
-        )
-    };
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: None,
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let pipeline = raw::pipeline(device, source);
     let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
@@ -176,39 +161,6 @@ fn time(
     }
     times.sort_by(f64::total_cmp);
     times[2]
-}
-
-/// A device on the first Vulkan adapter that has `features` (opened with them and the
-/// adapter's limits), or `None` (printed as skipped).
-fn open(features: wgpu::Features) -> Option<(wgpu::Device, wgpu::Queue)> {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc.with_env());
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
-    let Some(adapter) = adapters
-        .into_iter()
-        .find(|a| a.features().contains(features))
-    else {
-        println!("skipped: no adapter with {features:?}");
-        return None;
-    };
-    println!("adapter: {}", adapter.get_info().name);
-    let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-        // SAFETY: a benchmark of the experimental feature itself, on shaders naga validates.
-        unsafe { wgpu::ExperimentalFeatures::enabled() }
-    } else {
-        wgpu::ExperimentalFeatures::disabled()
-    };
-    let device = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: None,
-        required_features: features,
-        required_limits: adapter.limits(),
-        experimental_features: experimental,
-        memory_hints: wgpu::MemoryHints::Performance,
-        trace: wgpu::Trace::Off,
-    }))
-    .expect("device");
-    Some(device)
 }
 
 /// Every case's shader is valid WGSL for naga with cooperative matrices and f16 (no GPU needed).

@@ -7,6 +7,8 @@
 //! ceiling a mat-vec of that size can reach here:
 //! `cargo test --release -p tessera-wgpu --test read_peak -- --ignored --nocapture`.
 
+mod raw;
+
 /// Bytes of each buffer: the Q4_0 weights of a 4096 x 14336 mat-vec.
 const BYTES: u64 = 4096 * 14336 / 32 * 18;
 /// Buffers rotated through in a pass (264 MB: well past the H200's 50 MB L2).
@@ -72,7 +74,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) n:
 #[test]
 #[ignore]
 fn bench_read_peak() {
-    let Some((device, queue)) = open() else {
+    let Some((device, queue)) = raw::open(wgpu::Features::TIMESTAMP_QUERY) else {
         return;
     };
     let bufs: Vec<wgpu::Buffer> = (0..ROTATED)
@@ -125,24 +127,7 @@ fn time(
     out: &wgpu::Buffer,
     groups: u32,
 ) -> f64 {
-    // SAFETY: the benchmark's shaders index only within their arrays (checked by reading them).
-    let module = unsafe {
-        device.create_shader_module_trusted(
-            wgpu::ShaderModuleDescriptor {
-                label: None,
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            },
-            wgpu::ShaderRuntimeChecks::unchecked(),
-        )
-    };
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: None,
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let pipeline = raw::pipeline(device, source);
     let binds: Vec<wgpu::BindGroup> = bufs
         .iter()
         .map(|b| {
@@ -215,33 +200,6 @@ fn time(
         .collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
-}
-
-/// A device on the first Vulkan adapter with timestamp queries (opened with them and its
-/// limits), or `None` (printed as skipped).
-fn open() -> Option<(wgpu::Device, wgpu::Queue)> {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc.with_env());
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
-    let Some(adapter) = adapters
-        .into_iter()
-        .find(|a| a.features().contains(wgpu::Features::TIMESTAMP_QUERY))
-    else {
-        println!("skipped: no Vulkan adapter with timestamp queries");
-        return None;
-    };
-    println!("adapter: {}", adapter.get_info().name);
-    let device = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: None,
-        required_features: wgpu::Features::TIMESTAMP_QUERY,
-        required_limits: adapter.limits(),
-        experimental_features: wgpu::ExperimentalFeatures::disabled(),
-        memory_hints: wgpu::MemoryHints::Performance,
-        trace: wgpu::Trace::Off,
-    }))
-    .expect("device");
-    Some(device)
 }
 
 /// Every case's shader is valid WGSL for naga (no GPU needed).

@@ -61,6 +61,18 @@ for d in cuda:0 wgpu:0; do
   while read -r line; do row "bench 8B $d" "$line"; done < <(grep 'pp512\|tg128' "$OUT/bench8-${d%%:*}.log" | awk -F'|' '{print $4 $5}')
 done
 
+# The bandwidth benchmarks first, before the GEMMs and PyTorch: the gpu-check calls of sessions
+# 15-17 saw the wgpu mat-vec's later shapes 2-3x slower than in calls that ran them alone.
+# The wgpu mat-vec (WGPU_MV: `cargo test --release -p tessera-wgpu --test mat_vec --no-run`):
+# quantized mat-vec GB/s at the model's shapes.
+if [ -n "${WGPU_MV:-}" ] && [ -x "$WGPU_MV" ]; then
+  timeout 120 "$WGPU_MV" --ignored --nocapture bench_model_sizes > "$OUT/wgpu-mv.log" 2>&1
+fi
+# The read bandwidth one dispatch gets (the mat-vec's ceiling), when its test executable is
+# carried (WGPU_RP: `cargo test --release -p tessera-wgpu --test read_peak --no-run`).
+if [ -n "${WGPU_RP:-}" ] && [ -x "$WGPU_RP" ]; then
+  timeout 60 "$WGPU_RP" --ignored --nocapture bench_read_peak > "$OUT/wgpu-rp.log" 2>&1
+fi
 if [ "${TORCH:-1}" != 0 ]; then
   timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
 fi
@@ -70,19 +82,10 @@ fi
 if [ -n "${BENCH:-}" ] && [ -x "$BENCH" ]; then
   timeout 200 "$BENCH" --ignored --nocapture --test-threads=1 gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
 fi
-# The wgpu backend's own benchmarks, when their test executables are carried (WGPU_MV, WGPU_MM:
-# `cargo test --release -p tessera-wgpu --test mat_vec --test mat_mat --no-run` prints them):
-# quantized mat-vec GB/s at the model's shapes, square f16/f32 GEMM TFLOP/s.
-if [ -n "${WGPU_MV:-}" ] && [ -x "$WGPU_MV" ]; then
-  timeout 120 "$WGPU_MV" --ignored --nocapture bench_model_sizes > "$OUT/wgpu-mv.log" 2>&1
-fi
+# The wgpu GEMM (WGPU_MM: `cargo test --release -p tessera-wgpu --test mat_mat --no-run`):
+# square f16/f32 TFLOP/s.
 if [ -n "${WGPU_MM:-}" ] && [ -x "$WGPU_MM" ]; then
   timeout 120 "$WGPU_MM" --ignored --nocapture bench_square > "$OUT/wgpu-mm.log" 2>&1
-fi
-# The read bandwidth one dispatch gets (the mat-vec's ceiling), when its test executable is
-# carried (WGPU_RP: `cargo test --release -p tessera-wgpu --test read_peak --no-run`).
-if [ -n "${WGPU_RP:-}" ] && [ -x "$WGPU_RP" ]; then
-  timeout 60 "$WGPU_RP" --ignored --nocapture bench_read_peak > "$OUT/wgpu-rp.log" 2>&1
 fi
 
 echo; echo "== perf (mul_mat m=4096 k=14336; flash_attn_ext causal 512 x 512) =="

@@ -23,14 +23,24 @@ fn word0(b: u32) -> u32 {
 #endif
 }
 
+// The f16 at byte b (2-byte aligned) of a block, held in word w (the word of b), as f32.
+fn half_in(w: u32, b: u32) -> f32 {
+    return half(w >> ((b & 2u) * 8u));
+}
+
+// The i8 at byte b of a block, held in word w (the word of b), as f32.
+fn i8_in_word(w: u32, b: u32) -> f32 {
+    return f32(bitcast<i32>(((w >> ((b & 3u) * 8u)) & 0xffu) << 24u) >> 24u);
+}
+
 // The f16 at byte b (2-byte aligned in every layout), as f32.
 fn half0(b: u32) -> f32 {
-    return half(s0w(b >> 2u) >> ((b & 2u) * 8u));
+    return half_in(s0w(b >> 2u), b);
 }
 
 // The i8 at byte b, as f32.
 fn i8_0(b: u32) -> f32 {
-    return f32(bitcast<i32>(byte0(b) << 24u) >> 24u);
+    return i8_in_word(s0w(b >> 2u), b);
 }
 
 // The 6-bit scale and min of sub-block j from the 12-byte field at byte s (Q4_K, Q5_K).

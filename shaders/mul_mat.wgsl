@@ -722,11 +722,6 @@ fn load_part(u: bool, r: u32, b: u32, t: u32) -> WPart {
     return w;
 }
 
-// The f16 at byte b held in word w, as f32.
-fn half_in(w: u32, b: u32) -> f32 {
-    return half(w >> ((b & 2u) * 8u));
-}
-
 // The i8 at byte offset o (0..11) of the 12 bytes in s, as f32.
 fn i8_in(s: vec3<u32>, o: u32) -> f32 {
     return f32(bitcast<i32>(byte12(s, o) << 24u) >> 24u);
@@ -1365,7 +1360,7 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
     switch T0 {
         case 2u: {
             let b = r + (k / 32u) * 18u;
-            let d = half(c.w.z >> ((b & 2u) * 8u));
+            let d = half_in(c.w.z, b);
             let sh = 4u * (e / 16u);
             return array(deq_q4_0(c.w.x, sh, d), deq_q4_0(c.w.y, sh, d));
         }
@@ -1376,7 +1371,7 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
         }
         case 8u: {
             let b = r + (k / 32u) * 34u;
-            let d = half(c.w.z >> ((b & 2u) * 8u));
+            let d = half_in(c.w.z, b);
             return array(i8x4(c.w.x) * d, i8x4(c.w.y) * d);
         }
         case 12u: {
@@ -1392,9 +1387,7 @@ fn chunk_values(c: Chunk, r: u32, k: u32) -> array<vec4<f32>, 2> {
             let b = r + (k / 256u) * 210u;
             let f = k % 256u;
             let s = (f / 32u) % 4u;
-            let sb = b + 192u + f / 16u;
-            let sc = f32(bitcast<i32>(((c.x.y >> ((sb & 3u) * 8u)) & 255u) << 24u) >> 24u);
-            let d = half(c.x.x >> (((b + 208u) & 2u) * 8u)) * sc;
+            let d = half_in(c.x.x, b + 208u) * i8_in_word(c.x.y, b + 192u + f / 16u);
             let lo = 4u * (s / 2u);
             return array(
                 deq_q6_k(fields4(c.w.x, lo, 15u), fields4(c.w.z, 2u * s, 3u), d),

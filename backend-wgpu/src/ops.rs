@@ -146,7 +146,7 @@ const MM_BK: [u32; 2] = [16, 32];
 /// subgroups x 16 x 16 f32).
 const MM_COOP_TC: u32 = 8 * 256 * 4;
 /// The cooperative-matrix mat-mat's tiles (BM, BN): 8 subgroups of 32 x 32, or of 64 x 32 (the
-/// larger one where dst has at least MM_BIG_GROUPS such tiles, as for quantized weights).
+/// larger one where dst has at least 128 columns: [`coop_big`]).
 const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
 /// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
 /// mul_mat.wgsl), which keeps two tiles of each (double buffered).
@@ -1739,16 +1739,17 @@ mod tests {
         }
     }
 
-    /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
-    /// only, and its half-size tiles get the deeper steps.
+    /// The prefill attention fits the 48 KiB of NVIDIA's Vulkan driver at head size 128, and
+    /// only head size 64 fits 32 KiB.
     #[test]
     fn fa_prefill_memory() {
-        // The prefill attention fits the 48 KiB of NVIDIA's Vulkan driver at head size 128.
         assert!(fa_prefill_fits(49152, 128));
         assert!(!fa_prefill_fits(32768, 128));
         assert!(fa_prefill_fits(32768, 64));
     }
 
+    /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
+    /// only, and its half-size tiles get the deeper steps.
     #[test]
     fn mat_mat_f16_selection() {
         assert!(mat_mat_h16(true, DType::F16));

@@ -136,6 +136,20 @@ fn sm_k(s: vec3<u32>, j: u32) -> vec2<f32> {
     return vec2<f32>(select(low, high, j >= 4u));
 }
 
+// The 6-bit scales and mins of sub-blocks 2j and 2j + 1 (j < 4) of a Q4_K / Q5_K block, from
+// its 12 scale bytes: (scale, min) of 2j, then of 2j + 1. The two sub-blocks' bytes are
+// neighbours in each word, so both are taken at once, two bytes to a field.
+fn sm_k_pair(s: vec3<u32>, j: u32) -> vec4<f32> {
+    let sh = 16u * (j & 1u);
+    let a = s.x >> sh;
+    let b = s.y >> sh;
+    let c = s.z >> sh;
+    let lo = vec2<u32>(a & 0x3f3fu, b & 0x3f3fu);
+    let hi = vec2<u32>((c & 0x0f0fu) | ((a >> 2u) & 0x3030u), ((c >> 4u) & 0x0f0fu) | ((b >> 2u) & 0x3030u));
+    let v = select(lo, hi, j >= 2u);
+    return vec4<f32>(f32(v.x & 255u), f32(v.y & 255u), f32((v.x >> 8u) & 255u), f32((v.y >> 8u) & 255u));
+}
+
 // The 6-bit signed scale of 16-value sub-block i of the Q3_K block at byte bb.
 fn scale_q3k(bb: u32, i: u32) -> f32 {
     let sl = select(byte0(bb + 96u + i - 8u) >> 4u, byte0(bb + 96u + i) & 15u, i < 8u);
@@ -236,8 +250,9 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
             let j = t / 8u;
             let dm = halves(word0(bb));
             let sc = vec3<u32>(word0(bb + 4u), word0(bb + 8u), word0(bb + 12u));
-            let s0 = sm_k(sc, 2u * j);
-            let s1 = sm_k(sc, 2u * j + 1u);
+            let sm = sm_k_pair(sc, j);
+            let s0 = sm.xy;
+            let s1 = sm.zw;
             let q = word0(bb + 16u + 32u * j + 4u * (t % 8u));
             let lo = vec4<f32>(fields4(q, 0u, 15u));
             let hi = vec4<f32>(fields4(q, 4u, 15u));
@@ -251,8 +266,9 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
             let l = 4u * (t % 8u);
             let dm = halves(word0(bb));
             let sc = vec3<u32>(word0(bb + 4u), word0(bb + 8u), word0(bb + 12u));
-            let s0 = sm_k(sc, 2u * j);
-            let s1 = sm_k(sc, 2u * j + 1u);
+            let sm = sm_k_pair(sc, j);
+            let s0 = sm.xy;
+            let s1 = sm.zw;
             let q = word0(bb + 48u + 32u * j + l);
             let h = word0(bb + 16u + l);
             let lo = vec4<f32>(fields4(q, 0u, 15u) | (fields4(h, 2u * j, 1u) << vec4<u32>(4u)));
@@ -409,6 +425,7 @@ fn mat_vec(
 // first invocation of row m rotates and stores both (an f16 pair as one word).
 #if MVQ
 const KC: u32 = {{KC}}u;
+const QPS: u32 = {{QPS}}u;
 var<workgroup> yq: array<vec4<u32>, KC / 16u>;
 var<workgroup> yd: array<f32, KC / 32u>;
 const TPR: u32 = {{TPR}}u;
@@ -465,38 +482,74 @@ fn q8x4(v: vec4<f32>, s: f32) -> u32 {
     return pack4xI8(vec4<i32>(round(v * s)));
 }
 
+// Quad q (values 4q .. 4q + 3) of the chunk from k0 of the src1 column at byte yb (zeros past
+// the row's end); with NORM times w, its squares added to sumsq where it lies in the chunk (an
+// invocation past the chunk loads values of the next one: not its to count).
+fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
+#if NORM
+    return y_norm(yb, k0 + 4u * q, q < KC / 4u);
+#else
+    return yquad(yb, k0 + 4u * q);
+#endif
+}
+
+// Stores quad q (4 values) of the chunk, quantized as the word w, into yq, and the scale of
+// its 32-value block, the largest magnitude a over 127, into yd from the block's first quad.
+// Quads past the chunk (values of the next one) are not stored.
+fn store_quad(q: u32, w: u32, a: f32) {
+    if q < KC / 4u {
+        yq[q >> 2u][q & 3u] = w;
+        if (q & 7u) == 0u {
+            yd[q >> 3u] = a / 127.0;
+        }
+    }
+}
+
 // Quantizes values k0 .. k0 + KC of the src1 column at byte yb (zeros past the row's end) into
 // yq and yd.
 fn quantize_y(yb: u32, k0: u32, li: u32) {
     let n = min(KC, P.s0.ne.x - k0);
-#if SUBGROUPS
-    // Two neighbouring invocations per 32 values, 16 each, their largest magnitude shared
-    // through the subgroup; every invocation runs the same number of steps.
-    let steps = (n + 16u * {{WG}}u - 1u) / (16u * {{WG}}u);
+#if YC
+    // Each step takes QPS x WG quads (4 values each): invocation li the quads li, li + WG, ...,
+    // so that each of its loads reads one contiguous run with its neighbours'. A 32-value block
+    // is the 8 quads of 8 neighbouring invocations (in one subgroup: its size is 8 or more),
+    // which share their largest magnitudes by shuffles. QPS (1, 2 or 4) is about the chunk's
+    // quads over WG, so that the steps load few values past it.
+    let steps = (n + 4u * QPS * {{WG}}u - 1u) / (4u * QPS * {{WG}}u);
     for (var s = 0u; s < steps; s++) {
-        let i = s * {{WG}}u + li;
-        let e = k0 + 16u * i;
-#if NORM
-        // Invocations past the chunk load values of the next one: not theirs to count.
-        let own = i < KC / 16u;
-        let v0 = y_norm(yb, e, own);
-        let v1 = y_norm(yb, e + 4u, own);
-        let v2 = y_norm(yb, e + 8u, own);
-        let v3 = y_norm(yb, e + 12u, own);
-#else
-        let v0 = yquad(yb, e);
-        let v1 = yquad(yb, e + 4u);
-        let v2 = yquad(yb, e + 8u);
-        let v3 = yquad(yb, e + 12u);
-#endif
-        var a = max(max(amax4(v0), amax4(v1)), max(amax4(v2), amax4(v3)));
-        a = max(a, subgroupShuffleXor(a, 1u));
-        let inv = select(0.0, 127.0 / a, a > 0.0);
-        if i < KC / 16u {
-            yq[i] = vec4<u32>(q8x4(v0, inv), q8x4(v1, inv), q8x4(v2, inv), q8x4(v3, inv));
-            if (i & 1u) == 0u {
-                yd[i / 2u] = a / 127.0;
-            }
+        let q = QPS * {{WG}}u * s + li;
+        let qs = vec4<u32>(q, q + {{WG}}u, q + 2u * {{WG}}u, q + 3u * {{WG}}u);
+        let v0 = y_at_quad(yb, k0, qs.x);
+        var v1 = vec4<f32>(0.0);
+        var v2 = vec4<f32>(0.0);
+        var v3 = vec4<f32>(0.0);
+        if QPS > 1u {
+            v1 = y_at_quad(yb, k0, qs.y);
+        }
+        if QPS > 2u {
+            v2 = y_at_quad(yb, k0, qs.z);
+            v3 = y_at_quad(yb, k0, qs.w);
+        }
+        var a = vec4<f32>(amax4(v0), amax4(v1), amax4(v2), amax4(v3));
+        if QPS > 2u {
+            a = max(a, subgroupShuffleXor(a, 1u));
+            a = max(a, subgroupShuffleXor(a, 2u));
+            a = max(a, subgroupShuffleXor(a, 4u));
+        } else {
+            var b = a.xy;
+            b = max(b, subgroupShuffleXor(b, 1u));
+            b = max(b, subgroupShuffleXor(b, 2u));
+            b = max(b, subgroupShuffleXor(b, 4u));
+            a = vec4<f32>(b, 0.0, 0.0);
+        }
+        let inv = select(vec4<f32>(0.0), vec4<f32>(127.0) / a, a > vec4<f32>(0.0));
+        store_quad(qs.x, q8x4(v0, inv.x), a.x);
+        if QPS > 1u {
+            store_quad(qs.y, q8x4(v1, inv.y), a.y);
+        }
+        if QPS > 2u {
+            store_quad(qs.z, q8x4(v2, inv.z), a.z);
+            store_quad(qs.w, q8x4(v3, inv.w), a.w);
         }
     }
 #else
@@ -676,10 +729,9 @@ fn load_part(u: bool, r: u32, b: u32, t: u32) -> WPart {
         case 2u: {
             // Q4_0: f16 d, 16 bytes of nibbles.
             let bb = r + 18u * b;
-            let i = (bb + 2u) >> 2u;
-            w.a = words4(u, i);
-            w.x.x = word_c(u, i + 4u);
-            w.s.x = wword(u, bb >> 2u);
+            // The five words that hold the block's 18 bytes.
+            w.a = words4(u, bb >> 2u);
+            w.x.x = word_c(u, (bb >> 2u) + 4u);
         }
         case 3u: {
             // Q4_1: f16 d, f16 m, 16 bytes of nibbles.
@@ -736,9 +788,13 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
         case 2u: {
             // Q4_0: byte j of the nibbles holds values j and j + 16; value - 8.
             let bb = r + 18u * b;
-            let q = funnel(w.a, w.x.x, bb + 2u);
+            // The nibbles start 2 bytes into the first word (bb a multiple of 4) or at the
+            // second (bb 2 past one).
+            let hi = vec4<u32>(w.a.yzw, w.x.x);
+            let q = select((w.a >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), hi, (bb & 2u) != 0u);
+            let d = half_in(w.a.x, bb);
             let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
-            return half_in(w.s.x, bb) * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
+            return d * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
         }
         case 3u: {
             // Q4_1: d * q + m.
@@ -758,8 +814,9 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             // with 6-bit scales and mins; value d * scale * q - dmin * min.
             let j = t / 2u;
             let dm = halves(w.a.x);
-            let sa = sm_k(w.a.yzw, 2u * j);
-            let sb = sm_k(w.a.yzw, 2u * j + 1u);
+            let sm = sm_k_pair(w.a.yzw, j);
+            let sa = sm.xy;
+            let sb = sm.zw;
             let ia = f32(dot16(w.b & m4, y.q[0]));
             let ib = f32(dot16((w.b >> s4) & m4, y.q[1]));
             let mins = sa.y * y.d.x * f32(y.s.x) + sb.y * y.d.y * f32(y.s.y);

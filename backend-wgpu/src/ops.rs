@@ -556,6 +556,7 @@ pub(crate) fn plan(
                     let v = mat_vec_q_sized(
                         mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4),
                         (rows, wg, kc),
+                        a.ne[0],
                         gpu.subgroups.then_some(gpu.subgroup_min),
                     );
                     out.push(PlanOut {
@@ -1139,27 +1140,32 @@ pub(crate) fn mat_vec_q_reshaped(
     mut out: PlanOut,
     rows: usize,
 ) -> Option<PlanOut> {
-    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, graph.get(id), 0, rows)?;
+    let t = graph.get(id);
+    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows)?;
     if out.variant.get("A4") != Some(u32::from(a4)) {
         return None;
     }
     out.variant = mat_vec_q_sized(
         out.variant,
         (nr, wg, kc),
+        graph.get(t.src[0]).ne[0],
         gpu.subgroups.then_some(gpu.subgroup_min),
     );
     Some(out)
 }
 
 /// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS
-/// invocations per row). `subgroup_min`: the adapter's smallest subgroup size where the
-/// variant uses subgroups; where a row's TPR invocations fit in it, the row sums are added by
-/// subgroup shuffles (RSUB) instead of a tree through workgroup memory. (H200, 2026-12-01,
-/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0 17.73 -> 17.29 µs,
-/// Q4_K 18.64 -> 18.18, Q8_0 25.96 -> 25.52.)
+/// invocations per row) for rows of `k` values. `subgroup_min`: the adapter's smallest
+/// subgroup size where the variant uses subgroups; where a row's TPR invocations fit in it, the
+/// row sums are added by subgroup shuffles (RSUB) instead of a tree through workgroup memory
+/// (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0
+/// 17.73 -> 17.29 µs, Q4_K 18.64 -> 18.18, Q8_0 25.96 -> 25.52); where it is 8 or more, the
+/// column is quantized with coalesced loads, 8 invocations a block (YC), QPS quads an
+/// invocation a step (see [`mvq_quads_per_step`]).
 fn mat_vec_q_sized(
     v: Variant,
     (rows, wg, kc): (u32, u32, u32),
+    k: usize,
     subgroup_min: Option<u32>,
 ) -> Variant {
     let tpr = wg / rows;
@@ -1167,7 +1173,22 @@ fn mat_vec_q_sized(
         .def("WG", wg)
         .def("TPR", tpr)
         .def("KC", kc)
+        .def("QPS", mvq_quads_per_step(k, kc, wg))
         .def("RSUB", u32::from(subgroup_min.is_some_and(|s| tpr <= s)))
+        .def("YC", u32::from(subgroup_min.is_some_and(|s| s >= 8)))
+}
+
+/// The quads (4 values) of the column each invocation of a `wg`-invocation integer-dot mat-vec
+/// loads per step of its quantization (QPS with YC in `mat_vec_q`): the quads of a chunk of up
+/// to `kc` of the `k` values over `wg`, rounded up to 1, 2 or 4, so that a step loads few
+/// values past the chunk and its loads go out together. (H200, 2026-12-01, `bench_model_sizes`,
+/// 8 weights rotated, against the earlier quantization (two invocations a block, four
+/// neighbouring quads each): m=4096 k=14336 (QPS 4) Q4_0 16.90 -> 16.52 µs, Q6_K 29.79 ->
+/// 28.61; m=14336 k=4096 (QPS 2) Q4_0 20.55 -> 20.05; 8B decode 288.9 -> 306.3 t/s, with the
+/// step's quads fixed at 4: 299.5.)
+fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
+    let quads = k.min(kc as usize).div_ceil(4);
+    (quads.div_ceil(wg as usize).next_power_of_two() as u32).min(4)
 }
 
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
@@ -1578,11 +1599,14 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
                                 continue;
                             }
-                            for (rows, wg) in [(32, 1024), (16, 512), (2, 64)] {
+                            // Row lengths that give QPS 4, 2 and 1.
+                            for (rows, wg, k) in [(32, 1024, 14336), (16, 512, 4096), (2, 64, 256)]
+                            {
                                 for kc in MVQ_KC {
                                     let x = mat_vec_q_sized(
                                         mat_vec_q_variant(a, b, subgroups, a4, y4),
                                         (rows, wg, kc),
+                                        k,
                                         subgroups.then_some(32),
                                     );
                                     let w2 = crate::fused::second_matrix_variant;

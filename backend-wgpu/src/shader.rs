@@ -9,8 +9,8 @@
 //! line by line:
 //!
 //! - `{{NAME}}` is replaced by the define's value (a missing define is an error);
-//! - `#if NAME` keeps the following lines when NAME is defined and not 0, `#else` flips that,
-//!   `#endif` closes; blocks nest.
+//! - `#if NAME` keeps the following lines when NAME is defined and not 0, `#else` (one per
+//!   `#if`) flips that, `#endif` closes; blocks nest.
 //!
 //! That is all: element types, f16 on or off, subgroups on or off and tile sizes are defines,
 //! and the code that differs between variants is a `#if` block or a constant, never a copy.
@@ -243,21 +243,27 @@ impl Variant {
 
     /// Expands one file into `out`.
     fn expand(&self, file: &str, text: &str, out: &mut String) -> Result<(), String> {
-        // Each open block: (whether its enclosing block is kept, whether this branch is kept).
-        let mut stack: Vec<(bool, bool)> = Vec::new();
-        let kept = |s: &Vec<(bool, bool)>| s.last().is_none_or(|&(outer, this)| outer && this);
+        // Each open block: (whether its enclosing block is kept, whether this branch is kept,
+        // whether it has had its #else).
+        let mut stack: Vec<(bool, bool, bool)> = Vec::new();
+        let kept =
+            |s: &Vec<(bool, bool, bool)>| s.last().is_none_or(|&(outer, this, _)| outer && this);
         for (n, line) in text.lines().enumerate() {
             let where_ = || format!("{file}.wgsl:{}", n + 1);
             let t = line.trim();
             if let Some(name) = t.strip_prefix("#if ") {
                 let on = self.get(name.trim()).is_some_and(|v| v != 0);
                 let outer = kept(&stack);
-                stack.push((outer, on));
+                stack.push((outer, on, false));
             } else if t == "#else" {
                 let top = stack
                     .last_mut()
                     .ok_or_else(|| format!("{}: #else without #if", where_()))?;
+                if top.2 {
+                    return Err(format!("{}: a second #else for one #if", where_()));
+                }
                 top.1 = !top.1;
+                top.2 = true;
             } else if t == "#endif" {
                 stack
                     .pop()
@@ -398,5 +404,8 @@ mod tests {
         assert!(v.expand("t", "{{NOPE}}", &mut String::new()).is_err());
         assert!(v.expand("t", "#if A\n", &mut String::new()).is_err());
         assert!(v.expand("t", "#endif\n", &mut String::new()).is_err());
+        assert!(v
+            .expand("t", "#if A\n#else\n#else\n#endif\n", &mut String::new())
+            .is_err());
     }
 }

@@ -493,12 +493,32 @@ fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
 #endif
 }
 
+// The slot in yq of the chunk's 16 values from 16i: the values one part of each of the
+// neighbouring invocations multiplies lie in neighbouring slots, so that a subgroup's loads of
+// them meet no bank conflicts. Q4_0 and Q4_1 keep the first and the second 16 values of each
+// block in two planes; Q6_K orders a block's 16 slots by the part's vec4 g; the others keep
+// the column's order (Q4_K was slower reordered).
+fn y_slot(i: u32) -> u32 {
+    switch T0 {
+        case 2u, 3u: {
+            return (i & 1u) * (KC / 32u) + (i >> 1u);
+        }
+        case 14u: {
+            let r = i & 15u;
+            return (i & ~15u) + 4u * ((r >> 1u) & 3u) + 2u * (r >> 3u) + (r & 1u);
+        }
+        default: {
+            return i;
+        }
+    }
+}
+
 // Stores quad q (4 values) of the chunk, quantized as the word w, into yq, and the scale of
 // its 32-value block, the largest magnitude a over 127, into yd from the block's first quad.
 // Quads past the chunk (values of the next one) are not stored.
 fn store_quad(q: u32, w: u32, a: f32) {
     if q < KC / 4u {
-        yq[q >> 2u][q & 3u] = w;
+        yq[y_slot(q >> 2u)][q & 3u] = w;
         if (q & 7u) == 0u {
             yd[q >> 3u] = a / 127.0;
         }
@@ -566,8 +586,8 @@ fn quantize_y(yb: u32, k0: u32, li: u32) {
             a = max(a, amax4(v[j]));
         }
         let inv = select(0.0, 127.0 / a, a > 0.0);
-        yq[2u * i] = vec4<u32>(q8x4(v[0], inv), q8x4(v[1], inv), q8x4(v[2], inv), q8x4(v[3], inv));
-        yq[2u * i + 1u] = vec4<u32>(q8x4(v[4], inv), q8x4(v[5], inv), q8x4(v[6], inv), q8x4(v[7], inv));
+        yq[y_slot(2u * i)] = vec4<u32>(q8x4(v[0], inv), q8x4(v[1], inv), q8x4(v[2], inv), q8x4(v[3], inv));
+        yq[y_slot(2u * i + 1u)] = vec4<u32>(q8x4(v[4], inv), q8x4(v[5], inv), q8x4(v[6], inv), q8x4(v[7], inv));
         yd[i] = a / 127.0;
     }
 #endif
@@ -628,7 +648,7 @@ fn y_part(bl: u32, t: u32) -> YPart {
     var y: YPart;
     for (var g = 0u; g < y_vecs(); g++) {
         let i = y_at(bl, t, g);
-        y.q[g] = yq[i];
+        y.q[g] = yq[y_slot(i)];
         y.d[g] = yd[i / 2u];
         y.s[g] = dot16(y.q[g], vec4<u32>(0x01010101u));
     }

@@ -98,5 +98,18 @@ fi
 for f in "$OUT/wgpu-mv.log" "$OUT/wgpu-mm.log" "$OUT/wgpu-rp.log"; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f" .log) (same call) =="; grep -E 'rotated|TFLOP/s|^read ' "$f"; }
 done
+# The headline figures also go into the table printed last (a call returns only the tail of
+# its output, and only a few of the files under $OUT).
+pct() { awk -v g="$1" 'BEGIN { printf "%.1f%% of 3.95 TB/s", g / 39.5 }'; }
+if [ -f "$OUT/wgpu-mv.log" ]; then
+  while read -r ty us gbs; do row "wgpu mat-vec $ty m=4096 k=14336, rotated" "$us µs, $gbs GB/s, $(pct "$gbs")"; done \
+    < <(grep 'm=4096 k=14336 8 weights rotated' "$OUT/wgpu-mv.log" | awk '{print $1, $(NF-3), $(NF-1)}')
+fi
+[ -f "$OUT/wgpu-mm.log" ] && while read -r line; do row "wgpu GEMM" "$line"; done < <(grep '8192^3' "$OUT/wgpu-mm.log")
+if [ -f "$OUT/cuda-bench.log" ]; then
+  while read -r line; do row "CUDA GEMM" "$line"; done < <(grep -E 'gemm (f16xf16|bf16xbf16) 8192' "$OUT/cuda-bench.log")
+  while read -r line; do row "CUDA mat-vec" "$line"; done < <(grep -E 'm=4096 k=14336 n=1 8 weights rotated' "$OUT/cuda-bench.log" | sed 's/mul_mat //')
+fi
+[ -f "$OUT/torch.md" ] && while read -r line; do row "PyTorch" "$line"; done < <(grep -iE 'gemm|gemv' "$OUT/torch.md" | grep -E '8192|4096' | tr -d '|' | sed 's/  */ /g' | head -6)
 echo; echo "| check | result |"; echo "|---|---|"
 printf '%s\n' "${summary[@]}"

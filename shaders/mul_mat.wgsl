@@ -810,8 +810,7 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             let bb = r + 18u * b;
             // The nibbles start 2 bytes into the first word (bb a multiple of 4) or at the
             // second (bb 2 past one).
-            let hi = vec4<u32>(w.a.yzw, w.x.x);
-            let q = select((w.a >> vec4<u32>(16u)) | (hi << vec4<u32>(16u)), hi, (bb & 2u) != 0u);
+            let q = select(funnel(w.a, w.x.x, 2u), vec4<u32>(w.a.yzw, w.x.x), (bb & 2u) != 0u);
             let d = half_in(w.a.x, bb);
             let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
             return d * y.d.x * f32(s - 8 * (y.s.x + y.s.y));

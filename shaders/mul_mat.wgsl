@@ -395,9 +395,10 @@ fn mat_vec(
 // step wait for the next part's load before the step after could begin).
 // A row's partial sums are added by subgroup shuffles where its TPR invocations lie within one
 // subgroup (RSUB), else through workgroup memory.
-// Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 16-byte run of nibbles
-// (16 values of two 32-value sub-blocks); Q6_K 16 positions of a 128-value half (64 values of
-// four 16-value sub-blocks).
+// Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 64-value group (the
+// 32 bytes of nibbles of two 32-value sub-blocks, which share the block's head and the
+// decode of their scales); Q6_K 16 positions of a 128-value half (64 values of four 16-value
+// sub-blocks).
 // Fused variants: ADD adds src2 (f32, dst's shape) to each sum as it is stored (`r + W x`);
 // W2 computes the same rows of a second weight matrix of src0's type and shape in src2 (row
 // stride s2.nb.y, laid out as src0: B4 = A4) by the same column, and then GLU stores
@@ -496,12 +497,15 @@ fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
 // The slot in yq of the chunk's 16 values from 16i: the values one part of each of the
 // neighbouring invocations multiplies lie in neighbouring slots, so that a subgroup's loads of
 // them meet no bank conflicts. Q4_0 and Q4_1 keep the first and the second 16 values of each
-// block in two planes; Q6_K orders a block's 16 slots by the part's vec4 g; the others keep
-// the column's order (Q4_K was slower reordered).
+// block in two planes, Q4_K the four 16-value runs of each 64-value group in four; Q6_K
+// orders a block's 16 slots by the part's vec4 g; Q8_0 keeps the column's order.
 fn y_slot(i: u32) -> u32 {
     switch T0 {
         case 2u, 3u: {
             return (i & 1u) * (KC / 32u) + (i >> 1u);
+        }
+        case 12u: {
+            return (i & 3u) * (KC / 64u) + (i >> 2u);
         }
         case 14u: {
             let r = i & 15u;
@@ -599,7 +603,7 @@ fn y_vecs() -> u32 {
         case 8u: {
             return 1u;
         }
-        case 14u: {
+        case 12u, 14u: {
             return 4u;
         }
         default: {
@@ -617,8 +621,8 @@ fn y_at(bl: u32, t: u32, g: u32) -> u32 {
             return base + t;
         }
         case 12u: {
-            // Q4_K: values 64 (t / 2) + 16 (t % 2) .. and 32 further.
-            return base + 4u * (t / 2u) + 2u * g + t % 2u;
+            // Q4_K: values 64 t + 16 g ..
+            return base + 4u * t + g;
         }
         case 14u: {
             // Q6_K: values 128 (t / 2) + 16 (t % 2) .. and 32, 64, 96 further.
@@ -771,7 +775,8 @@ fn load_part(u: bool, r: u32, b: u32, t: u32) -> WPart {
             // Q4_K: the 16-byte head (d, dmin, scales) and 16 bytes of nibbles.
             let bb = r + 144u * b;
             w.a = run16(u, bb);
-            w.b = run16(u, bb + 16u + 32u * (t / 2u) + 16u * (t % 2u));
+            w.b = run16(u, bb + 16u + 32u * t);
+            w.c = run16(u, bb + 32u + 32u * t);
         }
         case 14u: {
             // Q6_K: three runs (low nibbles twice, high bits), the words of the four scales,
@@ -812,8 +817,12 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             // second (bb 2 past one).
             let q = select(funnel(w.a, w.x.x, 2u), vec4<u32>(w.a.yzw, w.x.x), (bb & 2u) != 0u);
             let d = half_in(w.a.x, bb);
-            let s = dot16(q & m4, y.q[0]) + dot16((q >> s4) & m4, y.q[1]);
-            return d * y.d.x * f32(s - 8 * (y.s.x + y.s.y));
+            // Each nibble n as the signed byte 16 (n - 8): n ^ 8 in the byte's high half, so
+            // that the column's sums are not needed; the 1 / 16 is exact.
+            let mh = vec4<u32>(0xf0f0f0f0u);
+            let h8 = vec4<u32>(0x80808080u);
+            let s = dot16(((q << s4) & mh) ^ h8, y.q[0]) + dot16((q & mh) ^ h8, y.q[1]);
+            return d * y.d.x * (f32(s) * 0.0625);
         }
         case 3u: {
             // Q4_1: d * q + m.
@@ -828,18 +837,16 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             return half_in(w.s.x, bb) * y.d.x * f32(dot16(q, y.q[0]));
         }
         case 12u: {
-            // Q4_K: 32 bytes of nibbles per 64 values (the low nibbles the first 32); part t is
-            // bytes 16 (t % 2) .. + 15 of 64-value group j = t / 2, in sub-blocks 2j and 2j + 1
-            // with 6-bit scales and mins; value d * scale * q - dmin * min.
-            let j = t / 2u;
+            // Q4_K: 32 bytes of nibbles per 64 values, the low nibbles the first 32 (sub-block
+            // 2t, 6-bit scale and min in sm.xy), the high ones the next 32 (2t + 1, sm.zw); part
+            // t is the whole group t: its bytes 0 .. 15 in b, 16 .. 31 in c; value
+            // d * scale * q - dmin * min.
             let dm = halves(w.a.x);
-            let sm = sm_k_pair(w.a.yzw, j);
-            let sa = sm.xy;
-            let sb = sm.zw;
-            let ia = f32(dot16(w.b & m4, y.q[0]));
-            let ib = f32(dot16((w.b >> s4) & m4, y.q[1]));
-            let mins = sa.y * y.d.x * f32(y.s.x) + sb.y * y.d.y * f32(y.s.y);
-            return dm.x * (sa.x * y.d.x * ia + sb.x * y.d.y * ib) - dm.y * mins;
+            let sm = sm_k_pair(w.a.yzw, t);
+            let ia = f32(dot16(w.b & m4, y.q[0]) + dot16(w.c & m4, y.q[1]));
+            let ib = f32(dot16((w.b >> s4) & m4, y.q[2]) + dot16((w.c >> s4) & m4, y.q[3]));
+            let mins = sm.y * y.d.x * f32(y.s.x + y.s.y) + sm.w * y.d.z * f32(y.s.z + y.s.w);
+            return dm.x * (sm.x * y.d.x * ia + sm.z * y.d.z * ib) - dm.y * mins;
         }
         case 14u: {
             // Q6_K: value (low | high << 4) - 32 times an i8 scale per 16 values and d. Half
@@ -1063,8 +1070,11 @@ fn mat_vec_q(
 #endif
     var acc = vec2<f32>(0.0);
     for (var k0 = 0u; k0 < kk; k0 += KC) {
-        // The previous chunk's parts are done with yq before it is overwritten.
-        workgroupBarrier();
+        // The previous chunk's parts are done with yq before it is overwritten (none before
+        // the first: a barrier there would also wait for the first parts' loads).
+        if k0 > 0u {
+            workgroupBarrier();
+        }
         quantize_y(yb, k0, li);
         workgroupBarrier();
         let base = (k0 / QB) * TPB;

@@ -185,7 +185,8 @@ const MVQ_ROWS: [u32; 5] = [32, 16, 8, 4, 2];
 /// Workgroups per column the integer-dot mat-vec aims for (about two per core of a large GPU).
 const MVQ_GROUPS: usize = 256;
 /// Parts of a row each invocation of the integer-dot mat-vec aims to take (TPR, the
-/// invocations per row, is the parts of a row over this, rounded up to a power of two).
+/// invocations per row, is the parts of a row over this, rounded up to a power of two); see
+/// [`mvq_parts_each`].
 const MVQ_PARTS: usize = 4;
 /// Invocations per integer-dot mat-vec workgroup (ROWS x TPR) at most: TPR is cut to fit
 /// (and raised to make at least 32, which quantize the column).
@@ -1045,6 +1046,18 @@ fn mvq_parts(a: DType) -> (u32, u32) {
     }
 }
 
+/// Parts of a row each invocation of the integer-dot mat-vec of weights of type `a` aims to
+/// take: [`MVQ_PARTS`], and half as many of Q4_K's, which are twice as long as they were when
+/// the rule was set (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, Q4_K m=4096
+/// k=4096: 16 rows x 512 invocations 8.13 µs, the 16 x 256 that four parts give 8.46).
+fn mvq_parts_each(a: DType) -> usize {
+    if a == DType::Q4_K {
+        MVQ_PARTS / 2
+    } else {
+        MVQ_PARTS
+    }
+}
+
 /// Whether the integer-dot mat-vec of weights of type `a` keeps two parts per invocation in
 /// flight (PF2 in `mat_vec_q`). (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated,
 /// m=4096 k=14336: Q4_0 17.28 -> 16.72 µs, Q4_1 17.24 -> 16.36, Q8_0 25.68 -> 23.64, but Q4_K
@@ -1111,8 +1124,8 @@ fn mat_vec_q_shape(
             .find(|&r| rows.div_ceil(r as usize) >= groups)
             .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
         let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
-        let tpr =
-            (parts.div_ceil(MVQ_PARTS).next_power_of_two() as u32).clamp(32 / nr, max_wg / nr);
+        let tpr = (parts.div_ceil(mvq_parts_each(a.dtype)).next_power_of_two() as u32)
+            .clamp(32 / nr, max_wg / nr);
         (nr, nr * tpr)
     });
     let l = &gpu.limits;

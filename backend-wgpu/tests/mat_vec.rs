@@ -128,6 +128,15 @@ fn tall_weights() {
     }
 }
 
+/// Long rows and few of them, so that each invocation takes several parts of its row in turn
+/// (the loop's register sets taking turns, and the chunk ending after either).
+#[test]
+fn long_rows_several_parts_each() {
+    for t in TYPES {
+        check(t, 64, 1, 14336);
+    }
+}
+
 /// Rows longer than one quantized chunk of the column (16384 values where workgroup memory
 /// holds it, else 4096).
 #[test]

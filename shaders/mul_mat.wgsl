@@ -494,6 +494,12 @@ fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
 #endif
 }
 
+// The slot of the chunk's 16 values from 16i where each part multiplies n runs of 16 and
+// run g of every part lies in plane g (KC / 16n slots each), in the parts' order.
+fn plane_slot(i: u32, n: u32) -> u32 {
+    return (i % n) * (KC / (16u * n)) + i / n;
+}
+
 // The slot in yq of the chunk's 16 values from 16i: the values one part of each of the
 // neighbouring invocations multiplies lie in neighbouring slots, so that a subgroup's loads of
 // them meet no bank conflicts. Q4_0 and Q4_1 keep the first and the second 16 values of each
@@ -502,10 +508,10 @@ fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
 fn y_slot(i: u32) -> u32 {
     switch T0 {
         case 2u, 3u: {
-            return (i & 1u) * (KC / 32u) + (i >> 1u);
+            return plane_slot(i, 2u);
         }
         case 12u: {
-            return (i & 3u) * (KC / 64u) + (i >> 2u);
+            return plane_slot(i, 4u);
         }
         case 14u: {
             let r = i & 15u;

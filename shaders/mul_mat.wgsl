@@ -394,7 +394,8 @@ fn mat_vec(
 // loaded value is ever copied (a copy waits for its load: with one set, `w = next` made each
 // step wait for the next part's load before the step after could begin).
 // A row's partial sums are added by subgroup shuffles where its TPR invocations lie within one
-// subgroup (RSUB), else through workgroup memory.
+// subgroup (RSUB), else through workgroup memory. The row length k is compiled in (KK), so
+// that the loops' trip counts are known to the compiler.
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 64-value group (the
 // 32 bytes of nibbles of two 32-value sub-blocks, which share the block's head and the
 // decode of their scales); Q6_K 16 positions of a 128-value half (64 values of four 16-value
@@ -1041,7 +1042,7 @@ fn mat_vec_q(
     let g = group(wg, nwg);
     let live = g < P.u.x;
     let o = min(g, P.u.x - 1u);
-    let kk = P.s0.ne.x;
+    let kk = {{KK}}u;
 #if QKV
     // One column: workgroup o takes row block o of Q, or o - u.w of K and V.
     kv = o >= P.u.w;

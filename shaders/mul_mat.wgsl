@@ -77,18 +77,27 @@ fn quads(t: u32) -> vec2<u32> {
     }
 }
 
+// The row length k: compiled in where the variant says so (YK: KK), else the parameter.
+fn row_k() -> u32 {
+#if YK
+    return {{KK}}u;
+#else
+    return P.s0.ne.x;
+#endif
+}
+
 // Four values of the src1 column at byte yb from k = e (zeros past the row's end).
 fn yquad(yb: u32, e: u32) -> vec4<f32> {
 #if Y4
     // Y4: the column is 16-byte aligned, f32, and k is a multiple of 4.
-    if e < P.s0.ne.x {
+    if e < row_k() {
         return bitcast<vec4<f32>>(src1[(yb >> 4u) + (e >> 2u)]);
     }
     return vec4<f32>(0.0);
 #else
     var v = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        if e + i < P.s0.ne.x {
+        if e + i < row_k() {
             v[i] = y1(yb, e + i);
         }
     }
@@ -395,7 +404,10 @@ fn mat_vec(
 // step wait for the next part's load before the step after could begin).
 // A row's partial sums are added by subgroup shuffles where its TPR invocations lie within one
 // subgroup (RSUB), else through workgroup memory. The row length k is compiled in (KK), so
-// that the loops' trip counts are known to the compiler.
+// that the loops' trip counts are known to the compiler; YK has the column's quantization and
+// norm take it too, and ONECOL (dst one column, no batch dimensions) leaves out the divisions
+// that find a workgroup's column and batch: each of these shortened the prologue that every
+// load waits for (BENCHMARKS.md, session 21).
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 64-value group (the
 // 32 bytes of nibbles of two 32-value sub-blocks, which share the block's head and the
 // decode of their scales); Q6_K 16 positions of a 128-value half (64 values of four 16-value
@@ -465,7 +477,7 @@ fn y_norm(yb: u32, e: u32, own: bool) -> vec4<f32> {
     }
     var w = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        if e + i < P.s0.ne.x {
+        if e + i < row_k() {
             w[i] = bitcast<f32>(norm_w[(P.off4.y >> 2u) + e + i]);
         }
     }
@@ -539,7 +551,7 @@ fn store_quad(q: u32, w: u32, a: f32) {
 // Quantizes values k0 .. k0 + KC of the src1 column at byte yb (zeros past the row's end) into
 // yq and yd.
 fn quantize_y(yb: u32, k0: u32, li: u32) {
-    let n = min(KC, P.s0.ne.x - k0);
+    let n = min(KC, row_k() - k0);
 #if YC
     // Each step takes QPS x WG quads (4 values each): invocation li the quads li, li + WG, ...,
     // so that each of its loads reads one contiguous run with its neighbours'. A 32-value block
@@ -969,13 +981,13 @@ fn norm_scale(li: u32, sli: u32, ssz: u32) -> f32 {
     for (var i = 0u; i < ({{WG}}u + ssz - 1u) / ssz; i++) {
         t += red[i];
     }
-    return 1.0 / sqrt(t / f32(P.s0.ne.x) + P.f.x);
+    return 1.0 / sqrt(t / f32(row_k()) + P.f.x);
 }
 #else
 // 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq. Every invocation
 // calls it, in uniform control flow.
 fn norm_scale(li: u32) -> f32 {
-    return 1.0 / sqrt(wg_sum(sumsq, li) / f32(P.s0.ne.x) + P.f.x);
+    return 1.0 / sqrt(wg_sum(sumsq, li) / f32(row_k()) + P.f.x);
 }
 #endif
 #endif
@@ -1050,16 +1062,24 @@ fn mat_vec_q(
     let c = vec4<u32>(select(o, o - P.u.w, kv), 0u, 0u, 0u);
 #else
     let mm = P.d.ne.x;
+#if ONECOL
+    let c = vec4<u32>(o, 0u, 0u, 0u);
+#else
     let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+#endif
 #endif
     let m = select(mm, c.x * ROWS + li / TPR, live);
     let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
     // A row past the end repeats the last row (its sum is not stored).
 #if QKV
-    let r = select(row0(min(m, mm - 1u), 0u, 0u), P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
+    let r = select(P.off.y + min(m, mm - 1u) * P.s0.nb.y, P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
+#else
+#if ONECOL
+    let r = P.off.y + min(m, mm - 1u) * P.s0.nb.y;
 #else
     let r = row0(min(m, mm - 1u), c.z, c.w);
+#endif
 #endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
     let np = (kk / QB) * TPB;

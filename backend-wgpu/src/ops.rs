@@ -554,11 +554,15 @@ pub(crate) fn plan(
                     let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
-                    let v = mat_vec_q_sized(
-                        mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4),
-                        (rows, wg, kc),
-                        a.ne[0],
-                        gpu.subgroups.then_some(gpu.subgroup_min),
+                    let v = mat_vec_q_specialized(
+                        mat_vec_q_sized(
+                            mat_vec_q_variant(a.dtype, b.dtype, gpu.subgroups, a4, y4),
+                            (rows, wg, kc),
+                            a.ne[0],
+                            gpu.subgroups.then_some(gpu.subgroup_min),
+                        ),
+                        a.dtype,
+                        t.ne[1] * t.ne[2] * t.ne[3] == 1,
                     );
                     out.push(PlanOut {
                         variant: v,
@@ -1210,6 +1214,22 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
     (quads.div_ceil(wg as usize).next_power_of_two() as u32).min(4)
 }
 
+/// Integer-dot mat-vec variant `v` for weights of type `a` with what the plan knows compiled
+/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K, and
+/// ONECOL where dst is `one_column` (one column, no batch dimensions: no coordinates to divide
+/// out). H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL
+/// Q4_0 15.21 -> 14.88 µs, Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B
+/// decode 329.2 -> 332.6 t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42
+/// -> 23.18, but Q6_K 25.11 -> 26.07, 8B decode 345.8 -> 357.1.
+fn mat_vec_q_specialized(v: Variant, a: DType, one_column: bool) -> Variant {
+    let v = if a == DType::Q6_K { v } else { v.def("YK", 1) };
+    if one_column {
+        v.def("ONECOL", 1)
+    } else {
+        v
+    }
+}
+
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
 /// of its column (NORM in `mat_vec_q`).
 pub(crate) const NORM_W_BINDING: usize = 5;
@@ -1621,12 +1641,18 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             // Row lengths that give QPS 4, 2 and 1.
                             for (rows, wg, k) in [(32, 1024, 14336), (16, 512, 4096), (2, 64, 256)]
                             {
-                                for kc in MVQ_KC {
-                                    let x = mat_vec_q_sized(
-                                        mat_vec_q_variant(a, b, subgroups, a4, y4),
-                                        (rows, wg, kc),
-                                        k,
-                                        subgroups.then_some(32),
+                                for (kc, one_column) in
+                                    [(MVQ_KC[0], false), (MVQ_KC[1], false), (MVQ_KC[1], true)]
+                                {
+                                    let x = mat_vec_q_specialized(
+                                        mat_vec_q_sized(
+                                            mat_vec_q_variant(a, b, subgroups, a4, y4),
+                                            (rows, wg, kc),
+                                            k,
+                                            subgroups.then_some(32),
+                                        ),
+                                        a,
+                                        one_column,
                                     );
                                     let w2 = crate::fused::second_matrix_variant;
                                     let fused = [

@@ -406,8 +406,8 @@ fn mat_vec(
 // subgroup (RSUB), else through workgroup memory. The row length k is compiled in (KK), so
 // that the loops' trip counts are known to the compiler; YK has the column's quantization and
 // norm take it too, and ONECOL (dst one column, no batch dimensions) leaves out the divisions
-// that find a workgroup's column and batch: each of these shortened the prologue that every
-// load waits for (BENCHMARKS.md, session 21).
+// that find a workgroup's column and batch, with MM its row count (not with QKV): each of these
+// shortened the prologue that every load waits for (BENCHMARKS.md, session 21).
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 64-value group (the
 // 32 bytes of nibbles of two 32-value sub-blocks, which share the block's head and the
 // decode of their scales); Q6_K 16 positions of a 128-value half (64 values of four 16-value
@@ -1052,8 +1052,17 @@ fn mat_vec_q(
     // the first parameter read holds back every read after it (H200, 8B decode 325.3 -> 332.2
     // t/s, Q4_0 m=4096 k=14336 15.34 -> 15.26 µs: BENCHMARKS.md, sessions 20-21).
     let g = group(wg, nwg);
-    let live = g < P.u.x;
-    let o = min(g, P.u.x - 1u);
+#if QKV
+    let groups = P.u.x;
+#else
+#if MM
+    let groups = ({{MM}}u + ROWS - 1u) / ROWS;
+#else
+    let groups = P.u.x;
+#endif
+#endif
+    let live = g < groups;
+    let o = min(g, groups - 1u);
     let kk = {{KK}}u;
 #if QKV
     // One column: workgroup o takes row block o of Q, or o - u.w of K and V.
@@ -1061,7 +1070,11 @@ fn mat_vec_q(
     let mm = select(P.d.ne.x, P.s3.ne.x, kv);
     let c = vec4<u32>(select(o, o - P.u.w, kv), 0u, 0u, 0u);
 #else
+#if MM
+    let mm = {{MM}}u;
+#else
     let mm = P.d.ne.x;
+#endif
 #if ONECOL
     let c = vec4<u32>(o, 0u, 0u, 0u);
 #else

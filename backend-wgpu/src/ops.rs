@@ -562,7 +562,7 @@ pub(crate) fn plan(
                             gpu.subgroups.then_some(gpu.subgroup_min),
                         ),
                         a.dtype,
-                        t.ne[1] * t.ne[2] * t.ne[3] == 1,
+                        (t.ne[1] * t.ne[2] * t.ne[3] == 1).then_some(rc),
                     );
                     out.push(PlanOut {
                         variant: v,
@@ -1215,18 +1215,19 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
 }
 
 /// Integer-dot mat-vec variant `v` for weights of type `a` with what the plan knows compiled
-/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K, and
-/// ONECOL where dst is `one_column` (one column, no batch dimensions: no coordinates to divide
-/// out). H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL
-/// Q4_0 15.21 -> 14.88 µs, Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B
-/// decode 329.2 -> 332.6 t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42
-/// -> 23.18, but Q6_K 25.11 -> 26.07, 8B decode 345.8 -> 357.1.
-fn mat_vec_q_specialized(v: Variant, a: DType, one_column: bool) -> Variant {
+/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K, and,
+/// where dst is one column of `one_column` rows (no batch dimensions), ONECOL (no coordinates
+/// to divide out) and MM (the row count, and with it the workgroup count). H200, 2026-12-01,
+/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL Q4_0 15.21 -> 14.88 µs,
+/// Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B decode 329.2 -> 332.6
+/// t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, but Q6_K
+/// 25.11 -> 26.07, 8B decode 345.8 -> 357.1; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 ->
+/// 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 -> 356.9.
+fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<usize>) -> Variant {
     let v = if a == DType::Q6_K { v } else { v.def("YK", 1) };
-    if one_column {
-        v.def("ONECOL", 1)
-    } else {
-        v
+    match one_column {
+        Some(rows) => v.def("ONECOL", 1).def("MM", rows as u32),
+        None => v,
     }
 }
 
@@ -1641,9 +1642,11 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                             // Row lengths that give QPS 4, 2 and 1.
                             for (rows, wg, k) in [(32, 1024, 14336), (16, 512, 4096), (2, 64, 256)]
                             {
-                                for (kc, one_column) in
-                                    [(MVQ_KC[0], false), (MVQ_KC[1], false), (MVQ_KC[1], true)]
-                                {
+                                for (kc, one_column) in [
+                                    (MVQ_KC[0], None),
+                                    (MVQ_KC[1], None),
+                                    (MVQ_KC[1], Some(4096)),
+                                ] {
                                     let x = mat_vec_q_specialized(
                                         mat_vec_q_sized(
                                             mat_vec_q_variant(a, b, subgroups, a4, y4),

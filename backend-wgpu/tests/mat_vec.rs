@@ -129,11 +129,13 @@ fn tall_weights() {
 }
 
 /// More workgroups than one dispatch dimension holds (65,535): 32-row workgroups over four
-/// columns of half a million rows lay out over two dimensions, and the workgroups past the last
-/// must store nothing.
+/// columns of half a million rows, or over one column of two million (whose row count is
+/// compiled in), lay out over two dimensions, and the workgroups past the last must store
+/// nothing.
 #[test]
 fn workgroups_over_two_dimensions() {
     check(DType::Q4_0, 32 * 65535 / 4 + 1000, 4, 256);
+    check(DType::Q4_0, 32 * 65535 + 1000, 1, 64);
 }
 
 /// Long rows and few of them, so that each invocation takes several parts of its row in turn

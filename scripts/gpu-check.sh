@@ -7,15 +7,33 @@
 # Long logs go under $OUT; a short table is printed last.
 #
 # Before it (from the checkout, on the build machine):
-#   cargo build --release --all-features -p tessera-cli && strip target/release/tessera
-#   mkdir -p .gpu && cp ../shared/reference/smollm2-greedy.json .gpu/ &&
+#   cargo build --release --all-features -p tessera-cli
+#   cargo test --release -p tessera-cuda --test bench --no-run        # each prints its executable
+#   cargo test --release -p tessera-wgpu --test mat_vec --test mat_mat --test read_peak --no-run
+#   mkdir -p .gpu/F && strip -o /tmp/tessera target/release/tessera && xz -c /tmp/tessera > .gpu/F/tessera.xz
+#   and xz each test executable to .gpu/F/bench.xz, mat_vec.xz, mat_mat.xz, read_peak.xz
+#   (compressed, everything fits the 64 MiB a call carries beside the model's two parts)
+#   cp ../shared/reference/smollm2-greedy.json .gpu/ &&
 #     (cd .gpu && split -b 49000000 ~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf part-)
 # Call 1 (device tool): carry .gpu/part-aa; command: mkdir -p /root/m && cp .gpu/part-aa /root/m/
-# Call 2, at once (the machine stays warm 30 s): carry .gl, target/release/tessera, .gpu/part-ab,
-#   .gpu/part-ac, .gpu/smollm2-greedy.json; command: bash scripts/gpu-check.sh
+# Call 2, at once (the machine stays warm 30 s): carry .gl, .gpu/F, .gpu/part-ab, .gpu/part-ac,
+#   .gpu/smollm2-greedy.json; command: bash scripts/gpu-check.sh
+# (Without .gpu/F it runs target/release/tessera, and the benchmark executables named by BENCH,
+# WGPU_MV, WGPU_MM and WGPU_RP where set.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
+if [ -d .gpu/F ]; then
+  mkdir -p /root/bin
+  for b in tessera bench mat_vec mat_mat read_peak; do
+    [ -f ".gpu/F/$b.xz" ] && xz -dc ".gpu/F/$b.xz" > "/root/bin/$b" && chmod +x "/root/bin/$b"
+  done
+  [ -x /root/bin/tessera ] && BIN=${BIN:-/root/bin/tessera}
+  [ -x /root/bin/bench ] && BENCH=${BENCH:-/root/bin/bench}
+  [ -x /root/bin/mat_vec ] && WGPU_MV=${WGPU_MV:-/root/bin/mat_vec}
+  [ -x /root/bin/mat_mat ] && WGPU_MM=${WGPU_MM:-/root/bin/mat_mat}
+  [ -x /root/bin/read_peak ] && WGPU_RP=${WGPU_RP:-/root/bin/read_peak}
+fi
 BIN=${BIN:-./target/release/tessera}
 MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53

@@ -1085,13 +1085,14 @@ fn mat_vec_q(
     let j = li % TPR;
     let yb = col1(c.y, c.z, c.w);
     // A row past the end repeats the last row (its sum is not stored).
+    let mr = min(m, mm - 1u);
 #if QKV
-    let r = select(P.off.y + min(m, mm - 1u) * P.s0.nb.y, P.off.w + min(m, mm - 1u) * P.s2.nb.y, kv);
+    let r = select(P.off.y + mr * P.s0.nb.y, P.off.w + mr * P.s2.nb.y, kv);
 #else
 #if ONECOL
-    let r = P.off.y + min(m, mm - 1u) * P.s0.nb.y;
+    let r = P.off.y + mr * P.s0.nb.y;
 #else
-    let r = row0(min(m, mm - 1u), c.z, c.w);
+    let r = row0(mr, c.z, c.w);
 #endif
 #endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
@@ -1099,9 +1100,9 @@ fn mat_vec_q(
 #if W2
 #if QKV
     // V's row (Q workgroups load none).
-    let r2 = P.off4.z + min(m, mm - 1u) * P.s2.nb.y;
+    let r2 = P.off4.z + mr * P.s2.nb.y;
 #else
-    let r2 = P.off.w + min(m, mm - 1u) * P.s2.nb.y;
+    let r2 = P.off.w + mr * P.s2.nb.y;
 #endif
 #else
     let r2 = 0u;

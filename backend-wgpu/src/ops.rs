@@ -1174,16 +1174,16 @@ pub(crate) fn mat_vec_q_reshaped(
     Some(out)
 }
 
-/// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS
-/// invocations per row) for rows of `k` values (compiled in as KK: H200, 2026-12-01,
-/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: Q4_0 15.32 -> 15.22 µs, Q4_K 15.26
-/// -> 15.18, Q6_K 26.53 -> 26.18; 8B decode within noise, 332.1 -> 333.8 t/s). `subgroup_min`: the adapter's smallest
-/// subgroup size where the variant uses subgroups; where a row's TPR invocations fit in it, the
-/// row sums are added by subgroup shuffles (RSUB) instead of a tree through workgroup memory
-/// (H200, 2026-12-01, `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0
-/// 17.73 -> 17.29 µs, Q4_K 18.64 -> 18.18, Q8_0 25.96 -> 25.52); where it is 8 or more, the
-/// column is quantized with coalesced loads, 8 invocations a block (YC), QPS quads an
-/// invocation a step (see [`mvq_quads_per_step`]).
+/// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS invocations per
+/// row) for rows of `k` values (compiled in as KK: H200, 2026-12-01, `bench_model_sizes`, 8 weights
+/// rotated, m=4096 k=14336: Q4_0 15.32 -> 15.22 µs, Q4_K 15.26 -> 15.18, Q6_K 26.53 -> 26.18; 8B
+/// decode within noise, 332.1 -> 333.8 t/s). `subgroup_min`: the adapter's smallest subgroup size
+/// where the variant uses subgroups; where a row's TPR invocations fit in it, the row sums are
+/// added by subgroup shuffles (RSUB) instead of a tree through workgroup memory (H200, 2026-12-01,
+/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0 17.73 -> 17.29 µs, Q4_K
+/// 18.64 -> 18.18, Q8_0 25.96 -> 25.52); where it is 8 or more, the column is quantized with
+/// coalesced loads, 8 invocations a block (YC), QPS quads an invocation a step (see
+/// [`mvq_quads_per_step`]).
 fn mat_vec_q_sized(
     v: Variant,
     (rows, wg, kc): (u32, u32, u32),

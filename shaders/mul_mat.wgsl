@@ -406,8 +406,10 @@ fn mat_vec(
 // subgroup (RSUB), else through workgroup memory. The row length k is compiled in (KK), so
 // that the loops' trip counts are known to the compiler; YK has the column's quantization and
 // norm take it too, and ONECOL (dst one column, no batch dimensions) leaves out the divisions
-// that find a workgroup's column and batch, with MM its row count (not with QKV): each of these
-// shortened the prologue that every load waits for (BENCHMARKS.md, session 21).
+// that find a workgroup's column and batch, with MM its row count and RS its row stride (not
+// with QKV): each of these shortened the prologue that every load waits for (BENCHMARKS.md,
+// sessions 21-22). QF (a column quantized in one step) issues the column's loads before the
+// first weights' instead of after them.
 // Parts: Q4_0 and Q4_1 a whole block of 32; Q8_0 half a block; Q4_K a 64-value group (the
 // 32 bytes of nibbles of two 32-value sub-blocks, which share the block's head and the
 // decode of their scales); Q6_K 16 positions of a 128-value half (64 values of four 16-value
@@ -548,52 +550,73 @@ fn store_quad(q: u32, w: u32, a: f32) {
     }
 }
 
+#if YC
+// The quads of the column one invocation loads in a step of the quantization with YC: v0, v1,
+// v2, v3 are quads q, q + WG, q + 2 WG, q + 3 WG of the chunk (zeros past the first QPS).
+struct YQuads {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+}
+
+// Loads the quads of a step of the quantization with YC from quad q of the chunk from k0 of
+// the src1 column at byte yb.
+fn y_step_load(yb: u32, k0: u32, q: u32) -> YQuads {
+    var l: YQuads;
+    l.v0 = y_at_quad(yb, k0, q);
+    if QPS > 1u {
+        l.v1 = y_at_quad(yb, k0, q + {{WG}}u);
+    }
+    if QPS > 2u {
+        l.v2 = y_at_quad(yb, k0, q + 2u * {{WG}}u);
+        l.v3 = y_at_quad(yb, k0, q + 3u * {{WG}}u);
+    }
+    return l;
+}
+
+// Quantizes the quads l loaded from quad q (`y_step_load`) into yq and yd. A 32-value block is
+// the 8 quads of 8 neighbouring invocations (in one subgroup: its size is 8 or more), which
+// share their largest magnitudes by shuffles. Every invocation calls it, in uniform control
+// flow.
+fn y_step_store(l: YQuads, q: u32) {
+    var a = vec4<f32>(amax4(l.v0), amax4(l.v1), amax4(l.v2), amax4(l.v3));
+    if QPS > 2u {
+        a = max(a, subgroupShuffleXor(a, 1u));
+        a = max(a, subgroupShuffleXor(a, 2u));
+        a = max(a, subgroupShuffleXor(a, 4u));
+    } else {
+        var b = a.xy;
+        b = max(b, subgroupShuffleXor(b, 1u));
+        b = max(b, subgroupShuffleXor(b, 2u));
+        b = max(b, subgroupShuffleXor(b, 4u));
+        a = vec4<f32>(b, 0.0, 0.0);
+    }
+    let inv = select(vec4<f32>(0.0), vec4<f32>(127.0) / a, a > vec4<f32>(0.0));
+    store_quad(q, q8x4(l.v0, inv.x), a.x);
+    if QPS > 1u {
+        store_quad(q + {{WG}}u, q8x4(l.v1, inv.y), a.y);
+    }
+    if QPS > 2u {
+        store_quad(q + 2u * {{WG}}u, q8x4(l.v2, inv.z), a.z);
+        store_quad(q + 3u * {{WG}}u, q8x4(l.v3, inv.w), a.w);
+    }
+}
+#endif
+
 // Quantizes values k0 .. k0 + KC of the src1 column at byte yb (zeros past the row's end) into
 // yq and yd.
 fn quantize_y(yb: u32, k0: u32, li: u32) {
     let n = min(KC, row_k() - k0);
 #if YC
     // Each step takes QPS x WG quads (4 values each): invocation li the quads li, li + WG, ...,
-    // so that each of its loads reads one contiguous run with its neighbours'. A 32-value block
-    // is the 8 quads of 8 neighbouring invocations (in one subgroup: its size is 8 or more),
-    // which share their largest magnitudes by shuffles. QPS (1, 2 or 4) is about the chunk's
-    // quads over WG, so that the steps load few values past it.
+    // so that each of its loads reads one contiguous run with its neighbours' (`y_step_store`
+    // says how a block's scale is shared). QPS (1, 2 or 4) is about the chunk's quads over WG,
+    // so that the steps load few values past it.
     let steps = (n + 4u * QPS * {{WG}}u - 1u) / (4u * QPS * {{WG}}u);
     for (var s = 0u; s < steps; s++) {
         let q = QPS * {{WG}}u * s + li;
-        let qs = vec4<u32>(q, q + {{WG}}u, q + 2u * {{WG}}u, q + 3u * {{WG}}u);
-        let v0 = y_at_quad(yb, k0, qs.x);
-        var v1 = vec4<f32>(0.0);
-        var v2 = vec4<f32>(0.0);
-        var v3 = vec4<f32>(0.0);
-        if QPS > 1u {
-            v1 = y_at_quad(yb, k0, qs.y);
-        }
-        if QPS > 2u {
-            v2 = y_at_quad(yb, k0, qs.z);
-            v3 = y_at_quad(yb, k0, qs.w);
-        }
-        var a = vec4<f32>(amax4(v0), amax4(v1), amax4(v2), amax4(v3));
-        if QPS > 2u {
-            a = max(a, subgroupShuffleXor(a, 1u));
-            a = max(a, subgroupShuffleXor(a, 2u));
-            a = max(a, subgroupShuffleXor(a, 4u));
-        } else {
-            var b = a.xy;
-            b = max(b, subgroupShuffleXor(b, 1u));
-            b = max(b, subgroupShuffleXor(b, 2u));
-            b = max(b, subgroupShuffleXor(b, 4u));
-            a = vec4<f32>(b, 0.0, 0.0);
-        }
-        let inv = select(vec4<f32>(0.0), vec4<f32>(127.0) / a, a > vec4<f32>(0.0));
-        store_quad(qs.x, q8x4(v0, inv.x), a.x);
-        if QPS > 1u {
-            store_quad(qs.y, q8x4(v1, inv.y), a.y);
-        }
-        if QPS > 2u {
-            store_quad(qs.z, q8x4(v2, inv.z), a.z);
-            store_quad(qs.w, q8x4(v3, inv.w), a.w);
-        }
+        y_step_store(y_step_load(yb, k0, q), q);
     }
 #else
     // One invocation per 32 values.
@@ -1090,7 +1113,7 @@ fn mat_vec_q(
     let r = select(P.off.y + mr * P.s0.nb.y, P.off.w + mr * P.s2.nb.y, kv);
 #else
 #if ONECOL
-    let r = P.off.y + mr * P.s0.nb.y;
+    let r = P.off.y + mr * {{RS}}u;
 #else
     let r = row0(mr, c.z, c.w);
 #endif
@@ -1108,6 +1131,10 @@ fn mat_vec_q(
     let r2 = 0u;
 #endif
     var p = j;
+#if QF
+    // The column's loads for its quantization (one chunk, one step) go out before the weights'.
+    let ql = y_step_load(yb, 0u, li);
+#endif
     var qa = load_parts(r, r2, min(p, np - 1u));
 #if PF2
     var qb = load_parts(r, r2, min(p + TPR, np - 1u));
@@ -1119,7 +1146,11 @@ fn mat_vec_q(
         if k0 > 0u {
             workgroupBarrier();
         }
+#if QF
+        y_step_store(ql, li);
+#else
         quantize_y(yb, k0, li);
+#endif
         workgroupBarrier();
         let base = (k0 / QB) * TPB;
         let end = min(np, ((k0 + KC) / QB) * TPB);

@@ -562,7 +562,7 @@ pub(crate) fn plan(
                             gpu.subgroups.then_some(gpu.subgroup_min),
                         ),
                         a.dtype,
-                        (t.ne[1] * t.ne[2] * t.ne[3] == 1).then_some(rc),
+                        (t.ne[1] * t.ne[2] * t.ne[3] == 1).then_some((rc, a.nb[1])),
                     );
                     out.push(PlanOut {
                         variant: v,
@@ -1215,20 +1215,39 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
 }
 
 /// Integer-dot mat-vec variant `v` for weights of type `a` with what the plan knows compiled
-/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K, and,
-/// where dst is one column of `one_column` rows (no batch dimensions), ONECOL (no coordinates
-/// to divide out) and MM (the row count, and with it the workgroup count). H200, 2026-12-01,
+/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K;
+/// where dst is one column of `rows` rows (no batch dimensions) with weight rows `stride`
+/// bytes apart (`one_column`: `Some((rows, stride))`), ONECOL (no coordinates to divide out),
+/// MM (the row count, and with it the workgroup count) and RS (the row stride); and QF (the
+/// column's loads issued before the weights') for the types that gained from it (Q8_0,
+/// Q6_K) where the column is quantized in one step ([`mvq_one_step`]). H200, 2026-12-01,
 /// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL Q4_0 15.21 -> 14.88 µs,
 /// Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B decode 329.2 -> 332.6
 /// t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, but Q6_K
 /// 25.11 -> 26.07, 8B decode 345.8 -> 357.1; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 ->
-/// 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 -> 356.9.
-fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<usize>) -> Variant {
+/// 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 -> 356.9; RS on top Q4_0
+/// 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B decode 347.8 / 357.2 -> 351.4 / 365.0 (2026-12-02,
+/// BENCHMARKS.md session 22); QF on top Q8_0 22.47 -> 21.37, Q6_K 26.07 -> 25.37, but Q4_K
+/// 13.96 -> 14.30 and Q4_0 unchanged.
+fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<(usize, usize)>) -> Variant {
     let v = if a == DType::Q6_K { v } else { v.def("YK", 1) };
+    let qf = matches!(a, DType::Q8_0 | DType::Q6_K) && mvq_one_step(&v);
+    let v = v.def("QF", u32::from(qf));
     match one_column {
-        Some(rows) => v.def("ONECOL", 1).def("MM", rows as u32),
+        Some((rows, stride)) => v
+            .def("ONECOL", 1)
+            .def("MM", rows as u32)
+            .def("RS", stride as u32),
         None => v,
     }
+}
+
+/// Whether the integer-dot mat-vec variant `v` quantizes its column in one chunk of one step:
+/// with coalesced loads (YC), the row length KK at most KC and at most the 4 x QPS x WG values
+/// a step loads.
+fn mvq_one_step(v: &Variant) -> bool {
+    let get = |name| v.get(name).unwrap_or(0);
+    get("YC") == 1 && get("KK") <= get("KC") && get("KK") <= 4 * get("QPS") * get("WG")
 }
 
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
@@ -1645,7 +1664,7 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                 for (kc, one_column) in [
                                     (MVQ_KC[0], None),
                                     (MVQ_KC[1], None),
-                                    (MVQ_KC[1], Some(4096)),
+                                    (MVQ_KC[1], Some((4096, k / a.block_size() * a.type_size()))),
                                 ] {
                                     let x = mat_vec_q_specialized(
                                         mat_vec_q_sized(

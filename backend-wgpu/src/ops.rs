@@ -1226,7 +1226,7 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
 /// t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, but Q6_K
 /// 25.11 -> 26.07, 8B decode 345.8 -> 357.1; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 ->
 /// 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 -> 356.9; RS on top Q4_0
-/// 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B decode 347.8 / 357.2 -> 351.4 / 365.0 (2026-12-02,
+/// 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B decode 347.8 / 357.2 -> 351.4 / 365.0 (2026-12-01,
 /// BENCHMARKS.md session 22); QF on top Q8_0 22.47 -> 21.37, Q6_K 26.07 -> 25.37, but Q4_K
 /// 13.96 -> 14.30 and Q4_0 unchanged.
 fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<(usize, usize)>) -> Variant {

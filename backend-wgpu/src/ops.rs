@@ -1177,7 +1177,9 @@ pub(crate) fn mat_vec_q_reshaped(
 /// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS invocations per
 /// row) for rows of `k` values (compiled in as KK: H200, 2026-12-01, `bench_model_sizes`, 8 weights
 /// rotated, m=4096 k=14336: Q4_0 15.32 -> 15.22 µs, Q4_K 15.26 -> 15.18, Q6_K 26.53 -> 26.18; 8B
-/// decode within noise, 332.1 -> 333.8 t/s). `subgroup_min`: the adapter's smallest subgroup size
+/// decode within noise, 332.1 -> 333.8 t/s; and YK, the column's quantization taking it too: Q4_0
+/// 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, 8B decode 345.8 -> 357.1; Q6_K lost
+/// then, 25.11 -> 26.07, and gained once the quantization rounded by an add, 25.14 -> 24.75). `subgroup_min`: the adapter's smallest subgroup size
 /// where the variant uses subgroups; where a row's TPR invocations fit in it, the row sums are
 /// added by subgroup shuffles (RSUB) instead of a tree through workgroup memory (H200, 2026-12-01,
 /// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0 17.73 -> 17.29 µs, Q4_K
@@ -1193,6 +1195,7 @@ fn mat_vec_q_sized(
     let tpr = wg / rows;
     v.def("ROWS", rows)
         .def("KK", k as u32)
+        .def("YK", 1)
         .def("WG", wg)
         .def("TPR", tpr)
         .def("KC", kc)
@@ -1215,23 +1218,20 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
 }
 
 /// Integer-dot mat-vec variant `v` for weights of type `a` with what the plan knows compiled
-/// in: YK (the column's quantization takes the compiled-in k) for every type but Q6_K;
-/// where dst is one column of `rows` rows (no batch dimensions) with weight rows `stride`
+/// in: where dst is one column of `rows` rows (no batch dimensions) with weight rows `stride`
 /// bytes apart (`one_column`: `Some((rows, stride))`), ONECOL (no coordinates to divide out),
 /// MM (the row count, and with it the workgroup count) and RS (the row stride); and QF (the
-/// column's loads issued before the weights') for the types that gained from it (Q8_0,
-/// Q6_K) where the column is quantized in one step ([`mvq_one_step`]). H200, 2026-12-01,
+/// column's loads issued before the weights') for the types that gain from it (all but Q4_0
+/// and Q4_1) where the column is quantized in one step ([`mvq_one_step`]). H200, 2026-12-01,
 /// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL Q4_0 15.21 -> 14.88 µs,
 /// Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B decode 329.2 -> 332.6
-/// t/s; YK on top Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, but Q6_K
-/// 25.11 -> 26.07, 8B decode 345.8 -> 357.1; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 ->
-/// 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 -> 356.9; RS on top Q4_0
-/// 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B decode 347.8 / 357.2 -> 351.4 / 365.0 (2026-12-01,
-/// BENCHMARKS.md session 22); QF on top Q8_0 22.47 -> 21.37, Q6_K 26.07 -> 25.37, but Q4_K
-/// 13.96 -> 14.30 and Q4_0 unchanged.
+/// t/s; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 -> 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11
+/// -> 24.88, 8B decode 353.5 -> 356.9; RS on top Q4_0 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B
+/// decode 347.8 / 357.2 -> 351.4 / 365.0; QF on top Q8_0 22.47 -> 21.37, Q6_K 26.07 -> 25.37,
+/// and, once the quantization rounded by an add (`q8x4`), Q4_K 13.65 -> 13.09, but Q4_0 13.57
+/// -> 13.87 (BENCHMARKS.md, sessions 21-22).
 fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<(usize, usize)>) -> Variant {
-    let v = if a == DType::Q6_K { v } else { v.def("YK", 1) };
-    let qf = matches!(a, DType::Q8_0 | DType::Q6_K) && mvq_one_step(&v);
+    let qf = !matches!(a, DType::Q4_0 | DType::Q4_1) && mvq_one_step(&v);
     let v = v.def("QF", u32::from(qf));
     match one_column {
         Some((rows, stride)) => v

@@ -561,7 +561,6 @@ pub(crate) fn plan(
                             a.ne[0],
                             gpu.subgroups.then_some(gpu.subgroup_min),
                         ),
-                        a.dtype,
                         (t.ne[1] * t.ne[2] * t.ne[3] == 1).then_some((rc, a.nb[1])),
                     );
                     out.push(PlanOut {
@@ -1174,18 +1173,24 @@ pub(crate) fn mat_vec_q_reshaped(
     Some(out)
 }
 
-/// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS invocations per
-/// row) for rows of `k` values (compiled in as KK: H200, 2026-12-01, `bench_model_sizes`, 8 weights
-/// rotated, m=4096 k=14336: Q4_0 15.32 -> 15.22 µs, Q4_K 15.26 -> 15.18, Q6_K 26.53 -> 26.18; 8B
-/// decode within noise, 332.1 -> 333.8 t/s; and YK, the column's quantization taking it too: Q4_0
-/// 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, 8B decode 345.8 -> 357.1; Q6_K lost
-/// then, 25.11 -> 26.07, and gained once the quantization rounded by an add, 25.14 -> 24.75). `subgroup_min`: the adapter's smallest subgroup size
-/// where the variant uses subgroups; where a row's TPR invocations fit in it, the row sums are
-/// added by subgroup shuffles (RSUB) instead of a tree through workgroup memory (H200, 2026-12-01,
+/// Integer-dot mat-vec variant `v` shaped (ROWS, WG, KC) = `shape` (TPR = WG / ROWS invocations
+/// per row) for rows of `k` values, compiled in as KK (H200, 2026-12-01, `bench_model_sizes`, 8
+/// weights rotated, m=4096 k=14336: Q4_0 15.32 -> 15.22 µs, Q4_K 15.26 -> 15.18, Q6_K 26.53 ->
+/// 26.18; 8B decode within noise, 332.1 -> 333.8 t/s), and YK, the column's quantization taking
+/// it too (Q4_0 14.87 -> 14.68, Q4_K 14.49 -> 14.42, Q8_0 23.42 -> 23.18, 8B decode 345.8 ->
+/// 357.1; Q6_K lost then, 25.11 -> 26.07, and gained once the quantization rounded by an add,
+/// 25.14 -> 24.75). `subgroup_min`: the adapter's smallest subgroup size where the variant uses
+/// subgroups; where a row's TPR invocations fit in it, the row sums are added by subgroup
+/// shuffles (RSUB) instead of a tree through workgroup memory (H200, 2026-12-01,
 /// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336, TPR 32: Q4_0 17.73 -> 17.29 µs, Q4_K
 /// 18.64 -> 18.18, Q8_0 25.96 -> 25.52); where it is 8 or more, the column is quantized with
 /// coalesced loads, 8 invocations a block (YC), QPS quads an invocation a step (see
-/// [`mvq_quads_per_step`]).
+/// [`mvq_quads_per_step`]). Where that quantization is one chunk of one step (k at most KC and
+/// at most the 4 x QPS x WG values a step loads), QF issues the column's loads before the first
+/// weights', for every type but Q4_0 and Q4_1 (H200, 2026-12-01, same bench: Q8_0 22.47 ->
+/// 21.37, Q6_K 26.07 -> 25.37, and, once the quantization rounded by an add (`q8x4`), Q4_K 13.65
+/// -> 13.09, but Q4_0 13.57 -> 13.87; BENCHMARKS.md, session 22). Decided here, so that a
+/// variant shaped again ([`mat_vec_q_reshaped`]) never keeps a QF its new shape does not allow.
 fn mat_vec_q_sized(
     v: Variant,
     (rows, wg, kc): (u32, u32, u32),
@@ -1193,15 +1198,20 @@ fn mat_vec_q_sized(
     subgroup_min: Option<u32>,
 ) -> Variant {
     let tpr = wg / rows;
+    let qps = mvq_quads_per_step(k, kc, wg);
+    let yc = subgroup_min.is_some_and(|s| s >= 8);
+    let one_step = yc && k <= kc as usize && k <= (4 * qps * wg) as usize;
+    let qf = one_step && !v.is_type("T0", DType::Q4_0) && !v.is_type("T0", DType::Q4_1);
     v.def("ROWS", rows)
         .def("KK", k as u32)
         .def("YK", 1)
         .def("WG", wg)
         .def("TPR", tpr)
         .def("KC", kc)
-        .def("QPS", mvq_quads_per_step(k, kc, wg))
+        .def("QPS", qps)
         .def("RSUB", u32::from(subgroup_min.is_some_and(|s| tpr <= s)))
-        .def("YC", u32::from(subgroup_min.is_some_and(|s| s >= 8)))
+        .def("YC", u32::from(yc))
+        .def("QF", u32::from(qf))
 }
 
 /// The quads (4 values) of the column each invocation of a `wg`-invocation integer-dot mat-vec
@@ -1217,22 +1227,16 @@ fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
     (quads.div_ceil(wg as usize).next_power_of_two() as u32).min(4)
 }
 
-/// Integer-dot mat-vec variant `v` for weights of type `a` with what the plan knows compiled
-/// in: where dst is one column of `rows` rows (no batch dimensions) with weight rows `stride`
-/// bytes apart (`one_column`: `Some((rows, stride))`), ONECOL (no coordinates to divide out),
-/// MM (the row count, and with it the workgroup count) and RS (the row stride); and QF (the
-/// column's loads issued before the weights') for the types that gain from it (all but Q4_0
-/// and Q4_1) where the column is quantized in one step ([`mvq_one_step`]). H200, 2026-12-01,
-/// `bench_model_sizes`, 8 weights rotated, m=4096 k=14336: ONECOL Q4_0 15.21 -> 14.88 µs,
-/// Q4_K 15.15 -> 14.48, Q6_K 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B decode 329.2 -> 332.6
-/// t/s; MM on top Q4_0 14.62 -> 14.48, Q4_K 14.35 -> 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11
-/// -> 24.88, 8B decode 353.5 -> 356.9; RS on top Q4_0 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B
-/// decode 347.8 / 357.2 -> 351.4 / 365.0; QF on top Q8_0 22.47 -> 21.37, Q6_K 26.07 -> 25.37,
-/// and, once the quantization rounded by an add (`q8x4`), Q4_K 13.65 -> 13.09, but Q4_0 13.57
-/// -> 13.87 (BENCHMARKS.md, sessions 21-22).
-fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<(usize, usize)>) -> Variant {
-    let qf = !matches!(a, DType::Q4_0 | DType::Q4_1) && mvq_one_step(&v);
-    let v = v.def("QF", u32::from(qf));
+/// Integer-dot mat-vec variant `v` with what the plan knows compiled in where dst is one column
+/// of `rows` rows (no batch dimensions) with weight rows `stride` bytes apart (`one_column`:
+/// `Some((rows, stride))`): ONECOL (no coordinates to divide out), MM (the row count, and with
+/// it the workgroup count) and RS (the row stride). H200, 2026-12-01, `bench_model_sizes`, 8
+/// weights rotated, m=4096 k=14336: ONECOL Q4_0 15.21 -> 14.88 µs, Q4_K 15.15 -> 14.48, Q6_K
+/// 26.22 -> 25.17, Q8_0 23.26 -> 23.42, 8B decode 329.2 -> 332.6 t/s; MM on top Q4_0 14.62 ->
+/// 14.48, Q4_K 14.35 -> 14.17, Q8_0 22.94 -> 22.69, Q6_K 25.11 -> 24.88, 8B decode 353.5 ->
+/// 356.9; RS on top Q4_0 14.49 -> 14.30, Q4_K 14.18 -> 14.01, 8B decode 347.8 / 357.2 -> 351.4 /
+/// 365.0 (BENCHMARKS.md, sessions 21-22).
+fn mat_vec_q_specialized(v: Variant, one_column: Option<(usize, usize)>) -> Variant {
     match one_column {
         Some((rows, stride)) => v
             .def("ONECOL", 1)
@@ -1240,14 +1244,6 @@ fn mat_vec_q_specialized(v: Variant, a: DType, one_column: Option<(usize, usize)
             .def("RS", stride as u32),
         None => v,
     }
-}
-
-/// Whether the integer-dot mat-vec variant `v` quantizes its column in one chunk of one step:
-/// with coalesced loads (YC), the row length KK at most KC and at most the 4 x QPS x WG values
-/// a step loads.
-fn mvq_one_step(v: &Variant) -> bool {
-    let get = |name| v.get(name).unwrap_or(0);
-    get("YC") == 1 && get("KK") <= get("KC") && get("KK") <= 4 * get("QPS") * get("WG")
 }
 
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
@@ -1673,7 +1669,6 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                             k,
                                             subgroups.then_some(32),
                                         ),
-                                        a,
                                         one_column,
                                     );
                                     let w2 = crate::fused::second_matrix_variant;

@@ -13,35 +13,66 @@
 #   SIDES="base:N=1 idea:TESSERA_WGPU_X=IDEA shape:TESSERA_WGPU_MVQ=16,512" bash scripts/gpu-wgpu-ab.sh
 # (TESSERA_WGPU_X is what an experiment build reads in `mat_vec_q_sized` to add a define; main
 # reads no such switch. TESSERA_WGPU_MVQ=ROWS,WG is main's own shape override.)
-# Settings: TYPES (mat-vec types, default q4_0,q4_K,q8_0,q6_K); DEC= (empty: no decode runs, and
-# the 8B model is not made); DECS="a b" (decode only these sides); SUITE="VAR=value ..." (the
-# wgpu suite once with each setting before the rounds). Prints MV, DEC and SUITE lines; the
-# logs go to $OUT/logs.tgz.
+# Settings: TYPES (mat-vec types, default q4_0,q4_K,q8_0,q6_K); MV= (empty: no mat-vec runs);
+# DEC= (empty: no decode runs); DECS="a b" (decode only these sides); PP=1 (the 8B's 512-token
+# prompt, `bench -p 512 -n 0`, and `ops perf --op MUL_MAT --name n=512`, each side); MM=1
+# (`mat_mat bench_square`, each side: carry .gpu/F/mat_mat.xz too); SUITE="VAR=value ..." (the
+# wgpu suite once with each setting before the rounds). The 8B model is made when DEC or PP
+# asks for it. Prints MV, DEC, PP, MMP, MM and SUITE lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 export NODEVICE_SELECT=1 WGPU_BACKEND=vulkan
 OUT=${OUT:-/tmp/gpu-wgpu-ab}; L=$OUT/logs; mkdir -p "$L" /root/bin /root/syn
-for b in tessera mat_vec; do xz -dc ".gpu/F/$b.xz" > "/root/bin/$b"; chmod +x "/root/bin/$b"; done
-T=/root/bin/tessera; MV=/root/bin/mat_vec
+for f in .gpu/F/*.xz; do b=$(basename "$f" .xz); xz -dc "$f" > "/root/bin/$b"; chmod +x "/root/bin/$b"; done
+T=/root/bin/tessera
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 M=/root/syn/llama-8b-q4_0.gguf
-if [ -n "${DEC-1}" ] && [ ! -f "$M" ]; then
+if { [ -n "${DEC-1}" ] || [ -n "${PP:-}" ]; } && [ ! -f "$M" ]; then
   timeout 120 $T gguf synth --like llama-8b --type q4_0 --out "$M" > "$L/synth.log" 2>&1
 fi
 read -ra S <<< "${SIDES:?SIDES=\"name:VAR=value ...\"}"
-settings() { local e=${1#*:}; echo "${e//+/ }"; }
+# A side's settings; EXE=x among them picks the executables .gpu/F/tessera-x.xz (and
+# mat_vec-x, mat_mat-x) instead of .gpu/F/tessera.xz for that side (sets $T, $MV, $MMX).
+settings() {
+  local e=${1#*:} x=""
+  T=/root/bin/tessera MV=/root/bin/mat_vec MMX=/root/bin/mat_mat
+  for w in ${e//+/ }; do
+    case $w in EXE=*) x=-${w#EXE=} ;; *) echo "$w" ;; esac
+  done
+  if [ -n "$x" ]; then T=$T$x MV=$MV$x MMX=$MMX$x; fi
+}
 mv1() {
   local n=${1%%:*}
-  # shellcheck disable=SC2046
-  env $(settings "$1") TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV bench_model_sizes --ignored --nocapture > "$L/mv-$n-$2.log" 2>&1
+  local e; e=$(settings "$1"); settings "$1" > /dev/null
+  # shellcheck disable=SC2086
+  env $e TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV bench_model_sizes --ignored --nocapture > "$L/mv-$n-$2.log" 2>&1
   grep rotated "$L/mv-$n-$2.log" | grep "k=14336" | sed "s/^/MV $n r$2 /"
 }
 dec() {
   local n=${1%%:*}
-  # shellcheck disable=SC2046
-  env $(settings "$1") timeout 120 $T bench --model "$M" --device wgpu:0 -p 0 -n 128 -r 3 > "$L/dec-$n-$2.log" 2>&1
+  local e; e=$(settings "$1"); settings "$1" > /dev/null
+  # shellcheck disable=SC2086
+  env $e timeout 120 $T bench --model "$M" --device wgpu:0 -p 0 -n 128 -r 3 > "$L/dec-$n-$2.log" 2>&1
   grep tg "$L/dec-$n-$2.log" | tail -1 | sed "s/^/DEC $n r$2 /"
+}
+pp() {
+  local n=${1%%:*}
+  local e; e=$(settings "$1"); settings "$1" > /dev/null
+  # shellcheck disable=SC2086
+  env $e timeout 120 $T bench --model "$M" --device wgpu:0 -p 512 -n 0 -r 3 > "$L/pp-$n-$2.log" 2>&1
+  grep pp "$L/pp-$n-$2.log" | tail -1 | sed "s/^/PP $n r$2 /"
+  local e; e=$(settings "$1"); settings "$1" > /dev/null
+  # shellcheck disable=SC2086
+  env $e timeout 120 $T ops perf --backend wgpu:0 --op MUL_MAT --name n=512 > "$L/mmp-$n-$2.log" 2>&1
+  grep -E "m=4096|m=14336" "$L/mmp-$n-$2.log" | sed "s/^/MMP $n r$2 /"
+}
+mm() {
+  local n=${1%%:*}
+  local e; e=$(settings "$1"); settings "$1" > /dev/null
+  # shellcheck disable=SC2086
+  env $e $MMX bench_square --ignored --nocapture > "$L/mm-$n-$2.log" 2>&1
+  grep gemm "$L/mm-$n-$2.log" | sed "s/^/MM $n r$2 /"
 }
 for e in ${SUITE:-}; do
   env "$e" timeout 240 $T ops test --backend wgpu:0 > "$L/suite-$e.log" 2>&1
@@ -49,7 +80,9 @@ for e in ${SUITE:-}; do
 done
 for r in 1 2; do
   if [ $r = 1 ]; then ord=("${S[@]}"); else mapfile -t ord < <(printf '%s\n' "${S[@]}" | tac); fi
-  for s in "${ord[@]}"; do mv1 "$s" $r; done
+  if [ -n "${MV-1}" ]; then for s in "${ord[@]}"; do mv1 "$s" $r; done; fi
+  if [ -n "${MM:-}" ]; then for s in "${ord[@]}"; do mm "$s" $r; done; fi
+  if [ -n "${PP:-}" ]; then for s in "${ord[@]}"; do pp "$s" $r; done; fi
   if [ -n "${DEC-1}" ]; then
     for s in "${ord[@]}"; do
       n=${s%%:*}

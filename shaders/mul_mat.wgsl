@@ -21,9 +21,19 @@ const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
 
+#if MMPAIR
+// Whether this workgroup's tile is of the second matrix (mat_mat with MMPAIR).
+var<private> second: bool;
+#endif
+
 // Byte offset of row m of src0 for dst batch coordinates (i2, i3).
 fn row0(m: u32, i2: u32, i3: u32) -> u32 {
+#if MMPAIR
+    // Both matrices (unbatched) in src0, u.w and h.x bytes from its start.
+    return P.off.y + select(P.u.w, P.h.x, second) + m * select(P.s0.nb.y, P.s2.nb.y, second);
+#else
     return P.off.y + m * P.s0.nb.y + (i2 / P.u.y) * P.s0.nb.z + (i3 / P.u.z) * P.s0.nb.w;
+#endif
 }
 
 // Byte offset of column n of src1.
@@ -1272,6 +1282,12 @@ fn mat_vec_q(
 // fragments read row-major from ta (coopLoadT), B fragments column-major from tb (coopLoad),
 // sums in f32. The results go through workgroup memory (tc, one 16 x 16 block a subgroup at a
 // time) to dst, so that partial tiles are written with bounds checks.
+// MMPAIR (with COOP): two products of the same src1 by unbatched weight matrices of one type
+// and row length in one dispatch (a prompt's K and V, or gate and up): the workgroups past
+// dst's row tiles take the second matrix's, whose results go to src3 (f32, off4.x; rows
+// s3.ne.x). src0 binds memory that holds both matrices, the first u.w bytes from its offset,
+// the second (laid out as s2) h.x bytes, so that no load chooses between bindings. One
+// dispatch fills the GPU where each product alone would leave a partial wave of workgroups.
 
 #if H16
 alias TE = f16;
@@ -1577,11 +1593,19 @@ var<workgroup> tb: array<TV, BN * BK / 4u>;
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+#if MMPAIR
+    // The first matrix's row tiles, then the second's.
+    let t0 = (P.d.ne.x + BM - 1u) / BM;
+    second = wg.x >= t0;
+    let m0 = select(wg.x, wg.x - t0, second) * BM;
+    let mm = select(P.d.ne.x, P.s3.ne.x, second);
+#else
     let m0 = wg.x * BM;
+    let mm = P.d.ne.x;
+#endif
     let n0 = wg.y * BN;
     let i2 = wg.z % P.d.ne.z;
     let i3 = wg.z / P.d.ne.z;
-    let mm = P.d.ne.x;
     let nn = P.d.ne.y;
     let kk = P.s0.ne.x;
 #if COOP
@@ -1698,6 +1722,13 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             let m = m0 + sm + 16u * (f / 2u) + e % 16u;
             let n = n0 + sn + 16u * (f % 2u) + e / 16u;
             if m < mm && n < nn {
+#if MMPAIR
+                if second {
+                    let b = P.off4.x + at(vec4<u32>(m, n, 0u, 0u), P.s3.nb);
+                    src3[b >> 2u] = bitcast<u32>(tc[256u * sg + e]);
+                    continue;
+                }
+#endif
                 st(P.off.x + at(vec4<u32>(m, n, i2, i3), P.d.nb), tc[256u * sg + e]);
             }
         }

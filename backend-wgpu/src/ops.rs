@@ -1728,14 +1728,18 @@ pub(crate) fn variants(family: Family, subgroups: bool) -> Vec<Variant> {
                                         if y4 && b != DType::F32 {
                                             continue;
                                         }
-                                        v.push(mat_mat_variant(
+                                        let x = mat_mat_variant(
                                             a,
                                             b,
                                             (bm, bn, bk),
                                             aligned,
                                             y4,
                                             (h16, coop),
-                                        ));
+                                        );
+                                        if coop {
+                                            v.push(crate::fused::mat_mat_pair_variant(x.clone()));
+                                        }
+                                        v.push(x);
                                     }
                                 }
                             }

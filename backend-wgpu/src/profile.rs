@@ -116,7 +116,7 @@ impl Profile {
 
 /// A short name of a variant for the profile: its entry point (its family's file where the
 /// entry is `main`), the type of its first source (T0) where that is not f32, and the
-/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, NORM), and SPLIT (the split
+/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, NORM, MMPAIR), and SPLIT (the split
 /// flash attention decode, whose merge is `decode_combine`).
 pub(crate) fn variant_name(v: &Variant) -> String {
     let mut name = if v.entry == "main" {
@@ -133,7 +133,7 @@ pub(crate) fn variant_name(v: &Variant) -> String {
         name.push_str(t.name());
     }
     for flag in [
-        "MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "ROPE", "NORM", "SPLIT",
+        "MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "ROPE", "NORM", "MMPAIR", "SPLIT",
     ] {
         if v.get(flag).is_some_and(|x| x != 0) {
             name.push('+');

@@ -4,8 +4,10 @@
 //! compute the norm themselves: one product, Q, K and V, or gate and up),
 //! a Llama block's rope of Q and K with the stores of K and V into their caches, read back by
 //! attention (also straight after one token's Q, K and V products, which a backend may compute,
-//! rotate and store in one kernel), and several products of one activation (Q, K and V of a prompt, which a backend
-//! may convert once for all of them, or of one token, which it may compute in one kernel), and a feed-forward block for one token (gate, up, swiglu
+//! rotate and store in one kernel), and several products of one activation (Q, K and V, or gate
+//! and up, of a prompt, which a backend may convert once for all of them or run two of as one
+//! kernel, or of one token, which it may compute in one kernel), and a feed-forward block for
+//! one token (gate, up, swiglu
 //! and down: the swiglu result quantized by the kernel that makes it), and attention followed
 //! by the o projection (the attention result quantized by the attention kernels), and a
 //! product with its residual add followed by the next rms_norm * w and product (the norm
@@ -23,6 +25,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     rope_kv(v);
     qkv_rope_kv(v);
     shared_activation(v);
+    prompt_products(v);
     gate_up_down(v);
     attn_out_proj(v);
     add_norm(v);
@@ -176,6 +179,49 @@ fn shared_activation(v: &mut Vec<Case>) {
                 let vv = g.mul_mat(wv, x)?;
                 let kv = g.concat(kk, vv, 0)?;
                 g.concat(q, kv, 0)
+            },
+        ));
+    }
+}
+
+/// A prompt's Q, K and V (K and V of one shape, with a partial tile of rows) and its gate and
+/// up with their swiglu, each of one activation: a backend may run two of the products as one
+/// dispatch.
+fn prompt_products(v: &mut Vec<Case>) {
+    for (t, k, mq, mkv, n) in [
+        (DType::Q4_0, 256, 256, 200, 160),
+        (DType::F16, 512, 384, 128, 72),
+        (DType::Q8_0, 256, 128, 136, 130),
+    ] {
+        let params = format!("types=[{t},{t},{t}],k={k},m=[{mq},{mkv},{mkv}],n={n}");
+        v.push(Case::new(
+            "MUL_MAT_SHARED_B",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, n])?;
+                let wq = g.input(t, &[k, mq], Init::Uniform(-0.1, 0.1))?;
+                let wk = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let wv = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
+                let q = g.mul_mat(wq, x)?;
+                let kk = g.mul_mat(wk, x)?;
+                let vv = g.mul_mat(wv, x)?;
+                let kv = g.concat(kk, vv, 0)?;
+                g.concat(q, kv, 0)
+            },
+        ));
+    }
+    for (t, k, ff, n) in [(DType::Q4_K, 256, 300, 130), (DType::Q4_0, 128, 256, 512)] {
+        let params = format!("type={t},k={k},ff={ff},n={n}");
+        v.push(Case::new(
+            "SWIGLU_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, n])?;
+                gate_up(g, t, ff, x)
             },
         ));
     }
@@ -419,7 +465,7 @@ fn normed(g: &mut CaseGraph, ne: &[usize]) -> Result<TensorId> {
     g.mul(h, w)
 }
 
-/// `swiglu(W_gate x, W_up x)` for a column x, with random gate and up weights of type `t` and
+/// `swiglu(W_gate x, W_up x)` for activations x (one column or several), with random gate and up weights of type `t` and
 /// `ff` rows.
 fn gate_up(g: &mut CaseGraph, t: DType, ff: usize, x: TensorId) -> Result<TensorId> {
     let k = g.get(x).ne[0];

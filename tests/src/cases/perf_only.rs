@@ -15,6 +15,14 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, 4096, n, 14336).case().large());
         }
     }
+    // A 512-token prompt's products in a Llama-8B block: K and V, Q and O, gate and up.
+    for m in [1024, 4096, 14336] {
+        v.push(
+            MulMat::new(DType::Q4_0, DType::F32, m, 512, 4096)
+                .case()
+                .large(),
+        );
+    }
     for n in [1, 512] {
         v.push(
             Case::new(

@@ -15,9 +15,11 @@
 # reads no such switch. TESSERA_WGPU_MVQ=ROWS,WG is main's own shape override.)
 # Settings: TYPES (mat-vec types, default q4_0,q4_K,q8_0,q6_K); MV= (empty: no mat-vec runs);
 # DEC= (empty: no decode runs); DECS="a b" (decode only these sides); PP=1 (the 8B's 512-token
-# prompt, `bench -p 512 -n 0`, and `ops perf --op MUL_MAT --name n=512`, each side); MM=1
+# prompt, `bench -p 512 -n 0`, and `ops perf --op $PP_OP --name $PP_NAME`, by default MUL_MAT
+# and n=512, each side); MM=1
 # (`mat_mat bench_square`, each side: carry .gpu/F/mat_mat.xz too); SUITE="VAR=value ..." (the
-# wgpu suite once with each setting before the rounds). The 8B model is made when DEC or PP
+# wgpu suite once with each setting before the rounds; SUITE_ARGS: more `ops test` arguments,
+# e.g. "--op FLASH_ATTN_EXT"). The 8B model is made when DEC or PP
 # asks for it. Prints MV, DEC, PP, MMP, MM and SUITE lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,8 +66,8 @@ pp() {
   grep pp "$L/pp-$n-$2.log" | tail -1 | sed "s/^/PP $n r$2 /"
   local e; e=$(settings "$1"); settings "$1" > /dev/null
   # shellcheck disable=SC2086
-  env $e timeout 120 $T ops perf --backend wgpu:0 --op MUL_MAT --name n=512 > "$L/mmp-$n-$2.log" 2>&1
-  grep -E "m=4096|m=14336" "$L/mmp-$n-$2.log" | sed "s/^/MMP $n r$2 /"
+  env $e timeout 120 $T ops perf --backend wgpu:0 --op "${PP_OP:-MUL_MAT}" --name "${PP_NAME:-n=512}" > "$L/mmp-$n-$2.log" 2>&1
+  grep "GPU median" "$L/mmp-$n-$2.log" | sed "s/^/MMP $n r$2 /"
 }
 mm() {
   local n=${1%%:*}
@@ -75,7 +77,8 @@ mm() {
   grep gemm "$L/mm-$n-$2.log" | sed "s/^/MM $n r$2 /"
 }
 for e in ${SUITE:-}; do
-  env "$e" timeout 240 $T ops test --backend wgpu:0 > "$L/suite-$e.log" 2>&1
+  # shellcheck disable=SC2086
+  env "$e" timeout 240 $T ops test --backend wgpu:0 ${SUITE_ARGS:-} > "$L/suite-$e.log" 2>&1
   echo "SUITE $e rc=$? $(grep -c FAIL "$L/suite-$e.log") failed"
 done
 for r in 1 2; do

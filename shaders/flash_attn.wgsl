@@ -46,7 +46,9 @@
 // keys per group and step (Y4, B4: k's, v's rows as 16-byte chunks, binding them as vec4
 // words); SPLIT: it writes its split's partial result to the scratch;
 // COMBINE: the decode_combine entry point is built; PREFILL (with H16 and COOP): the prefill
-// entry point is built, OT4 with 4 output blocks a subgroup (DMAX 128; else 2, DMAX 64).
+// entry point is built, OT4 with 4 output blocks a subgroup (DMAX 128; else 2, DMAX 64), PKV16
+// (with Y4 and B4) where k and v are f16 rows of 16-byte aligned whole chunks, staged 8 values
+// a load.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
 // off4.y: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split
@@ -625,6 +627,35 @@ var<workgroup> fl: array<f32, 256>;
 // Stages key rows j0 .. j0 + FK of k (src1; of v, src2, where `v`), whose head starts at byte
 // `base`, into fkv as f16, dims below `n` (keys past nkv read as the last key: their scores
 // are masked).
+#if PKV16
+fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
+    // f16 rows, 16-byte aligned (Y4, B4): 8 values a load, chunk c of row i / cpr.
+    let cpr = n / 8u;
+    for (var i = li; i < FK * cpr; i += 256u) {
+        let j = min(j0 + i / cpr, nkv - 1u);
+        let c = i % cpr;
+        var w: vec4<u32>;
+        if v {
+            w = src2[((base + j * P.s2.nb.y) >> 4u) + c];
+        } else {
+            w = src1[((base + j * P.s1.nb.y) >> 4u) + c];
+        }
+        let o = (i / cpr) * SQ + 8u * c;
+        let h0 = vec2<f16>(halves(w.x));
+        let h1 = vec2<f16>(halves(w.y));
+        let h2 = vec2<f16>(halves(w.z));
+        let h3 = vec2<f16>(halves(w.w));
+        fkv[o] = h0.x;
+        fkv[o + 1u] = h0.y;
+        fkv[o + 2u] = h1.x;
+        fkv[o + 3u] = h1.y;
+        fkv[o + 4u] = h2.x;
+        fkv[o + 5u] = h2.y;
+        fkv[o + 6u] = h3.x;
+        fkv[o + 7u] = h3.y;
+    }
+}
+#else
 fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
     for (var i = li; i < FK * n; i += 256u) {
         let j = min(j0 + i / n, nkv - 1u);
@@ -638,6 +669,8 @@ fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
         fkv[(i / n) * SQ + e] = f16(x);
     }
 }
+#endif
+
 
 // The scores of this invocation's 8 keys (of row li / 4: keys 8 (li % 4) .. + 7 of the step
 // from j0) from fs: scaled, soft-capped, masked (NEG_INF past nkv).

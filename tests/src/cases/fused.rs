@@ -25,7 +25,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     rope_kv(v);
     qkv_rope_kv(v);
     shared_activation(v);
-    prompt_products(v);
+    prompt_gate_up(v);
     gate_up_down(v);
     attn_out_proj(v);
     add_norm(v);
@@ -137,7 +137,7 @@ fn gate_up_down(v: &mut Vec<Case>) {
 }
 
 /// Three mul_mats of one prompt-sized activation by weights of different types, summed; and
-/// one token's Q, K and V of one vector.
+/// Q, K and V of one token's vector and of a prompt.
 fn shared_activation(v: &mut Vec<Case>) {
     let types = [DType::Q4_0, DType::Q8_0, DType::F16];
     v.push(Case::new(
@@ -156,21 +156,25 @@ fn shared_activation(v: &mut Vec<Case>) {
             g.add(s, products[2])
         },
     ));
-    // One token's Q, K and V of a plain vector (no norm), K and V of one shape and Q taller: a
-    // backend may run the three as one mat-vec; and Q of another type than K and V.
-    for (tq, tkv, k, mq, mkv) in [
-        (DType::Q4_0, DType::Q4_0, 512, 512, 128),
-        (DType::Q8_0, DType::Q8_0, 1024, 768, 200),
-        (DType::Q8_0, DType::Q4_0, 512, 512, 128),
+    // Q, K and V of one token's plain vector (no norm), K and V of one shape and Q taller: a
+    // backend may run the three as one mat-vec; and Q of another type than K and V. Then of a
+    // prompt, K and V with a partial tile of rows: a backend may run K and V as one dispatch.
+    for (tq, tkv, k, mq, mkv, n) in [
+        (DType::Q4_0, DType::Q4_0, 512, 512, 128, 1),
+        (DType::Q8_0, DType::Q8_0, 1024, 768, 200, 1),
+        (DType::Q8_0, DType::Q4_0, 512, 512, 128, 1),
+        (DType::Q4_0, DType::Q4_0, 256, 256, 200, 160),
+        (DType::F16, DType::F16, 512, 384, 128, 72),
+        (DType::Q8_0, DType::Q8_0, 256, 128, 136, 130),
     ] {
-        let params = format!("types=[{tq},{tkv},{tkv}],k={k},m=[{mq},{mkv},{mkv}],n=1");
+        let params = format!("types=[{tq},{tkv},{tkv}],k={k},m=[{mq},{mkv},{mkv}],n={n}");
         v.push(Case::new(
             "MUL_MAT_SHARED_B",
             params,
             &[tq, tkv, DType::F32],
             Tolerance::MATMUL,
             move |g| {
-                let x = g.leaf(DType::F32, &[k, 1])?;
+                let x = g.leaf(DType::F32, &[k, n])?;
                 let wq = g.input(tq, &[k, mq], Init::Uniform(-0.1, 0.1))?;
                 let wk = g.input(tkv, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
                 let wv = g.input(tkv, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
@@ -184,34 +188,9 @@ fn shared_activation(v: &mut Vec<Case>) {
     }
 }
 
-/// A prompt's Q, K and V (K and V of one shape, with a partial tile of rows) and its gate and
-/// up with their swiglu, each of one activation: a backend may run two of the products as one
-/// dispatch.
-fn prompt_products(v: &mut Vec<Case>) {
-    for (t, k, mq, mkv, n) in [
-        (DType::Q4_0, 256, 256, 200, 160),
-        (DType::F16, 512, 384, 128, 72),
-        (DType::Q8_0, 256, 128, 136, 130),
-    ] {
-        let params = format!("types=[{t},{t},{t}],k={k},m=[{mq},{mkv},{mkv}],n={n}");
-        v.push(Case::new(
-            "MUL_MAT_SHARED_B",
-            params,
-            &[t, DType::F32],
-            Tolerance::MATMUL,
-            move |g| {
-                let x = g.leaf(DType::F32, &[k, n])?;
-                let wq = g.input(t, &[k, mq], Init::Uniform(-0.1, 0.1))?;
-                let wk = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
-                let wv = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
-                let q = g.mul_mat(wq, x)?;
-                let kk = g.mul_mat(wk, x)?;
-                let vv = g.mul_mat(wv, x)?;
-                let kv = g.concat(kk, vv, 0)?;
-                g.concat(q, kv, 0)
-            },
-        ));
-    }
+/// A prompt's gate and up with their swiglu, of one activation: a backend may run the two
+/// products as one dispatch.
+fn prompt_gate_up(v: &mut Vec<Case>) {
     for (t, k, ff, n) in [(DType::Q4_K, 256, 300, 130), (DType::Q4_0, 128, 256, 512)] {
         let params = format!("type={t},k={k},ff={ff},n={n}");
         v.push(Case::new(

@@ -15,6 +15,18 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, 4096, n, 14336).case().large());
         }
     }
+    // The test model's output head (its Q8_0 token embedding, tied) for one token, and its
+    // largest Q4_1 product (up).
+    v.push(
+        MulMat::new(DType::Q8_0, DType::F32, 49152, 1, 576)
+            .case()
+            .large(),
+    );
+    v.push(
+        MulMat::new(DType::Q4_1, DType::F32, 1536, 1, 576)
+            .case()
+            .large(),
+    );
     // A 512-token prompt's products in a Llama-8B block: K and V, Q and O, gate and up.
     for m in [1024, 4096, 14336] {
         v.push(

@@ -34,46 +34,40 @@ if { [ -n "${DEC-1}" ] || [ -n "${PP:-}" ]; } && [ ! -f "$M" ]; then
   timeout 120 $T gguf synth --like llama-8b --type q4_0 --out "$M" > "$L/synth.log" 2>&1
 fi
 read -ra S <<< "${SIDES:?SIDES=\"name:VAR=value ...\"}"
-# A side's settings; EXE=x among them picks the executables .gpu/F/tessera-x.xz (and
-# mat_vec-x, mat_mat-x) instead of .gpu/F/tessera.xz for that side (sets $T, $MV, $MMX).
-settings() {
+# Takes up a side: its settings into ENVS, and its executables into $T, $MV and $MMX (EXE=x
+# among the settings picks .gpu/F/tessera-x.xz, mat_vec-x and mat_mat-x for that side).
+side() {
   local e=${1#*:} x=""
-  T=/root/bin/tessera MV=/root/bin/mat_vec MMX=/root/bin/mat_mat
+  ENVS=()
   for w in ${e//+/ }; do
-    case $w in EXE=*) x=-${w#EXE=} ;; *) echo "$w" ;; esac
+    case $w in EXE=*) x=-${w#EXE=} ;; *) ENVS+=("$w") ;; esac
   done
-  if [ -n "$x" ]; then T=$T$x MV=$MV$x MMX=$MMX$x; fi
+  T=/root/bin/tessera$x MV=/root/bin/mat_vec$x MMX=/root/bin/mat_mat$x
 }
 mv1() {
   local n=${1%%:*}
-  local e; e=$(settings "$1"); settings "$1" > /dev/null
-  # shellcheck disable=SC2086
-  env $e TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV bench_model_sizes --ignored --nocapture > "$L/mv-$n-$2.log" 2>&1
+  side "$1"
+  env "${ENVS[@]}" TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV bench_model_sizes --ignored --nocapture > "$L/mv-$n-$2.log" 2>&1
   grep rotated "$L/mv-$n-$2.log" | grep "k=14336" | sed "s/^/MV $n r$2 /"
 }
 dec() {
   local n=${1%%:*}
-  local e; e=$(settings "$1"); settings "$1" > /dev/null
-  # shellcheck disable=SC2086
-  env $e timeout 120 $T bench --model "$M" --device wgpu:0 -p 0 -n 128 -r 3 > "$L/dec-$n-$2.log" 2>&1
+  side "$1"
+  env "${ENVS[@]}" timeout 120 $T bench --model "$M" --device wgpu:0 -p 0 -n 128 -r 3 > "$L/dec-$n-$2.log" 2>&1
   grep tg "$L/dec-$n-$2.log" | tail -1 | sed "s/^/DEC $n r$2 /"
 }
 pp() {
   local n=${1%%:*}
-  local e; e=$(settings "$1"); settings "$1" > /dev/null
-  # shellcheck disable=SC2086
-  env $e timeout 120 $T bench --model "$M" --device wgpu:0 -p 512 -n 0 -r 3 > "$L/pp-$n-$2.log" 2>&1
+  side "$1"
+  env "${ENVS[@]}" timeout 120 $T bench --model "$M" --device wgpu:0 -p 512 -n 0 -r 3 > "$L/pp-$n-$2.log" 2>&1
   grep pp "$L/pp-$n-$2.log" | tail -1 | sed "s/^/PP $n r$2 /"
-  local e; e=$(settings "$1"); settings "$1" > /dev/null
-  # shellcheck disable=SC2086
-  env $e timeout 120 $T ops perf --backend wgpu:0 --op "${PP_OP:-MUL_MAT}" --name "${PP_NAME:-n=512}" > "$L/mmp-$n-$2.log" 2>&1
+  env "${ENVS[@]}" timeout 120 $T ops perf --backend wgpu:0 --op "${PP_OP:-MUL_MAT}" --name "${PP_NAME:-n=512}" > "$L/mmp-$n-$2.log" 2>&1
   grep "GPU median" "$L/mmp-$n-$2.log" | sed "s/^/MMP $n r$2 /"
 }
 mm() {
   local n=${1%%:*}
-  local e; e=$(settings "$1"); settings "$1" > /dev/null
-  # shellcheck disable=SC2086
-  env $e $MMX bench_square --ignored --nocapture > "$L/mm-$n-$2.log" 2>&1
+  side "$1"
+  env "${ENVS[@]}" $MMX bench_square --ignored --nocapture > "$L/mm-$n-$2.log" 2>&1
   grep gemm "$L/mm-$n-$2.log" | sed "s/^/MM $n r$2 /"
 }
 for e in ${SUITE:-}; do

@@ -671,7 +671,6 @@ fn stage_kv(v: bool, base: u32, j0: u32, nkv: u32, n: u32, li: u32) {
 }
 #endif
 
-
 // The scores of this invocation's 8 keys (of row li / 4: keys 8 (li % 4) .. + 7 of the step
 // from j0) from fs: scaled, soft-capped, masked (NEG_INF past nkv).
 fn step_scores(mb: u32, j0: u32, nkv: u32, m: f32, li: u32) -> array<f32, 8> {

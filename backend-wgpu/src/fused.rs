@@ -531,7 +531,8 @@ impl<'a> Fuser<'a> {
         };
         let (wa, wb, tx) = (g.get(ta.src[0]), g.get(tb.src[0]), g.get(x));
         let unbatched = |t: &tessera_core::Tensor| t.ne[2] == 1 && t.ne[3] == 1;
-        let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        // The bindings it adds (b's weights share a's, b is the fifth) are within the six
+        // every mul_mat pipeline already binds.
         let fits = out.variant.entry == "mat_mat"
             && out.variant.get("COOP") == Some(1)
             && out.variant == pb.variant
@@ -541,19 +542,18 @@ impl<'a> Fuser<'a> {
             && unbatched(tx)
             && ta.dtype == DType::F32
             && tb.dtype == DType::F32
-            && limit >= 5
             && self.apart(a, x, false)
             && self.apart(b, x, false)
             && self.apart(a, b, false);
+        if !fits {
+            return Ok(None);
+        }
         let (Some([ga, gy, 1]), Some([gb, _, 1])) = (out.groups_3d, pb.groups_3d) else {
             return Ok(None);
         };
         let Some((first, span, da, db)) = self.one_binding(ta.src[0], tb.src[0]) else {
             return Ok(None);
         };
-        if !fits {
-            return Ok(None);
-        }
         out.variant = mat_mat_pair_variant(out.variant);
         out.bind[1] = ops::Bind {
             id: first,

@@ -116,8 +116,8 @@ impl Profile {
 
 /// A short name of a variant for the profile: its entry point (its family's file where the
 /// entry is `main`), the type of its first source (T0) where that is not f32, and the
-/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, NORM, MMPAIR), and SPLIT (the split
-/// flash attention decode, whose merge is `decode_combine`).
+/// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, ROPE, NORM, MMPAIR), and SPLIT
+/// (the split flash attention decode, whose merge is `decode_combine`).
 pub(crate) fn variant_name(v: &Variant) -> String {
     let mut name = if v.entry == "main" {
         v.family.file().0.to_string()

@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod graph;
 pub mod meta;
 pub mod op;
+pub mod options;
 pub mod quant;
 pub mod registry;
 pub mod sched;

@@ -7,6 +7,7 @@ pub mod backend;
 pub mod dtype;
 pub mod env;
 pub mod error;
+pub mod fusion;
 pub mod gguf;
 pub mod graph;
 pub mod meta;

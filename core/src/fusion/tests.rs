@@ -1,0 +1,150 @@
+//! The matcher on a Llama block's decode graph, built the way llm builds it.
+
+use super::{Group, Matcher};
+use crate::op::{RopeMode, RopeParams};
+use crate::{DType, Graph, TensorId};
+
+/// One Llama block for `tokens` tokens: the groups a backend is offered at its nodes.
+fn block(tokens: usize) -> (Graph, Vec<TensorId>) {
+    let (d, hd, heads, kv_heads, ff, ctx) = (64, 16, 4, 2, 96, 32);
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[d, tokens]).unwrap();
+    let w_in = g.input("attn_norm", DType::F32, &[d]).unwrap();
+    let wq = g.input("wq", DType::Q4_0, &[d, hd * heads]).unwrap();
+    let wk = g.input("wk", DType::Q4_0, &[d, hd * kv_heads]).unwrap();
+    let wv = g.input("wv", DType::Q4_0, &[d, hd * kv_heads]).unwrap();
+    let wo = g.input("wo", DType::Q4_0, &[hd * heads, d]).unwrap();
+    let w_ffn = g.input("ffn_norm", DType::F32, &[d]).unwrap();
+    let wg = g.input("wg", DType::Q4_0, &[d, ff]).unwrap();
+    let wu = g.input("wu", DType::Q4_0, &[d, ff]).unwrap();
+    let wd = g.input("wd", DType::Q4_0, &[ff, d]).unwrap();
+    let pos = g.input("pos", DType::I32, &[tokens]).unwrap();
+    let rows = g.input("rows", DType::I64, &[tokens]).unwrap();
+    let kc = g.input("k_cache", DType::F16, &[hd * kv_heads, ctx]).unwrap();
+    let vc = g.input("v_cache", DType::F16, &[hd * kv_heads, ctx]).unwrap();
+    let mask = g.input("mask", DType::F16, &[ctx, tokens]).unwrap();
+
+    let n = g.rms_norm(x, 1e-5).unwrap();
+    let h = g.mul(n, w_in).unwrap();
+    let q = g.mul_mat(wq, h).unwrap();
+    let k = g.mul_mat(wk, h).unwrap();
+    let v = g.mul_mat(wv, h).unwrap();
+    let q = g.reshape(q, &[hd, heads, tokens]).unwrap();
+    let k = g.reshape(k, &[hd, kv_heads, tokens]).unwrap();
+    let rp = RopeParams {
+        n_dims: hd,
+        mode: RopeMode::Normal,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+    };
+    let q = g.rope(q, pos, rp).unwrap();
+    let k = g.rope(k, pos, rp).unwrap();
+    let k2 = g.reshape(k, &[hd * kv_heads, tokens]).unwrap();
+    let kc2 = g.set_rows(kc, k2, rows).unwrap();
+    let vc2 = g.set_rows(vc, v, rows).unwrap();
+    let kv = g.reshape(kc2, &[hd, kv_heads, ctx]).unwrap();
+    let kv = g.permute(kv, [0, 2, 1, 3]).unwrap();
+    let vv = g.reshape(vc2, &[hd, kv_heads, ctx]).unwrap();
+    let vv = g.permute(vv, [0, 2, 1, 3]).unwrap();
+    let qp = g.permute(q, [0, 2, 1, 3]).unwrap();
+    let a = g
+        .flash_attn_ext(qp, kv, vv, Some(mask), 0.25, 0.0, 0.0)
+        .unwrap();
+    let a = g.reshape(a, &[hd * heads, tokens]).unwrap();
+    let o = g.mul_mat(wo, a).unwrap();
+    let x2 = g.add(o, x).unwrap();
+    let n2 = g.rms_norm(x2, 1e-5).unwrap();
+    let h2 = g.mul(n2, w_ffn).unwrap();
+    let gate = g.mul_mat(wg, h2).unwrap();
+    let up = g.mul_mat(wu, h2).unwrap();
+    let s = g.swiglu_split(gate, up).unwrap();
+    let down = g.mul_mat(wd, s).unwrap();
+    let out = g.add(down, x2).unwrap();
+    g.set_output(out);
+    let nodes = g.ids().collect();
+    (g, nodes)
+}
+
+/// The first group offered at each node, walking the nodes as a backend that takes every
+/// group would.
+fn walk(g: &Graph, nodes: &[TensorId]) -> Vec<&'static str> {
+    let m = Matcher::new(g, nodes);
+    let mut names = Vec::new();
+    let mut i = 0;
+    while i < nodes.len() {
+        match m.candidates(i).first() {
+            Some(grp) => {
+                names.push(grp.name());
+                i = grp.last() + 1;
+            }
+            None => i += 1,
+        }
+    }
+    names
+}
+
+#[test]
+fn a_llama_block_is_six_groups() {
+    let (g, nodes) = block(1);
+    assert_eq!(
+        walk(&g, &nodes),
+        [
+            "rms_norm_mul",
+            "mul_mats_rope_kv",
+            "attn_mul_mat",
+            "mul_mat_add",
+            "rms_norm_mul",
+            "glu_mul_mats",
+            "mul_mat_add"
+        ]
+    );
+}
+
+#[test]
+fn candidates_come_most_ambitious_first() {
+    let (g, nodes) = block(1);
+    let m = Matcher::new(&g, &nodes);
+    let i = nodes
+        .iter()
+        .position(|&n| g.get(n).name.is_empty() && g.get(n).op == crate::Op::MulMat)
+        .unwrap();
+    let names: Vec<_> = m.candidates(i).iter().map(Group::name).collect();
+    assert_eq!(names, ["mul_mats_rope_kv", "mul_mats", "mul_mats"]);
+    let Group::MulMats(pair) = &m.candidates(i)[2] else {
+        panic!("not a run of mul_mats")
+    };
+    assert_eq!(pair.mats.len(), 2);
+    assert!(pair.more_follow, "V follows Q and K");
+    // A backend that declines the first two gets the pair, standing for two nodes.
+    let mut offered = 0;
+    let taken = m
+        .fuse_at(i, |grp| {
+            offered += 1;
+            Ok::<_, ()>(matches!(grp, Group::MulMats(r) if r.mats.len() == 2))
+        })
+        .unwrap();
+    assert_eq!((offered, taken), (3, Some(2)));
+}
+
+#[test]
+fn a_result_read_twice_is_not_fused_away() {
+    let (mut g, _) = block(1);
+    // The swiglu's gate is read by one more node: no glu group, the gate must be written.
+    let gate = g
+        .ids()
+        .find(|&n| g.get(n).op == crate::Op::MulMat && g.get(g.get(n).src[0]).name == "wg")
+        .unwrap();
+    let extra = g.scale(gate, 2.0).unwrap();
+    g.set_output(extra);
+    let nodes: Vec<TensorId> = g.ids().collect();
+    let walked = walk(&g, &nodes);
+    assert!(!walked.contains(&"glu_mul_mats"), "{walked:?}");
+    // Gate and up still pair as two mul_mats of one vector.
+    assert_eq!(walked.iter().filter(|&&n| n == "mul_mats").count(), 1, "{walked:?}");
+}
+
+#[test]
+fn a_prompt_block_offers_the_same_groups() {
+    let (g, nodes) = block(7);
+    assert_eq!(walk(&g, &nodes).len(), 7);
+}

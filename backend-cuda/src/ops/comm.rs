@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use tessera_core::dtype::DType;
-use tessera_core::{BinaryOp, Op, Result, TensorId};
+use tessera_core::fusion::{AllReduceAdd, RmsNormMul};
+use tessera_core::{Result, TensorId};
 
 use super::Encoder;
 use crate::comm::peer::{NormTail, PeerGroup};
@@ -33,50 +34,45 @@ pub(super) fn all_reduce(enc: &mut Encoder, id: TensorId) -> Result<()> {
 }
 
 /// An all-reduce node followed by the addition of its sum to another tensor (a residual
-/// connection): one kernel writes the sum plus the residual straight into the addition's
-/// result. Applies when the summed tensor has no other reader, so its memory need not hold
-/// the sum. Returns the nodes consumed (0: the pattern is not here).
-pub(super) fn all_reduce_add(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
-    let Some(m) = add_after(enc, nodes, i) else {
-        return Ok(0);
+/// connection), as the fusion matcher finds it: one kernel writes the sum plus the residual
+/// straight into the addition's result (the summed tensor has no other reader, so its memory
+/// need not hold the sum); with the next block's `rms_norm(sum) * w` of one row after it, the
+/// kernel applies that too ([`all_reduce_add_norm`]). `Ok(false)`: the group's kernel does not
+/// take these tensors.
+pub(super) fn all_reduce_add(
+    enc: &mut Encoder,
+    nodes: &[TensorId],
+    m: &AllReduceAdd,
+) -> Result<bool> {
+    let Some(r) = reduce_add(enc, m) else {
+        return Ok(false);
     };
-    let (out, input, residual) = (enc.arg(m.add)?, enc.arg(m.x)?, enc.arg(m.res)?);
+    if let Some(n) = &m.norm {
+        return all_reduce_add_norm(enc, nodes, &r, n);
+    }
+    let (out, input, residual) = (enc.arg(m.add)?, enc.arg(m.x)?, enc.arg(m.residual)?);
     enc.q8 = None;
     let sent = enc.present.take() == Some(m.x);
-    let cmd = m
+    let cmd = r
         .group
-        .command(m.rank, out.ptr, input.ptr, residual.ptr, m.count, sent)?;
+        .command(r.rank, out.ptr, input.ptr, residual.ptr, r.count, sent)?;
     enc.cmds.push(cmd);
-    Ok(2)
+    Ok(true)
 }
 
 /// [`all_reduce_add`] of one row followed by `rms_norm(sum) * w` (the next Llama block's
 /// norm, read by nothing else): one kernel does all four nodes, and quantizes the normed row
-/// when quantized mat-vecs read it next. Returns the nodes consumed (0: the pattern is not
-/// here, or the group's kernel does not take this row).
-pub(super) fn all_reduce_add_norm(
+/// when quantized mat-vecs read it next.
+fn all_reduce_add_norm(
     enc: &mut Encoder,
     nodes: &[TensorId],
-    i: usize,
-) -> Result<usize> {
-    let Some(m) = add_after(enc, nodes, i) else {
-        return Ok(0);
-    };
+    r: &ReduceAdd,
+    n: &RmsNormMul,
+) -> Result<bool> {
     let g = enc.graph;
-    let (Some(&norm), Some(&mul)) = (nodes.get(i + 2), nodes.get(i + 3)) else {
-        return Ok(0);
-    };
-    let (tn, tm) = (g.get(norm), g.get(mul));
-    let Op::RmsNorm { eps } = tn.op else {
-        return Ok(0);
-    };
-    let w = tm.src[1];
-    let tw = g.get(w);
-    let fits = tn.src[0] == m.add
-        && enc.single_use(norm)
-        && tm.op == Op::Binary(BinaryOp::Mul)
-        && tm.src[0] == norm
-        && tm.dtype == DType::F32
+    let m = r.m;
+    let (tn, tm, tw) = (g.get(n.norm), g.get(n.mul), g.get(n.w));
+    let fits = tm.dtype == DType::F32
         && tm.is_contiguous()
         && tm.ne == tn.ne
         && tn.ne[1..] == [1, 1, 1]
@@ -84,77 +80,55 @@ pub(super) fn all_reduce_add_norm(
         && tw.is_contiguous()
         && tw.ne == [tn.ne[0], 1, 1, 1];
     if !fits {
-        return Ok(0);
+        return Ok(false);
     }
-    let q8 = if super::fused::feeds_mmvq(enc, nodes, i + 4, mul)? {
+    let q8 = if super::fused::feeds_mmvq(enc, nodes, n.last + 1, n.mul)? {
         let blocks = tm.nelements() / 32;
         Some((enc.scratch(blocks * 32), enc.scratch(blocks * 8)))
     } else {
         None
     };
     let tail = NormTail {
-        weight: enc.arg(w)?.ptr,
-        out: enc.arg(mul)?.ptr,
+        weight: enc.arg(n.w)?.ptr,
+        out: enc.arg(n.mul)?.ptr,
         q8,
-        eps,
+        eps: n.eps,
     };
-    let t = [enc.arg(m.add)?.ptr, enc.arg(m.x)?.ptr, enc.arg(m.res)?.ptr];
+    let t = [enc.arg(m.add)?.ptr, enc.arg(m.x)?.ptr, enc.arg(m.residual)?.ptr];
     let sent = enc.present == Some(m.x);
-    let Some(cmd) = m.group.norm_command(m.rank, t, m.count, &tail, sent)? else {
-        return Ok(0);
+    let Some(cmd) = r.group.norm_command(r.rank, t, r.count, &tail, sent)? else {
+        return Ok(false);
     };
     enc.present = None;
     enc.cmds.push(cmd);
-    enc.q8 = q8.map(|q| (mul, q));
-    Ok(4)
+    enc.q8 = q8.map(|q| (n.mul, q));
+    Ok(true)
 }
 
-/// An all-reduce node at `nodes[i]` whose sum is added to a residual right after it.
+/// An all-reduce-then-add group that the group's kernel takes.
 struct ReduceAdd {
     group: Arc<PeerGroup>,
     rank: usize,
-    /// The summed tensor (summed in place by the all-reduce node).
-    x: TensorId,
-    /// The addition and its other operand.
-    add: TensorId,
-    res: TensorId,
+    m: AllReduceAdd,
     count: usize,
 }
 
-/// The all-reduce-then-add pattern at `nodes[i]`, where the summed tensor is read by the two
-/// nodes alone, both operands and the result are flat f32 of one shape, and the group's kernel
-/// takes that many elements.
-fn add_after(enc: &Encoder, nodes: &[TensorId], i: usize) -> Option<ReduceAdd> {
+/// The all-reduce-then-add group `m` where this stream joined a peer group, both operands and
+/// the result are flat f32 of one shape, and the group's kernel takes that many elements.
+fn reduce_add(enc: &Encoder, m: &AllReduceAdd) -> Option<ReduceAdd> {
     let g = enc.graph;
-    let ar = nodes[i];
-    let t = g.get(ar);
-    if t.op != Op::AllReduce {
-        return None;
-    }
     let (group, rank) = enc.group.clone()?;
-    let add = *nodes.get(i + 1)?;
-    let ta = g.get(add);
-    let x = t.src[0];
-    if ta.op != Op::Binary(BinaryOp::Add) || !ta.src.contains(&x) || ta.src[0] == ta.src[1] {
-        return None;
-    }
-    // x is read by the all-reduce node and the addition only; nothing reads the node itself.
-    if enc.use_count(x) != 2 || enc.use_count(ar) != 0 {
-        return None;
-    }
-    let res = if ta.src[0] == x { ta.src[1] } else { ta.src[0] };
+    let t = g.get(m.reduce);
     let flat =
         |u: &tessera_core::Tensor| u.dtype == DType::F32 && u.is_contiguous() && u.ne == t.ne;
     let count = t.nelements();
-    if !flat(ta) || !flat(g.get(res)) || count > group.max_elements() {
+    if !flat(g.get(m.add)) || !flat(g.get(m.residual)) || count > group.max_elements() {
         return None;
     }
     Some(ReduceAdd {
         group,
         rank,
-        x,
-        add,
-        res,
+        m: *m,
         count,
     })
 }

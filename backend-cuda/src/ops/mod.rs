@@ -20,6 +20,7 @@ mod rope;
 mod rows;
 
 use tessera_core::dtype::DType;
+use tessera_core::fusion::Matcher;
 use tessera_core::{Error, Graph, Op, Result, TensorId};
 
 use crate::cmd::{Cmd, KParams, TArg};
@@ -40,8 +41,6 @@ pub(crate) struct Encoder<'a> {
     pub tf32: bool,
     /// Whether fused kernels may replace op sequences.
     pub fuse: bool,
-    /// Readers of each tensor (for fusion: an intermediate read elsewhere must be kept).
-    uses: Vec<u32>,
     /// The last mat-vec activation quantized into scratch (the tensor and the (qs, ds)
     /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
     /// one token), as long as no other node runs and no scratch is taken in between.
@@ -82,11 +81,6 @@ impl<'a> Encoder<'a> {
         tf32: bool,
         fuse: bool,
     ) -> Self {
-        let uses = if fuse {
-            graph.reader_counts()
-        } else {
-            Vec::new()
-        };
         Encoder {
             dev,
             graph,
@@ -97,7 +91,6 @@ impl<'a> Encoder<'a> {
             scratch_need: 0,
             tf32,
             fuse,
-            uses,
             q8: None,
             f16: None,
             group: None,
@@ -116,6 +109,8 @@ impl<'a> Encoder<'a> {
 
     /// Encodes `nodes` in order (fusing where it can).
     pub(crate) fn encode(&mut self, nodes: &[TensorId]) -> Result<()> {
+        let graph = self.graph;
+        let matcher = self.fuse.then(|| Matcher::new(graph, nodes));
         let mut i = 0;
         while i < nodes.len() {
             self.node_scratch = 0;
@@ -129,9 +124,8 @@ impl<'a> Encoder<'a> {
                 self.f16 = None;
             }
             self.presend_next = self.presend_target(nodes, i);
-            if self.fuse {
-                let used = fused::try_fuse(self, nodes, i)?;
-                if used > 0 {
+            if let Some(m) = &matcher {
+                if let Some(used) = m.fuse_at(i, |group| fused::take(self, nodes, group))? {
                     i += used;
                     continue;
                 }
@@ -215,16 +209,6 @@ impl<'a> Encoder<'a> {
             a.nb[d] = t.nb[d] as i64;
         }
         Ok(a)
-    }
-
-    /// Whether `id` is read by exactly one node and is not an output.
-    pub(crate) fn single_use(&self, id: TensorId) -> bool {
-        self.uses.get(id.index()) == Some(&1)
-    }
-
-    /// How many nodes read `id` (one more where it is an output); fusion only.
-    pub(crate) fn use_count(&self, id: TensorId) -> u32 {
-        self.uses.get(id.index()).copied().unwrap_or(u32::MAX)
     }
 
     /// `bytes` of scratch memory for the node being encoded (256-byte aligned).

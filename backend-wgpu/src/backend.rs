@@ -287,16 +287,14 @@ impl WgpuBackend {
 
     /// Decides the launches of `nodes` and resolves their pipelines, bind groups and
     /// parameters into a [`Recording`] (`None`: nothing to run).
-    /// `uses`: how many read each tensor ([`Graph::reader_counts`]; empty without fusion).
     fn record(
         &mut self,
         graph: &Graph,
         nodes: &[TensorId],
-        uses: &[u32],
         key: Vec<u64>,
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
-        let fuser = Fuser::new(&self.gpu, graph, nodes, uses);
+        let fuser = Fuser::new(&self.gpu, graph, nodes);
         let mut i = 0;
         while i < nodes.len() {
             if self.fusion {
@@ -625,13 +623,10 @@ impl WgpuBackend {
         // Fusion also depends on how many read each node (other nodes of the graph, outputs);
         // a profiled recording also names its dispatches.
         key.push(u64::from(self.fusion));
-        let uses = if self.fusion {
+        if self.fusion {
             let uses = graph.reader_counts();
             key.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
-            uses
-        } else {
-            Vec::new()
-        };
+        }
         key.push(u64::from(self.profiling));
         let hash = key.iter().fold(0u64, |h, &x| {
             (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
@@ -639,7 +634,7 @@ impl WgpuBackend {
         if let Some(rec) = self.gpu.recording(hash, &key) {
             return Ok(Some(rec));
         }
-        Ok(self.record(graph, nodes, &uses, key)?.map(|rec| {
+        Ok(self.record(graph, nodes, key)?.map(|rec| {
             let rec = Arc::new(rec);
             self.gpu.keep_recording(hash, rec.clone());
             rec

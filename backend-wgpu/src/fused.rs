@@ -47,9 +47,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use tessera_core::{
-    BinaryOp, DType, Error, GluOp, Graph, Op, Result, RopeMode, RopeParams, TensorId,
-};
+use tessera_core::fusion::{GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RopeKv};
+use tessera_core::{DType, Error, GluOp, Graph, Op, Result, RopeMode, TensorId};
 
 use crate::context::Gpu;
 use crate::ops::{self, desc, Launch, PlanOut};
@@ -65,8 +64,8 @@ fn qkv_on() -> bool {
     std::env::var("TESSERA_WGPU_QKV").map_or(true, |v| v.trim() != "0")
 }
 
-/// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
-/// of each tensor.
+/// What a fusion looks at: the device, the graph, and the groups core's matcher finds among
+/// the nodes of this compute.
 pub(crate) struct Fuser<'a> {
     /// The device.
     pub gpu: &'a Gpu,
@@ -74,8 +73,8 @@ pub(crate) struct Fuser<'a> {
     pub graph: &'a Graph,
     /// The nodes to run, in order.
     pub nodes: &'a [TensorId],
-    /// [`Graph::reader_counts`] of the graph.
-    pub uses: &'a [u32],
+    /// The groups of the nodes.
+    matcher: Matcher<'a>,
     /// The products `m = rms_norm(x) * w` left to the mat-vecs that read them (NORM), by m.
     norms: RefCell<HashMap<TensorId, Norm>>,
 }
@@ -91,82 +90,52 @@ pub(crate) struct Norm {
     eps: f32,
 }
 
-/// A Llama block's step between its projections and attention, as [`Fuser::rope_kv_at`]
-/// finds it.
-#[derive(Clone, Copy)]
-struct RopeKv {
-    /// The rope of Q, where it comes right before K's.
-    q: Option<TensorId>,
-    /// The rope of K.
-    k: TensorId,
-    /// The set_rows of the rotated K (its result: the K cache).
-    sk: TensorId,
-    /// The set_rows of V (its result: the V cache).
-    sv: TensorId,
-    /// The rope's parameters.
-    rp: RopeParams,
-    /// The index of the last of its nodes (the set_rows of V).
-    last: usize,
-}
-
-/// `rms_norm(x) * w` found at a node: the index and id of the mul, and the norm.
-struct NormMul {
-    j: usize,
-    m: TensorId,
-    norm: Norm,
-}
-
 impl<'a> Fuser<'a> {
-    /// A fuser of `nodes` of `graph` (`uses`: its [`Graph::reader_counts`]).
-    pub fn new(gpu: &'a Gpu, graph: &'a Graph, nodes: &'a [TensorId], uses: &'a [u32]) -> Self {
+    /// A fuser of `nodes` of `graph`.
+    pub fn new(gpu: &'a Gpu, graph: &'a Graph, nodes: &'a [TensorId]) -> Self {
         Fuser {
             gpu,
             graph,
             nodes,
-            uses,
+            matcher: Matcher::new(graph, nodes),
             norms: RefCell::new(HashMap::new()),
         }
     }
 
-    /// Tries every fusion at `nodes[i]`: the launches and how many nodes they stand for
-    /// (`None`: none applies). Called for the nodes in order.
+    /// The fused launches at `nodes[i]` and how many nodes they stand for (`None`: none
+    /// applies): the first group the matcher offers there that these kernels take, else a
+    /// mat-vec by a norm left to it. Called for the nodes in order.
     pub fn try_fuse(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
-        if let Some(f) = self.norm_into_mat_vecs(i)? {
-            return Ok(Some(f));
+        let mut launches = Vec::new();
+        let taken = self.matcher.fuse_at(i, |group| {
+            let fused = self.take(group)?;
+            let took = fused.is_some();
+            launches = fused.unwrap_or_default();
+            Ok::<_, Error>(took)
+        })?;
+        match taken {
+            Some(n) => Ok(Some((launches, n))),
+            None => self.mat_vec_norm(i),
         }
-        if let Some(f) = self.rms_norm_mul(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.gate_up_swiglu(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.rope_kv(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.mat_vec_add(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.q_kv(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.mat_vec_pair(i)? {
-            return Ok(Some(f));
-        }
-        if let Some(f) = self.mat_mat_pair(i)? {
-            return Ok(Some(f));
-        }
-        self.mat_vec_norm(i)
     }
 
-    /// Whether `id` has exactly one reader (and is no output).
-    fn single_use(&self, id: TensorId) -> bool {
-        self.uses[id.index()] == 1
-    }
-
-    /// The next node from `nodes[j]` on (looking at most 8 ahead) that runs a shader, with its
-    /// index.
-    fn next_running(&self, j: usize) -> Option<(usize, TensorId)> {
-        self.graph.next_computed(self.nodes, j, 8)
+    /// The launches of `group` where these kernels take it.
+    fn take(&self, group: &Group) -> Result<Option<Vec<Launch>>> {
+        match group {
+            Group::RmsNormMul(n) => match self.norm_into_mat_vecs(n)? {
+                Some(l) => Ok(Some(l)),
+                None => self.rms_norm_mul(n),
+            },
+            Group::GluMulMats(m) => self.gate_up_swiglu(m),
+            Group::RopeKv(r) => self.rope_kv(r),
+            Group::MulMatAdd(m) => self.mat_vec_add(m),
+            Group::MulMats(m) if m.mats.len() == 3 => self.q_kv(m),
+            Group::MulMats(m) => match self.mat_vec_pair(m)? {
+                Some(l) => Ok(Some(l)),
+                None => self.mat_mat_pair(m),
+            },
+            Group::RopeSetRows(_) | Group::AllReduceAdd(_) | Group::AttnMulMat(_) => Ok(None),
+        }
     }
 
     /// Whether the memory of `a` and `b` does not overlap, or (`same_ok`) is the same bytes
@@ -196,61 +165,40 @@ impl<'a> Fuser<'a> {
         a1 <= b0 || b1 <= a0
     }
 
-    /// `r = rms_norm(x)` at `nodes[i]`, read only by the next node that runs, `m = r * w`, w
-    /// one row broadcast over r's rows, all f32.
-    fn norm_mul_at(&self, i: usize) -> Option<NormMul> {
+    /// Whether `rms_norm(x) * w` is in the form the norm kernels take: w one row broadcast over
+    /// x's rows, all f32.
+    fn norm_fits(&self, n: &RmsNormMul) -> bool {
         let g = self.graph;
-        let r = self.nodes[i];
-        let tr = g.get(r);
-        let Op::RmsNorm { eps } = tr.op else {
-            return None;
-        };
-        if !self.single_use(r) {
-            return None;
-        }
-        let (j, m) = self.next_running(i + 1)?;
-        let tm = g.get(m);
-        if tm.op != Op::Binary(BinaryOp::Mul) || tm.src.len() != 2 || tm.src[0] != r {
-            return None;
-        }
-        let (w, x) = (tm.src[1], tr.src[0]);
-        let tw = g.get(w);
-        let fits = tw.dtype == DType::F32
+        let (tr, tm, tw) = (g.get(n.norm), g.get(n.mul), g.get(n.w));
+        tw.dtype == DType::F32
             && tm.dtype == DType::F32
             && tr.dtype == DType::F32
-            && g.get(x).dtype == DType::F32
+            && g.get(n.x).dtype == DType::F32
             && tm.ne == tr.ne
-            && tw.ne == [tr.ne[0], 1, 1, 1];
-        fits.then_some(NormMul {
-            j,
-            m,
-            norm: Norm { x, w, eps },
-        })
+            && tw.ne == [tr.ne[0], 1, 1, 1]
     }
 
     /// `m = rms_norm(x) * w` read only by later mul_mats by m (as src1) that run as the
     /// integer-dot mat-vec, alone or fused (ADD, GLU, PAIR): no dispatch; each of those
     /// mat-vecs computes the norm of its column (NORM). Every node that runs from m on to the
     /// node after m's last reader must keep apart from x and w, which are read in m's stead.
-    fn norm_into_mat_vecs(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    fn norm_into_mat_vecs(&self, n: &RmsNormMul) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some(NormMul { j, m, norm }) = self.norm_mul_at(i) else {
-            return Ok(None);
-        };
-        if g.get(norm.w).nb[0] != 4 {
+        if !self.norm_fits(n) || g.get(n.w).nb[0] != 4 {
             return Ok(None);
         }
-        let want = self.uses[m.index()] as usize;
+        let (j, m) = (n.last, n.mul);
+        let want = self.matcher.uses()[m.index()] as usize;
         let (mut found, mut last) = (0, j);
-        for (k, &n) in self.nodes.iter().enumerate().skip(j + 1) {
+        for (k, &node) in self.nodes.iter().enumerate().skip(j + 1) {
             if found == want {
                 break;
             }
-            let t = g.get(n);
+            let t = g.get(node);
             if !t.src.contains(&m) {
                 continue;
             }
-            if t.op != Op::MulMat || t.src[0] == m || self.mat_vec_q_plan(n).is_none() {
+            if t.op != Op::MulMat || t.src[0] == m || self.mat_vec_q_plan(node).is_none() {
                 return Ok(None);
             }
             found += 1;
@@ -259,32 +207,34 @@ impl<'a> Fuser<'a> {
         if found == 0 || found != want {
             return Ok(None);
         }
-        let end = self.next_running(last + 1).map_or(last, |(k, _)| k);
-        let apart = self.nodes[j + 1..=end].iter().all(|&n| {
-            let t = g.get(n);
+        let end = self.matcher.next_running(last + 1).map_or(last, |(k, _)| k);
+        let apart = self.nodes[j + 1..=end].iter().all(|&node| {
+            let t = g.get(node);
             t.op == Op::None
                 || t.op.is_view()
-                || (self.apart(n, norm.x, false) && self.apart(n, norm.w, false))
+                || (self.apart(node, n.x, false) && self.apart(node, n.w, false))
         });
         if !apart {
             return Ok(None);
         }
+        let norm = Norm {
+            x: n.x,
+            w: n.w,
+            eps: n.eps,
+        };
         self.norms.borrow_mut().insert(m, norm);
-        Ok(Some((Vec::new(), j - i + 1)))
+        Ok(Some(Vec::new()))
     }
 
     /// `rms_norm(x) * w` as one norm dispatch (MUL).
-    fn rms_norm_mul(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    fn rms_norm_mul(&self, n: &RmsNormMul) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some(NormMul { j, m, norm }) = self.norm_mul_at(i) else {
-            return Ok(None);
-        };
-        let (r, w, x) = (self.nodes[i], norm.w, norm.x);
+        let (m, w) = (n.mul, n.w);
         let (tm, tw) = (g.get(m), g.get(w));
-        if !self.apart(m, x, true) {
+        if !self.norm_fits(n) || !self.apart(m, n.x, true) {
             return Ok(None);
         }
-        let Some(mut out) = self.single_plan(r) else {
+        let Some(mut out) = self.single_plan(n.norm) else {
             return Ok(None);
         };
         out.variant = out.variant.def("MUL", 1);
@@ -292,10 +242,7 @@ impl<'a> Fuser<'a> {
         out.bind.push(ops::Bind::whole(w));
         out.params.desc[0] = desc(tm);
         out.params.desc[2] = desc(tw);
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, m, out)?],
-            j - i + 1,
-        )))
+        Ok(Some(vec![ops::to_launch(self.gpu, g, m, out)?]))
     }
 
     /// The launch of plan `out` for node `id`: an integer-dot mat-vec by a product
@@ -353,15 +300,12 @@ impl<'a> Fuser<'a> {
         (out.variant.entry == "mat_vec_q" && out.bind[1].skip == 0).then_some(out)
     }
 
-    /// The mat-vec plans of mul_mats `a` and `b` when both multiply one token, the same
-    /// vector, by unbatched weights of one type and shape, and one variant reads both (the
-    /// same A4, Y4 and shape): what a dispatch over both weight matrices needs.
+    /// The mat-vec plans of mul_mats `a` and `b` (of one vector) when both multiply one
+    /// token by unbatched weights of one type and shape, and one variant reads both (the same
+    /// A4, Y4 and shape): what a dispatch over both weight matrices needs.
     fn mat_vec_q_pair(&self, a: TensorId, b: TensorId) -> Option<(PlanOut, PlanOut)> {
         let g = self.graph;
         let (ta, tb) = (g.get(a), g.get(b));
-        if ta.op != Op::MulMat || tb.op != Op::MulMat || ta.src[1] != tb.src[1] {
-            return None;
-        }
         let (wa, wb, tx) = (g.get(ta.src[0]), g.get(tb.src[0]), g.get(ta.src[1]));
         let fits = tx.ne[1] == 1
             && tx.ne[2] == 1
@@ -379,25 +323,10 @@ impl<'a> Fuser<'a> {
 
     /// `r + W x` (an add right after a mul_mat that runs as the integer-dot mat-vec): one
     /// mat-vec dispatch that adds `r` as it stores (ADD).
-    fn mat_vec_add(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    fn mat_vec_add(&self, m: &MulMatAdd) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let m = self.nodes[i];
-        if g.get(m).op != Op::MulMat || !self.single_use(m) {
-            return Ok(None);
-        }
-        let Some((j, a)) = self.next_running(i + 1) else {
-            return Ok(None);
-        };
-        let (tm, ta) = (g.get(m), g.get(a));
-        if ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 {
-            return Ok(None);
-        }
-        let r = match (ta.src[0] == m, ta.src[1] == m) {
-            (true, false) => ta.src[1],
-            (false, true) => ta.src[0],
-            _ => return Ok(None),
-        };
-        let tr = g.get(r);
+        let (a, r) = (m.add, m.residual);
+        let (tm, ta, tr) = (g.get(m.mul_mat), g.get(a), g.get(r));
         let fits = ta.dtype == DType::F32
             && tr.dtype == DType::F32
             && tr.ne == tm.ne
@@ -407,7 +336,7 @@ impl<'a> Fuser<'a> {
         if !fits {
             return Ok(None);
         }
-        let Some(mut out) = self.mat_vec_q_plan(m) else {
+        let Some(mut out) = self.mat_vec_q_plan(m.mul_mat) else {
             return Ok(None);
         };
         out.variant = out.variant.def("ADD", 1);
@@ -415,48 +344,21 @@ impl<'a> Fuser<'a> {
         out.bind.push(ops::Bind::whole(r));
         out.params.desc[0] = desc(ta);
         out.params.desc[3] = desc(tr);
-        Ok(Some((vec![self.launch(a, out)?], j - i + 1)))
-    }
-
-    /// Node `i` when it is a mul_mat, with the index and id of the next node that runs.
-    fn mul_mat_and_next(&self, i: usize) -> Option<(TensorId, usize, TensorId)> {
-        let a = self.nodes[i];
-        if self.graph.get(a).op != Op::MulMat {
-            return None;
-        }
-        let (jb, b) = self.next_running(i + 1)?;
-        Some((a, jb, b))
+        Ok(Some(vec![self.launch(a, out)?]))
     }
 
     /// `swiglu(W_gate x, W_up x)` for one token: one mat-vec dispatch over both weight
     /// matrices (GLU).
-    fn gate_up_swiglu(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    fn gate_up_swiglu(&self, m: &GluMulMats) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
-            return Ok(None);
-        };
-        let Some((js, s)) = self.next_running(jb + 1) else {
-            return Ok(None);
-        };
-        let ts = g.get(s);
-        let swiglu = Op::Glu {
-            op: GluOp::Swiglu,
-            swapped: false,
-        };
-        if ts.op != swiglu || ts.src.len() != 2 {
-            return Ok(None);
-        }
-        let (gate, up) = (ts.src[0], ts.src[1]);
-        if !((gate == a && up == b) || (gate == b && up == a)) {
-            return Ok(None);
-        }
-        if !self.single_use(gate) || !self.single_use(up) {
+        let (gate, up, s) = (m.gate, m.up, m.glu);
+        if m.op != GluOp::Swiglu {
             return Ok(None);
         }
         let Some((mut out, pu)) = self.mat_vec_q_pair(gate, up) else {
             return Ok(None);
         };
-        let tg = g.get(gate);
+        let (tg, ts) = (g.get(gate), g.get(s));
         if ts.dtype != DType::F32 || ts.ne != tg.ne || !self.apart(s, tg.src[1], false) {
             return Ok(None);
         }
@@ -465,7 +367,7 @@ impl<'a> Fuser<'a> {
         out.bind.push(pu.bind[1]);
         out.params.desc[0] = desc(ts);
         out.params.desc[3] = desc(g.get(g.get(up).src[0]));
-        Ok(Some((vec![self.launch(s, out)?], js - i + 1)))
+        Ok(Some(vec![self.launch(s, out)?]))
     }
 
     /// The PAIR plan of mul_mats `a` and `b` (one token by the same vector, with weights of
@@ -495,14 +397,12 @@ impl<'a> Fuser<'a> {
 
     /// Two mul_mats of one token by the same vector, with weights of one type and shape, as
     /// one mat-vec dispatch (PAIR).
-    fn mat_vec_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
-        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
-            return Ok(None);
-        };
+    fn mat_vec_pair(&self, m: &MulMats) -> Result<Option<Vec<Launch>>> {
+        let (a, b) = (m.mats[0], m.mats[1]);
         let Some(out) = self.pair_plan(a, b) else {
             return Ok(None);
         };
-        Ok(Some((vec![self.launch(a, out)?], jb - i + 1)))
+        Ok(Some(vec![self.launch(a, out)?]))
     }
 
     /// Two mul_mats of several columns by the same activations, with unbatched weights of one
@@ -512,20 +412,13 @@ impl<'a> Fuser<'a> {
     /// matrices, the activations, dst again (unused), b. Where a third such mul_mat follows b
     /// (a Llama block's Q, K and V), a runs alone and b pairs with it (K and V: the smaller
     /// two).
-    fn mat_mat_pair(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    fn mat_mat_pair(&self, m: &MulMats) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some((a, jb, b)) = self.mul_mat_and_next(i) else {
-            return Ok(None);
-        };
-        let (ta, tb) = (g.get(a), g.get(b));
-        let x = ta.src[1];
-        let by_x = |n: TensorId| {
-            let t = g.get(n);
-            t.op == Op::MulMat && t.src[1] == x && t.src[0] != a
-        };
-        if !by_x(b) || self.next_running(jb + 1).is_some_and(|(_, c)| by_x(c)) {
+        let (a, b, x) = (m.mats[0], m.mats[1], m.x);
+        if m.more_follow {
             return Ok(None);
         }
+        let (ta, tb) = (g.get(a), g.get(b));
         let (Some(mut out), Some(pb)) = (self.single_plan(a), self.single_plan(b)) else {
             return Ok(None);
         };
@@ -567,7 +460,7 @@ impl<'a> Fuser<'a> {
         out.params.desc[3] = pb.params.desc[1];
         out.params.desc[4] = pb.params.desc[0];
         out.groups_3d = Some([ga + gb, gy, 1]);
-        Ok(Some((vec![self.launch(a, out)?], jb - i + 1)))
+        Ok(Some(vec![self.launch(a, out)?]))
     }
 
     /// Whether tensors `a` and `b` lie in one buffer within one storage binding of it: the
@@ -595,25 +488,17 @@ impl<'a> Fuser<'a> {
     /// A mul_mat Q followed by a PAIR of mul_mats K and V by the same vector, Q's weights of
     /// K's type and row length (any number of rows), as one mat-vec dispatch (QKV): Q's
     /// workgroups first, then those of K and V. Bindings: dst (Q), Wq, the vector, Wk, K, the
-    /// norm weights (NORM; else dst again), Wv, V.
-    fn q_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    /// norm weights (NORM; else dst again), Wv, V. With the rope and cache stores after them
+    /// in the group, the same dispatch runs those too (ROPE, [`Fuser::with_rope`]).
+    fn q_kv(&self, m: &MulMats) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some((q, jk, k)) = self.mul_mat_and_next(i) else {
-            return Ok(None);
-        };
-        let Some((jv, v)) = self.next_running(jk + 1) else {
-            return Ok(None);
-        };
-        let same = |n: TensorId| g.get(n).op == Op::MulMat && g.get(n).src[1] == g.get(q).src[1];
-        if !same(k) || !same(v) {
-            return Ok(None);
-        }
+        let (q, k, v) = (m.mats[0], m.mats[1], m.mats[2]);
         let Some(pair) = self.pair_plan(k, v) else {
             return Ok(None);
         };
         let (tq, tk, tv) = (g.get(q), g.get(k), g.get(v));
         let (wq, wk, wv) = (g.get(tq.src[0]), g.get(tk.src[0]), g.get(tv.src[0]));
-        let x = tq.src[1];
+        let x = m.x;
         let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
         let fits = limit >= crate::shader::QKV_BINDINGS
             && wq.dtype == wk.dtype
@@ -655,42 +540,26 @@ impl<'a> Fuser<'a> {
             out.bind.push(out.bind[0]);
         }
         out.bind.extend([pair.bind[3], pair.bind[4]]);
-        let rope = self
-            .next_running(jv + 1)
-            .and_then(|(j, _)| self.rope_kv_at(j))
-            .filter(|r| self.rope_follows_qkv(r, [q, k, v], &out))
-            .and_then(|r| r.q.map(|qr| (r, qr)));
-        let last = match rope {
-            Some((r, qr)) => {
-                out = self.with_rope(out, &r, qr);
-                r.last
+        if let Some(r) = &m.rope_kv {
+            if !self.rope_kv_fits(r) || !self.rope_follows_qkv(r, [q, k, v], &out) {
+                return Ok(None);
             }
-            None => jv,
-        };
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, q, out)?],
-            last - i + 1,
-        )))
+            out = self.with_rope(out, r);
+        }
+        Ok(Some(vec![ops::to_launch(self.gpu, g, q, out)?]))
     }
 
-    /// Whether the rope and cache stores `r` take the Q, K and V products `qkv` of one token
-    /// whose QKV plan is `out` (each product read by `r` alone, straight or through a reshape)
-    /// in the form the QKV mat-vec runs them itself (ROPE): Q's rope included, adjacent pairs,
-    /// a contiguous rotated Q, word-aligned cache rows, ROWS even, an adapter that binds
-    /// [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and the caches and the rotated Q
-    /// apart from everything the dispatch reads.
+    /// Whether the rope and cache stores `r` after the Q, K and V products `qkv` of one token
+    /// whose QKV plan is `out` are in the form the QKV mat-vec runs them itself (ROPE): Q's
+    /// rope included, adjacent pairs, a contiguous rotated Q, word-aligned cache rows, ROWS
+    /// even, an adapter that binds [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and
+    /// the caches and the rotated Q apart from everything the dispatch reads.
     fn rope_follows_qkv(&self, r: &RopeKv, qkv: [TensorId; 3], out: &PlanOut) -> bool {
         let g = self.graph;
         let Some(qr) = r.q else {
             return false;
         };
-        // `t` is `of`, or a reshape of it, and nothing else reads `of` (or the reshape).
-        let takes = |t: TensorId, of: TensorId| {
-            self.single_use(of)
-                && (t == of
-                    || (g.get(t).op == Op::Reshape && g.get(t).src[0] == of && self.single_use(t)))
-        };
-        let (tq, tk, tsk, tsv) = (g.get(qr), g.get(r.k), g.get(r.sk), g.get(r.sv));
+        let (tq, tk, tsk, tsv) = (g.get(qr), g.get(r.k), g.get(r.set_k), g.get(r.set_v));
         let (pos, idx) = (tq.src[1], tsk.src[2]);
         let mut reads = vec![out.bind[2].id, pos, idx];
         if out.variant.get("NORM") == Some(1) {
@@ -699,14 +568,11 @@ impl<'a> Fuser<'a> {
         let hd = tk.ne[0];
         let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
         limit >= crate::shader::QKV_ROPE_BINDINGS
-            && r.rp.mode == RopeMode::Normal
-            && takes(tq.src[0], qkv[0])
-            && takes(tk.src[0], qkv[1])
-            && takes(tsv.src[1], qkv[2])
+            && r.params.mode == RopeMode::Normal
             && tq.is_contiguous()
             && tq.ne[2] == 1
             && hd.is_multiple_of(2)
-            && r.rp.n_dims <= hd
+            && r.params.n_dims <= hd
             && g.get(qkv[0]).ne[0] == tq.ne[0] * tq.ne[1]
             && g.get(qkv[1]).ne[0] == hd * tk.ne[1]
             && tsk.ne[0] == g.get(qkv[1]).ne[0]
@@ -715,75 +581,51 @@ impl<'a> Fuser<'a> {
             && tsk.nb[0] == tsk.dtype.type_size()
             && tsv.nb == tsk.nb
             && tsv.ne == tsk.ne
-            && ops::aligned(self.gpu, g, r.sk, 0, 4)
-            && ops::aligned(self.gpu, g, r.sv, 0, 4)
-            && [qr, r.sk, r.sv]
+            && ops::aligned(self.gpu, g, r.set_k, 0, 4)
+            && ops::aligned(self.gpu, g, r.set_v, 0, 4)
+            && [qr, r.set_k, r.set_v]
                 .iter()
                 .all(|&w| reads.iter().all(|&x| self.apart(w, x, false)))
     }
 
     /// The QKV plan `out` made to run the rope and cache stores `r` that follow it, with the
-    /// rope of Q `qr` (ROPE): bindings the rotated Q (for Q's product), Wq, the vector, Wk, the
-    /// K cache (for K's), the norm weights (NORM; else the rotated Q), Wv, the V cache (for
-    /// V's), the positions, the cache rows.
-    fn with_rope(&self, mut out: PlanOut, r: &RopeKv, qr: TensorId) -> PlanOut {
+    /// rope of Q (ROPE): bindings the rotated Q (for Q's product), Wq, the vector, Wk, the K
+    /// cache (for K's), the norm weights (NORM; else the rotated Q), Wv, the V cache (for V's),
+    /// the positions, the cache rows. `r` has the rope of Q ([`Fuser::rope_follows_qkv`]).
+    fn with_rope(&self, mut out: PlanOut, r: &RopeKv) -> PlanOut {
         let g = self.graph;
-        let (tq, tsk) = (g.get(qr), g.get(r.sk));
+        let qr = r.q.expect("rope_follows_qkv checked the rope of Q");
+        let (tq, tsk) = (g.get(qr), g.get(r.set_k));
         let norm = out.variant.get("NORM") == Some(1);
         out.variant = qkv_rope_variant(out.variant, tsk.dtype);
         out.bind[0] = ops::Bind::whole(qr);
-        out.bind[4] = ops::Bind::whole(r.sk);
+        out.bind[4] = ops::Bind::whole(r.set_k);
         if !norm {
             out.bind[ops::NORM_W_BINDING] = out.bind[0];
         }
-        out.bind[7] = ops::Bind::whole(r.sv);
+        out.bind[7] = ops::Bind::whole(r.set_v);
         out.bind
             .extend([tq.src[1], tsk.src[2]].map(ops::Bind::whole));
         out.params.desc[4] = desc(tsk);
-        out.params.g[0] = r.rp.freq_base.log2();
-        out.params.g[1] = r.rp.freq_scale;
-        out.params.h[2] = r.rp.n_dims as u32;
+        out.params.g[0] = r.params.freq_base.log2();
+        out.params.g[1] = r.params.freq_scale;
+        out.params.h[2] = r.params.n_dims as u32;
         out.params.h[3] = g.get(r.k).ne[0] as u32;
         out
     }
 
-    /// The step between a Llama block's projections and its attention at `nodes[i]`:
-    /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
-    /// and `rope(q)` where it comes right before `rope(k)`, in the form the fused rope
-    /// dispatch (KV) runs.
-    fn rope_kv_at(&self, i: usize) -> Option<RopeKv> {
+    /// Whether the step between a block's projections and its attention, `r`, is in the form
+    /// the fused rope dispatch (KV) runs: f32 rows, F16 or F32 caches of one shape and layout,
+    /// one I32 or I64 row index a token, and the outputs apart from what they are made from.
+    fn rope_kv_fits(&self, r: &RopeKv) -> bool {
         let g = self.graph;
-        let first = self.nodes[i];
-        let Op::Rope(rp) = g.get(first).op else {
-            return None;
-        };
-        // With the rope of Q before K's (same positions and parameters): Q's too.
-        let (q, jr, k) = match self.next_running(i + 1) {
-            Some((j, k))
-                if g.get(k).op == g.get(first).op && g.get(k).src[1] == g.get(first).src[1] =>
-            {
-                (Some(first), j, k)
-            }
-            _ => (None, i, first),
-        };
-        let tk = g.get(k);
-        if !self.single_use(k) {
-            return None;
-        }
-        let (jk, sk) = self.next_running(jr + 1)?;
-        let (jv, sv) = self.next_running(jk + 1)?;
-        let (tsk, tsv) = (g.get(sk), g.get(sv));
-        if tsk.op != Op::SetRows || tsv.op != Op::SetRows || tsv.src[2] != tsk.src[2] {
-            return None;
-        }
+        let (k, sk, sv) = (r.k, r.set_k, r.set_v);
+        let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
         let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);
         let (v, vc) = (tsv.src[1], tsv.src[0]);
         let (tr, tkc, ti, tv, tvc) = (g.get(rows), g.get(kc), g.get(idx), g.get(v), g.get(vc));
         let tokens = tk.ne[2];
-        let fits = matches!(tr.op, Op::Reshape)
-            && tr.src[0] == k
-            && self.single_use(rows)
-            && tk.dtype == DType::F32
+        let fits = tk.dtype == DType::F32
             && g.get(tk.src[0]).dtype == DType::F32
             && tk.ne[3] == 1
             && tr.ne == [tk.ne[0] * tk.ne[1], tokens, 1, 1]
@@ -806,10 +648,7 @@ impl<'a> Fuser<'a> {
             && self.apart(sv, tk.src[0], false)
             && self.apart(sv, v, false)
             && self.apart(sk, sv, false);
-        if !fits {
-            return None;
-        }
-        let q_fits = q.is_none_or(|q| {
+        fits && r.q.is_none_or(|q| {
             let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
             tq.dtype == DType::F32
                 && qs.dtype == DType::F32
@@ -822,33 +661,18 @@ impl<'a> Fuser<'a> {
                 && [tk.src[0], v, sk, sv]
                     .iter()
                     .all(|&o| self.apart(q, o, false))
-        });
-        q_fits.then_some(RopeKv {
-            q,
-            k,
-            sk,
-            sv,
-            rp,
-            last: jv,
         })
     }
 
     /// `rope(k)`, `set_rows(k_cache, reshape(rope(k)), idx)`, `set_rows(v_cache, v, idx)`,
-    /// and `rope(q)` where it comes right before `rope(k)` ([`Fuser::rope_kv_at`]): one rope
-    /// dispatch (KV) that writes both caches (and the rotated Q).
-    fn rope_kv(&self, i: usize) -> Result<Option<(Vec<Launch>, usize)>> {
+    /// and `rope(q)` where it comes right before `rope(k)`: one rope dispatch (KV) that writes
+    /// both caches (and the rotated Q).
+    fn rope_kv(&self, r: &RopeKv) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
-        let Some(RopeKv {
-            q,
-            k,
-            sk,
-            sv,
-            rp,
-            last,
-        }) = self.rope_kv_at(i)
-        else {
+        if !self.rope_kv_fits(r) {
             return Ok(None);
-        };
+        }
+        let (q, k, sk, sv, rp) = (r.q, r.k, r.set_k, r.set_v, r.params);
         let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
         let (idx, v, tokens) = (tsk.src[2], tsv.src[1], tk.ne[2]);
         let (ti, tv, tkc) = (g.get(idx), g.get(v), g.get(tsk.src[0]));
@@ -874,10 +698,7 @@ impl<'a> Fuser<'a> {
             out.bind.push(ops::Bind::whole(tq.src[0]));
             out.bind.push(ops::Bind::whole(q));
         }
-        Ok(Some((
-            vec![ops::to_launch(self.gpu, g, sk, out)?],
-            last - i + 1,
-        )))
+        Ok(Some(vec![ops::to_launch(self.gpu, g, sk, out)?]))
     }
 }
 

@@ -5,13 +5,14 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
+use tessera_core::graph_key::GraphKey;
 use tessera_core::{Backend, Buffer, Error, Event, Graph, Result, TensorId};
 
 use crate::blas::Blas;
 use crate::cmd::Cmd;
 use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
-use crate::graphs::{GraphCache, GraphMode, ListKey, ListSetup};
+use crate::graphs::{GraphCache, GraphMode, ListSetup};
 use crate::memory::CudaBuffer;
 use crate::ops::{Encoder, COUNTER_BYTES};
 
@@ -74,20 +75,20 @@ impl CudaBackend {
         })
     }
 
-    /// What encoding depends on besides the graph and its nodes (see [`ListKey::setup`]).
+    /// What encoding depends on besides the graph and its nodes (see [`ListSetup`]).
     fn list_setup(&self) -> ListSetup {
         let (group, rank) = self
             .group
             .as_ref()
             .map_or((0, 0), |(g, r)| (Arc::as_ptr(g) as usize, *r));
-        (
+        [
             self.scratch,
-            self.scratch_cap,
-            self.fuse,
-            self.tf32,
-            group,
-            rank,
-        )
+            self.scratch_cap as u64,
+            u64::from(self.fuse),
+            u64::from(self.tf32),
+            group as u64,
+            rank as u64,
+        ]
     }
 
     /// The device ordinal.
@@ -232,7 +233,7 @@ impl Backend for CudaBackend {
                 &self.dev,
                 self.stream.cu_stream(),
                 site,
-                (graph.stamp(), nodes, &setup),
+                (graph, nodes, &setup),
             )?
         {
             self.modes[GraphMode::Replayed as usize] += 1;
@@ -273,11 +274,7 @@ impl Backend for CudaBackend {
             self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);
         }
         // Encoding may have grown the scratch arena: the key names the arena used.
-        let key = keyed.then(|| ListKey {
-            stamp: graph.stamp(),
-            nodes: nodes.to_vec(),
-            setup: self.list_setup(),
-        });
+        let key = keyed.then(|| GraphKey::new(graph, nodes, &self.list_setup()));
         let (dev, blas, s) = (&self.dev, &self.blas, self.stream.cu_stream());
         self.graphs.run(dev, s, blas, site, cmds, key)?;
         self.modes[self.graphs.mode as usize] += 1;

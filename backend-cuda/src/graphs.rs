@@ -22,7 +22,8 @@
 //! instantiate a fresh graph every time, so they are slow on the host.
 
 use cudarc::driver::sys;
-use tessera_core::{Result, TensorId};
+use tessera_core::graph_key::GraphKey;
+use tessera_core::{Graph, Result, TensorId};
 
 use crate::blas::Blas;
 use crate::cmd::Cmd;
@@ -132,28 +133,10 @@ fn cmd_name(c: &Cmd) -> &'static str {
 /// Most command lists a backend keeps graphs for.
 const MAX_SLOTS: usize = 128;
 
-/// What a command list was encoded from. Lists encoded from equal keys are equal, so the
-/// graph of a list may be launched again without encoding its nodes again.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ListKey {
-    /// The graph's [`tessera_core::Graph::stamp`].
-    pub stamp: u64,
-    /// The nodes encoded, in order.
-    pub nodes: Vec<TensorId>,
-    /// The rest of what encoding reads: the scratch arena (address, bytes), the fusion and
-    /// TF32 switches, and the all-reduce group joined (its address and the rank; 0 when none).
-    pub setup: ListSetup,
-}
-
-/// The part of a [`ListKey`] besides the graph and its nodes (see [`ListKey::setup`]).
-pub(crate) type ListSetup = (u64, usize, bool, bool, usize, usize);
-
-impl ListKey {
-    /// Whether a list encoded now from these would be the one this key names.
-    fn matches(&self, stamp: u64, nodes: &[TensorId], setup: &ListSetup) -> bool {
-        self.stamp == stamp && self.setup == *setup && self.nodes == nodes
-    }
-}
+/// What encoding depends on besides the graph and its nodes: the scratch arena (address,
+/// bytes), the fusion and TF32 switches, and the all-reduce group joined (its address and the
+/// rank; 0 when none). The settings of the list's [`GraphKey`].
+pub(crate) type ListSetup = [u64; 6];
 
 /// One remembered command list and its graph.
 #[derive(Default)]
@@ -163,7 +146,7 @@ struct Slot {
     site: (usize, usize, usize),
     last: Vec<Cmd>,
     /// What `last` was encoded from, when known.
-    key: Option<ListKey>,
+    key: Option<GraphKey>,
     exec: Option<Exec>,
     /// When the slot was last used (a counter), for evicting the oldest.
     used: u64,
@@ -270,14 +253,14 @@ impl GraphCache {
     }
 
     /// Launches again the graph of the list last run from `site` when that list was encoded
-    /// from the graph of stamp `stamp`, these `nodes` and `setup` (the caller then need not
+    /// from a graph equal to `graph` with these `nodes` and `setup` (the caller then need not
     /// encode); false when there is no such graph.
     pub(crate) fn relaunch(
         &mut self,
         dev: &DeviceShared,
         stream: sys::CUstream,
         site: (usize, usize, usize),
-        (stamp, nodes, setup): (u64, &[TensorId], &ListSetup),
+        (graph, nodes, setup): (&Graph, &[TensorId], &ListSetup),
     ) -> Result<bool> {
         if self.profile.is_some() || !self.enabled || self.failures >= MAX_FAILURES {
             return Ok(false);
@@ -288,7 +271,7 @@ impl GraphCache {
         let (Some(ex), Some(k)) = (&slot.exec, &slot.key) else {
             return Ok(false);
         };
-        if !k.matches(stamp, nodes, setup) {
+        if !k.matches(graph, nodes, setup) {
             return Ok(false);
         }
         // SAFETY: the executable graph and the stream are valid.
@@ -310,7 +293,7 @@ impl GraphCache {
         blas: &Blas,
         site: (usize, usize, usize),
         cmds: Vec<Cmd>,
-        key: Option<ListKey>,
+        key: Option<GraphKey>,
     ) -> Result<()> {
         fill_names(&mut self.last_names, &cmds);
         if let Some(prof) = &mut self.profile {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod fusion;
 pub mod gguf;
 pub mod graph;
+pub mod graph_key;
 pub mod meta;
 pub mod op;
 pub mod options;

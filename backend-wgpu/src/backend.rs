@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tessera_core::backend::{Backend, Buffer};
+use tessera_core::graph_key::GraphKey;
 use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::{self, Readback, WgpuBuffer};
@@ -42,10 +43,10 @@ impl Dispatch {
 }
 
 /// A graph's dispatches, decided and resolved once and replayed while the graph (its nodes,
-/// shapes, types, op parameters and memory: [`ops::fingerprint`]) stays the same.
+/// shapes, types, op parameters and memory: its [`GraphKey`]) stays the same.
 pub(crate) struct Recording {
-    /// The fingerprint it was recorded for.
-    pub key: Vec<u64>,
+    /// The key it was recorded for.
+    pub key: GraphKey,
     /// Ids of the buffers it binds (sorted), so that freeing one forgets it.
     pub buffers: Vec<u64>,
     /// The parameter buffer its bind groups use, and the blocks to write there.
@@ -291,7 +292,7 @@ impl WgpuBackend {
         &mut self,
         graph: &Graph,
         nodes: &[TensorId],
-        key: Vec<u64>,
+        key: GraphKey,
     ) -> Result<Option<Recording>> {
         let mut launches = Vec::new();
         let fuser = Fuser::new(&self.gpu, graph, nodes);
@@ -611,32 +612,28 @@ impl WgpuBackend {
             .map(|l| l.rec.clone())
     }
 
-    /// The recording of `nodes` of `graph`: found under its fingerprint, or recorded now
+    /// The recording of `nodes` of `graph`: found under its key, or recorded now
     /// (`None`: nothing to run).
     fn find_recording(
         &mut self,
         graph: &Graph,
         nodes: &[TensorId],
     ) -> Result<Option<Arc<Recording>>> {
-        let mut key = Vec::with_capacity(nodes.len() * 48);
-        ops::fingerprint(graph, nodes, &mut key);
         // Fusion also depends on how many read each node (other nodes of the graph, outputs);
         // a profiled recording also names its dispatches.
-        key.push(u64::from(self.fusion));
+        let mut settings = vec![u64::from(self.fusion), u64::from(self.profiling)];
         if self.fusion {
             let uses = graph.reader_counts();
-            key.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
+            settings.extend(nodes.iter().map(|n| u64::from(uses[n.index()])));
         }
-        key.push(u64::from(self.profiling));
-        let hash = key.iter().fold(0u64, |h, &x| {
-            (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
-        });
-        if let Some(rec) = self.gpu.recording(hash, &key) {
+        // Freeing a buffer forgets the recordings that bind it (`Gpu::forget_buffer`).
+        let key = GraphKey::unheld(graph, nodes, &settings);
+        if let Some(rec) = self.gpu.recording(&key) {
             return Ok(Some(rec));
         }
         Ok(self.record(graph, nodes, key)?.map(|rec| {
             let rec = Arc::new(rec);
-            self.gpu.keep_recording(hash, rec.clone());
+            self.gpu.keep_recording(rec.clone());
             rec
         }))
     }

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tessera_core::graph_key::GraphKey;
 use tessera_core::{Error, Result};
 
 use crate::backend::Recording;
@@ -470,21 +471,21 @@ impl Gpu {
         self.forgets.load(Ordering::SeqCst)
     }
 
-    /// The recording of a graph with fingerprint `key` (hashed to `hash`), if there is one.
-    pub fn recording(&self, hash: u64, key: &[u64]) -> Option<Arc<Recording>> {
+    /// The recording made for `key`, if there is one.
+    pub fn recording(&self, key: &GraphKey) -> Option<Arc<Recording>> {
         lock(&self.recordings)
-            .get(&hash)
-            .filter(|r| r.key == key)
+            .get(&key.hash())
+            .filter(|r| r.key == *key)
             .cloned()
     }
 
     /// Keeps a recording.
-    pub fn keep_recording(&self, hash: u64, rec: Arc<Recording>) {
+    pub fn keep_recording(&self, rec: Arc<Recording>) {
         let mut all = lock(&self.recordings);
         if all.len() >= MAX_RECORDINGS {
             all.clear();
         }
-        all.insert(hash, rec);
+        all.insert(rec.key.hash(), rec);
     }
 }
 

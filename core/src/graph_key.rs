@@ -9,8 +9,11 @@
 //! its scratch memory). A [`GraphKey`] holds all of that, never a graph's address: a model
 //! that builds a fresh graph of the same structure every step finds its work again.
 //!
-//! Buffers are compared by identity. A key holds the buffers it names, so no other buffer can
-//! take one's address while the key lives; a cache that drops a key lets them go.
+//! Buffers are compared by identity (their address). A key made by [`GraphKey::new`] holds the
+//! buffers it names, so no other buffer can take one's address while the key lives; a cache
+//! that drops a key lets them go. A cache that forgets every key binding a buffer before that
+//! buffer is freed (as wgpu's recordings do) makes its keys with [`GraphKey::unheld`] instead,
+//! so that keeping work never keeps memory.
 //!
 //! [`Graph::stamp`] is a fast path: a graph whose stamp is the key's has not changed since the
 //! key was made from it, so only the nodes and settings are compared.
@@ -53,14 +56,25 @@ pub struct GraphKey {
     settings: Vec<u64>,
     tensors: Vec<TensorKey>,
     hash: u64,
-    /// The bound buffers, held so that no other buffer can take their addresses.
-    held: Vec<Arc<dyn Buffer>>,
+    /// The bound buffers, held so that no other buffer can take their addresses (empty for an
+    /// [`GraphKey::unheld`] key); never read, only kept.
+    _held: Vec<Arc<dyn Buffer>>,
 }
 
 impl GraphKey {
     /// The key of running `nodes` of `graph` (in that order) under a backend's `settings`
     /// (whatever else the derived work depends on, as numbers).
     pub fn new(graph: &Graph, nodes: &[TensorId], settings: &[u64]) -> GraphKey {
+        Self::make(graph, nodes, settings, true)
+    }
+
+    /// [`GraphKey::new`] without holding the buffers: the cache that keeps the key must drop
+    /// it before any buffer that its work binds is freed (see the module's documentation).
+    pub fn unheld(graph: &Graph, nodes: &[TensorId], settings: &[u64]) -> GraphKey {
+        Self::make(graph, nodes, settings, false)
+    }
+
+    fn make(graph: &Graph, nodes: &[TensorId], settings: &[u64], hold: bool) -> GraphKey {
         let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
         let tensors: Vec<TensorKey> = graph
             .ids()
@@ -68,7 +82,7 @@ impl GraphKey {
                 let t = graph.get(id);
                 let data = t.data.as_ref().map(|d| {
                     let addr = buffer_addr(&d.buffer);
-                    if !held.iter().any(|h| buffer_addr(h) == addr) {
+                    if hold && !held.iter().any(|h| buffer_addr(h) == addr) {
                         held.push(d.buffer.clone());
                     }
                     (addr, d.offset)
@@ -99,7 +113,7 @@ impl GraphKey {
             settings: settings.to_vec(),
             tensors,
             hash: h.finish(),
-            held,
+            _held: held,
         }
     }
 
@@ -131,10 +145,6 @@ impl GraphKey {
             })
     }
 
-    /// How many buffers the key holds.
-    pub fn buffers_held(&self) -> usize {
-        self.held.len()
-    }
 }
 
 impl PartialEq for GraphKey {

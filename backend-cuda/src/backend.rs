@@ -12,15 +12,18 @@ use crate::cmd::Cmd;
 use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
 use crate::graphs::{GraphCache, GraphMode, ListKey, ListSetup};
+use crate::kernels::Build;
 use crate::memory::CudaBuffer;
 use crate::ops::{Encoder, COUNTER_BYTES};
+use crate::CudaOptions;
 
 /// A stream of work on one GPU.
 ///
 /// [`Backend::compute`] encodes the nodes into a command list first (an unsupported node is an
 /// error before anything runs), then runs the list eagerly or through a CUDA graph
 /// ([`crate::graphs`]). Scratch memory for the ops comes from an arena owned by the backend that
-/// grows, stream-ordered, when a graph needs more.
+/// grows, stream-ordered, when a graph needs more. Its settings come from the
+/// [`CudaOptions`] of the device that made it.
 pub struct CudaBackend {
     graphs: GraphCache,
     blas: Blas,
@@ -30,6 +33,8 @@ pub struct CudaBackend {
     counters: u64,
     tf32: bool,
     fuse: bool,
+    /// The kernels this stream launches.
+    build: Build,
     stream: Arc<CudaStream>,
     dev: Arc<DeviceShared>,
     /// The peer all-reduce group this stream joined and its rank there, for
@@ -41,7 +46,7 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    pub(crate) fn new(dev: Arc<DeviceShared>) -> Result<CudaBackend> {
+    pub(crate) fn new(dev: Arc<DeviceShared>, options: &CudaOptions) -> Result<CudaBackend> {
         dev.bind()?;
         let stream = dev
             .ctx
@@ -55,18 +60,15 @@ impl CudaBackend {
             dev.pool.free(&dev, counters, s);
             return Err(dev.err("clearing the block counters", e));
         }
-        let tf32 = std::env::var("TESSERA_CUDA_TF32").is_ok_and(|v| v == "1");
-        let fuse = std::env::var("TESSERA_CUDA_FUSION")
-            .map(|v| v != "0")
-            .unwrap_or(true);
         Ok(CudaBackend {
-            graphs: GraphCache::new(),
+            graphs: GraphCache::new(options.graphs, options.profile),
             blas,
             scratch: 0,
             scratch_cap: 0,
             counters,
-            tf32,
-            fuse,
+            tf32: options.tf32,
+            fuse: options.fusion,
+            build: Build::of(options),
             stream,
             dev,
             group: None,
@@ -131,22 +133,6 @@ impl CudaBackend {
     /// `gemm` for a cuBLAS GEMM, `copy` for a device copy.
     pub fn last_command_names(&self) -> Vec<&'static str> {
         self.graphs.last_names().to_vec()
-    }
-
-    /// Turns CUDA graphs on or off (on by default unless `TESSERA_CUDA_GRAPHS=0`).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
-    }
-
-    /// Turns fused kernels on or off (on by default unless `TESSERA_CUDA_FUSION=0`).
-    pub fn set_fusion(&mut self, on: bool) {
-        self.fuse = on;
-    }
-
-    /// Lets F32 matrix products use TF32 tensor cores (off by default unless
-    /// `TESSERA_CUDA_TF32=1`).
-    pub fn set_tf32(&mut self, on: bool) {
-        self.tf32 = on;
     }
 
     fn err(&self, what: &str, e: cudarc::driver::DriverError) -> Error {
@@ -246,6 +232,7 @@ impl Backend for CudaBackend {
             self.scratch_cap,
             self.tf32,
             self.fuse,
+            &self.build,
         );
         enc.group = self.group.clone();
         enc.counters = self.counters;
@@ -263,6 +250,7 @@ impl Backend for CudaBackend {
                 self.scratch_cap,
                 self.tf32,
                 self.fuse,
+                &self.build,
             );
             enc.group = self.group.clone();
             enc.counters = self.counters;

@@ -7,7 +7,7 @@ use common::*;
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::dtype::DType;
 use tessera_core::{Backend, Graph, RopeMode, RopeParams, TensorId};
-use tessera_cuda::GraphMode;
+use tessera_cuda::{CudaOptions, GraphMode};
 
 /// A decode step of a small Llama-like block: norm + weight, Q, K and V projections, Q and K
 /// rotated, K and V stored into F16 caches, gate/up/swiglu. With `qv` false, Q is not rotated
@@ -161,8 +161,8 @@ fn fused_and_unfused(
 ) -> [(Vec<Vec<f32>>, Vec<&'static str>); 2] {
     [true, false].map(|fuse| {
         let (mut b, inputs) = make();
-        let mut be = concrete(dev).cuda_backend().unwrap();
-        be.set_fusion(fuse);
+        let options = CudaOptions::default().fusion(fuse);
+        let mut be = concrete(dev).with_options(options).cuda_backend().unwrap();
         let outs = b.outputs.clone();
         let out = run(dev, &mut be, &mut b.g, &inputs, &outs);
         (outputs_f32(&b, &out), be.last_command_names())
@@ -206,8 +206,8 @@ fn graphs_replay_and_update() {
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut b.g, &nodes).unwrap();
     let mut be = concrete(&dev).cuda_backend().unwrap();
-    let mut eager = concrete(&dev).cuda_backend().unwrap();
-    eager.set_graphs(false);
+    let eager_dev = concrete(&dev).with_options(CudaOptions::default().graphs(false));
+    let mut eager = eager_dev.cuda_backend().unwrap();
     let mut modes = Vec::new();
     for step in 0..4 {
         let inputs = block_inputs(&b, &mut rng, 1, step);
@@ -362,8 +362,8 @@ fn split_attention_replays() {
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut b.g, &all).unwrap();
     let mut be = concrete(&dev).cuda_backend().unwrap();
-    let mut eager = concrete(&dev).cuda_backend().unwrap();
-    eager.set_graphs(false);
+    let eager_dev = concrete(&dev).with_options(CudaOptions::default().graphs(false));
+    let mut eager = eager_dev.cuda_backend().unwrap();
     let mut modes = Vec::new();
     for step in 0..4 {
         let inputs = attention_inputs(&b, &mut rng);

@@ -194,25 +194,6 @@ fn flash_attn_vec(
     combine(enc, p, nsplit, rows)
 }
 
-/// The split count of the f16 decoding kernel asked for with `TESSERA_CUDA_FA_SPLIT=N` (N
-/// splits of the keys, at most one a key and 256; 1: one pass), for measuring on a GPU; `None`
-/// (unset or not a number): [`flash_attn_dec`] decides.
-fn dec_split_setting() -> Option<usize> {
-    static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *SETTING
-        .get_or_init(|| tessera_core::env::setting("TESSERA_CUDA_FA_SPLIT", "a number of splits"))
-}
-
-/// Whether the splits of fattn_dec may merge in thread-block clusters: unless
-/// `TESSERA_CUDA_FA_CLUSTER=0` (measured on an H200: 8B decode 414.7, 415.0 -> 428.1, 426.0
-/// t/s), read once.
-fn dec_cluster_setting() -> bool {
-    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        tessera_core::env::setting::<u8>("TESSERA_CUDA_FA_CLUSTER", "0 or 1") != Some(0)
-    })
-}
-
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
 /// (d == dv), `rows` query rows per KV head (at most DEC_ROWS), `blocks` without splitting,
 /// `nkv` keys, `rows_total` query rows in all, `q8` blocks of the result wanted (0: none),
@@ -233,23 +214,17 @@ fn flash_attn_dec(
     // Short splits, so that even a short cache fills the GPU, but no more than a few blocks
     // per SM: a long cache is streamed by each block in turn, its next keys loading while it
     // works on the last.
-    let nsplit = match dec_split_setting() {
-        Some(n) => n.min(nkv).clamp(1, 256),
-        None => nkv
-            .div_ceil(DEC_MIN_KEYS)
-            .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
-            .clamp(1, 256),
-    };
+    let nsplit = nkv
+        .div_ceil(DEC_MIN_KEYS)
+        .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
+        .clamp(1, 256);
     p.i[2] = nsplit as i32;
     // Up to 8 splits of a KV head run as one thread-block cluster and merge through
-    // distributed shared memory where the device launches clusters (unless
-    // `TESSERA_CUDA_FA_CLUSTER=0`); else split, the last block of each KV head merges the splits in the same
-    // launch (a counter per block row of the grid), unless there are no counters for it or
-    // fusion is off (which keeps the separate fattn_combine to compare with).
-    let cluster = enc.fuse
-        && (2..=DEC_CLUSTER_MAX).contains(&nsplit)
-        && enc.clusters()
-        && dec_cluster_setting();
+    // distributed shared memory where the device launches clusters; else split, the last
+    // block of each KV head merges the splits in the same launch (a counter per block row of
+    // the grid), unless there are no counters for it or fusion is off (which keeps the
+    // separate fattn_combine to compare with).
+    let cluster = enc.fuse && (2..=DEC_CLUSTER_MAX).contains(&nsplit) && enc.clusters();
     let merge =
         cluster || (enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4);
     if cluster {

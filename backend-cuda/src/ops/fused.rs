@@ -241,7 +241,7 @@ fn gate_up_swiglu(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usi
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let m = wg.ne[1] as u64;
     let read_only = enc.is_read_only_leaf(tg.src[0]) && enc.is_read_only_leaf(tu.src[0]);
-    let (blocks, threads) = mmvq_launch(&mut p, wg.dtype, m, wg.ne[0] as u64, read_only);
+    let (blocks, threads) = mmvq_launch(&mut p, m, read_only);
     // The result quantized too, for the down projection that reads it next (its quantize
     // kernel is then skipped); the kernel counts finished rows per 32-row block with the
     // backend's block counters.
@@ -399,7 +399,7 @@ fn mmvq_multi(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> 
         p.f[1] = theta_scale(&m.rp);
     }
     let read_only = found.iter().all(|&(_, w)| enc.is_read_only_leaf(w));
-    let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64, read_only);
+    let (blocks, threads) = mmvq_launch(&mut p, rows as u64, read_only);
     let kernel = if rope.is_some() {
         "mmvq_multi_rope"
     } else {

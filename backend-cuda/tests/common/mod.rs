@@ -13,7 +13,7 @@ use tessera_cuda::{CudaBackend, CudaBackendReg, CudaDevice};
 /// The first CUDA device, or `None` after printing why the test is skipped.
 pub fn cuda() -> Option<Arc<dyn Device>> {
     static WARM: std::sync::Once = std::sync::Once::new();
-    match CudaBackendReg.devices() {
+    match CudaBackendReg::new().devices() {
         Ok(d) if !d.is_empty() => {
             WARM.call_once(|| {
                 let t = std::time::Instant::now();

@@ -25,6 +25,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("quant.cuh", include_str!("../../kernels/quant.cuh")),
     ("quant_k.cuh", include_str!("../../kernels/quant_k.cuh")),
     ("peer.cuh", include_str!("../../kernels/peer.cuh")),
+    ("attention.cuh", include_str!("../../kernels/attention.cuh")),
 ];
 
 /// The kernel files: one op family each.
@@ -41,7 +42,9 @@ const FILES: &[(&str, &str)] = &[
     ("shape", include_str!("../../kernels/shape.cu")),
     ("matmul", include_str!("../../kernels/matmul.cu")),
     ("mmvq", include_str!("../../kernels/mmvq.cu")),
-    ("attention", include_str!("../../kernels/attention.cu")),
+    ("attention_prompt", include_str!("../../kernels/attention_prompt.cu")),
+    ("attention_decode", include_str!("../../kernels/attention_decode.cu")),
+    ("attention_merge", include_str!("../../kernels/attention_merge.cu")),
     ("allreduce", include_str!("../../kernels/allreduce.cu")),
 ];
 

@@ -19,7 +19,7 @@
 //!   all-reduce kernel adds the residual and applies the next block's norm (comm.rs,
 //!   allreduce.cu); without the norm, `all_reduce(x) + r` alone.
 //! - `W reshape(flash_attn_ext(..))` for a token, W quantized: attention writes its result
-//!   quantized too (attention.cu), so the mat-vec (the o projection) quantizes nothing.
+//!   quantized too (attention.cuh), so the mat-vec (the o projection) quantizes nothing.
 //!
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
@@ -69,7 +69,7 @@ pub(super) fn try_fuse(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Resul
 
 /// flash_attn_ext whose result, through a reshape, is read next by a quantized mat-vec (the o
 /// projection of a token): the attention kernel that writes the result also writes it as q8_1
-/// blocks where its path can (see attention.cu), and the mat-vec takes them.
+/// blocks where its path can (see attention.cuh), and the mat-vec takes them.
 fn attn_q8(enc: &mut Encoder, nodes: &[TensorId], i: usize) -> Result<usize> {
     let g = enc.graph;
     let a = nodes[i];

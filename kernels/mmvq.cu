@@ -150,7 +150,7 @@ template <int Q> struct Mmvq;
 // (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
 struct Nibbles : Consecutive<32> {
     static const int TV = 32;
-    static const bool EARLY = false;  // early weights: not measured on the staged engine
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
     static const int SL = 8;
     static const int ROWS = 4, KS = 4;
     struct W {
@@ -221,7 +221,7 @@ template <> struct Mmvq<Q5_1> : Nibbles {
 
 template <> struct Mmvq<Q8_0> : Consecutive<32> {
     static const int TV = 32;
-    static const bool EARLY = false;  // early weights: not measured on the staged engine
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
     static const int SL = 4;
     static const int ROWS = 2, KS = 4;
     struct W {

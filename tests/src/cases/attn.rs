@@ -255,4 +255,38 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     v.push(split(64, 1000, 1, DType::F16, None).case());
     v.push(model(128, 8, 4, 512, 512).causal_case().large());
     v.push(model(64, 3, 3, 512, 512).causal_case().large());
+    gpu_paths(v);
+}
+
+/// Shapes that take each of the CUDA backend's attention kernels in turn (see
+/// backend-cuda/src/ops/attention.rs): f16 decoding of one token with splits merged in a
+/// thread-block cluster, and with more splits than a cluster holds (merged by the last block);
+/// the generic tiled kernel (f32 K/V, many rows, a batch); the tensor-core prompt kernel (f16,
+/// 60 rows a KV head, ALiBi); a v head size other than k's with a softcap; and head size 256.
+fn gpu_paths(v: &mut Vec<Case>) {
+    // (hsk, hsv, nb, heads, kv heads, kv, batch, K/V type, mask, max_bias, softcap)
+    let paths = [
+        (64, 64, 1, 8, 2, 300, 1, DType::F16, Some(DType::F16), 0.0, 0.0),
+        (128, 128, 1, 32, 8, 1000, 1, DType::F16, None, 0.0, 0.0),
+        (64, 64, 37, 4, 4, 90, 2, DType::F32, Some(DType::F32), 0.0, 0.0),
+        (128, 128, 20, 6, 2, 70, 1, DType::F16, Some(DType::F16), 4.0, 0.0),
+        (80, 64, 5, 3, 1, 50, 1, DType::F32, Some(DType::F16), 0.0, 30.0),
+        (256, 256, 3, 2, 1, 40, 1, DType::F16, Some(DType::F16), 0.0, 0.0),
+    ];
+    for (hsk, hsv, nb, heads, nh, kv, batch, type_kv, mask, max_bias, softcap) in paths {
+        let c = FlashAttn {
+            hsk,
+            hsv,
+            nh,
+            nr: heads / nh,
+            kv,
+            nb,
+            batch,
+            mask,
+            max_bias,
+            softcap,
+            type_kv,
+        };
+        v.push(if mask.is_some() { c.causal_case() } else { c.case() });
+    }
 }

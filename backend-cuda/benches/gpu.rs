@@ -43,8 +43,11 @@ fn time_graph(
     s
 }
 
+/// A benchmark: it measures on the device and prints its figures.
+type Bench = fn(&Dev, &Args);
+
 /// The benchmarks, by name.
-const BENCHES: [(&str, fn(&Dev, &Args)); 4] = [
+const BENCHES: [(&str, Bench); 4] = [
     ("mat_vec_bandwidth", mat_vec_bandwidth),
     ("mat_vec_fused", mat_vec_fused),
     ("gemm_throughput", gemm_throughput),

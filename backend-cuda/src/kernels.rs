@@ -42,9 +42,18 @@ const FILES: &[(&str, &str)] = &[
     ("shape", include_str!("../../kernels/shape.cu")),
     ("matmul", include_str!("../../kernels/matmul.cu")),
     ("mmvq", include_str!("../../kernels/mmvq.cu")),
-    ("attention_prompt", include_str!("../../kernels/attention_prompt.cu")),
-    ("attention_decode", include_str!("../../kernels/attention_decode.cu")),
-    ("attention_merge", include_str!("../../kernels/attention_merge.cu")),
+    (
+        "attention_prompt",
+        include_str!("../../kernels/attention_prompt.cu"),
+    ),
+    (
+        "attention_decode",
+        include_str!("../../kernels/attention_decode.cu"),
+    ),
+    (
+        "attention_merge",
+        include_str!("../../kernels/attention_merge.cu"),
+    ),
     ("allreduce", include_str!("../../kernels/allreduce.cu")),
 ];
 
@@ -227,6 +236,9 @@ impl Build {
     }
 }
 
+/// A loaded kernel and its name, kept for errors.
+type Named = (CudaFunction, &'static str);
+
 /// The kernels of one device: modules loaded on first use, functions looked up once, each
 /// per build variant (early release or not), so that streams of both kinds share the device.
 pub(crate) struct KernelSet {
@@ -234,7 +246,7 @@ pub(crate) struct KernelSet {
     arch: String,
     driver_version: i32,
     modules: Mutex<HashMap<(&'static str, bool), Arc<CudaModule>>>,
-    funcs: Mutex<HashMap<(String, bool), (CudaFunction, &'static str)>>,
+    funcs: Mutex<HashMap<(String, bool), Named>>,
     smem: Mutex<HashMap<usize, u32>>,
 }
 
@@ -271,7 +283,10 @@ impl KernelSet {
             fnv(0xcbf2_9ce4_8422_2325, &parts),
             fnv(0x6c62_272e_07bb_0142, &parts)
         );
-        let path = build.cache.as_ref().map(|d| d.join(format!("{file}-{}-{key}.cubin", self.arch)));
+        let path = build
+            .cache
+            .as_ref()
+            .map(|d| d.join(format!("{file}-{}-{key}.cubin", self.arch)));
         if let Some(p) = &path {
             if let Ok(bin) = std::fs::read(p) {
                 if bin.starts_with(b"\x7fELF") {

@@ -179,12 +179,18 @@ mod tests {
         assert_eq!(p(" NCCL ").unwrap(), AllReduce::Nccl);
         assert_eq!(p("host").unwrap(), AllReduce::Host);
         let e = p("hots").unwrap_err().to_string();
-        assert!(e.contains("TESSERA_ALLREDUCE") && e.contains("auto, peer, nccl, host"), "{e}");
+        assert!(
+            e.contains("TESSERA_ALLREDUCE") && e.contains("auto, peer, nccl, host"),
+            "{e}"
+        );
     }
 
     #[test]
     fn setters_change_one_field() {
-        let o = CudaOptions::default().fusion(false).peer_mib(0).grouped(true);
+        let o = CudaOptions::default()
+            .fusion(false)
+            .peer_mib(0)
+            .grouped(true);
         assert!(!o.fusion && o.graphs && o.grouped);
         assert_eq!(o.peer_mib, 1);
     }

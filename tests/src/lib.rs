@@ -32,8 +32,8 @@ mod runner;
 mod tensor_io;
 
 pub use case::{Case, CaseGraph, Tolerance};
-pub use compare::nmse;
 pub use cases::{cases, perf_cases};
+pub use compare::nmse;
 pub use filter::Filter;
 pub use init::Init;
 pub use perf::{perf, PerfResult};

@@ -382,16 +382,8 @@ mod tests {
         assert_eq!(norm_threads(576, &a), Some(160));
         // 70B's 8192 values: two float4s a thread.
         assert_eq!(norm_threads(8192, &a), Some(1024));
-        assert_eq!(
-            norm_threads(8196, &a),
-            None,
-            "past 2 x 1024 float4s"
-        );
-        assert_eq!(
-            norm_threads(4098, &a),
-            None,
-            "not whole float4s"
-        );
+        assert_eq!(norm_threads(8196, &a), None, "past 2 x 1024 float4s");
+        assert_eq!(norm_threads(4098, &a), None, "not whole float4s");
         assert_eq!(norm_threads(0, &a), None, "empty");
         assert_eq!(
             norm_threads(4096, &[256, 520, 0, 1024, 2048]),

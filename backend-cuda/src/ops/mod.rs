@@ -271,7 +271,10 @@ impl<'a> Encoder<'a> {
         cluster: u32,
         p: KParams,
     ) -> Result<()> {
-        let (func, name) = self.dev.kernels.func(&self.dev.ctx, self.build, file, name)?;
+        let (func, name) = self
+            .dev
+            .kernels
+            .func(&self.dev.ctx, self.build, file, name)?;
         if smem > 48 * 1024 {
             self.dev.kernels.allow_smem(&self.dev.name, func, smem)?;
         }

@@ -266,12 +266,72 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 fn gpu_paths(v: &mut Vec<Case>) {
     // (hsk, hsv, nb, heads, kv heads, kv, batch, K/V type, mask, max_bias, softcap)
     let paths = [
-        (64, 64, 1, 8, 2, 300, 1, DType::F16, Some(DType::F16), 0.0, 0.0),
+        (
+            64,
+            64,
+            1,
+            8,
+            2,
+            300,
+            1,
+            DType::F16,
+            Some(DType::F16),
+            0.0,
+            0.0,
+        ),
         (128, 128, 1, 32, 8, 1000, 1, DType::F16, None, 0.0, 0.0),
-        (64, 64, 37, 4, 4, 90, 2, DType::F32, Some(DType::F32), 0.0, 0.0),
-        (128, 128, 20, 6, 2, 70, 1, DType::F16, Some(DType::F16), 4.0, 0.0),
-        (80, 64, 5, 3, 1, 50, 1, DType::F32, Some(DType::F16), 0.0, 30.0),
-        (256, 256, 3, 2, 1, 40, 1, DType::F16, Some(DType::F16), 0.0, 0.0),
+        (
+            64,
+            64,
+            37,
+            4,
+            4,
+            90,
+            2,
+            DType::F32,
+            Some(DType::F32),
+            0.0,
+            0.0,
+        ),
+        (
+            128,
+            128,
+            20,
+            6,
+            2,
+            70,
+            1,
+            DType::F16,
+            Some(DType::F16),
+            4.0,
+            0.0,
+        ),
+        (
+            80,
+            64,
+            5,
+            3,
+            1,
+            50,
+            1,
+            DType::F32,
+            Some(DType::F16),
+            0.0,
+            30.0,
+        ),
+        (
+            256,
+            256,
+            3,
+            2,
+            1,
+            40,
+            1,
+            DType::F16,
+            Some(DType::F16),
+            0.0,
+            0.0,
+        ),
     ];
     for (hsk, hsv, nb, heads, nh, kv, batch, type_kv, mask, max_bias, softcap) in paths {
         let c = FlashAttn {
@@ -287,6 +347,10 @@ fn gpu_paths(v: &mut Vec<Case>) {
             softcap,
             type_kv,
         };
-        v.push(if mask.is_some() { c.causal_case() } else { c.case() });
+        v.push(if mask.is_some() {
+            c.causal_case()
+        } else {
+            c.case()
+        });
     }
 }

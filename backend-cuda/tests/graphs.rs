@@ -193,6 +193,42 @@ fn step_vs_eager(
     mode
 }
 
+/// Two streams of one GPU with other options in one process: one as a GPU used alone (kernels
+/// that release their successors early), one as the part of a multi-GPU group (kernels that do
+/// not), without graphs. Both builds of the kernels are loaded side by side, and the results
+/// are the same bits.
+#[test]
+fn streams_with_other_options_share_a_gpu() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(23);
+    let mut b = block(1, true, DType::Q4_0);
+    let outs = b.outputs.clone();
+    let nodes: Vec<TensorId> = b.g.ids().collect();
+    for &o in &outs {
+        b.g.set_output(o);
+    }
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut b.g, &nodes).unwrap();
+    let mut alone = concrete(&dev).cuda_backend().unwrap();
+    let grouped = CudaOptions::default().grouped(true).graphs(false);
+    let grouped_dev = concrete(&dev).with_options(grouped.clone());
+    assert_eq!(grouped_dev.options(), grouped);
+    assert_eq!(concrete(&dev).options(), CudaOptions::default());
+    let mut part = grouped_dev.cuda_backend().unwrap();
+    for step in 0..2 {
+        let inputs = block_inputs(&b, &mut rng, 1, step);
+        step_vs_eager(
+            &mut alone,
+            &mut part,
+            &b,
+            &nodes,
+            &inputs,
+            "alone vs grouped",
+        );
+    }
+    assert_eq!(part.graph_mode(), GraphMode::Eager);
+}
+
 #[test]
 fn graphs_replay_and_update() {
     let Some(dev) = cuda() else { return };

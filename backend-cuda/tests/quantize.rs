@@ -15,18 +15,7 @@ fn quantizers_match_the_host_bit_for_bit() {
     let Some(dev) = cuda() else { return };
     let mut be = concrete(&dev).cuda_backend().unwrap();
     let mut rng = Rng::new(3);
-    for q in [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ] {
+    for q in DType::QUANTIZED {
         let x = rng.vec(256 * 3, -1.0, 1.0);
         let mut g = Graph::new();
         let a = g.input("a", DType::F32, &[256, 3]).unwrap();

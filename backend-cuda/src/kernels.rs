@@ -33,6 +33,7 @@ const FILES: &[(&str, &str)] = &[
     ("unary", include_str!("../../kernels/unary.cu")),
     ("binary", include_str!("../../kernels/binary.cu")),
     ("copy", include_str!("../../kernels/copy.cu")),
+    ("quantize", include_str!("../../kernels/quantize.cu")),
     ("rows", include_str!("../../kernels/rows.cu")),
     ("norm", include_str!("../../kernels/norm.cu")),
     ("softmax", include_str!("../../kernels/softmax.cu")),

@@ -264,93 +264,75 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 /// the generic tiled kernel (f32 K/V, many rows, a batch); the tensor-core prompt kernel (f16,
 /// 60 rows a KV head, ALiBi); a v head size other than k's with a softcap; and head size 256.
 fn gpu_paths(v: &mut Vec<Case>) {
-    // (hsk, hsv, nb, heads, kv heads, kv, batch, K/V type, mask, max_bias, softcap)
-    let paths = [
-        (
-            64,
-            64,
-            1,
-            8,
-            2,
-            300,
-            1,
-            DType::F16,
-            Some(DType::F16),
-            0.0,
-            0.0,
-        ),
-        (128, 128, 1, 32, 8, 1000, 1, DType::F16, None, 0.0, 0.0),
-        (
-            64,
-            64,
-            37,
-            4,
-            4,
-            90,
-            2,
-            DType::F32,
-            Some(DType::F32),
-            0.0,
-            0.0,
-        ),
-        (
-            128,
-            128,
-            20,
-            6,
-            2,
-            70,
-            1,
-            DType::F16,
-            Some(DType::F16),
-            4.0,
-            0.0,
-        ),
-        (
-            80,
-            64,
-            5,
-            3,
-            1,
-            50,
-            1,
-            DType::F32,
-            Some(DType::F16),
-            0.0,
-            30.0,
-        ),
-        (
-            256,
-            256,
-            3,
-            2,
-            1,
-            40,
-            1,
-            DType::F16,
-            Some(DType::F16),
-            0.0,
-            0.0,
-        ),
-    ];
-    for (hsk, hsv, nb, heads, nh, kv, batch, type_kv, mask, max_bias, softcap) in paths {
-        let c = FlashAttn {
-            hsk,
-            hsv,
-            nh,
-            nr: heads / nh,
-            kv,
-            nb,
-            batch,
-            mask,
-            max_bias,
-            softcap,
-            type_kv,
-        };
-        v.push(if mask.is_some() {
-            c.causal_case()
-        } else {
-            c.case()
-        });
-    }
+    // Decoding: one token of 8 heads over 2 KV heads, 300 keys of f16.
+    let dec = FlashAttn {
+        hsk: 64,
+        hsv: 64,
+        nh: 2,
+        nr: 4,
+        kv: 300,
+        nb: 1,
+        batch: 1,
+        mask: Some(DType::F16),
+        max_bias: 0.0,
+        softcap: 0.0,
+        type_kv: DType::F16,
+    };
+    v.push(dec.causal_case());
+    // More splits than a cluster holds: 1000 keys, head size 128, no mask.
+    let long = FlashAttn {
+        hsk: 128,
+        hsv: 128,
+        nh: 8,
+        kv: 1000,
+        mask: None,
+        ..dec
+    };
+    v.push(long.case());
+    // The generic kernel: f32 K/V, 37 rows of 4 heads, a batch of 2.
+    let generic = FlashAttn {
+        nh: 4,
+        nr: 1,
+        kv: 90,
+        nb: 37,
+        batch: 2,
+        mask: Some(DType::F32),
+        type_kv: DType::F32,
+        ..dec
+    };
+    v.push(generic.causal_case());
+    // Tensor cores: 20 rows of 3 heads a KV head, ALiBi.
+    let mma = FlashAttn {
+        hsk: 128,
+        hsv: 128,
+        nr: 3,
+        kv: 70,
+        nb: 20,
+        max_bias: 4.0,
+        ..dec
+    };
+    v.push(mma.causal_case());
+    // v's head size other than k's, a softcap, f32 K/V under an f16 mask.
+    let softcap = FlashAttn {
+        hsk: 80,
+        nh: 1,
+        nr: 3,
+        kv: 50,
+        nb: 5,
+        softcap: 30.0,
+        type_kv: DType::F32,
+        ..dec
+    };
+    v.push(softcap.causal_case());
+    // Head size 256.
+    let wide = FlashAttn {
+        hsk: 256,
+        hsv: 256,
+        nh: 1,
+        nr: 2,
+        kv: 40,
+        nb: 3,
+        ..dec
+    };
+    v.push(wide.causal_case());
 }

@@ -22,7 +22,6 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 [4096, 3, 1, 1],
                 [4100, 2, 1, 1],
                 [33, 7, 1, 1],
-                [1000, 5, 2, 1],
             ] {
                 v.push(norm_case(name, f, ne, [0, 1, 2, 3], eps));
             }

@@ -146,6 +146,24 @@ impl CudaBackend {
             .filter(|c| c.ordinal() == self.dev.ordinal)
     }
 
+    /// The commands of `nodes`, encoded with the present scratch arena (which the encoder says
+    /// whether it fits).
+    fn encode<'g>(&'g self, graph: &'g Graph, nodes: &[TensorId]) -> Result<Encoder<'g>> {
+        let mut enc = Encoder::new(
+            &self.dev,
+            graph,
+            self.scratch,
+            self.scratch_cap,
+            self.tf32,
+            self.fuse,
+            &self.build,
+        );
+        enc.group = self.group.clone();
+        enc.counters = self.counters;
+        enc.encode(nodes)?;
+        Ok(enc)
+    }
+
     /// Makes the scratch arena at least `need` bytes.
     fn grow_scratch(&mut self, need: usize) -> Result<()> {
         let size = need.max(self.scratch_cap * 3 / 2).div_ceil(1 << 20) << 20;
@@ -225,37 +243,14 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let started = self.graphs.profiling().then(std::time::Instant::now);
-        let mut enc = Encoder::new(
-            &self.dev,
-            graph,
-            self.scratch,
-            self.scratch_cap,
-            self.tf32,
-            self.fuse,
-            &self.build,
-        );
-        enc.group = self.group.clone();
-        enc.counters = self.counters;
-        enc.encode(nodes)?;
+        let enc = self.encode(graph, nodes)?;
         let cmds = if enc.scratch_fits() {
             enc.cmds
         } else {
             let need = enc.scratch_need;
             drop(enc);
             self.grow_scratch(need)?;
-            let mut enc = Encoder::new(
-                &self.dev,
-                graph,
-                self.scratch,
-                self.scratch_cap,
-                self.tf32,
-                self.fuse,
-                &self.build,
-            );
-            enc.group = self.group.clone();
-            enc.counters = self.counters;
-            enc.encode(nodes)?;
-            enc.cmds
+            self.encode(graph, nodes)?.cmds
         };
         if let Some(t) = started {
             self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);

@@ -29,16 +29,15 @@ struct KParams {
 #define KERNEL extern "C" __global__ void
 
 // Programmatic dependent launch (Hopper and later): when the backend launches a kernel with
-// programmatic stream serialization (the default on sm_90; TESSERA_CUDA_PDL=0 turns it off),
-// the kernel's blocks may be scheduled
+// programmatic stream serialization (on sm_90 and later), the kernel's blocks may be scheduled
 // while the kernel before it in the stream is still finishing. pdl_wait() blocks until every
 // kernel this one depends on has completed and its memory writes are visible, so every entry
 // point calls it as its first statement, before it reads or writes global memory (the test
 // `kernel_entry_points_wait_first` in backend-cuda/tests/kernels.rs checks this). Launched the
 // ordinary way, the wait returns at once; before sm_90 it compiles to nothing.
-// With TESSERA_PDL_EARLY defined (by default on a GPU used alone, see PdlMode in
-// backend-cuda/src/driver.rs; allreduce.cu leaves it out) a kernel
-// also lets the next one be scheduled as soon as it has passed its own wait
+// With TESSERA_PDL_EARLY defined (on a GPU used alone, see `Build` in backend-cuda/src/kernels.rs;
+// allreduce.cu leaves it out) a kernel also lets the next one be scheduled as soon as it has
+// passed its own wait
 // (griddepcontrol.launch_dependents); the next kernel still waits for this one to complete
 // before it touches memory.
 __device__ __forceinline__ void pdl_wait() {

@@ -21,8 +21,7 @@
 //   rows per block: 2 for Q8_0, 4 for the others, in groups of rows whose tiles KS(Q) warps
 //   share (tile j to the group's warp j % KS, partial sums added through shared memory): KS = 4
 //   (one group) for the 32-value types, 2 for the k-quants.
-// Each is the faster one for its types on the H200 (BENCHMARKS.md); TESSERA_CUDA_MMVQ=direct or
-// staged forces one (i[3] & 3 = 1 or 2) for measuring.
+// Each is the faster one for its types on the H200 (BENCHMARKS.md, "CUDA kernels").
 // Early weights (i[3] & 4, set where no node of the graph writes the weights; used by the types
 // whose Mmvq<Q>::EARLY is set, Q4_K and Q5_K): the staged engine issues its first tiles' copies
 // before pdl_wait(), so that their latency overlaps the end of the kernel ahead; everything else
@@ -33,7 +32,7 @@
 // (rows contiguous); aux as above; i[0] = e2 / d2, i[1] = e3 / d3; i[2] = 1: t[2] is an f32
 // residual of dst's shape added to each result (a fused add); i[4] = rank + 1, i[5], aux[2],
 // aux[3]: each result also goes to the peer all-reduce group's other ranks (see store_row; one
-// column; TESSERA_PEER_PRESEND=0 turns it off). Grid (ceil(m / R), e2 e3), R the
+// column). Grid (ceil(m / R), e2 e3), R the
 // rows per block of the geometry (`Geom::rows`): block x computes rows R x .. R x + R - 1; batch
 // blockIdx.y, n columns.
 //
@@ -151,7 +150,7 @@ template <int Q> struct Mmvq;
 // (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16).
 struct Nibbles : Consecutive<32> {
     static const int TV = 32;
-    static const bool EARLY = false;  // early weights: not measured on the staged engine
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
     static const int SL = 8;
     static const int ROWS = 4, KS = 4;
     struct W {
@@ -222,7 +221,7 @@ template <> struct Mmvq<Q5_1> : Nibbles {
 
 template <> struct Mmvq<Q8_0> : Consecutive<32> {
     static const int TV = 32;
-    static const bool EARLY = false;  // early weights: not measured on the staged engine
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
     static const int SL = 4;
     static const int ROWS = 2, KS = 4;
     struct W {
@@ -276,7 +275,7 @@ __device__ __forceinline__ void k45_scales(int k, const int* s, u32& sc, u32& m)
 // keeps only the task's two qh bits of each byte, packed four words to one register.
 template <int Q> struct MmvqK45 : Consecutive<64> {
     static const int TV = 64;
-    static const bool EARLY = true;   // early weights (BENCHMARKS.md, session 12: -5%)
+    static const bool EARLY = true;   // early weights (BENCHMARKS.md, "early weights")
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
     struct W {
@@ -340,7 +339,7 @@ template <> struct Mmvq<Q5_K> : MmvqK45<Q5_K> {};
 // aligned loads and funnel shifts, which also shift the qh bits into place.
 template <> struct Mmvq<Q6_K> {
     static const int TV = 64;
-    static const bool EARLY = false;  // early weights: the kernel spills more, slower (session 12)
+    static const bool EARLY = false;  // early weights: the kernel spills more, slower
     static const int SL = 4;
     static const int ROWS = 4, KS = 2;
     static __device__ __forceinline__ int blk(int t, int i) { return 2 * t - (t & 1) + 2 * i; }
@@ -568,16 +567,14 @@ struct PdlWait {
 };
 
 // The geometry of a block of the mat-vec kernels for rows of `tasks` tasks: the staged engine's
-// (ROWS rows a block, KS warps sharing each group of RPG rows) for a row of at least KS tiles
-// where i[3] asks for it (2), or by default (0) for the k-quants; else narrow (one row per warp,
-// direct loads; always with i[3] = 1). `rows` per block.
+// (ROWS rows a block, KS warps sharing each group of RPG rows) for k-quant rows of at least KS
+// tiles; else narrow (one row per warp, direct loads). `rows` per block.
 template <int Q> struct Geom {
     bool narrow, early;
     int rows;
     __device__ Geom(int tasks, int flags) {
-        const int mode = flags & 3;
         early = Mmvq<Q>::EARLY && (flags & 4) != 0;
-        const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
+        const bool staged = Mmvq<Q>::TV > 32;
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }

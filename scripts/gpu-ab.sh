@@ -2,24 +2,24 @@
 # A/B of two builds on the GPU machine in one call, rounds alternated (and the order within a
 # round reversed every other round) so that both see the same machine (H200s of the same kind
 # differ by up to 15% on some kernels: compare only within a call). Each build is a folder
-# holding `tessera` and the CUDA bench executable `bench`, plain or xz-compressed
+# holding `tessera` and the CUDA benchmark executable as `bench`, plain or xz-compressed
 # (`tessera.xz`, `bench.xz`), built here:
 #   cargo build --release --all-features -p tessera-cli
-#   cargo test --release -p tessera-cuda --test bench --no-run   # prints the executable's path
+#   cargo bench -p tessera-cuda --bench gpu --no-run   # prints target/release/deps/gpu-<hash>
 #   mkdir -p .gpu/A && xz -c target/release/tessera > .gpu/A/tessera.xz &&
-#     xz -c target/release/deps/bench-<hash> > .gpu/A/bench.xz
+#     xz -c target/release/deps/gpu-<hash> > .gpu/A/bench.xz
 # Then carry .gl, .gpu/A, .gpu/B and this script; command: A=.gpu/A B=.gpu/B bash scripts/gpu-ab.sh
 #
 # Steps (STEPS, default "mv dec"):
 #   mv   quantized mat-vec, m=4096 k=14336 n=1, 8 weights rotated through DRAM and one repeated
-#        (L2), plus the fused gate+up+swiglu (`bench mat_vec_*`; TYPES limits the types);
+#        (L2), plus the fused gate+up+swiglu (`bench mat_vec`; TYPES limits the types);
 #   dec  tessera bench -p 0 -n 128 -r 3 on the synthetic Llama-8B-shape model (MODEL8 type,
 #        default q4_0; a q4_k model takes ~2 minutes to generate) on DEV (default cuda:0;
 #        wgpu:0 for the wgpu backend);
 #   prof the per-kernel (cuda) or per-dispatch (wgpu) GPU time of one 8B decode run on DEV for
 #        each side (TESSERA_CUDA_PROFILE / TESSERA_WGPU_PROFILE), its costliest lines;
 #   ops  tessera ops test --backend DEV (the whole suite) with B.
-# ENV_A / ENV_B add environment settings to one side (e.g. ENV_B="TESSERA_CUDA_MMVQ=staged").
+# ENV_A / ENV_B add environment settings to one side (e.g. ENV_B="TESSERA_CUDA_GRAPHS=0").
 # C and D (optional) name more builds for the mv step only (e.g. one commit of a series each).
 # Prints RESULT lines; every log goes into $OUT/logs.tgz (the device tool returns few files).
 set -uo pipefail
@@ -43,7 +43,7 @@ MVSIDES="A B"; for s in C D; do [ -n "${!s:-}" ] && unpack "${!s}" $s && MVSIDES
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/RESULT gpu /'
 side_env() { local v=ENV_$1; echo "${!v:-}"; }
 # The sides of round $1 in turn: as given in odd rounds, reversed in even ones (the side run
-# second in a round led decode A/Bs by ~1% whatever it was: session 15, BENCHMARKS.md).
+# second in a round led decode A/Bs whatever it was: BENCHMARKS.md).
 order() {
   local r=$1; shift
   if (( r % 2 )); then echo "$@"; else printf '%s\n' "$@" | tac | tr '\n' ' '; fi
@@ -58,8 +58,7 @@ if has mv; then
   for r in $(seq "$ROUNDS"); do
     for s in $(order "$r" $MVSIDES); do
       log=$L/mv-$s-$r.log
-      env $(side_env $s) TESSERA_BENCH_TYPES=$TYPES timeout 200 /root/ab/$s/bench --ignored --nocapture \
-        --test-threads=1 mat_vec > "$log" 2>&1
+      env $(side_env $s) timeout 200 /root/ab/$s/bench --types "$TYPES" mat_vec > "$log" 2>&1
       echo "RESULT mv $s$r $(grep -o 'mul_mat [a-zA-Z0-9_]* m=4096 k=14336 n=1 [^:]*: [0-9.]* us' "$log" \
         | awk '{printf "%s%s=%s ", $2, ($6=="one"?"(L2)":""), $(NF-1)}')$(grep -o 'swiglu[^:]*: [0-9.]* us' "$log" \
         | awk '{printf "glu=%s", $(NF-1)}') ($(el))"

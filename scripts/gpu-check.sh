@@ -8,10 +8,11 @@
 #
 # Before it (from the checkout, on the build machine):
 #   cargo build --release --all-features -p tessera-cli
-#   cargo test --release -p tessera-cuda --test bench --no-run        # each prints its executable
+#   cargo bench -p tessera-cuda --bench gpu --no-run                   # prints target/release/deps/gpu-<hash>
 #   cargo test --release -p tessera-wgpu --test mat_vec --test mat_mat --test read_peak --no-run
 #   mkdir -p .gpu/F && strip -o /tmp/tessera target/release/tessera && xz -c /tmp/tessera > .gpu/F/tessera.xz
-#   and xz each test executable to .gpu/F/bench.xz, mat_vec.xz, mat_mat.xz, read_peak.xz
+#   xz -c target/release/deps/gpu-<hash> > .gpu/F/bench.xz   (the CUDA benchmarks, named bench here)
+#   and xz each wgpu test executable to .gpu/F/mat_vec.xz, mat_mat.xz, read_peak.xz
 #   (compressed, everything fits the 64 MiB a call carries beside the model's two parts)
 #   cp ../shared/reference/smollm2-greedy.json .gpu/ &&
 #     (cd .gpu && split -b 49000000 ~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf part-)
@@ -46,7 +47,8 @@ summary=()
 row() { summary+=("| $1 | $2 |"); }
 
 # A model that does not check out (call 1 did not run on this machine, or a part is missing)
-# is removed, and the steps that need it are skipped (session 22: a failed call 1 gave 0/10).
+# is removed, and the steps that need it are skipped (a model that does not check out fails
+# every greedy prompt instead).
 if [ ! -f "$MODEL" ]; then
   cat /root/m/part-aa .gpu/part-ab .gpu/part-ac > "$MODEL"
 fi
@@ -86,8 +88,8 @@ for d in cuda:0 wgpu:0; do
   while read -r line; do row "bench 8B $d" "$line"; done < <(grep 'pp512\|tg128' "$OUT/bench8-${d%%:*}.log" | awk -F'|' '{print $4 $5}')
 done
 
-# The bandwidth benchmarks first, before the GEMMs and PyTorch: the gpu-check calls of sessions
-# 15-17 saw the wgpu mat-vec's later shapes 2-3x slower than in calls that ran them alone.
+# The bandwidth benchmarks first, before the GEMMs and PyTorch: run after them, the wgpu
+# mat-vec's later shapes came out slower than in calls that ran them alone (BENCHMARKS.md).
 # The wgpu mat-vec (WGPU_MV: `cargo test --release -p tessera-wgpu --test mat_vec --no-run`):
 # quantized mat-vec GB/s at the model's shapes.
 if [ -n "${WGPU_MV:-}" ] && [ -x "$WGPU_MV" ]; then
@@ -102,10 +104,10 @@ if [ "${TORCH:-1}" != 0 ]; then
   timeout 120 python3 scripts/torch_anchors.py > "$OUT/torch.md" 2>&1
 fi
 # The CUDA backend's own GPU benchmarks (GEMM f16/bf16 8192^3 and the quantized mat-vecs), when
-# their test executable is carried (BENCH=path: `cargo test --release -p tessera-cuda --test
-# bench --no-run` prints it).
+# their executable is carried (BENCH=path: `cargo bench -p tessera-cuda --bench gpu --no-run`
+# prints it).
 if [ -n "${BENCH:-}" ] && [ -x "$BENCH" ]; then
-  timeout 200 "$BENCH" --ignored --nocapture --test-threads=1 gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
+  timeout 200 "$BENCH" gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
 fi
 # The wgpu GEMM (WGPU_MM: `cargo test --release -p tessera-wgpu --test mat_mat --no-run`):
 # square f16/f32 TFLOP/s.

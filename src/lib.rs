@@ -44,7 +44,12 @@ pub fn backend_regs() -> Vec<Box<dyn BackendReg>> {
 /// The CUDA backend's entry, when the `cuda` feature compiled it in.
 fn cuda_reg() -> Option<Box<dyn BackendReg>> {
     #[cfg(feature = "cuda")]
-    return Some(Box::new(tessera_cuda::CudaBackendReg::new()));
+    return Some(Box::new(tessera_cuda::CudaBackendReg::with_options(
+        tessera_cuda::CudaOptions::from_env().unwrap_or_else(|e| {
+            log::warn!("{e}; using the default CUDA options");
+            tessera_cuda::CudaOptions::default()
+        }),
+    )));
     #[cfg(not(feature = "cuda"))]
     None
 }

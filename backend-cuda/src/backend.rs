@@ -13,15 +13,18 @@ use crate::cmd::Cmd;
 use crate::comm::peer::PeerGroup;
 use crate::driver::DeviceShared;
 use crate::graphs::{GraphCache, GraphMode, ListSetup};
+use crate::kernels::Build;
 use crate::memory::CudaBuffer;
 use crate::ops::{Encoder, COUNTER_BYTES};
+use crate::CudaOptions;
 
 /// A stream of work on one GPU.
 ///
 /// [`Backend::compute`] encodes the nodes into a command list first (an unsupported node is an
 /// error before anything runs), then runs the list eagerly or through a CUDA graph
 /// ([`crate::graphs`]). Scratch memory for the ops comes from an arena owned by the backend that
-/// grows, stream-ordered, when a graph needs more.
+/// grows, stream-ordered, when a graph needs more. Its settings come from the
+/// [`CudaOptions`] of the device that made it.
 pub struct CudaBackend {
     graphs: GraphCache,
     blas: Blas,
@@ -31,6 +34,8 @@ pub struct CudaBackend {
     counters: u64,
     tf32: bool,
     fuse: bool,
+    /// The kernels this stream launches.
+    build: Build,
     stream: Arc<CudaStream>,
     dev: Arc<DeviceShared>,
     /// The peer all-reduce group this stream joined and its rank there, for
@@ -42,7 +47,7 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    pub(crate) fn new(dev: Arc<DeviceShared>) -> Result<CudaBackend> {
+    pub(crate) fn new(dev: Arc<DeviceShared>, options: &CudaOptions) -> Result<CudaBackend> {
         dev.bind()?;
         let stream = dev
             .ctx
@@ -56,18 +61,15 @@ impl CudaBackend {
             dev.pool.free(&dev, counters, s);
             return Err(dev.err("clearing the block counters", e));
         }
-        let tf32 = std::env::var("TESSERA_CUDA_TF32").is_ok_and(|v| v == "1");
-        let fuse = std::env::var("TESSERA_CUDA_FUSION")
-            .map(|v| v != "0")
-            .unwrap_or(true);
         Ok(CudaBackend {
-            graphs: GraphCache::new(),
+            graphs: GraphCache::new(options.graphs, options.profile),
             blas,
             scratch: 0,
             scratch_cap: 0,
             counters,
-            tf32,
-            fuse,
+            tf32: options.tf32,
+            fuse: options.fusion,
+            build: Build::of(options),
             stream,
             dev,
             group: None,
@@ -134,22 +136,6 @@ impl CudaBackend {
         self.graphs.last_names().to_vec()
     }
 
-    /// Turns CUDA graphs on or off (on by default unless `TESSERA_CUDA_GRAPHS=0`).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
-    }
-
-    /// Turns fused kernels on or off (on by default unless `TESSERA_CUDA_FUSION=0`).
-    pub fn set_fusion(&mut self, on: bool) {
-        self.fuse = on;
-    }
-
-    /// Lets F32 matrix products use TF32 tensor cores (off by default unless
-    /// `TESSERA_CUDA_TF32=1`).
-    pub fn set_tf32(&mut self, on: bool) {
-        self.tf32 = on;
-    }
-
     fn err(&self, what: &str, e: cudarc::driver::DriverError) -> Error {
         self.dev.err(what, e)
     }
@@ -159,6 +145,24 @@ impl CudaBackend {
         b.as_any()
             .downcast_ref::<CudaBuffer>()
             .filter(|c| c.ordinal() == self.dev.ordinal)
+    }
+
+    /// The commands of `nodes`, encoded with the present scratch arena (which the encoder says
+    /// whether it fits).
+    fn encode<'g>(&'g self, graph: &'g Graph, nodes: &[TensorId]) -> Result<Encoder<'g>> {
+        let mut enc = Encoder::new(
+            &self.dev,
+            graph,
+            self.scratch,
+            self.scratch_cap,
+            self.tf32,
+            self.fuse,
+            &self.build,
+        );
+        enc.group = self.group.clone();
+        enc.counters = self.counters;
+        enc.encode(nodes)?;
+        Ok(enc)
     }
 
     /// Makes the scratch arena at least `need` bytes.
@@ -240,35 +244,14 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let started = self.graphs.profiling().then(std::time::Instant::now);
-        let mut enc = Encoder::new(
-            &self.dev,
-            graph,
-            self.scratch,
-            self.scratch_cap,
-            self.tf32,
-            self.fuse,
-        );
-        enc.group = self.group.clone();
-        enc.counters = self.counters;
-        enc.encode(nodes)?;
+        let enc = self.encode(graph, nodes)?;
         let cmds = if enc.scratch_fits() {
             enc.cmds
         } else {
             let need = enc.scratch_need;
             drop(enc);
             self.grow_scratch(need)?;
-            let mut enc = Encoder::new(
-                &self.dev,
-                graph,
-                self.scratch,
-                self.scratch_cap,
-                self.tf32,
-                self.fuse,
-            );
-            enc.group = self.group.clone();
-            enc.counters = self.counters;
-            enc.encode(nodes)?;
-            enc.cmds
+            self.encode(graph, nodes)?.cmds
         };
         if let Some(t) = started {
             self.graphs.note_encode(t.elapsed().as_secs_f64() * 1e3);

@@ -7,7 +7,7 @@
 //! `kernels/common.cuh`: up to eight tensors (address, `ne`, `nb`), four extra addresses, and
 //! eight float and eight integer parameters whose meaning each kernel documents.
 //!
-//! On compute capability 9.0 or later (unless `TESSERA_CUDA_PDL=0`), kernels are
+//! On compute capability 9.0 or later with a driver that has `cuLaunchKernelEx`, kernels are
 //! launched with `cuLaunchKernelEx` and programmatic stream serialization (programmatic
 //! dependent launch, see the `driver` module docs): each may be scheduled while the kernel
 //! before it finishes and waits for that kernel's results in its first statement, which hides
@@ -149,14 +149,14 @@ impl Cmd {
                 cluster,
                 p,
             } => {
-                let launched = if dev.pdl || *cluster > 1 {
+                let launched = if dev.launch_ex {
                     let shape = LaunchShape {
                         grid: *grid,
                         block: *block,
                         smem: *smem,
                         cluster: *cluster,
                     };
-                    launch_ex(func, &shape, dev.pdl, stream, p)
+                    launch_ex(func, &shape, stream, p)
                 } else {
                     let mut arg: *mut std::ffi::c_void = (&**p as *const KParams).cast_mut().cast();
                     // SAFETY: the kernel's one parameter is a KParams (kernels/common.cuh
@@ -202,8 +202,8 @@ struct LaunchShape {
     cluster: u32,
 }
 
-/// Launches a kernel with attributes: programmatic stream serialization allowed when `pdl`
-/// (programmatic dependent launch, [`DeviceShared::pdl`]: its blocks may be scheduled before
+/// Launches a kernel with attributes: programmatic stream serialization allowed
+/// (programmatic dependent launch, [`DeviceShared::launch_ex`]: its blocks may be scheduled before
 /// the previous kernel on `stream` has finished, and a stream capture records the dependency as
 /// a programmatic graph edge; the kernel itself waits for its predecessors, `pdl_wait()` in
 /// `kernels/common.cuh`), and thread-block clusters of `shape.cluster` blocks along z when
@@ -211,22 +211,18 @@ struct LaunchShape {
 fn launch_ex(
     func: &Func,
     shape: &LaunchShape,
-    pdl: bool,
     stream: sys::CUstream,
     p: &KParams,
 ) -> sys::CUresult {
     let mut arg: *mut std::ffi::c_void = (p as *const KParams).cast_mut().cast();
-    let mut attrs = Vec::with_capacity(2);
-    if pdl {
-        // SAFETY: all-zero bytes are a valid value of this plain C union.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        attrs.push(sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        });
-    }
+    // SAFETY: all-zero bytes are a valid value of this plain C union.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attrs = vec![sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    }];
     if shape.cluster > 1 {
         // SAFETY: as above.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
@@ -253,7 +249,7 @@ fn launch_ex(
     };
     // SAFETY: as for cuLaunchKernel in `Cmd::run` (one KParams parameter, copied by the driver
     // before returning); `config` and the attributes it points to outlive the call, and
-    // cuLaunchKernelEx is present (DeviceShared::pdl and the cluster launches of the encoder
-    // are set only where it is).
+    // cuLaunchKernelEx is present (DeviceShared::launch_ex, which the cluster launches of the
+    // encoder need too).
     unsafe { sys::cuLaunchKernelEx(&config, func.0, &mut arg, std::ptr::null_mut()) }
 }

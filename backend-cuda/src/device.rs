@@ -1,6 +1,7 @@
 //! [`CudaBackendReg`] (the registry's entry) and [`CudaDevice`] (one GPU).
 
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tessera_core::{
@@ -9,21 +10,32 @@ use tessera_core::{
 
 use crate::backend::CudaBackend;
 use crate::driver::{describe, driver_version, probe_libraries, DeviceShared};
+use crate::kernels::Build;
 use crate::memory::{CudaBuffer, CudaBufferType, PinnedBufferType};
+use crate::CudaOptions;
 
-/// The CUDA backend's registry entry: one device per GPU the driver reports.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CudaBackendReg;
+/// The CUDA backend's registry entry: one device per GPU the driver reports, each configured
+/// by the entry's [`CudaOptions`].
+#[derive(Clone, Debug, Default)]
+pub struct CudaBackendReg {
+    options: CudaOptions,
+}
 
 impl CudaBackendReg {
-    /// The registry entry (devices are found when the registry asks for them).
+    /// The registry entry with the default options (devices are found when the registry asks
+    /// for them).
     pub fn new() -> Self {
-        CudaBackendReg
+        CudaBackendReg::default()
+    }
+
+    /// The registry entry whose devices and streams use `options`.
+    pub fn with_options(options: CudaOptions) -> Self {
+        CudaBackendReg { options }
     }
 }
 
-/// Opens every GPU once per process; later calls share the devices (and their kernel caches and
-/// memory pools).
+/// Opens every GPU once per process; later calls share the devices (their contexts, kernel
+/// caches and memory pools), whatever options the device objects made over them carry.
 fn open_all() -> std::result::Result<Vec<Arc<DeviceShared>>, String> {
     static DEVICES: OnceLock<std::result::Result<Vec<Arc<DeviceShared>>, String>> = OnceLock::new();
     DEVICES
@@ -63,20 +75,25 @@ impl BackendReg for CudaBackendReg {
     fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String> {
         Ok(open_all()?
             .into_iter()
-            .map(|d| Arc::new(CudaDevice::new(d)) as Arc<dyn Device>)
+            .map(|d| Arc::new(CudaDevice::new(d, self.options.clone())) as Arc<dyn Device>)
             .collect())
     }
 }
 
-/// One NVIDIA GPU (`cuda:N`).
+/// One NVIDIA GPU (`cuda:N`) and the [`CudaOptions`] of the streams made on it. Several device
+/// objects over one GPU (from registry entries with other options, or
+/// [`CudaDevice::with_options`]) share its memory and compiled kernels.
 pub struct CudaDevice {
     shared: Arc<DeviceShared>,
+    options: CudaOptions,
+    /// Set by [`Device::joined_group`]: as [`CudaOptions::grouped`].
+    joined: AtomicBool,
     buffer_type: Arc<dyn BufferType>,
     pinned: Arc<dyn BufferType>,
 }
 
 impl CudaDevice {
-    fn new(shared: Arc<DeviceShared>) -> CudaDevice {
+    fn new(shared: Arc<DeviceShared>, options: CudaOptions) -> CudaDevice {
         let buffer_type = Arc::new(CudaBufferType {
             dev: shared.clone(),
         });
@@ -85,9 +102,23 @@ impl CudaDevice {
         });
         CudaDevice {
             shared,
+            options,
+            joined: AtomicBool::new(false),
             buffer_type,
             pinned,
         }
+    }
+
+    /// The same GPU with other options (its memory and compiled kernels shared): e.g. a stream
+    /// without fusion to check the fused kernels against, beside the default ones.
+    pub fn with_options(&self, options: CudaOptions) -> CudaDevice {
+        CudaDevice::new(self.shared.clone(), options)
+    }
+
+    /// The options of the streams made on this device now.
+    pub fn options(&self) -> CudaOptions {
+        let grouped = self.options.grouped || self.joined.load(Ordering::Relaxed);
+        self.options.clone().grouped(grouped)
     }
 
     /// What every object of this GPU shares.
@@ -105,9 +136,10 @@ impl CudaDevice {
         self.shared.cc
     }
 
-    /// A new stream on the device, as its concrete type (for graph and fusion controls).
+    /// A new stream on the device, as its concrete type (for [`CudaBackend::graph_mode`] and
+    /// the command names of the last computation).
     pub fn cuda_backend(&self) -> Result<CudaBackend> {
-        CudaBackend::new(self.shared.clone())
+        CudaBackend::new(self.shared.clone(), &self.options())
     }
 }
 
@@ -151,7 +183,7 @@ impl Device for CudaDevice {
     }
 
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
-        Ok(Box::new(CudaBackend::new(self.shared.clone())?))
+        Ok(Box::new(self.cuda_backend()?))
     }
 
     fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
@@ -165,13 +197,14 @@ impl Device for CudaDevice {
             .is_some_and(|b| b.ordinal() == self.shared.ordinal)
     }
 
-    /// Kernels compiled from now on do not release their successors early (`PdlMode::Auto`).
+    /// Streams made from now on run as parts of a multi-GPU group ([`CudaOptions::grouped`]).
     fn joined_group(&self) {
-        self.shared.kernels.leave_early();
+        self.joined.store(true, Ordering::Relaxed);
     }
 
-    /// Peer memory inside graphs and NCCL between them ([`crate::CudaComm`]); `Ok(None)`
-    /// where neither works (or a device is not a CUDA device).
+    /// Peer memory inside graphs and NCCL between them ([`crate::CudaComm`]), as this device's
+    /// [`CudaOptions::all_reduce`] allows; `Ok(None)` where neither works, where the options say
+    /// `host`, or where a device is not a CUDA device.
     fn communicator(
         &self,
         devices: &[Arc<dyn Device>],
@@ -179,13 +212,16 @@ impl Device for CudaDevice {
         let Some(devs) = crate::comm::shared_of(devices) else {
             return Ok(None);
         };
-        Ok(crate::CudaComm::new(devs)?.map(|c| Box::new(c) as Box<dyn tessera_core::Communicator>))
+        Ok(crate::CudaComm::new(devs, &self.options)?
+            .map(|c| Box::new(c) as Box<dyn tessera_core::Communicator>))
     }
 
-    /// Compiles (or reads from the disk cache) and loads every kernel file, several files at
-    /// a time; `progress` counts files.
+    /// Compiles (or reads from the disk cache) and loads every kernel file of the build this
+    /// device's streams launch, several files at a time; `progress` counts files.
     fn prepare(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
         let files: Vec<&'static str> = crate::kernels::kernel_files().collect();
+        let build = Build::of(&self.options());
+        let build = &build;
         let total = files.len();
         progress(0, total);
         let shared = &self.shared;
@@ -200,7 +236,7 @@ impl Device for CudaDevice {
                 s.spawn(move || loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&f) = files.get(i) else { break };
-                    if tx.send(shared.kernels.load(&shared.ctx, f)).is_err() {
+                    if tx.send(shared.kernels.load(&shared.ctx, build, f)).is_err() {
                         break;
                     }
                 });

@@ -6,17 +6,18 @@
 //! this crate calls before anything else touches them, and turns absence into a sentence.
 //!
 //! Programmatic dependent launch (PDL): on GPUs of compute capability 9.0 or later and a driver
-//! that has `cuLaunchKernelEx`, kernels are launched with programmatic
-//! stream serialization ([`DeviceShared::pdl`], `cmd` module): a kernel's blocks may be scheduled
-//! while the kernel before it is still finishing, and inside CUDA graphs kernel-to-kernel edges
-//! become programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
-//! `kernels/common.cuh`), so results do not change. On by default (measured on an H200: 8B decode
-//! +1-2% on one GPU, +6% on two). By default a GPU used alone also lets each kernel release the
-//! next one as soon as it has passed its own wait (early release: +2-3% more on one H200), and a
-//! GPU in a multi-GPU group does not (early release cost 6-9% there), see [`PdlMode`].
-//! An older GPU or driver simply launches the ordinary way.
+//! that has `cuLaunchKernelEx` ([`DeviceShared::launch_ex`]), kernels are launched with
+//! programmatic stream serialization (`cmd` module): a kernel's blocks may be scheduled while
+//! the kernel before it is still finishing, and inside CUDA graphs kernel-to-kernel edges become
+//! programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
+//! `kernels/common.cuh`), so results do not change. A GPU used alone also lets each kernel
+//! release the next one as soon as it has passed its own wait (early release, the
+//! `TESSERA_PDL_EARLY` build of the kernels, `kernels::Build`); the parts of a multi-GPU group
+//! do not ([`crate::CudaOptions::grouped`]): there the ranks wait on each other inside the
+//! all-reduce, and kernels released early only took SM time from the ones they waited for
+//! (BENCHMARKS.md). An older GPU or driver simply launches the ordinary way.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use tessera_core::{Error, Result};
@@ -151,51 +152,6 @@ fn has_launch_kernel_ex() -> bool {
     // SAFETY: the library was found by probe_libraries, so culib() does not panic; only the
     // symbol's presence is checked.
     unsafe { missing_symbol!(sys::culib(), [LAUNCH_EX_SYMBOL]).is_none() }
-}
-
-/// How kernels use programmatic dependent launch, from `TESSERA_CUDA_PDL`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PdlMode {
-    /// `0`: ordinary launches.
-    Off,
-    /// `1`: launched with programmatic stream serialization; a kernel is released when the one
-    /// before it finishes its blocks.
-    Wait,
-    /// `early`: as `Wait`, and every kernel but the all-reduce's releases the next one as soon
-    /// as it has passed its own wait (kernels compiled with `TESSERA_PDL_EARLY`).
-    Early,
-    /// The default (unset or `auto`): `Early` on a GPU used alone, `Wait` on a GPU that has
-    /// joined a multi-GPU group (`KernelSet::leave_early`), where early release was slower
-    /// (two H200s, 8B decode: 451-461 against 484-495 t/s).
-    Auto,
-}
-
-/// The mode a value of `TESSERA_CUDA_PDL` names (empty: the default).
-impl std::str::FromStr for PdlMode {
-    type Err = ();
-
-    fn from_str(v: &str) -> std::result::Result<PdlMode, ()> {
-        let names = [
-            ("", PdlMode::Auto),
-            ("auto", PdlMode::Auto),
-            ("1", PdlMode::Wait),
-            ("0", PdlMode::Off),
-            ("early", PdlMode::Early),
-        ];
-        tessera_core::env::named(v, &names).ok_or(())
-    }
-}
-
-impl PdlMode {
-    /// The mode asked for in this process (read once; unset, or a value that names no mode,
-    /// which is logged: the default).
-    pub(crate) fn requested() -> PdlMode {
-        static MODE: OnceLock<PdlMode> = OnceLock::new();
-        *MODE.get_or_init(|| {
-            tessera_core::env::setting("TESSERA_CUDA_PDL", "0, 1, early or auto")
-                .unwrap_or(PdlMode::Auto)
-        })
-    }
 }
 
 /// An [`Error::Device`] for a failed driver call.
@@ -346,13 +302,9 @@ pub(crate) struct DeviceShared {
     pub sm_count: u32,
     /// Total memory in bytes.
     pub total_mem: usize,
-    /// Whether kernels are launched with programmatic stream serialization (programmatic
-    /// dependent launch; see the module docs): not turned off by `TESSERA_CUDA_PDL=0`, compute
+    /// Whether kernels are launched with attributes: programmatic stream serialization
+    /// (programmatic dependent launch; see the module docs) and thread-block clusters. Compute
     /// capability 9.0 or later and a driver with `cuLaunchKernelEx`.
-    pub pdl: bool,
-    /// Whether kernels can be launched with attributes (programmatic dependent launch,
-    /// thread-block clusters): compute capability 9.0 or later and a driver with
-    /// `cuLaunchKernelEx`.
     pub launch_ex: bool,
     /// Stream used by blocking buffer calls, one caller at a time.
     transfer: Mutex<Arc<CudaStream>>,
@@ -390,15 +342,9 @@ impl DeviceShared {
             None
         };
         let launch_ex = why_no_launch_ex.is_none();
-        let pdl = PdlMode::requested() != PdlMode::Off && launch_ex;
-        if PdlMode::requested() != PdlMode::Off {
-            match why_no_launch_ex {
-                None => log::info!(
-                    "{name}: programmatic dependent launch on ({:?})",
-                    PdlMode::requested()
-                ),
-                Some(w) => log::info!("{name}: programmatic dependent launch off: {w}"),
-            }
+        match why_no_launch_ex {
+            None => log::info!("{name}: programmatic dependent launch on"),
+            Some(w) => log::info!("{name}: programmatic dependent launch off: {w}"),
         }
         Ok(Arc::new(DeviceShared {
             name,
@@ -408,7 +354,6 @@ impl DeviceShared {
             cc,
             sm_count,
             total_mem,
-            pdl,
             launch_ex,
             transfer: Mutex::new(transfer),
             pool,
@@ -463,19 +408,4 @@ pub(crate) fn driver_version() -> std::result::Result<i32, DriverError> {
     // SAFETY: v is a valid out-pointer; the library is present (probed).
     unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::PdlMode;
-
-    #[test]
-    fn pdl_mode_values() {
-        assert_eq!("".parse(), Ok(PdlMode::Auto));
-        assert_eq!("auto".parse(), Ok(PdlMode::Auto));
-        assert_eq!("1".parse(), Ok(PdlMode::Wait));
-        assert_eq!("0".parse(), Ok(PdlMode::Off));
-        assert_eq!(" Early ".parse(), Ok(PdlMode::Early));
-        assert_eq!("yes".parse::<PdlMode>(), Err(()));
-    }
 }

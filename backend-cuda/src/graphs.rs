@@ -14,9 +14,9 @@
 //! - a capture that fails (an operation that cannot be captured) leaves the stream usable and
 //!   the list runs eagerly; after `MAX_FAILURES` failures graphs are off for the backend.
 //!
-//! `TESSERA_CUDA_GRAPHS=0` turns graphs off.
+//! [`crate::CudaOptions::graphs`] turns graphs off.
 //!
-//! `TESSERA_CUDA_PROFILE=1` times every command inside a captured graph (an event recorded
+//! [`crate::CudaOptions::profile`] times every command inside a captured graph (an event recorded
 //! between commands) and logs, at debug level when the backend is dropped, the GPU time per
 //! kernel name summed over all profiled runs: where a step's time goes. Profiled runs
 //! instantiate a fresh graph every time, so they are slow on the host.
@@ -65,7 +65,7 @@ pub enum GraphMode {
     Replayed,
 }
 
-/// GPU time per command name, gathered when `TESSERA_CUDA_PROFILE=1`.
+/// GPU time per command name, gathered when profiling ([`crate::CudaOptions::profile`]).
 #[derive(Default)]
 struct Profile {
     /// Runs profiled.
@@ -169,29 +169,16 @@ pub(crate) struct GraphCache {
 }
 
 impl GraphCache {
-    pub(crate) fn new() -> GraphCache {
-        let enabled = std::env::var("TESSERA_CUDA_GRAPHS")
-            .map(|v| v != "0")
-            .unwrap_or(true);
-        let profile = std::env::var("TESSERA_CUDA_PROFILE")
-            .is_ok_and(|v| v == "1")
-            .then(Profile::default);
+    /// Graphs on or off (`enabled`), commands profiled or not (`profile`).
+    pub(crate) fn new(enabled: bool, profile: bool) -> GraphCache {
         GraphCache {
-            profile,
+            profile: profile.then(Profile::default),
             enabled,
             failures: 0,
             slots: Vec::new(),
             clock: 0,
             last_names: Vec::new(),
             mode: GraphMode::Eager,
-        }
-    }
-
-    /// Turns graphs on or off for this backend.
-    pub(crate) fn set_enabled(&mut self, on: bool) {
-        self.enabled = on;
-        if !on {
-            self.slots.clear();
         }
     }
 

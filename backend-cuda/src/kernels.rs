@@ -3,8 +3,8 @@
 //!
 //! Each op family is one `.cu` file; the shared headers (`common.cuh`, `quant.cuh`) are spliced
 //! in where a file includes them, so the text NVRTC sees is self-contained. The compiled CUBIN
-//! is stored under `$TESSERA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/tessera/kernels`, else
-//! `~/.cache/tessera/kernels`, named by a 128-bit hash of everything that decides its bytes:
+//! is stored in the cache directory ([`crate::CudaOptions::kernel_cache`]), named by a 128-bit
+//! hash of everything that decides its bytes:
 //! the expanded source, the NVRTC options, the architecture, the driver version and the NVRTC
 //! version. A second start finds every module there and compiles nothing. A cache that cannot
 //! be read or written only costs a compile; a kernel that does not compile is an error naming
@@ -13,14 +13,11 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{sys as nsys, Ptx};
 use tessera_core::{Error, Result};
-
-use crate::driver::PdlMode;
 
 /// Headers the kernel files include, by the name they include them with.
 const HEADERS: &[(&str, &str)] = &[
@@ -28,6 +25,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("quant.cuh", include_str!("../../kernels/quant.cuh")),
     ("quant_k.cuh", include_str!("../../kernels/quant_k.cuh")),
     ("peer.cuh", include_str!("../../kernels/peer.cuh")),
+    ("attention.cuh", include_str!("../../kernels/attention.cuh")),
 ];
 
 /// The kernel files: one op family each.
@@ -35,6 +33,7 @@ const FILES: &[(&str, &str)] = &[
     ("unary", include_str!("../../kernels/unary.cu")),
     ("binary", include_str!("../../kernels/binary.cu")),
     ("copy", include_str!("../../kernels/copy.cu")),
+    ("quantize", include_str!("../../kernels/quantize.cu")),
     ("rows", include_str!("../../kernels/rows.cu")),
     ("norm", include_str!("../../kernels/norm.cu")),
     ("softmax", include_str!("../../kernels/softmax.cu")),
@@ -44,7 +43,18 @@ const FILES: &[(&str, &str)] = &[
     ("shape", include_str!("../../kernels/shape.cu")),
     ("matmul", include_str!("../../kernels/matmul.cu")),
     ("mmvq", include_str!("../../kernels/mmvq.cu")),
-    ("attention", include_str!("../../kernels/attention.cu")),
+    (
+        "attention_prompt",
+        include_str!("../../kernels/attention_prompt.cu"),
+    ),
+    (
+        "attention_decode",
+        include_str!("../../kernels/attention_decode.cu"),
+    ),
+    (
+        "attention_merge",
+        include_str!("../../kernels/attention_merge.cu"),
+    ),
     ("allreduce", include_str!("../../kernels/allreduce.cu")),
 ];
 
@@ -103,22 +113,6 @@ fn fnv(basis: u64, parts: &[&[u8]]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
-}
-
-/// The kernel cache directory, if one can be named.
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("TESSERA_KERNEL_CACHE") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("tessera").join("kernels"));
-    }
-    std::env::var_os("HOME").map(|h| {
-        PathBuf::from(h)
-            .join(".cache")
-            .join("tessera")
-            .join("kernels")
-    })
 }
 
 /// NVRTC's version (major, minor).
@@ -190,7 +184,7 @@ fn nvrtc_compile(
 }
 
 /// The NVRTC options every file is compiled with (`early` adds the define that makes every
-/// kernel release the next one early, see `PdlMode`).
+/// kernel release the next one early, see [`Build::early`]).
 fn options(arch: &str, early: bool) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
@@ -222,19 +216,39 @@ pub fn compile_all(arch: &str) -> std::result::Result<Vec<(&'static str, usize)>
         .collect()
 }
 
-/// The kernels of one device: modules loaded on first use, functions looked up once.
+/// Which build of the kernel files a stream launches, and where compiled files are cached.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Build {
+    /// Every kernel but the all-reduce's releases the next one as soon as it has passed its
+    /// own wait (programmatic dependent launch, see the `driver` module docs): on for a GPU used
+    /// alone, off for the parts of a multi-GPU group ([`crate::CudaOptions::grouped`]).
+    pub early: bool,
+    /// The disk cache directory, if one can be named.
+    pub cache: Option<PathBuf>,
+}
+
+impl Build {
+    /// The build that streams made with `options` launch.
+    pub(crate) fn of(options: &crate::CudaOptions) -> Build {
+        Build {
+            early: !options.grouped,
+            cache: options.cache_dir(),
+        }
+    }
+}
+
+/// A loaded kernel and its name, kept for errors.
+type Named = (CudaFunction, &'static str);
+
+/// The kernels of one device: modules loaded on first use, functions looked up once, each
+/// per build variant (early release or not), so that streams of both kinds share the device.
 pub(crate) struct KernelSet {
     device: String,
     arch: String,
     driver_version: i32,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    funcs: Mutex<HashMap<String, (CudaFunction, &'static str)>>,
+    modules: Mutex<HashMap<(&'static str, bool), Arc<CudaModule>>>,
+    funcs: Mutex<HashMap<(String, bool), Named>>,
     smem: Mutex<HashMap<usize, u32>>,
-    /// Whether files are compiled with early release (`PdlMode`).
-    early: AtomicBool,
-    /// Modules compiled with early release before the GPU joined a group: kept loaded, since
-    /// commands and CUDA graphs recorded before may still launch their kernels.
-    retired: Mutex<Vec<Arc<CudaModule>>>,
 }
 
 impl KernelSet {
@@ -246,40 +260,16 @@ impl KernelSet {
             modules: Mutex::new(HashMap::new()),
             funcs: Mutex::new(HashMap::new()),
             smem: Mutex::new(HashMap::new()),
-            early: AtomicBool::new(matches!(
-                PdlMode::requested(),
-                PdlMode::Early | PdlMode::Auto
-            )),
-            retired: Mutex::new(Vec::new()),
         }
-    }
-
-    /// Kernels compiled from now on wait for their predecessors without releasing the next
-    /// kernel early, unless `TESSERA_CUDA_PDL=early` asked for it everywhere: called when the
-    /// GPU joins a multi-GPU group. Kernels loaded before are looked up again.
-    pub(crate) fn leave_early(&self) {
-        if PdlMode::requested() != PdlMode::Auto || !self.early.swap(false, Ordering::Relaxed) {
-            return;
-        }
-        log::info!(
-            "{}: in a multi-GPU group: kernels without early release",
-            self.device
-        );
-        let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        self.funcs.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(mods.drain().map(|(_, m)| m));
     }
 
     /// The CUBIN of a file, from the disk cache or compiled now.
-    pub(crate) fn cubin(&self, file: &'static str) -> Result<Vec<u8>> {
+    pub(crate) fn cubin(&self, build: &Build, file: &'static str) -> Result<Vec<u8>> {
         let source = expanded_source(file).ok_or_else(|| Error::Device {
             device: self.device.clone(),
             reason: format!("no kernel file kernels/{file}.cu"),
         })?;
-        let options = options(&self.arch, self.early.load(Ordering::Relaxed));
+        let options = options(&self.arch, build.early);
         let (nv_major, nv_minor) = nvrtc_version();
         let key_parts: Vec<Vec<u8>> = vec![
             source.as_bytes().to_vec(),
@@ -294,7 +284,10 @@ impl KernelSet {
             fnv(0xcbf2_9ce4_8422_2325, &parts),
             fnv(0x6c62_272e_07bb_0142, &parts)
         );
-        let path = cache_dir().map(|d| d.join(format!("{file}-{}-{key}.cubin", self.arch)));
+        let path = build
+            .cache
+            .as_ref()
+            .map(|d| d.join(format!("{file}-{}-{key}.cubin", self.arch)));
         if let Some(p) = &path {
             if let Ok(bin) = std::fs::read(p) {
                 if bin.starts_with(b"\x7fELF") {
@@ -347,18 +340,24 @@ impl KernelSet {
     }
 
     /// The loaded module of a file (compiled outside the lock, so files compile in parallel).
-    fn module(&self, ctx: &Arc<CudaContext>, file: &'static str) -> Result<Arc<CudaModule>> {
+    fn module(
+        &self,
+        ctx: &Arc<CudaContext>,
+        build: &Build,
+        file: &'static str,
+    ) -> Result<Arc<CudaModule>> {
+        let key = (file, build.early);
         if let Some(m) = self
             .modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(file)
+            .get(&key)
         {
             return Ok(m.clone());
         }
-        let bin = self.cubin(file)?;
+        let bin = self.cubin(build, file)?;
         let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = mods.get(file) {
+        if let Some(m) = mods.get(&key) {
             return Ok(m.clone());
         }
         let m = ctx
@@ -367,29 +366,36 @@ impl KernelSet {
                 device: self.device.clone(),
                 reason: format!("loading kernels/{file}.cu: {}", crate::driver::describe(e)),
             })?;
-        mods.insert(file, m.clone());
+        mods.insert(key, m.clone());
         Ok(m)
     }
 
     /// Compiles (or reads from the cache) and loads file `file` if not loaded yet.
-    pub(crate) fn load(&self, ctx: &Arc<CudaContext>, file: &'static str) -> Result<()> {
-        self.module(ctx, file).map(|_| ())
+    pub(crate) fn load(
+        &self,
+        ctx: &Arc<CudaContext>,
+        build: &Build,
+        file: &'static str,
+    ) -> Result<()> {
+        self.module(ctx, build, file).map(|_| ())
     }
 
-    /// Kernel `name` of file `file`, with its name kept for errors.
+    /// Kernel `name` of file `file` in `build`, with its name kept for errors.
     pub(crate) fn func(
         &self,
         ctx: &Arc<CudaContext>,
+        build: &Build,
         file: &'static str,
         name: &str,
     ) -> Result<(Func, &'static str)> {
+        let key = (name.to_string(), build.early);
         {
             let funcs = self.funcs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((f, n)) = funcs.get(name) {
+            if let Some((f, n)) = funcs.get(&key) {
                 return Ok((Func(f.cu_function()), n));
             }
         }
-        let m = self.module(ctx, file)?;
+        let m = self.module(ctx, build, file)?;
         let f = m.load_function(name).map_err(|e| Error::Device {
             device: self.device.clone(),
             reason: format!(
@@ -403,7 +409,7 @@ impl KernelSet {
         self.funcs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), (f, kept));
+            .insert(key, (f, kept));
         Ok((raw, kept))
     }
 

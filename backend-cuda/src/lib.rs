@@ -1,5 +1,8 @@
 //! tessera-cuda: tessera's backend for NVIDIA GPUs.
 //!
+//! - **Options**: [`CudaOptions`] (graphs, fusion, TF32, profiling, the kernel cache, the
+//!   all-reduce path, multi-GPU groups), given to [`CudaBackendReg::with_options`];
+//!   [`CudaOptions::from_env`] reads the crate's environment variables.
 //! - **No toolkit at build time.** cudarc loads the driver, NVRTC and cuBLAS at run time; a
 //!   missing library means `devices()` of [`CudaBackendReg`] returns the reason, never a panic.
 //! - **Kernels** are the CUDA C files of `kernels/` (one op family each), compiled by NVRTC at
@@ -26,9 +29,11 @@ pub mod graphs;
 pub mod kernels;
 mod memory;
 mod ops;
+mod options;
 
 pub use backend::{CudaBackend, CudaEventMark};
 pub use comm::CudaComm;
 pub use device::{CudaBackendReg, CudaDevice};
 pub use graphs::GraphMode;
 pub use memory::{CudaBuffer, CudaBufferType, PinnedBuffer, PinnedBufferType};
+pub use options::{AllReduce, CudaOptions};

@@ -7,7 +7,7 @@ use common::*;
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::dtype::DType;
 use tessera_core::{Backend, Graph, RopeMode, RopeParams, TensorId};
-use tessera_cuda::GraphMode;
+use tessera_cuda::{CudaOptions, GraphMode};
 
 /// A decode step of a small Llama-like block: norm + weight, Q, K and V projections, Q and K
 /// rotated, K and V stored into F16 caches, gate/up/swiglu. With `qv` false, Q is not rotated
@@ -161,8 +161,8 @@ fn fused_and_unfused(
 ) -> [(Vec<Vec<f32>>, Vec<&'static str>); 2] {
     [true, false].map(|fuse| {
         let (mut b, inputs) = make();
-        let mut be = concrete(dev).cuda_backend().unwrap();
-        be.set_fusion(fuse);
+        let options = CudaOptions::default().fusion(fuse);
+        let mut be = concrete(dev).with_options(options).cuda_backend().unwrap();
         let outs = b.outputs.clone();
         let out = run(dev, &mut be, &mut b.g, &inputs, &outs);
         (outputs_f32(&b, &out), be.last_command_names())
@@ -193,21 +193,57 @@ fn step_vs_eager(
     mode
 }
 
+/// Marks the block's outputs and places every tensor of it in `dev`'s memory; returns its
+/// nodes in order.
+fn allocate(dev: &std::sync::Arc<dyn tessera_core::Device>, b: &mut Block) -> Vec<TensorId> {
+    let nodes: Vec<TensorId> = b.g.ids().collect();
+    for &o in &b.outputs {
+        b.g.set_output(o);
+    }
+    let mut alloc = GraphAllocator::new(dev.buffer_type());
+    alloc.alloc(&mut b.g, &nodes).unwrap();
+    nodes
+}
+
+/// Two streams of one GPU with other options in one process: one as a GPU used alone (kernels
+/// that release their successors early), one as the part of a multi-GPU group (kernels that do
+/// not), without graphs. Both builds of the kernels are loaded side by side, and the results
+/// are the same bits.
+#[test]
+fn streams_with_other_options_share_a_gpu() {
+    let Some(dev) = cuda() else { return };
+    let mut rng = Rng::new(23);
+    let mut b = block(1, true, DType::Q4_0);
+    let nodes = allocate(&dev, &mut b);
+    let mut alone = concrete(&dev).cuda_backend().unwrap();
+    let grouped = CudaOptions::default().grouped(true).graphs(false);
+    let grouped_dev = concrete(&dev).with_options(grouped.clone());
+    assert_eq!(grouped_dev.options(), grouped);
+    assert_eq!(concrete(&dev).options(), CudaOptions::default());
+    let mut part = grouped_dev.cuda_backend().unwrap();
+    for step in 0..2 {
+        let inputs = block_inputs(&b, &mut rng, 1, step);
+        step_vs_eager(
+            &mut alone,
+            &mut part,
+            &b,
+            &nodes,
+            &inputs,
+            "alone vs grouped",
+        );
+    }
+    assert_eq!(part.graph_mode(), GraphMode::Eager);
+}
+
 #[test]
 fn graphs_replay_and_update() {
     let Some(dev) = cuda() else { return };
     let mut rng = Rng::new(22);
     let mut b = block(1, true, DType::Q8_0);
-    let outs = b.outputs.clone();
-    let nodes: Vec<TensorId> = b.g.ids().collect();
-    for &o in &outs {
-        b.g.set_output(o);
-    }
-    let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut b.g, &nodes).unwrap();
+    let nodes = allocate(&dev, &mut b);
     let mut be = concrete(&dev).cuda_backend().unwrap();
-    let mut eager = concrete(&dev).cuda_backend().unwrap();
-    eager.set_graphs(false);
+    let eager_dev = concrete(&dev).with_options(CudaOptions::default().graphs(false));
+    let mut eager = eager_dev.cuda_backend().unwrap();
     let mut modes = Vec::new();
     for step in 0..4 {
         let inputs = block_inputs(&b, &mut rng, 1, step);
@@ -239,11 +275,7 @@ fn graphs_replay_and_update() {
     assert_eq!(rebound, GraphMode::Updated);
     // The same graph in other memory: the executable graph is updated, not rebuilt.
     let mut b2 = block(1, true, DType::Q8_0);
-    for &o in &outs {
-        b2.g.set_output(o);
-    }
-    let mut alloc2 = GraphAllocator::new(dev.buffer_type());
-    alloc2.alloc(&mut b2.g, &nodes).unwrap();
+    allocate(&dev, &mut b2);
     let inputs = block_inputs(&b2, &mut rng, 1, 9);
     let mode = step_vs_eager(&mut be, &mut eager, &b2, &nodes, &inputs, "moved graph");
     assert_eq!(mode, GraphMode::Updated);
@@ -362,8 +394,8 @@ fn split_attention_replays() {
     let mut alloc = GraphAllocator::new(dev.buffer_type());
     alloc.alloc(&mut b.g, &all).unwrap();
     let mut be = concrete(&dev).cuda_backend().unwrap();
-    let mut eager = concrete(&dev).cuda_backend().unwrap();
-    eager.set_graphs(false);
+    let eager_dev = concrete(&dev).with_options(CudaOptions::default().graphs(false));
+    let mut eager = eager_dev.cuda_backend().unwrap();
     let mut modes = Vec::new();
     for step in 0..4 {
         let inputs = attention_inputs(&b, &mut rng);

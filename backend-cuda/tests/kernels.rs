@@ -197,7 +197,7 @@ fn kernel_sources() -> Vec<(String, String)> {
     files
 }
 
-/// Programmatic dependent launch (`TESSERA_CUDA_PDL=1`) lets a kernel start before the one
+/// Programmatic dependent launch (on sm_90 and later) lets a kernel start before the one
 /// before it finished; only `pdl_wait()` (common.cuh) makes it wait for that kernel's results,
 /// so every entry point must call it before anything else.
 #[test]

@@ -113,7 +113,7 @@ fn silu(x: f32) -> f32 {
 #[test]
 fn glu_q8_output_matches_quantize_q8_1() {
     // Only the device's presence (common::cuda also compiles every kernel file).
-    match CudaBackendReg.devices() {
+    match CudaBackendReg::new().devices() {
         Ok(d) if !d.is_empty() => {}
         _ => {
             eprintln!("skipped: no CUDA devices");

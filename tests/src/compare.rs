@@ -53,7 +53,7 @@ pub(crate) fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Compari
         if tol == Tolerance::Exact && r != o {
             let failure = Some(format!("value {i} differs (out {o}, reference {r})"));
             return Comparison {
-                nmse: nmse(reference, out),
+                nmse: finite_nmse(reference, out),
                 failure,
             };
         }
@@ -63,7 +63,7 @@ pub(crate) fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Compari
                     "value {i} differs by more than {max_abs:.3e} (out {o}, reference {r})"
                 ));
                 return Comparison {
-                    nmse: nmse(reference, out),
+                    nmse: finite_nmse(reference, out),
                     failure,
                 };
             }
@@ -77,8 +77,21 @@ pub(crate) fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Compari
     Comparison { nmse, failure }
 }
 
+/// The suite's error metric for a backend's own tests: the NMSE of `out` against `reference`
+/// under [`compare`]'s rules (infinite where a NaN appears, or an infinity is not matched in
+/// place and sign, or the lengths differ).
+pub fn nmse(reference: &[f32], out: &[f32]) -> f64 {
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    let c = compare(&wide(reference), &wide(out), Tolerance::Nmse(f64::INFINITY));
+    if c.failure.is_some() {
+        f64::INFINITY
+    } else {
+        c.nmse
+    }
+}
+
 /// NMSE over the finite pairs (for reporting a failed exact comparison).
-fn nmse(reference: &[f64], out: &[f64]) -> f64 {
+fn finite_nmse(reference: &[f64], out: &[f64]) -> f64 {
     let (mut err, mut norm) = (0.0, 0.0);
     for (&r, &o) in reference.iter().zip(out) {
         if r.is_finite() && o.is_finite() {
@@ -124,5 +137,15 @@ mod tests {
             .is_some());
         assert!(compare(&[1.0, 2.0], &[1.0, 2.1], t).failure.is_some());
         assert!(compare(&[1.0], &[1.0, 2.0], t).failure.is_some());
+    }
+
+    #[test]
+    fn the_public_nmse_is_infinite_where_compare_fails() {
+        assert_eq!(nmse(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((nmse(&[3.0, 4.0], &[3.0, 4.5]) - 0.25 / 25.0).abs() < 1e-12);
+        assert_eq!(nmse(&[1.0], &[f32::NAN]), f64::INFINITY);
+        assert_eq!(nmse(&[f32::NEG_INFINITY], &[f32::NEG_INFINITY]), 0.0);
+        assert_eq!(nmse(&[f32::NEG_INFINITY], &[0.0]), f64::INFINITY);
+        assert_eq!(nmse(&[1.0], &[1.0, 2.0]), f64::INFINITY);
     }
 }

@@ -13,6 +13,7 @@
 //! - [`test_registry()`] does that for every device of a registry: the CPU against the f64
 //!   reference, every other device against the CPU; a backend without devices is reported
 //!   skipped by name ([`Summary::absent`]).
+//! - [`nmse()`] is the suite's error metric, for the backends' own tests.
 //! - [`perf()`] repeats cases for about a second each and reports time, GB/s and GFLOP/s.
 //!
 //! The CLI's `tessera ops test` and `tessera ops perf` are thin wrappers over these.
@@ -32,6 +33,7 @@ mod tensor_io;
 
 pub use case::{Case, CaseGraph, Tolerance};
 pub use cases::{cases, perf_cases};
+pub use compare::nmse;
 pub use filter::Filter;
 pub use init::Init;
 pub use perf::{perf, PerfResult};

@@ -6,19 +6,16 @@
 //!   rank's memory (peer access) and sums what it received; it needs no host step between the
 //!   ranks, so it runs inside each rank's CUDA graph (the meta device puts
 //!   [`tessera_core::Op::AllReduce`] nodes in the part graphs), fused with a residual add that
-//!   follows, and for one row also with the rms_norm * w after that. Tensors up to
-//!   `TESSERA_PEER_SMALL_KIB` (a decode step's) take a kernel without flags or fences (about
-//!   8 µs a call from the host for 16 KiB on two NVLinked H200s, 10 µs with flags); larger f32
-//!   tensors up to the scratch size one with flags. Used when every pair of GPUs has peer
-//!   access (NVLink or PCIe).
+//!   follows, and for one row also with the rms_norm * w after that. Tensors up to 256 KiB (a
+//!   decode step's) take a kernel without flags or fences, which pays one link crossing
+//!   instead of a write, a fence and a flag; larger f32 tensors up to the scratch size one with
+//!   flags. Used when every pair of GPUs has peer access (NVLink or PCIe).
 //! - **NCCL** ([`nccl`]): ring and tree algorithms with the bandwidth for large tensors, and
 //!   bf16 sums; enqueued on each rank's stream between graph stages.
 //!
-//! `TESSERA_ALLREDUCE` picks: `auto` (the default: peer inside graphs, NCCL between stages),
-//! `peer` (peer only), `nccl` (NCCL only, no all-reduce inside graphs), or `host` (no backend
-//! communicator at all: the meta layer's generic path). `TESSERA_PEER_MIB` sets the peer
-//! scratch size, the largest tensor the peer kernel sums (32 MiB by default; each GPU holds
-//! twice that per rank).
+//! [`crate::CudaOptions::all_reduce`] picks the carriers ([`crate::AllReduce`]);
+//! [`crate::CudaOptions::peer_mib`] sets the peer scratch size, the largest tensor the peer
+//! kernel sums.
 
 pub mod nccl;
 pub(crate) mod peer;
@@ -29,57 +26,18 @@ use tessera_core::{Backend, Buffer, Communicator, Error, ReduceType, Result};
 
 use crate::backend::CudaBackend;
 use crate::driver::DeviceShared;
+use crate::kernels::Build;
 use crate::memory::CudaBuffer;
+use crate::{AllReduce, CudaOptions};
 use nccl::NcclComm;
 use peer::PeerGroup;
 
-/// Default peer scratch slot: the largest f32 tensor one peer all-reduce sums.
-const DEFAULT_PEER_MIB: usize = 32;
-
-/// Which carriers a group may use (`TESSERA_ALLREDUCE`).
+/// Which carriers a group may use ([`AllReduce`] less `Host`, which makes no group).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Auto,
     Peer,
     Nccl,
-}
-
-fn mode() -> Result<Mode> {
-    match std::env::var("TESSERA_ALLREDUCE").as_deref() {
-        Err(_) | Ok("") | Ok("auto") | Ok("host") => Ok(Mode::Auto),
-        Ok("peer") => Ok(Mode::Peer),
-        Ok("nccl") => Ok(Mode::Nccl),
-        Ok(other) => Err(Error::Invalid(format!(
-            "TESSERA_ALLREDUCE={other}: expected auto, peer, nccl or host"
-        ))),
-    }
-}
-
-fn peer_slot_bytes() -> Result<usize> {
-    Ok(env_count("TESSERA_PEER_MIB", 1..=4096, "MiB")?.map_or(DEFAULT_PEER_MIB << 20, |m| m << 20))
-}
-
-/// The whole number in the environment variable `name` (`None`: unset); an error naming the
-/// variable where it is not a number of `unit` within `range`.
-pub(crate) fn env_count(
-    name: &str,
-    range: std::ops::RangeInclusive<usize>,
-    unit: &str,
-) -> Result<Option<usize>> {
-    let Ok(v) = std::env::var(name) else {
-        return Ok(None);
-    };
-    v.parse::<usize>()
-        .ok()
-        .filter(|n| range.contains(n))
-        .map(Some)
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "{name}={v}: expected a whole number of {unit} from {} to {}",
-                range.start(),
-                range.end()
-            ))
-        })
 }
 
 /// The all-reduce of a group of CUDA devices (one rank per device, in order).
@@ -98,6 +56,7 @@ struct Kept {
     ordinals: Vec<usize>,
     mode: Mode,
     slot_bytes: usize,
+    f16: bool,
     peer: Option<Arc<PeerGroup>>,
     nccl: Option<NcclComm>,
 }
@@ -117,34 +76,36 @@ impl Drop for CudaComm {
             ordinals: self.devs.iter().map(|d| d.ordinal).collect(),
             mode: self.mode,
             slot_bytes: self.peer.as_ref().map_or(0, |p| p.max_elements() * 4),
+            f16: self.peer.as_ref().is_some_and(|p| p.f16()),
             peer: self.peer.take(),
             nccl: self.nccl.take(),
         });
     }
 }
 
-/// The GPUs of a group compile their kernels without early release from now on
-/// (`PdlMode::Auto`; early release was slower on two H200s).
-fn leave_early(devs: &[Arc<DeviceShared>]) {
-    for d in devs {
-        d.kernels.leave_early();
-    }
-}
-
 impl CudaComm {
-    /// A group over `devs`, with every carrier `TESSERA_ALLREDUCE` allows that works here.
-    /// `Ok(None)`: neither works (no peer access and no NCCL); the caller uses the host.
-    pub(crate) fn new(devs: Vec<Arc<DeviceShared>>) -> Result<Option<CudaComm>> {
-        leave_early(&devs);
-        let mode = mode()?;
-        let slot_bytes = peer_slot_bytes()?;
+    /// A group over `devs`, with every carrier `options` allow that works here. `Ok(None)`:
+    /// none works (no peer access and no NCCL) or `options` ask for the host path; the caller
+    /// uses the host.
+    pub(crate) fn new(
+        devs: Vec<Arc<DeviceShared>>,
+        options: &CudaOptions,
+    ) -> Result<Option<CudaComm>> {
+        let mode = match options.all_reduce {
+            AllReduce::Auto => Mode::Auto,
+            AllReduce::Peer => Mode::Peer,
+            AllReduce::Nccl => Mode::Nccl,
+            AllReduce::Host => return Ok(None),
+        };
+        let slot_bytes = options.peer_mib << 20;
+        let f16 = options.peer_f16;
         let ordinals: Vec<usize> = devs.iter().map(|d| d.ordinal).collect();
         {
             let mut kept = kept();
             let found = kept.iter().position(|k| {
                 k.ordinals == ordinals
                     && k.mode == mode
-                    && (k.peer.is_none() || k.slot_bytes == slot_bytes)
+                    && (k.peer.is_none() || (k.slot_bytes == slot_bytes && k.f16 == f16))
             });
             if let Some(i) = found {
                 let k = kept.swap_remove(i);
@@ -157,7 +118,11 @@ impl CudaComm {
             }
         }
         let peer = if mode != Mode::Nccl && peer::all_peers(&devs)? {
-            Some(Arc::new(PeerGroup::new(&devs, slot_bytes)?))
+            let build = Build {
+                early: false,
+                cache: options.cache_dir(),
+            };
+            Some(Arc::new(PeerGroup::new(&devs, slot_bytes, f16, build)?))
         } else {
             None
         };
@@ -187,7 +152,8 @@ impl CudaComm {
     /// Local ranks `first_rank..first_rank + devices.len()` of an `nranks`-rank NCCL
     /// communicator named by `id` (from [`nccl::unique_id`], made by one process and handed
     /// to every other by the caller): how several processes or nodes build one group. Returns
-    /// once every rank has joined. All-reduces go through NCCL alone.
+    /// once every rank has joined. All-reduces go through NCCL alone. The devices' streams run
+    /// as parts of a group where the devices were opened with [`CudaOptions::grouped`].
     pub fn join(
         devices: &[&crate::CudaDevice],
         id: &[u8; nccl::UNIQUE_ID_BYTES],
@@ -195,7 +161,6 @@ impl CudaComm {
         nranks: usize,
     ) -> Result<CudaComm> {
         let devs: Vec<_> = devices.iter().map(|d| d.shared().clone()).collect();
-        leave_early(&devs);
         let nccl = NcclComm::join(&devs, id, first_rank, nranks)?;
         Ok(CudaComm {
             devs,
@@ -206,17 +171,27 @@ impl CudaComm {
     }
 
     /// A group over `devices` through the peer kernel alone (no NCCL), whose calls sum up to
-    /// `max_bytes` of f32; an error where some pair of GPUs lacks peer access.
+    /// `max_bytes` of f32, sending values as the first device's options say
+    /// ([`CudaOptions::peer_f16`]); an error where some pair of GPUs lacks peer access.
     pub fn peer_only(devices: &[&crate::CudaDevice], max_bytes: usize) -> Result<CudaComm> {
         let devs: Vec<_> = devices.iter().map(|d| d.shared().clone()).collect();
-        leave_early(&devs);
+        let options = devices.first().map(|d| d.options()).unwrap_or_default();
         if !peer::all_peers(&devs)? {
             return Err(Error::Unsupported {
                 backend: "cuda".into(),
                 what: "a peer all-reduce between GPUs without peer access".into(),
             });
         }
-        let peer = Some(Arc::new(PeerGroup::new(&devs, max_bytes)?));
+        let build = Build {
+            early: false,
+            cache: options.cache_dir(),
+        };
+        let peer = Some(Arc::new(PeerGroup::new(
+            &devs,
+            max_bytes,
+            options.peer_f16,
+            build,
+        )?));
         Ok(CudaComm {
             devs,
             peer,
@@ -355,28 +330,4 @@ pub(crate) fn shared_of(
                 .map(|c| c.shared().clone())
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn env_counts_are_read_in_range_or_refused_by_name() {
-        // A variable of this test alone (tests run in parallel threads of one process).
-        let name = "TESSERA_TEST_ENV_COUNT";
-        std::env::remove_var(name);
-        assert_eq!(env_count(name, 1..=8, "blocks").unwrap(), None);
-        std::env::set_var(name, "8");
-        assert_eq!(env_count(name, 1..=8, "blocks").unwrap(), Some(8));
-        for bad in ["0", "9", "x", "-1", ""] {
-            std::env::set_var(name, bad);
-            let e = env_count(name, 1..=8, "blocks").unwrap_err().to_string();
-            assert!(
-                e.contains(name) && e.contains("blocks from 1 to 8"),
-                "{bad:?}: {e}"
-            );
-        }
-        std::env::remove_var(name);
-    }
 }

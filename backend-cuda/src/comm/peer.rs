@@ -2,9 +2,9 @@
 //! slots of one region per rank) that every rank's GPU writes into (peer access enabled between
 //! every pair of GPUs), and the one-shot kernels of `kernels/allreduce.cu` that sum through
 //! them: `all_reduce_small_f32` (no flags: the small area starts empty and is polled value by
-//! value) for tensors up to `TESSERA_PEER_SMALL_KIB` (256 KiB by default, 0: never), and
-//! `all_reduce_f32` (flags between the ranks) for larger ones, in up to `TESSERA_PEER_BLOCKS`
-//! blocks (256 by default), sending f32 values, or f16 ones with `TESSERA_PEER_WIRE=f16`.
+//! value) for tensors up to 256 KiB, and `all_reduce_f32` (flags between the ranks) for larger
+//! ones, in up to 256 blocks (more blocks keep more link writes in flight), sending f32 values,
+//! or f16 ones with [`crate::CudaOptions::peer_f16`].
 //!
 //! The kernel needs no host step between the ranks, so it runs inside each rank's CUDA graph
 //! ([`tessera_core::Op::AllReduce`] nodes, encoded by `ops::comm`) as well as on its own
@@ -15,18 +15,15 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use tessera_core::{Error, Result};
 
-use super::env_count;
 use crate::cmd::{Cmd, KParams, TArg};
 use crate::driver::DeviceShared;
+use crate::kernels::Build;
 
 /// Most ranks of a group (`AR_MAX_RANKS` in kernels/peer.cuh).
 pub(crate) const MAX_RANKS: usize = 8;
-/// Most blocks of one launch (`AR_MAX_BLOCKS`).
+/// Most blocks of one launch (`AR_MAX_BLOCKS`): the kernel with flags takes up to that many,
+/// since more blocks keep more link writes in flight for large tensors (a prompt's).
 const MAX_BLOCKS: usize = 256;
-/// Most blocks of one launch of the kernel with flags unless `TESSERA_PEER_BLOCKS` says
-/// otherwise (two H200s, session 8: 16 MiB in 95.9 µs with 64 blocks, 78.0 with 128, 71.1 with
-/// 256; 64 MiB 161.8 / 213.4 / 240.2 GB/s).
-const DEFAULT_BLOCKS: usize = 256;
 /// Threads per block.
 const THREADS: u32 = 512;
 /// Elements a block handles at least before another block is added.
@@ -50,36 +47,6 @@ const SIGNAL_BYTES: usize = 3 * MAX_RANKS * 8 + MAX_BLOCKS * MAX_RANKS * 4 + MAX
 const _: () =
     assert!(SIGNAL_BYTES.is_multiple_of(4) && SMALL_REGION / 4 / SMALL_CHUNK <= MAX_BLOCKS);
 
-/// Most blocks of the kernel with flags (`TESSERA_PEER_BLOCKS`, 1 to MAX_BLOCKS): more blocks
-/// keep more NVLink writes in flight for large tensors (a prompt's).
-fn block_limit() -> Result<usize> {
-    Ok(env_count("TESSERA_PEER_BLOCKS", 1..=MAX_BLOCKS, "blocks")?.unwrap_or(DEFAULT_BLOCKS))
-}
-
-/// The largest tensor, in bytes, that the small-tensor kernel sums (`TESSERA_PEER_SMALL_KIB`).
-fn small_limit() -> Result<usize> {
-    Ok(
-        env_count("TESSERA_PEER_SMALL_KIB", 0..=SMALL_REGION >> 10, "KiB")?
-            .map_or(SMALL_REGION, |k| k << 10),
-    )
-}
-
-/// The type the kernel with flags sends its values as (`TESSERA_PEER_WIRE`: `f32`, the default,
-/// or `f16`: half the bytes over the link, each rank's values rounded to f16 before the sum).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wire {
-    F32,
-    F16,
-}
-
-impl std::str::FromStr for Wire {
-    type Err = ();
-
-    fn from_str(v: &str) -> std::result::Result<Wire, ()> {
-        tessera_core::env::named(v, &[("f32", Wire::F32), ("f16", Wire::F16)]).ok_or(())
-    }
-}
-
 /// One rank's memory.
 struct Rank {
     dev: Arc<DeviceShared>,
@@ -93,12 +60,10 @@ pub(crate) struct PeerGroup {
     ranks: Vec<Rank>,
     /// Bytes of one region of a receive slot: the largest tensor one call can sum.
     slot_bytes: usize,
-    /// The largest tensor, in bytes, summed by the small-tensor kernel.
-    small_bytes: usize,
-    /// Most blocks of one launch of the kernel with flags.
-    blocks: usize,
-    /// What the kernel with flags sends.
-    wire: Wire,
+    /// Whether the kernel with flags sends f16 values (else f32).
+    f16: bool,
+    /// The kernels launched (the all-reduce file is the same in every build).
+    build: Build,
 }
 
 /// Whether every pair of distinct GPUs among `devs` can reach each other's memory.
@@ -120,8 +85,14 @@ pub(crate) fn all_peers(devs: &[Arc<DeviceShared>]) -> Result<bool> {
 
 impl PeerGroup {
     /// A group over `devs` (in rank order; a GPU may appear more than once) whose calls sum
-    /// up to `slot_bytes` bytes. The caller checked [`all_peers`].
-    pub(crate) fn new(devs: &[Arc<DeviceShared>], slot_bytes: usize) -> Result<PeerGroup> {
+    /// up to `slot_bytes` bytes, sending f16 values past the small kernel where `f16`, with the
+    /// kernels of `build`. The caller checked [`all_peers`].
+    pub(crate) fn new(
+        devs: &[Arc<DeviceShared>],
+        slot_bytes: usize,
+        f16: bool,
+        build: Build,
+    ) -> Result<PeerGroup> {
         if devs.len() > MAX_RANKS {
             return Err(Error::Invalid(format!(
                 "a peer all-reduce group has at most {MAX_RANKS} ranks, not {}",
@@ -143,10 +114,8 @@ impl PeerGroup {
         let mut group = PeerGroup {
             ranks: Vec::with_capacity(devs.len()),
             slot_bytes,
-            small_bytes: small_limit()?,
-            blocks: block_limit()?,
-            wire: tessera_core::env::setting("TESSERA_PEER_WIRE", "f32 or f16")
-                .unwrap_or(Wire::F32),
+            f16,
+            build,
         };
         for dev in devs {
             // Pushed before the next allocation, so that Drop frees what was made.
@@ -186,6 +155,11 @@ impl PeerGroup {
         self.ranks.len()
     }
 
+    /// Whether the kernel with flags sends f16 values.
+    pub(crate) fn f16(&self) -> bool {
+        self.f16
+    }
+
     /// The most f32 elements one call sums.
     pub(crate) fn max_elements(&self) -> usize {
         self.slot_bytes / 4
@@ -211,7 +185,7 @@ impl PeerGroup {
                 self.max_elements()
             )));
         }
-        let small = count * 4 <= self.small_bytes;
+        let small = count * 4 <= SMALL_REGION;
         if sent && !small {
             return Err(Error::Invalid(format!(
                 "a peer all-reduce of {count} elements was sent ahead, which only the small kernel takes"
@@ -225,12 +199,13 @@ impl PeerGroup {
             )
         } else {
             (
-                match self.wire {
-                    Wire::F32 => "all_reduce_f32",
-                    Wire::F16 => "all_reduce_f32_h",
+                if self.f16 {
+                    "all_reduce_f32_h"
+                } else {
+                    "all_reduce_f32"
                 },
                 self.slot_bytes,
-                count.div_ceil(PER_BLOCK).min(self.blocks),
+                count.div_ceil(PER_BLOCK),
             )
         };
         let mut p = self.params(rank, [output, input, residual], count, region)?;
@@ -254,7 +229,7 @@ impl PeerGroup {
         sent: bool,
     ) -> Result<Option<Cmd>> {
         let addrs = [output, input, residual, tail.weight, tail.out];
-        let Some(threads) = norm_threads(count, self.small_bytes, &addrs) else {
+        let Some(threads) = norm_threads(count, &addrs) else {
             return Ok(None);
         };
         let mut p = self.params(rank, [output, input, residual], count, SMALL_REGION)?;
@@ -276,7 +251,7 @@ impl PeerGroup {
     /// region bytes. `None` where the small kernel does not take `count` values.
     pub(crate) fn presend(&self, rank: usize, count: usize) -> Option<(u64, u64)> {
         let r = self.ranks.get(rank)?;
-        (count * 4 <= self.small_bytes).then_some((r.signal, SMALL_REGION as u64))
+        (count * 4 <= SMALL_REGION).then_some((r.signal, SMALL_REGION as u64))
     }
 
     /// The parameters every all-reduce kernel takes: output, input and residual, rank `rank`'s
@@ -309,7 +284,10 @@ impl PeerGroup {
         p: KParams,
     ) -> Result<Cmd> {
         let r = self.rank(rank)?;
-        let (func, name) = r.dev.kernels.func(&r.dev.ctx, "allreduce", kernel)?;
+        let (func, name) = r
+            .dev
+            .kernels
+            .func(&r.dev.ctx, &self.build, "allreduce", kernel)?;
         Ok(Cmd::Kernel {
             func,
             name,
@@ -323,16 +301,16 @@ impl PeerGroup {
 }
 
 /// Threads of the one block of all_reduce_small_norm_f32 for a row of `count` f32 values whose
-/// addresses are `addrs` (0: absent), with the small-tensor kernel taking up to `small_bytes`:
+/// addresses are `addrs` (0: absent), the small-tensor kernel taking up to SMALL_REGION bytes:
 /// one float4 a thread where the row allows (a thread waits for its values in turn), at most
 /// 1,024 threads of NORM_VEC float4s each. `None` where the kernel cannot take the row: empty,
 /// not whole float4s, too long, or an address not on 16 bytes.
-fn norm_threads(count: usize, small_bytes: usize, addrs: &[u64]) -> Option<u32> {
+fn norm_threads(count: usize, addrs: &[u64]) -> Option<u32> {
     let threads = (count / 4).div_ceil(32).min(32) * 32;
     let fits = count > 0
         && count.is_multiple_of(4)
         && count / 4 <= NORM_VEC * threads
-        && count * 4 <= small_bytes
+        && count * 4 <= SMALL_REGION
         && addrs.iter().all(|a| a.is_multiple_of(16));
     fits.then_some(threads as u32)
 }
@@ -396,41 +374,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_wire_setting_names_f32_or_f16() {
-        assert_eq!("f32".parse(), Ok(Wire::F32));
-        assert_eq!(" F16 ".parse(), Ok(Wire::F16));
-        assert_eq!("bf16".parse::<Wire>(), Err(()));
-        assert_eq!("".parse::<Wire>(), Err(()));
-    }
-
-    #[test]
     fn the_fused_norm_takes_rows_of_whole_float4s_up_to_8192_values() {
         let a = [256u64, 512, 0, 1024, 2048];
         // A decode row of an 8B model: one float4 a thread.
-        assert_eq!(norm_threads(4096, SMALL_REGION, &a), Some(1024));
+        assert_eq!(norm_threads(4096, &a), Some(1024));
         // The test model's 576 values: 144 float4s in 160 threads.
-        assert_eq!(norm_threads(576, SMALL_REGION, &a), Some(160));
+        assert_eq!(norm_threads(576, &a), Some(160));
         // 70B's 8192 values: two float4s a thread.
-        assert_eq!(norm_threads(8192, SMALL_REGION, &a), Some(1024));
+        assert_eq!(norm_threads(8192, &a), Some(1024));
+        assert_eq!(norm_threads(8196, &a), None, "past 2 x 1024 float4s");
+        assert_eq!(norm_threads(4098, &a), None, "not whole float4s");
+        assert_eq!(norm_threads(0, &a), None, "empty");
         assert_eq!(
-            norm_threads(8196, SMALL_REGION, &a),
-            None,
-            "past 2 x 1024 float4s"
-        );
-        assert_eq!(
-            norm_threads(4098, SMALL_REGION, &a),
-            None,
-            "not whole float4s"
-        );
-        assert_eq!(norm_threads(0, SMALL_REGION, &a), None, "empty");
-        assert_eq!(
-            norm_threads(4096, 8 << 10, &a),
-            None,
-            "past the small kernel's limit"
-        );
-        assert_eq!(norm_threads(4096, 0, &a), None, "small kernel off");
-        assert_eq!(
-            norm_threads(4096, SMALL_REGION, &[256, 520, 0, 1024, 2048]),
+            norm_threads(4096, &[256, 520, 0, 1024, 2048]),
             None,
             "an address off 16 bytes"
         );

@@ -1,4 +1,5 @@
-//! flash_attn_ext (kernels/attention.cu).
+//! flash_attn_ext: kernels/attention_prompt.cu (many query rows), attention_decode.cu (a few)
+//! and attention_merge.cu (merging split partials), with attention.cuh's shared parameters.
 
 use tessera_core::dtype::DType;
 use tessera_core::{Result, TensorId};
@@ -7,9 +8,9 @@ use super::norm::alibi;
 use super::{params, Encoder, COUNTER_BYTES};
 use crate::cmd::{KParams, TArg};
 
-/// Keys per shared-memory tile (KTILE in attention.cu).
+/// Keys per shared-memory tile (KTILE in attention_prompt.cu).
 const KTILE: usize = 32;
-/// Most query rows per KV head of the decoding kernel (VEC_ROWS in attention.cu).
+/// Most query rows per KV head of the decoding kernel (VEC_ROWS in attention_decode.cu).
 const VEC_ROWS: usize = 4;
 /// Most keys per split of the decoding kernel.
 const VEC_KEYS: usize = 1024;
@@ -27,14 +28,14 @@ const DEC_PER_SM: usize = 4;
 const DEC_MIN_KEYS: usize = 32;
 /// Most splits of fattn_dec that merge as one thread-block cluster (the portable cluster size).
 const DEC_CLUSTER_MAX: usize = 8;
-/// Query rows per block of fattn_mma (MMA_BQ in attention.cu).
+/// Query rows per block of fattn_mma (MMA_BQ in attention_prompt.cu).
 const MMA_BQ: usize = 64;
-/// Keys per tile of fattn_mma (MMA_BK in attention.cu).
+/// Keys per tile of fattn_mma (MMA_BK in attention_prompt.cu).
 const MMA_BK: usize = 64;
 
 /// Fused attention of q, k, v with an optional mask. With `q8` (the result contiguous, its head
 /// dim dv a multiple of 32) the kernel that writes the result also writes it as q8_1 blocks
-/// where its path can (see attention.cu): their (int8 values, (d, d * sum) pairs) addresses in
+/// where its path can (see attention.cuh): their (int8 values, (d, d * sum) pairs) addresses in
 /// scratch are returned then.
 pub(super) fn flash_attn(
     enc: &mut Encoder,
@@ -149,7 +150,7 @@ pub(super) fn flash_attn(
     let smem = 4 * (qt * d + KTILE * (d + 4) + KTILE * dv + qt * KTILE);
     let name = format!("fattn_{}_{}_{rpw}", tk.dtype.name(), tv.dtype.name());
     let grid = [tiles as u32, (kv_heads * tq.ne[3]) as u32, nsplit as u32];
-    enc.launch("attention", &name, grid, [128, 1, 1], smem as u32, p)?;
+    enc.launch("attention_prompt", &name, grid, [128, 1, 1], smem as u32, p)?;
     combine(enc, p, nsplit, [rows_total, q8])
 }
 
@@ -184,7 +185,7 @@ fn flash_attn_vec(
     let name = format!("fattn_vec_{}_{}", types[0].name(), types[1].name());
     let grid = [1, blocks as u32, nsplit as u32];
     enc.launch(
-        "attention",
+        "attention_decode",
         &name,
         grid,
         [VEC_THREADS as u32, 1, 1],
@@ -192,25 +193,6 @@ fn flash_attn_vec(
         p,
     )?;
     combine(enc, p, nsplit, rows)
-}
-
-/// The split count of the f16 decoding kernel asked for with `TESSERA_CUDA_FA_SPLIT=N` (N
-/// splits of the keys, at most one a key and 256; 1: one pass), for measuring on a GPU; `None`
-/// (unset or not a number): [`flash_attn_dec`] decides.
-fn dec_split_setting() -> Option<usize> {
-    static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *SETTING
-        .get_or_init(|| tessera_core::env::setting("TESSERA_CUDA_FA_SPLIT", "a number of splits"))
-}
-
-/// Whether the splits of fattn_dec may merge in thread-block clusters: unless
-/// `TESSERA_CUDA_FA_CLUSTER=0` (measured on an H200: 8B decode 414.7, 415.0 -> 428.1, 426.0
-/// t/s), read once.
-fn dec_cluster_setting() -> bool {
-    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        tessera_core::env::setting::<u8>("TESSERA_CUDA_FA_CLUSTER", "0 or 1") != Some(0)
-    })
 }
 
 /// The f16 decoding kernel (fattn_dec): `p` as for fattn (split count set here), head dim `d`
@@ -233,23 +215,17 @@ fn flash_attn_dec(
     // Short splits, so that even a short cache fills the GPU, but no more than a few blocks
     // per SM: a long cache is streamed by each block in turn, its next keys loading while it
     // works on the last.
-    let nsplit = match dec_split_setting() {
-        Some(n) => n.min(nkv).clamp(1, 256),
-        None => nkv
-            .div_ceil(DEC_MIN_KEYS)
-            .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
-            .clamp(1, 256),
-    };
+    let nsplit = nkv
+        .div_ceil(DEC_MIN_KEYS)
+        .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
+        .clamp(1, 256);
     p.i[2] = nsplit as i32;
     // Up to 8 splits of a KV head run as one thread-block cluster and merge through
-    // distributed shared memory where the device launches clusters (unless
-    // `TESSERA_CUDA_FA_CLUSTER=0`); else split, the last block of each KV head merges the splits in the same
-    // launch (a counter per block row of the grid), unless there are no counters for it or
-    // fusion is off (which keeps the separate fattn_combine to compare with).
-    let cluster = enc.fuse
-        && (2..=DEC_CLUSTER_MAX).contains(&nsplit)
-        && enc.clusters()
-        && dec_cluster_setting();
+    // distributed shared memory where the device launches clusters; else split, the last
+    // block of each KV head merges the splits in the same launch (a counter per block row of
+    // the grid), unless there are no counters for it or fusion is off (which keeps the
+    // separate fattn_combine to compare with).
+    let cluster = enc.fuse && (2..=DEC_CLUSTER_MAX).contains(&nsplit) && enc.clusters();
     let merge =
         cluster || (enc.fuse && nsplit > 1 && enc.counters != 0 && blocks <= COUNTER_BYTES / 4);
     if cluster {
@@ -264,7 +240,7 @@ fn flash_attn_dec(
     let name = format!("fattn_dec{d}_{}", if rows <= 4 { 4 } else { 8 });
     let dims = [[1, blocks as u32, nsplit as u32], [DEC_THREADS, 1, 1]];
     let cluster_size = if cluster { nsplit as u32 } else { 0 };
-    enc.launch_clusters("attention", &name, dims, 0, cluster_size, p)?;
+    enc.launch_clusters("attention_decode", &name, dims, 0, cluster_size, p)?;
     if !merge {
         combine(enc, p, nsplit, [rows_total, 0])?;
     }
@@ -305,7 +281,7 @@ fn flash_attn_mma(
     let name = format!("fattn_mma{d}{cap}");
     let grid = [tiles as u32, heads_b as u32, nsplit as u32];
     enc.launch(
-        "attention",
+        "attention_prompt",
         &name,
         grid,
         [DEC_THREADS, 1, 1],
@@ -329,7 +305,7 @@ fn combine(
     }
     let out = q8_out(enc, &mut p, rows[1]);
     enc.launch(
-        "attention",
+        "attention_merge",
         "fattn_combine",
         [rows[0] as u32, 1, 1],
         [256, 1, 1],

@@ -1,4 +1,5 @@
-//! cpy, cont and dup: copies with type conversion (kernels/copy.cu).
+//! cpy, cont and dup: copies with type conversion (kernels/copy.cu; into and out of the block
+//! types kernels/quantize.cu).
 
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
@@ -96,7 +97,7 @@ pub(super) fn copy(enc: &mut Encoder, id: TensorId) -> Result<()> {
     if t.dtype.is_quantized() {
         let blocks = (t.nelements() / t.dtype.block_size()) as i64;
         return enc.launch_flat(
-            "copy",
+            "quantize",
             &format!("quantize_{}_{}", t.dtype.name(), s.dtype.name()),
             blocks,
             p,
@@ -104,7 +105,7 @@ pub(super) fn copy(enc: &mut Encoder, id: TensorId) -> Result<()> {
     }
     // What is left (checked by `supported`): a quantized source into f32.
     enc.launch_flat(
-        "copy",
+        "quantize",
         &format!("dequantize_{}", s.dtype.name()),
         (s.nelements() / 32) as i64,
         p,

@@ -19,7 +19,7 @@
 //!   all-reduce kernel adds the residual and applies the next block's norm (comm.rs,
 //!   allreduce.cu); without the norm, `all_reduce(x) + r` alone.
 //! - `W reshape(flash_attn_ext(..))` for a token, W quantized: attention writes its result
-//!   quantized too (attention.cu), so the mat-vec (the o projection) quantizes nothing.
+//!   quantized too (attention.cuh), so the mat-vec (the o projection) quantizes nothing.
 //!
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
@@ -51,7 +51,7 @@ pub(super) fn take(enc: &mut Encoder, nodes: &[TensorId], group: &Group) -> Resu
 
 /// flash_attn_ext whose result, through a reshape, is read next by a quantized mat-vec (the o
 /// projection of a token): the attention kernel that writes the result also writes it as q8_1
-/// blocks where its path can (see attention.cu), and the mat-vec takes them.
+/// blocks where its path can (see attention.cuh), and the mat-vec takes them.
 fn attn_q8(enc: &mut Encoder, nodes: &[TensorId], m: &AttnMulMat) -> Result<bool> {
     let g = enc.graph;
     let (a, ta) = (m.attn, g.get(m.attn));
@@ -185,7 +185,7 @@ fn glu_mul_mats(enc: &mut Encoder, nodes: &[TensorId], m: &GluMulMats) -> Result
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
     let rows = wg.ne[1] as u64;
     let read_only = enc.is_read_only_leaf(tg.src[0]) && enc.is_read_only_leaf(tu.src[0]);
-    let (blocks, threads) = mmvq_launch(&mut p, wg.dtype, rows, wg.ne[0] as u64, read_only);
+    let (blocks, threads) = mmvq_launch(&mut p, rows, read_only);
     // The result quantized too, for the down projection that reads it next (its quantize
     // kernel is then skipped); the kernel counts finished rows per 32-row block with the
     // backend's block counters.
@@ -322,7 +322,7 @@ fn mul_mats(enc: &mut Encoder, m: &MulMats) -> Result<bool> {
         p.f[1] = theta_scale(&r.params);
     }
     let read_only = weights.iter().all(|&w| enc.is_read_only_leaf(w));
-    let (blocks, threads) = mmvq_launch(&mut p, qt, rows as u64, tx.ne[0] as u64, read_only);
+    let (blocks, threads) = mmvq_launch(&mut p, rows as u64, read_only);
     let kernel = if m.rope_kv.is_some() {
         "mmvq_multi_rope"
     } else {

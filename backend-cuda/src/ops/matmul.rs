@@ -146,46 +146,14 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && b.ne[2] * b.ne[3] <= 65535
 }
 
-/// The mat-vec geometry asked for with `TESSERA_CUDA_MMVQ`, as mmvq.cu's `Geom` reads it from
-/// `i[3]`: 1 (`direct`) one row per warp with direct loads for every type, 2 (`staged`) the
-/// shared-memory engine for every type (rows of at least KS tiles), 0 (unset) each type's
-/// faster one on the H200: direct for the 32-value types, staged for the k-quants
-/// (BENCHMARKS.md, "CUDA kernels").
-fn mmvq_mode() -> i32 {
-    static MODE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("TESSERA_CUDA_MMVQ").as_deref() {
-        Ok("direct") => 1,
-        Ok("staged") => 2,
-        _ => 0,
-    })
-}
-
-/// Whether mat-vec kernels may start reading weights that no node of the graph writes before
-/// the kernel ahead of them has finished (see mmvq.cu, "Early weights"); on unless
-/// `TESSERA_CUDA_EARLY_WEIGHTS=0` (for measuring).
-fn early_weights() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TESSERA_CUDA_EARLY_WEIGHTS").as_deref() != Ok("0"))
-}
-
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of
-/// `k` values of type `qt`, with the geometry set in `p.i[3]` ([`mmvq_mode`]), plus 4 there
-/// when the weights are `read_only` ([`Encoder::is_read_only_leaf`]) and may be read early: 128
-/// threads (4 warps) per block of 4 rows, as mmvq.cu's `Geom` decides for every geometry but
-/// one: Q8_0 on the staged engine (only when asked for, a 32-value type, and only for rows of
-/// at least 4 tiles of 32 tasks) has 2 rows a block.
-pub(super) fn mmvq_launch(
-    p: &mut KParams,
-    qt: DType,
-    rows: u64,
-    k: u64,
-    read_only: bool,
-) -> (u32, u32) {
-    let mode = mmvq_mode();
-    p.i[3] = mode | if read_only && early_weights() { 4 } else { 0 };
-    let staged_q8_0 = qt == DType::Q8_0 && mode == 2 && (k / 32).div_ceil(32) >= 4;
-    let per_block = if staged_q8_0 { 2 } else { 4 };
-    (rows.div_ceil(per_block) as u32, 128)
+/// type `qt`, with 4 set in `p.i[3]` when the weights are `read_only`
+/// ([`Encoder::is_read_only_leaf`]) and may be read before the kernel ahead has finished (see
+/// mmvq.cu, "Early weights"): 128 threads (4 warps) per block of 4 rows, as mmvq.cu's `Geom`
+/// decides for each type's geometry.
+pub(super) fn mmvq_launch(p: &mut KParams, rows: u64, read_only: bool) -> (u32, u32) {
+    p.i[3] = if read_only { 4 } else { 0 };
+    (rows.div_ceil(4) as u32, 128)
 }
 
 /// Where a mat-vec sends its results ahead of the all-reduce that sums them (see `store_row`
@@ -231,7 +199,7 @@ pub(super) fn mmvq(
     }
     p.i[0] = (d.ne[2] / a.ne[2]) as i32;
     p.i[1] = (d.ne[3] / a.ne[3]) as i32;
-    let (blocks, threads) = mmvq_launch(&mut p, qt, a.ne[1] as u64, a.ne[0] as u64, read_only);
+    let (blocks, threads) = mmvq_launch(&mut p, a.ne[1] as u64, read_only);
     enc.launch(
         "mmvq",
         &format!("mmvq_{}_{n}", qt.name()),

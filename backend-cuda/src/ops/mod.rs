@@ -25,6 +25,7 @@ use tessera_core::{Error, Graph, Op, Result, TensorId};
 
 use crate::cmd::{Cmd, KParams, TArg};
 use crate::driver::DeviceShared;
+use crate::kernels::Build;
 use crate::memory::{CudaBuffer, ALIGNMENT};
 
 /// Builds the command list of a graph's nodes.
@@ -41,6 +42,8 @@ pub(crate) struct Encoder<'a> {
     pub tf32: bool,
     /// Whether fused kernels may replace op sequences.
     pub fuse: bool,
+    /// The kernels launched.
+    build: &'a Build,
     /// The last mat-vec activation quantized into scratch (the tensor and the (qs, ds)
     /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
     /// one token), as long as no other node runs and no scratch is taken in between.
@@ -80,6 +83,7 @@ impl<'a> Encoder<'a> {
         scratch_cap: usize,
         tf32: bool,
         fuse: bool,
+        build: &'a Build,
     ) -> Self {
         Encoder {
             dev,
@@ -91,6 +95,7 @@ impl<'a> Encoder<'a> {
             scratch_need: 0,
             tf32,
             fuse,
+            build,
             q8: None,
             f16: None,
             group: None,
@@ -137,14 +142,10 @@ impl<'a> Encoder<'a> {
     }
 
     /// `nodes[i]` where it is a mul_mat whose result the next node all-reduces through the
-    /// small peer kernel, and mat-vecs send their results ahead (on by default: two H200s, 8B
-    /// decode +1.5%; `TESSERA_PEER_PRESEND=0` turns it off): its mat-vec then sends each value
-    /// to the other ranks as it stores it, and the all-reduce kernel only receives.
+    /// small peer kernel: its mat-vec then sends each value to the other ranks as it stores it,
+    /// and the all-reduce kernel only receives (one NVLink crossing less on the step's critical
+    /// path).
     fn presend_target(&self, nodes: &[TensorId], i: usize) -> Option<(TensorId, matmul::Presend)> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if !*ON.get_or_init(|| std::env::var("TESSERA_PEER_PRESEND").as_deref() != Ok("0")) {
-            return None;
-        }
         let (group, rank) = self.group.as_ref()?;
         let (id, next) = (nodes[i], *nodes.get(i + 1)?);
         let (t, tn) = (self.graph.get(id), self.graph.get(next));
@@ -254,7 +255,10 @@ impl<'a> Encoder<'a> {
         cluster: u32,
         p: KParams,
     ) -> Result<()> {
-        let (func, name) = self.dev.kernels.func(&self.dev.ctx, file, name)?;
+        let (func, name) = self
+            .dev
+            .kernels
+            .func(&self.dev.ctx, self.build, file, name)?;
         if smem > 48 * 1024 {
             self.dev.kernels.allow_smem(&self.dev.name, func, smem)?;
         }

@@ -1,5 +1,6 @@
 //! Shared helpers of the GPU tests: finding the device (or skipping with the reason), running
-//! a graph on it, host tensors and the error metric.
+//! a graph on it, and host values; the error metric is the conformance suite's
+//! ([`tessera_conformance::nmse`]).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use tessera_cuda::{CudaBackend, CudaBackendReg, CudaDevice};
 /// The first CUDA device, or `None` after printing why the test is skipped.
 pub fn cuda() -> Option<Arc<dyn Device>> {
     static WARM: std::sync::Once = std::sync::Once::new();
-    match CudaBackendReg.devices() {
+    match CudaBackendReg::new().devices() {
         Ok(d) if !d.is_empty() => {
             WARM.call_once(|| {
                 let t = std::time::Instant::now();
@@ -80,45 +81,14 @@ pub fn from_bytes(dtype: DType, b: &[u8], n: usize) -> Vec<f32> {
     out
 }
 
-/// i32 values from bytes.
-pub fn i32s(b: &[u8]) -> Vec<i32> {
-    b.chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 /// What the values of a tensor of `dtype` are after a round trip through it.
 pub fn rounded(dtype: DType, v: &[f32]) -> Vec<f32> {
     from_bytes(dtype, &to_bytes(dtype, v), v.len())
 }
 
-/// Normalised mean squared error sum((a-b)^2) / sum(b^2); NaN anywhere gives infinity.
-pub fn nmse(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len(), "length");
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&a, &b) in out.iter().zip(reference) {
-        if a.is_nan() || b.is_nan() {
-            return f64::INFINITY;
-        }
-        if a.is_infinite() || b.is_infinite() {
-            if a != b {
-                return f64::INFINITY;
-            }
-            continue;
-        }
-        num += (f64::from(a) - f64::from(b)).powi(2);
-        den += f64::from(b).powi(2);
-    }
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
-
 /// Asserts an error below a threshold, naming the case.
 pub fn check(name: &str, out: &[f32], reference: &[f32], max: f64) {
-    let e = nmse(out, reference);
+    let e = tessera_conformance::nmse(reference, out);
     assert!(
         e <= max,
         "{name}: NMSE {e:e} > {max:e}\n  out[..8] {:?}\n  ref[..8] {:?}",
@@ -177,58 +147,4 @@ pub fn read(g: &Graph, ids: &[TensorId]) -> Vec<Vec<u8>> {
             out
         })
         .collect()
-}
-
-/// A host tensor: shape and values in row-major order (ne[0] fastest).
-#[derive(Clone, Debug)]
-pub struct Host {
-    pub ne: [usize; 4],
-    pub v: Vec<f32>,
-}
-
-impl Host {
-    pub fn new(ne: [usize; 4], v: Vec<f32>) -> Host {
-        assert_eq!(ne.iter().product::<usize>(), v.len());
-        Host { ne, v }
-    }
-    pub fn random(rng: &mut Rng, ne: [usize; 4], lo: f32, hi: f32) -> Host {
-        Host::new(ne, rng.vec(ne.iter().product(), lo, hi))
-    }
-    pub fn zeros(ne: [usize; 4]) -> Host {
-        Host::new(ne, vec![0.0; ne.iter().product()])
-    }
-    pub fn idx(&self, i: [usize; 4]) -> usize {
-        ((i[3] * self.ne[2] + i[2]) * self.ne[1] + i[1]) * self.ne[0] + i[0]
-    }
-    pub fn get(&self, i: [usize; 4]) -> f32 {
-        self.v[self.idx(i)]
-    }
-    pub fn set(&mut self, i: [usize; 4], x: f32) {
-        let k = self.idx(i);
-        self.v[k] = x;
-    }
-    /// Every coordinate, in row-major order.
-    pub fn coords(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
-        (0..ne[3]).flat_map(move |i3| {
-            (0..ne[2]).flat_map(move |i2| {
-                (0..ne[1]).flat_map(move |i1| (0..ne[0]).map(move |i0| [i0, i1, i2, i3]))
-            })
-        })
-    }
-    /// ggml's permute: axis i moves to position axes[i].
-    pub fn permute(&self, axes: [usize; 4]) -> Host {
-        let mut ne = [0; 4];
-        for i in 0..4 {
-            ne[axes[i]] = self.ne[i];
-        }
-        let mut out = Host::zeros(ne);
-        for c in Host::coords(self.ne) {
-            let mut d = [0; 4];
-            for i in 0..4 {
-                d[axes[i]] = c[i];
-            }
-            out.set(d, self.get(c));
-        }
-        out
-    }
 }

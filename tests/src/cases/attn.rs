@@ -255,4 +255,84 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     v.push(split(64, 1000, 1, DType::F16, None).case());
     v.push(model(128, 8, 4, 512, 512).causal_case().large());
     v.push(model(64, 3, 3, 512, 512).causal_case().large());
+    gpu_paths(v);
+}
+
+/// Shapes that take each of the CUDA backend's attention kernels in turn (see
+/// backend-cuda/src/ops/attention.rs): f16 decoding of one token with splits merged in a
+/// thread-block cluster, and with more splits than a cluster holds (merged by the last block);
+/// the generic tiled kernel (f32 K/V, many rows, a batch); the tensor-core prompt kernel (f16,
+/// 60 rows a KV head, ALiBi); a v head size other than k's with a softcap; and head size 256.
+fn gpu_paths(v: &mut Vec<Case>) {
+    // Decoding: one token of 8 heads over 2 KV heads, 300 keys of f16.
+    let dec = FlashAttn {
+        hsk: 64,
+        hsv: 64,
+        nh: 2,
+        nr: 4,
+        kv: 300,
+        nb: 1,
+        batch: 1,
+        mask: Some(DType::F16),
+        max_bias: 0.0,
+        softcap: 0.0,
+        type_kv: DType::F16,
+    };
+    v.push(dec.causal_case());
+    // More splits than a cluster holds: 1000 keys, head size 128, no mask.
+    let long = FlashAttn {
+        hsk: 128,
+        hsv: 128,
+        nh: 8,
+        kv: 1000,
+        mask: None,
+        ..dec
+    };
+    v.push(long.case());
+    // The generic kernel: f32 K/V, 37 rows of 4 heads, a batch of 2.
+    let generic = FlashAttn {
+        nh: 4,
+        nr: 1,
+        kv: 90,
+        nb: 37,
+        batch: 2,
+        mask: Some(DType::F32),
+        type_kv: DType::F32,
+        ..dec
+    };
+    v.push(generic.causal_case());
+    // Tensor cores: 20 rows of 3 heads a KV head, ALiBi.
+    let mma = FlashAttn {
+        hsk: 128,
+        hsv: 128,
+        nr: 3,
+        kv: 70,
+        nb: 20,
+        max_bias: 4.0,
+        ..dec
+    };
+    v.push(mma.causal_case());
+    // v's head size other than k's, a softcap, f32 K/V under an f16 mask.
+    let softcap = FlashAttn {
+        hsk: 80,
+        nh: 1,
+        nr: 3,
+        kv: 50,
+        nb: 5,
+        softcap: 30.0,
+        type_kv: DType::F32,
+        ..dec
+    };
+    v.push(softcap.causal_case());
+    // Head size 256.
+    let wide = FlashAttn {
+        hsk: 256,
+        hsv: 256,
+        nh: 1,
+        nr: 2,
+        kv: 40,
+        nb: 3,
+        ..dec
+    };
+    v.push(wide.causal_case());
 }

@@ -16,6 +16,8 @@ enum Dst {
     Strided,
     /// A permuted view.
     Permuted,
+    /// A contiguous tensor of another shape with as many elements (half the row length).
+    Reshaped,
 }
 
 fn cpy_case(src: DType, dst: DType, ne: [usize; 4], per_src: [usize; 4], d: Dst) -> Case {
@@ -30,6 +32,7 @@ fn cpy_case(src: DType, dst: DType, ne: [usize; 4], per_src: [usize; 4], d: Dst)
         Dst::Whole => "",
         Dst::Strided => ",dst=strided",
         Dst::Permuted => ",dst=permuted",
+        Dst::Reshaped => ",dst=reshaped",
     };
     let params = format!(
         "type_src={src},type_dst={dst},ne={},per_src={}{v}",
@@ -46,6 +49,10 @@ fn cpy_case(src: DType, dst: DType, ne: [usize; 4], per_src: [usize; 4], d: Dst)
                 g.view(wide, &ne, &nb[1..], 0)?
             }
             Dst::Permuted => permuted(g, dst, ne, [0, 2, 1, 3], Init::Poison)?,
+            Dst::Reshaped => {
+                let half = [ne[0] / 2, ne[1] * 2, ne[2], ne[3]];
+                g.input(dst, &half, Init::Poison)?
+            }
         };
         g.cpy(a, b)
     })
@@ -66,6 +73,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 [0, 2, 1, 3],
                 Dst::Whole,
             ));
+            v.push(cpy_case(src, dst, [64, 6, 1, 1], id, Dst::Reshaped));
         }
     }
     for (src, dst) in [

@@ -186,4 +186,46 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             .case()
             .large(),
     );
+    gpu_paths(v);
+}
+
+/// Shapes that take each of the CUDA backend's mul_mat paths in turn, for every weight type
+/// (see backend-cuda/src/ops/matmul.rs): mat-vecs of one column (rows not a multiple of a
+/// block's), three columns, and eight with src0 broadcast over src1's batches; GEMMs past eight
+/// columns, plain and batched with broadcast on both batch dims; f16 activations on a mat-vec
+/// and a GEMM; and an attention-style K * Q product (f16 K, permuted f32 Q, grouped heads).
+fn gpu_paths(v: &mut Vec<Case>) {
+    let mut weights = FLOATS.to_vec();
+    weights.extend(DType::QUANTIZED);
+    for &t in &weights {
+        // (k, m, n, bs, nr)
+        for (k, m, n, bs, nr) in [
+            (256, 35, 1, [1, 1], [1, 1]),
+            (512, 64, 3, [1, 1], [1, 1]),
+            (256, 48, 8, [2, 1], [2, 1]),
+            (768, 70, 33, [1, 1], [1, 1]),
+            (256, 40, 20, [2, 1], [2, 2]),
+        ] {
+            v.push(
+                MulMat {
+                    bs,
+                    nr,
+                    ..MulMat::new(t, DType::F32, m, n, k)
+                }
+                .case(),
+            );
+        }
+        for (k, m, n) in [(512, 64, 3), (768, 70, 33)] {
+            v.push(MulMat::new(t, DType::F16, m, n, k).case());
+        }
+    }
+    v.push(
+        MulMat {
+            bs: [2, 1],
+            nr: [3, 1],
+            per: [0, 2, 1, 3],
+            ..MulMat::new(DType::F16, DType::F32, 40, 4, 64)
+        }
+        .case(),
+    );
 }

@@ -12,8 +12,9 @@ type RowFn = fn(&mut CaseGraph, TensorId) -> Result<TensorId>;
 /// Every reduction case.
 pub(super) fn cases(v: &mut Vec<Case>) {
     let u = Init::Uniform(-1.0, 1.0);
+    // [1000, 100]: more values than one block of a GPU's sum takes.
     for t in FLOATS {
-        for ne in [[10, 5, 4, 3], [1000, 3, 1, 1]] {
+        for ne in [[10, 5, 4, 3], [1000, 3, 1, 1], [1000, 100, 1, 1]] {
             v.push(Case::new(
                 "SUM",
                 format!("type={t},ne={}", ne_str(&ne)),
@@ -74,7 +75,8 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             },
         ));
     }
-    for ne in [[32, 10], [100, 7], [1024, 12], [5, 1]] {
+    // [50000, 3]: rows longer than a GPU block's threads take in one pass.
+    for ne in [[32, 10], [100, 7], [1024, 12], [5, 1], [50000, 3]] {
         v.push(Case::new(
             "ARGMAX",
             format!("type=f32,ne={}", ne_str(&ne)),

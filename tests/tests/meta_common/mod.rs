@@ -136,16 +136,8 @@ pub fn eval(
         .collect()
 }
 
-pub fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    assert_eq!(want.len(), got.len());
-    let num: f64 = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|a| (*a as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
+/// The suite's error metric (reference first).
+pub use tessera_conformance::nmse;
 
 pub fn assert_close(what: &str, want: &[Vec<f32>], got: &[Vec<f32>], tol: f64) {
     assert_eq!(want.len(), got.len());

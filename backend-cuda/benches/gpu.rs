@@ -1,6 +1,12 @@
-//! Throughput figures on a real GPU (ignored by default; run with `--ignored --nocapture`).
-//! Each prints one line per figure; results are checked to be finite, not timed against a bound.
+//! Throughput figures on a real GPU: `gpu [--types q4_0,q4_K] [NAME...]` runs the benchmarks
+//! whose names contain one of the NAMEs (every one without), printing one line per figure;
+//! results are checked to be finite, not timed against a bound. `--types` limits the types the
+//! mat-vec benchmark measures. Without a CUDA device it prints why and measures nothing.
+//!
+//! Built with `cargo bench -p tessera-cuda --bench gpu --no-run` (the executable's path is
+//! printed), run there with `cargo bench -p tessera-cuda --bench gpu -- mat_vec`.
 
+#[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::time::Instant;
@@ -11,7 +17,7 @@ use tessera_core::{Backend, Graph, TensorId};
 
 /// Runs the graph `iters` times after a warm-up and returns seconds per run.
 fn time_graph(
-    dev: &std::sync::Arc<dyn tessera_core::Device>,
+    dev: &Dev,
     g: &mut Graph,
     inputs: &[(TensorId, Vec<u8>)],
     outs: &[TensorId],
@@ -37,16 +43,71 @@ fn time_graph(
     s
 }
 
-/// Whether type `name` is measured: `TESSERA_BENCH_TYPES` (comma-separated names, e.g.
-/// `q4_K,q6_K`) limits the types; every one when unset.
-fn only_types(name: &str) -> bool {
-    std::env::var("TESSERA_BENCH_TYPES").map_or(true, |v| v.split(',').any(|t| t.trim() == name))
+/// A benchmark: it measures on the device and prints its figures.
+type Bench = fn(&Dev, &Args);
+
+/// The benchmarks, by name.
+const BENCHES: [(&str, Bench); 4] = [
+    ("mat_vec_bandwidth", mat_vec_bandwidth),
+    ("mat_vec_fused", mat_vec_fused),
+    ("gemm_throughput", gemm_throughput),
+    ("attention_decode", attention_decode),
+];
+
+type Dev = std::sync::Arc<dyn tessera_core::Device>;
+
+/// The command line: name filters and the mat-vec types.
+struct Args {
+    names: Vec<String>,
+    types: Option<Vec<String>>,
 }
 
-#[test]
-#[ignore]
-fn mat_vec_bandwidth() {
+impl Args {
+    /// Parses the arguments; `--bench` (which `cargo bench` passes) and other flags are
+    /// ignored.
+    fn parse() -> Args {
+        let mut args = Args {
+            names: Vec::new(),
+            types: None,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(a) = it.next() {
+            if a == "--types" {
+                let list = it.next().unwrap_or_default();
+                args.types = Some(list.split(',').map(|t| t.trim().to_string()).collect());
+            } else if let Some(list) = a.strip_prefix("--types=") {
+                args.types = Some(list.split(',').map(|t| t.trim().to_string()).collect());
+            } else if !a.starts_with("--") {
+                args.names.push(a);
+            }
+        }
+        args
+    }
+
+    /// Whether the benchmark `name` runs.
+    fn runs(&self, name: &str) -> bool {
+        self.names.is_empty() || self.names.iter().any(|n| name.contains(n.as_str()))
+    }
+
+    /// Whether type `name` is measured (every one unless `--types` was given).
+    fn measures(&self, name: &str) -> bool {
+        self.types
+            .as_ref()
+            .is_none_or(|t| t.iter().any(|t| t == name))
+    }
+}
+
+fn main() {
+    let args = Args::parse();
     let Some(dev) = cuda() else { return };
+    for (name, bench) in BENCHES {
+        if args.runs(name) {
+            bench(&dev, &args);
+        }
+    }
+}
+
+fn mat_vec_bandwidth(dev: &Dev, args: &Args) {
     let (m, k) = (4096usize, 14336usize);
     let mut rng = Rng::new(11);
     let x = rng.vec(k * 64, -1.0, 1.0);
@@ -61,7 +122,7 @@ fn mat_vec_bandwidth() {
         DType::F16,
     ]
     .into_iter()
-    .filter(|dt| only_types(dt.name()))
+    .filter(|dt| args.measures(dt.name()))
     {
         let bytes = m * dt.row_size(k).unwrap();
         let wdata: Vec<f32> = (0..m * k)
@@ -90,7 +151,7 @@ fn mat_vec_bandwidth() {
                 for i in 0..8 {
                     outs.push(g.mul_mat(ws[i % nw], v).unwrap());
                 }
-                let s = time_graph(&dev, &mut g, &inputs, &outs, 50) / 8.0;
+                let s = time_graph(dev, &mut g, &inputs, &outs, 50) / 8.0;
                 println!(
                     "mul_mat {} m={m} k={k} n={n} {}: {:.1} us, {:.0} GB/s",
                     dt.name(),
@@ -110,10 +171,7 @@ fn mat_vec_bandwidth() {
 /// The fused decode kernels of a Llama-8B block with Q4_0 weights, from DRAM (4 weight sets
 /// rotated): gate+up+swiglu (2 x 14336 rows, k 4096) and K+V (2 x 1024 rows, k 4096; each pair
 /// by its own vector, so the time includes quantizing that vector).
-#[test]
-#[ignore]
-fn mat_vec_fused() {
-    let Some(dev) = cuda() else { return };
+fn mat_vec_fused(dev: &Dev, _: &Args) {
     let (k, dt, sets) = (4096usize, DType::Q4_0, 4usize);
     let mut rng = Rng::new(14);
     let x = rng.vec(k * sets, -1.0, 1.0);
@@ -146,7 +204,7 @@ fn mat_vec_fused() {
                 outs.extend([ya, yb]);
             }
         }
-        let s = time_graph(&dev, &mut g, &inputs, &outs, 50) / sets as f64;
+        let s = time_graph(dev, &mut g, &inputs, &outs, 50) / sets as f64;
         let bytes = 2 * m * dt.row_size(k).unwrap();
         println!(
             "{what} {} 2 x {m}x{k}, {sets} weight sets rotated: {:.1} us, {:.0} GB/s",
@@ -157,10 +215,7 @@ fn mat_vec_fused() {
     }
 }
 
-#[test]
-#[ignore]
-fn gemm_throughput() {
-    let Some(dev) = cuda() else { return };
+fn gemm_throughput(dev: &Dev, _: &Args) {
     let mut rng = Rng::new(12);
     for (dt, bt, n) in [
         (DType::F16, DType::F16, 4096usize),
@@ -179,7 +234,7 @@ fn gemm_throughput() {
             (a, to_bytes(dt, &fill(n * n))),
             (b, to_bytes(bt, &fill(n * n))),
         ];
-        let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
+        let s = time_graph(dev, &mut g, &inputs, &[y], 10);
         println!(
             "gemm {}x{} {n}^3: {:.3} ms, {:.1} TFLOP/s",
             dt.name(),
@@ -202,7 +257,7 @@ fn gemm_throughput() {
             (a, to_bytes(dt, &w)),
             (b, to_bytes(DType::F32, &rng.vec(k * n, -1.0, 1.0))),
         ];
-        let s = time_graph(&dev, &mut g, &inputs, &[y], 10);
+        let s = time_graph(dev, &mut g, &inputs, &[y], 10);
         println!(
             "mul_mat {} m={m} k={k} n={n}: {:.1} us, {:.1} TFLOP/s",
             dt.name(),
@@ -212,10 +267,7 @@ fn gemm_throughput() {
     }
 }
 
-#[test]
-#[ignore]
-fn attention_decode() {
-    let Some(dev) = cuda() else { return };
+fn attention_decode(dev: &Dev, _: &Args) {
     let mut rng = Rng::new(13);
     for nkv in [4096usize, 8192, 16384] {
         let (d, heads, kvh) = (128usize, 32usize, 4usize);
@@ -230,7 +282,7 @@ fn attention_decode() {
             (k, to_bytes(DType::F16, &kv)),
             (v, to_bytes(DType::F16, &kv)),
         ];
-        let s = time_graph(&dev, &mut g, &inputs, &[y], 50);
+        let s = time_graph(dev, &mut g, &inputs, &[y], 50);
         println!(
             "flash_attn decode d={d} heads={heads}/{kvh} kv={nkv} f16: {:.1} us",
             s * 1e6
@@ -247,7 +299,7 @@ fn attention_decode() {
         (k, to_bytes(DType::F16, &rng.vec(d * n * kvh, -1.0, 1.0))),
         (v, to_bytes(DType::F16, &rng.vec(d * n * kvh, -1.0, 1.0))),
     ];
-    let s = time_graph(&dev, &mut g, &inputs, &[y], 3);
+    let s = time_graph(dev, &mut g, &inputs, &[y], 3);
     println!(
         "flash_attn prefill d={d} heads={heads}/{kvh} n={n}: {:.2} ms, {:.1} TFLOP/s",
         s * 1e3,

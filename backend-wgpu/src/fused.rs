@@ -17,7 +17,7 @@
 //! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
 //!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
 //!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),
-//!   unless `TESSERA_WGPU_QKV=0` or the adapter binds fewer than 8 storage buffers. Where
+//!   unless the adapter binds fewer than 8 storage buffers. Where
 //!   the rope of Q and K and the stores of K and V into their caches follow (as below) and
 //!   read the three products alone (straight or through a reshape), the same dispatch also
 //!   rotates Q and K and stores the rotated Q and, at the cache row, K and V (ROPE in
@@ -42,7 +42,7 @@
 //! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM, ROPE_KV_ATTN and
 //! QKV_ROPE_KV_ATTN check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
-//! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
+//! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -54,16 +54,6 @@ use tessera_core::{
 use crate::context::Gpu;
 use crate::ops::{self, desc, Launch, PlanOut};
 use crate::shader::Variant;
-
-/// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
-pub(crate) fn default_on() -> bool {
-    std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
-}
-
-/// Whether Q, K and V may run as one mat-vec dispatch (QKV): unless `TESSERA_WGPU_QKV=0`.
-fn qkv_on() -> bool {
-    std::env::var("TESSERA_WGPU_QKV").map_or(true, |v| v.trim() != "0")
-}
 
 /// What a fusion looks at: the device, the graph, the nodes of this compute and the readers
 /// of each tensor.
@@ -625,8 +615,7 @@ impl<'a> Fuser<'a> {
             && tq.nb[0] == 4
             && self.apart(q, x, false)
             && self.apart(q, k, false)
-            && self.apart(q, v, false)
-            && qkv_on();
+            && self.apart(q, v, false);
         if !fits {
             return Ok(None);
         }

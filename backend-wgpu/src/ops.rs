@@ -162,10 +162,9 @@ const MM_HK: u32 = 16;
 /// one gives twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
 /// Rows of src0 per mat-vec workgroup (they share each load of src1), and invocations per
-/// mat-vec workgroup: the defaults of [`Gpu::mat_vec`], which `TESSERA_WGPU_MV=ROWS,WG`
-/// overrides (for tuning on a new GPU).
-pub(crate) const MV_ROWS: u32 = 4;
-pub(crate) const MV_WG: u32 = 256;
+/// mat-vec workgroup.
+const MV_ROWS: u32 = 4;
+const MV_WG: u32 = 256;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
 /// Weight types the integer-dot mat-vec (`mat_vec_q` in `shaders/mul_mat.wgsl`) reads.
@@ -571,13 +570,10 @@ pub(crate) fn plan(
                         groups_3d: None,
                     });
                 } else if t.ne[1] <= MAT_VEC_MAX_N {
-                    let (mv_rows, mv_wg) = gpu.mat_vec;
-                    let groups = rc.div_ceil(mv_rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+                    let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
                     p.u[0] = groups as u32;
                     let (wide_a, y4) = wide_loads(gpu, graph, t, r0, 8);
-                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, wide_a, y4)
-                        .def("ROWS", mv_rows)
-                        .def("WG", mv_wg);
+                    let v = mat_vec_variant(a.dtype, b.dtype, gpu.subgroups, wide_a, y4);
                     out.push(PlanOut {
                         variant: v,
                         bind,
@@ -1077,30 +1073,6 @@ fn mvq_two_in_flight(a: DType) -> bool {
     matches!(a, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
-/// The integer-dot mat-vec's shape setting: `None` (the default: on), `Some(None)`
-/// (TESSERA_WGPU_MVQ=0: off, every type takes the float mat-vec) or `Some(Some((ROWS, WG)))`
-/// (TESSERA_WGPU_MVQ=ROWS,WG: ROWS rows and WG / ROWS invocations per row for every product,
-/// for tuning on a new GPU).
-fn mvq_setting() -> Option<Option<(u32, u32)>> {
-    static SETTING: std::sync::OnceLock<Option<Option<(u32, u32)>>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        let v = std::env::var("TESSERA_WGPU_MVQ").ok()?;
-        if v.trim() == "0" {
-            return Some(None);
-        }
-        let parsed = v.split_once(',').and_then(|(r, w)| {
-            let (r, w) = (r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?);
-            (MVQ_ROWS.contains(&r) && w.is_power_of_two() && (32..=1024).contains(&w) && w >= r)
-                .then_some((r, w))
-        });
-        if parsed.is_none() {
-            log::warn!("wgpu: TESSERA_WGPU_MVQ={v} is not 0 or ROWS,WG (ROWS one of {MVQ_ROWS:?}, WG a power of two from 32 to 1024); using the defaults");
-            return None;
-        }
-        Some(parsed)
-    })
-}
-
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
 /// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of [`MVQ_TYPES`] whose rows
 /// start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte
@@ -1112,10 +1084,6 @@ fn mat_vec_q_shape(
     r0: usize,
     rows: usize,
 ) -> Option<(u32, u32, u32, bool)> {
-    let setting = mvq_setting();
-    if setting == Some(None) {
-        return None;
-    }
     let a = graph.get(t.src[0]);
     if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
         return None;
@@ -1123,21 +1091,19 @@ fn mat_vec_q_shape(
     let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
-    let (nr, wg) = setting.flatten().unwrap_or_else(|| {
-        let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
-            (MVQ_LONG_GROUPS, MVQ_LONG_WG)
-        } else {
-            (MVQ_GROUPS, MVQ_WG)
-        };
-        let nr = MVQ_ROWS
-            .into_iter()
-            .find(|&r| rows.div_ceil(r as usize) >= groups)
-            .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
-        let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
-        let tpr = (parts.div_ceil(mvq_parts_each(a.dtype)).next_power_of_two() as u32)
-            .clamp(32 / nr, max_wg / nr);
-        (nr, nr * tpr)
-    });
+    let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
+        (MVQ_LONG_GROUPS, MVQ_LONG_WG)
+    } else {
+        (MVQ_GROUPS, MVQ_WG)
+    };
+    let nr = MVQ_ROWS
+        .into_iter()
+        .find(|&r| rows.div_ceil(r as usize) >= groups)
+        .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
+    let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
+    let tpr = (parts.div_ceil(mvq_parts_each(a.dtype)).next_power_of_two() as u32)
+        .clamp(32 / nr, max_wg / nr);
+    let wg = nr * tpr;
     let l = &gpu.limits;
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
         return None;
@@ -1316,25 +1282,15 @@ fn mat_mat_h16(enabled: bool, a: DType) -> bool {
 /// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
 /// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
 /// `h16`) whose tiles fit the adapter's workgroup memory; with `coop` (cooperative matrices)
-/// one of [`MM_COOP_TILES`]. (H200, 2026-11-30, square f16 x f32 products: 128 x 64 x 64 31
-/// TFLOP/s, 128 x 128 19; f32 128 x 64 x 32 26, 128 x 128 23; q4_0 m=4096 n=512: 128 x 128 x 32
-/// 19.8, 128 x 64 x 64 18.2.) `TESSERA_WGPU_MM=BM,BN,BK` sets the tile of every mat-mat instead
-/// ([`mm_setting`]), where its tiles fit (and, with `coop`, it is one of MM_COOP_TILES).
+/// one of [`MM_COOP_TILES`]. Float weights lose with the largest tile (too few workgroups
+/// for the GPU's cores); quantized weights, whose tiles cost more to load, gain with it where
+/// there are enough of them.
 fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -> (u32, u32, u32) {
-    let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
-    match mm_setting() {
-        Some((bm, bn, bk))
-            if tile_fits(wg_mem, (bm, bn), bk, h16, coop)
-                && (!coop || (MM_COOP_TILES.contains(&(bm, bn)) && bk == MM_COOP_BK)) =>
-        {
-            (bm, bn, bk)
-        }
-        _ if coop => {
-            let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
-            (bm, bn, MM_COOP_BK)
-        }
-        _ => mat_mat_tile_for(wg_mem, ne, h16, quant),
+    if coop {
+        let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
+        return (bm, bn, MM_COOP_BK);
     }
+    mat_mat_tile_for(gpu.limits.max_compute_workgroup_storage_size, ne, h16, quant)
 }
 
 /// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes; with
@@ -1360,25 +1316,6 @@ fn coop_big(ne: [usize; 4]) -> bool {
 /// 128 rows.
 fn coop_wanted(ne: [usize; 4]) -> bool {
     ne[0] >= MM_COOP_TILES[0].0 as usize
-}
-
-/// `TESSERA_WGPU_MM=BM,BN,BK` (for tuning on a new GPU): BM and BN from [`MM_TILES`]'s sizes
-/// (BM >= BN), BK one of [`MM_BK_H16`]; `None` when unset or invalid (with a warning).
-fn mm_setting() -> Option<(u32, u32, u32)> {
-    static SETTING: std::sync::OnceLock<Option<(u32, u32, u32)>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        let v = std::env::var("TESSERA_WGPU_MM").ok()?;
-        let parts: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        match parts[..] {
-            [bm, bn, bk] if MM_TILES.contains(&(bm, bn)) && MM_BK_H16.contains(&bk) => {
-                Some((bm, bn, bk))
-            }
-            _ => {
-                log::warn!("wgpu: TESSERA_WGPU_MM={v} is not BM,BN,BK with (BM, BN) one of {MM_TILES:?} and BK one of {MM_BK_H16:?}; using the defaults");
-                None
-            }
-        }
-    })
 }
 
 /// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
@@ -1520,33 +1457,16 @@ fn flash_attn_combine_variant(dmax: u32) -> Variant {
         .def("WG", FA_COMBINE_WG)
 }
 
-/// The split setting of flash attention's decode: `None` (the default: [`fa_splits`]
-/// decides), `Some(n)` (`TESSERA_WGPU_FA_SPLIT=N`: N splits wherever there are N keys, as many
-/// as there are keys otherwise; 0 or 1: the single pass), for measuring on a GPU.
-fn fa_split_setting() -> Option<usize> {
-    static SETTING: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *SETTING
-        .get_or_init(|| tessera_core::env::setting("TESSERA_WGPU_FA_SPLIT", "a number of splits"))
-}
-
 /// Splits of the keys of each of `groups` query rows and heads of flash attention's decode over
 /// `nkv` keys: enough to make [`FA_SPLIT_GROUPS`] workgroups, with at least
-/// [`FA_SPLIT_MIN_KEYS`] keys each (1: the single pass), unless `TESSERA_WGPU_FA_SPLIT` says
-/// otherwise; then cut to the splits that splits of that many keys (rounded up) make, so
-/// that none is empty.
+/// [`FA_SPLIT_MIN_KEYS`] keys each (1: the single pass); then cut to the splits that splits
+/// of that many keys (rounded up) make, so that none is empty.
 fn fa_splits(groups: usize, nkv: usize) -> usize {
-    fa_splits_with(fa_split_setting(), groups, nkv)
-}
-
-/// [`fa_splits`] under split setting `setting` ([`fa_split_setting`]).
-fn fa_splits_with(setting: Option<usize>, groups: usize, nkv: usize) -> usize {
     let nkv = nkv.max(1);
-    let want = setting.unwrap_or_else(|| {
-        FA_SPLIT_GROUPS
-            .div_ceil(groups.max(1))
-            .min(nkv / FA_SPLIT_MIN_KEYS)
-    });
-    let want = want.clamp(1, nkv);
+    let want = FA_SPLIT_GROUPS
+        .div_ceil(groups.max(1))
+        .min(nkv / FA_SPLIT_MIN_KEYS)
+        .clamp(1, nkv);
     nkv.div_ceil(nkv.div_ceil(want))
 }
 
@@ -1818,33 +1738,26 @@ mod tests {
     use super::*;
 
     /// Flash attention's decode splits: enough for FA_SPLIT_GROUPS workgroups with at least
-    /// FA_SPLIT_MIN_KEYS keys each, never an empty split, and TESSERA_WGPU_FA_SPLIT's count.
+    /// FA_SPLIT_MIN_KEYS keys each, never an empty split.
     #[test]
     fn fa_split_counts() {
         // The 8B's 32 heads of one token: one pass over 256 keys, 2 splits over 512, 4 over
         // 1,024, 8 of 512 keys over 4,096.
-        assert_eq!(fa_splits_with(None, 32, 256), 1);
-        assert_eq!(fa_splits_with(None, 32, 512), 2);
-        assert_eq!(fa_splits_with(None, 32, 1024), 4);
-        assert_eq!(fa_splits_with(None, 32, 4096), 8);
+        assert_eq!(fa_splits(32, 256), 1);
+        assert_eq!(fa_splits(32, 512), 2);
+        assert_eq!(fa_splits(32, 1024), 4);
+        assert_eq!(fa_splits(32, 4096), 8);
         // Short caches and many rows and heads keep the single pass.
-        assert_eq!(fa_splits_with(None, 32, 40), 1);
-        assert_eq!(fa_splits_with(None, 256, 4096), 1);
-        assert_eq!(fa_splits_with(None, 8, 1000), 3);
-        // Forced: 0 and 1 are one pass; a count past the keys gives one key a split; a count
-        // whose splits would leave the last empty is cut (9 keys: 4 splits of 3 keys are 3).
-        assert_eq!(fa_splits_with(Some(0), 8, 1024), 1);
-        assert_eq!(fa_splits_with(Some(1), 8, 1024), 1);
-        assert_eq!(fa_splits_with(Some(3), 8, 1000), 3);
-        assert_eq!(fa_splits_with(Some(50), 8, 7), 7);
-        assert_eq!(fa_splits_with(Some(4), 8, 9), 3);
-        for nkv in 1..200 {
-            for want in 1..40 {
-                let s = fa_splits_with(Some(want), 1, nkv);
+        assert_eq!(fa_splits(32, 40), 1);
+        assert_eq!(fa_splits(256, 4096), 1);
+        assert_eq!(fa_splits(8, 1000), 3);
+        for nkv in 1..3000 {
+            for groups in [1, 3, 8, 32] {
+                let s = fa_splits(groups, nkv);
                 let per = nkv.div_ceil(s);
                 assert!(
-                    s <= want && (s - 1) * per < nkv && s * per >= nkv,
-                    "{nkv} {want}"
+                    s >= 1 && (s - 1) * per < nkv && s * per >= nkv,
+                    "{nkv} {groups}"
                 );
             }
         }

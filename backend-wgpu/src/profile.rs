@@ -1,4 +1,5 @@
-//! GPU time per shader variant (`TESSERA_WGPU_PROFILE=1`, or [`crate::WgpuBackend::set_profile`]).
+//! GPU time per shader variant ([`crate::WgpuOptions::profile`], or
+//! [`crate::WgpuBackend::set_profile`]).
 //!
 //! While a backend profiles, each graph it runs is recorded with every dispatch in a compute
 //! pass of its own, timed by timestamp queries at the pass's beginning and end, and the backend
@@ -6,7 +7,7 @@
 //! and its passes add barriers; use it to see where the time goes, not for throughput). The
 //! times are summed per variant name; when the backend is dropped the table is logged at debug
 //! level (`RUST_LOG=tessera_wgpu=debug`), the costliest variants first, in the form the CUDA
-//! backend's `TESSERA_CUDA_PROFILE` uses. Adapters without TIMESTAMP_QUERY are not profiled.
+//! backend's profile uses. Adapters without TIMESTAMP_QUERY are not profiled.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -6,14 +6,9 @@
 mod common;
 mod products;
 
-use std::sync::Mutex;
-
 use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::DType;
-
-/// Held by each test while it opens its device: the device reads TESSERA_WGPU_MM_F16 (which
-/// the tests set to pick the variant) when it is opened.
-static ENV: Mutex<()> = Mutex::new(());
+use tessera_wgpu::WgpuOptions;
 
 /// NMSE bound of the f32 variant: the same products as the host's, summed in another order.
 const F32_NMSE: f64 = 1e-9;
@@ -28,15 +23,9 @@ const F16_NMSE: f64 = 1e-5;
 /// where `f16` (and the adapter has SHADER_F16) and the f32 one otherwise, and checks it
 /// within the variant's NMSE bound.
 fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
-    let (dev, mut backend) = {
-        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-        std::env::set_var("TESSERA_WGPU_MM_F16", if f16 { "1" } else { "0" });
-        // The device is opened (and reads the variable) with its first stream: here, under
-        // the lock.
-        let Some(dev) = common::device() else { return };
-        let backend = dev.new_backend().unwrap();
-        (dev, backend)
-    };
+    let options = WgpuOptions::default().mat_mat_f16(Some(f16));
+    let Some(dev) = common::device_with(options) else { return };
+    let mut backend = dev.new_backend().unwrap();
     let tol = if f16 { F16_NMSE } else { F32_NMSE };
     let vals: Vec<f32> = (0..k * m)
         .map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
@@ -153,7 +142,7 @@ fn f16_variant_f16_large() {
 }
 
 /// GPU time (timestamp queries, median of 10 runs) of dst = a^T b with a and b n x n, a f16 or
-/// f32, b f32, for n = 4096 and 8192 (TESSERA_WGPU_MM picks the tile):
+/// f32, b f32, for n = 4096 and 8192:
 /// `cargo test --release -p tessera-wgpu --test mat_mat -- --ignored --nocapture`.
 #[test]
 #[ignore]

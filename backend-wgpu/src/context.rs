@@ -335,11 +335,12 @@ impl Gpu {
         if let Some(p) = lock(&self.pipelines).get(v) {
             return Ok(p.clone());
         }
-        let source = v
-            .clone()
-            .def("F16", u32::from(self.f16_in_f32))
-            .source()
-            .map_err(|e| self.err(e))?;
+        let source = Variant {
+            f16: self.f16_in_f32,
+            ..*v
+        }
+        .source()
+        .map_err(|e| self.err(e))?;
         let label = v.label();
         let layout = &self.layouts[v.storage_bindings()].1;
         let pipeline = self.scoped(
@@ -361,7 +362,7 @@ impl Gpu {
                         label: Some(&label),
                         layout: Some(layout),
                         module: &module,
-                        entry_point: Some(v.entry),
+                        entry_point: Some(v.entry()),
                         compilation_options: wgpu::PipelineCompilationOptions {
                             constants: &[],
                             zero_initialize_workgroup_memory: false,
@@ -374,7 +375,7 @@ impl Gpu {
         )?;
         log::debug!("wgpu: built pipeline {label}");
         let p = Arc::new(pipeline);
-        lock(&self.pipelines).insert(v.clone(), p.clone());
+        lock(&self.pipelines).insert(*v, p.clone());
         Ok(p)
     }
 

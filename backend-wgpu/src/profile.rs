@@ -120,10 +120,10 @@ impl Profile {
 /// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, ROPE, NORM, MMPAIR), and SPLIT
 /// (the split flash attention decode, whose merge is `decode_combine`).
 pub(crate) fn variant_name(v: &Variant) -> String {
-    let mut name = if v.entry == "main" {
-        v.family.file().0.to_string()
+    let mut name = if v.entry() == "main" {
+        v.family().file().0.to_string()
     } else {
-        v.entry.to_string()
+        v.entry().to_string()
     };
     if let Some(t) = v
         .get("T0")

@@ -5,12 +5,12 @@
 //! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows, read only by mul_mats that run as
 //!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
 //!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
-//!   normalizes its column itself (NORM in `mat_vec_q`, `shaders/mul_mat.wgsl`). Nothing that
+//!   normalizes its column itself (NORM in `shaders/mat_vec_q.wgsl`). Nothing that
 //!   runs until those mat-vecs are done may write x or w.
 //! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
 //!   in `shaders/norm.wgsl`).
 //! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
-//!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+//!   mat-vec adds `r` as it stores (ADD in `shaders/mat_vec_q.wgsl`).
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
@@ -873,13 +873,13 @@ impl<'a> Fuser<'a> {
 }
 
 /// The QKV mat-vec variant `v` with the rope of Q and K and the stores of K and V into caches
-/// of type `cache` (F16 or F32) fused in (ROPE in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+/// of type `cache` (F16 or F32) fused in (ROPE in `shaders/mat_vec_q.wgsl`).
 pub(crate) fn qkv_rope_variant(v: Variant, cache: DType) -> Variant {
     v.with_mat_vec_q(|k| k.rope = Some(cache))
 }
 
 /// The cooperative-matrix mat-mat variant `v` over two weight matrices in one binding (MMPAIR
-/// in `mat_mat`, `shaders/mul_mat.wgsl`).
+/// in `shaders/mat_mat_coop.wgsl`).
 pub(crate) fn mat_mat_pair_variant(mut v: Variant) -> Variant {
     if let Key::MatMat(k) = &mut v.key {
         k.pair = true;

@@ -17,11 +17,6 @@ pub(crate) const ROW_WG: u32 = 256;
 /// mat-vec workgroup.
 pub(crate) const MV_ROWS: u32 = 4;
 pub(crate) const MV_WG: u32 = 256;
-/// Tiles of the tiled mat-mat (BM x BN of dst per workgroup).
-pub(crate) const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
-/// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
-/// memory): the deeper one where the adapter's workgroup memory holds it.
-pub(crate) const MM_BK: [u32; 2] = [16, 32];
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
 const MM_HK: u32 = 16;
 /// Invocations per workgroup of the flash attention `decode` entry point.
@@ -134,7 +129,7 @@ pub(crate) struct RowsKey {
     pub dst: DType,
 }
 
-/// `mul_mat.wgsl` `mat_vec`: the float (dequantizing) mat-vec of weights `a` by activations
+/// `mat_vec.wgsl` `mat_vec`: the float (dequantizing) mat-vec of weights `a` by activations
 /// `b`. `aligned`: the weights read as 16-byte loads (a float type: A4) or as whole aligned
 /// words (a quantized type whose blocks are whole words: AL); `y4`: f32 activations as
 /// 16-byte loads.
@@ -155,7 +150,7 @@ pub(crate) struct SecondMatrix {
     pub glu: bool,
 }
 
-/// `mul_mat.wgsl` `mat_vec_q`: the integer-dot mat-vec (see the shader for each define).
+/// `mat_vec_q.wgsl` `mat_vec_q`: the integer-dot mat-vec (see the shader for each define).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MatVecQKey {
     /// Weight and activation types.
@@ -190,7 +185,7 @@ pub(crate) struct MatVecQKey {
     pub norm: bool,
 }
 
-/// `mul_mat.wgsl` `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
+/// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
 /// (BM, BN, BK); `aligned` and `y4` as for [`MatVecKey`]; `h16`: f16 tiles and products;
 /// `coop` (with `h16`): the products on cooperative matrices; `pair` (with `coop`): two weight
 /// matrices in one dispatch (MMPAIR).
@@ -322,7 +317,7 @@ fn mat_vec_blocks(a: DType) -> (u32, u32) {
 }
 
 /// Values per block and parts per block of the integer-dot mat-vec for weights of type `a`
-/// (see `mat_vec_q` in `shaders/mul_mat.wgsl`). A Q4_K part is a whole 64-value group, whose
+/// (see `shaders/mat_vec_q.wgsl`). A Q4_K part is a whole 64-value group, whose
 /// two sub-blocks share the head's loads and the scales' decode.
 pub(crate) fn mvq_parts(a: DType) -> (u32, u32) {
     match a {
@@ -352,9 +347,10 @@ impl Key {
             Key::SoftMax(_) => (Family::SoftMax, "main"),
             Key::Rope(_) => (Family::Rope, "main"),
             Key::Rows(_) => (Family::Rows, "main"),
-            Key::MatVec(_) => (Family::MulMat, "mat_vec"),
-            Key::MatVecQ(_) => (Family::MulMat, "mat_vec_q"),
-            Key::MatMat(_) => (Family::MulMat, "mat_mat"),
+            Key::MatVec(_) => (Family::MatVec, "mat_vec"),
+            Key::MatVecQ(_) => (Family::MatVecQ, "mat_vec_q"),
+            Key::MatMat(k) if k.coop => (Family::MatMatCoop, "mat_mat"),
+            Key::MatMat(_) => (Family::MatMat, "mat_mat"),
             Key::FlashAttn(_) => (Family::FlashAttn, "main"),
             Key::FlashAttnDecode(_) => (Family::FlashAttn, "decode"),
             Key::FlashAttnPrefill(_) => (Family::FlashAttn, "prefill"),
@@ -445,7 +441,6 @@ impl Key {
             Key::MatVec(k) => {
                 let (qb, tpb) = mat_vec_blocks(k.a);
                 let quant = k.a.is_quantized();
-                d.set("QUANT", u32::from(quant));
                 d.set("SUBGROUPS", u32::from(k.subgroups));
                 d.set("A4", u32::from(k.aligned && !quant));
                 d.set("AL", u32::from(k.aligned && quant));
@@ -454,25 +449,15 @@ impl Key {
                 d.set("TPB", tpb);
                 d.set("WG", MV_WG);
                 d.set("ROWS", MV_ROWS);
-                d.set("BM", MM_TILES[0].0);
-                d.set("BN", MM_TILES[0].1);
-                d.set("BK", MM_BK[0]);
-                d.set("HK", MM_BK[0]);
                 d.ty("T0", k.a).ty("T1", k.b);
             }
             Key::MatVecQ(k) => {
                 let (qb, tpb) = mvq_parts(k.a);
-                d.set("MVQ", 1);
-                d.set("QUANT", 1);
                 d.set("SUBGROUPS", u32::from(k.subgroups));
                 d.set("A4", u32::from(k.a4));
                 d.set("Y4", u32::from(k.y4));
                 d.set("QB", qb);
                 d.set("TPB", tpb);
-                d.set("BM", MM_TILES[0].0);
-                d.set("BN", MM_TILES[0].1);
-                d.set("BK", MM_BK[0]);
-                d.set("HK", MM_BK[0]);
                 d.ty("T0", k.a).ty("T1", k.b);
                 d.set("ROWS", k.rows);
                 d.set("KK", k.kk);
@@ -511,18 +496,17 @@ impl Key {
             }
             Key::MatMat(k) => {
                 let (bm, bn, bk) = k.tile;
-                if k.h16 {
+                if k.coop {
                     d.set("H16", 1);
-                    d.set("COOP", u32::from(k.coop));
-                    d.set("FM4", u32::from(k.coop && bn == 128));
+                    d.set("COOP", 1);
+                    d.set("FM4", u32::from(bn == 128));
+                } else if k.h16 {
+                    d.set("H16", 1);
                     d.set("HK", MM_HK.min(bk));
                 } else {
                     d.set("HK", bk);
                 }
                 let quant = k.a.is_quantized();
-                d.set("ROWS", MV_ROWS);
-                d.set("QB", 8);
-                d.set("TPB", 1);
                 d.set("QUANT", u32::from(quant));
                 d.set("A4", u32::from(k.aligned && !quant));
                 d.set("AL", u32::from(k.aligned && quant));

@@ -121,7 +121,7 @@ impl Profile {
 /// (the split flash attention decode, whose merge is `decode_combine`).
 pub(crate) fn variant_name(v: &Variant) -> String {
     let mut name = if v.entry() == "main" {
-        v.family().file().0.to_string()
+        v.family().name().to_string()
     } else {
         v.entry().to_string()
     };

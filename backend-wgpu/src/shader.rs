@@ -42,17 +42,25 @@ const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
 /// Block quantization, for the variants that write quantized blocks.
 const QUANTIZE: &str = include_str!("../../shaders/quantize.wgsl");
 
-/// Storage bindings of the mat-vec over Q, K and V (QKV in `shaders/mul_mat.wgsl`): dst (Q),
+/// Storage bindings of the mat-vec over Q, K and V (QKV in `shaders/mat_vec_q.wgsl`): dst (Q),
 /// Wq, x, Wk, K, the norm weights (or dst again), Wv, V.
 pub(crate) const QKV_BINDINGS: usize = 8;
 
 /// Storage bindings of the mat-vec over Q, K and V with the rope and the KV-cache stores
-/// fused in (QKV and ROPE in `shaders/mul_mat.wgsl`): the rotated Q, Wq, x, Wk, the K cache,
+/// fused in (QKV and ROPE in `shaders/mat_vec_q.wgsl`): the rotated Q, Wq, x, Wk, the K cache,
 /// the norm weights (or the rotated Q again), Wv, the V cache, the positions, the cache rows
 /// (the last two in WGSL bindings 9 and 10: binding 8 holds the parameters).
 pub(crate) const QKV_ROPE_BINDINGS: usize = 10;
 
-/// An op family: one WGSL file.
+/// The shared matrix-product helpers, before each matrix family's file.
+const MUL_MAT: (&str, &str) = ("mul_mat", include_str!("../../shaders/mul_mat.wgsl"));
+/// What the two mat-mats share, before their files.
+const MAT_MAT_COMMON: (&str, &str) = (
+    "mat_mat_common",
+    include_str!("../../shaders/mat_mat_common.wgsl"),
+);
+
+/// An op family: a WGSL file of entry points (after the shared files it includes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     /// Unary functions, scale, clamp and copies with conversion.
@@ -69,8 +77,14 @@ pub(crate) enum Family {
     Rope,
     /// get_rows and set_rows.
     Rows,
-    /// Matrix products: mat-vec and tiled mat-mat.
-    MulMat,
+    /// The float mat-vec.
+    MatVec,
+    /// The integer-dot mat-vec and its fused forms.
+    MatVecQ,
+    /// The tiled mat-mat.
+    MatMat,
+    /// The cooperative-matrix mat-mat.
+    MatMatCoop,
     /// Fused attention.
     FlashAttn,
     /// Sums, means and argmax.
@@ -82,7 +96,7 @@ pub(crate) enum Family {
 impl Family {
     /// Every family.
     #[cfg(test)]
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 14] = [
         Family::Unary,
         Family::Binary,
         Family::Glu,
@@ -90,31 +104,57 @@ impl Family {
         Family::SoftMax,
         Family::Rope,
         Family::Rows,
-        Family::MulMat,
+        Family::MatVec,
+        Family::MatVecQ,
+        Family::MatMat,
+        Family::MatMatCoop,
         Family::FlashAttn,
         Family::Reduce,
         Family::Shape,
     ];
 
-    /// The family's file name and source.
-    pub(crate) fn file(self) -> (&'static str, &'static str) {
+    /// The family's name (its file's).
+    pub(crate) fn name(self) -> &'static str {
+        self.files().last().map_or("", |f| f.0)
+    }
+
+    /// The family's files (name and source) after the common ones: the shared files it
+    /// includes, then its own.
+    fn files(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Family::Unary => ("unary", include_str!("../../shaders/unary.wgsl")),
-            Family::Binary => ("binary", include_str!("../../shaders/binary.wgsl")),
-            Family::Glu => ("glu", include_str!("../../shaders/glu.wgsl")),
-            Family::Norm => ("norm", include_str!("../../shaders/norm.wgsl")),
-            Family::SoftMax => ("soft_max", include_str!("../../shaders/soft_max.wgsl")),
-            Family::Rope => ("rope", include_str!("../../shaders/rope.wgsl")),
-            Family::Rows => ("rows", include_str!("../../shaders/rows.wgsl")),
-            Family::MulMat => ("mul_mat", include_str!("../../shaders/mul_mat.wgsl")),
-            Family::FlashAttn => ("flash_attn", include_str!("../../shaders/flash_attn.wgsl")),
-            Family::Reduce => ("reduce", include_str!("../../shaders/reduce.wgsl")),
-            Family::Shape => ("shape", include_str!("../../shaders/shape.wgsl")),
+            Family::Unary => &[("unary", include_str!("../../shaders/unary.wgsl"))],
+            Family::Binary => &[("binary", include_str!("../../shaders/binary.wgsl"))],
+            Family::Glu => &[("glu", include_str!("../../shaders/glu.wgsl"))],
+            Family::Norm => &[("norm", include_str!("../../shaders/norm.wgsl"))],
+            Family::SoftMax => &[("soft_max", include_str!("../../shaders/soft_max.wgsl"))],
+            Family::Rope => &[("rope", include_str!("../../shaders/rope.wgsl"))],
+            Family::Rows => &[("rows", include_str!("../../shaders/rows.wgsl"))],
+            Family::MatVec => &[
+                MUL_MAT,
+                ("mat_vec", include_str!("../../shaders/mat_vec.wgsl")),
+            ],
+            Family::MatVecQ => &[
+                MUL_MAT,
+                ("mat_vec_q", include_str!("../../shaders/mat_vec_q.wgsl")),
+            ],
+            Family::MatMat => &[
+                MUL_MAT,
+                MAT_MAT_COMMON,
+                ("mat_mat", include_str!("../../shaders/mat_mat.wgsl")),
+            ],
+            Family::MatMatCoop => &[
+                MUL_MAT,
+                MAT_MAT_COMMON,
+                ("mat_mat_coop", include_str!("../../shaders/mat_mat_coop.wgsl")),
+            ],
+            Family::FlashAttn => &[("flash_attn", include_str!("../../shaders/flash_attn.wgsl"))],
+            Family::Reduce => &[("reduce", include_str!("../../shaders/reduce.wgsl"))],
+            Family::Shape => &[("shape", include_str!("../../shaders/shape.wgsl"))],
         }
     }
 
-    /// The define names the family's file may test besides [`COMMON_DEFINES`] (an `#if` of any
-    /// other name is an error).
+    /// The define names the family's files may test besides [`COMMON_DEFINES`] (an `#if` of
+    /// any other name is an error).
     pub(crate) fn defines(self) -> &'static [&'static str] {
         match self {
             Family::Unary | Family::Binary | Family::Glu | Family::Reduce => &["OP"],
@@ -123,11 +163,14 @@ impl Family {
             Family::Rope => &["KV"],
             Family::Rows => &["OP", "QUANT"],
             Family::Shape => &["OP", "RAW"],
-            Family::MulMat => &[
-                "ADD", "BK", "BM", "BN", "FM4", "GLU", "HK", "KC", "KK", "MM", "MMPAIR", "MVQ",
-                "NORM", "ONECOL", "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "QUANT", "ROPE",
-                "ROWS", "RS", "RSUB", "TPB", "TPR", "W2", "YC", "YK",
+            // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
+            Family::MatVec => &["KK", "MMPAIR", "YK", "QB", "ROWS", "TPB"],
+            Family::MatVecQ => &[
+                "KK", "MMPAIR", "YK", "ADD", "GLU", "KC", "MM", "NORM", "ONECOL", "PAIR", "PF2",
+                "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB", "TPR", "W2", "YC",
             ],
+            Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
+            Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
             Family::FlashAttn => &[
                 "COMBINE", "DECODE", "DMAX", "KU", "OT4", "PKV16", "PREFILL", "SPLIT",
             ],
@@ -136,7 +179,15 @@ impl Family {
 
     /// Whether the family reads quantized blocks (and so includes `dequant.wgsl`).
     fn dequantizes(self) -> bool {
-        matches!(self, Family::Rows | Family::MulMat | Family::Unary)
+        matches!(
+            self,
+            Family::Rows
+                | Family::Unary
+                | Family::MatVec
+                | Family::MatVecQ
+                | Family::MatMat
+                | Family::MatMatCoop
+        )
     }
 
     /// Storage bindings its shaders use: the destination and the sources.
@@ -153,7 +204,7 @@ impl Family {
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
             // second result), and the weights of an rms_norm they compute (binding 5); the one
             // over Q, K and V two more ([`Variant::storage_bindings`]).
-            Family::MulMat => 6,
+            Family::MatVec | Family::MatVecQ | Family::MatMat | Family::MatMatCoop => 6,
             // The fused rope of Q and K with the stores of K and V into their caches.
             Family::Rope => 8,
         }
@@ -255,7 +306,7 @@ impl Variant {
             .collect();
         format!(
             "{}.{}[{}]",
-            self.family().file().0,
+            self.family().name(),
             self.entry(),
             defs.join(",")
         )
@@ -309,7 +360,7 @@ impl Source {
             return Err(format!(
                 "{}: define {n} is not one of the {} family's",
                 s.label,
-                s.family.file().0
+                s.family.name()
             ));
         }
         Ok(s)
@@ -326,7 +377,7 @@ impl Source {
     }
 
     /// The source: `common.wgsl`, `dequant.wgsl` for the families that read quantized blocks,
-    /// `quantize.wgsl` where the destination is quantized, then the family's file.
+    /// `quantize.wgsl` where the destination is quantized, then the family's files.
     fn build(&self) -> Result<String, String> {
         let mut out = String::new();
         self.expand("common", COMMON, &mut out)?;
@@ -336,8 +387,9 @@ impl Source {
         if self.get("QDST").is_some_and(|q| q != 0) {
             self.expand("quantize", QUANTIZE, &mut out)?;
         }
-        let (name, text) = self.family.file();
-        self.expand(name, text, &mut out)?;
+        for (name, text) in self.family.files() {
+            self.expand(name, text, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -357,7 +409,7 @@ impl Source {
                     return Err(format!(
                         "{}: #if {name}: no such define in the {} family",
                         where_(),
-                        self.family.file().0
+                        self.family.name()
                     ));
                 }
                 let on = self.get(name).is_some_and(|v| v != 0);

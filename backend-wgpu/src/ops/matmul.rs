@@ -1,22 +1,27 @@
-//! mul_mat (`mul_mat.wgsl`): the float mat-vec (`mat_vec`), the integer-dot mat-vec of the
-//! common quantized types (`mat_vec_q`), and the tiled mat-mat (`mat_mat`, in f16 where the
-//! adapter has SHADER_F16, on cooperative matrices where it has them).
+//! mul_mat: the float mat-vec (`mat_vec.wgsl`), the integer-dot mat-vec of the common
+//! quantized types (`mat_vec_q.wgsl`), and the tiled mat-mat (`mat_mat.wgsl`, in f16 where the
+//! adapter has SHADER_F16; `mat_mat_coop.wgsl` on cooperative matrices where it has them).
 
 use tessera_core::{DType, Graph, TensorId};
 
 use super::{aligned, desc, Bind, Node, Params, PlanOut, FLOATS};
 use crate::context::Gpu;
-use crate::keys::{mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, MM_BK, MM_TILES, MV_ROWS};
+use crate::keys::{mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, MV_ROWS};
 use crate::shader::Variant;
 
-/// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mul_mat.wgsl: 8
+/// Tiles of the tiled mat-mat (BM x BN of dst per workgroup).
+const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
+/// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
+/// memory): the deeper one where the adapter's workgroup memory holds it.
+const MM_BK: [u32; 2] = [16, 32];
+/// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mat_mat_coop.wgsl: 8
 /// subgroups x 16 x 16 f32).
 const MM_COOP_TC: u32 = 8 * 256 * 4;
 /// The cooperative-matrix mat-mat's tiles (BM, BN): 8 subgroups of 32 x 32, or of 64 x 32 (the
 /// larger one where dst has at least 128 columns: [`coop_big`]).
 const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
 /// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
-/// mul_mat.wgsl), which keeps two tiles of each (double buffered).
+/// mat_mat_coop.wgsl), which keeps two tiles of each (double buffered).
 const MM_COOP_PAD: u32 = 8;
 /// The cooperative-matrix mat-mat's k-step (BK): each invocation loads one 8-value chunk of
 /// each of two src0 rows and one 4-value quad of each of BN / 32 src1 columns a step.
@@ -28,7 +33,7 @@ const MM_BK_H16: [u32; 3] = [16, 32, 64];
 const MM_BIG_GROUPS: usize = 512;
 /// Columns of src1 up to which mul_mat uses mat-vec.
 const MAT_VEC_MAX_N: usize = 4;
-/// Weight types the integer-dot mat-vec (`mat_vec_q` in `shaders/mul_mat.wgsl`) reads.
+/// Weight types the integer-dot mat-vec (`shaders/mat_vec_q.wgsl`) reads.
 const MVQ_TYPES: [DType; 5] = [
     DType::Q4_0,
     DType::Q4_1,

@@ -1,7 +1,7 @@
 //! Tiled mat-mat on shapes past one tile, with ragged edges, for float and quantized weights,
 //! against a host product of the same (dequantized) values: the f32 variant, and the f16 one
-//! (H16, the default on GPUs with SHADER_F16) where the adapter has SHADER_F16; and (ignored,
-//! for a real GPU) the GPU time of square f16 and f32 products.
+//! (H16, the default on GPUs with SHADER_F16) where the adapter has SHADER_F16 (the GPU time of
+//! square products is the `mat_mat` bench).
 
 mod common;
 mod products;
@@ -139,42 +139,4 @@ fn f16_variant_f16_k_tail() {
 #[test]
 fn f16_variant_f16_large() {
     check(DType::F16, 4100, 2050, 40, true);
-}
-
-/// GPU time (timestamp queries, median of 10 runs) of dst = a^T b with a and b n x n, a f16 or
-/// f32, b f32, for n = 4096 and 8192:
-/// `cargo test --release -p tessera-wgpu --test mat_mat -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn bench_square() {
-    let Some(dev) = common::device() else { return };
-    tessera_wgpu::set_gpu_timing(true);
-    for n in [4096usize, 8192] {
-        for dtype in [DType::F16, DType::F32] {
-            let vals: Vec<f32> = (0..n * n)
-                .map(|i| (i % 1000) as f32 / 500.0 - 1.0)
-                .collect();
-            let mut bytes = vec![0u8; dtype.row_size(n).unwrap() * n];
-            let row = dtype.row_size(n).unwrap();
-            for r in 0..n {
-                quantize_row(
-                    dtype,
-                    &vals[r * n..(r + 1) * n],
-                    &mut bytes[r * row..(r + 1) * row],
-                )
-                .unwrap();
-            }
-            let (g, nodes, _) = products::product(&dev, dtype, &bytes, &vals, (n, n, n));
-            let Some(med) = products::gpu_median(&dev, &g, &nodes, 10) else {
-                println!("gemm {dtype} {n}^3: no GPU times (no timestamp queries)");
-                return;
-            };
-            let s = med.as_secs_f64();
-            println!(
-                "gemm {dtype}xf32 {n}^3: {:.3} ms, {:.1} TFLOP/s",
-                s * 1e3,
-                2.0 * (n as f64).powi(3) / s / 1e12
-            );
-        }
-    }
 }

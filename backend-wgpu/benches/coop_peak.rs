@@ -6,10 +6,10 @@
 //! `cargo bench -p tessera-wgpu --bench coop_peak` (harness-less: `main` runs it; arguments
 //! are ignored).
 
-#[path = "raw/mod.rs"]
-mod raw;
 #[path = "peak_shaders/mod.rs"]
 mod peak_shaders;
+#[path = "raw/mod.rs"]
+mod raw;
 
 use std::time::Instant;
 

@@ -7,10 +7,10 @@
 //! ceiling a mat-vec of that size can reach here: `cargo bench -p tessera-wgpu --bench read_peak`
 //! (harness-less: `main` runs it; arguments are ignored).
 
-#[path = "raw/mod.rs"]
-mod raw;
 #[path = "peak_shaders/mod.rs"]
 mod peak_shaders;
+#[path = "raw/mod.rs"]
+mod raw;
 
 use peak_shaders::read::{shader, CASES};
 

@@ -52,8 +52,8 @@ use tessera_core::{
 };
 
 use crate::context::Gpu;
-use crate::ops::{self, desc, Launch, PlanOut};
 use crate::keys::{Key, SecondMatrix};
+use crate::ops::{self, desc, Launch, PlanOut};
 use crate::shader::Variant;
 
 /// What a fusion looks at: the device, the graph, the nodes of this compute and the readers

@@ -360,7 +360,8 @@ impl Key {
         }
     }
 
-    /// Invocations per workgroup.
+    /// Invocations per workgroup: the WG define (the mat-mats, whose workgroups are always 256
+    /// invocations, do not read it).
     pub fn workgroup_size(&self) -> u32 {
         self.defines()
             .iter()
@@ -474,7 +475,10 @@ impl Key {
                     d.set("MM", rows);
                     d.set("RS", stride);
                 }
-                d.set("PF2", u32::from(mvq_two_in_flight(k.a) && k.second.is_none()));
+                d.set(
+                    "PF2",
+                    u32::from(mvq_two_in_flight(k.a) && k.second.is_none()),
+                );
                 if k.add {
                     d.set("ADD", 1);
                 }

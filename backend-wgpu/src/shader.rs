@@ -145,7 +145,10 @@ impl Family {
             Family::MatMatCoop => &[
                 MUL_MAT,
                 MAT_MAT_COMMON,
-                ("mat_mat_coop", include_str!("../../shaders/mat_mat_coop.wgsl")),
+                (
+                    "mat_mat_coop",
+                    include_str!("../../shaders/mat_mat_coop.wgsl"),
+                ),
             ],
             Family::FlashAttn => &[("flash_attn", include_str!("../../shaders/flash_attn.wgsl"))],
             Family::Reduce => &[("reduce", include_str!("../../shaders/reduce.wgsl"))],
@@ -215,8 +218,25 @@ impl Family {
 /// has, the ones the template step derives from DT, and the load widths and f16 settings that
 /// `common.wgsl`, `dequant.wgsl` and `quantize.wgsl` read.
 const COMMON_DEFINES: [&str; 19] = [
-    "T0", "T1", "T2", "T3", "DT", "F16", "SUBGROUPS", "WG", "DST16", "ATOMIC", "QDST", "QK",
-    "KQUANT", "A4", "AL", "Y4", "B4", "H16", "COOP",
+    "T0",
+    "T1",
+    "T2",
+    "T3",
+    "DT",
+    "F16",
+    "SUBGROUPS",
+    "WG",
+    "DST16",
+    "ATOMIC",
+    "QDST",
+    "QK",
+    "KQUANT",
+    "A4",
+    "AL",
+    "Y4",
+    "B4",
+    "H16",
+    "COOP",
 ];
 
 /// One pipeline: a typed key (family, entry point and parameters) and whether the adapter
@@ -578,7 +598,8 @@ mod tests {
         assert_eq!(out, "x64y\nkeep\nkeep2\n");
         // A declared define the variant does not set is off.
         let mut out = String::new();
-        s.expand("t", "#if SUBGROUPS\ndrop\n#endif\n", &mut out).unwrap();
+        s.expand("t", "#if SUBGROUPS\ndrop\n#endif\n", &mut out)
+            .unwrap();
         assert_eq!(out, "");
         assert!(s.expand("t", "{{NOPE}}", &mut String::new()).is_err());
         assert!(s.expand("t", "#if MUL\n", &mut String::new()).is_err());
@@ -586,7 +607,9 @@ mod tests {
         assert!(s
             .expand("t", "#if MUL\n#else\n#else\n#endif\n", &mut String::new())
             .is_err());
-        assert!(s.expand("t", "#ifdef MUL\n#endif\n", &mut String::new()).is_err());
+        assert!(s
+            .expand("t", "#ifdef MUL\n#endif\n", &mut String::new())
+            .is_err());
     }
 
     /// An `#if` of a define the family does not declare (a misspelling, or another family's)

@@ -529,8 +529,7 @@ fn devices_with_different_options_run_side_by_side() {
     use tessera_wgpu::WgpuOptions;
     let on = WgpuOptions::default();
     let off = WgpuOptions::default().fusion(false).subgroups(false);
-    let (Some(dev_on), Some(dev_off)) = (common::device_with(on), common::device_with(off))
-    else {
+    let (Some(dev_on), Some(dev_off)) = (common::device_with(on), common::device_with(off)) else {
         return;
     };
     let (mut b_on, mut b_off) = (block(), block());

@@ -24,7 +24,9 @@ const F16_NMSE: f64 = 1e-5;
 /// within the variant's NMSE bound.
 fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
     let options = WgpuOptions::default().mat_mat_f16(Some(f16));
-    let Some(dev) = common::device_with(options) else { return };
+    let Some(dev) = common::device_with(options) else {
+        return;
+    };
     let mut backend = dev.new_backend().unwrap();
     let tol = if f16 { F16_NMSE } else { F32_NMSE };
     let vals: Vec<f32> = (0..k * m)

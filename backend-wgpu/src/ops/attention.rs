@@ -7,9 +7,7 @@ use tessera_core::{DType, Graph, TensorId};
 
 use super::{aligned, per_row, Bind, Node, Params, PlanOut};
 use crate::context::Gpu;
-use crate::keys::{
-    Attn, FlashAttnDecodeKey, FlashAttnKey, FlashAttnPrefillKey, Key, SoftMaxKey,
-};
+use crate::keys::{Attn, FlashAttnDecodeKey, FlashAttnKey, FlashAttnPrefillKey, Key, SoftMaxKey};
 use crate::shader::Variant;
 
 /// Head sizes flash attention is built for (the next one at or above D and DV is used).
@@ -86,8 +84,7 @@ pub(super) fn flash_attn(n: &Node, mut p: Params, sbc: [f32; 3]) -> Result<Vec<P
             FA_DMAX[FA_DMAX.len() - 1]
         ));
     };
-    if !matches!(k.dtype, DType::F32 | DType::F16) || !matches!(v.dtype, DType::F32 | DType::F16)
-    {
+    if !matches!(k.dtype, DType::F32 | DType::F16) || !matches!(v.dtype, DType::F32 | DType::F16) {
         return Err(format!("k and v types {} and {}", k.dtype, v.dtype));
     }
     if mask.is_some_and(|m| !matches!(m, DType::F32 | DType::F16)) {

@@ -38,7 +38,12 @@ pub(super) fn unary(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
         return Err(format!("type {a}"));
     }
     let count = t.nelements();
-    Ok(ew(unary_key(op, a, t.dtype), vec![n.id, t.src[0]], p, count))
+    Ok(ew(
+        unary_key(op, a, t.dtype),
+        vec![n.id, t.src[0]],
+        p,
+        count,
+    ))
 }
 
 /// Copies: between float types, of 4-byte values as they are, quantized blocks to f32 or as
@@ -81,7 +86,12 @@ pub(super) fn binary(n: &Node, p: Params, op: BinaryOp) -> Result<Vec<PlanOut>, 
 }
 
 /// Gated linear units (the gate and up halves of one tensor, or two tensors).
-pub(super) fn glu(n: &Node, mut p: Params, op: GluOp, swapped: bool) -> Result<Vec<PlanOut>, String> {
+pub(super) fn glu(
+    n: &Node,
+    mut p: Params,
+    op: GluOp,
+    swapped: bool,
+) -> Result<Vec<PlanOut>, String> {
     let t = n.t;
     let a = n.srcs[0].dtype;
     if !matches!(a, DType::F32 | DType::F16) {

@@ -71,4 +71,3 @@ fn op_words(op: &Op, out: &mut Vec<u64>) {
         _ => {}
     }
 }
-

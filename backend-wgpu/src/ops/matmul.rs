@@ -419,7 +419,12 @@ fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -
         let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
         return (bm, bn, MM_COOP_BK);
     }
-    mat_mat_tile_for(gpu.limits.max_compute_workgroup_storage_size, ne, h16, quant)
+    mat_mat_tile_for(
+        gpu.limits.max_compute_workgroup_storage_size,
+        ne,
+        h16,
+        quant,
+    )
 }
 
 /// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes; with

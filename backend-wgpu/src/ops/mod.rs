@@ -254,11 +254,9 @@ pub(crate) fn plan(
             logit_softcap,
         } => attention::flash_attn(&n, p, [*scale, *max_bias, *logit_softcap]),
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => misc::reduce(&n, p),
-        Op::Concat(_)
-        | Op::Repeat
-        | Op::Pad(_)
-        | Op::DiagMaskInf(_)
-        | Op::Arange { .. } => misc::shape(&n, p),
+        Op::Concat(_) | Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) | Op::Arange { .. } => {
+            misc::shape(&n, p)
+        }
         op => Err(format!("op {}", op.name())),
     }
 }

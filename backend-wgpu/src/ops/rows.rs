@@ -36,7 +36,10 @@ pub(super) fn set_rows(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> 
     p.desc[1] = desc(n.srcs[1]);
     p.desc[2] = desc(n.srcs[2]);
     let (op, count) = if d.is_quantized() {
-        (RowsKind::SetQuantized, n.srcs[1].nelements() / d.block_size())
+        (
+            RowsKind::SetQuantized,
+            n.srcs[1].nelements() / d.block_size(),
+        )
     } else {
         (RowsKind::Set, n.srcs[1].nelements())
     };

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# A/B of environment switches on the wgpu mat-vec and decode, one build, one GPU call (see
-# BENCHMARKS.md, sessions 18-19). Each side is "name:VAR=value[+VAR=value...]" (`+` joins two
-# settings of one side); rounds alternate the sides and reverse their order in round 2 (the side
-# run second led decode A/Bs by ~1%: session 15).
+# A/B of environment switches (or of builds: EXE=) on the wgpu mat-vec and decode, one GPU call.
+# Each side is "name:VAR=value[+VAR=value...]" (`+` joins two settings of one side); rounds
+# alternate the sides and reverse their order in round 2 (the side run second tends to lead a
+# decode A/B by about a percent).
 #
 # Before it (on the build machine):
 #   cargo build --release --all-features -p tessera-cli
-#   cargo test --release -p tessera-wgpu --test mat_vec --no-run      # prints the executable
+#   cargo bench -p tessera-wgpu --bench mat_vec --bench mat_mat --no-run   # prints the executables
 #   mkdir -p .gpu/F && strip -o /tmp/tessera target/release/tessera &&
 #     xz -c /tmp/tessera > .gpu/F/tessera.xz && xz -c <mat_vec executable> > .gpu/F/mat_vec.xz
+# (the bench executables are target/release/deps/mat_vec-<hash> and mat_mat-<hash>: harness-less,
+# each runs its whole measurement and ignores its arguments).
 # Call (device tool): carry .gl and .gpu/F; command, e.g.:
-#   SIDES="base:N=1 idea:TESSERA_WGPU_X=IDEA shape:TESSERA_WGPU_MVQ=16,512" bash scripts/gpu-wgpu-ab.sh
-# (TESSERA_WGPU_X is what an experiment build reads in `mat_vec_q_sized` to add a define; main
-# reads no such switch. TESSERA_WGPU_MVQ=ROWS,WG is main's own shape override.)
+#   SIDES="base:N=1 idea:EXE=idea nosub:TESSERA_WGPU_SUBGROUPS=0" bash scripts/gpu-wgpu-ab.sh
+# (an experiment is a build of its own, EXE=idea below: main reads no experiment switches; its
+# variables are TESSERA_WGPU_COOP, _SUBGROUPS, _FUSION and _PROFILE.)
 # Settings: TYPES (mat-vec types, default q4_0,q4_K,q8_0,q6_K); MV= (empty: no mat-vec runs);
 # DEC= (empty: no decode runs); DECS="a b" (decode only these sides); PP=1 (the 8B's 512-token
 # prompt, `bench -p 512 -n 0`, and `ops perf --op $PP_OP --name $PP_NAME`, by default MUL_MAT
 # and n=512, each side); MM=1
-# (`mat_mat bench_square`, each side: carry .gpu/F/mat_mat.xz too); SUITE="VAR=value ..." (the
+# (the `mat_mat` bench, each side: carry .gpu/F/mat_mat.xz too); SUITE="VAR=value ..." (the
 # wgpu suite once with each setting before the rounds; SUITE_ARGS: more `ops test` arguments,
 # e.g. "--op FLASH_ATTN_EXT"). The 8B model is made when DEC or PP
 # asks for it. Prints MV, DEC, PP, MMP, MM and SUITE lines; the logs go to $OUT/logs.tgz.
@@ -47,7 +49,7 @@ side() {
 mv1() {
   local n=${1%%:*}
   side "$1"
-  env "${ENVS[@]}" TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV bench_model_sizes --ignored --nocapture > "$L/mv-$n-$2.log" 2>&1
+  env "${ENVS[@]}" TESSERA_BENCH_TYPES="${TYPES:-q4_0,q4_K,q8_0,q6_K}" $MV > "$L/mv-$n-$2.log" 2>&1
   grep rotated "$L/mv-$n-$2.log" | grep "k=14336" | sed "s/^/MV $n r$2 /"
 }
 dec() {
@@ -67,7 +69,7 @@ pp() {
 mm() {
   local n=${1%%:*}
   side "$1"
-  env "${ENVS[@]}" $MMX bench_square --ignored --nocapture > "$L/mm-$n-$2.log" 2>&1
+  env "${ENVS[@]}" $MMX > "$L/mm-$n-$2.log" 2>&1
   grep gemm "$L/mm-$n-$2.log" | sed "s/^/MM $n r$2 /"
 }
 for e in ${SUITE:-}; do

@@ -223,7 +223,7 @@ fn st(b: u32, v: f32) {
 
 // Rotary position embedding of one pair: x rotated by theta = pos * scale * base^(-2k / n_dims)
 // for pair index k, with l2b = log2(base). The rope family's shader and the mat-vec over Q, K
-// and V with the rope fused in (ROPE in mul_mat.wgsl) both rotate with it.
+// and V with the rope fused in (ROPE in mat_vec_q.wgsl) both rotate with it.
 fn rope_rotate(x: vec2<f32>, k: u32, pos: f32, l2b: f32, scale: f32, n_dims: u32) -> vec2<f32> {
     let theta = pos * scale * exp2(-l2b * f32(2u * k) / f32(n_dims));
     let cs = cos(theta);

@@ -38,8 +38,7 @@
 // (o * h.x + s) * (DV + 2). A second dispatch, `decode_combine` (one workgroup per row and head,
 // the scratch bound as src0), rescales each split by exp(max_s - max) and stores the row where
 // the unsplit `decode` stores it. By default there are enough splits of at least 256 keys to
-// make 256 workgroups (`fa_splits` in `backend-wgpu/src/ops.rs`); TESSERA_WGPU_FA_SPLIT=0 keeps
-// the single pass, =N forces N splits.
+// make 256 workgroups (`fa_splits` in `backend-wgpu/src/ops/attention.rs`).
 //
 // Defines: DMAX: largest D and DV; WG: invocations (main: keys per step, 64, or 256 for long
 // caches; decode: 256; decode_combine: 64); DECODE: the decode entry point is built, with KU

@@ -54,12 +54,38 @@ fn cuda_reg() -> Option<Box<dyn BackendReg>> {
     None
 }
 
-/// The wgpu backend's entry, when the `wgpu` feature compiled it in.
+/// The wgpu backend's entry, when the `wgpu` feature compiled it in, with the options of the
+/// environment (`tessera_wgpu::WgpuOptions::from_env`); a variable set to something it does
+/// not take leaves the entry without devices, its error the reason given for each.
 fn wgpu_reg() -> Option<Box<dyn BackendReg>> {
     #[cfg(feature = "wgpu")]
-    return Some(Box::new(tessera_wgpu::WgpuBackendReg::new()));
+    return Some(match tessera_wgpu::WgpuBackendReg::new() {
+        Ok(reg) => Box::new(reg),
+        Err(e) => Box::new(Unavailable {
+            name: "wgpu",
+            why: e.to_string(),
+        }),
+    });
     #[cfg(not(feature = "wgpu"))]
     None
+}
+
+/// A backend's entry that could not be made (its settings are wrong): no devices, and why.
+#[cfg(feature = "wgpu")]
+struct Unavailable {
+    name: &'static str,
+    why: String,
+}
+
+#[cfg(feature = "wgpu")]
+impl BackendReg for Unavailable {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String> {
+        Err(self.why.clone())
+    }
 }
 
 /// A registry of every device of every compiled-in backend.

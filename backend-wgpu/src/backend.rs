@@ -2,11 +2,11 @@
 //! blocks are written into one uniform buffer (each at a dynamic offset), and every dispatch
 //! is recorded in one compute pass of one command buffer and submitted once; nothing is read
 //! back. The resolved dispatches (pipelines, bind groups, parameters) are kept as a
-//! [`Recording`] under the graph's fingerprint: a graph run again (a model's step graph, token
+//! [`Recording`] under the graph's key (core's GraphKey): a graph run again (a model's step graph, token
 //! after token) is replayed from it without deciding anything again. The graph run last, if it
 //! comes again unchanged ([`Graph::stamp`]) with the same nodes, is replayed without even
-//! taking its fingerprint (a model's decode step; the fingerprint of a 135M model's 574 nodes
-//! took ~120 µs on a 2-core build machine).
+//! making its key (a model's decode step, whose key would cost a good part of
+//! the host's time per token).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -97,12 +97,12 @@ pub struct WgpuBackend {
     /// profile, made on the first profiled graph.
     profiling: bool,
     profile: Option<Profile>,
-    /// Host time spent finding graphs' recordings (fingerprint and lookup), and encoding and
+    /// Host time spent finding graphs' recordings (key and lookup), and encoding and
     /// submitting them, and how many graphs (logged at debug level when the backend is
     /// dropped).
     host: HostTime,
     /// The graph last run and its recording: the same graph, unchanged, with the same nodes
-    /// runs it again without a fingerprint.
+    /// runs it again without a key.
     last: Option<LastGraph>,
 }
 
@@ -116,22 +116,9 @@ struct LastGraph {
     rec: Arc<Recording>,
 }
 
-/// Dispatches per submitted command buffer of a graph (`TESSERA_WGPU_SUBMIT=N`; default
-/// [`SUBMIT_CHUNK`]): the GPU runs the first part while the host encodes the next.
-fn submit_chunk() -> usize {
-    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CHUNK.get_or_init(|| {
-        std::env::var("TESSERA_WGPU_SUBMIT")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(SUBMIT_CHUNK)
-    })
-}
-
-/// The default of [`submit_chunk`]. (H200, 2026-11-30, 8B decode at ~290 dispatches a token,
-/// whose host encoding takes ~0.9 ms: one command buffer 177 t/s, parts of 16 dispatches 189,
-/// of 48 197, of 100 195.)
+/// Dispatches per submitted command buffer of a graph: the GPU runs the first part while the
+/// host encodes the next (a single command buffer leaves the GPU idle while a large graph is
+/// encoded; parts much smaller than this pay for their submits).
 const SUBMIT_CHUNK: usize = 48;
 
 /// Writes waiting for the next submit: their bytes one after another, and where each goes.
@@ -154,7 +141,7 @@ struct HostTime {
     lookup: std::time::Duration,
     encode: std::time::Duration,
     graphs: u64,
-    /// Graphs that were the graph run before, unchanged (no fingerprint taken).
+    /// Graphs that were the graph run before, unchanged (no key made).
     same: u64,
 }
 
@@ -175,6 +162,7 @@ const SPARE_MAX: u64 = 64 << 20;
 impl WgpuBackend {
     /// A backend on an opened device.
     pub(crate) fn new(gpu: Arc<Gpu>) -> Self {
+        let options = gpu.options;
         WgpuBackend {
             gpu,
             params: None,
@@ -184,17 +172,17 @@ impl WgpuBackend {
             uploads: Uploads::default(),
             upload: None,
             idle: true,
-            fusion: crate::fused::default_on(),
+            fusion: options.fusion,
             last_dispatches: 0,
-            profiling: std::env::var("TESSERA_WGPU_PROFILE").as_deref() == Ok("1"),
+            profiling: options.profile,
             profile: None,
             host: HostTime::default(),
             last: None,
         }
     }
 
-    /// Turns the per-dispatch profile on or off (off by default unless
-    /// `TESSERA_WGPU_PROFILE=1`; see the `profile` module): while on, each graph's dispatches
+    /// Turns the per-dispatch profile on or off (at first [`crate::WgpuOptions::profile`]; see
+    /// the `profile` module): while on, each graph's dispatches
     /// are timed one by one on adapters with TIMESTAMP_QUERY, and the times summed per shader
     /// variant.
     pub fn set_profile(&mut self, on: bool) {
@@ -211,8 +199,8 @@ impl WgpuBackend {
             .unwrap_or_default()
     }
 
-    /// Turns fused dispatches (the `fused` module's op sequences) on or off: on by default
-    /// unless `TESSERA_WGPU_FUSION=0`.
+    /// Turns fused dispatches (the `fused` module's op sequences) on or off (at first
+    /// [`crate::WgpuOptions::fusion`]).
     pub fn set_fusion(&mut self, on: bool) {
         self.fusion = on;
         self.last = None;
@@ -677,7 +665,7 @@ impl WgpuBackend {
         // while the rest are encoded.
         let chunk = match timer {
             Some(_) => rec.dispatches.len().max(1),
-            None => submit_chunk(),
+            None => SUBMIT_CHUNK,
         };
         let mut timer = timer;
         // An empty graph still submits (the queued writes run).
@@ -725,7 +713,7 @@ mod tests {
     /// round) see the async writes queued before them.
     #[test]
     fn get_async_reads_after_set_async() {
-        let Ok(devs) = crate::WgpuBackendReg::new().devices() else {
+        let Ok(devs) = crate::WgpuBackendReg::default().devices() else {
             return;
         };
         let buf = devs[0].buffer_type().alloc(4099).unwrap();

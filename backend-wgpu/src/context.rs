@@ -18,6 +18,7 @@ use tessera_core::graph_key::GraphKey;
 use tessera_core::{Error, Result};
 
 use crate::backend::Recording;
+use crate::options::WgpuOptions;
 use crate::shader::Variant;
 
 /// The storage bindings of the op shaders: binding 0 is the destination, 1.. the sources.
@@ -82,22 +83,18 @@ pub(crate) struct Gpu {
     pub subgroup_min: u32,
     /// Whether the device has TIMESTAMP_QUERY (graphs can be timed on the GPU).
     pub timestamps: bool,
-    /// Rows and invocations per mat-vec workgroup (`ops::MV_ROWS`, `ops::MV_WG`, or
-    /// `TESSERA_WGPU_MV=ROWS,WG`).
-    pub mat_vec: (u32, u32),
     /// Whether the tiled mat-mat computes f16 and quantized weights in f16 (the H16 define):
-    /// the device has SHADER_F16 and is not a software rasterizer (lavapipe keeps the exact
-    /// f32 path), or TESSERA_WGPU_MM_F16=1 asks for it (=0 turns it off). On the H200 it was
-    /// 11% faster on a 4096 x 512 x 14336 f16 product (27.8 vs 25.0 TFLOP/s) and on an 8B
-    /// model's prompt; its results differ from the f32 product by about 1e-6 NMSE (activations
-    /// rounded to f16, partial sums over 16 k-steps in f16), within the ops conformance
-    /// tolerance (5e-4).
+    /// the device has SHADER_F16 and [`WgpuOptions::mat_mat_f16`] asks for it (by default
+    /// wherever the adapter is not a software rasterizer).
     pub mat_mat_f16: bool,
     /// Whether the f16 tiled mat-mat runs its products on cooperative matrices (the COOP
     /// define; [`coop_wanted`]).
     pub coop: bool,
     /// Whether the shaders may convert f16 with unpack2x16float (the F16 define).
     f16_in_f32: bool,
+    /// The options the device was opened with (its backends start with their fusion and
+    /// profile settings).
+    pub options: WgpuOptions,
     /// The first error the uncaptured-error handler saw, not yet reported.
     error: Arc<Mutex<Option<String>>>,
     /// Set once the device is lost.
@@ -113,7 +110,7 @@ pub(crate) struct Gpu {
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
     /// Bind groups by the windows they bind.
     bind_groups: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
-    /// Recorded graphs by the hash of their fingerprint.
+    /// Recorded graphs by the hash of their key.
     recordings: Mutex<HashMap<u64, Arc<Recording>>>,
     /// How many times buffers were forgotten ([`Gpu::forget_buffer`]): a recording held since
     /// this last changed binds no freed buffer.
@@ -128,10 +125,9 @@ const SCRATCH_MIN: u64 = 1 << 16;
 /// Whether the tiled mat-mat should run on cooperative matrices on `adapter`, opened with
 /// `features`: the adapter offers EXPERIMENTAL_COOPERATIVE_MATRIX with 16 x 16 x 16 products
 /// of f16 summed in f32 at subgroup scope, its subgroups are always 32 invocations (the shader
-/// numbers its subgroups as local index / 32), the f16 mat-mat (H16) is on, and
-/// `TESSERA_WGPU_COOP` is not 0.
-fn coop_wanted(adapter: &wgpu::Adapter, features: wgpu::Features) -> bool {
-    if std::env::var("TESSERA_WGPU_COOP").as_deref() == Ok("0")
+/// numbers its subgroups as local index / 32), and [`WgpuOptions::coop`] asks for them.
+fn coop_wanted(adapter: &wgpu::Adapter, features: wgpu::Features, options: WgpuOptions) -> bool {
+    if !options.coop
         || !features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP)
         || !adapter
             .features()
@@ -155,8 +151,9 @@ fn coop_wanted(adapter: &wgpu::Adapter, features: wgpu::Features) -> bool {
 const MAX_RECORDINGS: usize = 64;
 
 impl Gpu {
-    /// Opens `adapter` with its own limits and the features tessera uses that it has.
-    pub fn open(name: String, adapter: &wgpu::Adapter) -> Result<Arc<Gpu>> {
+    /// Opens `adapter` with its own limits and the features tessera uses that it has, for
+    /// `options`.
+    pub fn open(name: String, adapter: &wgpu::Adapter, options: WgpuOptions) -> Result<Arc<Gpu>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         if (limits.max_storage_buffers_per_shader_stage as usize) < MAX_STORAGE {
@@ -171,7 +168,7 @@ impl Gpu {
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
-        let coop = coop_wanted(adapter, features);
+        let coop = coop_wanted(adapter, features, options);
         let experimental = if coop {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
             // SAFETY: wgpu marks its experimental features as possibly unsound where misused;
@@ -211,7 +208,6 @@ impl Gpu {
         });
         let most = MAX_LAYOUT.min(limits.max_storage_buffers_per_shader_stage as usize);
         let layouts = (0..=most).map(|n| make_layout(&device, n)).collect();
-        let mat_vec = mat_vec_shape(&limits);
         log::debug!(
             "wgpu: opened {} ({:?}, {:?}) with {:?}",
             info.name,
@@ -224,20 +220,15 @@ impl Gpu {
             device,
             queue,
             limits,
-            // TESSERA_WGPU_NO_SUBGROUPS: the shaders' shared-memory fallbacks, for testing them
-            // on an adapter that has subgroups.
-            subgroups: features.contains(wgpu::Features::SUBGROUP)
-                && std::env::var_os("TESSERA_WGPU_NO_SUBGROUPS").is_none(),
+            subgroups: features.contains(wgpu::Features::SUBGROUP) && options.subgroups,
             subgroup_min: info.subgroup_min_size,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             mat_mat_f16: features.contains(wgpu::Features::SHADER_F16)
-                && match std::env::var("TESSERA_WGPU_MM_F16").as_deref() {
-                    Ok("1") => true,
-                    Ok("0") => false,
-                    _ => info.device_type != wgpu::DeviceType::Cpu,
-                },
+                && options
+                    .mat_mat_f16
+                    .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             coop,
-            mat_vec,
+            options,
             f16_in_f32: adapter
                 .get_downlevel_capabilities()
                 .flags
@@ -345,11 +336,12 @@ impl Gpu {
         if let Some(p) = lock(&self.pipelines).get(v) {
             return Ok(p.clone());
         }
-        let source = v
-            .clone()
-            .def("F16", u32::from(self.f16_in_f32))
-            .source()
-            .map_err(|e| self.err(e))?;
+        let source = Variant {
+            f16: self.f16_in_f32,
+            ..*v
+        }
+        .source()
+        .map_err(|e| self.err(e))?;
         let label = v.label();
         let layout = &self.layouts[v.storage_bindings()].1;
         let pipeline = self.scoped(
@@ -371,7 +363,7 @@ impl Gpu {
                         label: Some(&label),
                         layout: Some(layout),
                         module: &module,
-                        entry_point: Some(v.entry),
+                        entry_point: Some(v.entry()),
                         compilation_options: wgpu::PipelineCompilationOptions {
                             constants: &[],
                             zero_initialize_workgroup_memory: false,
@@ -384,7 +376,7 @@ impl Gpu {
         )?;
         log::debug!("wgpu: built pipeline {label}");
         let p = Arc::new(pipeline);
-        lock(&self.pipelines).insert(v.clone(), p.clone());
+        lock(&self.pipelines).insert(*v, p.clone());
         Ok(p)
     }
 
@@ -486,35 +478,6 @@ impl Gpu {
             all.clear();
         }
         all.insert(rec.key.hash(), rec);
-    }
-}
-
-/// Rows and invocations per mat-vec workgroup: `TESSERA_WGPU_MV=ROWS,WG` where it is valid (1 to
-/// 16 rows; a power of two from 32 invocations up to the adapter's limits, its partial sums
-/// fitting in workgroup memory), else the defaults.
-fn mat_vec_shape(limits: &wgpu::Limits) -> (u32, u32) {
-    let default = (crate::ops::MV_ROWS, crate::ops::MV_WG);
-    let Ok(v) = std::env::var("TESSERA_WGPU_MV") else {
-        return default;
-    };
-    let parsed = v
-        .split_once(',')
-        .and_then(|(r, w)| Some((r.trim().parse::<u32>().ok()?, w.trim().parse::<u32>().ok()?)));
-    match parsed {
-        Some((rows, wg))
-            if (1..=16).contains(&rows)
-                && wg.is_power_of_two()
-                && wg >= 32
-                && wg <= limits.max_compute_invocations_per_workgroup
-                && wg <= limits.max_compute_workgroup_size_x
-                && (rows + 1) * wg * 4 <= limits.max_compute_workgroup_storage_size =>
-        {
-            (rows, wg)
-        }
-        _ => {
-            log::warn!("wgpu: TESSERA_WGPU_MV={v} is not ROWS,WG within the limits (1-16 rows, a power of two from 32 invocations, the partial sums in workgroup memory); using the defaults");
-            default
-        }
     }
 }
 

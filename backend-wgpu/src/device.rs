@@ -10,17 +10,32 @@ use tessera_core::{Graph, Result, TensorId};
 use crate::backend::WgpuBackend;
 use crate::buffer::{WgpuBuffer, WgpuBufferType};
 use crate::context::Gpu;
+use crate::options::WgpuOptions;
 
 /// The wgpu backend's registry entry: every adapter wgpu finds (Vulkan, Metal, DX12; GL only
 /// when asked for with `WGPU_BACKEND`), discrete GPUs first, then integrated, then the rest,
-/// then software adapters.
+/// then software adapters. Its devices, their buffers and backends run with its
+/// [`WgpuOptions`].
 #[derive(Default)]
-pub struct WgpuBackendReg;
+pub struct WgpuBackendReg {
+    options: WgpuOptions,
+}
 
 impl WgpuBackendReg {
-    /// The registry entry.
-    pub fn new() -> Self {
-        WgpuBackendReg
+    /// The registry entry with the options of the environment ([`WgpuOptions::from_env`]);
+    /// an error names a variable set to something it does not take.
+    pub fn new() -> Result<Self> {
+        Ok(Self::with_options(WgpuOptions::from_env()?))
+    }
+
+    /// The registry entry with `options`.
+    pub fn with_options(options: WgpuOptions) -> Self {
+        WgpuBackendReg { options }
+    }
+
+    /// Its options.
+    pub fn options(&self) -> WgpuOptions {
+        self.options
     }
 }
 
@@ -57,6 +72,7 @@ impl BackendReg for WgpuBackendReg {
                 Arc::new(WgpuDevice {
                     index: i,
                     adapter,
+                    options: self.options,
                     gpu: OnceLock::new(),
                 }) as Arc<dyn Device>
             })
@@ -68,6 +84,7 @@ impl BackendReg for WgpuBackendReg {
 pub struct WgpuDevice {
     index: usize,
     adapter: wgpu::Adapter,
+    options: WgpuOptions,
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
 }
 
@@ -81,7 +98,9 @@ impl WgpuDevice {
     /// The opened device (opened on first use).
     pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu
-            .get_or_init(|| Gpu::open(self.name(), &self.adapter).map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                Gpu::open(self.name(), &self.adapter, self.options).map_err(|e| e.to_string())
+            })
             .clone()
             .map_err(|reason| tessera_core::Error::Device {
                 device: self.name(),

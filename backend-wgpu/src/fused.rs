@@ -5,19 +5,19 @@
 //! - `rms_norm(x) * w`, w one f32 row broadcast over x's rows, read only by mul_mats that run as
 //!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
 //!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
-//!   normalizes its column itself (NORM in `mat_vec_q`, `shaders/mul_mat.wgsl`). Nothing that
+//!   normalizes its column itself (NORM in `shaders/mat_vec_q.wgsl`). Nothing that
 //!   runs until those mat-vecs are done may write x or w.
 //! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
 //!   in `shaders/norm.wgsl`).
 //! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
-//!   mat-vec adds `r` as it stores (ADD in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+//!   mat-vec adds `r` as it stores (ADD in `shaders/mat_vec_q.wgsl`).
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
 //! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
 //!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
 //!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),
-//!   unless `TESSERA_WGPU_QKV=0` or the adapter binds fewer than 8 storage buffers. Where
+//!   unless the adapter binds fewer than 8 storage buffers. Where
 //!   the rope of Q and K and the stores of K and V into their caches follow (as below) and
 //!   read the three products alone (straight or through a reshape), the same dispatch also
 //!   rotates Q and K and stores the rotated Q and, at the cache row, K and V (ROPE in
@@ -31,8 +31,7 @@
 //! - two mul_mats of a prompt (several columns) by the same activations, with weights of one
 //!   type and row length in one buffer, that run as the same cooperative-matrix mat-mat (a
 //!   Llama block's K and V, or gate and up): one mat-mat dispatch over both (MMPAIR in
-//!   `mat_mat`), so that the smaller products fill the GPU together (8B pp512 on an H200:
-//!   5,348 -> 5,959 t/s).
+//!   `mat_mat_coop.wgsl`), so that the smaller products fill the GPU together.
 //! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
 //!   caches at the same rows (a Llama block between its projections and attention): one
 //!   dispatch rotates Q and writes the rotated K and V straight into the caches (KV in
@@ -42,7 +41,7 @@
 //! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM, ROPE_KV_ATTN and
 //! QKV_ROPE_KV_ATTN check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
-//! `TESSERA_WGPU_FUSION=0` ([`crate::WgpuBackend::set_fusion`] per backend).
+//! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -51,18 +50,9 @@ use tessera_core::fusion::{GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNo
 use tessera_core::{DType, Error, GluOp, Graph, Op, Result, RopeMode, TensorId};
 
 use crate::context::Gpu;
+use crate::keys::{Key, SecondMatrix};
 use crate::ops::{self, desc, Launch, PlanOut};
 use crate::shader::Variant;
-
-/// Whether fusion is on by default: unless `TESSERA_WGPU_FUSION=0`.
-pub(crate) fn default_on() -> bool {
-    std::env::var("TESSERA_WGPU_FUSION").map_or(true, |v| v.trim() != "0")
-}
-
-/// Whether Q, K and V may run as one mat-vec dispatch (QKV): unless `TESSERA_WGPU_QKV=0`.
-fn qkv_on() -> bool {
-    std::env::var("TESSERA_WGPU_QKV").map_or(true, |v| v.trim() != "0")
-}
 
 /// What a fusion looks at: the device, the graph, and the groups core's matcher finds among
 /// the nodes of this compute.
@@ -237,7 +227,9 @@ impl<'a> Fuser<'a> {
         let Some(mut out) = self.single_plan(n.norm) else {
             return Ok(None);
         };
-        out.variant = out.variant.def("MUL", 1);
+        if let Key::Norm(k) = &mut out.variant.key {
+            k.mul = true;
+        }
         out.bind[0].id = m;
         out.bind.push(ops::Bind::whole(w));
         out.params.desc[0] = desc(tm);
@@ -255,7 +247,7 @@ impl<'a> Fuser<'a> {
     /// Plan `out`, made to compute the norm (NORM) where it is an integer-dot mat-vec by a
     /// product `rms_norm(x) * w` left to it.
     fn with_norm(&self, out: PlanOut) -> PlanOut {
-        if out.variant.entry == "mat_vec_q" {
+        if out.variant.mat_vec_q().is_some() {
             if let Some(n) = self.norms.borrow().get(&out.bind[2].id) {
                 return ops::mat_vec_q_norm(self.gpu, self.graph, out, n.x, n.w, n.eps);
             }
@@ -297,7 +289,7 @@ impl<'a> Fuser<'a> {
             return None;
         }
         let out = self.single_plan(m)?;
-        (out.variant.entry == "mat_vec_q" && out.bind[1].skip == 0).then_some(out)
+        (out.variant.mat_vec_q().is_some() && out.bind[1].skip == 0).then_some(out)
     }
 
     /// The mat-vec plans of mul_mats `a` and `b` (of one vector) when both multiply one
@@ -339,7 +331,7 @@ impl<'a> Fuser<'a> {
         let Some(mut out) = self.mat_vec_q_plan(m.mul_mat) else {
             return Ok(None);
         };
-        out.variant = out.variant.def("ADD", 1);
+        out.variant = out.variant.with_mat_vec_q(|k| k.add = true);
         out.bind[0].id = a;
         out.bind.push(ops::Bind::whole(r));
         out.params.desc[0] = desc(ta);
@@ -426,8 +418,7 @@ impl<'a> Fuser<'a> {
         let unbatched = |t: &tessera_core::Tensor| t.ne[2] == 1 && t.ne[3] == 1;
         // The bindings it adds (b's weights share a's, b is the fifth) are within the six
         // every mul_mat pipeline already binds.
-        let fits = out.variant.entry == "mat_mat"
-            && out.variant.get("COOP") == Some(1)
+        let fits = out.variant.mat_mat().is_some_and(|k| k.coop)
             && out.variant == pb.variant
             && wa.ne[0] == wb.ne[0]
             && unbatched(wa)
@@ -510,8 +501,7 @@ impl<'a> Fuser<'a> {
             && tq.nb[0] == 4
             && self.apart(q, x, false)
             && self.apart(q, k, false)
-            && self.apart(q, v, false)
-            && qkv_on();
+            && self.apart(q, v, false);
         if !fits {
             return Ok(None);
         }
@@ -522,12 +512,12 @@ impl<'a> Fuser<'a> {
         let Some(mut out) = ops::mat_vec_q_reshaped(self.gpu, g, q, pq, mq + mk) else {
             return Ok(None);
         };
-        if out.variant.get("A4") != pair.variant.get("A4") {
+        if out.variant.mat_vec_q().map(|k| k.a4) != pair.variant.mat_vec_q().map(|k| k.a4) {
             return Ok(None);
         }
-        let rows = out.variant.get("ROWS").unwrap_or(1) as usize;
+        let rows = out.variant.mat_vec_q().map_or(1, |k| k.rows) as usize;
         let (gq, groups) = (mq.div_ceil(rows), mq.div_ceil(rows) + mk.div_ceil(rows));
-        out.variant = second_matrix_variant(out.variant, false).def("QKV", 1);
+        out.variant = second_matrix_variant(out.variant, false).with_mat_vec_q(|k| k.qkv = true);
         out.groups = groups;
         out.params.u[0] = groups as u32;
         out.params.u[3] = gq as u32;
@@ -562,7 +552,7 @@ impl<'a> Fuser<'a> {
         let (tq, tk, tsk, tsv) = (g.get(qr), g.get(r.k), g.get(r.set_k), g.get(r.set_v));
         let (pos, idx) = (tq.src[1], tsk.src[2]);
         let mut reads = vec![out.bind[2].id, pos, idx];
-        if out.variant.get("NORM") == Some(1) {
+        if out.variant.mat_vec_q().is_some_and(|k| k.norm) {
             reads.push(out.bind[ops::NORM_W_BINDING].id);
         }
         let hd = tk.ne[0];
@@ -577,7 +567,7 @@ impl<'a> Fuser<'a> {
             && g.get(qkv[1]).ne[0] == hd * tk.ne[1]
             && tsk.ne[0] == g.get(qkv[1]).ne[0]
             && g.get(pos).dtype == DType::I32
-            && out.variant.get("ROWS").is_some_and(|n| n % 2 == 0)
+            && out.variant.mat_vec_q().is_some_and(|k| k.rows % 2 == 0)
             && tsk.nb[0] == tsk.dtype.type_size()
             && tsv.nb == tsk.nb
             && tsv.ne == tsk.ne
@@ -596,7 +586,7 @@ impl<'a> Fuser<'a> {
         let g = self.graph;
         let qr = r.q.expect("rope_follows_qkv checked the rope of Q");
         let (tq, tsk) = (g.get(qr), g.get(r.set_k));
-        let norm = out.variant.get("NORM") == Some(1);
+        let norm = out.variant.mat_vec_q().is_some_and(|k| k.norm);
         out.variant = qkv_rope_variant(out.variant, tsk.dtype);
         out.bind[0] = ops::Bind::whole(qr);
         out.bind[4] = ops::Bind::whole(r.set_k);
@@ -682,12 +672,12 @@ impl<'a> Fuser<'a> {
         let per_row = rp.n_dims / 2 + tk.ne[0] - rp.n_dims;
         let q_count = q.map_or(0, |q| per_row * g.get(q).ne[1] * tokens);
         let count = (out.params.u[0] as usize + q_count + tv.nelements()).min(u32::MAX as usize);
-        out.variant = ops::rope_kv_variant(tkc.dtype);
+        out.variant = Variant::new(ops::rope_kv_key(tkc.dtype));
         out.params.u[0] = count as u32;
         out.params.desc[0] = desc(g.get(sk));
         out.params.desc[3] = desc(ti);
         out.params.desc[4] = desc(tv);
-        out.groups = count.div_ceil(out.variant.get("WG").unwrap_or(1) as usize);
+        out.groups = count.div_ceil(out.variant.key.workgroup_size() as usize);
         out.bind = [sk, tk.src[0], tk.src[1], idx, v, sv]
             .map(ops::Bind::whole)
             .to_vec();
@@ -703,29 +693,23 @@ impl<'a> Fuser<'a> {
 }
 
 /// The QKV mat-vec variant `v` with the rope of Q and K and the stores of K and V into caches
-/// of type `cache` (F16 or F32) fused in (ROPE in `mat_vec_q`, `shaders/mul_mat.wgsl`).
+/// of type `cache` (F16 or F32) fused in (ROPE in `shaders/mat_vec_q.wgsl`).
 pub(crate) fn qkv_rope_variant(v: Variant, cache: DType) -> Variant {
-    v.def("ROPE", 1).ty("T3", cache)
+    v.with_mat_vec_q(|k| k.rope = Some(cache))
 }
 
 /// The cooperative-matrix mat-mat variant `v` over two weight matrices in one binding (MMPAIR
-/// in `mat_mat`, `shaders/mul_mat.wgsl`).
-pub(crate) fn mat_mat_pair_variant(v: Variant) -> Variant {
-    v.def("MMPAIR", 1)
+/// in `shaders/mat_mat_coop.wgsl`).
+pub(crate) fn mat_mat_pair_variant(mut v: Variant) -> Variant {
+    if let Key::MatMat(k) = &mut v.key {
+        k.pair = true;
+    }
+    v
 }
 
 /// An integer-dot mat-vec variant that also multiplies a second weight matrix in src2, read
 /// as src0 is (W2, B4 = A4), and stores `silu(first) * second` (`glu`: GLU, the fused gate, up
 /// and swiglu) or both products (PAIR).
 pub(crate) fn second_matrix_variant(v: Variant, glu: bool) -> Variant {
-    let a4 = v.get("A4").unwrap_or(0);
-    // Two parts of each of two matrices in flight (PF2) lost the plain variant's gain here
-    // (H200, 2026-12-01, 8B decode on wgpu:0: 291.5 t/s with PF2 in plain mat-vecs only, 284.6
-    // with it in the fused ones too).
-    let v = v.def("W2", 1).def("B4", a4).def("PF2", 0);
-    if glu {
-        v.def("GLU", 1)
-    } else {
-        v.def("PAIR", 1)
-    }
+    v.with_mat_vec_q(|k| k.second = Some(SecondMatrix { glu }))
 }

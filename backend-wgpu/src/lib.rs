@@ -4,7 +4,7 @@
 //!
 //! - [`WgpuBackendReg`] lists the adapters; a [`WgpuDevice`] opens its adapter on first use
 //!   with the adapter's own limits and the features tessera uses that it has (SHADER_F16,
-//!   SUBGROUP, TIMESTAMP_QUERY).
+//!   SUBGROUP, TIMESTAMP_QUERY), for the registry's [`WgpuOptions`].
 //! - Buffers are storage buffers; tensors are addressed in bytes inside them, so any layout
 //!   (views, permutes, packed quantized blocks) is read as ggml lays it out.
 //! - A graph is one command buffer and one submit ([`WgpuBackend`]); op parameters live in one
@@ -26,7 +26,9 @@ mod buffer;
 mod context;
 mod device;
 mod fused;
+mod keys;
 mod ops;
+mod options;
 mod profile;
 mod shader;
 mod timing;
@@ -34,4 +36,5 @@ mod timing;
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuBackendReg, WgpuDevice};
+pub use options::WgpuOptions;
 pub use timing::{set_gpu_timing, take_gpu_times};

@@ -1,4 +1,5 @@
-//! GPU time per shader variant (`TESSERA_WGPU_PROFILE=1`, or [`crate::WgpuBackend::set_profile`]).
+//! GPU time per shader variant ([`crate::WgpuOptions::profile`], or
+//! [`crate::WgpuBackend::set_profile`]).
 //!
 //! While a backend profiles, each graph it runs is recorded with every dispatch in a compute
 //! pass of its own, timed by timestamp queries at the pass's beginning and end, and the backend
@@ -6,7 +7,7 @@
 //! and its passes add barriers; use it to see where the time goes, not for throughput). The
 //! times are summed per variant name; when the backend is dropped the table is logged at debug
 //! level (`RUST_LOG=tessera_wgpu=debug`), the costliest variants first, in the form the CUDA
-//! backend's `TESSERA_CUDA_PROFILE` uses. Adapters without TIMESTAMP_QUERY are not profiled.
+//! backend's profile uses. Adapters without TIMESTAMP_QUERY are not profiled.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -119,10 +120,10 @@ impl Profile {
 /// fused-dispatch defines it sets (MUL, ADD, W2, GLU, PAIR, QKV, ROPE, NORM, MMPAIR), and SPLIT
 /// (the split flash attention decode, whose merge is `decode_combine`).
 pub(crate) fn variant_name(v: &Variant) -> String {
-    let mut name = if v.entry == "main" {
-        v.family.file().0.to_string()
+    let mut name = if v.entry() == "main" {
+        v.family().name().to_string()
     } else {
-        v.entry.to_string()
+        v.entry().to_string()
     };
     if let Some(t) = v
         .get("T0")

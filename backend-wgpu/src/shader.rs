@@ -3,14 +3,18 @@
 //!
 //! # The template step
 //!
-//! A [`Variant`] is a family, an entry point and a set of integer defines. Its source is
-//! `common.wgsl`, then `dequant.wgsl` for the families that read quantized blocks, then
-//! `quantize.wgsl` when the destination type is quantized, then the family's file, expanded
-//! line by line:
+//! A [`Variant`] is a typed key (`keys` module: one struct per entry point, whose fields
+//! are the variant's parameters) and the F16 setting of the device; [`crate::keys::Key::defines`]
+//! turns it into integer defines, in that one place. Its source is `common.wgsl`, then
+//! `dequant.wgsl` for the families that read quantized blocks, then `quantize.wgsl` when the
+//! destination type is quantized, then the family's file, expanded line by line:
 //!
 //! - `{{NAME}}` is replaced by the define's value (a missing define is an error);
 //! - `#if NAME` keeps the following lines when NAME is defined and not 0, `#else` (one per
-//!   `#if`) flips that, `#endif` closes; blocks nest.
+//!   `#if`) flips that, `#endif` closes; blocks nest. NAME must be one of the defines the
+//!   family declares ([`Family::defines`] and the common ones): a misspelt or foreign name is
+//!   an error, not a silently false block; so is any other directive, and a key that sets a
+//!   define its family does not declare.
 //!
 //! That is all: element types, f16 on or off, subgroups on or off and tile sizes are defines,
 //! and the code that differs between variants is a `#if` block or a constant, never a copy.
@@ -29,6 +33,8 @@
 
 use tessera_core::DType;
 
+use crate::keys::{Key, MatMatKey, MatVecQKey};
+
 /// The shared prelude: bindings, parameters, typed loads and stores.
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 /// Block dequantization, for the families that read quantized weights.
@@ -36,17 +42,25 @@ const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
 /// Block quantization, for the variants that write quantized blocks.
 const QUANTIZE: &str = include_str!("../../shaders/quantize.wgsl");
 
-/// Storage bindings of the mat-vec over Q, K and V (QKV in `shaders/mul_mat.wgsl`): dst (Q),
+/// Storage bindings of the mat-vec over Q, K and V (QKV in `shaders/mat_vec_q.wgsl`): dst (Q),
 /// Wq, x, Wk, K, the norm weights (or dst again), Wv, V.
 pub(crate) const QKV_BINDINGS: usize = 8;
 
 /// Storage bindings of the mat-vec over Q, K and V with the rope and the KV-cache stores
-/// fused in (QKV and ROPE in `shaders/mul_mat.wgsl`): the rotated Q, Wq, x, Wk, the K cache,
+/// fused in (QKV and ROPE in `shaders/mat_vec_q.wgsl`): the rotated Q, Wq, x, Wk, the K cache,
 /// the norm weights (or the rotated Q again), Wv, the V cache, the positions, the cache rows
 /// (the last two in WGSL bindings 9 and 10: binding 8 holds the parameters).
 pub(crate) const QKV_ROPE_BINDINGS: usize = 10;
 
-/// An op family: one WGSL file.
+/// The shared matrix-product helpers, before each matrix family's file.
+const MUL_MAT: (&str, &str) = ("mul_mat", include_str!("../../shaders/mul_mat.wgsl"));
+/// What the two mat-mats share, before their files.
+const MAT_MAT_COMMON: (&str, &str) = (
+    "mat_mat_common",
+    include_str!("../../shaders/mat_mat_common.wgsl"),
+);
+
+/// An op family: a WGSL file of entry points (after the shared files it includes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     /// Unary functions, scale, clamp and copies with conversion.
@@ -63,8 +77,14 @@ pub(crate) enum Family {
     Rope,
     /// get_rows and set_rows.
     Rows,
-    /// Matrix products: mat-vec and tiled mat-mat.
-    MulMat,
+    /// The float mat-vec.
+    MatVec,
+    /// The integer-dot mat-vec and its fused forms.
+    MatVecQ,
+    /// The tiled mat-mat.
+    MatMat,
+    /// The cooperative-matrix mat-mat.
+    MatMatCoop,
     /// Fused attention.
     FlashAttn,
     /// Sums, means and argmax.
@@ -76,7 +96,7 @@ pub(crate) enum Family {
 impl Family {
     /// Every family.
     #[cfg(test)]
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 14] = [
         Family::Unary,
         Family::Binary,
         Family::Glu,
@@ -84,32 +104,93 @@ impl Family {
         Family::SoftMax,
         Family::Rope,
         Family::Rows,
-        Family::MulMat,
+        Family::MatVec,
+        Family::MatVecQ,
+        Family::MatMat,
+        Family::MatMatCoop,
         Family::FlashAttn,
         Family::Reduce,
         Family::Shape,
     ];
 
-    /// The family's file name and source.
-    pub(crate) fn file(self) -> (&'static str, &'static str) {
+    /// The family's name (its file's).
+    pub(crate) fn name(self) -> &'static str {
+        self.files().last().map_or("", |f| f.0)
+    }
+
+    /// The family's files (name and source) after the common ones: the shared files it
+    /// includes, then its own.
+    fn files(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Family::Unary => ("unary", include_str!("../../shaders/unary.wgsl")),
-            Family::Binary => ("binary", include_str!("../../shaders/binary.wgsl")),
-            Family::Glu => ("glu", include_str!("../../shaders/glu.wgsl")),
-            Family::Norm => ("norm", include_str!("../../shaders/norm.wgsl")),
-            Family::SoftMax => ("soft_max", include_str!("../../shaders/soft_max.wgsl")),
-            Family::Rope => ("rope", include_str!("../../shaders/rope.wgsl")),
-            Family::Rows => ("rows", include_str!("../../shaders/rows.wgsl")),
-            Family::MulMat => ("mul_mat", include_str!("../../shaders/mul_mat.wgsl")),
-            Family::FlashAttn => ("flash_attn", include_str!("../../shaders/flash_attn.wgsl")),
-            Family::Reduce => ("reduce", include_str!("../../shaders/reduce.wgsl")),
-            Family::Shape => ("shape", include_str!("../../shaders/shape.wgsl")),
+            Family::Unary => &[("unary", include_str!("../../shaders/unary.wgsl"))],
+            Family::Binary => &[("binary", include_str!("../../shaders/binary.wgsl"))],
+            Family::Glu => &[("glu", include_str!("../../shaders/glu.wgsl"))],
+            Family::Norm => &[("norm", include_str!("../../shaders/norm.wgsl"))],
+            Family::SoftMax => &[("soft_max", include_str!("../../shaders/soft_max.wgsl"))],
+            Family::Rope => &[("rope", include_str!("../../shaders/rope.wgsl"))],
+            Family::Rows => &[("rows", include_str!("../../shaders/rows.wgsl"))],
+            Family::MatVec => &[
+                MUL_MAT,
+                ("mat_vec", include_str!("../../shaders/mat_vec.wgsl")),
+            ],
+            Family::MatVecQ => &[
+                MUL_MAT,
+                ("mat_vec_q", include_str!("../../shaders/mat_vec_q.wgsl")),
+            ],
+            Family::MatMat => &[
+                MUL_MAT,
+                MAT_MAT_COMMON,
+                ("mat_mat", include_str!("../../shaders/mat_mat.wgsl")),
+            ],
+            Family::MatMatCoop => &[
+                MUL_MAT,
+                MAT_MAT_COMMON,
+                (
+                    "mat_mat_coop",
+                    include_str!("../../shaders/mat_mat_coop.wgsl"),
+                ),
+            ],
+            Family::FlashAttn => &[("flash_attn", include_str!("../../shaders/flash_attn.wgsl"))],
+            Family::Reduce => &[("reduce", include_str!("../../shaders/reduce.wgsl"))],
+            Family::Shape => &[("shape", include_str!("../../shaders/shape.wgsl"))],
+        }
+    }
+
+    /// The define names the family's files may test besides [`COMMON_DEFINES`] (an `#if` of
+    /// any other name is an error).
+    pub(crate) fn defines(self) -> &'static [&'static str] {
+        match self {
+            Family::Unary | Family::Binary | Family::Glu | Family::Reduce => &["OP"],
+            Family::Norm => &["OP", "MUL"],
+            Family::SoftMax => &[],
+            Family::Rope => &["KV"],
+            Family::Rows => &["OP", "QUANT"],
+            Family::Shape => &["OP", "RAW"],
+            // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
+            Family::MatVec => &["KK", "MMPAIR", "YK", "QB", "ROWS", "TPB"],
+            Family::MatVecQ => &[
+                "KK", "MMPAIR", "YK", "ADD", "GLU", "KC", "MM", "NORM", "ONECOL", "PAIR", "PF2",
+                "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB", "TPR", "W2", "YC",
+            ],
+            Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
+            Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
+            Family::FlashAttn => &[
+                "COMBINE", "DECODE", "DMAX", "KU", "OT4", "PKV16", "PREFILL", "SPLIT",
+            ],
         }
     }
 
     /// Whether the family reads quantized blocks (and so includes `dequant.wgsl`).
     fn dequantizes(self) -> bool {
-        matches!(self, Family::Rows | Family::MulMat | Family::Unary)
+        matches!(
+            self,
+            Family::Rows
+                | Family::Unary
+                | Family::MatVec
+                | Family::MatVecQ
+                | Family::MatMat
+                | Family::MatMatCoop
+        )
     }
 
     /// Storage bindings its shaders use: the destination and the sources.
@@ -126,118 +207,209 @@ impl Family {
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
             // second result), and the weights of an rms_norm they compute (binding 5); the one
             // over Q, K and V two more ([`Variant::storage_bindings`]).
-            Family::MulMat => 6,
+            Family::MatVec | Family::MatVecQ | Family::MatMat | Family::MatMatCoop => 6,
             // The fused rope of Q and K with the stores of K and V into their caches.
             Family::Rope => 8,
         }
     }
 }
 
-/// One pipeline: a family's entry point with its defines.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Define names every family may test: the types, F16, SUBGROUPS and WG that every variant
+/// has, the ones the template step derives from DT, and the load widths and f16 settings that
+/// `common.wgsl`, `dequant.wgsl` and `quantize.wgsl` read.
+const COMMON_DEFINES: [&str; 19] = [
+    "T0",
+    "T1",
+    "T2",
+    "T3",
+    "DT",
+    "F16",
+    "SUBGROUPS",
+    "WG",
+    "DST16",
+    "ATOMIC",
+    "QDST",
+    "QK",
+    "KQUANT",
+    "A4",
+    "AL",
+    "Y4",
+    "B4",
+    "H16",
+    "COOP",
+];
+
+/// One pipeline: a typed key (family, entry point and parameters) and whether the adapter
+/// converts f16 in f32 shaders (the F16 define, naga's SHADER_FLOAT16_IN_FLOAT32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
-    /// The family (file).
-    pub family: Family,
-    /// The entry point.
-    pub entry: &'static str,
-    /// Defines, sorted by name.
-    defs: Vec<(&'static str, u32)>,
+    /// The entry point and its parameters.
+    pub key: Key,
+    /// The F16 define.
+    pub f16: bool,
 }
 
 impl Variant {
-    /// A variant with the default defines.
-    pub fn new(family: Family, entry: &'static str) -> Self {
-        let defs = vec![
-            ("DT", 0),
-            ("F16", 0),
-            ("SUBGROUPS", 0),
-            ("T0", 0),
-            ("T1", 0),
-            ("T2", 0),
-            ("T3", 0),
-            ("WG", 64),
-        ];
-        Variant {
-            family,
-            entry,
-            defs,
+    /// The variant of `key` (F16 off).
+    pub fn new(key: Key) -> Self {
+        Variant { key, f16: false }
+    }
+
+    /// The family (file).
+    pub fn family(&self) -> Family {
+        self.key.entry().0
+    }
+
+    /// The entry point.
+    pub fn entry(&self) -> &'static str {
+        self.key.entry().1
+    }
+
+    /// The variant's defines, sorted by name (the key's, and F16).
+    pub fn defines(&self) -> Vec<(&'static str, u32)> {
+        let mut defs = self.key.defines();
+        let i = defs.partition_point(|(n, _)| *n < "F16");
+        defs.insert(i, ("F16", u32::from(self.f16)));
+        defs
+    }
+
+    /// A define's value (for naming a variant; plans set fields of its key).
+    pub fn get(&self, name: &str) -> Option<u32> {
+        self.defines()
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, v)| v)
+    }
+
+    /// Its integer-dot mat-vec key, where it is one.
+    pub fn mat_vec_q(&self) -> Option<&MatVecQKey> {
+        match &self.key {
+            Key::MatVecQ(k) => Some(k),
+            _ => None,
         }
     }
 
-    /// Sets a define.
-    pub fn def(mut self, name: &'static str, value: u32) -> Self {
-        match self.defs.binary_search_by(|(n, _)| n.cmp(&name)) {
-            Ok(i) => self.defs[i].1 = value,
-            Err(i) => self.defs.insert(i, (name, value)),
+    /// The variant with `f` applied to its integer-dot mat-vec key (unchanged where it is not
+    /// one).
+    pub fn with_mat_vec_q(mut self, f: impl FnOnce(&mut MatVecQKey)) -> Self {
+        if let Key::MatVecQ(k) = &mut self.key {
+            f(k);
         }
         self
     }
 
-    /// Sets the type define `name` (T0..T3, DT) to a type.
-    pub fn ty(self, name: &'static str, t: DType) -> Self {
-        self.def(name, t.gguf_id())
-    }
-
-    /// Whether the type define `name` is `t`.
-    pub fn is_type(&self, name: &str, t: DType) -> bool {
-        self.get(name) == Some(t.gguf_id())
-    }
-
-    /// A define's value.
-    pub fn get(&self, name: &str) -> Option<u32> {
-        self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    /// Its mat-mat key, where it is one.
+    pub fn mat_mat(&self) -> Option<&MatMatKey> {
+        match &self.key {
+            Key::MatMat(k) => Some(k),
+            _ => None,
+        }
     }
 
     /// Storage bindings of the variant's pipeline: its family's, or [`QKV_BINDINGS`] for the
-    /// mat-vec over Q, K and V (QKV: V's weights and result in bindings 6 and 7), or
-    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores (ROPE).
+    /// mat-vec over Q, K and V (V's weights and result in bindings 6 and 7), or
+    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores.
     pub fn storage_bindings(&self) -> usize {
-        if self.get("ROPE").is_some_and(|v| v != 0) {
-            QKV_ROPE_BINDINGS
-        } else if self.get("QKV").is_some_and(|v| v != 0) {
-            QKV_BINDINGS
-        } else {
-            self.family.storage_bindings()
+        match self.key {
+            Key::MatVecQ(k) if k.rope.is_some() => QKV_ROPE_BINDINGS,
+            Key::MatVecQ(k) if k.qkv => QKV_BINDINGS,
+            _ => self.family().storage_bindings(),
         }
     }
 
     /// A label for logs and errors: `family.entry[A=1,B=2]`.
     pub fn label(&self) -> String {
-        let defs: Vec<String> = self.defs.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let defs: Vec<String> = self
+            .defines()
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
         format!(
             "{}.{}[{}]",
-            self.family.file().0,
-            self.entry,
+            self.family().name(),
+            self.entry(),
             defs.join(",")
         )
     }
 
     /// The expanded WGSL source.
     pub fn source(&self) -> Result<String, String> {
-        let dt = self.get("DT").unwrap_or(0);
+        Source::new(self)?.build()
+    }
+}
+
+/// A variant's defines (with the derived ones) and the names its family may test.
+struct Source {
+    family: Family,
+    label: String,
+    defs: Vec<(&'static str, u32)>,
+}
+
+impl Source {
+    /// The defines of `v`, with DST16 and ATOMIC (the destination is 16-bit; it is 16-bit or
+    /// quantized, and written with atomics), QDST, QK and KQUANT (it is quantized, its block
+    /// size, it is a K type) derived from DT; an error where the key sets a define its family
+    /// does not declare.
+    fn new(v: &Variant) -> Result<Source, String> {
+        let mut defs = v.defines();
+        let dt = v.get("DT").unwrap_or(0);
         let dst16 = u32::from(dt == DType::F16.gguf_id() || dt == DType::BF16.gguf_id());
         let qk = DType::ALL
             .iter()
             .find(|t| t.is_quantized() && t.gguf_id() == dt)
             .map_or(0, |t| t.block_size() as u32);
         let qdst = u32::from(qk > 0);
-        let v = self
-            .clone()
-            .def("DST16", dst16)
-            .def("ATOMIC", dst16 | qdst)
-            .def("QDST", qdst)
-            .def("QK", qk)
-            .def("KQUANT", u32::from(qk == 256));
+        for d in [
+            ("DST16", dst16),
+            ("ATOMIC", dst16 | qdst),
+            ("QDST", qdst),
+            ("QK", qk),
+            ("KQUANT", u32::from(qk == 256)),
+        ] {
+            match defs.binary_search_by(|(n, _)| n.cmp(&d.0)) {
+                Ok(i) => defs[i].1 = d.1,
+                Err(i) => defs.insert(i, d),
+            }
+        }
+        let s = Source {
+            family: v.family(),
+            label: v.label(),
+            defs,
+        };
+        if let Some((n, _)) = s.defs.iter().find(|(n, _)| !s.declared(n)) {
+            return Err(format!(
+                "{}: define {n} is not one of the {} family's",
+                s.label,
+                s.family.name()
+            ));
+        }
+        Ok(s)
+    }
+
+    /// Whether the family declares define `name`.
+    fn declared(&self, name: &str) -> bool {
+        COMMON_DEFINES.contains(&name) || self.family.defines().contains(&name)
+    }
+
+    /// A define's value.
+    fn get(&self, name: &str) -> Option<u32> {
+        self.defs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    /// The source: `common.wgsl`, `dequant.wgsl` for the families that read quantized blocks,
+    /// `quantize.wgsl` where the destination is quantized, then the family's files.
+    fn build(&self) -> Result<String, String> {
         let mut out = String::new();
-        v.expand("common", COMMON, &mut out)?;
+        self.expand("common", COMMON, &mut out)?;
         if self.family.dequantizes() {
-            v.expand("dequant", DEQUANT, &mut out)?;
+            self.expand("dequant", DEQUANT, &mut out)?;
         }
-        if qdst != 0 {
-            v.expand("quantize", QUANTIZE, &mut out)?;
+        if self.get("QDST").is_some_and(|q| q != 0) {
+            self.expand("quantize", QUANTIZE, &mut out)?;
         }
-        let (name, text) = self.family.file();
-        v.expand(name, text, &mut out)?;
+        for (name, text) in self.family.files() {
+            self.expand(name, text, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -252,22 +424,36 @@ impl Variant {
             let where_ = || format!("{file}.wgsl:{}", n + 1);
             let t = line.trim();
             if let Some(name) = t.strip_prefix("#if ") {
-                let on = self.get(name.trim()).is_some_and(|v| v != 0);
+                let name = name.trim();
+                if !self.declared(name) {
+                    return Err(format!(
+                        "{}: #if {name}: no such define in the {} family",
+                        where_(),
+                        self.family.name()
+                    ));
+                }
+                let on = self.get(name).is_some_and(|v| v != 0);
                 let outer = kept(&stack);
                 stack.push((outer, on, false));
-            } else if t == "#else" {
-                let top = stack
-                    .last_mut()
-                    .ok_or_else(|| format!("{}: #else without #if", where_()))?;
-                if top.2 {
-                    return Err(format!("{}: a second #else for one #if", where_()));
+            } else if t.starts_with('#') {
+                match t {
+                    "#else" => {
+                        let top = stack
+                            .last_mut()
+                            .ok_or_else(|| format!("{}: #else without #if", where_()))?;
+                        if top.2 {
+                            return Err(format!("{}: a second #else for one #if", where_()));
+                        }
+                        top.1 = !top.1;
+                        top.2 = true;
+                    }
+                    "#endif" => {
+                        stack
+                            .pop()
+                            .ok_or_else(|| format!("{}: #endif without #if", where_()))?;
+                    }
+                    _ => return Err(format!("{}: unknown directive {t}", where_())),
                 }
-                top.1 = !top.1;
-                top.2 = true;
-            } else if t == "#endif" {
-                stack
-                    .pop()
-                    .ok_or_else(|| format!("{}: #endif without #if", where_()))?;
             } else if kept(&stack) {
                 let mut rest = line;
                 while let Some(start) = rest.find("{{") {
@@ -277,7 +463,7 @@ impl Variant {
                         + start;
                     let name = &rest[start + 2..end];
                     let value = self.get(name).ok_or_else(|| {
-                        format!("{}: no define {name} in {}", where_(), self.label())
+                        format!("{}: no define {name} in {}", where_(), self.label)
                     })?;
                     out.push_str(&rest[..start]);
                     out.push_str(&value.to_string());
@@ -301,11 +487,11 @@ pub(crate) fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for f in Family::ALL {
         for sub in [false, true] {
-            for f16 in [0, 1] {
+            for f16 in [false, true] {
                 v.extend(
                     crate::ops::variants(f, sub)
                         .into_iter()
-                        .map(|x| x.def("F16", f16)),
+                        .map(|x| Variant { f16, ..x }),
                 );
             }
         }
@@ -348,8 +534,8 @@ mod tests {
         let info = validator
             .validate(&module)
             .map_err(|e| e.emit_to_string(&src))?;
-        if !module.entry_points.iter().any(|e| e.name == v.entry) {
-            return Err(format!("no entry point {}", v.entry));
+        if !module.entry_points.iter().any(|e| e.name == v.entry()) {
+            return Err(format!("no entry point {}", v.entry()));
         }
         Ok((module, info))
     }
@@ -390,22 +576,54 @@ mod tests {
         );
     }
 
+    /// A source of the norm family (which declares OP and MUL) with MUL=1.
+    fn norm_source() -> Source {
+        Source {
+            family: Family::Norm,
+            label: "test".into(),
+            defs: vec![("MUL", 1), ("OP", 0), ("WG", 64)],
+        }
+    }
+
     #[test]
     fn template_expands_and_rejects() {
-        let v = Variant::new(Family::Unary, "main").def("A", 1);
+        let s = norm_source();
         let mut out = String::new();
-        v.expand(
+        s.expand(
             "t",
-            "x{{A}}y\n#if A\nkeep\n#if B\ndrop\n#else\nkeep2\n#endif\n#else\ndrop2\n#endif\n",
+            "x{{WG}}y\n#if MUL\nkeep\n#if OP\ndrop\n#else\nkeep2\n#endif\n#else\ndrop2\n#endif\n",
             &mut out,
         )
         .unwrap();
-        assert_eq!(out, "x1y\nkeep\nkeep2\n");
-        assert!(v.expand("t", "{{NOPE}}", &mut String::new()).is_err());
-        assert!(v.expand("t", "#if A\n", &mut String::new()).is_err());
-        assert!(v.expand("t", "#endif\n", &mut String::new()).is_err());
-        assert!(v
-            .expand("t", "#if A\n#else\n#else\n#endif\n", &mut String::new())
+        assert_eq!(out, "x64y\nkeep\nkeep2\n");
+        // A declared define the variant does not set is off.
+        let mut out = String::new();
+        s.expand("t", "#if SUBGROUPS\ndrop\n#endif\n", &mut out)
+            .unwrap();
+        assert_eq!(out, "");
+        assert!(s.expand("t", "{{NOPE}}", &mut String::new()).is_err());
+        assert!(s.expand("t", "#if MUL\n", &mut String::new()).is_err());
+        assert!(s.expand("t", "#endif\n", &mut String::new()).is_err());
+        assert!(s
+            .expand("t", "#if MUL\n#else\n#else\n#endif\n", &mut String::new())
             .is_err());
+        assert!(s
+            .expand("t", "#ifdef MUL\n#endif\n", &mut String::new())
+            .is_err());
+    }
+
+    /// An `#if` of a define the family does not declare (a misspelling, or another family's)
+    /// is an error, even inside a block that is dropped.
+    #[test]
+    fn misspelt_define_is_rejected() {
+        let s = norm_source();
+        let e = s
+            .expand("t", "#if MULL\nx\n#endif\n", &mut String::new())
+            .unwrap_err();
+        assert!(e.contains("MULL"), "{e}");
+        let e = s
+            .expand("t", "#if OP\n#if QKV\n#endif\n#endif\n", &mut String::new())
+            .unwrap_err();
+        assert!(e.contains("QKV"), "{e}");
     }
 }

@@ -32,13 +32,10 @@ pub fn set_gpu_timing(on: bool) {
     ON.store(on, Ordering::SeqCst);
 }
 
-/// Whether GPU timing is on: [`set_gpu_timing`], or `TESSERA_WGPU_TIMING=1` for the whole
-/// process (each backend then logs the median GPU time of its graphs at debug level when it
-/// is dropped).
+/// Whether GPU timing is on ([`set_gpu_timing`]; each backend also logs the median GPU time
+/// of its graphs at debug level when it is dropped).
 pub(crate) fn timing_on() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     ON.load(Ordering::Relaxed)
-        || *ENV.get_or_init(|| std::env::var("TESSERA_WGPU_TIMING").as_deref() == Ok("1"))
 }
 
 /// The GPU time of each graph timed since the last call (from the beginning to the end of its

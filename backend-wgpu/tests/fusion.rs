@@ -520,3 +520,35 @@ fn q_k_v_rope_and_cache_stores_run_as_one_dispatch() {
         }
     }
 }
+
+/// Two registries with different options in one process: each device keeps its own (fusion
+/// and subgroups on in one, off in the other), both run the same block side by side, and they
+/// agree.
+#[test]
+fn devices_with_different_options_run_side_by_side() {
+    use tessera_wgpu::WgpuOptions;
+    let on = WgpuOptions::default();
+    let off = WgpuOptions::default().fusion(false).subgroups(false);
+    let (Some(dev_on), Some(dev_off)) = (common::device_with(on), common::device_with(off)) else {
+        return;
+    };
+    let (mut b_on, mut b_off) = (block(), block());
+    let (nodes_on, nodes_off) = (load(&dev_on, &mut b_on), load(&dev_off, &mut b_off));
+    let mut be_on = wgpu_device(&dev_on).backend().unwrap();
+    let mut be_off = wgpu_device(&dev_off).backend().unwrap();
+    for _ in 0..2 {
+        let fused = run(&mut be_on, &b_on, &nodes_on);
+        let plain = run(&mut be_off, &b_off, &nodes_off);
+        assert_eq!(
+            (be_off.last_dispatch_count(), be_on.last_dispatch_count()),
+            (14, 6)
+        );
+        let scale = plain.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in plain.iter().zip(&fused).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale.max(1.0),
+                "element {i}: options off {a}, on {b}"
+            );
+        }
+    }
+}

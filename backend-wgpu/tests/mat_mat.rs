@@ -1,19 +1,14 @@
 //! Tiled mat-mat on shapes past one tile, with ragged edges, for float and quantized weights,
 //! against a host product of the same (dequantized) values: the f32 variant, and the f16 one
-//! (H16, the default on GPUs with SHADER_F16) where the adapter has SHADER_F16; and (ignored,
-//! for a real GPU) the GPU time of square f16 and f32 products.
+//! (H16, the default on GPUs with SHADER_F16) where the adapter has SHADER_F16 (the GPU time of
+//! square products is the `mat_mat` bench).
 
 mod common;
 mod products;
 
-use std::sync::Mutex;
-
 use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::DType;
-
-/// Held by each test while it opens its device: the device reads TESSERA_WGPU_MM_F16 (which
-/// the tests set to pick the variant) when it is opened.
-static ENV: Mutex<()> = Mutex::new(());
+use tessera_wgpu::WgpuOptions;
 
 /// NMSE bound of the f32 variant: the same products as the host's, summed in another order.
 const F32_NMSE: f64 = 1e-9;
@@ -28,15 +23,11 @@ const F16_NMSE: f64 = 1e-5;
 /// where `f16` (and the adapter has SHADER_F16) and the f32 one otherwise, and checks it
 /// within the variant's NMSE bound.
 fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
-    let (dev, mut backend) = {
-        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-        std::env::set_var("TESSERA_WGPU_MM_F16", if f16 { "1" } else { "0" });
-        // The device is opened (and reads the variable) with its first stream: here, under
-        // the lock.
-        let Some(dev) = common::device() else { return };
-        let backend = dev.new_backend().unwrap();
-        (dev, backend)
+    let options = WgpuOptions::default().mat_mat_f16(Some(f16));
+    let Some(dev) = common::device_with(options) else {
+        return;
     };
+    let mut backend = dev.new_backend().unwrap();
     let tol = if f16 { F16_NMSE } else { F32_NMSE };
     let vals: Vec<f32> = (0..k * m)
         .map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
@@ -150,42 +141,4 @@ fn f16_variant_f16_k_tail() {
 #[test]
 fn f16_variant_f16_large() {
     check(DType::F16, 4100, 2050, 40, true);
-}
-
-/// GPU time (timestamp queries, median of 10 runs) of dst = a^T b with a and b n x n, a f16 or
-/// f32, b f32, for n = 4096 and 8192 (TESSERA_WGPU_MM picks the tile):
-/// `cargo test --release -p tessera-wgpu --test mat_mat -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn bench_square() {
-    let Some(dev) = common::device() else { return };
-    tessera_wgpu::set_gpu_timing(true);
-    for n in [4096usize, 8192] {
-        for dtype in [DType::F16, DType::F32] {
-            let vals: Vec<f32> = (0..n * n)
-                .map(|i| (i % 1000) as f32 / 500.0 - 1.0)
-                .collect();
-            let mut bytes = vec![0u8; dtype.row_size(n).unwrap() * n];
-            let row = dtype.row_size(n).unwrap();
-            for r in 0..n {
-                quantize_row(
-                    dtype,
-                    &vals[r * n..(r + 1) * n],
-                    &mut bytes[r * row..(r + 1) * row],
-                )
-                .unwrap();
-            }
-            let (g, nodes, _) = products::product(&dev, dtype, &bytes, &vals, (n, n, n));
-            let Some(med) = products::gpu_median(&dev, &g, &nodes, 10) else {
-                println!("gemm {dtype} {n}^3: no GPU times (no timestamp queries)");
-                return;
-            };
-            let s = med.as_secs_f64();
-            println!(
-                "gemm {dtype}xf32 {n}^3: {:.3} ms, {:.1} TFLOP/s",
-                s * 1e3,
-                2.0 * (n as f64).powi(3) / s / 1e12
-            );
-        }
-    }
 }

@@ -1,15 +1,14 @@
 //! The integer-dot mat-vec (quantized weights times one to four columns, the column quantized
 //! to 8 bits per 32 values on the GPU) against a host product of the dequantized weights and
-//! the exact column, on ragged row counts and on a row longer than one quantized chunk; and
-//! (ignored, for a real GPU) its GPU time on the model-sized products.
+//! the exact column, on ragged row counts and on a row longer than one quantized chunk (its GPU
+//! time on the model-sized products is the `mat_vec` bench).
 
 mod common;
 mod products;
 
-use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::DType;
 
-use products::{gpu_median, product, products};
+use products::{product, weights};
 
 /// The weight types the integer-dot mat-vec reads.
 const TYPES: [DType; 5] = [
@@ -19,31 +18,6 @@ const TYPES: [DType; 5] = [
     DType::Q4_K,
     DType::Q6_K,
 ];
-
-/// `m` rows of `k` values of `dtype` made by quantizing `distinct` pseudo-random rows and
-/// repeating them: the bytes, and the dequantized values of the distinct rows.
-fn weights(dtype: DType, m: usize, k: usize, distinct: usize) -> (Vec<u8>, Vec<f32>) {
-    let row = dtype.row_size(k).unwrap();
-    let distinct = distinct.min(m);
-    let mut bytes = vec![0u8; row * m];
-    let mut a = vec![0f32; k * distinct];
-    for r in 0..distinct {
-        let vals: Vec<f32> = (0..k)
-            .map(|i| ((((r * k + i) * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
-        quantize_row(dtype, &vals, &mut bytes[r * row..(r + 1) * row]).unwrap();
-        dequantize_row(
-            dtype,
-            &bytes[r * row..(r + 1) * row],
-            &mut a[r * k..(r + 1) * k],
-        )
-        .unwrap();
-    }
-    for r in distinct..m {
-        bytes.copy_within((r % distinct) * row..(r % distinct + 1) * row, r * row);
-    }
-    (bytes, a)
-}
 
 /// Runs the product on the device and checks it against the host product with the column
 /// quantized as the shader quantizes it (which also shows that the integer-dot path ran).
@@ -153,73 +127,5 @@ fn long_rows_several_parts_each() {
 fn rows_past_one_chunk() {
     for t in [DType::Q4_0, DType::Q6_K] {
         check(t, 5, 1, 16384 + 512);
-    }
-}
-
-/// Weight copies rotated through in [`bench_model_sizes`]' second figure: 8 of the largest
-/// shape (264 MB of Q4_0) are well past the H200's 50 MB L2.
-const ROTATED: usize = 8;
-
-/// The GPU time (timestamp queries, median of 50 runs) of the model-sized mat-vecs, for each
-/// type in TESSERA_BENCH_TYPES (comma-separated, default every integer-dot type and f16), two
-/// ways: one product alone in its compute pass (the pass's fixed cost included; the weights
-/// partly in L2 from the run before), and [`ROTATED`] products of as many weight copies and
-/// columns in one pass, the pass's time over ROTATED (weights from DRAM; measured as the CUDA
-/// backend's `bench mat_vec` measures its rotated figure):
-/// `cargo test --release -p tessera-wgpu --test mat_vec -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn bench_model_sizes() {
-    let Some(dev) = common::device() else { return };
-    let types: Vec<DType> = match std::env::var("TESSERA_BENCH_TYPES") {
-        Ok(v) => v
-            .split(',')
-            .filter_map(|s| {
-                DType::ALL
-                    .iter()
-                    .copied()
-                    .find(|t| t.to_string() == s.trim())
-            })
-            .collect(),
-        Err(_) => TYPES.iter().copied().chain([DType::F16]).collect(),
-    };
-    tessera_wgpu::set_gpu_timing(true);
-    for (m, k) in [
-        (4096, 14336),
-        (14336, 4096),
-        (4096, 4096),
-        (1024, 4096),
-        (128256, 4096),
-    ] {
-        for &t in &types {
-            let bytes = if t.is_quantized() {
-                weights(t, m, k, 64).0
-            } else {
-                let h: Vec<half::f16> = (0..m * k)
-                    .map(|i| half::f16::from_f32((i % 1000) as f32 / 500.0 - 1.0))
-                    .collect();
-                bytemuck::cast_slice(&h).to_vec()
-            };
-            let b: Vec<f32> = (0..k).map(|i| (i % 777) as f32 / 388.0 - 1.0).collect();
-            let (g, nodes, _) = product(&dev, t, &bytes, &b, (m, 1, k));
-            let Some(med) = gpu_median(&dev, &g, &nodes, 50) else {
-                println!("{t} m={m} k={k}: no GPU times (no timestamp queries)");
-                return;
-            };
-            let us = med.as_secs_f64() * 1e6;
-            let gb = (bytes.len() + 4 * (k + m)) as f64 / us / 1e3;
-            println!("{t} m={m} k={k}: {us:.2} us, {gb:.0} GB/s");
-            let cols: Vec<Vec<f32>> = (0..ROTATED)
-                .map(|c| b.iter().map(|v| v * (1.0 + c as f32 / 8.0)).collect())
-                .collect();
-            let cols: Vec<&[f32]> = cols.iter().map(Vec::as_slice).collect();
-            let (g, nodes, _) = products(&dev, t, &bytes, &cols, (m, 1, k));
-            let Some(med) = gpu_median(&dev, &g, &nodes, 50) else {
-                return;
-            };
-            let us = med.as_secs_f64() * 1e6 / ROTATED as f64;
-            let gb = (bytes.len() + 4 * (k + m)) as f64 / us / 1e3;
-            println!("{t} m={m} k={k} {ROTATED} weights rotated: {us:.2} us, {gb:.0} GB/s");
-        }
     }
 }

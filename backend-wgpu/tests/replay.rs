@@ -213,10 +213,8 @@ fn split_attention_survives_a_larger_scratch() {
         (take(&a.g, a.out, n), backend.last_dispatch_count())
     };
     let (first, n) = run(&small);
-    if std::env::var_os("TESSERA_WGPU_FA_SPLIT").is_none() {
-        // 8 rows and heads over 512 keys: 16 splits, then their merge.
-        assert_eq!(n, 2);
-    }
+    // 8 rows and heads over 512 keys: 16 splits, then their merge.
+    assert_eq!(n, 2);
     let (large_first, _) = run(&large);
     let (again, _) = run(&small);
     let (large_again, _) = run(&large);

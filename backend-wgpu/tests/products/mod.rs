@@ -1,11 +1,13 @@
-//! Matrix products on a device for the mat-vec and mat-mat tests: building one, and timing it
-//! on the GPU.
+//! Matrix products on a device for the mat-vec and mat-mat tests and benches: their weights,
+//! building one, and timing it on the GPU. (Each test or bench uses some of them.)
+#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_core::alloc::GraphAllocator;
 use tessera_core::backend::Device;
+use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::{DType, Graph, TensorId};
 
 /// A graph dst = a^T b for weights `bytes` ([k, m] of `dtype`) and b [k, n] f32, allocated on
@@ -73,4 +75,29 @@ pub fn gpu_median(
     let mut times = tessera_wgpu::take_gpu_times();
     times.sort_unstable();
     times.get(times.len() / 2).copied()
+}
+
+/// `m` rows of `k` values of `dtype` made by quantizing `distinct` pseudo-random rows and
+/// repeating them: the bytes, and the dequantized values of the distinct rows.
+pub fn weights(dtype: DType, m: usize, k: usize, distinct: usize) -> (Vec<u8>, Vec<f32>) {
+    let row = dtype.row_size(k).unwrap();
+    let distinct = distinct.min(m);
+    let mut bytes = vec![0u8; row * m];
+    let mut a = vec![0f32; k * distinct];
+    for r in 0..distinct {
+        let vals: Vec<f32> = (0..k)
+            .map(|i| ((((r * k + i) * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        quantize_row(dtype, &vals, &mut bytes[r * row..(r + 1) * row]).unwrap();
+        dequantize_row(
+            dtype,
+            &bytes[r * row..(r + 1) * row],
+            &mut a[r * k..(r + 1) * k],
+        )
+        .unwrap();
+    }
+    for r in distinct..m {
+        bytes.copy_within((r % distinct) * row..(r % distinct + 1) * row, r * row);
+    }
+    (bytes, a)
 }

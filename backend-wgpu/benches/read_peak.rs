@@ -4,10 +4,15 @@
 //! as `mat_vec`'s `bench_model_sizes` rotates its weights (a barrier between dispatches, which
 //! write one buffer), over several workgroup counts and sizes, loads in flight per invocation,
 //! and with the buffer bound read-write (as tessera binds every buffer) or read-only. It is the
-//! ceiling a mat-vec of that size can reach here:
-//! `cargo test --release -p tessera-wgpu --test read_peak -- --ignored --nocapture`.
+//! ceiling a mat-vec of that size can reach here: `cargo bench -p tessera-wgpu --bench read_peak`
+//! (harness-less: `main` runs it; arguments are ignored).
 
+#[path = "peak_shaders/mod.rs"]
+mod peak_shaders;
+#[path = "raw/mod.rs"]
 mod raw;
+
+use peak_shaders::read::{shader, CASES};
 
 /// Bytes of each buffer: the Q4_0 weights of a 4096 x 14336 mat-vec.
 const BYTES: u64 = 4096 * 14336 / 32 * 18;
@@ -16,64 +21,7 @@ const ROTATED: usize = 8;
 /// Passes timed per case (the median is taken).
 const PASSES: usize = 25;
 
-/// The cases: (workgroups, invocations per workgroup, 16-byte loads in flight per invocation,
-/// bound read-only).
-const CASES: &[(u32, u32, u32, bool)] = &[
-    (128, 1024, 1, false),
-    (128, 1024, 2, false),
-    (132, 1024, 1, false),
-    (132, 1024, 2, false),
-    (132, 1024, 4, false),
-    (264, 1024, 1, false),
-    (264, 1024, 2, false),
-    (528, 512, 1, false),
-    (1056, 256, 1, false),
-    (1056, 256, 2, false),
-    (2112, 256, 1, false),
-    (4224, 128, 1, false),
-    (1056, 256, 2, true),
-    (132, 1024, 2, true),
-];
-
-/// The shader of one case: each invocation reads the 16-byte words i, i + T, ... (T: all
-/// invocations of the dispatch), `unroll` at a time, folds them with xor and stores the result
-/// only where it equals a value no input here gives (so that no load can be dropped).
-fn shader(wg: u32, unroll: u32, read_only: bool) -> String {
-    let access = if read_only { "read" } else { "read_write" };
-    let mut loads = String::new();
-    let mut fold = String::new();
-    for u in 0..unroll {
-        loads += &format!("let v{u} = src[i + {u}u * t];\n");
-        fold += &format!("acc ^= v{u};\n");
-    }
-    format!(
-        r#"@group(0) @binding(0) var<storage, {access}> src: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size({wg})
-fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {{
-    let t = n.x * {wg}u;
-    let len = arrayLength(&src);
-    var acc = vec4<u32>(0u);
-    var i = g.x;
-    for (; i + {last}u * t < len; i += {unroll}u * t) {{
-        {loads}
-        {fold}
-    }}
-    for (; i < len; i += t) {{
-        acc ^= src[i];
-    }}
-    if (acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u {{
-        out[g.x] = 1u;
-    }}
-}}
-"#,
-        last = unroll - 1
-    )
-}
-
-#[test]
-#[ignore]
-fn bench_read_peak() {
+fn main() {
     let Some((device, queue)) = raw::open(wgpu::Features::TIMESTAMP_QUERY) else {
         return;
     };
@@ -200,20 +148,4 @@ fn time(
         .collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
-}
-
-/// Every case's shader is valid WGSL for naga (no GPU needed).
-#[test]
-fn read_shaders_validate() {
-    for &(_, wg, unroll, read_only) in CASES {
-        let src = shader(wg, unroll, read_only);
-        let module = naga::front::wgsl::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{e:?}\n{src}"));
-    }
 }

@@ -1,0 +1,656 @@
+//! mul_mat: the float mat-vec (`mat_vec.wgsl`), the integer-dot mat-vec of the common
+//! quantized types (`mat_vec_q.wgsl`), and the tiled mat-mat (`mat_mat.wgsl`, in f16 where the
+//! adapter has SHADER_F16; `mat_mat_coop.wgsl` on cooperative matrices where it has them).
+
+use tessera_core::{DType, Graph, TensorId};
+
+use super::{aligned, desc, Bind, Node, Params, PlanOut, FLOATS};
+use crate::context::Gpu;
+use crate::keys::{mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, MV_ROWS};
+use crate::shader::Variant;
+
+/// Tiles of the tiled mat-mat (BM x BN of dst per workgroup).
+const MM_TILES: [(u32, u32); 3] = [(64, 64), (128, 64), (128, 128)];
+/// Depths of the tiled mat-mat's steps (BM x BK of src0 and BN x BK of src1 in workgroup
+/// memory): the deeper one where the adapter's workgroup memory holds it.
+const MM_BK: [u32; 2] = [16, 32];
+/// Workgroup memory of the cooperative-matrix mat-mat's result blocks (tc in mat_mat_coop.wgsl: 8
+/// subgroups x 16 x 16 f32).
+const MM_COOP_TC: u32 = 8 * 256 * 4;
+/// The cooperative-matrix mat-mat's tiles (BM, BN): 8 subgroups of 32 x 32, or of 64 x 32 (the
+/// larger one where dst has at least 128 columns: [`coop_big`]).
+const MM_COOP_TILES: [(u32, u32); 2] = [(128, 64), (128, 128)];
+/// Padding (f16 values) of each row of the cooperative-matrix mat-mat's tiles (SA in
+/// mat_mat_coop.wgsl), which keeps two tiles of each (double buffered).
+const MM_COOP_PAD: u32 = 8;
+/// The cooperative-matrix mat-mat's k-step (BK): each invocation loads one 8-value chunk of
+/// each of two src0 rows and one 4-value quad of each of BN / 32 src1 columns a step.
+const MM_COOP_BK: u32 = 32;
+/// Depths of the f16 mat-mat's steps (H16: tiles of f16, half the workgroup memory).
+const MM_BK_H16: [u32; 3] = [16, 32, 64];
+/// Workgroups from which quantized weights take the largest mat-mat tile (below, the half-size
+/// one gives twice as many workgroups to spread over the GPU's cores).
+const MM_BIG_GROUPS: usize = 512;
+/// Columns of src1 up to which mul_mat uses mat-vec.
+const MAT_VEC_MAX_N: usize = 4;
+/// Weight types the integer-dot mat-vec (`shaders/mat_vec_q.wgsl`) reads.
+const MVQ_TYPES: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+];
+/// Rows per integer-dot mat-vec workgroup: the most of these that still gives MVQ_GROUPS
+/// workgroups (more rows share each quantized column; fewer give more workgroups). Tall
+/// weights take 32 rows: with 16, their workgroups spend a fifth of their time quantizing the
+/// column.
+const MVQ_ROWS: [u32; 5] = [32, 16, 8, 4, 2];
+/// Workgroups per column the integer-dot mat-vec aims for (about two per core of a large GPU).
+const MVQ_GROUPS: usize = 256;
+/// Parts of a row each invocation of the integer-dot mat-vec aims to take (TPR, the
+/// invocations per row, is the parts of a row over this, rounded up to a power of two); see
+/// [`mvq_parts_each`].
+const MVQ_PARTS: usize = 4;
+/// Invocations per integer-dot mat-vec workgroup (ROWS x TPR) at most: TPR is cut to fit
+/// (and raised to make at least 32, which quantize the column).
+const MVQ_WG: u32 = 512;
+/// Rows at least this long (k) take [`MVQ_LONG_GROUPS`] workgroups of up to [`MVQ_LONG_WG`]
+/// invocations instead: every workgroup quantizes the whole column, and for long rows half as
+/// many workgroups, twice as large, spend less on that than a second workgroup per core gains
+/// (at k = 4096 the smaller workgroups stay ahead).
+const MVQ_LONG_K: usize = 8192;
+/// Workgroups per column the integer-dot mat-vec aims for with long rows (about one per core).
+const MVQ_LONG_GROUPS: usize = 128;
+/// Invocations per integer-dot mat-vec workgroup at most with long rows.
+const MVQ_LONG_WG: u32 = 1024;
+/// Values of the column quantized into workgroup memory per step: the larger where the
+/// adapter's workgroup memory holds it.
+const MVQ_KC: [u32; 2] = [4096, 16384];
+/// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
+/// of its column (NORM in `mat_vec_q`).
+pub(crate) const NORM_W_BINDING: usize = 5;
+
+/// Which wide loads a mul_mat launch over weight rows from `r0` may use: (the weights as
+/// 16-byte loads (float types, `k` a multiple of `float_k`) or as whole aligned words
+/// (quantized types whose blocks are whole words) — the A4 and AL defines; the f32 activations
+/// as 16-byte loads — Y4).
+fn wide_loads(
+    gpu: &Gpu,
+    graph: &Graph,
+    t: &tessera_core::Tensor,
+    r0: usize,
+    float_k: usize,
+) -> (bool, bool) {
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    let k = a.ne[0];
+    let a4 = !a.dtype.is_quantized()
+        && a.nb[0] == a.dtype.type_size()
+        && k.is_multiple_of(float_k)
+        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+    let al = a.dtype.is_quantized()
+        && a.dtype.type_size().is_multiple_of(4)
+        && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4);
+    let y4 = b.dtype == DType::F32
+        && b.nb[0] == 4
+        && k.is_multiple_of(4)
+        && aligned(gpu, graph, t.src[1], 0, 16);
+    (a4 || al, y4)
+}
+
+/// mul_mat: dst = src0^T src1, as mat-vecs for a few columns and as the tiled mat-mat
+/// otherwise; weights larger than one storage binding run as several launches over row
+/// ranges.
+pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
+    let (gpu, graph, id, t) = (n.gpu, n.graph, n.id, n.t);
+    let (a, b) = (n.srcs[0], n.srcs[1]);
+    let float_b = matches!(b.dtype, DType::F32 | DType::F16)
+        || (b.dtype == DType::BF16 && FLOATS.contains(&a.dtype));
+    if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype)) || !float_b {
+        return Err(format!("types {} x {}", a.dtype, b.dtype));
+    }
+    p.u[1] = (b.ne[2] / a.ne[2]) as u32;
+    p.u[2] = (b.ne[3] / a.ne[3]) as u32;
+    let chunk = if a.nbytes() <= n.usable {
+        a.ne[1]
+    } else if a.ne[2] * a.ne[3] == 1 && a.nb[1] <= n.usable {
+        n.usable / a.nb[1]
+    } else {
+        return Err(format!(
+            "src0 of {} bytes exceeds a storage binding and is not a 2-D matrix",
+            a.nbytes()
+        ));
+    };
+    let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
+    // The cooperative-matrix mat-mat reads f16 weights as 16-byte chunks of 8 values.
+    let chunks =
+        a.dtype.is_quantized() || (a.ne[0].is_multiple_of(8) && wide_loads(gpu, graph, t, 0, 8).0);
+    let coop_fits = tile_fits(
+        gpu.limits.max_compute_workgroup_storage_size,
+        MM_COOP_TILES[1],
+        MM_COOP_BK,
+        true,
+        true,
+    );
+    let coop = h16 && chunks && coop_fits && gpu.coop && coop_wanted(t.ne);
+    let tile = mat_mat_tile(gpu, t.ne, h16, a.dtype.is_quantized(), coop);
+    let (bm, bn, _) = tile;
+    let mut out = Vec::new();
+    for r0 in (0..a.ne[1]).step_by(chunk.max(1)) {
+        let rc = chunk.min(a.ne[1] - r0);
+        let mut p = p;
+        p.desc[0][0] = rc as u32;
+        p.desc[1][1] = rc as u32;
+        let bind = vec![
+            Bind {
+                id,
+                skip: r0 * t.nb[0],
+                span: None,
+                scratch: false,
+            },
+            Bind {
+                id: t.src[0],
+                skip: r0 * a.nb[1],
+                span: Some(rc * a.nb[1]),
+                scratch: false,
+            },
+            Bind::whole(t.src[1]),
+        ];
+        let mvq = (t.ne[1] <= MAT_VEC_MAX_N)
+            .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc))
+            .flatten();
+        let (key, groups, groups_3d) = if let Some((rows, wg, kc, a4)) = mvq {
+            let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+            let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
+            let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
+            size_mat_vec_q(
+                &mut key,
+                (rows, wg, kc),
+                a.ne[0],
+                gpu.subgroups.then_some(gpu.subgroup_min),
+            );
+            if t.ne[1] * t.ne[2] * t.ne[3] == 1 {
+                key.one_column = Some((rc as u32, a.nb[1] as u32));
+            }
+            (Key::MatVecQ(key), groups, None)
+        } else if t.ne[1] <= MAT_VEC_MAX_N {
+            let groups = rc.div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+            let (aligned, y4) = wide_loads(gpu, graph, t, r0, 8);
+            let key = MatVecKey {
+                a: a.dtype,
+                b: b.dtype,
+                subgroups: gpu.subgroups,
+                aligned,
+                y4,
+            };
+            (Key::MatVec(key), groups, None)
+        } else {
+            let z = t.ne[2] * t.ne[3];
+            let gx = rc.div_ceil(bm as usize);
+            let gy = t.ne[1].div_ceil(bn as usize);
+            if z > 65535 || gx > 65535 || gy > 65535 {
+                return Err(format!("{:?} needs too many workgroups", t.ne));
+            }
+            let (aligned, y4) = wide_loads(gpu, graph, t, r0, 4);
+            let key = MatMatKey {
+                a: a.dtype,
+                b: b.dtype,
+                tile,
+                aligned,
+                y4,
+                h16,
+                coop,
+                pair: false,
+            };
+            (Key::MatMat(key), 0, Some([gx as u32, gy as u32, z as u32]))
+        };
+        if groups_3d.is_none() {
+            p.u[0] = groups as u32;
+        }
+        out.push(PlanOut {
+            variant: Variant::new(key),
+            bind,
+            params: p,
+            groups,
+            groups_3d,
+        });
+    }
+    Ok(out)
+}
+
+/// Parts of a row each invocation of the integer-dot mat-vec of weights of type `a` aims to
+/// take: [`MVQ_PARTS`], and half as many of Q4_K's, whose parts are whole 64-value groups.
+fn mvq_parts_each(a: DType) -> usize {
+    if a == DType::Q4_K {
+        MVQ_PARTS / 2
+    } else {
+        MVQ_PARTS
+    }
+}
+
+/// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
+/// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of
+/// [`MVQ_TYPES`] whose rows start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned
+/// ones, read as 16-byte words), on a device whose limits hold the workgroup.
+fn mat_vec_q_shape(
+    gpu: &Gpu,
+    graph: &Graph,
+    t: &tessera_core::Tensor,
+    r0: usize,
+    rows: usize,
+) -> Option<(u32, u32, u32, bool)> {
+    let a = graph.get(t.src[0]);
+    if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
+        return None;
+    }
+    let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
+    let (qb, tpb) = mvq_parts(a.dtype);
+    let parts = a.ne[0] / qb as usize * tpb as usize;
+    let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
+        (MVQ_LONG_GROUPS, MVQ_LONG_WG)
+    } else {
+        (MVQ_GROUPS, MVQ_WG)
+    };
+    let nr = MVQ_ROWS
+        .into_iter()
+        .find(|&r| rows.div_ceil(r as usize) >= groups)
+        .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
+    let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
+    let tpr = (parts.div_ceil(mvq_parts_each(a.dtype)).next_power_of_two() as u32)
+        .clamp(32 / nr, max_wg / nr);
+    let wg = nr * tpr;
+    let l = &gpu.limits;
+    if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
+        return None;
+    }
+    let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg)?;
+    Some((nr, wg, kc, a4))
+}
+
+/// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales) and
+/// reduction scratch (WG f32) fit `wg_mem` bytes.
+fn mvq_kc(wg_mem: u32, wg: u32) -> Option<u32> {
+    MVQ_KC
+        .into_iter()
+        .rev()
+        .find(|&kc| kc + kc / 8 + 4 * wg <= wg_mem)
+}
+
+/// The plan `out` of mul_mat `id` as the integer-dot mat-vec, shaped (ROWS, WG, TPR, KC) for
+/// one dispatch over `rows` rows in all (the fused Q, K and V, whose K and V rows count once:
+/// a workgroup computes the same rows of both); `None` where that shape does not fit the
+/// device or loses A4, or `out` is not an integer-dot mat-vec.
+pub(crate) fn mat_vec_q_reshaped(
+    gpu: &Gpu,
+    graph: &Graph,
+    id: TensorId,
+    mut out: PlanOut,
+    rows: usize,
+) -> Option<PlanOut> {
+    let t = graph.get(id);
+    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows)?;
+    let Key::MatVecQ(key) = &mut out.variant.key else {
+        return None;
+    };
+    if key.a4 != a4 {
+        return None;
+    }
+    size_mat_vec_q(
+        key,
+        (nr, wg, kc),
+        graph.get(t.src[0]).ne[0],
+        gpu.subgroups.then_some(gpu.subgroup_min),
+    );
+    Some(out)
+}
+
+/// Shapes integer-dot mat-vec key `key` (ROWS, WG, KC) = `shape` (TPR = WG / ROWS invocations
+/// per row) for rows of `k` values, compiled in as KK, which the column's quantization takes
+/// too (YK). `subgroup_min`: the adapter's smallest subgroup size where the variant uses
+/// subgroups; where a row's TPR invocations fit in it, the row sums are added by subgroup
+/// shuffles (RSUB) instead of a tree through workgroup memory; where it is 8 or more, the
+/// column is quantized with coalesced loads, 8 invocations a block (YC), QPS quads an
+/// invocation a step (see [`mvq_quads_per_step`]). Where that quantization is one chunk of one
+/// step (k at most KC and at most the 4 x QPS x WG values a step loads), QF issues the
+/// column's loads before the first weights', for every type but Q4_0 and Q4_1 (for which it
+/// loses). Decided here, so that a key shaped again ([`mat_vec_q_reshaped`]) never keeps a QF
+/// its new shape does not allow.
+fn size_mat_vec_q(
+    key: &mut MatVecQKey,
+    (rows, wg, kc): (u32, u32, u32),
+    k: usize,
+    subgroup_min: Option<u32>,
+) {
+    let tpr = wg / rows;
+    let qps = mvq_quads_per_step(k, kc, wg);
+    let yc = subgroup_min.is_some_and(|s| s >= 8);
+    let one_step = yc && k <= kc as usize && k <= (4 * qps * wg) as usize;
+    key.rows = rows;
+    key.wg = wg;
+    key.kc = kc;
+    key.kk = k as u32;
+    key.qps = qps;
+    key.rsub = subgroup_min.is_some_and(|s| tpr <= s);
+    key.yc = yc;
+    key.qf = one_step && !matches!(key.a, DType::Q4_0 | DType::Q4_1);
+}
+
+/// The quads (4 values) of the column each invocation of a `wg`-invocation integer-dot mat-vec
+/// loads per step of its quantization (QPS with YC in `mat_vec_q`): the quads of a chunk of up
+/// to `kc` of the `k` values over `wg`, rounded up to 1, 2 or 4, so that a step loads few
+/// values past the chunk and its loads go out together.
+fn mvq_quads_per_step(k: usize, kc: u32, wg: u32) -> u32 {
+    let quads = k.min(kc as usize).div_ceil(4);
+    (quads.div_ceil(wg as usize).next_power_of_two() as u32).min(4)
+}
+
+/// The plan `out` of an integer-dot mat-vec whose src1 is `rms_norm(x) * w` (x f32 of src1's
+/// shape, w one f32 row of contiguous values), made to read x and w and compute the norm itself
+/// (NORM): x in binding 2 (as 16-byte words where x allows, Y4), w in binding 5 (the bindings
+/// before it that the plan does not use repeat dst), eps in f.x.
+pub(crate) fn mat_vec_q_norm(
+    gpu: &Gpu,
+    graph: &Graph,
+    mut out: PlanOut,
+    x: TensorId,
+    w: TensorId,
+    eps: f32,
+) -> PlanOut {
+    let tx = graph.get(x);
+    let y4 = tx.nb[0] == 4 && tx.ne[0].is_multiple_of(4) && aligned(gpu, graph, x, 0, 16);
+    if let Key::MatVecQ(k) = &mut out.variant.key {
+        k.norm = true;
+        k.y4 = y4;
+    }
+    out.bind[2] = Bind::whole(x);
+    out.params.desc[2] = desc(tx);
+    while out.bind.len() < NORM_W_BINDING {
+        out.bind.push(out.bind[0]);
+    }
+    out.bind.push(Bind::whole(w));
+    out.params.f[0] = eps;
+    out
+}
+
+/// The integer-dot mat-vec key for weights of type `a` (one of [`MVQ_TYPES`]) and activations
+/// of type `b`; `a4` and `y4` as in [`mat_vec_q_shape`] and [`MatVecKey`], not yet shaped
+/// ([`size_mat_vec_q`]) and with nothing fused.
+fn mat_vec_q_key(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> MatVecQKey {
+    MatVecQKey {
+        a,
+        b,
+        subgroups,
+        a4,
+        y4,
+        rows: 0,
+        wg: 0,
+        kc: 0,
+        kk: 0,
+        qps: 0,
+        rsub: false,
+        yc: false,
+        qf: false,
+        one_column: None,
+        add: false,
+        second: None,
+        qkv: false,
+        rope: None,
+        norm: false,
+    }
+}
+
+/// Whether the tiled mat-mat computes weights of type `a` in f16 (H16) on a device where it
+/// may (`enabled`: `Gpu::mat_mat_f16`, SHADER_F16 and asked for): f16 and quantized weights do
+/// (their values are f16 or dequantize from f16 scales), f32 and bf16 weights (whose precision
+/// or range f16 lacks) do not.
+fn mat_mat_h16(enabled: bool, a: DType) -> bool {
+    enabled && (a == DType::F16 || DType::QUANTIZED.contains(&a))
+}
+
+/// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: for quantized weights
+/// (`quant`) 128 x 128 where dst has at least MM_BIG_GROUPS such tiles; else 128 x 64 where it
+/// has 128 rows and 64 columns, else 64 x 64; BK the deepest of MM_BK (MM_BK_H16 for f16 tiles,
+/// `h16`) whose tiles fit the adapter's workgroup memory; with `coop` (cooperative matrices)
+/// one of [`MM_COOP_TILES`]. Float weights lose with the largest tile (too few workgroups
+/// for the GPU's cores); quantized weights, whose tiles cost more to load, gain with it where
+/// there are enough of them.
+fn mat_mat_tile(gpu: &Gpu, ne: [usize; 4], h16: bool, quant: bool, coop: bool) -> (u32, u32, u32) {
+    if coop {
+        let (bm, bn) = MM_COOP_TILES[usize::from(coop_big(ne))];
+        return (bm, bn, MM_COOP_BK);
+    }
+    mat_mat_tile_for(
+        gpu.limits.max_compute_workgroup_storage_size,
+        ne,
+        h16,
+        quant,
+    )
+}
+
+/// Whether BM x BK and BN x BK tiles (of f16 with `h16`, else f32) fit `wg_mem` bytes; with
+/// `coop` (cooperative matrices) two padded f16 tiles of each (double buffered) and the
+/// subgroups' 16 x 16 f32 result blocks.
+fn tile_fits(wg_mem: u32, (bm, bn): (u32, u32), bk: u32, h16: bool, coop: bool) -> bool {
+    let bytes = if coop {
+        2 * (bm + bn) * (bk + MM_COOP_PAD) * 2 + MM_COOP_TC
+    } else {
+        (bm + bn) * bk * if h16 { 2 } else { 4 }
+    };
+    bytes <= wg_mem
+}
+
+/// Whether dst (shape `ne`) takes the larger cooperative-matrix tile: at least 128 columns
+/// (half as many workgroups, each loading its src0 tile once for twice the columns).
+fn coop_big(ne: [usize; 4]) -> bool {
+    ne[1] >= 128
+}
+
+/// Whether an f16 mat-mat of dst shape `ne` runs on cooperative matrices: wherever dst has
+/// 128 rows.
+fn coop_wanted(ne: [usize; 4]) -> bool {
+    ne[0] >= MM_COOP_TILES[0].0 as usize
+}
+
+/// [`mat_mat_tile`] for `wg_mem` bytes of workgroup memory.
+fn mat_mat_tile_for(wg_mem: u32, ne: [usize; 4], h16: bool, quant: bool) -> (u32, u32, u32) {
+    let groups = |bm: usize, bn: usize| ne[0].div_ceil(bm) * ne[1].div_ceil(bn) * ne[2] * ne[3];
+    let big = quant && ne[0] >= 128 && ne[1] >= 128 && groups(128, 128) >= MM_BIG_GROUPS;
+    let (bm, bn) = if big {
+        MM_TILES[2]
+    } else if ne[0] >= 128 && ne[1] >= 64 {
+        MM_TILES[1]
+    } else {
+        MM_TILES[0]
+    };
+    (bm, bn, deepest_fit(wg_mem, (bm, bn), h16))
+}
+
+/// The deepest BK of [`MM_BK`] (of [`MM_BK_H16`] for f16 tiles, `h16`) whose BM x BN tiles fit
+/// `wg_mem` bytes ([`tile_fits`]; the shallowest where none does).
+fn deepest_fit(wg_mem: u32, tile: (u32, u32), h16: bool) -> u32 {
+    let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
+    depths
+        .iter()
+        .rev()
+        .copied()
+        .find(|&bk| tile_fits(wg_mem, tile, bk, h16, false))
+        .unwrap_or(depths[0])
+}
+
+/// Every mul_mat key the plans (and the fused dispatches) can ask for, with subgroups on or
+/// off.
+#[cfg(test)]
+pub(super) fn variants(subgroups: bool) -> Vec<Key> {
+    use crate::keys::SecondMatrix;
+    let mut v = Vec::new();
+    for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
+        for b in [DType::F32, DType::F16] {
+            for aligned in [false, true] {
+                if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
+                    continue;
+                }
+                for y4 in [false, true] {
+                    if y4 && b != DType::F32 {
+                        continue;
+                    }
+                    v.push(Key::MatVec(MatVecKey {
+                        a,
+                        b,
+                        subgroups,
+                        aligned,
+                        y4,
+                    }));
+                }
+            }
+        }
+        if MVQ_TYPES.contains(&a) {
+            for b in [DType::F32, DType::F16] {
+                for (a4, y4) in [(false, false), (false, true), (true, true)] {
+                    if (a4 && a != DType::Q4_K) || (y4 && b != DType::F32) {
+                        continue;
+                    }
+                    // Row lengths that give QPS 4, 2 and 1.
+                    for (rows, wg, k) in [(32, 1024, 14336), (16, 512, 4096), (2, 64, 256)] {
+                        for (kc, one_column) in [
+                            (MVQ_KC[0], None),
+                            (MVQ_KC[1], None),
+                            (
+                                MVQ_KC[1],
+                                Some((4096, (k / a.block_size() * a.type_size()) as u32)),
+                            ),
+                        ] {
+                            let mut x = mat_vec_q_key(a, b, subgroups, a4, y4);
+                            size_mat_vec_q(&mut x, (rows, wg, kc), k, subgroups.then_some(32));
+                            x.one_column = one_column;
+                            let pair = MatVecQKey {
+                                second: Some(SecondMatrix { glu: false }),
+                                ..x
+                            };
+                            let qkv = MatVecQKey { qkv: true, ..pair };
+                            let fused = [
+                                x,
+                                MatVecQKey { add: true, ..x },
+                                pair,
+                                qkv,
+                                MatVecQKey {
+                                    rope: Some(DType::F16),
+                                    ..qkv
+                                },
+                                MatVecQKey {
+                                    rope: Some(DType::F32),
+                                    ..qkv
+                                },
+                                MatVecQKey {
+                                    second: Some(SecondMatrix { glu: true }),
+                                    ..x
+                                },
+                            ];
+                            for f in fused {
+                                // NORM: the column is an f32 x to normalize.
+                                if b == DType::F32 {
+                                    v.push(Key::MatVecQ(MatVecQKey { norm: true, ..f }));
+                                }
+                                v.push(Key::MatVecQ(f));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for b in [DType::F32, DType::F16] {
+            for (h16, coop) in [(false, false), (true, false), (true, true)] {
+                if h16 && !mat_mat_h16(true, a) {
+                    continue;
+                }
+                let depths: &[u32] = if h16 { &MM_BK_H16 } else { &MM_BK };
+                for (bm, bn) in MM_TILES {
+                    if coop && !MM_COOP_TILES.contains(&(bm, bn)) {
+                        continue;
+                    }
+                    for &bk in depths {
+                        if coop && bk != MM_COOP_BK {
+                            continue;
+                        }
+                        for aligned in [false, true] {
+                            if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
+                                continue;
+                            }
+                            // Float weights take cooperative matrices only aligned.
+                            if coop && !aligned && !a.is_quantized() {
+                                continue;
+                            }
+                            for y4 in [false, true] {
+                                if y4 && b != DType::F32 {
+                                    continue;
+                                }
+                                let x = MatMatKey {
+                                    a,
+                                    b,
+                                    tile: (bm, bn, bk),
+                                    aligned,
+                                    y4,
+                                    h16,
+                                    coop,
+                                    pair: false,
+                                };
+                                if coop {
+                                    v.push(Key::MatMat(MatMatKey { pair: true, ..x }));
+                                }
+                                v.push(Key::MatMat(x));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
+    /// only, and its half-size tiles get the deeper steps.
+    #[test]
+    fn mat_mat_f16_selection() {
+        assert!(mat_mat_h16(true, DType::F16));
+        assert!(mat_mat_h16(true, DType::Q4_0));
+        assert!(mat_mat_h16(true, DType::Q6_K));
+        assert!(!mat_mat_h16(true, DType::F32));
+        assert!(!mat_mat_h16(true, DType::BF16));
+        assert!(!mat_mat_h16(false, DType::F16));
+        assert!(!mat_mat_h16(false, DType::Q4_0));
+        let big = [8192, 1024, 1, 1];
+        // Quantized weights take 128 x 128 tiles at this size, float weights 128 x 64.
+        assert_eq!(mat_mat_tile_for(32768, big, false, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, true), (128, 128, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, true), (128, 128, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, true), (128, 128, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, false, false), (128, 64, 32));
+        assert_eq!(mat_mat_tile_for(32768, big, true, false), (128, 64, 64));
+        assert_eq!(mat_mat_tile_for(16384, big, false, false), (128, 64, 16));
+        assert_eq!(mat_mat_tile_for(16384, big, true, false), (128, 64, 32));
+        // The source of the f16-weights 128 x 128 mat-mat of depth bk with (h16, coop).
+        let source = |bk, (h16, coop)| {
+            let key = Key::MatMat(MatMatKey {
+                a: DType::F16,
+                b: DType::F32,
+                tile: (128, 128, bk),
+                aligned: true,
+                y4: true,
+                h16,
+                coop,
+                pair: false,
+            });
+            Variant::new(key).source().unwrap()
+        };
+        let src = source(64, (true, false));
+        assert!(src.starts_with("enable f16;"), "{}", &src[..40]);
+        assert!(!src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        let src = source(32, (true, true));
+        assert!(src.starts_with("enable f16;\nenable wgpu_cooperative_matrix;"));
+        assert!(!source(32, (false, false)).starts_with("enable f16;"));
+    }
+}

@@ -1,0 +1,129 @@
+//! [`WgpuOptions`]: the wgpu backend's settings, given to [`crate::WgpuBackendReg::with_options`]
+//! and kept by every device it lists (and so by their buffers and backends). Two registries with
+//! different options open their adapters separately and run side by side in one process.
+//!
+//! [`WgpuOptions::from_env`] reads the backend's four environment variables, and nothing else in
+//! the crate reads the environment (wgpu's own `WGPU_*` variables, which choose adapters and
+//! backends, are read by wgpu's `InstanceDescriptor::with_env`):
+//!
+//! | variable                  | field                          | default |
+//! |---------------------------|--------------------------------|---------|
+//! | `TESSERA_WGPU_COOP`       | [`WgpuOptions::coop`]          | 1       |
+//! | `TESSERA_WGPU_SUBGROUPS`  | [`WgpuOptions::subgroups`]     | 1       |
+//! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
+//! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
+//!
+//! Each is a switch: `0`, `1`, `false` or `true`; anything else is an error naming the variable.
+
+use tessera_core::options::env_switch;
+use tessera_core::Result;
+
+/// The wgpu backend's settings (`Default`: the tuned defaults; builder-style setters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Whether the f16 prompt mat-mat and the prompt attention run on cooperative matrices
+    /// where the adapter offers them (16 x 16 x 16 f16 products summed in f32, subgroups of
+    /// 32). Off keeps the f16 tiled mat-mat and the one-key-per-invocation attention, for
+    /// adapters whose cooperative matrices are slower or broken.
+    pub coop: bool,
+    /// Whether shaders use subgroup operations where the adapter has SUBGROUP. Off runs every
+    /// reduction through workgroup memory (the fallback for adapters without subgroups, and
+    /// how it is tested on one that has them).
+    pub subgroups: bool,
+    /// Whether a backend's op sequences run fused (the `fused` module), to start with
+    /// ([`crate::WgpuBackend::set_fusion`] changes it per backend). Off runs every op as its
+    /// own dispatch, for comparing against the fused dispatches.
+    pub fusion: bool,
+    /// Whether a backend times every dispatch by shader variant, to start with
+    /// ([`crate::WgpuBackend::set_profile`]; see the `profile` module).
+    pub profile: bool,
+    /// Whether the tiled mat-mat computes f16 and quantized weights in f16 (where the adapter
+    /// has SHADER_F16): `None` (the default) on every adapter but a software rasterizer
+    /// (lavapipe keeps the exact f32 path); `Some(on)` forces it, for testing either path on
+    /// any adapter. Its results differ from the f32 product by about 1e-6 NMSE (activations
+    /// rounded to f16, partial sums over 16 k-steps in f16), within the ops conformance
+    /// tolerance (5e-4).
+    pub mat_mat_f16: Option<bool>,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            coop: true,
+            subgroups: true,
+            fusion: true,
+            profile: false,
+            mat_mat_f16: None,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// The defaults, changed by the variables of the module's table that are set; an error
+    /// names a variable whose value is not a switch.
+    pub fn from_env() -> Result<Self> {
+        let d = WgpuOptions::default();
+        Ok(WgpuOptions {
+            coop: env_switch("TESSERA_WGPU_COOP")?.unwrap_or(d.coop),
+            subgroups: env_switch("TESSERA_WGPU_SUBGROUPS")?.unwrap_or(d.subgroups),
+            fusion: env_switch("TESSERA_WGPU_FUSION")?.unwrap_or(d.fusion),
+            profile: env_switch("TESSERA_WGPU_PROFILE")?.unwrap_or(d.profile),
+            mat_mat_f16: d.mat_mat_f16,
+        })
+    }
+
+    /// Sets [`WgpuOptions::coop`].
+    pub fn coop(mut self, on: bool) -> Self {
+        self.coop = on;
+        self
+    }
+
+    /// Sets [`WgpuOptions::subgroups`].
+    pub fn subgroups(mut self, on: bool) -> Self {
+        self.subgroups = on;
+        self
+    }
+
+    /// Sets [`WgpuOptions::fusion`].
+    pub fn fusion(mut self, on: bool) -> Self {
+        self.fusion = on;
+        self
+    }
+
+    /// Sets [`WgpuOptions::profile`].
+    pub fn profile(mut self, on: bool) -> Self {
+        self.profile = on;
+        self
+    }
+
+    /// Sets [`WgpuOptions::mat_mat_f16`].
+    pub fn mat_mat_f16(mut self, on: Option<bool>) -> Self {
+        self.mat_mat_f16 = on;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WgpuOptions;
+
+    /// The variables are switches: unset keeps the default, 0 turns one off (in particular
+    /// TESSERA_WGPU_SUBGROUPS=0 turns subgroups off, and nothing else does), and a value that
+    /// is not a switch is an error naming its variable. (The crate's other unit tests do not
+    /// read the environment.)
+    #[test]
+    fn from_env_reads_switches_and_refuses_the_rest() {
+        std::env::remove_var("TESSERA_WGPU_COOP");
+        std::env::remove_var("TESSERA_WGPU_FUSION");
+        std::env::remove_var("TESSERA_WGPU_PROFILE");
+        std::env::set_var("TESSERA_WGPU_SUBGROUPS", "0");
+        let o = WgpuOptions::from_env().unwrap();
+        assert_eq!(o, WgpuOptions::default().subgroups(false));
+        std::env::set_var("TESSERA_WGPU_SUBGROUPS", "true");
+        assert_eq!(WgpuOptions::from_env().unwrap(), WgpuOptions::default());
+        std::env::set_var("TESSERA_WGPU_SUBGROUPS", "off");
+        let e = WgpuOptions::from_env().unwrap_err().to_string();
+        assert!(e.contains("TESSERA_WGPU_SUBGROUPS"), "{e}");
+        std::env::remove_var("TESSERA_WGPU_SUBGROUPS");
+    }
+}

@@ -9,10 +9,11 @@
 # Before it (from the checkout, on the build machine):
 #   cargo build --release --all-features -p tessera-cli
 #   cargo bench -p tessera-cuda --bench gpu --no-run                   # prints target/release/deps/gpu-<hash>
-#   cargo test --release -p tessera-wgpu --test mat_vec --test mat_mat --test read_peak --no-run
+#   cargo bench -p tessera-wgpu --bench mat_vec --bench mat_mat --bench read_peak --no-run
 #   mkdir -p .gpu/F && strip -o /tmp/tessera target/release/tessera && xz -c /tmp/tessera > .gpu/F/tessera.xz
 #   xz -c target/release/deps/gpu-<hash> > .gpu/F/bench.xz   (the CUDA benchmarks, named bench here)
-#   and xz each wgpu test executable to .gpu/F/mat_vec.xz, mat_mat.xz, read_peak.xz
+#   and xz each wgpu bench executable (target/release/deps/<name>-<hash>) to .gpu/F/mat_vec.xz,
+#   mat_mat.xz, read_peak.xz
 #   (compressed, everything fits the 64 MiB a call carries beside the model's two parts)
 #   cp ../shared/reference/smollm2-greedy.json .gpu/ &&
 #     (cd .gpu && split -b 49000000 ~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf part-)
@@ -90,13 +91,13 @@ done
 
 # The bandwidth benchmarks first, before the GEMMs and PyTorch: run after them, the wgpu
 # mat-vec's later shapes came out slower than in calls that ran them alone (BENCHMARKS.md).
-# The wgpu mat-vec (WGPU_MV: `cargo test --release -p tessera-wgpu --test mat_vec --no-run`):
+# The wgpu mat-vec (WGPU_MV: `cargo bench -p tessera-wgpu --bench mat_vec --no-run`):
 # quantized mat-vec GB/s at the model's shapes.
 if [ -n "${WGPU_MV:-}" ] && [ -x "$WGPU_MV" ]; then
   timeout 120 "$WGPU_MV" --ignored --nocapture bench_model_sizes > "$OUT/wgpu-mv.log" 2>&1
 fi
 # The read bandwidth one dispatch gets (the mat-vec's ceiling), when its test executable is
-# carried (WGPU_RP: `cargo test --release -p tessera-wgpu --test read_peak --no-run`).
+# carried (WGPU_RP: `cargo bench -p tessera-wgpu --bench read_peak --no-run`).
 if [ -n "${WGPU_RP:-}" ] && [ -x "$WGPU_RP" ]; then
   timeout 60 "$WGPU_RP" --ignored --nocapture bench_read_peak > "$OUT/wgpu-rp.log" 2>&1
 fi
@@ -109,7 +110,7 @@ fi
 if [ -n "${BENCH:-}" ] && [ -x "$BENCH" ]; then
   timeout 200 "$BENCH" gemm_throughput mat_vec > "$OUT/cuda-bench.log" 2>&1
 fi
-# The wgpu GEMM (WGPU_MM: `cargo test --release -p tessera-wgpu --test mat_mat --no-run`):
+# The wgpu GEMM (WGPU_MM: `cargo bench -p tessera-wgpu --bench mat_mat --no-run`):
 # square f16/f32 TFLOP/s.
 if [ -n "${WGPU_MM:-}" ] && [ -x "$WGPU_MM" ]; then
   timeout 120 "$WGPU_MM" --ignored --nocapture bench_square > "$OUT/wgpu-mm.log" 2>&1

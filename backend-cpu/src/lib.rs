@@ -11,7 +11,8 @@
 //! Ops are grouped by family under `ops/`; each reads source rows into f32 scratch, computes
 //! in f32 (sums in f64 where ggml uses double), and stores in the destination's type, so any
 //! layout works and the in-place ops the graph allocator plans are safe. `mul_mat` is the
-//! exception that matters for speed: it multiplies quantized weights block by block.
+//! exception that matters for speed: it multiplies quantized weights block by block, with the
+//! SIMD dot products of `quant` where the CPU has them.
 #![warn(missing_docs)]
 
 mod backend;
@@ -20,6 +21,7 @@ mod device;
 mod host;
 mod ops;
 mod parallel;
+mod quant;
 mod view;
 
 pub use backend::CpuBackend;

@@ -2,7 +2,8 @@
 //!
 //! - [`CpuBackendReg`] puts one device, `cpu`, in the registry.
 //! - [`CpuDevice`] describes the host (model name, threads, memory) and opens backends;
-//!   [`CpuDevice::with_threads`] and [`CpuDevice::with_precise`] choose how they run.
+//!   [`CpuOptions`] (or [`CpuDevice::with_threads`] and [`CpuDevice::with_precise`]) choose how
+//!   they run.
 //! - [`CpuBufferType`] allocates 64-byte aligned [`CpuBuffer`]s; [`CpuBuffer::from_host`] wraps
 //!   caller bytes (a mapped file) read-only, without copying.
 //! - [`CpuBackend`] runs every op of `tessera_core::op` on a rayon thread pool, respecting the
@@ -20,6 +21,7 @@ mod buffer;
 mod device;
 mod host;
 mod ops;
+mod options;
 mod parallel;
 mod quant;
 mod view;
@@ -27,3 +29,4 @@ mod view;
 pub use backend::CpuBackend;
 pub use buffer::{CpuBuffer, CpuBufferType, CPU_ALIGNMENT};
 pub use device::{CpuBackendReg, CpuDevice};
+pub use options::CpuOptions;

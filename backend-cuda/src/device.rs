@@ -165,11 +165,6 @@ impl Device for CudaDevice {
             .is_some_and(|b| b.ordinal() == self.shared.ordinal)
     }
 
-    /// Kernels compiled from now on do not release their successors early (`PdlMode::Auto`).
-    fn joined_group(&self) {
-        self.shared.kernels.leave_early();
-    }
-
     /// Peer memory inside graphs and NCCL between them ([`crate::CudaComm`]); `Ok(None)`
     /// where neither works (or a device is not a CUDA device).
     fn communicator(

@@ -1,15 +1,17 @@
 //! tessera-core: element types and quantized blocks, tensors and graphs, the backend traits,
-//! the registry, the graph allocator and scheduler, the meta (sharding) layer, and GGUF.
+//! the registry, the graph allocator and scheduler, the options parser, and GGUF.
 #![warn(missing_docs)]
 
 pub mod alloc;
 pub mod backend;
 pub mod dtype;
+// Not public API: the backends that still read settings through it move to `options`, and it
+// goes with the last of them.
+#[doc(hidden)]
 pub mod env;
 pub mod error;
 pub mod gguf;
 pub mod graph;
-pub mod meta;
 pub mod op;
 pub mod options;
 pub mod quant;

@@ -51,11 +51,7 @@ impl CpuBackend {
 
 /// A rayon pool of `threads` workers (0: one per hardware thread).
 fn build_pool(threads: usize) -> Result<ThreadPool> {
-    let n = if threads == 0 {
-        crate::host::threads()
-    } else {
-        threads
-    };
+    let n = crate::host::threads_or_all(threads);
     ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("tessera-cpu-{i}"))

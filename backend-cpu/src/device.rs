@@ -11,11 +11,27 @@ use tessera_core::{
 
 use crate::backend::CpuBackend;
 use crate::buffer::{CpuBuffer, CpuBufferType};
+use crate::options::CpuOptions;
 use crate::{host, ops};
 
-/// The CPU backend's entry in the [`tessera_core::Registry`]: always one device, `cpu`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackendReg;
+/// The CPU backend's entry in the [`tessera_core::Registry`]: always one device, `cpu`, made
+/// with the entry's options.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackendReg {
+    options: CpuOptions,
+}
+
+impl CpuBackendReg {
+    /// The entry whose device has the default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The entry whose device runs as `options` say.
+    pub fn with_options(options: CpuOptions) -> Self {
+        CpuBackendReg { options }
+    }
+}
 
 impl BackendReg for CpuBackendReg {
     fn name(&self) -> &'static str {
@@ -23,7 +39,7 @@ impl BackendReg for CpuBackendReg {
     }
 
     fn devices(&self) -> std::result::Result<Vec<Arc<dyn Device>>, String> {
-        Ok(vec![Arc::new(CpuDevice::new())])
+        Ok(vec![Arc::new(CpuDevice::with_options(&self.options))])
     }
 }
 
@@ -42,18 +58,23 @@ impl Default for CpuDevice {
 }
 
 impl CpuDevice {
-    /// The CPU with one thread per hardware thread and the fast (activation-quantizing)
-    /// `mul_mat`.
+    /// The CPU with the default options: one thread per hardware thread and the fast
+    /// (activation-quantizing) `mul_mat`.
     pub fn new() -> Self {
+        Self::with_options(&CpuOptions::default())
+    }
+
+    /// The CPU running as `options` say.
+    pub fn with_options(options: &CpuOptions) -> Self {
         CpuDevice {
-            threads: host::threads(),
-            precise: false,
+            threads: host::threads_or_all(options.threads),
+            precise: options.precise,
         }
     }
 
     /// The same device whose backends use `n` threads (0 means one per hardware thread).
     pub fn with_threads(mut self, n: usize) -> Self {
-        self.threads = if n == 0 { host::threads() } else { n };
+        self.threads = host::threads_or_all(n);
         self
     }
 

@@ -41,6 +41,15 @@ pub(crate) fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// `n` threads, or one per hardware thread where `n` is 0.
+pub(crate) fn threads_or_all(n: usize) -> usize {
+    if n == 0 {
+        threads()
+    } else {
+        n
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,10 +15,11 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tessera_core::graph::Graph;
-use tessera_core::quant::{dequantize_row, quantize_row};
+use tessera_core::quant::dequantize_row;
 use tessera_core::{DType, Error, Result, TensorId};
 
 use crate::buffer::CpuBuffer;
+use crate::quant::quantize_row;
 
 /// A tensor's bytes in host memory, with its type and layout.
 #[derive(Clone, Copy, Debug)]

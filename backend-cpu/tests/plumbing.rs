@@ -10,11 +10,11 @@ use common::Case;
 use tessera_core::{
     Backend, BackendReg, Buffer, BufferType, DType, Device, DeviceKind, Error, Graph,
 };
-use tessera_cpu::{CpuBackend, CpuBackendReg, CpuBuffer, CpuBufferType, CpuDevice};
+use tessera_cpu::{CpuBackend, CpuBackendReg, CpuBuffer, CpuBufferType, CpuDevice, CpuOptions};
 
 #[test]
 fn registry_lists_one_cpu_device() {
-    let devices = CpuBackendReg.devices().unwrap();
+    let devices = CpuBackendReg::new().devices().unwrap();
     assert_eq!(devices.len(), 1);
     let d = &devices[0];
     assert_eq!(d.name(), "cpu");
@@ -24,7 +24,20 @@ fn registry_lists_one_cpu_device() {
     assert!(m.free <= m.total);
     assert!(d.buffer_type().is_host());
     assert!(d.new_backend().is_ok());
-    assert_eq!(CpuBackendReg.name(), "cpu");
+    assert_eq!(CpuBackendReg::new().name(), "cpu");
+}
+
+#[test]
+fn the_registry_entry_makes_its_device_with_its_options() {
+    let two = CpuBackendReg::with_options(CpuOptions::default().with_threads(2).with_precise(true));
+    let one = CpuBackendReg::with_options(CpuOptions::default().with_threads(1));
+    let (two, one) = (two.devices().unwrap(), one.devices().unwrap());
+    let cpu = |d: &Arc<dyn Device>| d.as_any().downcast_ref::<CpuDevice>().unwrap().clone();
+    let (two, one) = (cpu(&two[0]), cpu(&one[0]));
+    assert_eq!((two.threads(), two.precise()), (2, true));
+    assert_eq!((one.threads(), one.precise()), (1, false));
+    let all = CpuDevice::with_options(&CpuOptions::default());
+    assert_eq!(all.threads(), CpuDevice::new().threads());
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! [`CudaBackendReg`] (the registry's entry) and [`CudaDevice`] (one GPU).
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tessera_core::{
@@ -86,8 +85,6 @@ impl BackendReg for CudaBackendReg {
 pub struct CudaDevice {
     shared: Arc<DeviceShared>,
     options: CudaOptions,
-    /// Set by [`Device::joined_group`]: as [`CudaOptions::grouped`].
-    joined: AtomicBool,
     buffer_type: Arc<dyn BufferType>,
     pinned: Arc<dyn BufferType>,
 }
@@ -103,7 +100,6 @@ impl CudaDevice {
         CudaDevice {
             shared,
             options,
-            joined: AtomicBool::new(false),
             buffer_type,
             pinned,
         }
@@ -115,10 +111,9 @@ impl CudaDevice {
         CudaDevice::new(self.shared.clone(), options)
     }
 
-    /// The options of the streams made on this device now.
+    /// The options of the streams made on this device.
     pub fn options(&self) -> CudaOptions {
-        let grouped = self.options.grouped || self.joined.load(Ordering::Relaxed);
-        self.options.clone().grouped(grouped)
+        self.options.clone()
     }
 
     /// What every object of this GPU shares.
@@ -195,11 +190,6 @@ impl Device for CudaDevice {
             .as_any()
             .downcast_ref::<CudaBuffer>()
             .is_some_and(|b| b.ordinal() == self.shared.ordinal)
-    }
-
-    /// Streams made from now on run as parts of a multi-GPU group ([`CudaOptions::grouped`]).
-    fn joined_group(&self) {
-        self.joined.store(true, Ordering::Relaxed);
     }
 
     /// Peer memory inside graphs and NCCL between them ([`crate::CudaComm`]), as this device's

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use clap::Args;
 use rand::{Rng, SeedableRng};
-use tessera::core::meta::{MetaBackend, MetaDevice};
 use tessera::core::{Backend, Buffer, Communicator, ReduceType};
+use tessera::meta::{MetaBackend, MetaDevice};
 use tessera::{Device, Error, Result};
 
 use crate::load;
@@ -74,8 +74,7 @@ pub fn run(a: AllReduceArgs) -> Result<()> {
     if !a.device.trim().starts_with("meta:") {
         return single_rank(&a);
     }
-    let cpu = load::cpu_default();
-    let dev = load::meta_device(&a.device, "auto", &cpu)?;
+    let dev = load::meta_device(&a.device, "auto", &tessera::Options::from_env()?)?;
     let meta = MetaDevice::from_device(dev.as_ref())
         .ok_or_else(|| Error::Invalid(format!("{} is not a meta device", a.device)))?;
     let parts = dev.parts();
@@ -98,8 +97,7 @@ pub fn run(a: AllReduceArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn single_rank(a: &AllReduceArgs) -> Result<()> {
     use tessera::cuda::{comm::nccl, CudaComm, CudaDevice};
-    let reg = tessera::registry();
-    let dev = tessera::device(&reg, a.device.trim())?;
+    let dev = tessera::device(&tessera::Options::from_env()?, a.device.trim())?;
     let cuda = dev
         .as_any()
         .downcast_ref::<CudaDevice>()

@@ -1,10 +1,7 @@
 //! `tessera devices`.
 
-use std::sync::Arc;
-
 use clap::Args;
-use tessera::core::meta::MetaDevice;
-use tessera::cpu::CpuDevice;
+use tessera::meta::MetaDevice;
 use tessera::{Device, Result};
 
 /// Arguments of `tessera devices`.
@@ -39,7 +36,7 @@ fn line(d: &dyn Device) {
 /// Lists every backend's devices, or why it has none; with `--meta`, a meta device's parts and
 /// their ratios.
 pub fn run(a: DevicesArgs) -> Result<()> {
-    let reg = tessera::registry();
+    let reg = tessera::registry_with(&tessera::Options::from_env()?);
     for b in reg.backends() {
         match &b.devices {
             Ok(ds) if ds.is_empty() => println!("{}: no devices", b.backend),
@@ -53,8 +50,7 @@ pub fn run(a: DevicesArgs) -> Result<()> {
         } else {
             format!("meta:{spec}")
         };
-        let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-        let dev = crate::load::meta_device(&spec, &a.split, &cpu)?;
+        let dev = crate::load::meta_device(&spec, &a.split, &tessera::Options::from_env()?)?;
         println!();
         line(dev.as_ref());
         let ratios = MetaDevice::from_device(dev.as_ref())

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
-use tessera::core::meta::{MetaDevice, SplitRatios};
 use tessera::cpu::CpuDevice;
-use tessera::{Device, Error, Result};
+use tessera::meta::SplitRatios;
+use tessera::{Device, Error, Options, Result};
 use tessera_llm::{fetch, Model};
 
 use crate::progress;
@@ -33,25 +33,23 @@ pub struct ModelArgs {
     pub precise: bool,
 }
 
-fn cpu(args: &ModelArgs) -> Arc<dyn Device> {
-    let mut d = CpuDevice::new().with_precise(args.precise);
+/// The backends' options: the environment's, with the CPU flags over them.
+fn options(args: &ModelArgs) -> Result<Options> {
+    let mut o = Options::from_env()?;
+    o.cpu.precise = args.precise;
     if let Some(n) = args.threads {
-        d = d.with_threads(n);
+        o.cpu.threads = n;
     }
-    Arc::new(d)
-}
-
-/// The CPU device with its default settings.
-pub fn cpu_default() -> Arc<dyn Device> {
-    Arc::new(CpuDevice::new())
+    Ok(o)
 }
 
 /// The model's device and the CPU fallback.
 pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
-    let fallback = cpu(args);
+    let options = options(args)?;
+    let fallback: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
     let spec = args.device.trim();
     if spec.starts_with("meta:") {
-        return Ok((meta_device(spec, &args.split, &fallback)?, fallback));
+        return Ok((meta_device(spec, &args.split, &options)?, fallback));
     }
     if args.split.trim() != "auto" {
         return Err(Error::Invalid(format!(
@@ -61,34 +59,17 @@ pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
     if spec == "cpu" {
         return Ok((fallback.clone(), fallback));
     }
-    let reg = tessera::registry();
-    let dev = tessera::device(&reg, spec)?;
+    let dev = tessera::device(&options, spec)?;
     if dev.kind() == tessera::core::DeviceKind::Cpu {
         return Ok((fallback.clone(), fallback));
     }
     Ok((dev, fallback))
 }
 
-/// A meta device from its spec (`meta:cpu,cuda:0`) and split (`auto`, `0.6,0.4`): a `cpu` part
-/// is `cpu` (as configured by the flags), the others come from the registry.
-pub fn meta_device(spec: &str, split: &str, cpu: &Arc<dyn Device>) -> Result<Arc<dyn Device>> {
-    let ratios = SplitRatios::parse(split)?;
-    let reg = tessera::registry();
-    let parts = tessera::core::meta::parse_spec(spec)?
-        .iter()
-        .map(|p| {
-            if p == "cpu" {
-                return Ok(cpu.clone());
-            }
-            tessera::device(&reg, p).map_err(|e| match e {
-                Error::NoSuchDevice(what) => {
-                    Error::NoSuchDevice(format!("{what}, a part of {spec}"))
-                }
-                other => other,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Arc::new(MetaDevice::new(parts, &ratios)?))
+/// A meta device from its spec (`meta:cpu,cuda:0`) and split (`auto`, `0.6,0.4`), its parts
+/// opened with `options`.
+pub fn meta_device(spec: &str, split: &str, options: &Options) -> Result<Arc<dyn Device>> {
+    tessera::meta_device(options, spec, &SplitRatios::parse(split)?)
 }
 
 /// The model path: `--model`, or the cached test model (fetched with a progress bar).

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use tessera::core::meta::{InputPolicy, MetaDevice};
 use tessera::cpu::CpuDevice;
+use tessera::meta::{InputPolicy, MetaDevice};
 use tessera::{Device, Error, Result};
 use tessera_conformance::{perf, test, test_registry, Filter, Options, Reference, Summary};
 
@@ -65,14 +65,14 @@ fn device(spec: &str, split: &str) -> Result<Arc<dyn Device>> {
     if spec == "cpu" {
         return Ok(Arc::new(CpuDevice::new()));
     }
+    let options = tessera::Options::from_env()?;
     if spec.starts_with("meta:") {
-        let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-        let dev = crate::load::meta_device(spec, split, &cpu)?;
+        let dev = crate::load::meta_device(spec, split, &options)?;
         let meta = MetaDevice::from_device(dev.as_ref())
             .ok_or_else(|| Error::Invalid(format!("{spec} is not a meta device")))?;
         return Ok(Arc::new(meta.with_input_policy(InputPolicy::MostSplit)));
     }
-    tessera::device(&tessera::registry(), spec)
+    tessera::device(&options, spec)
 }
 
 /// Runs an ops subcommand.
@@ -93,7 +93,11 @@ fn run_test(a: OpsArgs) -> Result<()> {
         ..Options::default()
     };
     let summaries: Vec<Summary> = match &a.backend {
-        None => test_registry(&tessera::registry(), &options, &mut print_line),
+        None => test_registry(
+            &tessera::registry_with(&tessera::Options::from_env()?),
+            &options,
+            &mut print_line,
+        ),
         Some(spec) => {
             let dev = device(spec, &a.split)?;
             let reference = if dev.kind() == tessera::core::DeviceKind::Cpu {

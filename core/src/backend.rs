@@ -123,11 +123,6 @@ pub trait Device: Send + Sync {
     fn prepare(&self, _progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
         Ok(())
     }
-    /// Tells the device that it is one of several parts of a meta device, which run one graph
-    /// together and wait on each other (a backend may compile its kernels differently for
-    /// that). A meta device of several parts calls it on each when it is made, before it
-    /// compiles or runs anything on them; nothing by default.
-    fn joined_group(&self) {}
     /// A communicator that all-reduces over `devices` (all of this device's backend kind),
     /// where the backend has one (NCCL for CUDA). `Ok(None)`: use the generic path.
     fn communicator(&self, _devices: &[Arc<dyn Device>]) -> Result<Option<Box<dyn Communicator>>> {

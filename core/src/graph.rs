@@ -214,8 +214,11 @@ impl Graph {
         self.get(id).label(id)
     }
 
-    /// Appends a tensor as it is (the scheduler's copies); the caller keeps it consistent.
-    pub(crate) fn push_raw(&mut self, t: Tensor) -> TensorId {
+    /// Appends a tensor as it is, unchecked: for code that derives one graph from another (the
+    /// scheduler's copies, the meta device's per-part graphs). The caller keeps it consistent:
+    /// sources and `view_src` already in this graph, `view_src` a root, `ne` and `nb` valid for
+    /// the type and the op's sources, as the builder methods would have made them.
+    pub fn push_raw(&mut self, t: Tensor) -> TensorId {
         self.push(t)
     }
 

@@ -1,17 +1,15 @@
 //! tessera-core: element types and quantized blocks, tensors and graphs, the backend traits,
-//! the registry, the graph allocator and scheduler, the meta (sharding) layer, and GGUF.
+//! the registry, the graph allocator and scheduler, the options parser, and GGUF.
 #![warn(missing_docs)]
 
 pub mod alloc;
 pub mod backend;
 pub mod dtype;
-pub mod env;
 pub mod error;
 pub mod fusion;
 pub mod gguf;
 pub mod graph;
 pub mod graph_key;
-pub mod meta;
 pub mod op;
 pub mod options;
 pub mod quant;

@@ -47,7 +47,10 @@ pub fn parse_switch(name: &str, value: &str) -> Result<bool> {
 /// `value` of variable `name` as a `T` (`what` says what it should be, e.g. "a number of
 /// splits").
 pub fn parse_value<T: FromStr>(name: &str, value: &str, what: &str) -> Result<T> {
-    value.trim().parse::<T>().map_err(|_| bad(name, value, what))
+    value
+        .trim()
+        .parse::<T>()
+        .map_err(|_| bad(name, value, what))
 }
 
 /// `value` of variable `name` as one of `words` (pairs of a word and its value; ASCII case
@@ -107,7 +110,9 @@ mod tests {
         assert!(e.to_string().contains("TESSERA_N"));
         let words = [("host", 1), ("peer", 2)];
         assert_eq!(parse_word("X", " HOST ", &words).unwrap(), 1);
-        let e = parse_word("TESSERA_W", "hots", &words).unwrap_err().to_string();
+        let e = parse_word("TESSERA_W", "hots", &words)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("host, peer"), "{e}");
     }
 }

@@ -166,7 +166,7 @@ impl Context {
                 let (mut graph, io) =
                     forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
                 let plan = self.sched.plan(&mut graph)?;
-                tessera_core::meta::check_plan(self.sched.devices(), &graph, &plan)?;
+                tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
                 log::debug!(
                     "new step graph {:?}: {} tensors, {} splits",
                     shape,

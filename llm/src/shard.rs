@@ -25,8 +25,8 @@
 
 use std::sync::Arc;
 
+use tessera::meta::{partition, partition_units, MetaDevice, ShardedTensor, SplitState};
 use tessera_core::gguf::GgufFile;
-use tessera_core::meta::{partition, partition_units, MetaDevice, ShardedTensor, SplitState};
 use tessera_core::{Buffer, DType, Device, Error, Result};
 
 use crate::config::LlamaConfig;

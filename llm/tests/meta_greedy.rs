@@ -9,8 +9,8 @@ mod common;
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
+use tessera::meta::{MetaDevice, SplitRatios};
 use tessera::Device;
-use tessera_core::meta::{MetaDevice, SplitRatios};
 use tessera_llm::{Context, ContextParams, Model};
 
 use common::*;
@@ -177,7 +177,7 @@ fn an_untied_output_head_is_split_and_its_logits_match() {
             .weight_state("output.weight", tessera::DType::Q8_0, [384, 2000, 1, 1])
             .unwrap();
         assert!(
-            matches!(state, tessera_core::meta::SplitState::Split(_)),
+            matches!(state, tessera::meta::SplitState::Split(_)),
             "{ratios:?}: the output head is not split"
         );
         let (got_toks, got) = greedy(&model, &prompt, 4);

@@ -6,8 +6,8 @@ use std::sync::Arc;
 mod meta_common;
 use meta_common::*;
 
+use tessera::meta::{InputPolicy, MetaDevice, SplitRatios};
 use tessera_conformance::{test, Options, Reference, Status, Summary};
-use tessera_core::meta::{InputPolicy, MetaDevice, SplitRatios};
 use tessera_core::Device;
 
 fn meta(ratios: &[f64]) -> Arc<dyn Device> {
@@ -60,7 +60,7 @@ fn splittable_cases_match_the_cpu_on_three_cpu_parts() {
 
 use std::sync::Mutex;
 
-use tessera_core::meta::{AxisSplit, Segment, ShardedTensor, SplitState};
+use tessera::meta::{AxisSplit, Segment, ShardedTensor, SplitState};
 use tessera_core::{
     Backend, Buffer, BufferType, DType, DeviceKind, Error, Graph, Memory, Result, TensorId,
 };
@@ -322,7 +322,7 @@ fn sharded_buffers_scatter_and_gather_whole_tensors() {
     // Part 1 holds one Q4_0 block per row of the first tensor.
     let meta_buf = buf
         .as_any()
-        .downcast_ref::<tessera_core::meta::MetaBuffer>()
+        .downcast_ref::<tessera::meta::MetaBuffer>()
         .unwrap();
     assert!(meta_buf.part_buffers()[1].size() < meta_buf.part_buffers()[0].size());
     // Cutting a quantization block, a part count that does not match, overlapping tensors.
@@ -363,16 +363,18 @@ fn sharded_buffers_scatter_and_gather_whole_tensors() {
 
 #[test]
 fn bad_meta_specs_and_ratios_give_clear_errors() {
-    let reg = tessera::registry();
-    let e = tessera::device(&reg, "meta:cpu,nosuch:3").err().unwrap();
+    let options = tessera::Options::default();
+    let e = tessera::device(&options, "meta:cpu,nosuch:3")
+        .err()
+        .unwrap();
     assert!(
         matches!(e, Error::NoSuchDevice(_)) && e.to_string().contains("nosuch:3"),
         "{e}"
     );
-    let e = tessera::device(&reg, "meta:cpu,,cpu").err().unwrap();
+    let e = tessera::device(&options, "meta:cpu,,cpu").err().unwrap();
     assert!(e.to_string().contains("empty part"), "{e}");
     let e = tessera::meta_device(
-        &reg,
+        &options,
         "meta:cpu,cpu",
         &SplitRatios::Given(vec![0.5, 0.3, 0.2]),
     )
@@ -382,9 +384,13 @@ fn bad_meta_specs_and_ratios_give_clear_errors() {
         e.to_string().contains("3 entries") && e.to_string().contains("2 parts"),
         "{e}"
     );
-    let e = tessera::meta_device(&reg, "meta:cpu,cpu", &SplitRatios::Given(vec![0.5, -0.5]))
-        .err()
-        .unwrap();
+    let e = tessera::meta_device(
+        &options,
+        "meta:cpu,cpu",
+        &SplitRatios::Given(vec![0.5, -0.5]),
+    )
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("negative"), "{e}");
     assert!(SplitRatios::parse("0.6,x").is_err());
     assert_eq!(SplitRatios::parse("auto").unwrap(), SplitRatios::Auto);
@@ -393,7 +399,7 @@ fn bad_meta_specs_and_ratios_give_clear_errors() {
         SplitRatios::Given(vec![3.0, 1.0])
     );
     // Automatic ratios of two identical parts are even; a meta device lists its parts.
-    let d = tessera::device(&reg, "meta:cpu,cpu").unwrap();
+    let d = tessera::device(&options, "meta:cpu,cpu").unwrap();
     assert_eq!(d.name(), "meta:cpu,cpu");
     assert_eq!(d.kind(), DeviceKind::Meta);
     assert_eq!(d.parts().len(), 2);

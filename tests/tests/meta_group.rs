@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tessera::meta::{AllReducePath, InputPolicy, MetaDevice, MetaOptions, SplitRatios, SplitState};
 use tessera_conformance::{test, test_cases, Case, Options, Reference, Status, Summary, Tolerance};
-use tessera_core::meta::{InputPolicy, MetaDevice, SplitRatios, SplitState};
 use tessera_core::{
     Backend, Buffer, BufferType, Communicator, DType, Device, DeviceKind, Error, Graph, Memory, Op,
     ReduceType, Result, TensorId, UnaryOp,
@@ -189,6 +189,11 @@ impl Fleet {
 
     /// A meta device of one `GroupCpu` part per ratio.
     fn meta(&self, ratios: &[f64]) -> MetaDevice {
+        self.meta_with(ratios, MetaOptions::default())
+    }
+
+    /// [`Fleet::meta`] running as `options` say.
+    fn meta_with(&self, ratios: &[f64], options: MetaOptions) -> MetaDevice {
         let parts: Vec<Arc<dyn Device>> = (0..ratios.len())
             .map(|rank| {
                 Arc::new(GroupCpu {
@@ -198,7 +203,8 @@ impl Fleet {
                 }) as Arc<dyn Device>
             })
             .collect();
-        MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device")
+        MetaDevice::with_options(parts, &SplitRatios::Given(ratios.to_vec()), options)
+            .expect("a meta device")
     }
 }
 
@@ -451,8 +457,8 @@ impl Communicator for GroupComm {
 /// a small one (16 x 5), for an in-graph limit between them.
 fn two_reduce_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
     let (k, m) = (64, 96);
-    let hidden = tessera_core::meta::partition_units(m, 32, ratios, "hidden").unwrap();
-    let hidden2 = tessera_core::meta::partition_units(k, 32, ratios, "hidden2").unwrap();
+    let hidden = tessera::meta::partition_units(m, 32, ratios, "hidden").unwrap();
+    let hidden2 = tessera::meta::partition_units(k, 32, ratios, "hidden2").unwrap();
     vec![
         weight(
             dtype,
@@ -509,6 +515,39 @@ fn the_mock_group_is_the_path_the_meta_backend_uses() {
     let mb = m.meta_backend().unwrap();
     assert_eq!(mb.all_reduce_path(), "mock-group");
     assert_eq!(fleet.stats.communicators.load(Ordering::SeqCst), 1);
+}
+
+/// Two meta devices of one process with different options: the one whose options ask for the
+/// host path never asks its parts for a communicator, the other still uses the group's.
+#[test]
+fn the_host_path_option_leaves_the_communicator_out_for_its_device_only() {
+    let fleet = Fleet::new(1 << 24);
+    let host = fleet.meta_with(
+        &[0.5, 0.5],
+        MetaOptions::default().with_all_reduce(AllReducePath::Host),
+    );
+    let auto = fleet.meta(&[0.5, 0.5]);
+    assert_eq!(host.options().all_reduce, AllReducePath::Host);
+    let mut hb = host.meta_backend().unwrap();
+    let ab = auto.meta_backend().unwrap();
+    assert_eq!(hb.all_reduce_path(), "host");
+    assert_eq!(ab.all_reduce_path(), "mock-group");
+    assert_eq!(fleet.stats.communicators.load(Ordering::SeqCst), 1);
+    // The host path sums too.
+    let bufs: Vec<(Arc<dyn Buffer>, usize)> = [1.0f32, 2.0]
+        .iter()
+        .map(|&v| {
+            let b = CpuDevice::new().buffer_type().alloc(16).unwrap();
+            write_values(b.as_ref(), 0, &[v; 4], ReduceType::F32).unwrap();
+            (b, 0)
+        })
+        .collect();
+    hb.all_reduce(&bufs, 4, ReduceType::F32).unwrap();
+    hb.synchronize().unwrap();
+    for (b, _) in &bufs {
+        let sums = read_values(b.as_ref(), 0, 4, ReduceType::F32).unwrap();
+        assert_eq!(sums, [3.0; 4]);
+    }
 }
 
 #[test]

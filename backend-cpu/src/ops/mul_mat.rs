@@ -16,12 +16,13 @@
 //! the first-level cache while its columns stream past them, and consecutive tiles on one
 //! thread share weight rows. The tiles are spread over the thread pool.
 
-use tessera_core::quant::{quantize_row, vec_dot_tile, vec_dot_type};
+use tessera_core::quant::vec_dot_type;
 use tessera_core::{Error, Result};
 
 use super::dot::dot_tile;
 use super::Ctx;
 use crate::parallel::{for_ranges, for_rows_mut};
+use crate::quant::{quantize_row, vec_dot_tile};
 use crate::view::TView;
 
 /// Bytes of weight rows a tile aims to keep in the first-level cache.

@@ -196,7 +196,7 @@ pub(super) fn make_qkx2_quants(p: &Qkx2, x: &[f32], w: &[f32], l: &mut [u8]) -> 
 /// in byte `j + 4` (scale low nibble, min high nibble) and their top 2 bits in the top bits of
 /// bytes `j - 4` (scale) and `j` (min).
 #[inline(always)]
-pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

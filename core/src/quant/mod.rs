@@ -1,4 +1,5 @@
-//! Row conversion to and from every [`DType`], and the dot products that `mul_mat` is built on.
+//! Row conversion to and from every [`DType`], and the reference dot products that a CPU
+//! `mul_mat` is built on.
 //!
 //! # Layouts
 //!
@@ -19,19 +20,19 @@
 //!
 //! [`vec_dot`] multiplies a weight row with an activation row already quantized to
 //! [`vec_dot_type`] of the weight type, as ggml's CPU backend does. The integer products of a
-//! block are summed exactly; only the per-block scaling is done in f32. On x86-64 CPUs with
-//! AVX2, FMA and F16C, the hot pairs (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, and the Q8_0/Q8_1 activation
-//! quantizers) use `std::arch` kernels, chosen once per process; each is tested against the
-//! scalar code. [`vec_dot_f32`] is the precise mode: the activations stay f32 and each weight
-//! block is dequantized on the fly.
+//! block are summed exactly; only the per-block scaling is done in f32. These are portable
+//! reference loops, the definition a fast kernel is tested against: the CPU backend's SIMD
+//! kernels (tessera-cpu) match them. [`vec_dot_f32`] is the precise mode: the activations stay
+//! f32 and each weight block is dequantized on the fly.
+//!
+//! Everything here is the plain scalar code that every backend and test may rely on; nothing
+//! is chosen per CPU.
 
 use half::{bf16, f16};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
 mod k_search;
 mod q2_k;
 mod q3_k;
@@ -44,52 +45,12 @@ mod q8;
 #[cfg(test)]
 mod tests;
 
+pub use k_search::scale_min_k4;
+
 /// Quantizes one block: `src` is exactly one block of floats, `dst` exactly one block of bytes.
 type QuantizeBlock = fn(&[f32], &mut [u8]);
 /// Dequantizes one block: `src` is exactly one block of bytes, `dst` one block of floats.
 type DequantizeBlock = fn(&[u8], &mut [f32]);
-/// A row dot product over whole blocks of `x` (weights) and `y` (activations); the number of
-/// blocks is the smaller of the two slices' block counts.
-type DotFn = fn(&[u8], &[u8]) -> f32;
-/// Quantizes a row of whole blocks (`dst` has exactly the row's size).
-type QuantizeRowFn = fn(&[f32], &mut [u8]);
-
-/// The kernels that have a SIMD variant, chosen once for this CPU.
-struct Kernels {
-    dot_q4_0: DotFn,
-    dot_q4_1: DotFn,
-    dot_q8_0: DotFn,
-    dot_q4_k: DotFn,
-    dot_q6_k: DotFn,
-    quantize_q8_0: QuantizeRowFn,
-    quantize_q8_1: QuantizeRowFn,
-}
-
-/// The portable kernels.
-const SCALAR: Kernels = Kernels {
-    dot_q4_0: q4::dot_q4_0,
-    dot_q4_1: q4::dot_q4_1,
-    dot_q8_0: q8::dot_q8_0,
-    dot_q4_k: q4_k::dot,
-    dot_q6_k: q6_k::dot,
-    quantize_q8_0: q8::quantize_row_q8_0,
-    quantize_q8_1: q8::quantize_row_q8_1,
-};
-
-/// The kernels for this CPU, detected on first use.
-fn kernels() -> &'static Kernels {
-    static K: std::sync::OnceLock<&'static Kernels> = std::sync::OnceLock::new();
-    K.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(k) = avx2::kernels() {
-            log::debug!("quant: using AVX2+FMA+F16C kernels");
-            return k;
-        }
-        log::debug!("quant: using scalar kernels");
-        &SCALAR
-    })
-}
-
 /// The block quantizer and dequantizer of a quantized type.
 fn block_fns(dtype: DType) -> Option<(QuantizeBlock, DequantizeBlock)> {
     Some(match dtype {
@@ -133,8 +94,6 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::BF16 => convert_out(src, dst, |v| bf16::from_f32(v).to_le_bytes()),
         DType::I32 => convert_out(src, dst, |v| (v as i32).to_le_bytes()),
         DType::I64 => convert_out(src, dst, |v| (v as i64).to_le_bytes()),
-        DType::Q8_0 => (kernels().quantize_q8_0)(src, dst),
-        DType::Q8_1 => (kernels().quantize_q8_1)(src, dst),
         _ => {
             if let Some((quantize, _)) = block_fns(dtype) {
                 let (bs, ts) = (dtype.block_size(), dtype.type_size());
@@ -226,56 +185,25 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     debug_assert!(y.len() >= nb * yt.type_size(), "vec_dot: y too short");
     let x = &x[..x.len().min(nb * dtype.type_size())];
     let y = &y[..y.len().min(nb * yt.type_size())];
-    let k = kernels();
     match dtype {
         DType::F32 => dot_plain(x, y, f32::from_le_bytes, f32::from_le_bytes),
         DType::F16 => dot_plain(x, y, f16_of, f16_of),
         DType::BF16 => dot_plain(x, y, bf16_of, bf16_of),
         DType::I32 => dot_plain(x, y, |b| i32::from_le_bytes(b) as f32, f32::from_le_bytes),
         DType::I64 => dot_plain(x, y, |b| i64::from_le_bytes(b) as f32, f32::from_le_bytes),
-        DType::Q4_0 => (k.dot_q4_0)(x, y),
-        DType::Q4_1 => (k.dot_q4_1)(x, y),
+        DType::Q4_0 => q4::dot_q4_0(x, y),
+        DType::Q4_1 => q4::dot_q4_1(x, y),
         DType::Q5_0 => q5::dot_q5_0(x, y),
         DType::Q5_1 => q5::dot_q5_1(x, y),
-        DType::Q8_0 => (k.dot_q8_0)(x, y),
+        DType::Q8_0 => q8::dot_q8_0(x, y),
         DType::Q8_1 => q8::dot_q8_1(x, y),
         DType::Q8_K => q8::dot_q8_k(x, y),
         DType::Q2_K => q2_k::dot(x, y),
         DType::Q3_K => q3_k::dot(x, y),
-        DType::Q4_K => (k.dot_q4_k)(x, y),
+        DType::Q4_K => q4_k::dot(x, y),
         DType::Q5_K => q5_k::dot(x, y),
-        DType::Q6_K => (k.dot_q6_k)(x, y),
+        DType::Q6_K => q6_k::dot(x, y),
     }
-}
-
-/// Dot products of `R` weight rows `xs` (type `dtype`, `n` elements each) with `C` activation
-/// rows `ys` (in `vec_dot_type(dtype)`): `out[r][c]` is `vec_dot(dtype, n, xs[r], ys[c])` up to
-/// the rounding of f32 sums.
-///
-/// This is the kernel of a quantized matrix product with several columns: for Q4_0, Q4_1 and
-/// Q8_0 on CPUs with AVX2 (and `C` at most 4) one pass over the blocks computes the whole tile,
-/// so each weight block is unpacked once for `C` columns and each activation block is loaded
-/// once for `R` rows. Other types and CPUs compute the `R * C` dot products one by one.
-/// Lengths are treated as in [`vec_dot`].
-pub fn vec_dot_tile<const R: usize, const C: usize>(
-    dtype: DType,
-    n: usize,
-    xs: &[&[u8]; R],
-    ys: &[&[u8]; C],
-) -> [[f32; C]; R] {
-    // The whole blocks every row holds (short slices stop every product early).
-    let (xt, yt) = (dtype.type_size(), vec_dot_type(dtype).type_size());
-    let nb = xs
-        .iter()
-        .map(|x| x.len() / xt)
-        .chain(ys.iter().map(|y| y.len() / yt))
-        .fold(n / dtype.block_size(), usize::min);
-    #[cfg(target_arch = "x86_64")]
-    if let Some(out) = avx2::dot_tile(dtype, nb, xs, ys, true) {
-        return out;
-    }
-    let n = nb * dtype.block_size();
-    std::array::from_fn(|r| std::array::from_fn(|c| vec_dot(dtype, n, xs[r], ys[c])))
 }
 
 /// An f16 from its little-endian bytes, as f32.

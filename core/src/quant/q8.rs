@@ -33,13 +33,6 @@ pub(super) fn quantize_q8_0(x: &[f32], b: &mut [u8]) {
     put_f16(b, 0, d);
 }
 
-/// Quantizes a Q8_0 row (the portable row kernel).
-pub(super) fn quantize_row_q8_0(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(32).zip(y.chunks_exact_mut(34)) {
-        quantize_q8_0(x, b);
-    }
-}
-
 /// Dequantizes one Q8_0 block.
 pub(super) fn dequantize_q8_0(b: &[u8], y: &mut [f32]) {
     let d = get_f16(b, 0);
@@ -53,13 +46,6 @@ pub(super) fn quantize_q8_1(x: &[f32], b: &mut [u8]) {
     let (d, sum) = quantize_32(x, &mut b[4..36]);
     put_f16(b, 0, d);
     put_f16(b, 2, sum as f32 * d);
-}
-
-/// Quantizes a Q8_1 row (the portable row kernel).
-pub(super) fn quantize_row_q8_1(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(32).zip(y.chunks_exact_mut(36)) {
-        quantize_q8_1(x, b);
-    }
 }
 
 /// Dequantizes one Q8_1 block (`s` is redundant and not read).

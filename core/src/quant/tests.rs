@@ -1,4 +1,4 @@
-//! Tests of the quant module: round-trip error, hand-built blocks, dot products, SIMD kernels.
+//! Tests of the quant module: round-trip error, hand-built blocks, dot products.
 
 use half::f16;
 use rand::rngs::StdRng;
@@ -292,112 +292,6 @@ fn quant_vec_dot_matches_dequantized_dot() {
             (got - want).abs() <= 1e-5 * scale,
             "{t}: vec_dot_f32 {got} vs {want}"
         );
-    }
-}
-
-#[test]
-fn quant_simd_kernels_match_scalar() {
-    #[cfg(target_arch = "x86_64")]
-    let Some(k) = avx2::kernels() else {
-        return;
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let k = &SCALAR;
-    let pairs: [(DType, DotFn, DotFn); 5] = [
-        (DType::Q4_0, k.dot_q4_0, SCALAR.dot_q4_0),
-        (DType::Q4_1, k.dot_q4_1, SCALAR.dot_q4_1),
-        (DType::Q8_0, k.dot_q8_0, SCALAR.dot_q8_0),
-        (DType::Q4_K, k.dot_q4_k, SCALAR.dot_q4_k),
-        (DType::Q6_K, k.dot_q6_k, SCALAR.dot_q6_k),
-    ];
-    for seed in 0..8u64 {
-        for (t, fast, slow) in pairs {
-            let n = t.block_size() * (1 + seed as usize * 3);
-            let mut x = gaussian(n, 10 + seed);
-            x[..t.block_size()].fill(0.0); // an all-zero block
-            let y = uniform(n, 20 + seed);
-            let yt = vec_dot_type(t);
-            let (qx, qy) = (quantize(t, &x), quantize(yt, &y));
-            let (a, b) = (fast(&qx, &qy), slow(&qx, &qy));
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "{t} n={n}: simd {a} vs scalar {b}"
-            );
-        }
-        let x = gaussian(32 * 9, 30 + seed);
-        for (tsz, fast, slow) in [
-            (34, k.quantize_q8_0, SCALAR.quantize_q8_0),
-            (36, k.quantize_q8_1, SCALAR.quantize_q8_1),
-        ] {
-            let (mut a, mut b) = (vec![0u8; 9 * tsz], vec![0u8; 9 * tsz]);
-            fast(&x, &mut a);
-            slow(&x, &mut b);
-            assert_eq!(a, b, "q8 quantizer of block size {tsz}");
-        }
-    }
-}
-
-/// Every tile kernel (AVX2, and AVX-512 VNNI where present) and every tile shape the CPU
-/// backend uses give the scalar dot products, including all-zero blocks and short slices.
-#[test]
-fn quant_tile_kernels_match_scalar() {
-    fn check<const R: usize, const C: usize>(t: DType, nblocks: usize, seed: u64) {
-        let n = t.block_size() * nblocks;
-        let xs: Vec<Vec<u8>> = (0..R as u64)
-            .map(|r| {
-                let mut x = gaussian(n, 100 * seed + r);
-                x[..t.block_size()].fill(0.0);
-                quantize(t, &x)
-            })
-            .collect();
-        let ys: Vec<Vec<u8>> = (0..C as u64)
-            .map(|c| quantize(vec_dot_type(t), &uniform(n, 100 * seed + 50 + c)))
-            .collect();
-        let xr: [&[u8]; R] = std::array::from_fn(|r| xs[r].as_slice());
-        let yr: [&[u8]; C] = std::array::from_fn(|c| ys[c].as_slice());
-        let scalar = |x: &[u8], y: &[u8]| match t {
-            DType::Q4_0 => (SCALAR.dot_q4_0)(x, y),
-            DType::Q4_1 => (SCALAR.dot_q4_1)(x, y),
-            DType::Q8_0 => (SCALAR.dot_q8_0)(x, y),
-            // (the row length the slices hold, so a short slice stops the product early)
-            _ => vec_dot(t, x.len() / t.type_size() * t.block_size(), x, y),
-        };
-        let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
-        let mut results = vec![vec_dot_tile::<R, C>(t, n, &xr, &yr)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let nb = nblocks;
-            results.extend(avx2::dot_tile::<R, C>(t, nb, &xr, &yr, false));
-            results.extend(avx2::dot_tile::<R, C>(t, nb, &xr, &yr, true));
-            // A slice one block short: every product stops a block early.
-            let short = &ys[0][..ys[0].len() - vec_dot_type(t).type_size()];
-            let got = vec_dot_tile::<R, 1>(t, n, &xr, &[short]);
-            for (r, g) in got.iter().enumerate() {
-                let want = scalar(&xs[r][..xs[r].len() - t.type_size()], short);
-                assert!(close(g[0], want), "{t} short row {r}: {} vs {want}", g[0]);
-            }
-        }
-        for out in &results {
-            for (r, row) in out.iter().enumerate() {
-                for (c, &got) in row.iter().enumerate() {
-                    let want = scalar(&xs[r], &ys[c]);
-                    assert!(
-                        close(got, want),
-                        "{t} {R}x{C} n={n} ({r}, {c}): {got} vs {want}"
-                    );
-                }
-            }
-        }
-    }
-    for seed in 0..4u64 {
-        let nb = 1 + 5 * seed as usize;
-        for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_1] {
-            check::<4, 4>(t, nb, seed);
-            check::<4, 1>(t, nb, seed);
-            check::<1, 4>(t, nb, seed);
-            check::<1, 1>(t, nb, seed);
-            check::<2, 3>(t, nb, seed);
-        }
     }
 }
 

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
+use tessera::meta::{check_plan, MetaDevice, ShardedTensor, SplitState};
 use tessera_core::alloc::GraphAllocator;
-use tessera_core::meta::{check_plan, MetaDevice, ShardedTensor, SplitState};
 use tessera_core::quant::quantize_row;
 use tessera_core::sched::Scheduler;
 use tessera_core::{Buffer, DType, Device, Graph, Result, TensorId, UnaryOp};
@@ -159,7 +159,7 @@ pub fn assert_close(what: &str, want: &[Vec<f32>], got: &[Vec<f32>], tol: f64) {
 /// add and the norm; `y` is read back too).
 pub fn mlp_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
     let (k, m, o) = (64, 96, 64);
-    let hidden = tessera_core::meta::partition_units(m, 32, ratios, "hidden").unwrap();
+    let hidden = tessera::meta::partition_units(m, 32, ratios, "hidden").unwrap();
     vec![
         weight(dtype, [k, m, 1, 1], SplitState::split(1, hidden.clone()), 1),
         weight(dtype, [m, o, 1, 1], SplitState::split(0, hidden), 2),

@@ -1,6 +1,6 @@
 //! [`MetaBackend`]: runs a graph over the parts of a meta device.
 //!
-//! A graph is planned once ([`super::plan`]) and the plan kept while the same graph comes back
+//! A graph is planned once ([`crate::plan`]) and the plan kept while the same graph comes back
 //! (the plan cache compares the graph's structure and bindings tensor by tensor, holding the
 //! buffers it compares so their addresses cannot be reused). A run then: uploads the staged
 //! inputs' slices to every part; runs each stage on every part (work is submitted part after
@@ -10,21 +10,22 @@
 
 use std::sync::Arc;
 
-use crate::alloc::GraphAllocator;
-use crate::backend::{Backend, Buffer, Communicator, DeviceKind, ReduceType};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::graph::Graph;
-use crate::op::Op;
-use crate::tensor::{TensorFlags, TensorId, MAX_DIMS};
+use tessera_core::alloc::GraphAllocator;
+use tessera_core::backend::{Backend, Buffer, Communicator, DeviceKind, ReduceType};
+use tessera_core::dtype::DType;
+use tessera_core::error::{Error, Result};
+use tessera_core::graph::Graph;
+use tessera_core::op::Op;
+use tessera_core::tensor::{TensorFlags, TensorId, MAX_DIMS};
 
-use super::buffer::slice_of;
-use super::device::Shared;
-use super::plan::{self, Action, Plan, ReducePlan};
-use super::reduce::HostReduce;
-use super::split::byte_chunks;
-use super::split::SplitState;
-use super::submit::Submitters;
+use crate::buffer::slice_of;
+use crate::device::Shared;
+use crate::options::AllReducePath;
+use crate::plan::{self, Action, Plan, ReducePlan};
+use crate::reduce::HostReduce;
+use crate::split::byte_chunks;
+use crate::split::SplitState;
+use crate::submit::Submitters;
 
 /// Plans kept per backend (a model context alternates a prompt graph and a decode graph).
 const PLAN_CACHE: usize = 4;
@@ -120,7 +121,7 @@ impl GraphKey {
 /// by one; a result of more is assembled in host memory first and written at once.
 const DIRECT_STRETCHES: usize = 16;
 
-/// Host time spent per step of a run, summed over runs (`TESSERA_META_PROFILE=1`, logged at
+/// Host time spent per step of a run, summed over runs ([`crate::MetaOptions::profile`], logged at
 /// info level when the backend is dropped).
 #[derive(Default)]
 struct Timings {
@@ -191,7 +192,7 @@ impl MetaBackend {
             .map(|d| GraphAllocator::new(d.buffer_type()))
             .collect();
         let mut backends = backends;
-        let host_only = std::env::var("TESSERA_ALLREDUCE").is_ok_and(|v| v == "host");
+        let host_only = shared.options.all_reduce == AllReducePath::Host;
         let comm = match shared.parts.first() {
             Some(first) if shared.parts.len() > 1 && shared.same_backend() && !host_only => {
                 first.communicator(&shared.parts)?
@@ -228,6 +229,7 @@ impl MetaBackend {
         } else {
             None
         };
+        let timings = shared.options.profile.then(Timings::default);
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
         Ok(MetaBackend {
@@ -240,14 +242,12 @@ impl MetaBackend {
             in_graph_max,
             submitters,
             host: HostReduce::default(),
-            timings: std::env::var("TESSERA_META_PROFILE")
-                .is_ok_and(|v| v == "1")
-                .then(Timings::default),
+            timings,
         })
     }
 
     /// What carries the all-reduces: the backend communicator's name (`nccl`, `peer`), or
-    /// `host` for the generic path staged through host memory (`TESSERA_ALLREDUCE=host`
+    /// `host` for the generic path staged through host memory ([`AllReducePath::Host`]
     /// forces it).
     pub fn all_reduce_path(&self) -> String {
         self.comm.as_ref().map_or("host".into(), |c| c.name())
@@ -604,7 +604,7 @@ fn gather_in_place(
     let Some(meta) = data
         .buffer
         .as_any()
-        .downcast_ref::<super::buffer::MetaBuffer>()
+        .downcast_ref::<crate::buffer::MetaBuffer>()
     else {
         return Ok(false);
     };

@@ -4,9 +4,9 @@
 
 use std::fmt;
 
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::tensor::{Tensor, MAX_DIMS};
+use tessera_core::dtype::DType;
+use tessera_core::error::{Error, Result};
+use tessera_core::tensor::{Tensor, MAX_DIMS};
 
 /// How a tensor is spread over the parts of a meta device (ggml's split axis, MIRRORED and
 /// PARTIAL).

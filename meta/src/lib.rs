@@ -1,10 +1,14 @@
-//! The meta layer: one graph over several devices of any kinds (CPU, CUDA, wgpu, in any mix)
-//! as tensor parallelism.
+//! tessera-meta: one graph over several devices of any kinds (CPU, CUDA, wgpu, in any mix) as
+//! tensor parallelism.
+//!
+//! The crate sees only tessera-core's public API: its parts are `dyn Device`s, whatever
+//! backend made them, and a backend knows nothing of it (a backend offers a [`Communicator`](tessera_core::Communicator)
+//! through [`Device::communicator`], and that is all). [`MetaOptions`] holds its settings.
 //!
 //! # The model
 //!
 //! A [`MetaDevice`] is made of N *parts*, each a plain [`Device`]. It implements [`Device`]
-//! itself (kind [`crate::DeviceKind::Meta`], named `meta:<part>,<part>,...`), so the scheduler,
+//! itself (kind [`tessera_core::DeviceKind::Meta`], named `meta:<part>,<part>,...`), so the scheduler,
 //! the model runner and the conformance suite use it like any other device. Every tensor of a
 //! graph it runs has a [`SplitState`]:
 //!
@@ -23,7 +27,7 @@
 //! element-wise ops keep the split their sources agree on; row ops (rms_norm, soft_max) need
 //! whole rows; rope and flash_attn_ext split by heads, keeping each KV head with its GQA group
 //! of query heads; views, reshapes and permutes carry the split axis along. A graph whose states
-//! cannot be derived is refused with an [`crate::Error::Split`] naming the tensor, its op and the
+//! cannot be derived is refused with an [`tessera_core::Error::Split`] naming the tensor, its op and the
 //! reason, when it is planned ([`MetaDevice::check`], or the first run), never with an abort.
 //!
 //! # What differs from ggml's meta backend, and why
@@ -55,11 +59,11 @@
 //!
 //! # Running
 //!
-//! [`MetaBackend`]'s [`compute`](crate::Backend::compute) plans a graph once (`plan`): states, one graph per part with
-//! sliced shapes, stages cut at the all-reduces, and the transfers of inputs and results. It
-//! keeps a few plans and finds them again by comparing the graph's structure and bindings. A run
-//! uploads staged inputs' slices, runs the stages on every part with the all-reduces between
-//! them, and gathers the results the caller reads back.
+//! [`MetaBackend`]'s [`compute`](tessera_core::Backend::compute) plans a graph once (`plan`):
+//! states, one graph per part with sliced shapes, stages cut at the all-reduces, and the
+//! transfers of inputs and results. It keeps a few plans and finds them again by comparing the
+//! graph's structure and bindings. A run uploads staged inputs' slices, runs the stages on every
+//! part with the all-reduces between them, and gathers the results the caller reads back.
 //!
 //! A meta device of one part runs the part's own kernels on the same graph with two extra
 //! copies per run (the inputs in, the read-back results out); nothing is split or reduced.
@@ -67,6 +71,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod options;
 mod plan;
 mod ratio;
 mod reduce;
@@ -79,6 +84,7 @@ use std::sync::Arc;
 pub use backend::MetaBackend;
 pub use buffer::{MetaBuffer, MetaBufferType, ShardedTensor};
 pub use device::{MetaDevice, SplitRatios};
+pub use options::{AllReducePath, MetaOptions};
 pub use plan::InputPolicy;
 pub use ratio::{auto_ratios, measure_matvec, water_fill};
 pub use split::{
@@ -86,10 +92,10 @@ pub use split::{
     Segment, SplitState,
 };
 
-use crate::backend::Device;
-use crate::error::{Error, Result};
-use crate::graph::Graph;
-use crate::sched::SchedPlan;
+use tessera_core::backend::Device;
+use tessera_core::error::{Error, Result};
+use tessera_core::graph::Graph;
+use tessera_core::sched::SchedPlan;
 
 /// The part specs of a meta device spec: `meta:cpu,wgpu:0` (or just `cpu,wgpu:0`) gives
 /// `["cpu", "wgpu:0"]`; an empty part is an error.

@@ -4,22 +4,24 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Buffer, BufferType, Device, DeviceKind, Memory};
-use crate::error::{Error, Result};
-use crate::graph::Graph;
-use crate::tensor::{Tensor, TensorId};
+use tessera_core::backend::{Backend, Buffer, BufferType, Device, DeviceKind, Memory};
+use tessera_core::dtype::DType;
+use tessera_core::error::{Error, Result};
+use tessera_core::graph::Graph;
+use tessera_core::tensor::{Tensor, TensorId};
 
-use super::backend::MetaBackend;
-use super::buffer::{MetaBuffer, MetaBufferType, Placed, ShardedTensor};
-use super::plan::{self, InputPolicy};
-use super::ratio;
-use super::split::{normalize_ratios, partition_units, SplitState};
+use crate::backend::MetaBackend;
+use crate::buffer::{MetaBuffer, MetaBufferType, Placed, ShardedTensor};
+use crate::options::MetaOptions;
+use crate::plan::{self, InputPolicy};
+use crate::ratio;
+use crate::split::{normalize_ratios, partition_units, SplitState};
 
 /// How work is divided among the parts.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SplitRatios {
     /// From each part's free memory and a short measured mat-vec benchmark (see
-    /// [`super::auto_ratios`]).
+    /// [`crate::auto_ratios`]).
     Auto,
     /// Shares given by the caller, one per part (any positive scale; zero means the part holds
     /// empty slices).
@@ -56,6 +58,7 @@ pub(crate) struct Shared {
     pub name: String,
     /// Partial results of at least this many bytes are all-reduced in bf16.
     pub bf16_above: Option<usize>,
+    pub options: MetaOptions,
 }
 
 impl Shared {
@@ -72,15 +75,30 @@ impl Shared {
 
 /// A device made of N devices of any kinds (named `meta:<part>,<part>,...`). Its graphs run as
 /// tensor parallelism: weights and caches are split by their registered states, computed
-/// tensors by the per-op rules, and partial results are all-reduced (see [`crate::meta`]).
+/// tensors by the per-op rules, and partial results are all-reduced (see [`crate`]).
 #[derive(Clone)]
 pub struct MetaDevice {
     shared: Arc<Shared>,
 }
 
 impl MetaDevice {
-    /// A meta device over `parts` (at least one), dividing work by `ratios`.
+    /// A meta device over `parts` (at least one), dividing work by `ratios`, with the default
+    /// [`MetaOptions`].
     pub fn new(parts: Vec<Arc<dyn Device>>, ratios: &SplitRatios) -> Result<MetaDevice> {
+        MetaDevice::with_options(parts, ratios, MetaOptions::default())
+    }
+
+    /// A meta device over `parts` (at least one), dividing work by `ratios`, run as `options`
+    /// say.
+    ///
+    /// Parts that run one graph together wait on each other, and a backend may compile its
+    /// kernels differently for that (CUDA's early release of a kernel's successor): open such
+    /// parts with their backend's options for a group (the facade's `meta_device` does).
+    pub fn with_options(
+        parts: Vec<Arc<dyn Device>>,
+        ratios: &SplitRatios,
+        options: MetaOptions,
+    ) -> Result<MetaDevice> {
         if parts.is_empty() {
             return Err(Error::Invalid(
                 "a meta device needs at least one part".into(),
@@ -91,9 +109,6 @@ impl MetaDevice {
                 "a meta device cannot contain another meta device ({})",
                 m.name()
             )));
-        }
-        if parts.len() > 1 {
-            parts.iter().for_each(|p| p.joined_group());
         }
         let ratios = match ratios {
             SplitRatios::Given(r) => normalize_ratios(r, parts.len())?,
@@ -110,6 +125,7 @@ impl MetaDevice {
                 policy: InputPolicy::Mirrored,
                 name,
                 bf16_above: None,
+                options,
             }),
         })
     }
@@ -127,6 +143,7 @@ impl MetaDevice {
             policy: s.policy,
             name: s.name.clone(),
             bf16_above: s.bf16_above,
+            options: s.options.clone(),
         };
         change(&mut shared);
         MetaDevice {
@@ -154,6 +171,11 @@ impl MetaDevice {
     /// The policy for staged inputs.
     pub fn input_policy(&self) -> InputPolicy {
         self.shared.policy
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &MetaOptions {
+        &self.shared.options
     }
 
     /// Divides `total` elements among the parts by the ratios, in whole units of `unit`
@@ -189,7 +211,7 @@ impl MetaDevice {
                 )));
             }
             t.state.check_fits(t.dtype, t.ne, n).map_err(bad)?;
-            if t.state == SplitState::Partial && t.dtype != crate::dtype::DType::F32 {
+            if t.state == SplitState::Partial && t.dtype != DType::F32 {
                 return Err(bad("a partial tensor must be f32".into()));
             }
         }
@@ -207,7 +229,7 @@ impl MetaDevice {
             let mut used = 0usize;
             for p in placed.iter_mut() {
                 let t = &p.tensor;
-                let ne = super::split::part_shape(t.ne, &t.state, j);
+                let ne = crate::split::part_shape(t.ne, &t.state, j);
                 let bytes = Tensor::contiguous_strides(t.dtype, ne)[3] * ne[3];
                 let off = used.div_ceil(align) * align;
                 p.part_offsets[j] = off;

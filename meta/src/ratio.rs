@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::Device;
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::graph::Graph;
+use tessera_core::backend::Device;
+use tessera_core::dtype::DType;
+use tessera_core::error::Result;
+use tessera_core::graph::Graph;
 
 /// Rows and columns of the benchmark's f16 weight (8 MiB: large enough to stream from memory,
 /// small enough to take milliseconds).

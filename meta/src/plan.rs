@@ -10,8 +10,8 @@
 //!    its buffer before each run and uploaded, sliced, to every part; its state comes from the
 //!    device's [`InputPolicy`].
 //! 2. **States.** Walking the nodes in order, views get theirs from their source
-//!    ([`super::rules::view_rule`]) and computed nodes from the per-op rules
-//!    ([`super::rules::node_rule`]). When a node needs a partial source summed, that source's
+//!    ([`crate::rules::view_rule`]) and computed nodes from the per-op rules
+//!    ([`crate::rules::node_rule`]). When a node needs a partial source summed, that source's
 //!    memory is all-reduced just before the node, and from there on it reads as mirrored. A
 //!    node no rule covers stops planning with an error naming it.
 //! 3. **Part graphs.** Each part gets a graph with the same nodes at their sliced shapes:
@@ -20,7 +20,7 @@
 //!    zero fill instead of a partial node whose slice of the reduced axis is empty.
 //! 4. **Stages.** The node list is cut before each node that needs an all-reduce; the
 //!    all-reduces run between the stages. Where the parts' backends joined a communicator
-//!    group that sums inside their graphs ([`crate::Communicator::attach`]), small f32
+//!    group that sums inside their graphs ([`tessera_core::Communicator::attach`]), small f32
 //!    all-reduces are instead [`Op::AllReduce`] nodes in each part's graph, and no cut is made.
 //! 5. **Outputs.** Results the caller can see (outputs, the last node, tensors read outside the
 //!    computed nodes, staged inputs written in place) are gathered into their own memory after
@@ -31,17 +31,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::alloc::GraphAllocator;
-use crate::backend::Buffer;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::graph::Graph;
-use crate::op::Op;
-use crate::tensor::{Tensor, TensorFlags, TensorId, MAX_DIMS};
+use tessera_core::alloc::GraphAllocator;
+use tessera_core::backend::Buffer;
+use tessera_core::dtype::DType;
+use tessera_core::error::{Error, Result};
+use tessera_core::graph::Graph;
+use tessera_core::op::Op;
+use tessera_core::tensor::{Tensor, TensorFlags, TensorId, MAX_DIMS};
 
-use super::buffer::MetaBuffer;
-use super::rules::{node_rule, view_rule, Rule, SrcUse, ViewMap};
-use super::split::{part_shape, partition_units, AxisSplit, SplitState};
+use crate::buffer::MetaBuffer;
+use crate::rules::{node_rule, view_rule, Rule, SrcUse, ViewMap};
+use crate::split::{part_shape, partition_units, AxisSplit, SplitState};
 
 /// How the states of staged inputs (graph inputs not in a sharded buffer) are chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

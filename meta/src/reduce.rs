@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use half::bf16;
 
-use crate::backend::{Backend, Buffer};
-use crate::error::{Error, Result};
+use tessera_core::backend::{Backend, Buffer};
+use tessera_core::error::{Error, Result};
 
 /// Bytes moved per chunk: large enough that each backend's fixed cost per transfer (a wgpu
 /// readback maps a staging buffer) is small beside the bytes.

@@ -8,9 +8,10 @@
 
 use std::arch::x86_64::*;
 
-use super::k_search::scale_min_k4;
+use tessera_core::quant::{scale_min_k4, vec_dot_type};
+use tessera_core::DType;
+
 use super::Kernels;
-use crate::dtype::DType;
 
 /// The AVX2 kernel table, when this CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<&'static Kernels> {
@@ -45,7 +46,7 @@ pub(super) fn dot_tile<const R: usize, const C: usize>(
     if C > 4 || kernels().is_none() {
         return None;
     }
-    let (xt, yt) = (dtype.type_size(), super::vec_dot_type(dtype).type_size());
+    let (xt, yt) = (dtype.type_size(), vec_dot_type(dtype).type_size());
     if xs.iter().any(|x| x.len() < nb * xt) || ys.iter().any(|y| y.len() < nb * yt) {
         return None;
     }
@@ -212,10 +213,8 @@ unsafe fn h2f_at(p: *const u8) -> f32 {
 
 /// Bytes ahead of each weight block that the one-column tile kernels prefetch, where a tile's
 /// rows are short (`prefetch_ahead`). The R interleaved rows of such a tile are R streams of a
-/// few cache lines each, too short for the hardware prefetchers to pick up: a decode step's
-/// mat-vecs over rows of 576 values waited on memory at every block. (2-core AMD EPYC,
-/// 2026-12-02, the test model's decode with 2 threads: ~110 -> ~170 t/s; its Q8_0 output head
-/// alone, 49152 x 576: 2.9-3.6 -> 0.75-0.79 ms.)
+/// few cache lines each, too short for the hardware prefetchers to pick up: without it a
+/// decode step's mat-vecs over short rows wait on memory at every block.
 const PREFETCH_AHEAD: usize = 8192;
 
 /// Whether the one-column (`C` = 1) tile kernels prefetch: where the `R` rows of `nb` blocks of
@@ -406,7 +405,7 @@ unsafe fn quantize_q8_avx2<const SUM: bool>(x: &[f32], y: &mut [u8]) {
         let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
         let d = amax / 127.0;
-        let id = _mm256_set1_ps(super::inverse(d));
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
         let round = |v: __m256| {
             _mm256_cvtps_epi32(_mm256_round_ps(
                 _mm256_mul_ps(v, id),

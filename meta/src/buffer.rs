@@ -5,7 +5,7 @@
 //!   Graph inputs and read-back outputs live here: the meta backend uploads each input's slice
 //!   to every part before a run and gathers each output after it. Intermediate results never
 //!   touch it: each part computes them in its own compute memory, sized to its slices.
-//! - **Sharded** ([`super::MetaDevice::alloc_sharded`]): the tensors are registered at their
+//! - **Sharded** ([`crate::MetaDevice::alloc_sharded`]): the tensors are registered at their
 //!   virtual offsets with a split state, and every part holds only its slices, packed, in a
 //!   buffer of its own device. Weights and the KV cache live here. `set` and `get` of a whole
 //!   registered tensor scatter and gather the slices.
@@ -13,12 +13,12 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Buffer, BufferType};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::tensor::MAX_DIMS;
+use tessera_core::backend::{Buffer, BufferType};
+use tessera_core::dtype::DType;
+use tessera_core::error::{Error, Result};
+use tessera_core::tensor::MAX_DIMS;
 
-use super::split::{byte_chunks, SplitState};
+use crate::split::{byte_chunks, SplitState};
 
 /// The buffer type of a meta device: staged host memory (see the module documentation).
 pub struct MetaBufferType {

@@ -8,12 +8,12 @@
 //! ([`SrcUse::Narrow`]). What no rule covers is refused with an [`Error::Split`] that names the
 //! tensor, its op and the reason.
 
-use crate::error::{Error, Result};
-use crate::graph::Graph;
-use crate::op::{BinaryOp, Op};
-use crate::tensor::{Tensor, TensorId, MAX_DIMS};
+use tessera_core::error::{Error, Result};
+use tessera_core::graph::Graph;
+use tessera_core::op::{BinaryOp, Op};
+use tessera_core::tensor::{Tensor, TensorId, MAX_DIMS};
 
-use super::split::{AxisSplit, SplitState};
+use crate::split::{AxisSplit, SplitState};
 
 /// How a part reads one source of a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -774,7 +774,7 @@ fn flash_attn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
+    use tessera_core::DType;
 
     #[test]
     fn reshape_maps_split_heads_both_ways() {

@@ -1,11 +1,11 @@
 //! The threads that submit every part's work but the first's when the part graphs hold
 //! all-reduce nodes: a part's graph then waits inside for the other parts, so each part is
 //! submitted from its own thread. The threads stay from run to run: handing work to a waiting
-//! thread costs a few µs where starting one took tens (52-66 µs a run on the 2-core machine).
+//! thread costs far less than starting one.
 //!
-//! A thread asleep takes tens of µs to wake (two H200s: a part's submission began 31 µs into
-//! a run whose first part took 5), so a run first wakes the threads ([`Submitters::wake`])
-//! and a thread polls for its next job for [`SPIN`] after each one before it sleeps again.
+//! A thread asleep takes longer to wake than a part takes to submit its work, so a run first
+//! wakes the threads ([`Submitters::wake`]) and a thread polls for its next job for [`SPIN`]
+//! after each one before it sleeps again.
 //!
 //! Plain threads rather than a rayon pool: a rayon worker that waits inside rayon (a CPU part's
 //! parallel loops) may take another part's submission and run it on top of its own, which then
@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use tessera_core::error::{Error, Result};
 
 /// A job as a worker thread receives it.
 type Job = Box<dyn FnOnce() + Send + 'static>;

@@ -255,12 +255,13 @@ impl GraphCache {
         let Some(slot) = self.slots.iter_mut().find(|s| s.site == site) else {
             return Ok(false);
         };
-        let (Some(ex), Some(k)) = (&slot.exec, &slot.key) else {
+        let (Some(ex), Some(k)) = (&slot.exec, &mut slot.key) else {
             return Ok(false);
         };
         if !k.matches(graph, nodes, setup) {
             return Ok(false);
         }
+        k.refresh(graph);
         // SAFETY: the executable graph and the stream are valid.
         unsafe { sys::cuGraphLaunch(ex.exec, stream) }
             .result()

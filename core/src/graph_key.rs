@@ -147,6 +147,14 @@ impl GraphKey {
 
 }
 
+impl GraphKey {
+    /// After [`GraphKey::matches`] found `graph` equal to this key: the graph's present stamp
+    /// is remembered, so that its next runs match by the stamp alone.
+    pub fn refresh(&mut self, graph: &Graph) {
+        self.stamp = graph.stamp();
+    }
+}
+
 impl PartialEq for GraphKey {
     fn eq(&self, other: &GraphKey) -> bool {
         self.hash == other.hash
@@ -188,6 +196,9 @@ mod tests {
         assert_ne!(g1.stamp(), g2.stamp());
         let k = GraphKey::new(&g1, &n1, &[1]);
         assert!(k.matches(&g2, &n2, &[1]), "a fresh graph of the same structure");
+        let mut k2 = k.clone();
+        k2.refresh(&g2);
+        assert!(k2.matches(&g2, &n2, &[1]), "and by its stamp after a refresh");
         assert_eq!(k, GraphKey::new(&g2, &n2, &[1]));
         assert!(!k.matches(&g2, &n2, &[0]), "other settings");
         assert!(!k.matches(&g2, &n2[..1], &[1]), "other nodes");

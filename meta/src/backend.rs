@@ -15,8 +15,8 @@ use tessera_core::backend::{Backend, Buffer, Communicator, DeviceKind, ReduceTyp
 use tessera_core::dtype::DType;
 use tessera_core::error::{Error, Result};
 use tessera_core::graph::Graph;
-use tessera_core::op::Op;
-use tessera_core::tensor::{TensorFlags, TensorId, MAX_DIMS};
+use tessera_core::graph_key::GraphKey;
+use tessera_core::tensor::TensorId;
 
 use crate::buffer::slice_of;
 use crate::device::Shared;
@@ -29,93 +29,6 @@ use crate::submit::Submitters;
 
 /// Plans kept per backend (a model context alternates a prompt graph and a decode graph).
 const PLAN_CACHE: usize = 4;
-
-/// What identifies a tensor for the plan cache.
-#[derive(PartialEq)]
-struct TensorKey {
-    dtype: DType,
-    ne: [usize; MAX_DIMS],
-    nb: [usize; MAX_DIMS],
-    op: Op,
-    src: Vec<TensorId>,
-    view_src: Option<TensorId>,
-    view_offset: usize,
-    flags: TensorFlags,
-    data: Option<(usize, usize)>,
-}
-
-/// A graph's structure and bindings, compared to find its plan again.
-struct GraphKey {
-    /// The [`Graph::stamp`] of the graph last found to match: the same stamp is the same
-    /// structure and bindings, so the tensor-by-tensor comparison is skipped.
-    stamp: u64,
-    nodes: Vec<TensorId>,
-    tensors: Vec<TensorKey>,
-    /// The bound buffers, held so that no other buffer can take their addresses.
-    _held: Vec<Arc<dyn Buffer>>,
-}
-
-impl GraphKey {
-    fn new(g: &Graph, nodes: &[TensorId]) -> GraphKey {
-        let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
-        let tensors = g
-            .ids()
-            .map(|id| {
-                let t = g.get(id);
-                let data = t.data.as_ref().map(|d| {
-                    let addr = Arc::as_ptr(&d.buffer) as *const u8 as usize;
-                    if !held
-                        .iter()
-                        .any(|h| Arc::as_ptr(h) as *const u8 as usize == addr)
-                    {
-                        held.push(d.buffer.clone());
-                    }
-                    (addr, d.offset)
-                });
-                TensorKey {
-                    dtype: t.dtype,
-                    ne: t.ne,
-                    nb: t.nb,
-                    op: t.op.clone(),
-                    src: t.src.clone(),
-                    view_src: t.view_src,
-                    view_offset: t.view_offset,
-                    flags: t.flags,
-                    data,
-                }
-            })
-            .collect();
-        GraphKey {
-            stamp: g.stamp(),
-            nodes: nodes.to_vec(),
-            tensors,
-            _held: held,
-        }
-    }
-
-    fn matches(&self, g: &Graph, nodes: &[TensorId]) -> bool {
-        if self.stamp == g.stamp() {
-            return self.nodes == nodes;
-        }
-        self.nodes == nodes
-            && self.tensors.len() == g.len()
-            && g.ids().zip(&self.tensors).all(|(id, k)| {
-                let t = g.get(id);
-                k.ne == t.ne
-                    && k.nb == t.nb
-                    && k.dtype == t.dtype
-                    && k.src == t.src
-                    && k.view_src == t.view_src
-                    && k.view_offset == t.view_offset
-                    && k.flags == t.flags
-                    && k.op == t.op
-                    && k.data
-                        == t.data
-                            .as_ref()
-                            .map(|d| (Arc::as_ptr(&d.buffer) as *const u8 as usize, d.offset))
-            })
-    }
-}
 
 /// Most byte stretches of a gathered split result that are written into the caller's buffer one
 /// by one; a result of more is assembled in host memory first and written at once.
@@ -273,9 +186,9 @@ impl MetaBackend {
     }
 
     fn plan_index(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<usize> {
-        if let Some(i) = self.plans.iter().position(|(k, _)| k.matches(graph, nodes)) {
+        if let Some(i) = self.plans.iter().position(|(k, _)| k.matches(graph, nodes, &[])) {
             // The next run of this graph, unchanged, matches by its stamp alone.
-            self.plans[i].0.stamp = graph.stamp();
+            self.plans[i].0.refresh(graph);
             return Ok(i);
         }
         let s = &self.shared;
@@ -302,7 +215,7 @@ impl MetaBackend {
         if self.plans.len() >= PLAN_CACHE {
             self.plans.remove(0);
         }
-        self.plans.push((GraphKey::new(graph, nodes), plan));
+        self.plans.push((GraphKey::new(graph, nodes, &[]), plan));
         Ok(self.plans.len() - 1)
     }
 }
@@ -696,33 +609,5 @@ impl Backend for MetaBackend {
 
     fn synchronize(&mut self) -> Result<()> {
         self.backends.iter_mut().try_for_each(|b| b.synchronize())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn graph() -> (Graph, Vec<TensorId>) {
-        let mut g = Graph::new();
-        let a = g.input("a", DType::F32, &[8, 2]).unwrap();
-        let b = g.input("b", DType::F32, &[8, 2]).unwrap();
-        let c = g.add(a, b).unwrap();
-        (g, vec![c])
-    }
-
-    #[test]
-    fn a_plan_is_found_by_stamp_and_by_structure_and_lost_on_a_change() {
-        let (mut g, nodes) = graph();
-        let key = GraphKey::new(&g, &nodes);
-        assert!(key.matches(&g, &nodes), "the same graph, by its stamp");
-        assert!(!key.matches(&g, &[]), "other nodes");
-        // Another graph of the same structure (another stamp) matches tensor by tensor.
-        let (h, h_nodes) = graph();
-        assert_ne!(h.stamp(), g.stamp());
-        assert!(key.matches(&h, &h_nodes));
-        // A change through get_mut changes the stamp, and the structure no longer matches.
-        g.get_mut(nodes[0]).ne[0] = 4;
-        assert!(!key.matches(&g, &nodes));
     }
 }

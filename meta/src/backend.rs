@@ -186,7 +186,11 @@ impl MetaBackend {
     }
 
     fn plan_index(&mut self, graph: &Graph, nodes: &[TensorId]) -> Result<usize> {
-        if let Some(i) = self.plans.iter().position(|(k, _)| k.matches(graph, nodes, &[])) {
+        if let Some(i) = self
+            .plans
+            .iter()
+            .position(|(k, _)| k.matches(graph, nodes, &[]))
+        {
             // The next run of this graph, unchanged, matches by its stamp alone.
             self.plans[i].0.refresh(graph);
             return Ok(i);

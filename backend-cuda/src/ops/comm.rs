@@ -94,7 +94,11 @@ fn all_reduce_add_norm(
         q8,
         eps: n.eps,
     };
-    let t = [enc.arg(m.add)?.ptr, enc.arg(m.x)?.ptr, enc.arg(m.residual)?.ptr];
+    let t = [
+        enc.arg(m.add)?.ptr,
+        enc.arg(m.x)?.ptr,
+        enc.arg(m.residual)?.ptr,
+    ];
     let sent = enc.present == Some(m.x);
     let Some(cmd) = r.group.norm_command(r.rank, t, r.count, &tail, sent)? else {
         return Ok(false);

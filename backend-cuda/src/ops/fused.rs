@@ -68,9 +68,8 @@ fn attn_q8(enc: &mut Encoder, nodes: &[TensorId], m: &AttnMulMat) -> Result<bool
     }
     // The reshape keeps the result's flat order, so its q8_1 blocks are the result's 32-value
     // runs: each within one head when dv is a multiple of 32.
-    let fits = ta.dtype == DType::F32
-        && ta.is_contiguous()
-        && g.get(ta.src[2]).ne[0].is_multiple_of(32);
+    let fits =
+        ta.dtype == DType::F32 && ta.is_contiguous() && g.get(ta.src[2]).ne[0].is_multiple_of(32);
     if !fits || !feeds_mmvq(enc, nodes, m.last + 1, m.reshape)? {
         return Ok(false);
     }
@@ -290,7 +289,10 @@ fn mul_mats(enc: &mut Encoder, m: &MulMats) -> Result<bool> {
     let tx = g.get(x);
     let xa = enc.arg(x)?;
     let q8 = quantize_q8(enc, x, xa, tx.dtype)?;
-    let mut p = params(enc.arg(m.mats[0])?, &[enc.arg(weights[0])?, enc.arg(weights[1])?]);
+    let mut p = params(
+        enc.arg(m.mats[0])?,
+        &[enc.arg(weights[0])?, enc.arg(weights[1])?],
+    );
     p.t[4] = enc.arg(m.mats[1])?;
     p.aux[0] = q8.0;
     p.aux[1] = q8.1;
@@ -441,7 +443,12 @@ fn rope_kv(enc: &mut Encoder, r: &RopeKv) -> Result<bool> {
     let tokens = tk.ne[2];
     let idx = g.get(tsk.src[2]);
     let name = format!("rope_kv_{}_{}", kc.dtype.name(), idx.dtype.name());
-    let mut p = rope_params(enc.arg(r.set_k)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &r.params);
+    let mut p = rope_params(
+        enc.arg(r.set_k)?,
+        enc.arg(tk.src[0])?,
+        enc.arg(tk.src[1])?,
+        &r.params,
+    );
     p.t[3] = enc.arg(tsk.src[2])?;
     p.t[4] = enc.arg(tq.src[0])?;
     p.t[5] = enc.arg(q)?;

@@ -20,8 +20,12 @@ fn block(tokens: usize) -> (Graph, Vec<TensorId>) {
     let wd = g.input("wd", DType::Q4_0, &[ff, d]).unwrap();
     let pos = g.input("pos", DType::I32, &[tokens]).unwrap();
     let rows = g.input("rows", DType::I64, &[tokens]).unwrap();
-    let kc = g.input("k_cache", DType::F16, &[hd * kv_heads, ctx]).unwrap();
-    let vc = g.input("v_cache", DType::F16, &[hd * kv_heads, ctx]).unwrap();
+    let kc = g
+        .input("k_cache", DType::F16, &[hd * kv_heads, ctx])
+        .unwrap();
+    let vc = g
+        .input("v_cache", DType::F16, &[hd * kv_heads, ctx])
+        .unwrap();
     let mask = g.input("mask", DType::F16, &[ctx, tokens]).unwrap();
 
     let n = g.rms_norm(x, 1e-5).unwrap();
@@ -140,7 +144,11 @@ fn a_result_read_twice_is_not_fused_away() {
     let walked = walk(&g, &nodes);
     assert!(!walked.contains(&"glu_mul_mats"), "{walked:?}");
     // Gate and up still pair as two mul_mats of one vector.
-    assert_eq!(walked.iter().filter(|&&n| n == "mul_mats").count(), 1, "{walked:?}");
+    assert_eq!(
+        walked.iter().filter(|&&n| n == "mul_mats").count(),
+        1,
+        "{walked:?}"
+    );
 }
 
 #[test]

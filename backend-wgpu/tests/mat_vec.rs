@@ -8,7 +8,7 @@ mod products;
 
 use tessera_core::DType;
 
-use products::{product, weights};
+use products::weights;
 
 /// The weight types the integer-dot mat-vec reads.
 const TYPES: [DType; 5] = [
@@ -25,18 +25,9 @@ fn check(dtype: DType, m: usize, n: usize, k: usize) {
     let Some(dev) = common::device() else { return };
     let distinct = 7;
     let (bytes, a) = weights(dtype, m, k, distinct);
-    let b: Vec<f32> = (0..k * n)
-        .map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0)
-        .collect();
-    let (g, nodes, out) = product(&dev, dtype, &bytes, &b, (m, n, k));
+    let b = products::columns(k, n);
     let mut backend = dev.new_backend().unwrap();
-    backend.compute(&g, &nodes).unwrap();
-    backend.synchronize().unwrap();
-    let od = g.data(out).unwrap();
-    let mut got = vec![0f32; m * n];
-    od.buffer
-        .get(od.offset, bytemuck::cast_slice_mut(&mut got))
-        .unwrap();
+    let got = products::computed(&dev, &mut *backend, dtype, &bytes, &b, (m, n, k));
     // The column as the shader quantizes it: per 32 values, steps of max|y| / 127, rounded to
     // nearest even.
     let mut bq = b.clone();

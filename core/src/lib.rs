@@ -10,6 +10,7 @@ pub mod fusion;
 pub mod gguf;
 pub mod graph;
 pub mod graph_key;
+pub mod math;
 pub mod op;
 pub mod options;
 pub mod quant;

@@ -101,3 +101,30 @@ pub fn weights(dtype: DType, m: usize, k: usize, distinct: usize) -> (Vec<u8>, V
     }
     (bytes, a)
 }
+
+/// Columns b [k, n] of values in [-1, 1) that repeat with a long period.
+pub fn columns(k: usize, n: usize) -> Vec<f32> {
+    (0..k * n)
+        .map(|i| (((i * 40503) >> 3) % 777) as f32 / 388.0 - 1.0)
+        .collect()
+}
+
+/// a^T b computed on `dev` by `backend` ([`product`]'s graph), read back: [m, n] f32.
+pub fn computed(
+    dev: &Arc<dyn Device>,
+    backend: &mut dyn tessera_core::Backend,
+    dtype: DType,
+    bytes: &[u8],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> Vec<f32> {
+    let (g, nodes, out) = product(dev, dtype, bytes, b, (m, n, k));
+    backend.compute(&g, &nodes).unwrap();
+    backend.synchronize().unwrap();
+    let od = g.data(out).unwrap();
+    let mut got = vec![0f32; m * n];
+    od.buffer
+        .get(od.offset, bytemuck::cast_slice_mut(&mut got))
+        .unwrap();
+    got
+}

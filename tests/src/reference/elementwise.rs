@@ -1,6 +1,7 @@
 //! Element-wise ops: binary with broadcasting, scale, the unary functions, clamp, and the gated
 //! linear units.
 
+use tessera_core::math::erf;
 use tessera_core::{BinaryOp, GluOp, Graph, Result, TensorId, UnaryOp};
 
 use super::io;
@@ -34,23 +35,6 @@ pub(super) fn map(g: &Graph, id: TensorId, f: impl Fn(f64) -> f64) -> Result<()>
     let a = io::src(g, id, 0)?;
     let out: Vec<f64> = a.v.iter().map(|&x| f(x)).collect();
     io::write(g, id, &out)
-}
-
-/// The error function, from its everywhere-convergent series
-/// erf(x) = 2/sqrt(pi) e^(-x^2) sum_n 2^n x^(2n+1) / (1 * 3 * ... * (2n+1)), whose terms are
-/// all of one sign (no cancellation).
-pub(super) fn erf(x: f64) -> f64 {
-    if x.abs() > 6.0 {
-        return x.signum();
-    }
-    let (mut term, mut sum) = (x, x);
-    let mut n = 1.0;
-    while term.abs() > 1e-17 * sum.abs() {
-        term *= 2.0 * x * x / (2.0 * n + 1.0);
-        sum += term;
-        n += 1.0;
-    }
-    2.0 / std::f64::consts::PI.sqrt() * (-x * x).exp() * sum
 }
 
 /// GELU, tanh approximation.
@@ -115,26 +99,4 @@ pub(super) fn glu(g: &Graph, id: TensorId, op: GluOp, swapped: bool) -> Result<(
         out
     };
     io::write(g, id, &out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::erf;
-
-    #[test]
-    fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_813_046_5),
-            (1.0, 0.842_700_792_949_714_9),
-            (2.0, 0.995_322_265_018_952_7),
-            (-1.5, -0.966_105_146_475_310_7),
-        ] {
-            assert!(
-                (erf(x) - want).abs() < 1e-14,
-                "erf({x}) = {} != {want}",
-                erf(x)
-            );
-        }
-    }
 }

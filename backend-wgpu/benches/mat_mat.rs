@@ -5,7 +5,6 @@ mod common;
 #[path = "../tests/products/mod.rs"]
 mod products;
 
-use tessera_core::quant::quantize_row;
 use tessera_core::DType;
 
 /// GPU time (timestamp queries, median of 10 runs) of dst = a^T b with a and b n x n, a f16 or
@@ -18,16 +17,7 @@ fn main() {
             let vals: Vec<f32> = (0..n * n)
                 .map(|i| (i % 1000) as f32 / 500.0 - 1.0)
                 .collect();
-            let mut bytes = vec![0u8; dtype.row_size(n).unwrap() * n];
-            let row = dtype.row_size(n).unwrap();
-            for r in 0..n {
-                quantize_row(
-                    dtype,
-                    &vals[r * n..(r + 1) * n],
-                    &mut bytes[r * row..(r + 1) * row],
-                )
-                .unwrap();
-            }
+            let (bytes, _) = products::quantized(dtype, &vals, n, n);
             let (g, nodes, _) = products::product(&dev, dtype, &bytes, &vals, (n, n, n));
             let Some(med) = products::gpu_median(&dev, &g, &nodes, 10) else {
                 println!("gemm {dtype} {n}^3: no GPU times (no timestamp queries)");

@@ -8,23 +8,14 @@ mod products;
 
 use tessera_core::DType;
 
-use products::{gpu_median, product, products, weights};
-
-/// The weight types the integer-dot mat-vec reads.
-const TYPES: [DType; 5] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q8_0,
-    DType::Q4_K,
-    DType::Q6_K,
-];
+use products::{gpu_median, product, products, weights, MAT_VEC_TYPES};
 
 /// Weight copies rotated through in the second figure: 8 of the largest
 /// shape (264 MB of Q4_0) are well past the H200's 50 MB L2.
 const ROTATED: usize = 8;
 
 /// The GPU time (timestamp queries, median of 50 runs) of the model-sized mat-vecs, for each
-/// type in TESSERA_BENCH_TYPES (comma-separated, default every integer-dot type and f16), two
+/// type in TESSERA_BENCH_MAT_VEC_TYPES (comma-separated, default every integer-dot type and f16), two
 /// ways: one product alone in its compute pass (the pass's fixed cost included; the weights
 /// partly in L2 from the run before), and [`ROTATED`] products of as many weight copies and
 /// columns in one pass, the pass's time over ROTATED (weights from DRAM; measured as the CUDA
@@ -32,7 +23,7 @@ const ROTATED: usize = 8;
 /// `cargo bench -p tessera-wgpu --bench mat_vec`.
 fn main() {
     let Some(dev) = common::device() else { return };
-    let types: Vec<DType> = match std::env::var("TESSERA_BENCH_TYPES") {
+    let types: Vec<DType> = match std::env::var("TESSERA_BENCH_MAT_VEC_TYPES") {
         Ok(v) => v
             .split(',')
             .filter_map(|s| {
@@ -42,7 +33,7 @@ fn main() {
                     .find(|t| t.to_string() == s.trim())
             })
             .collect(),
-        Err(_) => TYPES.iter().copied().chain([DType::F16]).collect(),
+        Err(_) => MAT_VEC_TYPES.iter().copied().chain([DType::F16]).collect(),
     };
     tessera_wgpu::set_gpu_timing(true);
     for (m, k) in [

@@ -6,7 +6,6 @@
 mod common;
 mod products;
 
-use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::DType;
 use tessera_wgpu::WgpuOptions;
 
@@ -32,23 +31,7 @@ fn check(dtype: DType, m: usize, n: usize, k: usize, f16: bool) {
     let vals: Vec<f32> = (0..k * m)
         .map(|i| (((i * 2654435761) >> 7) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    let mut bytes = vec![0u8; dtype.row_size(k).unwrap() * m];
-    let row = dtype.row_size(k).unwrap();
-    let mut a = vec![0f32; k * m];
-    for r in 0..m {
-        quantize_row(
-            dtype,
-            &vals[r * k..(r + 1) * k],
-            &mut bytes[r * row..(r + 1) * row],
-        )
-        .unwrap();
-        dequantize_row(
-            dtype,
-            &bytes[r * row..(r + 1) * row],
-            &mut a[r * k..(r + 1) * k],
-        )
-        .unwrap();
-    }
+    let (bytes, a) = products::quantized(dtype, &vals, m, k);
     let b = products::columns(k, n);
     let got = products::computed(&dev, &mut *backend, dtype, &bytes, &b, (m, n, k));
     let (mut err, mut norm) = (0f64, 0f64);

@@ -8,16 +8,7 @@ mod products;
 
 use tessera_core::DType;
 
-use products::weights;
-
-/// The weight types the integer-dot mat-vec reads.
-const TYPES: [DType; 5] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q8_0,
-    DType::Q4_K,
-    DType::Q6_K,
-];
+use products::{weights, MAT_VEC_TYPES};
 
 /// Runs the product on the device and checks it against the host product with the column
 /// quantized as the shader quantizes it (which also shows that the integer-dot path ran).
@@ -72,14 +63,14 @@ fn check(dtype: DType, m: usize, n: usize, k: usize) {
 
 #[test]
 fn ragged_rows_one_column() {
-    for t in TYPES {
+    for t in MAT_VEC_TYPES {
         check(t, 37, 1, 512);
     }
 }
 
 #[test]
 fn several_columns() {
-    for t in TYPES {
+    for t in MAT_VEC_TYPES {
         check(t, 19, 3, 1024);
     }
 }
@@ -107,7 +98,7 @@ fn workgroups_over_two_dimensions() {
 /// (the loop's register sets taking turns, and the chunk ending after either).
 #[test]
 fn long_rows_several_parts_each() {
-    for t in TYPES {
+    for t in MAT_VEC_TYPES {
         check(t, 64, 1, 14336);
     }
 }

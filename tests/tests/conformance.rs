@@ -61,3 +61,37 @@ fn every_other_device_matches_the_cpu() {
         );
     }
 }
+
+/// Every GPU device (a software Vulkan adapter included) against the f64 reference too, where
+/// one is present: the CPU comparison
+/// above cannot see an error the two backends share. A device that is absent is reported as
+/// skipped by name.
+#[test]
+fn every_gpu_matches_the_f64_reference() {
+    let registry = tessera::registry();
+    let gpus: Vec<_> = registry
+        .devices()
+        .into_iter()
+        .filter(|d| {
+            use tessera_core::DeviceKind::{Gpu, IGpu, Software};
+            matches!(d.kind(), Gpu | IGpu | Software)
+        })
+        .collect();
+    if gpus.is_empty() {
+        println!("skipped: no GPU device (cuda or wgpu) in this build or on this machine");
+    }
+    for dev in gpus {
+        let summary = test(&dev, &Reference::F64, &Options::default(), &mut |_| {});
+        println!("{summary}");
+        for f in summary.failures() {
+            eprintln!("{f}");
+        }
+        assert_eq!(
+            summary.failed(),
+            0,
+            "{}: {}",
+            summary.device,
+            summary.totals()
+        );
+    }
+}

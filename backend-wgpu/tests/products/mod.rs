@@ -10,6 +10,15 @@ use tessera_core::backend::Device;
 use tessera_core::quant::{dequantize_row, quantize_row};
 use tessera_core::{DType, Graph, TensorId};
 
+/// The weight types the integer-dot mat-vec reads.
+pub const MAT_VEC_TYPES: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+];
+
 /// A graph dst = a^T b for weights `bytes` ([k, m] of `dtype`) and b [k, n] f32, allocated on
 /// `dev` with b set to `b`: the graph, its nodes and its output.
 pub fn product(
@@ -127,4 +136,18 @@ pub fn computed(
         .get(od.offset, bytemuck::cast_slice_mut(&mut got))
         .unwrap();
     got
+}
+
+/// `vals` ([k, rows] f32) quantized to `dtype` row by row, and those rows dequantized again:
+/// the weights' bytes and the values they stand for.
+pub fn quantized(dtype: DType, vals: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let row = dtype.row_size(k).unwrap();
+    let mut bytes = vec![0u8; row * rows];
+    let mut a = vec![0f32; k * rows];
+    for r in 0..rows {
+        let q = &mut bytes[r * row..(r + 1) * row];
+        quantize_row(dtype, &vals[r * k..(r + 1) * k], q).unwrap();
+        dequantize_row(dtype, q, &mut a[r * k..(r + 1) * k]).unwrap();
+    }
+    (bytes, a)
 }

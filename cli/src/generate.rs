@@ -1,13 +1,14 @@
 //! `tessera generate` and `tessera chat`.
 
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 
 use clap::Args;
 use tessera::{Error, Result};
 use tessera_llm::chat::Message;
 use tessera_llm::generate::{generate, GenerateParams};
 use tessera_llm::sampling::SamplerConfig;
-use tessera_llm::{Context, ContextParams};
+use tessera_llm::{Context, ContextParams, Model};
 
 use crate::load::{self, ModelArgs};
 
@@ -107,13 +108,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if ids.is_empty() {
         return Err(Error::Invalid("the prompt gives no tokens".into()));
     }
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx: a.sample.ctx,
-            ..ContextParams::default()
-        },
-    )?;
+    let mut ctx = context(&model, a.sample.ctx)?;
     let json = a.json;
     let mut stdout = std::io::stdout();
     let g = generate(&mut ctx, &ids, &params, &mut |piece| {
@@ -166,13 +161,7 @@ pub struct ChatArgs {
 pub fn chat(a: ChatArgs) -> Result<()> {
     let params = a.sample.params()?;
     let model = load::load(&a.model)?;
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx: a.sample.ctx,
-            ..ContextParams::default()
-        },
-    )?;
+    let mut ctx = context(&model, a.sample.ctx)?;
     let mut messages: Vec<Message> = a
         .system
         .iter()
@@ -225,4 +214,15 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         messages.push(Message::new("assistant", g.text));
     }
     Ok(())
+}
+
+/// A context of `n_ctx` positions (0: the smaller of the model's and 4096) over `model`.
+fn context(model: &Arc<Model>, n_ctx: usize) -> Result<Context> {
+    Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx,
+            ..ContextParams::default()
+        },
+    )
 }

@@ -19,19 +19,10 @@ use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 /// Most bytes of dequantized weights held at once.
 const DEQUANT_SLICE: usize = 64 << 20;
 
-/// Types with a mat-vec kernel.
+/// Types with a mat-vec kernel: every quantized type the GPU reads but Q2_K and Q3_K, which
+/// go through dequantization and the GEMM.
 pub(super) fn has_mmvq(d: DType) -> bool {
-    matches!(
-        d,
-        DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-            | DType::Q4_K
-            | DType::Q5_K
-            | DType::Q6_K
-    )
+    quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K)
 }
 
 /// Whether mul_mat of these operands is implemented.

@@ -19,32 +19,3 @@ fn perf_times_a_case() {
     assert!(r[0].runs >= 1 && r[0].us_per_run > 0.0 && r[0].gb_per_s > 0.0);
     assert!(r[0].gflop_per_s.unwrap_or(0.0) > 0.0);
 }
-
-/// The figures BENCHMARKS.md reports (minutes on a small machine): run with `--ignored`.
-#[test]
-#[ignore]
-fn perf_benchmark_cases() {
-    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let filter = Filter {
-        name: "m=4096".into(),
-        ..Filter::ops("MUL_MAT")
-    };
-    perf(&cpu, &filter, &mut |r| println!("{r}"));
-    let filter = Filter {
-        name: "v=perf".into(),
-        ..Filter::ops("RMS_NORM")
-    };
-    perf(&cpu, &filter, &mut |r| println!("{r}"));
-    for (op, name) in [
-        ("SOFT_MAX", "ne=[4096,1,32,1]"),
-        ("SOFT_MAX", "ne=[512,512,32,1]"),
-        ("ROPE", "ne=[128,32,"),
-        ("FLASH_ATTN_EXT", "kv=4096"),
-    ] {
-        let filter = Filter {
-            name: name.into(),
-            ..Filter::ops(op)
-        };
-        perf(&cpu, &filter, &mut |r| println!("{r}"));
-    }
-}

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The multi-GPU run on a machine of several H200s (nvidia-h200-x2 or -x4), in one call:
 #   comm    the all-reduce between the GPUs per size, through each path (peer kernel, NCCL,
-#           and the default that picks between them), with its bus bandwidth, and the peer
-#           kernel without its flag-free small-tensor kernel (TESSERA_PEER_SMALL_KIB=0);
+#           and the default that picks between them), with its bus bandwidth;
 #   ops     the conformance suite on meta:cuda:0,cuda:1 (every case that can be split);
 #   greedy  the test model's greedy tokens on meta:cuda:0,cuda:1 against cuda:0 and llama.cpp;
 #   bench8  tessera bench -p 512 -n 128 on a synthetic Llama-8B-shape Q4_0 model on 1, 2 (and
-#           4) GPUs, with the default all-reduce, without its small-tensor kernel, with NCCL
-#           only and staged through the host;
+#           4) GPUs, with the default all-reduce, with NCCL only and staged through the host;
 #   bench70 the same on a synthetic Llama-70B-shape Q4_0 model (40 GB);
 #   single  one GPU as a one-part meta device against the plain device (the meta layer's own
 #           cost), and the host-staged all-reduce between CUDA and Vulkan on one GPU.
@@ -50,13 +48,10 @@ if has comm; then
   for path in auto peer nccl; do
     for spec in $TWO $([ "$NGPU" -ge 4 ] && echo $FOUR); do
       echo "== all-reduce $spec TESSERA_ALLREDUCE=$path" >> "$OUT/comm.txt"
-      TESSERA_ALLREDUCE=$path TESSERA_PEER_MIB=1024 timeout 300 $BIN all-reduce --device "$spec" \
+      TESSERA_ALLREDUCE=$path timeout 300 $BIN all-reduce --device "$spec" --peer-mib 1024 \
         >> "$OUT/comm.txt" 2>&1 || echo "failed" >> "$OUT/comm.txt"
     done
   done
-  echo "== all-reduce $TWO TESSERA_ALLREDUCE=peer TESSERA_PEER_SMALL_KIB=0" >> "$OUT/comm.txt"
-  TESSERA_ALLREDUCE=peer TESSERA_PEER_SMALL_KIB=0 timeout 120 $BIN all-reduce --device $TWO \
-    --kib 4,16,64,256,1024 >> "$OUT/comm.txt" 2>&1 || echo "failed" >> "$OUT/comm.txt"
   cat "$OUT/comm.txt"
 fi
 
@@ -79,7 +74,6 @@ if has bench8; then
   [ -f "$M8" ] || $BIN gguf synth --like llama-8b --type q4_0 --out "$M8" > "$OUT/synth8.log" 2>&1
   bench 8b-1gpu "$M8" cuda:0
   bench 8b-2gpu "$M8" $TWO
-  bench 8b-2gpu-flags "$M8" $TWO TESSERA_PEER_SMALL_KIB=0
   bench 8b-2gpu-nccl "$M8" $TWO TESSERA_ALLREDUCE=nccl
   bench 8b-2gpu-host "$M8" $TWO TESSERA_ALLREDUCE=host
   [ "$NGPU" -ge 4 ] && bench 8b-4gpu "$M8" $FOUR

@@ -34,14 +34,6 @@ if has ops; then
   timeout 300 $BIN ops test --backend "$DEV" > "$OUT/ops.log" 2>&1
   echo "ops test --backend $DEV | $(tail -1 "$OUT/ops.log")" | tee -a "$SUMMARY"
   grep -v 'OK \[\|skipped' "$OUT/ops.log" | head -20
-  if [[ "$DEV" == cuda* ]]; then
-    # Both mat-vec geometries for every type (by default each type takes one).
-    for mode in direct staged; do
-      TESSERA_CUDA_MMVQ=$mode timeout 120 $BIN ops test --backend "$DEV" \
-        --op MUL_MAT,MUL_MAT_SHARED_B,RMS_NORM_MUL_MAT,SWIGLU_MUL_MAT,ATTN_MUL_MAT > "$OUT/ops-mmvq-$mode.log" 2>&1
-      echo "ops test mat-vec cases, TESSERA_CUDA_MMVQ=$mode | $(tail -1 "$OUT/ops-mmvq-$mode.log")" | tee -a "$SUMMARY"
-    done
-  fi
 fi
 
 if has greedy; then

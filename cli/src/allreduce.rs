@@ -33,6 +33,24 @@ pub struct AllReduceArgs {
     /// Seconds to spend timing each size (at least 3 calls are timed).
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
+    /// The CUDA peer kernel's scratch per rank in MiB (1 to 4096): the largest tensor it sums;
+    /// larger ones go through NCCL. Raise it to time the peer kernel on the large sizes.
+    #[cfg(feature = "cuda")]
+    #[arg(long)]
+    peer_mib: Option<usize>,
+}
+
+/// The environment's options, with this command's flags on top.
+fn options(a: &AllReduceArgs) -> Result<tessera::Options> {
+    #[allow(unused_mut)] // changed only where CUDA is compiled in
+    let mut o = tessera::Options::from_env()?;
+    #[cfg(feature = "cuda")]
+    if let Some(mib) = a.peer_mib {
+        o.cuda = o.cuda.peer_mib(mib);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = a;
+    Ok(o)
 }
 
 /// An all-reduce to measure: a meta device's own, or a CUDA communicator with its streams.
@@ -74,7 +92,7 @@ pub fn run(a: AllReduceArgs) -> Result<()> {
     if !a.device.trim().starts_with("meta:") {
         return single_rank(&a);
     }
-    let dev = load::meta_device(&a.device, "auto", &tessera::Options::from_env()?)?;
+    let dev = load::meta_device(&a.device, "auto", &options(&a)?)?;
     let meta = MetaDevice::from_device(dev.as_ref())
         .ok_or_else(|| Error::Invalid(format!("{} is not a meta device", a.device)))?;
     let parts = dev.parts();
@@ -97,7 +115,7 @@ pub fn run(a: AllReduceArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn single_rank(a: &AllReduceArgs) -> Result<()> {
     use tessera::cuda::{comm::nccl, CudaComm, CudaDevice};
-    let dev = tessera::device(&tessera::Options::from_env()?, a.device.trim())?;
+    let dev = tessera::device(&options(a)?, a.device.trim())?;
     let cuda = dev
         .as_any()
         .downcast_ref::<CudaDevice>()
@@ -185,7 +203,7 @@ fn measure(
 }
 
 /// Checks every part holds the sum of the inputs, to within the rounding of each term to f16
-/// (what the peer kernel sends with `TESSERA_PEER_WIRE=f16`), and that every part holds the
+/// (what the peer kernel sends with `CudaOptions::peer_f16`), and that every part holds the
 /// same values.
 fn check(bufs: &[(Arc<dyn Buffer>, usize)], inputs: &[Vec<f32>], count: usize) -> Result<()> {
     let want: Vec<(f64, f64)> = (0..count)

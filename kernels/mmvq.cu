@@ -574,7 +574,10 @@ template <int Q> struct Geom {
     int rows;
     __device__ Geom(int tasks, int flags) {
         early = Mmvq<Q>::EARLY && (flags & 4) != 0;
-        const bool staged = Mmvq<Q>::TV > 32;
+        // The host leaves i[3] & 3 at 0, but for the k-quants it stays a run-time test: folding
+        // the geometry at compile time lets ptxas merge the two paths, and Q6_K's kernel then
+        // spills more and runs slower (BENCHMARKS.md, "Session 24").
+        const bool staged = Mmvq<Q>::TV > 32 && (flags & 3) == 0;
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }

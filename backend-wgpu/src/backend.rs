@@ -3,10 +3,10 @@
 //! is recorded in one compute pass of one command buffer and submitted once; nothing is read
 //! back. The resolved dispatches (pipelines, bind groups, parameters) are kept as a
 //! [`Recording`] under the graph's key (core's GraphKey): a graph run again (a model's step graph, token
-//! after token) is replayed from it without deciding anything again. The graph run last, if it
+//! after token) is replayed from it without deciding anything again. A graph run recently, if it
 //! comes again unchanged ([`Graph::stamp`]) with the same nodes, is replayed without even
-//! making its key (a model's decode step, whose key would cost a good part of
-//! the host's time per token).
+//! making its key (a model's decode step, or each stage of a meta device's part graph, whose
+//! key would cost a good part of the host's time per token).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -101,20 +101,25 @@ pub struct WgpuBackend {
     /// submitting them, and how many graphs (logged at debug level when the backend is
     /// dropped).
     host: HostTime,
-    /// The graph last run and its recording: the same graph, unchanged, with the same nodes
-    /// runs it again without a key.
-    last: Option<LastGraph>,
+    /// The graphs run recently and their recordings, oldest first: the same graph, unchanged,
+    /// with the same nodes runs again without a key. All are dropped when a buffer is
+    /// forgotten (one of them may bind it).
+    recent: std::collections::VecDeque<RecentGraph>,
+    /// [`Gpu::forget_count`] when `recent` was last found valid.
+    recent_forgets: u64,
 }
 
-/// What [`WgpuBackend::compute`] keeps of the graph it ran last.
-struct LastGraph {
+/// What [`WgpuBackend::compute`] keeps of a graph it ran.
+struct RecentGraph {
     /// The graph's [`Graph::stamp`] then, and the nodes run.
     stamp: u64,
     nodes: Vec<TensorId>,
-    /// [`Gpu::forget_count`] then: a buffer forgotten since may have been bound.
-    forgets: u64,
     rec: Arc<Recording>,
 }
+
+/// Most graphs a backend finds again by their stamp: a meta device's part runs its graph in
+/// two stages a layer (one compute each, between all-reduces), every step.
+const RECENT_GRAPHS: usize = 256;
 
 /// Dispatches per submitted command buffer of a graph: the GPU runs the first part while the
 /// host encodes the next (a single command buffer leaves the GPU idle while a large graph is
@@ -141,7 +146,7 @@ struct HostTime {
     lookup: std::time::Duration,
     encode: std::time::Duration,
     graphs: u64,
-    /// Graphs that were the graph run before, unchanged (no key made).
+    /// Graphs that were a graph run recently, unchanged (no key made).
     same: u64,
 }
 
@@ -177,7 +182,8 @@ impl WgpuBackend {
             profiling: options.profile,
             profile: None,
             host: HostTime::default(),
-            last: None,
+            recent: std::collections::VecDeque::new(),
+            recent_forgets: 0,
         }
     }
 
@@ -187,7 +193,7 @@ impl WgpuBackend {
     /// variant.
     pub fn set_profile(&mut self, on: bool) {
         self.profiling = on;
-        self.last = None;
+        self.recent.clear();
     }
 
     /// The profile so far: each shader variant's short name with its total GPU time and
@@ -203,7 +209,7 @@ impl WgpuBackend {
     /// [`crate::WgpuOptions::fusion`]).
     pub fn set_fusion(&mut self, on: bool) {
         self.fusion = on;
-        self.last = None;
+        self.recent.clear();
     }
 
     /// How many dispatches the last [`Backend::compute`] recorded or replayed (0 when it ran
@@ -415,10 +421,12 @@ impl Backend for WgpuBackend {
             }
             None => match self.find_recording(graph, nodes)? {
                 Some(rec) => {
-                    self.last = Some(LastGraph {
+                    if self.recent.len() == RECENT_GRAPHS {
+                        self.recent.pop_front();
+                    }
+                    self.recent.push_back(RecentGraph {
                         stamp: graph.stamp(),
                         nodes: nodes.to_vec(),
-                        forgets: self.gpu.forget_count(),
                         rec: rec.clone(),
                     });
                     rec
@@ -589,15 +597,20 @@ impl Drop for WgpuBackend {
 }
 
 impl WgpuBackend {
-    /// The recording of the graph last run, if `graph` is that graph, unchanged, with the same
-    /// `nodes`, and no buffer was forgotten since.
-    fn same_graph(&self, graph: &Graph, nodes: &[TensorId]) -> Option<Arc<Recording>> {
-        self.last
-            .as_ref()
-            .filter(|l| {
-                l.stamp == graph.stamp() && l.nodes == nodes && l.forgets == self.gpu.forget_count()
-            })
-            .map(|l| l.rec.clone())
+    /// The recording of a graph run recently, if `graph` is that graph, unchanged, with the
+    /// same `nodes` (none once a buffer was forgotten since).
+    fn same_graph(&mut self, graph: &Graph, nodes: &[TensorId]) -> Option<Arc<Recording>> {
+        let forgets = self.gpu.forget_count();
+        if forgets != self.recent_forgets {
+            self.recent.clear();
+            self.recent_forgets = forgets;
+        }
+        let stamp = graph.stamp();
+        self.recent
+            .iter()
+            .rev()
+            .find(|r| r.stamp == stamp && r.nodes == nodes)
+            .map(|r| r.rec.clone())
     }
 
     /// The recording of `nodes` of `graph`: found under its key, or recorded now

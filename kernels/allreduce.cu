@@ -35,8 +35,8 @@
 // receive. The slots stay safe: that kernel runs after this rank's previous all-reduce.
 
 // These kernels wait on other GPUs: they never release the next kernel early
-// (TESSERA_PDL_EARLY), so that it cannot take their SMs while they spin.
-#undef TESSERA_PDL_EARLY
+// (PDL_EARLY_RELEASE), so that it cannot take their SMs while they spin.
+#undef PDL_EARLY_RELEASE
 #include "common.cuh"
 #include "peer.cuh"
 

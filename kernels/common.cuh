@@ -35,7 +35,7 @@ struct KParams {
 // point calls it as its first statement, before it reads or writes global memory (the test
 // `kernel_entry_points_wait_first` in backend-cuda/tests/kernels.rs checks this). Launched the
 // ordinary way, the wait returns at once; before sm_90 it compiles to nothing.
-// With TESSERA_PDL_EARLY defined (on a GPU used alone, see `Build` in backend-cuda/src/kernels.rs;
+// With PDL_EARLY_RELEASE defined (on a GPU used alone, see `Build` in backend-cuda/src/kernels.rs;
 // allreduce.cu leaves it out) a kernel also lets the next one be scheduled as soon as it has
 // passed its own wait
 // (griddepcontrol.launch_dependents); the next kernel still waits for this one to complete
@@ -43,7 +43,7 @@ struct KParams {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef TESSERA_PDL_EARLY
+#ifdef PDL_EARLY_RELEASE
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 #endif

@@ -574,10 +574,9 @@ template <int Q> struct Geom {
     int rows;
     __device__ Geom(int tasks, int flags) {
         early = Mmvq<Q>::EARLY && (flags & 4) != 0;
-        // The host leaves i[3] & 3 at 0 (the default geometry of each type), but the choice stays
-        // a run-time test of it: with the geometry known at compile time ptxas allocates the
-        // fused mat-vecs differently, and the 8B decode is 2.5% slower, Q6_K's mat-vec 8%
-        // (BENCHMARKS.md, "Session 24").
+        // The host leaves i[3] & 3 at 0 (each type's default geometry), but the choice stays a
+        // run-time test of it: with the geometry known at compile time, ptxas allocates the
+        // fused mat-vecs differently and they run slower (BENCHMARKS.md has the measurement).
         const int mode = flags & 3;
         const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;

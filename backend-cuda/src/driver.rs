@@ -12,7 +12,7 @@
 //! programmatic. Every kernel waits for its predecessors' results first (`pdl_wait()` in
 //! `kernels/common.cuh`), so results do not change. A GPU used alone also lets each kernel
 //! release the next one as soon as it has passed its own wait (early release, the
-//! `TESSERA_PDL_EARLY` build of the kernels, `kernels::Build`); the parts of a multi-GPU group
+//! `PDL_EARLY_RELEASE` build of the kernels, `kernels::Build`); the parts of a multi-GPU group
 //! do not ([`crate::CudaOptions::grouped`]): there the ranks wait on each other inside the
 //! all-reduce, and kernels released early only took SM time from the ones they waited for
 //! (BENCHMARKS.md). An older GPU or driver simply launches the ordinary way.

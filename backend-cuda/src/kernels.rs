@@ -192,7 +192,7 @@ fn options(arch: &str, early: bool) -> Vec<String> {
         "--device-as-default-execution-space".into(),
     ];
     if early {
-        o.push("-DTESSERA_PDL_EARLY".into());
+        o.push("-DPDL_EARLY_RELEASE".into());
     }
     o
 }
@@ -443,7 +443,7 @@ mod tests {
     fn early_release_is_one_define() {
         let early = options("sm_90", true);
         let plain = options("sm_90", false);
-        assert!(early.iter().any(|o| o == "-DTESSERA_PDL_EARLY"));
+        assert!(early.iter().any(|o| o == "-DPDL_EARLY_RELEASE"));
         assert!(!plain.iter().any(|o| o.contains("PDL")));
         assert_eq!(early.len(), plain.len() + 1);
     }

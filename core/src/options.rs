@@ -99,18 +99,18 @@ mod tests {
         assert!(!parse_switch("X", " FALSE ").unwrap());
         assert!(parse_switch("X", "1").unwrap());
         assert!(parse_switch("X", "true").unwrap());
-        let e = parse_switch("TESSERA_X", "no").unwrap_err().to_string();
-        assert!(e.contains("TESSERA_X") && e.contains("\"no\""), "{e}");
+        let e = parse_switch("EXAMPLE_X", "no").unwrap_err().to_string();
+        assert!(e.contains("EXAMPLE_X") && e.contains("\"no\""), "{e}");
     }
 
     #[test]
     fn values_and_words_parse_or_name_the_variable() {
         assert_eq!(parse_value::<usize>("X", " 8 ", "a count").unwrap(), 8);
-        let e = parse_value::<usize>("TESSERA_N", "-1", "a count").unwrap_err();
-        assert!(e.to_string().contains("TESSERA_N"));
+        let e = parse_value::<usize>("EXAMPLE_N", "-1", "a count").unwrap_err();
+        assert!(e.to_string().contains("EXAMPLE_N"));
         let words = [("host", 1), ("peer", 2)];
         assert_eq!(parse_word("X", " HOST ", &words).unwrap(), 1);
-        let e = parse_word("TESSERA_W", "hots", &words)
+        let e = parse_word("EXAMPLE_W", "hots", &words)
             .unwrap_err()
             .to_string();
         assert!(e.contains("host, peer"), "{e}");

@@ -53,6 +53,11 @@ impl FetchOptions {
             .unwrap_or_else(|| "python3".into());
         FetchOptions { cache_dir, python }
     }
+
+    /// Where the test model is cached under these options.
+    fn test_model_path(&self) -> PathBuf {
+        self.cache_dir.join("models").join(TEST_MODEL_FILE)
+    }
 }
 
 /// tessera's cache directory ([`FetchOptions::from_env`]).
@@ -62,7 +67,7 @@ pub fn cache_dir() -> PathBuf {
 
 /// Where the test model is cached.
 pub fn test_model_path() -> PathBuf {
-    cache_dir().join("models").join(TEST_MODEL_FILE)
+    FetchOptions::from_env().test_model_path()
 }
 
 /// What the fetch is doing, for a progress display.
@@ -75,7 +80,8 @@ pub enum FetchProgress {
 
 /// The test model's path, fetching it first when it is not cached.
 pub fn test_model(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
-    let path = test_model_path();
+    let options = FetchOptions::from_env();
+    let path = options.test_model_path();
     if path.is_file() {
         return Ok(path);
     }
@@ -83,8 +89,7 @@ pub fn test_model(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let tmp = tempdir(dir)?;
-    let python = FetchOptions::from_env().python;
-    let result = fetch_into(&python, &tmp, &path, progress);
+    let result = fetch_into(&options.python, &tmp, &path, progress);
     let _ = std::fs::remove_dir_all(&tmp);
     result.map(|_| path)
 }

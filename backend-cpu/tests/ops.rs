@@ -210,12 +210,7 @@ fn diag_mask_inf_hides_the_future() {
 // ---- rope ----
 
 fn rope_params(n_dims: usize, mode: RopeMode) -> RopeParams {
-    RopeParams {
-        n_dims,
-        mode,
-        freq_base: 10000.0,
-        freq_scale: 1.0,
-    }
+    RopeParams::new(n_dims, mode, 10000.0, 1.0)
 }
 
 #[test]

@@ -42,12 +42,7 @@ fn block(tokens: usize, qv: bool, kv_type: DType) -> Block {
     let v = g.mul_mat(wv, hn).unwrap();
     let q3 = g.reshape(q, &[64, 9, tokens]).unwrap();
     let k3 = g.reshape(k, &[64, 3, tokens]).unwrap();
-    let p = RopeParams {
-        n_dims: 64,
-        mode: RopeMode::Normal,
-        freq_base: 10000.0,
-        freq_scale: 1.0,
-    };
+    let p = RopeParams::new(64, RopeMode::Normal, 10000.0, 1.0);
     let qr = if qv { g.rope(q3, pos, p).unwrap() } else { q };
     let kr = g.rope(k3, pos, p).unwrap();
     let kv = g.reshape(kr, &[192, tokens]).unwrap();

@@ -368,12 +368,7 @@ fn fused_rope_kv_stores_match_unfused() {
     let idx = g.input("idx", DType::I64, &[1]).unwrap();
     let kc = g.input("kc", DType::F16, &[hd * nkv, rows]).unwrap();
     let vc = g.input("vc", DType::F16, &[hd * nkv, rows]).unwrap();
-    let p = RopeParams {
-        n_dims: hd,
-        mode: RopeMode::Neox,
-        freq_base: 10000.0,
-        freq_scale: 1.0,
-    };
+    let p = RopeParams::new(hd, RopeMode::Neox, 10000.0, 1.0);
     let qr = rope_and_store(&mut g, [q, k, v], [pos, idx], [kc, vc], p);
     let nodes: Vec<_> = g.ids().collect();
     let mut alloc = GraphAllocator::new(dev.buffer_type());
@@ -455,12 +450,7 @@ fn q_k_v_rope_and_cache_stores_run_as_one_dispatch() {
         let v = g.mul_mat(wv, h).unwrap();
         let q = g.reshape(q, &[hd, nh, 1]).unwrap();
         let k = g.reshape(k, &[hd, nkv, 1]).unwrap();
-        let p = RopeParams {
-            n_dims: 48,
-            mode,
-            freq_base: 10000.0,
-            freq_scale: 0.5,
-        };
+        let p = RopeParams::new(48, mode, 10000.0, 0.5);
         let qr = rope_and_store(g, [q, k, v], [pos, idx], [kc, vc], p);
         let nodes = load(&dev, &mut b);
         let put = |id: TensorId, bytes: &[u8]| {

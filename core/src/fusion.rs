@@ -463,9 +463,7 @@ impl<'g> Matcher<'g> {
         let g = self.graph;
         let first = self.nodes[i];
         let tf = g.get(first);
-        let Op::Rope(params) = tf.op else {
-            return None;
-        };
+        let params = self.plain_rope(first)?;
         let (q, jk, k) = if with_q {
             let (j, k) = self.next_running(i + 1)?;
             let tk = g.get(k);
@@ -495,6 +493,16 @@ impl<'g> Matcher<'g> {
         })
     }
 
+    /// The parameters of node `t` when it is a plain rope ([`RopeParams::is_plain`], no
+    /// frequency factors): the fused rope kernels compute only that rotation.
+    fn plain_rope(&self, t: TensorId) -> Option<RopeParams> {
+        let tt = self.graph.get(t);
+        match tt.op {
+            Op::Rope(p) if p.is_plain() && tt.src.len() == 2 => Some(p),
+            _ => None,
+        }
+    }
+
     /// Whether node `s` is a set_rows of a reshape of the rope `k`, the reshape read by it
     /// alone and `k` by the reshape alone.
     fn stores_rotated(&self, s: TensorId, k: TensorId) -> bool {
@@ -511,9 +519,7 @@ impl<'g> Matcher<'g> {
     /// `set_rows(cache, reshape(rope(k)), idx)` at `nodes[i]`.
     fn rope_set_rows(&self, i: usize) -> Option<RopeSetRows> {
         let rope = self.nodes[i];
-        if !matches!(self.graph.get(rope).op, Op::Rope(_)) {
-            return None;
-        }
+        self.plain_rope(rope)?;
         let (last, set) = self.next_running(i + 1)?;
         self.stores_rotated(set, rope)
             .then_some(RopeSetRows { rope, set, last })

@@ -874,8 +874,36 @@ impl Graph {
 
     /// Rotary position embedding: `a` `[head_dim, heads, tokens, 1]` (F32 or F16), `pos` I32 `[tokens]`.
     pub fn rope(&mut self, a: TensorId, pos: TensorId, p: RopeParams) -> Result<TensorId> {
+        self.rope_ext(a, pos, None, p)
+    }
+
+    /// [`Graph::rope`] with per-pair frequency factors: `factors` F32 `[n_dims / 2]` divides
+    /// pair k's angle by `factors[k]` (ggml's `rope_ext` with its third source).
+    pub fn rope_ext(
+        &mut self,
+        a: TensorId,
+        pos: TensorId,
+        factors: Option<TensorId>,
+        p: RopeParams,
+    ) -> Result<TensorId> {
         self.check_id(a, "ROPE")?;
         self.check_id(pos, "ROPE")?;
+        if let Some(f) = factors {
+            self.check_id(f, "ROPE")?;
+            let tf = self.get(f);
+            if tf.dtype != DType::F32 || tf.ne != [p.n_dims / 2, 1, 1, 1] || !tf.is_contiguous() {
+                return Err(self.err(
+                    f,
+                    "ROPE",
+                    format!(
+                        "frequency factors must be contiguous f32 [{}], got {} {:?}",
+                        p.n_dims / 2,
+                        tf.dtype,
+                        tf.ne
+                    ),
+                ));
+            }
+        }
         let (ta, tp) = (self.get(a), self.get(pos));
         if !matches!(ta.dtype, DType::F32 | DType::F16) {
             return Err(self.err(a, "ROPE", format!("f32 or f16 only, got {}", ta.dtype)));
@@ -901,8 +929,20 @@ impl Graph {
         if p.freq_base.is_nan() || p.freq_base <= 0.0 || !p.freq_scale.is_finite() {
             return Err(self.err(a, "ROPE", "freq_base must be > 0 and freq_scale finite"));
         }
+        if !p.ext_factor.is_finite() || !p.attn_factor.is_finite() {
+            return Err(self.err(a, "ROPE", "ext_factor and attn_factor must be finite"));
+        }
+        if p.ext_factor != 0.0 && (p.n_ctx_orig == 0 || p.freq_scale <= 0.0) {
+            return Err(self.err(
+                a,
+                "ROPE",
+                "YaRN needs the original context length and a positive freq_scale",
+            ));
+        }
         let (dt, ne) = (ta.dtype, ta.ne);
-        self.node(dt, ne, Op::Rope(p), vec![a, pos])
+        let mut srcs = vec![a, pos];
+        srcs.extend(factors);
+        self.node(dt, ne, Op::Rope(p), srcs)
     }
 
     /// Fused attention. q [d, n_q, heads, b] F32; k [d, n_kv, kv_heads, b] and v [dv, n_kv,

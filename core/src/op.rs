@@ -126,17 +126,87 @@ pub enum RopeMode {
     Neox,
 }
 
-/// Rope parameters (no YaRN extension yet).
+/// Rope parameters, as ggml's `rope_ext`: the plain rotation, linear position scaling, YaRN's
+/// blend of interpolated and extrapolated angles, and a factor on the result. An optional third
+/// source of the op holds per-pair frequency factors (Llama 3's `rope_freqs`, LongRoPE's short
+/// and long factors): pair k's angle is divided by factor k.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
     /// How many leading dimensions of each head are rotated (even, at most ne0).
     pub n_dims: usize,
     /// Pairing of the rotated dimensions.
     pub mode: RopeMode,
-    /// theta_i = pos * freq_scale * freq_base^(-2i/n_dims)
+    /// theta_k = pos * freq_base^(-2k/n_dims) / factor_k, before scaling.
     pub freq_base: f32,
-    /// Linear position scaling.
+    /// Linear position scaling: the interpolated angle is freq_scale * theta.
     pub freq_scale: f32,
+    /// YaRN: how much of the extrapolated (unscaled) angle the high-frequency pairs keep, 0 for
+    /// none (then the angle is just freq_scale * theta and the magnitude is attn_factor).
+    pub ext_factor: f32,
+    /// Factor on cos and sin (YaRN's magnitude correction and LongRoPE's attention factor).
+    pub attn_factor: f32,
+    /// YaRN: pairs turning more than beta_fast times over the original context extrapolate.
+    pub beta_fast: f32,
+    /// YaRN: pairs turning fewer than beta_slow times over the original context interpolate.
+    pub beta_slow: f32,
+    /// YaRN: the context length the model was trained with before scaling.
+    pub n_ctx_orig: usize,
+}
+
+impl RopeParams {
+    /// Plain rope of `n_dims` dimensions with linear scaling `freq_scale` and no YaRN.
+    pub fn new(n_dims: usize, mode: RopeMode, freq_base: f32, freq_scale: f32) -> RopeParams {
+        RopeParams {
+            n_dims,
+            mode,
+            freq_base,
+            freq_scale,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 0,
+        }
+    }
+
+    /// Whether the rotation is the plain one (only base and linear scale): no YaRN blend and
+    /// no factor on the result. Backends with a plain kernel only take these.
+    pub fn is_plain(&self) -> bool {
+        self.ext_factor == 0.0 && self.attn_factor == 1.0
+    }
+
+    /// YaRN's correction range: the first and last pair index (as reals, clamped to the rotated
+    /// pairs) between which the blend ramps from extrapolation to interpolation. Pair k turns
+    /// n_ctx_orig * base^(-2k/n_dims) / (2 pi) times over the original context; the range runs
+    /// from the pair turning beta_fast times to the one turning beta_slow times.
+    pub fn yarn_corr_dims(&self) -> [f32; 2] {
+        let n = self.n_dims as f32;
+        let dim = |rotations: f32| -> f32 {
+            n * (self.n_ctx_orig as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let lo = dim(self.beta_fast).floor().max(0.0);
+        let hi = dim(self.beta_slow).ceil().min(n - 1.0);
+        [lo, hi]
+    }
+
+    /// cos and sin of pair `k` (of `n_dims / 2`) at angle `theta` = pos * base^(-2k/n_dims) /
+    /// factor_k, with scaling, the YaRN blend and the magnitude applied; `corr` is
+    /// [`RopeParams::yarn_corr_dims`]. The reference every backend follows.
+    pub fn cos_sin(&self, theta: f32, k: usize, corr: [f32; 2]) -> (f32, f32) {
+        let interp = self.freq_scale * theta;
+        let (angle, mag) = if self.ext_factor != 0.0 {
+            // The ramp is 1 below corr[0] (extrapolate) and 0 above corr[1] (interpolate),
+            // measured in pairs of dimensions.
+            let y = ((k as f32) - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+            let mag = self.attn_factor * (1.0 + 0.1 * (1.0 / self.freq_scale).ln());
+            (interp * (1.0 - ramp) + theta * ramp, mag)
+        } else {
+            (interp, self.attn_factor)
+        };
+        (angle.cos() * mag, angle.sin() * mag)
+    }
 }
 
 /// What a tensor is computed by. Leaves (weights, inputs) are [`Op::None`].

@@ -59,12 +59,7 @@ pub fn build(
 
     let tok_embd = w(&mut g, weights, "token_embd.weight", &[d, cfg.n_vocab])?;
     let mut x = g.get_rows(tok_embd, tokens)?;
-    let rope = RopeParams {
-        n_dims: cfg.n_rot,
-        mode: cfg.rope_mode,
-        freq_base: cfg.rope_base,
-        freq_scale: cfg.rope_freq_scale,
-    };
+    let rope = RopeParams::new(cfg.n_rot, cfg.rope_mode, cfg.rope_base, cfg.rope_freq_scale);
     let kq_scale = 1.0 / (hd as f32).sqrt();
     let ts = kv.dtype().type_size();
 

@@ -98,7 +98,9 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::Glu { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() == 1 || float(s(1)?)),
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::DiagMaskInf(_) => float(s(0)?) && float(t.dtype),
         Op::SoftMax { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() < 2 || float(s(1)?)),
-        Op::Rope(_) => float(s(0)?) && float(t.dtype) && s(1)? == DType::I32,
+        Op::Rope(_) => {
+            float(s(0)?) && float(t.dtype) && s(1)? == DType::I32 && (t.src.len() < 3 || s(2)? == DType::F32)
+        }
         Op::FlashAttnExt { .. } => {
             float(s(0)?)
                 && float(s(1)?)
@@ -186,7 +188,7 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
             softmax::soft_max(&dst, &src(0)?, opt(1)?.as_ref(), *scale, *max_bias)
         }
         Op::DiagMaskInf(n_past) => softmax::diag_mask_inf(&dst, &src(0)?, *n_past),
-        Op::Rope(p) => rope::run(p, &dst, &src(0)?, &src(1)?),
+        Op::Rope(p) => rope::run(p, &dst, &src(0)?, &src(1)?, opt(2)?.as_ref()),
         Op::FlashAttnExt {
             scale,
             max_bias,

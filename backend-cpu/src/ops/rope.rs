@@ -1,7 +1,8 @@
-//! Rotary position embedding. Pair k (k < n_dims/2) turns by theta_k = pos * freq_scale *
-//! base^(-2k/n_dims); as in ggml, base^(-2k/n_dims) is built by repeated multiplication in f32.
-//! Normal mode rotates adjacent pairs (2k, 2k+1), NEOX mode the halves (k, k + n_dims/2);
-//! dimensions from n_dims on are copied unchanged.
+//! Rotary position embedding. Pair k (k < n_dims/2) turns by theta_k = pos *
+//! base^(-2k/n_dims) / factor_k, scaled and blended as [`RopeParams::cos_sin`] says; as in ggml,
+//! base^(-2k/n_dims) is built by repeated multiplication in f32. Normal mode rotates adjacent
+//! pairs (2k, 2k+1), NEOX mode the halves (k, k + n_dims/2); dimensions from n_dims on are
+//! copied unchanged.
 
 use tessera_core::{Error, Result, RopeMode, RopeParams};
 
@@ -9,8 +10,14 @@ use crate::parallel::for_ranges;
 use crate::view::TView;
 
 /// Applies rope to `src` [head_dim, heads, tokens, b] at the I32 positions `pos` [tokens];
-/// `dst` may share `src`'s memory.
-pub(crate) fn run(p: &RopeParams, dst: &TView, src: &TView, pos: &TView) -> Result<()> {
+/// `dst` may share `src`'s memory; `factors` (F32 `[n_dims / 2]`) divide each pair's angle.
+pub(crate) fn run(
+    p: &RopeParams,
+    dst: &TView,
+    src: &TView,
+    pos: &TView,
+    factors: Option<&TView>,
+) -> Result<()> {
     let n = src.ne[0];
     if p.n_dims & 1 != 0 || p.n_dims > n {
         return Err(Error::Invalid(format!(
@@ -20,6 +27,15 @@ pub(crate) fn run(p: &RopeParams, dst: &TView, src: &TView, pos: &TView) -> Resu
     }
     let half = p.n_dims / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    let mut inv_factor = vec![1f32; half];
+    if let Some(f) = factors {
+        let mut row = vec![0f32; half];
+        f.load_row([0, 0, 0], &mut row)?;
+        for (inv, f) in inv_factor.iter_mut().zip(row) {
+            *inv = 1.0 / f;
+        }
+    }
+    let corr = p.yarn_corr_dims();
     for_ranges(dst.nrows(), n * 4, |rows| {
         let mut x = vec![0f32; n];
         let mut y = vec![0f32; n];
@@ -30,9 +46,8 @@ pub(crate) fn run(p: &RopeParams, dst: &TView, src: &TView, pos: &TView) -> Resu
             let token = (i[1], i[2]);
             if cached_token != Some(token) {
                 let mut theta = pos.get_int([i[1], 0, 0, 0]) as f32;
-                for c in cs.iter_mut() {
-                    let t = theta * p.freq_scale;
-                    *c = (t.cos(), t.sin());
+                for (k, c) in cs.iter_mut().enumerate() {
+                    *c = p.cos_sin(theta * inv_factor[k], k, corr);
                     theta *= theta_scale;
                 }
                 cached_token = Some(token);

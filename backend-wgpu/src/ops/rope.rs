@@ -13,6 +13,9 @@ pub(super) fn rope(n: &Node, mut p: Params, r: &RopeParams) -> Result<Vec<PlanOu
     if !matches!(a, DType::F32 | DType::F16) {
         return Err(format!("type {a}"));
     }
+    if !r.is_plain() || t.src.len() > 2 {
+        return Err("rope with frequency factors, YaRN or a magnitude factor".into());
+    }
     let per_row = r.n_dims / 2 + t.ne[0] - r.n_dims;
     let count = per_row * t.nrows();
     p.f[0] = r.freq_base.log2();

@@ -35,12 +35,7 @@ fn block(tokens: usize) -> (Graph, Vec<TensorId>) {
     let v = g.mul_mat(wv, h).unwrap();
     let q = g.reshape(q, &[hd, heads, tokens]).unwrap();
     let k = g.reshape(k, &[hd, kv_heads, tokens]).unwrap();
-    let rp = RopeParams {
-        n_dims: hd,
-        mode: RopeMode::Normal,
-        freq_base: 10000.0,
-        freq_scale: 1.0,
-    };
+    let rp = RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0);
     let q = g.rope(q, pos, rp).unwrap();
     let k = g.rope(k, pos, rp).unwrap();
     let k2 = g.reshape(k, &[hd * kv_heads, tokens]).unwrap();

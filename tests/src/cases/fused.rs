@@ -343,12 +343,7 @@ fn rope_kv(v: &mut Vec<Case>) {
             &[DType::F32, DType::F16],
             Tolerance::MATMUL,
             move |g| {
-                let p = RopeParams {
-                    n_dims: hd,
-                    mode,
-                    freq_base: 10000.0,
-                    freq_scale: 1.0,
-                };
+                let p = RopeParams::new(hd, mode, 10000.0, 1.0);
                 let q = g.leaf(DType::F32, &[hd, nh, n])?;
                 let k = g.leaf(DType::F32, &[hd, nkv, n])?;
                 let val = g.leaf(DType::F32, &[hd * nkv, n])?;
@@ -383,12 +378,7 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
             &[t, DType::F16],
             Tolerance::MATMUL,
             move |g| {
-                let p = RopeParams {
-                    n_dims,
-                    mode,
-                    freq_base: 10000.0,
-                    freq_scale: 0.5,
-                };
+                let p = RopeParams::new(n_dims, mode, 10000.0, 0.5);
                 let x = g.leaf(DType::F32, &[k, 1])?;
                 let wq = g.input(t, &[k, hd * nh], Init::Uniform(-0.1, 0.1))?;
                 let wk = g.input(t, &[k, hd * nkv], Init::Uniform(-0.1, 0.1))?;

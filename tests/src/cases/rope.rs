@@ -46,12 +46,7 @@ impl Rope {
         } else {
             Tolerance::DEFAULT
         };
-        let p = RopeParams {
-            n_dims,
-            mode,
-            freq_base: 10000.0,
-            freq_scale,
-        };
+        let p = RopeParams::new(n_dims, mode, 10000.0, freq_scale);
         Case::new("ROPE", params, &[dtype], tol, move |g| {
             let a = g.leaf(dtype, &ne)?;
             let pos = g.input(DType::I32, &[ne[2]], Init::Indices(pos_max))?;

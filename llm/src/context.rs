@@ -6,7 +6,7 @@ use std::sync::Arc;
 use half::f16;
 use tessera_core::{DType, Device, Error, Graph, Result, SchedPlan, Scheduler};
 
-use crate::forward::{self, StepIo, StepShape};
+use crate::forward::{self, StepIo, StepShape, StepSource};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 
@@ -73,6 +73,8 @@ impl Context {
             cfg,
             device.as_ref(),
             n_ctx.div_ceil(KV_PAD) * KV_PAD,
+            params.n_ubatch,
+            KV_PAD,
             params.kv_type,
             model.sharding(),
         )?;
@@ -154,17 +156,25 @@ impl Context {
 
     fn eval_batch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
-        let n_kv = (self.n_past + n).div_ceil(KV_PAD) * KV_PAD;
+        let p0 = self.n_past;
+        let padded = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
+        let ring = self.kv.window_cells();
         let shape = StepShape {
             n_tokens: n,
-            n_kv: n_kv.min(self.kv.n_ctx()),
+            n_kv: padded.min(self.kv.n_ctx()),
+            n_kv_window: ring.map_or(0, |r| padded.min(r)),
             all_logits: all_logits && n > 1,
         };
         let idx = match self.steps.iter().position(|s| s.shape == shape) {
             Some(i) => i,
             None => {
-                let (mut graph, io) =
-                    forward::build(&self.model.config, &self.model.weights, &self.kv, shape)?;
+                let src = StepSource {
+                    cfg: &self.model.config,
+                    weights: &self.model.weights,
+                    kv: &self.kv,
+                    n_ctx: self.n_ctx,
+                };
+                let (mut graph, io, _) = forward::build(&src, shape)?;
                 let plan = self.sched.plan(&mut graph)?;
                 tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
                 log::debug!(
@@ -186,7 +196,6 @@ impl Context {
                 self.steps.len() - 1
             }
         };
-        let p0 = self.n_past;
         let started = std::time::Instant::now();
         {
             let step = &self.steps[idx];
@@ -194,10 +203,8 @@ impl Context {
             let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
             let pos: Vec<i32> = (0..n).map(|i| (p0 + i) as i32).collect();
             let rows: Vec<i64> = (0..n).map(|i| (p0 + i) as i64).collect();
-            let neg = f16::NEG_INFINITY;
-            let mut mask = vec![neg; shape.n_kv * n];
-            for i in 0..n {
-                let row = &mut mask[i * shape.n_kv..(i + 1) * shape.n_kv];
+            let mut mask = vec![f16::NEG_INFINITY; shape.n_kv * n];
+            for (i, row) in mask.chunks_mut(shape.n_kv).enumerate() {
                 // Token i sits at position p0 + i and sees every cell up to it.
                 row[..p0 + i + 1].fill(f16::ZERO);
             }
@@ -205,9 +212,15 @@ impl Context {
             let be = self.sched.backend_mut(0);
             set(be, g, step.io.tokens, bytemuck::cast_slice(&ids))?;
             set(be, g, step.io.pos, bytemuck::cast_slice(&pos))?;
-            set(be, g, step.io.kv_rows, bytemuck::cast_slice(&rows))?;
-            let mask_bytes: Vec<u8> = mask.iter().flat_map(|h| h.to_le_bytes()).collect();
-            set(be, g, step.io.mask, &mask_bytes)?;
+            set(be, g, step.io.global.rows, bytemuck::cast_slice(&rows))?;
+            set(be, g, step.io.global.mask, &f16_bytes(&mask))?;
+            if let (Some(w), Some(ring), Some(window)) =
+                (step.io.window, ring, self.model.config.max_window())
+            {
+                let (rows, mask) = window_inputs(p0, n, ring, window, shape.n_kv_window);
+                set(be, g, w.rows, bytemuck::cast_slice(&rows))?;
+                set(be, g, w.mask, &f16_bytes(&mask))?;
+            }
         }
         let step = &self.steps[idx];
         let inputs = started.elapsed();
@@ -228,6 +241,37 @@ impl Context {
         );
         Ok(logits)
     }
+}
+
+/// The rows and mask of the sliding-window layers for `n` tokens from position `p0`: position
+/// p lives in cell p mod `ring`; after the step's writes, cell c holds the latest position
+/// below p0 + n congruent to c, and token p sees it when that position is at most p and fewer
+/// than `window` behind it (llama.cpp's standard sliding window). `n_kv` cells are attended.
+fn window_inputs(
+    p0: usize,
+    n: usize,
+    ring: usize,
+    window: usize,
+    n_kv: usize,
+) -> (Vec<i64>, Vec<f16>) {
+    let rows = (p0..p0 + n).map(|p| (p % ring) as i64).collect();
+    let end = p0 + n; // one past the last position written
+    let mut mask = vec![f16::NEG_INFINITY; n_kv * n];
+    for c in 0..n_kv.min(end) {
+        // The latest position q < end with q = c (mod ring).
+        let q = c + (end - 1 - c) / ring * ring;
+        for (i, row) in mask.chunks_mut(n_kv).enumerate() {
+            let p = p0 + i;
+            if q <= p && p - q < window {
+                row[c] = f16::ZERO;
+            }
+        }
+    }
+    (rows, mask)
+}
+
+fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|h| h.to_le_bytes()).collect()
 }
 
 /// Writes an input tensor through `backend`, ordered with its stream (`bytes` is pageable

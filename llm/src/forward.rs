@@ -1,9 +1,17 @@
-//! The Llama forward pass as a tessera graph: one graph per step shape (tokens in the batch,
-//! KV cells attended, which logits are wanted), reused while the shape stays the same.
+//! The forward pass as a tessera graph: one block builder for every architecture, computing the
+//! features its [`Block`](crate::config::Block) and [`LayerConfig`](crate::config::LayerConfig)s
+//! ask for. One graph is built per step shape (tokens in the batch, KV cells attended, which
+//! logits are wanted) and reused while the shape stays the same.
+//!
+//! The order of ops within a block is the one the backends fuse (RMS norm then its weight,
+//! Q/K/V projections side by side, rope then the cache stores, the gated feed-forward as gate
+//! and up projections then the GLU), whatever the architecture adds around it.
 
-use tessera_core::{DType, Graph, Result, RopeParams, TensorId};
+use std::collections::HashSet;
 
-use crate::config::LlamaConfig;
+use tessera_core::{DType, Graph, Result, TensorId, UnaryOp};
+
+use crate::config::{ModelConfig, RopeFactors};
 use crate::kv_cache::KvCache;
 use crate::weights::Weights;
 
@@ -12,10 +20,21 @@ use crate::weights::Weights;
 pub struct StepShape {
     /// Tokens in the batch.
     pub n_tokens: usize,
-    /// KV cells attended (a multiple of the padding, at most the cache size).
+    /// KV cells the global layers attend (a multiple of the padding, at most their cache).
     pub n_kv: usize,
+    /// KV cells the sliding-window layers attend (0 when the model has none).
+    pub n_kv_window: usize,
     /// Logits for every token (true) or only the last.
     pub all_logits: bool,
+}
+
+/// The inputs of the KV cells of one kind of layer.
+#[derive(Clone, Copy, Debug)]
+pub struct KvInputs {
+    /// I64 `[n_tokens]`: KV cache rows written.
+    pub rows: TensorId,
+    /// F16 `[n_kv, n_tokens]`: 0 where a token may attend a cell, -inf elsewhere.
+    pub mask: TensorId,
 }
 
 /// The graph's inputs and output.
@@ -25,120 +44,257 @@ pub struct StepIo {
     pub tokens: TensorId,
     /// I32 `[n_tokens]`: positions.
     pub pos: TensorId,
-    /// I64 `[n_tokens]`: KV cache rows written.
-    pub kv_rows: TensorId,
-    /// F16 `[n_kv, n_tokens]`: 0 where a token may attend a cell, -inf elsewhere.
-    pub mask: TensorId,
+    /// Rows and mask of the global layers.
+    pub global: KvInputs,
+    /// Rows and mask of the sliding-window layers (their cache is a ring: see
+    /// [`KvCache::window_cells`]).
+    pub window: Option<KvInputs>,
     /// F32 `[n_vocab, n_out]`: the logits.
     pub logits: TensorId,
 }
 
-fn w(g: &mut Graph, weights: &Weights, name: &str, ne: &[usize]) -> Result<TensorId> {
-    let t = weights.expect(name, ne)?;
-    g.weight(name, t.dtype, &t.ne, t.buffer.clone(), t.offset)
+/// What the graph of a step is built from.
+pub struct StepSource<'a> {
+    /// The model's config.
+    pub cfg: &'a ModelConfig,
+    /// Its weights.
+    pub weights: &'a Weights,
+    /// The context's cache.
+    pub kv: &'a KvCache,
+    /// Positions the context holds (picks LongRoPE's short or long factors).
+    pub n_ctx: usize,
 }
 
-/// Builds the forward graph for one step.
-pub fn build(
-    cfg: &LlamaConfig,
-    weights: &Weights,
-    kv: &KvCache,
-    shape: StepShape,
-) -> Result<(Graph, StepIo)> {
-    let mut g = Graph::new();
+impl StepSource<'_> {
+    /// The rope factor tensor the layers use, if any.
+    fn rope_factors(&self) -> Option<String> {
+        match &self.cfg.rope.factors {
+            RopeFactors::None => None,
+            RopeFactors::Tensor(name) => Some(name.clone()),
+            // llama.cpp's rule: the long factors once the context exceeds the original one.
+            RopeFactors::LongRope => Some(
+                if self.n_ctx > self.cfg.rope.n_ctx_orig {
+                    "rope_factors_long.weight"
+                } else {
+                    "rope_factors_short.weight"
+                }
+                .into(),
+            ),
+        }
+    }
+}
+
+/// Builds a graph while recording which weights it reads.
+struct Builder<'a> {
+    g: Graph,
+    src: &'a StepSource<'a>,
+    used: HashSet<String>,
+}
+
+impl Builder<'_> {
+    /// Weight `name`, checked to have shape `ne`.
+    fn w(&mut self, name: &str, ne: &[usize]) -> Result<TensorId> {
+        let t = self.src.weights.expect(name, ne)?;
+        self.used.insert(name.to_string());
+        self.g.weight(name, t.dtype, &t.ne, t.buffer.clone(), t.offset)
+    }
+
+    /// Layer `l`'s weight `blk.l.name.weight`.
+    fn lw(&mut self, l: usize, name: &str, ne: &[usize]) -> Result<TensorId> {
+        self.w(&format!("blk.{l}.{name}.weight"), ne)
+    }
+
+    /// RMS norm of the rows of `x` times weight `name` (of the rows' width).
+    fn norm(&mut self, x: TensorId, name: &str) -> Result<TensorId> {
+        let width = self.g.get(x).ne[0];
+        let weight = self.w(name, &[width])?;
+        let cur = self.g.rms_norm(x, self.src.cfg.rms_eps)?;
+        self.g.mul(cur, weight)
+    }
+
+    /// `x` times `factor` when there is one.
+    fn scale(&mut self, x: TensorId, factor: Option<f32>) -> Result<TensorId> {
+        match factor {
+            Some(f) => self.g.scale(x, f),
+            None => Ok(x),
+        }
+    }
+
+    /// `c * tanh(x / c)` when a cap `c` is set.
+    fn softcap(&mut self, x: TensorId, cap: Option<f32>) -> Result<TensorId> {
+        let Some(c) = cap else { return Ok(x) };
+        let x = self.g.scale(x, 1.0 / c)?;
+        let x = self.g.unary(x, UnaryOp::Tanh)?;
+        self.g.scale(x, c)
+    }
+
+    /// The attention of layer `l` over the normed input `cur` [n_embd, n]: the projected
+    /// output [n_embd, n], before any post-norm.
+    fn attention(
+        &mut self,
+        l: usize,
+        cur: TensorId,
+        io: &StepIo,
+        factors: Option<TensorId>,
+        shape: StepShape,
+    ) -> Result<TensorId> {
+        let cfg = self.src.cfg;
+        let b = &cfg.block;
+        let layer = cfg.layers[l];
+        let n = shape.n_tokens;
+        let (d, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_head_kv);
+        let (n_embd_q, n_embd_kv) = (cfg.n_embd_q(), cfg.n_embd_kv());
+        let wq = self.lw(l, "attn_q", &[d, n_embd_q])?;
+        let wk = self.lw(l, "attn_k", &[d, n_embd_kv])?;
+        let wv = self.lw(l, "attn_v", &[d, n_embd_kv])?;
+        let mut q = self.g.mul_mat(wq, cur)?;
+        let mut k = self.g.mul_mat(wk, cur)?;
+        let mut v = self.g.mul_mat(wv, cur)?;
+        if b.qkv_bias {
+            let bq = self.w(&format!("blk.{l}.attn_q.bias"), &[n_embd_q])?;
+            let bk = self.w(&format!("blk.{l}.attn_k.bias"), &[n_embd_kv])?;
+            let bv = self.w(&format!("blk.{l}.attn_v.bias"), &[n_embd_kv])?;
+            q = self.g.add(q, bq)?;
+            k = self.g.add(k, bk)?;
+            v = self.g.add(v, bv)?;
+        }
+        let mut q = self.g.reshape(q, &[hd, nh, n])?;
+        let mut k = self.g.reshape(k, &[hd, nkv, n])?;
+        if b.qk_norm {
+            q = self.norm(q, &format!("blk.{l}.attn_q_norm.weight"))?;
+            k = self.norm(k, &format!("blk.{l}.attn_k_norm.weight"))?;
+        }
+        let rope = cfg.rope.params(layer.rope_base, layer.rope_freq_scale);
+        let q = self.g.rope_ext(q, io.pos, factors, rope)?;
+        let k = self.g.rope_ext(k, io.pos, factors, rope)?;
+        let k = self.g.reshape(k, &[n_embd_kv, n])?;
+
+        let (inputs, n_kv) = match (layer.window, io.window) {
+            (Some(_), Some(w)) => (w, shape.n_kv_window),
+            _ => (io.global, shape.n_kv),
+        };
+        let kv = self.src.kv;
+        let ts = kv.dtype().type_size();
+        let kc = kv.tensor(&mut self.g, l, false, n_embd_kv)?;
+        let vc = kv.tensor(&mut self.g, l, true, n_embd_kv)?;
+        let kc = self.g.set_rows(kc, k, inputs.rows)?;
+        let vc = self.g.set_rows(vc, v, inputs.rows)?;
+        let strides = [hd * ts, n_embd_kv * ts];
+        let kview = self.g.view(kc, &[hd, nkv, n_kv], &strides, 0)?;
+        let vview = self.g.view(vc, &[hd, nkv, n_kv], &strides, 0)?;
+        let kview = self.g.permute(kview, [0, 2, 1, 3])?;
+        let vview = self.g.permute(vview, [0, 2, 1, 3])?;
+        let q = self.g.permute(q, [0, 2, 1, 3])?;
+        let att = self.g.flash_attn_ext(
+            q,
+            kview,
+            vview,
+            Some(inputs.mask),
+            b.attn_scale,
+            0.0,
+            b.attn_softcap,
+        )?;
+        let att = self.g.reshape(att, &[n_embd_q, n])?;
+        let wo = self.lw(l, "attn_output", &[n_embd_q, d])?;
+        self.g.mul_mat(wo, att)
+    }
+
+    /// The gated feed-forward of layer `l` over the normed input `cur`.
+    fn ffn(&mut self, l: usize, cur: TensorId) -> Result<TensorId> {
+        let cfg = self.src.cfg;
+        let (d, ff) = (cfg.n_embd, cfg.n_ff);
+        let wg = self.lw(l, "ffn_gate", &[d, ff])?;
+        let wu = self.lw(l, "ffn_up", &[d, ff])?;
+        let wd = self.lw(l, "ffn_down", &[ff, d])?;
+        let gate = self.g.mul_mat(wg, cur)?;
+        let up = self.g.mul_mat(wu, cur)?;
+        let act = self.g.glu_split(gate, up, cfg.block.ffn_act)?;
+        self.g.mul_mat(wd, act)
+    }
+
+    /// Adds a block's branch output `y` to the residual `x`, after the architecture's post-norm
+    /// (`post` names it) and residual scale.
+    fn residual(&mut self, x: TensorId, y: TensorId, post: Option<String>) -> Result<TensorId> {
+        let y = match post {
+            Some(name) => self.norm(y, &name)?,
+            None => y,
+        };
+        let y = self.scale(y, self.src.cfg.block.residual_scale)?;
+        self.g.add(x, y)
+    }
+}
+
+/// Builds the forward graph for one step; also returns the names of the weights it reads.
+pub fn build(src: &StepSource, shape: StepShape) -> Result<(Graph, StepIo, HashSet<String>)> {
+    let cfg = src.cfg;
+    let mut b = Builder {
+        g: Graph::new(),
+        src,
+        used: HashSet::new(),
+    };
     let n = shape.n_tokens;
-    let (d, hd) = (cfg.n_embd, cfg.head_dim);
-    let (nh, nkv) = (cfg.n_head, cfg.n_head_kv);
-    let n_embd_q = hd * nh;
-    let n_embd_kv = cfg.n_embd_kv();
+    let d = cfg.n_embd;
 
-    let tokens = g.input("tokens", DType::I32, &[n])?;
-    let pos = g.input("pos", DType::I32, &[n])?;
-    let kv_rows = g.input("kv_rows", DType::I64, &[n])?;
-    let mask = g.input("kq_mask", DType::F16, &[shape.n_kv, n])?;
+    let tokens = b.g.input("tokens", DType::I32, &[n])?;
+    let pos = b.g.input("pos", DType::I32, &[n])?;
+    let global = KvInputs {
+        rows: b.g.input("kv_rows", DType::I64, &[n])?,
+        mask: b.g.input("kq_mask", DType::F16, &[shape.n_kv, n])?,
+    };
+    let window = match src.kv.window_cells() {
+        Some(_) => Some(KvInputs {
+            rows: b.g.input("kv_rows_swa", DType::I64, &[n])?,
+            mask: b.g.input("kq_mask_swa", DType::F16, &[shape.n_kv_window, n])?,
+        }),
+        None => None,
+    };
+    let mut io = StepIo {
+        tokens,
+        pos,
+        global,
+        window,
+        logits: tokens,
+    };
 
-    let tok_embd = w(&mut g, weights, "token_embd.weight", &[d, cfg.n_vocab])?;
-    let mut x = g.get_rows(tok_embd, tokens)?;
-    let rope = RopeParams::new(cfg.n_rot, cfg.rope_mode, cfg.rope_base, cfg.rope_freq_scale);
-    let kq_scale = 1.0 / (hd as f32).sqrt();
-    let ts = kv.dtype().type_size();
+    let tok_embd = b.w("token_embd.weight", &[d, cfg.n_vocab])?;
+    let x = b.g.get_rows(tok_embd, tokens)?;
+    let mut x = b.scale(x, cfg.block.embd_scale)?;
+    let factors = match src.rope_factors() {
+        Some(name) => Some(b.w(&name, &[cfg.rope.n_rot / 2])?),
+        None => None,
+    };
+    let post = |l: usize, name: &str| {
+        cfg.block
+            .post_norms
+            .then(|| format!("blk.{l}.{name}.weight"))
+    };
 
     for l in 0..cfg.n_layer {
-        let p = |s: &str| format!("blk.{l}.{s}.weight");
-        // attention
-        let norm = w(&mut g, weights, &p("attn_norm"), &[d])?;
-        let cur = g.rms_norm(x, cfg.rms_eps)?;
-        let cur = g.mul(cur, norm)?;
-        let wq = w(&mut g, weights, &p("attn_q"), &[d, n_embd_q])?;
-        let wk = w(&mut g, weights, &p("attn_k"), &[d, n_embd_kv])?;
-        let wv = w(&mut g, weights, &p("attn_v"), &[d, n_embd_kv])?;
-        let q = g.mul_mat(wq, cur)?;
-        let k = g.mul_mat(wk, cur)?;
-        let v = g.mul_mat(wv, cur)?;
-        let q = g.reshape(q, &[hd, nh, n])?;
-        let k = g.reshape(k, &[hd, nkv, n])?;
-        let q = g.rope(q, pos, rope)?;
-        let k = g.rope(k, pos, rope)?;
-        let k = g.reshape(k, &[n_embd_kv, n])?;
+        let cur = b.norm(x, &format!("blk.{l}.attn_norm.weight"))?;
+        let att = b.attention(l, cur, &io, factors, shape)?;
+        x = b.residual(x, att, post(l, "post_attention_norm"))?;
 
-        let kc = kv.tensor(&mut g, l, false, n_embd_kv)?;
-        let vc = kv.tensor(&mut g, l, true, n_embd_kv)?;
-        let kc = g.set_rows(kc, k, kv_rows)?;
-        let vc = g.set_rows(vc, v, kv_rows)?;
-        let kview = g.view(kc, &[hd, nkv, shape.n_kv], &[hd * ts, n_embd_kv * ts], 0)?;
-        let vview = g.view(vc, &[hd, nkv, shape.n_kv], &[hd * ts, n_embd_kv * ts], 0)?;
-        let kview = g.permute(kview, [0, 2, 1, 3])?;
-        let vview = g.permute(vview, [0, 2, 1, 3])?;
-        let q = g.permute(q, [0, 2, 1, 3])?;
-        let att = g.flash_attn_ext(q, kview, vview, Some(mask), kq_scale, 0.0, 0.0)?;
-        let att = g.reshape(att, &[n_embd_q, n])?;
-        let wo = w(&mut g, weights, &p("attn_output"), &[n_embd_q, d])?;
-        let o = g.mul_mat(wo, att)?;
-        x = g.add(x, o)?;
-
-        // feed-forward
-        let norm = w(&mut g, weights, &p("ffn_norm"), &[d])?;
-        let cur = g.rms_norm(x, cfg.rms_eps)?;
-        let cur = g.mul(cur, norm)?;
-        let wg = w(&mut g, weights, &p("ffn_gate"), &[d, cfg.n_ff])?;
-        let wu = w(&mut g, weights, &p("ffn_up"), &[d, cfg.n_ff])?;
-        let wd = w(&mut g, weights, &p("ffn_down"), &[cfg.n_ff, d])?;
-        let gate = g.mul_mat(wg, cur)?;
-        let up = g.mul_mat(wu, cur)?;
-        let act = g.swiglu_split(gate, up)?;
-        let down = g.mul_mat(wd, act)?;
-        x = g.add(x, down)?;
-        g.set_name(x, format!("l_out-{l}"));
+        let cur = b.norm(x, &format!("blk.{l}.ffn_norm.weight"))?;
+        let ffn = b.ffn(l, cur)?;
+        x = b.residual(x, ffn, post(l, "post_ffw_norm"))?;
+        b.g.set_name(x, format!("l_out-{l}"));
     }
 
     if !shape.all_logits && n > 1 {
-        let row = g.get(x).nb[1];
-        x = g.view(x, &[d, 1], &[row], (n - 1) * row)?;
+        let row = b.g.get(x).nb[1];
+        x = b.g.view(x, &[d, 1], &[row], (n - 1) * row)?;
     }
-    let norm = w(&mut g, weights, "output_norm.weight", &[d])?;
-    let cur = g.rms_norm(x, cfg.rms_eps)?;
-    let cur = g.mul(cur, norm)?;
-    let out_name = if weights.find("output.weight").is_some() {
-        "output.weight"
+    let cur = b.norm(x, "output_norm.weight")?;
+    let out_w = if src.weights.find("output.weight").is_some() {
+        b.w("output.weight", &[d, cfg.n_vocab])?
     } else {
-        "token_embd.weight"
-    };
-    let out_w = if out_name == "token_embd.weight" {
         tok_embd
-    } else {
-        w(&mut g, weights, out_name, &[d, cfg.n_vocab])?
     };
-    let logits = g.mul_mat(out_w, cur)?;
-    g.set_name(logits, "logits");
-    g.set_output(logits);
-    Ok((
-        g,
-        StepIo {
-            tokens,
-            pos,
-            kv_rows,
-            mask,
-            logits,
-        },
-    ))
+    let logits = b.g.mul_mat(out_w, cur)?;
+    let logits = b.scale(logits, cfg.block.logit_scale.map(|s| 1.0 / s))?;
+    let logits = b.softcap(logits, cfg.block.final_softcap)?;
+    b.g.set_name(logits, "logits");
+    b.g.set_output(logits);
+    io.logits = logits;
+    Ok((b.g, io, b.used))
 }

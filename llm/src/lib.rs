@@ -1,4 +1,4 @@
-//! tessera-llm: run GGUF Llama-family models on tessera: tokenizer, model graph, KV cache,
+//! tessera-llm: run GGUF models (Llama, Granite, Qwen 2/3, Gemma 2/3, Phi 3) on tessera: tokenizer, model graph, KV cache,
 //! sampling, chat templates and generation; and make synthetic or trimmed models ([`synth`]).
 //!
 //! # Example
@@ -29,6 +29,7 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+pub mod arch;
 pub mod chat;
 pub mod config;
 pub mod context;
@@ -43,6 +44,7 @@ pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::LlamaConfig;
+pub use arch::Arch;
+pub use config::ModelConfig;
 pub use context::{Context, ContextParams};
 pub use model::Model;

@@ -1,4 +1,4 @@
-//! Tensor parallelism for Llama models on a meta device (`--device meta:cpu,cuda:0`).
+//! Tensor parallelism for models on a meta device (`--device meta:cpu,cuda:0`).
 //!
 //! The split follows Megatron-LM's layout, which needs two all-reduces per layer and nothing
 //! else:
@@ -29,7 +29,7 @@ use tessera::meta::{partition, partition_units, MetaDevice, ShardedTensor, Split
 use tessera_core::gguf::GgufFile;
 use tessera_core::{Buffer, DType, Device, Error, Result};
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 
 /// How a Llama model's weights and KV cache are split over the parts of a meta device.
 #[derive(Clone)]
@@ -51,7 +51,7 @@ impl Sharding {
     /// The split of model `cfg` (tensor types from `file`) over `device` when it is a meta
     /// device; `None` for a plain device.
     pub fn new(
-        cfg: &LlamaConfig,
+        cfg: &ModelConfig,
         file: &GgufFile,
         device: &dyn Device,
     ) -> Result<Option<Sharding>> {
@@ -181,22 +181,22 @@ impl Sharding {
         self.meta.alloc_sharded(size, &specs)
     }
 
-    /// A sharded KV cache: `n_layer` K and V matrices of `[n_embd_kv, n_ctx]` `dtype`, laid out
-    /// as the plain cache is (K then V per layer), each split by KV heads.
+    /// A sharded KV cache of virtual size `size`: K and V matrices of `[n_embd_kv, cells]`
+    /// `dtype` at the given (byte offset, cells), each split by KV heads.
     pub fn alloc_kv(
         &self,
-        cfg: &LlamaConfig,
-        n_ctx: usize,
+        cfg: &ModelConfig,
+        matrices: &[(usize, usize)],
         dtype: DType,
         size: usize,
     ) -> Result<Arc<dyn Buffer>> {
         let n_embd_kv = cfg.n_embd_kv();
-        let matrix = n_embd_kv * dtype.type_size() * n_ctx;
-        let specs: Vec<ShardedTensor> = (0..2 * cfg.n_layer)
-            .map(|i| ShardedTensor {
-                offset: i * matrix,
+        let specs: Vec<ShardedTensor> = matrices
+            .iter()
+            .map(|&(offset, cells)| ShardedTensor {
+                offset,
                 dtype,
-                ne: [n_embd_kv, n_ctx, 1, 1],
+                ne: [n_embd_kv, cells, 1, 1],
                 state: self.kv_state(),
             })
             .collect();

@@ -37,29 +37,33 @@ impl Weights {
         device: &dyn Device,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
-        Self::load_with(file, device, None, progress)
+        Self::load_with(file, device, None, &[], progress)
     }
 
     /// As [`Weights::load`]; on a meta device, `shard` puts each part's slices on that part.
+    /// `segments` lists fused tensors (by the suffix after `blk.N.`) that are read as their row
+    /// segments, each a tensor of its own (see [`crate::ModelConfig::fused_segments`]).
     pub fn load_with(
         file: &GgufFile,
         device: &dyn Device,
         shard: Option<&Sharding>,
+        segments: &[(&str, Vec<(&str, usize)>)],
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
         let total: u64 = file.tensors.iter().map(|t| t.size).sum();
         let data_offset = file.data_offset as usize;
+        let specs = tensor_specs(file, segments)?;
         let mut map = HashMap::new();
         let host: Arc<dyn HostBytes> = Arc::new(file.mapping());
         if let Some(buf) = device.buffer_from_host(host)? {
-            for t in &file.tensors {
+            for t in specs {
                 map.insert(
-                    t.name.clone(),
+                    t.name,
                     WeightTensor {
                         buffer: buf.clone(),
-                        offset: data_offset + t.offset as usize,
+                        offset: data_offset + t.offset,
                         dtype: t.dtype,
-                        ne: ne_usize(&t.ne),
+                        ne: t.ne,
                     },
                 );
             }
@@ -74,9 +78,9 @@ impl Weights {
         let align = bt.alignment().max(1);
         let max = bt.max_size();
         // Greedy packing into buffers no larger than the type allows.
-        let mut groups: Vec<(usize, Vec<(usize, usize)>)> = Vec::new(); // (size, [(tensor index, offset)])
-        for (i, t) in file.tensors.iter().enumerate() {
-            let size = t.size as usize;
+        let mut groups: Vec<(usize, Vec<(usize, usize)>)> = Vec::new(); // (size, [(spec index, offset)])
+        for (i, t) in specs.iter().enumerate() {
+            let size = t.size;
             if size > max {
                 return Err(Error::Model(format!(
                     "tensor '{}' ({size} bytes) exceeds the largest buffer of {} ({max} bytes)",
@@ -101,22 +105,22 @@ impl Weights {
         for (size, members) in groups {
             let buf = match shard {
                 Some(sh) => {
-                    let specs: Vec<_> = members
+                    let list: Vec<_> = members
                         .iter()
                         .map(|&(i, off)| {
-                            let t = &file.tensors[i];
-                            (t.name.as_str(), t.dtype, ne_usize(&t.ne), off)
+                            let t = &specs[i];
+                            (t.name.as_str(), t.dtype, t.ne, off)
                         })
                         .collect();
-                    sh.alloc_weights(size, &specs)?
+                    sh.alloc_weights(size, &list)?
                 }
                 None => bt.alloc(size.max(1))?,
             };
             for (i, off) in members {
-                let t = &file.tensors[i];
-                let start = data_offset + t.offset as usize;
-                buf.set(off, &bytes[start..start + t.size as usize])?;
-                done += t.size;
+                let t = &specs[i];
+                let start = data_offset + t.offset;
+                buf.set(off, &bytes[start..start + t.size])?;
+                done += t.size as u64;
                 progress(done, total);
                 map.insert(
                     t.name.clone(),
@@ -124,7 +128,7 @@ impl Weights {
                         buffer: buf.clone(),
                         offset: off,
                         dtype: t.dtype,
-                        ne: ne_usize(&t.ne),
+                        ne: t.ne,
                     },
                 );
             }
@@ -162,6 +166,11 @@ impl Weights {
         Ok(w)
     }
 
+    /// The names of the tensors (fused tensors by their segments' names).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.map.keys().map(|k| k.as_str())
+    }
+
     /// Total bytes of weights.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -171,6 +180,59 @@ impl Weights {
     pub fn is_mapped(&self) -> bool {
         self.mapped
     }
+}
+
+/// One tensor to place: a file tensor, or a row segment of a fused one.
+struct TensorSpec {
+    name: String,
+    dtype: DType,
+    ne: [usize; 4],
+    /// Byte offset in the file's tensor data.
+    offset: usize,
+    size: usize,
+}
+
+/// The file's tensors, with each fused tensor of `segments` replaced by its row segments.
+fn tensor_specs(file: &GgufFile, segments: &[(&str, Vec<(&str, usize)>)]) -> Result<Vec<TensorSpec>> {
+    let mut out = Vec::with_capacity(file.tensors.len());
+    for t in &file.tensors {
+        let ne = ne_usize(&t.ne);
+        let fused = t.name.strip_prefix("blk.").and_then(|r| {
+            let (layer, kind) = r.split_once('.')?;
+            let parts = segments.iter().find(|(k, _)| *k == kind).map(|(_, p)| p)?;
+            Some((layer, parts))
+        });
+        let Some((layer, parts)) = fused else {
+            out.push(TensorSpec {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                ne,
+                offset: t.offset as usize,
+                size: t.size as usize,
+            });
+            continue;
+        };
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        if ne[1] != rows || ne[2] != 1 || ne[3] != 1 {
+            return Err(Error::Model(format!(
+                "tensor '{}' has shape {ne:?}, but its segments need {rows} rows",
+                t.name
+            )));
+        }
+        let row_bytes = t.size as usize / rows;
+        let mut start = 0;
+        for &(kind, n) in parts {
+            out.push(TensorSpec {
+                name: format!("blk.{layer}.{kind}"),
+                dtype: t.dtype,
+                ne: [ne[0], n, 1, 1],
+                offset: t.offset as usize + start * row_bytes,
+                size: n * row_bytes,
+            });
+            start += n;
+        }
+    }
+    Ok(out)
 }
 
 fn ne_usize(ne: &[u64; 4]) -> [usize; 4] {

@@ -25,7 +25,7 @@ use tessera_core::gguf::{GgufFile, GgufValue, GgufWriter};
 use tessera_core::quant::quantize_row;
 use tessera_core::{DType, Error, Result};
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::fetch;
 
 pub use vocab::MIN_VOCAB;
@@ -387,7 +387,7 @@ const CHAT_TEMPLATE: &str =
 /// (`general.file_type` set for `dtype`), the same tensors in the same order, 1-D tensors F32
 /// norms, `token_embd` Q8_0 when `dtype` is quantized, the other matrices `dtype`.
 fn copy_layout(template: &GgufFile, dtype: DType) -> Result<(Metadata, Vec<Plan>)> {
-    LlamaConfig::from_gguf(template)?;
+    ModelConfig::from_gguf(template)?;
     let metadata = template
         .metadata
         .iter()
@@ -517,7 +517,7 @@ pub fn trim(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
     let f = GgufFile::open(input)?;
-    let cfg = LlamaConfig::from_gguf(&f)?;
+    let cfg = ModelConfig::from_gguf(&f)?;
     if layers == 0 || layers > cfg.n_layer {
         return Err(Error::Invalid(format!(
             "cannot keep {layers} layers of {}: it has {} (keep 1 to {})",

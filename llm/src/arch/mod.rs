@@ -1,0 +1,98 @@
+//! The architectures the runner computes, one small module each. Each reads the metadata its
+//! architecture adds and sets the block features ([`crate::config::Block`]) and per-layer
+//! settings ([`crate::config::LayerConfig`]) that the one block builder ([`crate::forward`])
+//! computes. An architecture not listed here is refused by name.
+
+mod gemma;
+mod llama;
+mod phi3;
+mod qwen;
+
+use std::fmt;
+
+use tessera_core::{Error, Result, RopeMode};
+
+use crate::config::{Meta, ModelConfig};
+
+/// A model architecture (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Llama 1-3 (and Mistral, whose files are `llama` files), with every rope scaling.
+    Llama,
+    /// IBM Granite 3: Llama with embedding, residual, attention and logit scales.
+    Granite,
+    /// Qwen 2 and 2.5: Llama with Q/K/V biases and NeoX rope.
+    Qwen2,
+    /// Qwen 3: Llama with per-head Q/K RMS norms and NeoX rope.
+    Qwen3,
+    /// Gemma 2: GELU-gated, post-norms, soft-capped attention and logits, local/global layers.
+    Gemma2,
+    /// Gemma 3: Gemma 2 with Q/K norms instead of attention soft-capping, five local layers to a
+    /// global one, and a rope base of its own for the local layers.
+    Gemma3,
+    /// Phi 3: fused QKV and gate/up matrices, NeoX rope, LongRoPE factors.
+    Phi3,
+}
+
+impl Arch {
+    /// Every architecture, in the order of [`Arch::NAMES`].
+    pub const ALL: [Arch; 7] = [
+        Arch::Llama,
+        Arch::Granite,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma2,
+        Arch::Gemma3,
+        Arch::Phi3,
+    ];
+
+    /// The names GGUF files give them.
+    pub const NAMES: [&'static str; 7] =
+        ["llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
+
+    /// The architecture a file names; an unknown name is an error listing the known ones.
+    pub fn from_name(name: &str) -> Result<Arch> {
+        Arch::NAMES
+            .iter()
+            .position(|&n| n == name)
+            .map(|i| Arch::ALL[i])
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "architecture '{name}' is not supported (supported: {})",
+                    Arch::NAMES.join(", ")
+                ))
+            })
+    }
+
+    /// The GGUF name.
+    pub fn name(self) -> &'static str {
+        Arch::NAMES[Arch::ALL.iter().position(|&a| a == self).expect("listed")]
+    }
+
+    /// How rope pairs dimensions (llama.cpp's rope type of the architecture).
+    pub fn rope_mode(self) -> RopeMode {
+        match self {
+            Arch::Llama | Arch::Granite => RopeMode::Normal,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => RopeMode::Neox,
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Sets what `cfg.arch` adds to the shared settings.
+pub(crate) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
+    match cfg.arch {
+        Arch::Llama => llama::configure(m, cfg),
+        Arch::Granite => llama::configure_granite(m, cfg),
+        Arch::Qwen2 => qwen::configure_qwen2(m, cfg),
+        Arch::Qwen3 => qwen::configure_qwen3(m, cfg),
+        Arch::Gemma2 => gemma::configure_gemma2(m, cfg),
+        Arch::Gemma3 => gemma::configure_gemma3(m, cfg),
+        Arch::Phi3 => phi3::configure(m, cfg),
+    }
+}

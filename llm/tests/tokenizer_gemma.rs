@@ -44,9 +44,14 @@ fn gemma3_vocabulary_facts() {
         (Some(2), Some(1), Some(3))
     );
     assert!(tok.add_bos());
-    let eot = tok.token_id("<end_of_turn>").unwrap();
-    assert_eq!(eot, 106);
-    assert!(tok.is_eog(1) && tok.is_eog(eot));
+    // llama.cpp 0c1e57098 (llama_vocab_is_eog, llama_vocab_get_attr): generation ends at
+    // <eos>, <end_of_turn> and </s>, and 6,250 tokens are control tokens.
+    assert_eq!(tok.eog_tokens().collect::<Vec<_>>(), [1, 106, 212]);
+    assert_eq!(tok.token_text(106).unwrap(), "<end_of_turn>");
+    let n_control = (0..tok.n_vocab() as u32)
+        .filter(|&i| tok.is_control(i))
+        .count();
+    assert_eq!(n_control, 6250);
 }
 
 #[test]

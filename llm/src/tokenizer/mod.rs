@@ -53,19 +53,29 @@ const EOG_TEXTS: &[&str] = &[
     "<|end|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 /// Fill-in-the-middle token texts that llama.cpp also treats as end of generation: pad,
 /// repository and file-separator tokens (used when the file does not give their ids).
 const FIM_EOG_TEXTS: &[&[&str]] = &[
-    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
     &[
         "<|fim_repo|>",
         "<|repo_name|>",
@@ -74,6 +84,35 @@ const FIM_EOG_TEXTS: &[&[&str]] = &[
         "<reponame>",
     ],
     &["<|file_sep|>"],
+];
+
+/// Fill-in-the-middle prefix, suffix and middle token texts, which llama.cpp takes for control
+/// tokens.
+const FIM_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 
 /// Everything a [`Tokenizer`] is built from: the `tokenizer.ggml.*` metadata of a GGUF file
@@ -147,6 +186,7 @@ impl KindDefaults {
                         | "pixtral"
                         | "midm-2.0"
                         | "lfm2"
+                        | "jina-v5-nano"
                         | "tekken"
                         | "chameleon"
                 ),
@@ -183,10 +223,12 @@ pub(crate) fn gguf_add_bos_eos(f: &GgufFile) -> Result<(bool, bool)> {
 }
 
 /// A token's type as llama.cpp uses it: tokens it recognises as end-of-turn or FIM markers are
-/// control tokens whatever the file says.
+/// control tokens whatever the file says. (llama.cpp makes only the first FIM candidate of each
+/// kind it meets a control token, and none where the file gives that token's id; here all are.)
 fn effective_type(text: &str, file_type: i32) -> i32 {
-    let marker =
-        EOG_TEXTS.contains(&text) || FIM_EOG_TEXTS.iter().any(|texts| texts.contains(&text));
+    let marker = EOG_TEXTS.contains(&text)
+        || FIM_TEXTS.contains(&text)
+        || FIM_EOG_TEXTS.iter().any(|texts| texts.contains(&text));
     if marker {
         token_type::CONTROL
     } else {

@@ -68,16 +68,18 @@ impl PreTokenizer {
             "default" => return Some(Self::default_bpe()),
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
             | "jina-v2-de" | "a.x-4.0" | "mellum" | "jina-v1-en" | "jina-v2-code"
-            | "roberta-bpe" | "mpt" | "olmo" | "jais" | "exaone4" => (vec![Gpt2], true, false),
+            | "roberta-bpe" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => {
+                (vec![Gpt2], true, false)
+            }
             "trillion" | "granite-docling" => (vec![Gpt2], false, false),
-            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
+            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
                 (vec![digits_one, Gpt2], true, false)
             }
             "smollm" | "command-r" => (vec![digits_one, Gpt2], false, false),
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" => (vec![Llama3 { digits: 3 }], true, true),
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => (vec![Llama3 { digits: 3 }], true, true),
             "dbrx" | "smaug-bpe" => (vec![Llama3 { digits: 3 }], true, false),
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "hunyuan" => {
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => {
                 (vec![Llama3 { digits: 1 }], false, false)
             }
             "stablelm2" | "megrez" => (vec![Llama3 { digits: 1 }], true, false),

@@ -284,13 +284,15 @@ fn gguf_token_id(f: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>>
 impl VocabSpec {
     /// Reads the `tokenizer.ggml.*` metadata of a GGUF file, with llama.cpp's defaults for
     /// absent keys and its end-of-generation set (EOS, EOT/EOM and FIM pad/repo/separator
-    /// tokens, and tokens whose text is a known end-of-turn marker).
+    /// tokens, and tokens whose text is a known end-of-turn marker), to which the end-of-turn
+    /// token of the file's chat format is added. A Phi 3 file's special tokens are
+    /// right-stripped.
     pub fn from_gguf(f: &GgufFile) -> Result<VocabSpec> {
         let model = f.get_str("tokenizer.ggml.model")?.to_owned();
         let pre = gguf_opt_str(f, "tokenizer.ggml.pre")?.map(str::to_owned);
         let in_file = |e: Error| Error::Model(format!("{}: {e}", f.path()));
         let defaults = KindDefaults::new(&model, pre.as_deref()).map_err(in_file)?;
-        if model == "gpt2" {
+        if let (Some(_), "gpt2") = (&pre, model.as_str()) {
             // Only byte-level BPE vocabularies have a pre-tokenizer; an unknown one is refused,
             // as llama.cpp refuses it.
             PreTokenizer::of_spec(pre.as_deref()).map_err(in_file)?;

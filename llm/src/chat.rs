@@ -1,23 +1,27 @@
 //! Chat prompts: render a conversation the way the model was trained to see it.
 //!
 //! A GGUF file may carry its Hugging Face Jinja template as `tokenizer.chat_template`. It is
-//! rendered with minijinja the way Hugging Face and llama-cpp-python render it with jinja2: blocks
-//! trim the newline after them and strip the whitespace before them, and the template sees
-//! `messages` (a list of `{role, content}` maps), `add_generation_prompt`, `bos_token` and
-//! `eos_token`, plus a `raise_exception(msg)` function that templates call to reject input. When
-//! the vocabulary adds BOS (or EOS) itself, a BOS text the template prints at the start (an EOS
-//! text at the end) is removed, as llama.cpp does, so that the token is not there twice.
+//! rendered with minijinja the way llama-cpp-python renders it with jinja2: blocks trim the
+//! newline after them and strip the whitespace before them, and the template sees `messages` (a
+//! list of `{role, content}` maps), `add_generation_prompt`, `bos_token`, `eos_token`, `tools`
+//! (none), and a `raise_exception(msg)` function that templates call to reject input. The Python
+//! string and dict methods templates call (`strip`, `split`, `startswith`, `items`, `get` ...)
+//! are provided. When the vocabulary adds BOS (or EOS) itself, a BOS text the template prints at
+//! the start (an EOS text at the end) is removed, as llama.cpp does, so that the token is not
+//! there twice.
 //!
 //! The template is also matched to one of llama.cpp's built-in [`ChatFormat`]s by the
-//! distinctive substrings llama.cpp's detection looks for; the format names the end-of-turn
-//! token, and renders the conversation when the template does not compile. A file without a
-//! template gets the built-in format of its architecture (`general.architecture`): Gemma's turns
-//! for gemma, gemma2 and gemma3, Phi 3's for phi3, Granite's for granite, ChatML otherwise.
+//! distinctive substrings llama.cpp's detection looks for. The format names the end-of-turn
+//! token, and renders the conversation, with a warning, when the template does not compile or
+//! render (what llama.cpp does without its Jinja engine). A file without a template gets the
+//! built-in format of its architecture (`general.architecture`): Gemma's turns for gemma, gemma2
+//! and gemma3, Phi 3's for phi3, Granite's for granite, ChatML otherwise.
 //!
 //! The rendered text contains special tokens as text (`<|im_start|>` ...): tokenize it with
 //! `parse_special = true`.
 
-use minijinja::{context, Environment, ErrorKind};
+use minijinja::value::{from_args, Value, ValueKind};
+use minijinja::{context, Environment, ErrorKind, State};
 use tessera_core::gguf::GgufFile;
 use tessera_core::{Error, Result};
 
@@ -397,6 +401,193 @@ impl ChatFormat {
     }
 }
 
+/// Python's `str.isspace` characters, which `strip()` and `split()` without arguments remove.
+fn py_space(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '\x1C'..='\x1F')
+}
+
+/// The Python methods that chat templates written for jinja2 call on strings and dicts, which
+/// minijinja does not have: `strip`, `lstrip`, `rstrip`, `startswith`, `endswith`, `split`,
+/// `upper`, `lower`, `title`, `capitalize`, `replace`, `find`, `count` and `join` on strings;
+/// `items`, `keys`, `values` and `get` on dicts. Anything else is an unknown method.
+fn python_method(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> std::result::Result<Value, minijinja::Error> {
+    let unknown = || Err(minijinja::Error::from(ErrorKind::UnknownMethod));
+    if value.kind() == ValueKind::Map {
+        return match method {
+            "items" => {
+                let () = from_args(args)?;
+                state.apply_filter("items", std::slice::from_ref(value))
+            }
+            "keys" => {
+                let () = from_args(args)?;
+                Ok(Value::from(value.try_iter()?.collect::<Vec<_>>()))
+            }
+            "values" => {
+                let () = from_args(args)?;
+                let values = value
+                    .try_iter()?
+                    .map(|k| value.get_item(&k))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Ok(Value::from(values))
+            }
+            "get" => {
+                let (key, default): (Value, Option<Value>) = from_args(args)?;
+                let item = value.get_item(&key)?;
+                Ok(if item.is_undefined() {
+                    default.unwrap_or(Value::from(()))
+                } else {
+                    item
+                })
+            }
+            _ => unknown(),
+        };
+    }
+    let Some(s) = value.as_str() else {
+        return unknown();
+    };
+    // `chars` as Python's strip argument: None strips white space.
+    let stripper = |chars: Option<&str>| {
+        let set: Option<Vec<char>> = chars.map(|c| c.chars().collect());
+        move |c: char| {
+            set.as_ref()
+                .map_or_else(|| py_space(c), |set| set.contains(&c))
+        }
+    };
+    let affix =
+        |arg: &Value, test: &dyn Fn(&str) -> bool| -> std::result::Result<bool, minijinja::Error> {
+            match arg.as_str() {
+                Some(a) => Ok(test(a)),
+                // A tuple of strings: any of them.
+                None => {
+                    for a in arg.try_iter()? {
+                        if a.as_str().is_some_and(test) {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(false)
+                }
+            }
+        };
+    Ok(match method {
+        "strip" => {
+            let (chars,): (Option<&str>,) = from_args(args)?;
+            Value::from(s.trim_matches(stripper(chars)))
+        }
+        "lstrip" => {
+            let (chars,): (Option<&str>,) = from_args(args)?;
+            Value::from(s.trim_start_matches(stripper(chars)))
+        }
+        "rstrip" => {
+            let (chars,): (Option<&str>,) = from_args(args)?;
+            Value::from(s.trim_end_matches(stripper(chars)))
+        }
+        "startswith" => {
+            let (prefix,): (Value,) = from_args(args)?;
+            Value::from(affix(&prefix, &|p| s.starts_with(p))?)
+        }
+        "endswith" => {
+            let (suffix,): (Value,) = from_args(args)?;
+            Value::from(affix(&suffix, &|p| s.ends_with(p))?)
+        }
+        "split" => {
+            let (sep, maxsplit): (Option<&str>, Option<i64>) = from_args(args)?;
+            let limit = maxsplit.filter(|&m| m >= 0).map(|m| m as usize + 1);
+            let parts: Vec<Value> = match sep {
+                Some("") => {
+                    return Err(minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        "split: empty separator",
+                    ))
+                }
+                Some(sep) => match limit {
+                    Some(n) => s.splitn(n, sep).map(Value::from).collect(),
+                    None => s.split(sep).map(Value::from).collect(),
+                },
+                None => {
+                    // Runs of white space separate; none are empty. With a limit, the last
+                    // part is the rest of the text from its first non-space character.
+                    let mut parts = Vec::new();
+                    let mut rest = s.trim_start_matches(py_space);
+                    while !rest.is_empty() {
+                        if limit.is_some_and(|n| parts.len() + 1 == n) {
+                            parts.push(Value::from(rest));
+                            break;
+                        }
+                        let end = rest.find(py_space).unwrap_or(rest.len());
+                        parts.push(Value::from(&rest[..end]));
+                        rest = rest[end..].trim_start_matches(py_space);
+                    }
+                    parts
+                }
+            };
+            Value::from(parts)
+        }
+        "upper" => {
+            let () = from_args(args)?;
+            Value::from(s.to_uppercase())
+        }
+        "lower" => {
+            let () = from_args(args)?;
+            Value::from(s.to_lowercase())
+        }
+        "title" | "capitalize" => {
+            let () = from_args(args)?;
+            let filter = if method == "title" {
+                "title"
+            } else {
+                "capitalize"
+            };
+            state.apply_filter(filter, std::slice::from_ref(value))?
+        }
+        "replace" => {
+            let (old, new, count): (&str, &str, Option<i64>) = from_args(args)?;
+            match count.filter(|&c| c >= 0) {
+                Some(c) => Value::from(s.replacen(old, new, c as usize)),
+                None => Value::from(s.replace(old, new)),
+            }
+        }
+        "find" => {
+            let (sub,): (&str,) = from_args(args)?;
+            // Python counts characters, not bytes.
+            Value::from(s.find(sub).map_or(-1, |at| s[..at].chars().count() as i64))
+        }
+        "count" => {
+            let (sub,): (&str,) = from_args(args)?;
+            let n = if sub.is_empty() {
+                s.chars().count() + 1
+            } else {
+                s.matches(sub).count()
+            };
+            Value::from(n as i64)
+        }
+        "join" => {
+            let (items,): (Value,) = from_args(args)?;
+            let mut out = String::new();
+            for (i, item) in items.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(s);
+                }
+                match item.as_str() {
+                    Some(t) => out.push_str(t),
+                    None => {
+                        return Err(minijinja::Error::new(
+                            ErrorKind::InvalidOperation,
+                            "join: the items must be strings",
+                        ))
+                    }
+                }
+            }
+            Value::from(out)
+        }
+        _ => return unknown(),
+    })
+}
+
 /// Reads an optional string key of a GGUF file.
 fn gguf_str<'f>(f: &'f GgufFile, key: &str) -> Result<Option<&'f str>> {
     f.get(key).map(|_| f.get_str(key)).transpose()
@@ -432,6 +623,8 @@ pub struct ChatTemplate {
     eos_token: String,
     strip_bos: bool,
     strip_eos: bool,
+    /// Whether the fall-back to the built-in format has been reported.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 impl ChatTemplate {
@@ -448,9 +641,13 @@ impl ChatTemplate {
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, _> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+                Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{REJECTION}{msg}"),
+                ))
             },
         );
+        env.set_unknown_method_callback(python_method);
         env.add_template_owned("chat", template.to_owned())
             .map_err(|e| Error::Model(format!("chat template does not compile: {e:#}")))?;
         Ok(ChatTemplate {
@@ -460,6 +657,7 @@ impl ChatTemplate {
             eos_token: eos_token.into(),
             strip_bos: false,
             strip_eos: false,
+            warned: Default::default(),
         })
     }
 
@@ -472,6 +670,7 @@ impl ChatTemplate {
             eos_token: String::new(),
             strip_bos: false,
             strip_eos: false,
+            warned: Default::default(),
         }
     }
 
@@ -546,19 +745,47 @@ impl ChatTemplate {
             Renderer::Builtin(format) => return Ok(format.render(messages, add_generation_prompt)),
             Renderer::Jinja(env) => env,
         };
-        let tmpl = env
-            .get_template("chat")
-            .map_err(|e| Error::Model(format!("chat template: {e:#}")))?;
-        let mut text = tmpl
-            .render(context! {
+        let rendered = env.get_template("chat").and_then(|tmpl| {
+            tmpl.render(context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                // Present but none, as llama-cpp-python and Hugging Face pass them.
+                tools => (),
+                tool_choice => (),
+                functions => (),
+                function_call => (),
             })
-            .map_err(|e| {
-                Error::Invalid(format!("chat template cannot render these messages: {e:#}"))
-            })?;
+        });
+        let mut text = match rendered {
+            Ok(text) => text,
+            Err(e) if e.kind() == ErrorKind::InvalidOperation && is_rejection(&e) => {
+                return Err(Error::Invalid(format!(
+                    "the chat template rejects these messages: {}",
+                    e.detail().unwrap_or_default()
+                )))
+            }
+            Err(e) => match self.format {
+                // A template that needs what minijinja lacks is rendered as llama.cpp renders
+                // the format it is detected as.
+                Some(format) => {
+                    if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        log::warn!(
+                            "the chat template does not render ({e:#}); using llama.cpp's \
+                             built-in '{}' format, which it is detected as",
+                            format.name()
+                        );
+                    }
+                    return Ok(format.render(messages, add_generation_prompt));
+                }
+                None => {
+                    return Err(Error::Model(format!(
+                        "the chat template does not render: {e:#}"
+                    )))
+                }
+            },
+        };
         if self.strip_bos && !self.bos_token.is_empty() && text.starts_with(&self.bos_token) {
             text.drain(..self.bos_token.len());
         }
@@ -567,6 +794,14 @@ impl ChatTemplate {
         }
         Ok(text)
     }
+}
+
+/// The start of the detail of every error `raise_exception` gives.
+const REJECTION: &str = "raise_exception: ";
+
+/// Whether a render error is the template's own `raise_exception`.
+fn is_rejection(e: &minijinja::Error) -> bool {
+    e.detail().is_some_and(|d| d.starts_with(REJECTION))
 }
 
 #[cfg(test)]
@@ -601,7 +836,29 @@ mod tests {
         ));
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
         let e = t.render(&[], true).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e}");
         assert!(e.to_string().contains("no system role"), "{e}");
+        // A template that needs what minijinja lacks, and matches no built-in format.
+        let t = ChatTemplate::new("{{ messages[0].content.zfill(3) }}", "", "").unwrap();
+        let msgs = [Message::new("user", "a")];
+        assert!(matches!(t.render(&msgs, true), Err(Error::Model(_))));
+    }
+
+    #[test]
+    fn a_template_that_does_not_render_falls_back_to_its_format() {
+        let t =
+            ChatTemplate::new("<|im_start|>{{ messages[0].content.zfill(3) }}", "", "").unwrap();
+        assert_eq!(t.format(), Some(ChatFormat::ChatMl));
+        let msgs = [Message::new("user", "a")];
+        for _ in 0..2 {
+            assert_eq!(
+                t.render(&msgs, true).unwrap(),
+                "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
+            );
+        }
+        // Its own rejection is not a failure to render.
+        let t = ChatTemplate::new("<|im_start|>{{ raise_exception('no') }}", "", "").unwrap();
+        assert!(matches!(t.render(&msgs, true), Err(Error::Invalid(_))));
     }
 
     #[test]

@@ -58,7 +58,7 @@ fn smollm2_template_matches_jinja2() {
 fn chatml_fallback_matches_llama_cpp_builtin() {
     let Some(r) = reference() else { return };
     // llama.cpp's built-in "chatml" handler does not insert a system message.
-    let t = ChatTemplate::or_chatml(None, "", "").unwrap();
+    let t = ChatTemplate::chatml();
     let user = [Message::new("user", "What is the capital of France?")];
     assert_eq!(
         t.render(&user, true).unwrap(),

@@ -3,9 +3,10 @@
 //! Two vocabulary kinds are supported, named by `tokenizer.ggml.model`:
 //!
 //! * `gpt2`: byte-level BPE. Text is cut into words by the pre-tokenizer that
-//!   `tokenizer.ggml.pre` names (`smollm`, `llama3`, `gpt-2`, `qwen2`, `default` and their
-//!   aliases; an unknown name falls back to `default`, as in llama.cpp), each word's bytes are
-//!   written as GPT-2 byte characters and merged by the ranks of `tokenizer.ggml.merges`.
+//!   `tokenizer.ggml.pre` names (`smollm`, `llama-bpe`, `gpt-2`, `qwen2`, `default` and their
+//!   aliases; no name means `default`, a name not known here is an error, as in llama.cpp),
+//!   each word's bytes are written as GPT-2 byte characters and merged by the ranks of
+//!   `tokenizer.ggml.merges`.
 //! * `llama`: SentencePiece-style BPE. Spaces are written as `▁`, a space is put before the
 //!   text (and after every special token) when `add_space_prefix` is set, pairs merge by token
 //!   score, and characters that are no token become byte tokens `<0xXX>`.
@@ -13,7 +14,12 @@
 //! Special tokens: control (type 3), user-defined (type 4) and unknown (type 2) tokens written
 //! in the text are cut out before tokenizing, longest first, as llama.cpp does: user-defined
 //! ones always, control and unknown ones only with `parse_special`. `add_special` adds BOS/EOS
-//! where the vocabulary asks for them (`add_bos` / `add_eos`).
+//! where the vocabulary asks for them (`add_bos` / `add_eos`). In a Phi 3 vocabulary the white
+//! space after most special tokens is dropped, as llama.cpp does for files it takes for Phi 3.
+//!
+//! End of generation: EOS, the file's EOT / EOM / FIM tokens, the end-of-turn token of the
+//! file's chat format ([`crate::chat::ChatFormat`]) and tokens whose text llama.cpp knows as an
+//! end-of-turn marker.
 //!
 //! Decoding turns each token into its bytes ([`Tokenizer::token_to_piece`]); special tokens
 //! decode to their text. One UTF-8 character may span several tokens: [`StreamDecoder`]
@@ -47,19 +53,29 @@ const EOG_TEXTS: &[&str] = &[
     "<|end|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 /// Fill-in-the-middle token texts that llama.cpp also treats as end of generation: pad,
 /// repository and file-separator tokens (used when the file does not give their ids).
 const FIM_EOG_TEXTS: &[&[&str]] = &[
-    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
     &[
         "<|fim_repo|>",
         "<|repo_name|>",
@@ -68,6 +84,35 @@ const FIM_EOG_TEXTS: &[&[&str]] = &[
         "<reponame>",
     ],
     &["<|file_sep|>"],
+];
+
+/// Fill-in-the-middle prefix, suffix and middle token texts, which llama.cpp takes for control
+/// tokens.
+const FIM_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 
 /// Everything a [`Tokenizer`] is built from: the `tokenizer.ggml.*` metadata of a GGUF file
@@ -101,6 +146,121 @@ pub struct VocabSpec {
     pub add_space_prefix: bool,
     /// The end-of-generation tokens. EOS is always one, listed here or not.
     pub eog: Vec<u32>,
+    /// Special tokens after which the white space of the text is dropped (llama.cpp's
+    /// right-strip attribute, which it gives the special tokens of Phi 3 vocabularies).
+    pub rstrip: Vec<u32>,
+}
+
+/// llama.cpp's defaults for the special tokens of a vocabulary kind, before the file's keys.
+struct KindDefaults {
+    bos: Option<u32>,
+    eos: Option<u32>,
+    unk: Option<u32>,
+    add_bos: bool,
+    add_space_prefix: bool,
+}
+
+impl KindDefaults {
+    /// The defaults of tokenizer model `model` with pre-tokenizer `pre`; an error naming the
+    /// model when it is not one of the two supported.
+    fn new(model: &str, pre: Option<&str>) -> Result<KindDefaults> {
+        match model {
+            "llama" => Ok(KindDefaults {
+                bos: Some(1),
+                eos: Some(2),
+                unk: Some(0),
+                add_bos: true,
+                add_space_prefix: true,
+            }),
+            "gpt2" => Ok(KindDefaults {
+                bos: Some(11),
+                eos: Some(11),
+                unk: None,
+                add_bos: matches!(
+                    pre.unwrap_or("default"),
+                    "llama3"
+                        | "llama-v3"
+                        | "llama-bpe"
+                        | "falcon3"
+                        | "falcon-h1"
+                        | "pixtral"
+                        | "midm-2.0"
+                        | "lfm2"
+                        | "jina-v5-nano"
+                        | "tekken"
+                        | "chameleon"
+                ),
+                add_space_prefix: false,
+            }),
+            other => Err(Error::Model(format!(
+                "tokenizer model '{other}' is not supported (only gpt2 and llama)"
+            ))),
+        }
+    }
+}
+
+/// Reads an optional string key.
+fn gguf_opt_str<'f>(f: &'f GgufFile, key: &str) -> Result<Option<&'f str>> {
+    f.get(key).map(|_| f.get_str(key)).transpose()
+}
+
+/// Reads an optional boolean key.
+fn gguf_opt_bool(f: &GgufFile, key: &str) -> Result<Option<bool>> {
+    f.get(key).map(|_| f.get_bool(key)).transpose()
+}
+
+/// Whether tokenizing with `add_special` puts BOS in front and EOS at the end, for the
+/// vocabulary of a GGUF file (its keys, else llama.cpp's defaults for its kind).
+pub(crate) fn gguf_add_bos_eos(f: &GgufFile) -> Result<(bool, bool)> {
+    let model = f.get_str("tokenizer.ggml.model")?;
+    let pre = gguf_opt_str(f, "tokenizer.ggml.pre")?;
+    let defaults =
+        KindDefaults::new(model, pre).map_err(|e| Error::Model(format!("{}: {e}", f.path())))?;
+    Ok((
+        gguf_opt_bool(f, "tokenizer.ggml.add_bos_token")?.unwrap_or(defaults.add_bos),
+        gguf_opt_bool(f, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+    ))
+}
+
+/// A token's type as llama.cpp uses it: tokens it recognises as end-of-turn or FIM markers are
+/// control tokens whatever the file says. (llama.cpp makes only the first FIM candidate of each
+/// kind it meets a control token, and none where the file gives that token's id; here all are.)
+fn effective_type(text: &str, file_type: i32) -> i32 {
+    let marker = EOG_TEXTS.contains(&text)
+        || FIM_TEXTS.contains(&text)
+        || FIM_EOG_TEXTS.iter().any(|texts| texts.contains(&text));
+    if marker {
+        token_type::CONTROL
+    } else {
+        file_type
+    }
+}
+
+/// Whether llama.cpp takes the file for a Phi 3 model: its `general.name`, in lower case,
+/// contains `phi-3` or `phi3`.
+fn phi3_named(f: &GgufFile) -> Result<bool> {
+    let name = gguf_opt_str(f, "general.name")?
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    Ok(name.contains("phi-3") || name.contains("phi3"))
+}
+
+/// The tokens llama.cpp right-strips in a Phi 3 vocabulary: every control, user-defined and
+/// unknown token, and `</s>`, except `<unk>`, `<s>` and `<|endoftext|>`.
+fn phi3_rstrip(tokens: &[String], types: &[i32]) -> Vec<u32> {
+    tokens
+        .iter()
+        .enumerate()
+        .filter(|&(i, t)| {
+            let ty = effective_type(t, types.get(i).copied().unwrap_or(token_type::NORMAL));
+            let special = matches!(
+                ty,
+                token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN
+            );
+            (special || t == "</s>") && !matches!(t.as_str(), "<unk>" | "<s>" | "<|endoftext|>")
+        })
+        .map(|(i, _)| i as u32)
+        .collect()
 }
 
 /// Reads an optional token id key; an id outside the vocabulary is ignored with a warning, as
@@ -124,13 +284,19 @@ fn gguf_token_id(f: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>>
 impl VocabSpec {
     /// Reads the `tokenizer.ggml.*` metadata of a GGUF file, with llama.cpp's defaults for
     /// absent keys and its end-of-generation set (EOS, EOT/EOM and FIM pad/repo/separator
-    /// tokens, and tokens whose text is a known end-of-turn marker).
+    /// tokens, and tokens whose text is a known end-of-turn marker), to which the end-of-turn
+    /// token of the file's chat format is added. A Phi 3 file's special tokens are
+    /// right-stripped.
     pub fn from_gguf(f: &GgufFile) -> Result<VocabSpec> {
         let model = f.get_str("tokenizer.ggml.model")?.to_owned();
-        let pre = match f.get("tokenizer.ggml.pre") {
-            Some(_) => Some(f.get_str("tokenizer.ggml.pre")?.to_owned()),
-            None => None,
-        };
+        let pre = gguf_opt_str(f, "tokenizer.ggml.pre")?.map(str::to_owned);
+        let in_file = |e: Error| Error::Model(format!("{}: {e}", f.path()));
+        let defaults = KindDefaults::new(&model, pre.as_deref()).map_err(in_file)?;
+        if let (Some(_), "gpt2") = (&pre, model.as_str()) {
+            // Only byte-level BPE vocabularies have a pre-tokenizer; an unknown one is refused,
+            // as llama.cpp refuses it.
+            PreTokenizer::of_spec(pre.as_deref()).map_err(in_file)?;
+        }
         let tokens: Vec<String> = f
             .get_str_array("tokenizer.ggml.tokens")?
             .into_iter()
@@ -153,45 +319,14 @@ impl VocabSpec {
                 .collect(),
             None => Vec::new(),
         };
-        let bool_key =
-            |key: &str| -> Result<Option<bool>> { f.get(key).map(|_| f.get_bool(key)).transpose() };
-
-        // llama.cpp's defaults per model kind, before the file's keys.
-        let pre_name = pre.as_deref().unwrap_or("default");
-        let (default_bos, default_eos, default_unk, default_add_bos, default_space) =
-            match model.as_str() {
-                "llama" => (Some(1), Some(2), Some(0), true, true),
-                "gpt2" => {
-                    let llama3_like = matches!(
-                        pre_name,
-                        "llama3"
-                            | "llama-v3"
-                            | "llama-bpe"
-                            | "falcon3"
-                            | "falcon-h1"
-                            | "pixtral"
-                            | "midm-2.0"
-                            | "lfm2"
-                            | "tekken"
-                            | "chameleon"
-                    );
-                    (Some(11), Some(11), None, llama3_like, false)
-                }
-                other => {
-                    return Err(Error::Model(format!(
-                        "{}: tokenizer model '{other}' is not supported (only gpt2 and llama)",
-                        f.path()
-                    )))
-                }
-            };
         let in_vocab = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
-        let bos = gguf_token_id(f, "tokenizer.ggml.bos_token_id", n)?.or(in_vocab(default_bos));
-        let eos = gguf_token_id(f, "tokenizer.ggml.eos_token_id", n)?.or(in_vocab(default_eos));
-        let unk = gguf_token_id(f, "tokenizer.ggml.unknown_token_id", n)?.or(in_vocab(default_unk));
-        let add_bos = bool_key("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
-        let add_eos = bool_key("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-        let add_space_prefix =
-            bool_key("tokenizer.ggml.add_space_prefix")?.unwrap_or(default_space);
+        let bos = gguf_token_id(f, "tokenizer.ggml.bos_token_id", n)?.or(in_vocab(defaults.bos));
+        let eos = gguf_token_id(f, "tokenizer.ggml.eos_token_id", n)?.or(in_vocab(defaults.eos));
+        let unk =
+            gguf_token_id(f, "tokenizer.ggml.unknown_token_id", n)?.or(in_vocab(defaults.unk));
+        let (add_bos, add_eos) = gguf_add_bos_eos(f)?;
+        let add_space_prefix = gguf_opt_bool(f, "tokenizer.ggml.add_space_prefix")?
+            .unwrap_or(defaults.add_space_prefix);
 
         let mut keyed = Vec::new();
         for key in ["eot", "eom"] {
@@ -212,6 +347,16 @@ impl VocabSpec {
                 ),
             }
         }
+        // The token that ends a turn in the file's chat format.
+        if let (_, Some(format)) = crate::chat::gguf_template(f)? {
+            let end = format.end_of_turn();
+            keyed.extend(tokens.iter().rposition(|t| t == end).map(|i| i as u32));
+        }
+        let rstrip = if phi3_named(f)? {
+            phi3_rstrip(&tokens, &token_types)
+        } else {
+            Vec::new()
+        };
         let mut spec = VocabSpec {
             model,
             pre,
@@ -226,6 +371,7 @@ impl VocabSpec {
             add_eos,
             add_space_prefix,
             eog: Vec::new(),
+            rstrip,
         };
         spec.eog = spec.llama_cpp_eog(&keyed);
         Ok(spec)
@@ -278,6 +424,8 @@ pub struct Tokenizer {
     scores: Vec<f32>,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<u32>,
+    /// Special tokens after which white space is dropped.
+    rstrip: BTreeSet<u32>,
     /// Each token's bytes when decoded.
     pieces: Vec<Vec<u8>>,
     bos: Option<u32>,
@@ -327,6 +475,9 @@ impl Tokenizer {
         for &id in &spec.eog {
             check("end-of-generation", Some(id))?;
         }
+        for &id in &spec.rstrip {
+            check("right-stripped", Some(id))?;
+        }
         if spec.add_bos && spec.bos.is_none() {
             return Err(Error::Model(
                 "tokenizer: add_bos is set but there is no BOS token".into(),
@@ -356,15 +507,8 @@ impl Tokenizer {
         } else {
             spec.token_types
         };
-        // Tokens llama.cpp recognises as end-of-turn or FIM markers are control tokens.
         for (t, ty) in tokens.iter().zip(types.iter_mut()) {
-            let marker = EOG_TEXTS.contains(&t.as_str())
-                || FIM_EOG_TEXTS
-                    .iter()
-                    .any(|texts| texts.contains(&t.as_str()));
-            if marker {
-                *ty = token_type::CONTROL;
-            }
+            *ty = effective_type(t, *ty);
         }
         let mut token_to_id = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
@@ -373,13 +517,7 @@ impl Tokenizer {
 
         let (kind, clean_spaces) = match spec.model.as_str() {
             "gpt2" => {
-                let pre = match spec.pre.as_deref() {
-                    None => PreTokenizer::default_bpe(),
-                    Some(name) => PreTokenizer::from_name(name).unwrap_or_else(|| {
-                        log::warn!("tokenizer: unknown pre-tokenizer '{name}', using 'default'");
-                        PreTokenizer::default_bpe()
-                    }),
-                };
+                let pre = PreTokenizer::of_spec(spec.pre.as_deref())?;
                 let clean = pre.clean_spaces;
                 let merges = bpe::Merges::new(&spec.merges);
                 log::debug!(
@@ -438,6 +576,7 @@ impl Tokenizer {
             token_to_id,
             scores: spec.scores,
             specials,
+            rstrip: spec.rstrip.into_iter().collect(),
             pieces: Vec::new(),
             bos: spec.bos,
             eos: spec.eos,
@@ -639,6 +778,11 @@ impl Tokenizer {
                             }
                             next.push(Fragment::Token(id));
                             rest = &rest[at + pat.len()..];
+                            if self.rstrip.contains(&id) {
+                                // C's `isspace`, as llama.cpp strips.
+                                rest = rest
+                                    .trim_start_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
+                            }
                         }
                         if !rest.is_empty() {
                             next.push(Fragment::Text(rest));

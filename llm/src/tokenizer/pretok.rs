@@ -6,6 +6,7 @@
 //! scanners with the regexes' semantics over Unicode general categories (`\p{L}`, `\p{N}`,
 //! `\p{P}`) and White_Space (`\s`); the end of a piece is the end of the text for `(?!\S)`.
 
+use tessera_core::{Error, Result};
 use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
 
 /// `\p{L}`.
@@ -59,7 +60,7 @@ pub(crate) struct PreTokenizer {
 
 impl PreTokenizer {
     /// The pre-tokenizer of a `tokenizer.ggml.pre` name, as llama.cpp maps it; `None` for a
-    /// name it does not know (llama.cpp then falls back to [`PreTokenizer::default_bpe`]).
+    /// name not mapped here.
     pub(crate) fn from_name(name: &str) -> Option<Self> {
         use Stage::*;
         let digits_one: Stage = Runs(is_number, 1);
@@ -67,16 +68,18 @@ impl PreTokenizer {
             "default" => return Some(Self::default_bpe()),
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
             | "jina-v2-de" | "a.x-4.0" | "mellum" | "jina-v1-en" | "jina-v2-code"
-            | "roberta-bpe" | "mpt" | "olmo" | "jais" | "exaone4" => (vec![Gpt2], true, false),
+            | "roberta-bpe" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => {
+                (vec![Gpt2], true, false)
+            }
             "trillion" | "granite-docling" => (vec![Gpt2], false, false),
-            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
+            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
                 (vec![digits_one, Gpt2], true, false)
             }
             "smollm" | "command-r" => (vec![digits_one, Gpt2], false, false),
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" => (vec![Llama3 { digits: 3 }], true, true),
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => (vec![Llama3 { digits: 3 }], true, true),
             "dbrx" | "smaug-bpe" => (vec![Llama3 { digits: 3 }], true, false),
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "hunyuan" => {
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => {
                 (vec![Llama3 { digits: 1 }], false, false)
             }
             "stablelm2" | "megrez" => (vec![Llama3 { digits: 1 }], true, false),
@@ -89,7 +92,23 @@ impl PreTokenizer {
         })
     }
 
-    /// llama.cpp's default BPE pre-tokenizer (`default`, and any name it does not know).
+    /// The pre-tokenizer a vocabulary names: `None` (no `tokenizer.ggml.pre`) is llama.cpp's
+    /// default, with a warning as llama.cpp gives; a name it does not map is an error naming it.
+    pub(crate) fn of_spec(name: Option<&str>) -> Result<Self> {
+        match name {
+            None => {
+                log::warn!("tokenizer: the vocabulary names no pre-tokenizer; using 'default'");
+                Ok(Self::default_bpe())
+            }
+            Some(name) => Self::from_name(name).ok_or_else(|| {
+                Error::Model(format!(
+                    "tokenizer: pre-tokenizer '{name}' is not supported"
+                ))
+            }),
+        }
+    }
+
+    /// llama.cpp's default BPE pre-tokenizer (`default`, and a vocabulary that names none).
     pub(crate) fn default_bpe() -> Self {
         PreTokenizer {
             stages: vec![

@@ -142,13 +142,64 @@ fn bad_specs_and_ids_are_errors() {
 }
 
 #[test]
-fn unknown_pre_tokenizer_falls_back_to_default() {
-    let t = Tokenizer::new(bpe_spec("no-such-pre", &[])).unwrap();
+fn pre_tokenizer_names() {
+    // An unknown name is an error naming it; no name is llama.cpp's default.
+    let e = Tokenizer::new(bpe_spec("no-such-pre", &[])).unwrap_err();
+    assert!(e.to_string().contains("'no-such-pre'"), "{e}");
+    let t = Tokenizer::new(VocabSpec {
+        pre: None,
+        ..bpe_spec("gpt-2", &["1 2", "12 3"])
+    })
+    .unwrap();
+    // The default splits digits in threes: `123` merges, `4` stays alone.
     assert_eq!(
-        t.decode(&t.encode("a+b 12345", false, false).unwrap())
-            .unwrap(),
-        "a+b 12345"
+        t.encode("1234", false, false).unwrap(),
+        [id(&t, "123"), id(&t, "4")]
     );
+    for name in ["llama-bpe", "qwen2", "smollm", "default"] {
+        assert!(Tokenizer::new(bpe_spec(name, &[])).is_ok(), "{name}");
+    }
+}
+
+#[test]
+fn right_stripped_special_tokens_drop_the_space_after_them() {
+    let spec = bpe_spec("gpt-2", &[]);
+    let plain = Tokenizer::new(spec.clone()).unwrap();
+    let t = Tokenizer::new(VocabSpec {
+        rstrip: vec![2, 3],
+        ..spec
+    })
+    .unwrap();
+    let text = "a<|im_end|> \n\tb<tool>  c <tool>";
+    let want = [id(&t, "a"), 2, id(&t, "b"), 3, id(&t, "c"), id(&t, "Ġ"), 3];
+    assert_eq!(t.encode(text, false, true).unwrap(), want);
+    assert!(plain.encode(text, false, true).unwrap().len() > want.len());
+    // Only after a token that is cut out: without parse_special `<|im_end|>` is text.
+    assert!(t.encode(text, false, false).unwrap().len() > want.len());
+    let bad = VocabSpec {
+        rstrip: vec![1 << 20],
+        ..bpe_spec("gpt-2", &[])
+    };
+    assert!(matches!(Tokenizer::new(bad), Err(Error::Model(_))));
+}
+
+#[test]
+fn phi3_right_strips_specials_but_not_bos_unk_and_endoftext() {
+    let tokens: Vec<String> = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "<|endoftext|>",
+        "<|end|>",
+        "<|user|>",
+        "a",
+    ]
+    .iter()
+    .map(|t| t.to_string())
+    .collect();
+    // `<|end|>` is normal in the file but an end-of-turn marker to llama.cpp.
+    let types = [2, 3, 1, 3, 1, 4, 1];
+    assert_eq!(phi3_rstrip(&tokens, &types), [2, 4, 5]);
 }
 
 #[test]

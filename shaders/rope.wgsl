@@ -5,6 +5,12 @@
 // Params: f.x: log2(freq_base); f.y: freq_scale; u.x: invocations (pairs + copies per row
 // times rows); u.y: n_dims; u.z: mode (0 normal: pairs (2i, 2i+1); 2 neox: (i, i + n_dims/2)).
 //
+// rope_ext's additions (not with KV): FACTORS, src2 holds f32 frequency factors [n_dims / 2]
+// that divide each pair's unscaled angle theta; BLEND, the angle is freq_scale * theta *
+// (1 - ramp) + theta * ramp with ramp = (1 - clamp((k - f.w) * g.x, 0, 1)) * f.z (f.z
+// ext_factor, f.w YaRN's first corrected pair, g.x the inverse of the correction range's
+// width) and the result is multiplied by g.y (the magnitude).
+//
 // KV (fused: rope of Q and K, then set_rows of the rotated K and of V into their caches at
 // the same rows): dst is the K cache (type DT, rows of head_dim x heads values), src0 K, src1
 // the positions, src2 the row indices (i32 or i64: their low words) [tokens], src3 V
@@ -22,9 +28,25 @@ fn pair(k: u32) -> vec2<u32> {
 }
 
 // The pair (x0, x1) of pair index k rotated for position pos (rope_rotate of common.wgsl with
-// this op's parameters).
+// this op's parameters; with FACTORS or BLEND, rope_ext's rotation).
 fn rotate(x: vec2<f32>, k: u32, pos: f32) -> vec2<f32> {
+#if BLEND
+    var theta = pos * exp2(-P.f.x * f32(2u * k) / f32(P.u.y));
+#if FACTORS
+    theta /= ld2(P.off.w + 4u * k);
+#endif
+    let ramp = (1.0 - clamp((f32(k) - P.f.w) * P.g.x, 0.0, 1.0)) * P.f.z;
+    let angle = P.f.y * theta * (1.0 - ramp) + theta * ramp;
+    let cs = cos(angle);
+    let sn = sin(angle);
+    return P.g.y * vec2<f32>(x.x * cs - x.y * sn, x.x * sn + x.y * cs);
+#else
+#if FACTORS
+    return rope_rotate(x, k, pos / ld2(P.off.w + 4u * k), P.f.x, P.f.y, P.u.y);
+#else
     return rope_rotate(x, k, pos, P.f.x, P.f.y, P.u.y);
+#endif
+#endif
 }
 
 // Pair (or copy past n_dims) k of the row at byte sb of src0, rotated for position pos, into

@@ -541,9 +541,10 @@ impl<'a> Fuser<'a> {
 
     /// Whether the rope and cache stores `r` after the Q, K and V products `qkv` of one token
     /// whose QKV plan is `out` are in the form the QKV mat-vec runs them itself (ROPE): Q's
-    /// rope included, adjacent pairs, a contiguous rotated Q, word-aligned cache rows, ROWS
-    /// even, an adapter that binds [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and
-    /// the caches and the rotated Q apart from everything the dispatch reads.
+    /// rope included, the plain rotation (no frequency factors), adjacent pairs, a contiguous
+    /// rotated Q, word-aligned cache rows, ROWS even, an adapter that binds
+    /// [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and the caches and the rotated Q
+    /// apart from everything the dispatch reads.
     fn rope_follows_qkv(&self, r: &RopeKv, qkv: [TensorId; 3], out: &PlanOut) -> bool {
         let g = self.graph;
         let Some(qr) = r.q else {
@@ -558,6 +559,8 @@ impl<'a> Fuser<'a> {
         let hd = tk.ne[0];
         let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
         limit >= crate::shader::QKV_ROPE_BINDINGS
+            && r.params.is_plain()
+            && r.factors.is_none()
             && r.params.mode == RopeMode::Normal
             && tq.is_contiguous()
             && tq.ne[2] == 1
@@ -605,10 +608,14 @@ impl<'a> Fuser<'a> {
     }
 
     /// Whether the step between a block's projections and its attention, `r`, is in the form
-    /// the fused rope dispatch (KV) runs: f32 rows, F16 or F32 caches of one shape and layout,
-    /// one I32 or I64 row index a token, and the outputs apart from what they are made from.
+    /// the fused rope dispatch (KV) runs: the plain rotation (no frequency factors), f32 rows,
+    /// F16 or F32 caches of one shape and layout, one I32 or I64 row index a token, and the
+    /// outputs apart from what they are made from.
     fn rope_kv_fits(&self, r: &RopeKv) -> bool {
         let g = self.graph;
+        if !r.params.is_plain() || r.factors.is_some() {
+            return false;
+        }
         let (k, sk, sv) = (r.k, r.set_k, r.set_v);
         let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
         let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);

@@ -163,7 +163,7 @@ impl Family {
             Family::Unary | Family::Binary | Family::Glu | Family::Reduce => &["OP"],
             Family::Norm => &["OP", "MUL"],
             Family::SoftMax => &[],
-            Family::Rope => &["KV"],
+            Family::Rope => &["KV", "FACTORS", "BLEND"],
             Family::Rows => &["OP", "QUANT"],
             Family::Shape => &["OP", "RAW"],
             // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.

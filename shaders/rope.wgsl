@@ -5,11 +5,12 @@
 // Params: f.x: log2(freq_base); f.y: freq_scale; u.x: invocations (pairs + copies per row
 // times rows); u.y: n_dims; u.z: mode (0 normal: pairs (2i, 2i+1); 2 neox: (i, i + n_dims/2)).
 //
-// rope_ext's additions (not with KV): FACTORS, src2 holds f32 frequency factors [n_dims / 2]
-// that divide each pair's unscaled angle theta; BLEND, the angle is freq_scale * theta *
-// (1 - ramp) + theta * ramp with ramp = (1 - clamp((k - f.w) * g.x, 0, 1)) * f.z (f.z
-// ext_factor, f.w YaRN's first corrected pair, g.x the inverse of the correction range's
-// width) and the result is multiplied by g.y (the magnitude).
+// rope_ext's additions (KV takes BLEND only: its src2 holds the cache rows): FACTORS, src2
+// holds f32 frequency factors [n_dims / 2] that divide each pair's unscaled angle theta;
+// BLEND, the angle is freq_scale * theta * (1 - ramp) + theta * ramp with ramp =
+// (1 - clamp((k - f.w) * g.x, 0, 1)) * f.z (f.z ext_factor, f.w YaRN's first corrected pair,
+// g.x the inverse of the correction range's width) and the result is multiplied by g.y (the
+// magnitude).
 //
 // KV (fused: rope of Q and K, then set_rows of the rotated K and of V into their caches at
 // the same rows): dst is the K cache (type DT, rows of head_dim x heads values), src0 K, src1

@@ -608,12 +608,12 @@ impl<'a> Fuser<'a> {
     }
 
     /// Whether the step between a block's projections and its attention, `r`, is in the form
-    /// the fused rope dispatch (KV) runs: the plain rotation (no frequency factors), f32 rows,
-    /// F16 or F32 caches of one shape and layout, one I32 or I64 row index a token, and the
-    /// outputs apart from what they are made from.
+    /// the fused rope dispatch (KV) runs: no frequency factors, f32 rows, F16 or F32 caches of
+    /// one shape and layout, one I32 or I64 row index a token, and the outputs apart from what
+    /// they are made from.
     fn rope_kv_fits(&self, r: &RopeKv) -> bool {
         let g = self.graph;
-        if !r.params.is_plain() || r.factors.is_some() {
+        if r.factors.is_some() {
             return false;
         }
         let (k, sk, sv) = (r.k, r.set_k, r.set_v);
@@ -679,7 +679,8 @@ impl<'a> Fuser<'a> {
         let per_row = rp.n_dims / 2 + tk.ne[0] - rp.n_dims;
         let q_count = q.map_or(0, |q| per_row * g.get(q).ne[1] * tokens);
         let count = (out.params.u[0] as usize + q_count + tv.nelements()).min(u32::MAX as usize);
-        out.variant = Variant::new(ops::rope_kv_key(tkc.dtype));
+        // The rope's plan set the blend's parameters where the rotation is not the plain one.
+        out.variant = Variant::new(ops::rope_kv_key(tkc.dtype, !rp.is_plain()));
         out.params.u[0] = count as u32;
         out.params.desc[0] = desc(g.get(sk));
         out.params.desc[3] = desc(ti);

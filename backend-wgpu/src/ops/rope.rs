@@ -42,14 +42,15 @@ pub(super) fn rope(n: &Node, mut p: Params, r: &RopeParams) -> Result<Vec<PlanOu
     Ok(ew(key, bind, p, count))
 }
 
-/// The fused rope of K (f32) with the stores of K and V into caches of type `cache` (KV): the
-/// plain rotation only.
-pub(crate) fn rope_kv_key(cache: DType) -> Key {
+/// The fused rope of K (f32) with the stores of K and V into caches of type `cache` (KV), with
+/// rope_ext's blend and magnitude (`blend`, parameters as [`rope`] sets them); source 2 holds
+/// the cache rows there, so no frequency factors.
+pub(crate) fn rope_kv_key(cache: DType, blend: bool) -> Key {
     Key::Rope(RopeKey {
         t: DType::F32,
         kv_cache: Some(cache),
         factors: false,
-        blend: false,
+        blend,
     })
 }
 
@@ -67,6 +68,8 @@ pub(super) fn variants() -> Vec<Key> {
             }));
         }
     }
-    v.extend([DType::F32, DType::F16].map(rope_kv_key));
+    for cache in [DType::F32, DType::F16] {
+        v.extend([false, true].map(|blend| rope_kv_key(cache, blend)));
+    }
     v
 }

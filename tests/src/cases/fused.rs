@@ -423,10 +423,11 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
 #[derive(Clone, Copy)]
 enum Rotation {
     Plain,
-    /// Llama 3's frequency factors (one tensor for Q and K), with a magnitude (LongRoPE's).
+    /// Frequency factors (one tensor for Q and K, as Llama 3's) with a magnitude (as
+    /// LongRoPE's).
     Factors,
-    /// YaRN at a quarter scale over an original context of 4096, with frequency factors and a
-    /// magnitude.
+    /// YaRN at a quarter scale over an original context of 4096 with a magnitude, no factors
+    /// (Qwen's long-context scaling).
     Yarn,
 }
 
@@ -436,24 +437,27 @@ impl Rotation {
         match self {
             Rotation::Plain => "",
             Rotation::Factors => ",factors,attn_factor=1.19",
-            Rotation::Yarn => ",factors,freq_scale=0.25,ext_factor=1,attn_factor=0.9",
+            Rotation::Yarn => ",freq_scale=0.25,ext_factor=1,attn_factor=0.9",
         }
     }
 
     /// `p` with this rotation's additions, and its frequency factors (a new input) if any.
     fn apply(self, g: &mut CaseGraph, mut p: RopeParams) -> Result<(RopeParams, Option<TensorId>)> {
         match self {
-            Rotation::Plain => return Ok((p, None)),
-            Rotation::Factors => p.attn_factor = 1.19,
+            Rotation::Plain => Ok((p, None)),
+            Rotation::Factors => {
+                p.attn_factor = 1.19;
+                let f = g.input(DType::F32, &[p.n_dims / 2], Init::Uniform(1.0, 8.0))?;
+                Ok((p, Some(f)))
+            }
             Rotation::Yarn => {
                 p.freq_scale = 0.25;
                 p.ext_factor = 1.0;
                 p.attn_factor = 0.9;
                 p.n_ctx_orig = 4096;
+                Ok((p, None))
             }
         }
-        let f = g.input(DType::F32, &[p.n_dims / 2], Init::Uniform(1.0, 8.0))?;
-        Ok((p, Some(f)))
     }
 }
 

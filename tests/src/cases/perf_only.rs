@@ -74,5 +74,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             4096,
         );
         v.push(r.case().large());
+        // Llama 3's: the same with frequency factors, to weigh them against the plain rotation.
+        v.push(Rope { factors: true, ..r }.case().large());
     }
 }

@@ -43,13 +43,13 @@ pub(super) fn rope(n: &Node, mut p: Params, r: &RopeParams) -> Result<Vec<PlanOu
 }
 
 /// The fused rope of K (f32) with the stores of K and V into caches of type `cache` (KV), with
-/// rope_ext's blend and magnitude (`blend`, parameters as [`rope`] sets them); source 2 holds
-/// the cache rows there, so no frequency factors.
-pub(crate) fn rope_kv_key(cache: DType, blend: bool) -> Key {
+/// rope_ext's blend and magnitude (`blend`, parameters as [`rope`] sets them) and frequency
+/// factors (`factors`, in a ninth storage binding: source 2 holds the cache rows there).
+pub(crate) fn rope_kv_key(cache: DType, blend: bool, factors: bool) -> Key {
     Key::Rope(RopeKey {
         t: DType::F32,
         kv_cache: Some(cache),
-        factors: false,
+        factors,
         blend,
     })
 }
@@ -57,9 +57,10 @@ pub(crate) fn rope_kv_key(cache: DType, blend: bool) -> Key {
 /// Every rope key the plans can ask for.
 #[cfg(test)]
 pub(super) fn variants() -> Vec<Key> {
+    let both = [(false, false), (true, false), (false, true), (true, true)];
     let mut v = Vec::new();
     for t in [DType::F32, DType::F16] {
-        for (factors, blend) in [(false, false), (true, false), (false, true), (true, true)] {
+        for (factors, blend) in both {
             v.push(Key::Rope(RopeKey {
                 t,
                 kv_cache: None,
@@ -69,7 +70,9 @@ pub(super) fn variants() -> Vec<Key> {
         }
     }
     for cache in [DType::F32, DType::F16] {
-        v.extend([false, true].map(|blend| rope_kv_key(cache, blend)));
+        for (factors, blend) in both {
+            v.push(rope_kv_key(cache, blend, factors));
+        }
     }
     v
 }

@@ -243,14 +243,39 @@ __device__ __forceinline__ void rms_norm_mul_row(const float4 (&v)[J], const flo
 
 // ---- activations shared by several op families ----
 
-// Rope: pair k (x0, x1) at position pos rotated into (y0, y1), by the angle freq_scale * pos *
-// theta_scale^k (the power by repeated multiplication, the order of the host reference).
-// Shared by rope.cu and the rope fused into mmvq_multi_rope.
-__device__ __forceinline__ void rope_rotate(float pos, float theta_scale, float freq_scale, int k, float x0, float x1,
-                                            float& y0, float& y1) {
+// Rope: pair k (x0, x1) at position pos rotated into (y0, y1). Shared by rope.cu and the rope
+// fused into mmvq_multi_rope, whose parameters sit in the same slots: f[0] freq_scale, f[1]
+// theta_scale = freq_base^(-2 / n_dims); the angle is freq_scale * pos * theta_scale^k (the
+// power by repeated multiplication, the order of the host reference).
+//
+// rope_ext's additions, taken only where i[7] is not 0 (one flag for the whole launch, so the
+// plain rotation keeps its instructions): bit 0, frequency factors at aux[3] (f32
+// [n_dims / 2]) divide pair k's unscaled angle theta; bit 1, the blend and the magnitude: the
+// angle is freq_scale * theta * (1 - ramp) + theta * ramp with ramp = (1 - clamp((k - f[3]) *
+// f[4], 0, 1)) * f[2] (f[2] ext_factor, f[3] YaRN's first corrected pair, f[4] the inverse of
+// the correction range's width), and cos and sin are multiplied by f[5] (the magnitude, the
+// host's product of attn_factor and YaRN's correction).
+constexpr int ROPE_FACTORS = 1, ROPE_BLEND = 2;
+
+__device__ __forceinline__ void rope_rotate(const KParams& p, float pos, int k, float x0, float x1, float& y0,
+                                            float& y1) {
+    const float theta_scale = p.f[1], freq_scale = p.f[0];
     float t = pos;
     for (int j = 0; j < k; j++) t *= theta_scale;
-    const float theta = freq_scale * t;
+    float theta = freq_scale * t;
+    if (p.i[7] != 0) {
+        if (p.i[7] & ROPE_FACTORS) {
+            t /= ((const float*)p.aux[3])[k];
+            theta = freq_scale * t;
+        }
+        if (p.i[7] & ROPE_BLEND) {
+            const float ramp = (1.0f - fminf(fmaxf(((float)k - p.f[3]) * p.f[4], 0.0f), 1.0f)) * p.f[2];
+            theta = theta * (1.0f - ramp) + t * ramp;
+            // The rotation is linear: scaling the pair scales the result.
+            x0 *= p.f[5];
+            x1 *= p.f[5];
+        }
+    }
     const float c = cosf(theta), sn = sinf(theta);
     y0 = x0 * c - x1 * sn;
     y1 = x0 * sn + x1 * c;

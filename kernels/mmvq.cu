@@ -55,7 +55,8 @@
 // and 2 k + 1 of a block are always both in it), Q stored to t[0] (f32, [hd, heads]), K and V
 // to row idx of their caches (f16). t[4] the K cache, t[5] the V cache, t[6] the i32 position,
 // t[7] the cache row (i64 when i[5], else i32); out of the cache's range, no cache row is
-// written. i[4] n_dims, i[6] hd; f[0] freq_scale, f[1] theta_scale as for rope_f32.
+// written. i[4] n_dims, i[6] hd; the rotation in f[0..6], i[7] and aux[3] as common.cuh's
+// rope_rotate says.
 #include "quant.cuh"
 #include "peer.cuh"
 
@@ -771,7 +772,7 @@ __device__ void multi_rope_store(const KParams& p, i64 row, float x0, float x1, 
     float y0 = x0, y1 = x1;
     const int hd = p.i[6];
     const i64 h = r / hd, a = r % hd;
-    if (j < 2 && a < p.i[4]) rope_rotate(pos, p.f[1], p.f[0], (int)(a / 2), x0, x1, y0, y1);
+    if (j < 2 && a < p.i[4]) rope_rotate(p, pos, (int)(a / 2), x0, x1, y0, y1);
     if (j == 0) {
         F32::store(at(p.t[0], a, h, 0, 0), y0);
         F32::store(at(p.t[0], a + 1, h, 0, 0), y1);

@@ -1,10 +1,11 @@
 // Rotary position embedding.
 //
 // rope_<type>: t[0] dst, t[1] src [ne0, heads, tokens, ne3] (f32 or f16, same type as dst,
-// any strides), t[2] i32 positions [tokens]. f[0] freq_scale, f[1] theta_scale =
-// freq_base^(-2 / n_dims); i[0] n_dims, i[1] mode (0: adjacent pairs (2k, 2k+1), 1: NEOX halves
-// (k, k + n_dims/2)). Pair k rotates by theta = freq_scale * pos * theta_scale^k; dimensions
-// from n_dims on are copied. One thread per pair.
+// any strides), t[2] i32 positions [tokens]. i[0] n_dims, i[1] mode (0: adjacent pairs
+// (2k, 2k+1), 1: NEOX halves (k, k + n_dims/2)); the rotation (f[0] freq_scale, f[1]
+// theta_scale = freq_base^(-2 / n_dims), and rope_ext's frequency factors, YaRN blend and
+// magnitude in f[2..6], i[7] and aux[3]) as common.cuh's rope_rotate says. Dimensions from
+// n_dims on are copied. One thread per pair.
 //
 // rope_set_rows_<cache>_<idx>: the rope of an f32 K (as above) written into KV-cache rows
 // (set_rows fused in; see the kernel).
@@ -34,7 +35,7 @@ __device__ __forceinline__ void rope_pair(const KParams& p, const TArg& s, i64 k
         b = 2 * k + 1;
     }
     const float ps = (float)*(const int*)at(p.t[2], i2, 0, 0, 0);
-    rope_rotate(ps, p.f[1], p.f[0], (int)k, T::load(at(s, a, i1, i2, i3)), T::load(at(s, b, i1, i2, i3)), y0, y1);
+    rope_rotate(p, ps, (int)k, T::load(at(s, a, i1, i2, i3)), T::load(at(s, b, i1, i2, i3)), y0, y1);
 }
 
 template <class T> __device__ void rope(const KParams& p) {

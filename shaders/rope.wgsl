@@ -5,13 +5,20 @@
 // Params: f.x: log2(freq_base); f.y: freq_scale; u.x: invocations (pairs + copies per row
 // times rows); u.y: n_dims; u.z: mode (0 normal: pairs (2i, 2i+1); 2 neox: (i, i + n_dims/2)).
 //
+// rope_ext's additions: FACTORS, f32 frequency factors [n_dims / 2] (src2; with KV, WGSL
+// binding 9 at byte offset h.x) divide each pair's unscaled angle theta; BLEND, the angle is
+// freq_scale * theta * (1 - ramp) + theta * ramp with ramp = (1 - clamp((k - f.w) * g.x, 0,
+// 1)) * f.z (f.z ext_factor, f.w YaRN's first corrected pair, g.x the inverse of the
+// correction range's width) and the result is multiplied by g.y (the magnitude).
+//
 // KV (fused: rope of Q and K, then set_rows of the rotated K and of V into their caches at
 // the same rows): dst is the K cache (type DT, rows of head_dim x heads values), src0 K, src1
 // the positions, src2 the row indices (i32 or i64: their low words) [tokens], src3 V
 // [n_v, tokens] (f32), binding 5 the V cache (laid out as the K cache; byte offset off4.y),
 // binding 6 Q and binding 7 the rotated Q (f32, K's head_dim, u.w heads; byte offsets off4.z
-// and off4.w; row and token strides h.x, h.y for Q and h.z, h.w for its result). Per token:
-// the invocations of Q's rows, then of K's, then one per value of V.
+// and off4.w; row and token strides h.x, h.y for Q and h.z, h.w for its result, or with
+// FACTORS, whose offset h.x holds, both contiguous). Per token: the invocations of Q's rows,
+// then of K's, then one per value of V.
 
 // The positions in its row of pair k (k below n_dims / 2).
 fn pair(k: u32) -> vec2<u32> {
@@ -21,10 +28,41 @@ fn pair(k: u32) -> vec2<u32> {
     return vec2<u32>(2u * k, 2u * k + 1u);
 }
 
+#if FACTORS
+#if KV
+@group(0) @binding(9) var<storage, read_write> freq_factors: array<f32>;
+#endif
+
+// The frequency factor of pair k.
+fn factor(k: u32) -> f32 {
+#if KV
+    return freq_factors[(P.h.x >> 2u) + k];
+#else
+    return ld2(P.off.w + 4u * k);
+#endif
+}
+#endif
+
 // The pair (x0, x1) of pair index k rotated for position pos (rope_rotate of common.wgsl with
-// this op's parameters).
+// this op's parameters; with FACTORS or BLEND, rope_ext's rotation).
 fn rotate(x: vec2<f32>, k: u32, pos: f32) -> vec2<f32> {
+#if BLEND
+    var theta = pos * exp2(-P.f.x * f32(2u * k) / f32(P.u.y));
+#if FACTORS
+    theta /= factor(k);
+#endif
+    let ramp = (1.0 - clamp((f32(k) - P.f.w) * P.g.x, 0.0, 1.0)) * P.f.z;
+    let angle = P.f.y * theta * (1.0 - ramp) + theta * ramp;
+    let cs = cos(angle);
+    let sn = sin(angle);
+    return P.g.y * vec2<f32>(x.x * cs - x.y * sn, x.x * sn + x.y * cs);
+#else
+#if FACTORS
+    return rope_rotate(x, k, pos / factor(k), P.f.x, P.f.y, P.u.y);
+#else
     return rope_rotate(x, k, pos, P.f.x, P.f.y, P.u.y);
+#endif
+#endif
 }
 
 // Pair (or copy past n_dims) k of the row at byte sb of src0, rotated for position pos, into
@@ -87,8 +125,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         // Q: head h of token t (f32 values, element stride 4).
         let h = k / per_row;
         k = k % per_row;
+#if FACTORS
+        let row = h * hd + t * hd * P.u.w;
+        let sb = (P.off4.z >> 2u) + row;
+        let db = (P.off4.w >> 2u) + row;
+#else
         let sb = (P.off4.z + h * P.h.x + t * P.h.y) >> 2u;
         let db = (P.off4.w + h * P.h.z + t * P.h.w) >> 2u;
+#endif
         if k >= nd / 2u {
             let e = nd + (k - nd / 2u);
             q_out[db + e] = q_in[sb + e];

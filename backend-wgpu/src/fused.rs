@@ -541,9 +541,10 @@ impl<'a> Fuser<'a> {
 
     /// Whether the rope and cache stores `r` after the Q, K and V products `qkv` of one token
     /// whose QKV plan is `out` are in the form the QKV mat-vec runs them itself (ROPE): Q's
-    /// rope included, adjacent pairs, a contiguous rotated Q, word-aligned cache rows, ROWS
-    /// even, an adapter that binds [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and
-    /// the caches and the rotated Q apart from everything the dispatch reads.
+    /// rope included, the plain rotation (no frequency factors), adjacent pairs, a contiguous
+    /// rotated Q, word-aligned cache rows, ROWS even, an adapter that binds
+    /// [`crate::shader::QKV_ROPE_BINDINGS`] storage buffers, and the caches and the rotated Q
+    /// apart from everything the dispatch reads.
     fn rope_follows_qkv(&self, r: &RopeKv, qkv: [TensorId; 3], out: &PlanOut) -> bool {
         let g = self.graph;
         let Some(qr) = r.q else {
@@ -558,6 +559,8 @@ impl<'a> Fuser<'a> {
         let hd = tk.ne[0];
         let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
         limit >= crate::shader::QKV_ROPE_BINDINGS
+            && r.params.is_plain()
+            && r.factors.is_none()
             && r.params.mode == RopeMode::Normal
             && tq.is_contiguous()
             && tq.ne[2] == 1
@@ -606,9 +609,28 @@ impl<'a> Fuser<'a> {
 
     /// Whether the step between a block's projections and its attention, `r`, is in the form
     /// the fused rope dispatch (KV) runs: f32 rows, F16 or F32 caches of one shape and layout,
-    /// one I32 or I64 row index a token, and the outputs apart from what they are made from.
+    /// one I32 or I64 row index a token, and the outputs apart from what they are made from;
+    /// with frequency factors, also the rope of Q, Q and its result contiguous (the factors'
+    /// offset takes the place of their strides) and an adapter that binds
+    /// [`crate::shader::ROPE_KV_FACTORS_BINDINGS`] storage buffers.
     fn rope_kv_fits(&self, r: &RopeKv) -> bool {
         let g = self.graph;
+        if let Some(f) = r.factors {
+            let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+            let Some(q) = r.q else {
+                return false;
+            };
+            let (tq, qs) = (g.get(q), g.get(g.get(q).src[0]));
+            if limit < crate::shader::ROPE_KV_FACTORS_BINDINGS
+                || !tq.is_contiguous()
+                || !qs.is_contiguous()
+                || [q, r.set_k, r.set_v]
+                    .iter()
+                    .any(|&w| !self.apart(w, f, false))
+            {
+                return false;
+            }
+        }
         let (k, sk, sv) = (r.k, r.set_k, r.set_v);
         let (tk, tsk, tsv) = (g.get(k), g.get(sk), g.get(sv));
         let (rows, kc, idx) = (tsk.src[1], tsk.src[0], tsk.src[2]);
@@ -672,7 +694,12 @@ impl<'a> Fuser<'a> {
         let per_row = rp.n_dims / 2 + tk.ne[0] - rp.n_dims;
         let q_count = q.map_or(0, |q| per_row * g.get(q).ne[1] * tokens);
         let count = (out.params.u[0] as usize + q_count + tv.nelements()).min(u32::MAX as usize);
-        out.variant = Variant::new(ops::rope_kv_key(tkc.dtype));
+        // The rope's plan set the blend's parameters where the rotation is not the plain one.
+        out.variant = Variant::new(ops::rope_kv_key(
+            tkc.dtype,
+            !rp.is_plain(),
+            r.factors.is_some(),
+        ));
         out.params.u[0] = count as u32;
         out.params.desc[0] = desc(g.get(sk));
         out.params.desc[3] = desc(ti);
@@ -688,6 +715,9 @@ impl<'a> Fuser<'a> {
             out.bind.push(ops::Bind::whole(tq.src[0]));
             out.bind.push(ops::Bind::whole(q));
         }
+        // The factors' binding (rope_kv_fits checked Q's rope is there): its offset replaces
+        // h.x, Q's strides, which the shader then derives from Q's contiguous shape.
+        out.bind.extend(r.factors.map(ops::Bind::whole));
         Ok(Some(vec![ops::to_launch(self.gpu, g, sk, out)?]))
     }
 }

@@ -99,11 +99,16 @@ pub(crate) struct SoftMaxKey {
 }
 
 /// `rope.wgsl`: the rope of a tensor of type `t`, or (`kv_cache`: the caches' type, F16 or
-/// F32; `t` f32) the fused rope of K with the stores of K and V into their caches (KV).
+/// F32; `t` f32) the fused rope of K with the stores of K and V into their caches (KV). The
+/// unfused rope may also divide each pair's angle by frequency factors (`factors`: an F32
+/// third source, FACTORS) and blend and scale as rope_ext does (`blend`: YaRN's blend and the
+/// magnitude, BLEND); the plain rotation compiles neither.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct RopeKey {
     pub t: DType,
     pub kv_cache: Option<DType>,
+    pub factors: bool,
+    pub blend: bool,
 }
 
 /// Operation codes of the rows family (`OP` in `shaders/rows.wgsl`).
@@ -415,6 +420,12 @@ impl Key {
             }
             Key::Rope(k) => {
                 d.ty("T0", k.t);
+                if k.factors {
+                    d.set("FACTORS", 1).ty("T2", DType::F32);
+                }
+                if k.blend {
+                    d.set("BLEND", 1);
+                }
                 match k.kv_cache {
                     Some(cache) => {
                         d.set("KV", 1);

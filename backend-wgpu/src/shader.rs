@@ -52,6 +52,10 @@ pub(crate) const QKV_BINDINGS: usize = 8;
 /// (the last two in WGSL bindings 9 and 10: binding 8 holds the parameters).
 pub(crate) const QKV_ROPE_BINDINGS: usize = 10;
 
+/// Storage bindings of the fused rope and cache stores (KV in `shaders/rope.wgsl`) with
+/// frequency factors: the family's eight, then the factors (WGSL binding 9).
+pub(crate) const ROPE_KV_FACTORS_BINDINGS: usize = 9;
+
 /// The shared matrix-product helpers, before each matrix family's file.
 const MUL_MAT: (&str, &str) = ("mul_mat", include_str!("../../shaders/mul_mat.wgsl"));
 /// What the two mat-mats share, before their files.
@@ -163,7 +167,7 @@ impl Family {
             Family::Unary | Family::Binary | Family::Glu | Family::Reduce => &["OP"],
             Family::Norm => &["OP", "MUL"],
             Family::SoftMax => &[],
-            Family::Rope => &["KV"],
+            Family::Rope => &["KV", "FACTORS", "BLEND"],
             Family::Rows => &["OP", "QUANT"],
             Family::Shape => &["OP", "RAW"],
             // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
@@ -308,11 +312,13 @@ impl Variant {
 
     /// Storage bindings of the variant's pipeline: its family's, or [`QKV_BINDINGS`] for the
     /// mat-vec over Q, K and V (V's weights and result in bindings 6 and 7), or
-    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores.
+    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores, or
+    /// [`ROPE_KV_FACTORS_BINDINGS`] for the fused rope and cache stores with frequency factors.
     pub fn storage_bindings(&self) -> usize {
         match self.key {
             Key::MatVecQ(k) if k.rope.is_some() => QKV_ROPE_BINDINGS,
             Key::MatVecQ(k) if k.qkv => QKV_BINDINGS,
+            Key::Rope(k) if k.kv_cache.is_some() && k.factors => ROPE_KV_FACTORS_BINDINGS,
             _ => self.family().storage_bindings(),
         }
     }

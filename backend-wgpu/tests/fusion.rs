@@ -333,18 +333,18 @@ fn profiled_block_names_and_times_its_dispatches() {
 }
 
 /// A Llama block's step between its projections and attention: the rope of q and k (k of
-/// `[hd, nkv, 1]`) at `pos`, then the rotated k and v stored at cache row `idx`; the rotated q
-/// and both stores are outputs. Returns the rotated q.
+/// `[hd, nkv, 1]`) at `pos` (with frequency factors `f` where given), then the rotated k and v
+/// stored at cache row `idx`; the rotated q and both stores are outputs. Returns the rotated q.
 fn rope_and_store(
     g: &mut Graph,
     [q, k, v]: [TensorId; 3],
     [pos, idx]: [TensorId; 2],
     [kc, vc]: [TensorId; 2],
-    p: RopeParams,
+    (p, f): (RopeParams, Option<TensorId>),
 ) -> TensorId {
     let ne = g.get(k).ne;
-    let qr = g.rope(q, pos, p).unwrap();
-    let kr = g.rope(k, pos, p).unwrap();
+    let qr = g.rope_ext(q, pos, f, p).unwrap();
+    let kr = g.rope_ext(k, pos, f, p).unwrap();
     let kr = g.reshape(kr, &[ne[0] * ne[1], 1]).unwrap();
     let sk = g.set_rows(kc, kr, idx).unwrap();
     let sv = g.set_rows(vc, v, idx).unwrap();
@@ -354,56 +354,80 @@ fn rope_and_store(
     qr
 }
 
+/// The rope of Q and K and the cache stores as one dispatch (KV), with the plain rotation,
+/// with YaRN's blend and a magnitude, and with frequency factors and a magnitude: the same
+/// bytes as the unfused run.
 #[test]
 fn fused_rope_kv_stores_match_unfused() {
     let Some(dev) = common::device() else { return };
     let wdev = wgpu_device(&dev);
     let mut backend = wdev.backend().unwrap();
     let (hd, nkv, rows) = (64, 2, 16);
-    let mut g = Graph::new();
-    let q = g.input("q", DType::F32, &[hd, 4, 1]).unwrap();
-    let k = g.input("k", DType::F32, &[hd, nkv, 1]).unwrap();
-    let v = g.input("v", DType::F32, &[hd * nkv, 1]).unwrap();
-    let pos = g.input("pos", DType::I32, &[1]).unwrap();
-    let idx = g.input("idx", DType::I64, &[1]).unwrap();
-    let kc = g.input("kc", DType::F16, &[hd * nkv, rows]).unwrap();
-    let vc = g.input("vc", DType::F16, &[hd * nkv, rows]).unwrap();
-    let p = RopeParams::new(hd, RopeMode::Neox, 10000.0, 1.0);
-    let qr = rope_and_store(&mut g, [q, k, v], [pos, idx], [kc, vc], p);
-    let nodes: Vec<_> = g.ids().collect();
-    let mut alloc = GraphAllocator::new(dev.buffer_type());
-    alloc.alloc(&mut g, &nodes).unwrap();
-    let put = |id: TensorId, bytes: &[u8]| {
-        let d = g.data(id).unwrap();
-        d.buffer.set(d.offset, bytes).unwrap();
+    let yarn = RopeParams {
+        ext_factor: 1.0,
+        attn_factor: 0.9,
+        n_ctx_orig: 4096,
+        ..RopeParams::new(hd, RopeMode::Normal, 10000.0, 0.25)
     };
-    put(q, bytemuck::cast_slice(&values(hd * 4, 3, -1.0, 1.0)));
-    put(k, bytemuck::cast_slice(&values(hd * nkv, 1, -1.0, 1.0)));
-    put(v, bytemuck::cast_slice(&values(hd * nkv, 2, -1.0, 1.0)));
-    put(pos, &37i32.to_le_bytes());
-    put(idx, &5i64.to_le_bytes());
-    let cache_bytes = hd * nkv * rows * 2;
-    let mut run = |fusion: bool| {
-        put(kc, &vec![0u8; cache_bytes]);
-        put(vc, &vec![0u8; cache_bytes]);
-        backend.set_fusion(fusion);
-        backend.compute(&g, &nodes).unwrap();
-        backend.synchronize().unwrap();
-        let mut caches = Vec::new();
-        for (id, n) in [(kc, cache_bytes), (vc, cache_bytes), (qr, hd * 4 * 4)] {
+    let factored = RopeParams {
+        attn_factor: 1.2,
+        ..RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0)
+    };
+    // (parameters, with factors)
+    let cases = [
+        (RopeParams::new(hd, RopeMode::Neox, 10000.0, 1.0), false),
+        (yarn, false),
+        (factored, true),
+    ];
+    for (p, with_factors) in cases {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, 4, 1]).unwrap();
+        let k = g.input("k", DType::F32, &[hd, nkv, 1]).unwrap();
+        let v = g.input("v", DType::F32, &[hd * nkv, 1]).unwrap();
+        let pos = g.input("pos", DType::I32, &[1]).unwrap();
+        let idx = g.input("idx", DType::I64, &[1]).unwrap();
+        let kc = g.input("kc", DType::F16, &[hd * nkv, rows]).unwrap();
+        let vc = g.input("vc", DType::F16, &[hd * nkv, rows]).unwrap();
+        let f = with_factors.then(|| g.input("f", DType::F32, &[hd / 2]).unwrap());
+        let qr = rope_and_store(&mut g, [q, k, v], [pos, idx], [kc, vc], (p, f));
+        let nodes: Vec<_> = g.ids().collect();
+        let mut alloc = GraphAllocator::new(dev.buffer_type());
+        alloc.alloc(&mut g, &nodes).unwrap();
+        let put = |id: TensorId, bytes: &[u8]| {
             let d = g.data(id).unwrap();
-            let mut b = vec![0u8; n];
-            d.buffer.get(d.offset, &mut b).unwrap();
-            caches.push(b);
+            d.buffer.set(d.offset, bytes).unwrap();
+        };
+        put(q, bytemuck::cast_slice(&values(hd * 4, 3, -1.0, 1.0)));
+        put(k, bytemuck::cast_slice(&values(hd * nkv, 1, -1.0, 1.0)));
+        put(v, bytemuck::cast_slice(&values(hd * nkv, 2, -1.0, 1.0)));
+        if let Some(f) = f {
+            put(f, bytemuck::cast_slice(&values(hd / 2, 4, 1.0, 8.0)));
         }
-        (caches, backend.last_dispatch_count())
-    };
-    let (plain, plain_n) = run(false);
-    let (fused, fused_n) = run(true);
-    assert_eq!((plain_n, fused_n), (4, 1));
-    assert!(plain[0].iter().any(|&b| b != 0) && plain[1].iter().any(|&b| b != 0));
-    // The same f32 arithmetic, rounded to f16 alike: the same bytes.
-    assert_eq!(plain, fused);
+        put(pos, &3037i32.to_le_bytes());
+        put(idx, &5i64.to_le_bytes());
+        let cache_bytes = hd * nkv * rows * 2;
+        let mut run = |fusion: bool| {
+            put(kc, &vec![0u8; cache_bytes]);
+            put(vc, &vec![0u8; cache_bytes]);
+            backend.set_fusion(fusion);
+            backend.compute(&g, &nodes).unwrap();
+            backend.synchronize().unwrap();
+            let mut caches = Vec::new();
+            for (id, n) in [(kc, cache_bytes), (vc, cache_bytes), (qr, hd * 4 * 4)] {
+                let d = g.data(id).unwrap();
+                let mut b = vec![0u8; n];
+                d.buffer.get(d.offset, &mut b).unwrap();
+                caches.push(b);
+            }
+            (caches, backend.last_dispatch_count())
+        };
+        let (plain, plain_n) = run(false);
+        let (fused, fused_n) = run(true);
+        assert_eq!((plain_n, fused_n), (4, 1), "{p:?}");
+        assert!(plain[0].iter().any(|&b| b != 0) && plain[1].iter().any(|&b| b != 0));
+        // The same f32 arithmetic, rounded to f16 alike: the same bytes.
+        assert_eq!(plain, fused, "{p:?}");
+    }
 }
 
 /// A token's Q, K and V (Q4_0 weights, by a normalized or a plain vector), the rope of Q and K
@@ -451,7 +475,7 @@ fn q_k_v_rope_and_cache_stores_run_as_one_dispatch() {
         let q = g.reshape(q, &[hd, nh, 1]).unwrap();
         let k = g.reshape(k, &[hd, nkv, 1]).unwrap();
         let p = RopeParams::new(48, mode, 10000.0, 0.5);
-        let qr = rope_and_store(g, [q, k, v], [pos, idx], [kc, vc], p);
+        let qr = rope_and_store(g, [q, k, v], [pos, idx], [kc, vc], (p, None));
         let nodes = load(&dev, &mut b);
         let put = |id: TensorId, bytes: &[u8]| {
             let d = b.g.data(id).unwrap();

@@ -107,6 +107,8 @@ pub struct RopeKv {
     pub set_v: TensorId,
     /// The rope's parameters.
     pub params: RopeParams,
+    /// The ropes' frequency factors (their third source), where they have them.
+    pub factors: Option<TensorId>,
     /// The node index of the set_rows of V.
     pub last: usize,
 }
@@ -116,6 +118,8 @@ pub struct RopeKv {
 pub struct RopeSetRows {
     /// The rope (read by the reshape alone).
     pub rope: TensorId,
+    /// The rope's frequency factors (its third source), where it has them.
+    pub factors: Option<TensorId>,
     /// The set_rows (its source: a reshape of the rope read by it alone).
     pub set: TensorId,
     /// The node index of the set_rows.
@@ -463,11 +467,14 @@ impl<'g> Matcher<'g> {
         let g = self.graph;
         let first = self.nodes[i];
         let tf = g.get(first);
-        let params = self.plain_rope(first)?;
+        let Op::Rope(params) = tf.op else {
+            return None;
+        };
         let (q, jk, k) = if with_q {
             let (j, k) = self.next_running(i + 1)?;
+            // Same parameters, positions and factors.
             let tk = g.get(k);
-            if tk.op != tf.op || tk.src.len() != 2 || tf.src.len() != 2 || tk.src[1] != tf.src[1] {
+            if tk.op != tf.op || tk.src[1..] != tf.src[1..] {
                 return None;
             }
             (Some(first), j, k)
@@ -489,18 +496,9 @@ impl<'g> Matcher<'g> {
             set_k,
             set_v,
             params,
+            factors: tf.src.get(2).copied(),
             last,
         })
-    }
-
-    /// The parameters of node `t` when it is a plain rope ([`RopeParams::is_plain`], no
-    /// frequency factors): the fused rope kernels compute only that rotation.
-    fn plain_rope(&self, t: TensorId) -> Option<RopeParams> {
-        let tt = self.graph.get(t);
-        match tt.op {
-            Op::Rope(p) if p.is_plain() && tt.src.len() == 2 => Some(p),
-            _ => None,
-        }
     }
 
     /// Whether node `s` is a set_rows of a reshape of the rope `k`, the reshape read by it
@@ -519,10 +517,18 @@ impl<'g> Matcher<'g> {
     /// `set_rows(cache, reshape(rope(k)), idx)` at `nodes[i]`.
     fn rope_set_rows(&self, i: usize) -> Option<RopeSetRows> {
         let rope = self.nodes[i];
-        self.plain_rope(rope)?;
+        let tr = self.graph.get(rope);
+        if !matches!(tr.op, Op::Rope(_)) {
+            return None;
+        }
+        let factors = tr.src.get(2).copied();
         let (last, set) = self.next_running(i + 1)?;
-        self.stores_rotated(set, rope)
-            .then_some(RopeSetRows { rope, set, last })
+        self.stores_rotated(set, rope).then_some(RopeSetRows {
+            rope,
+            factors,
+            set,
+            last,
+        })
     }
 
     /// `all_reduce(x) + r` at `nodes[i]`, with the norm after it and then without.

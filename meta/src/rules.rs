@@ -496,26 +496,42 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             }
         }
         Op::MulMat => mul_mat(g, id, eff, &err, &fit_or),
-        Op::Rope(_) => match split_of(0) {
-            Some(x) if x.axis == 0 => Err(err(
-                "rope rotates pairs inside each head: split by heads or tokens".into(),
-            )),
-            Some(x) if x.axis == 2 => done(
-                x.clone(),
-                vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?],
-            ),
-            Some(x) => done(
-                x.clone(),
-                vec![SrcUse::AsIs, need_mirrored(1, "positions go with tokens")?],
-            ),
-            None => {
-                let y = split_of(1).ok_or_else(|| err("no split source".into()))?;
-                done(
-                    y.on_axis(2),
-                    vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs],
-                )
-            }
-        },
+        Op::Rope(_) => {
+            // Every head and token rotates with all the frequency factors (the optional third
+            // source): each part reads the whole, mirrored.
+            let factors: Vec<SrcUse> = if n > 2 {
+                vec![need_mirrored(
+                    2,
+                    "every head rotates with every frequency factor",
+                )?]
+            } else {
+                Vec::new()
+            };
+            let (x, mut uses) = match split_of(0) {
+                Some(x) if x.axis == 0 => {
+                    return Err(err(
+                        "rope rotates pairs inside each head: split by heads or tokens".into(),
+                    ))
+                }
+                Some(x) if x.axis == 2 => (
+                    x.clone(),
+                    vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?],
+                ),
+                Some(x) => (
+                    x.clone(),
+                    vec![SrcUse::AsIs, need_mirrored(1, "positions go with tokens")?],
+                ),
+                None => {
+                    let y = split_of(1).ok_or_else(|| err("no split source".into()))?;
+                    (
+                        y.on_axis(2),
+                        vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs],
+                    )
+                }
+            };
+            uses.extend(factors);
+            done(x, uses)
+        }
         Op::FlashAttnExt { max_bias, .. } => flash_attn(g, id, eff, *max_bias, &err, &fit_or),
         Op::SoftMax { max_bias, .. } => {
             let x = split_of(0)
@@ -833,5 +849,28 @@ mod tests {
         assert_eq!(ne, [3, 4, 1, 1]);
         assert_eq!(nb[1], 12);
         assert_eq!(off, 24);
+    }
+
+    #[test]
+    fn a_rope_with_frequency_factors_follows_its_heads_and_reads_the_factors_whole() {
+        use tessera_core::{RopeMode, RopeParams};
+        let mut g = Graph::new();
+        let (hd, heads, tokens) = (64, 6, 5);
+        let x = g.new_tensor(DType::F32, &[hd, heads, tokens]).unwrap();
+        let pos = g.new_tensor(DType::I32, &[tokens]).unwrap();
+        let f = g.new_tensor(DType::F32, &[hd / 2]).unwrap();
+        let p = RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0);
+        let r = g.rope_ext(x, pos, Some(f), p).unwrap();
+        let by_heads = AxisSplit::new(1, vec![4, 2]);
+        let split = SplitState::Split(by_heads.clone());
+        let eff = [split.clone(), SplitState::Mirrored, SplitState::Mirrored];
+        assert_eq!(
+            node_rule(&g, r, &eff).unwrap(),
+            Rule::Done(split, vec![SrcUse::AsIs; 3])
+        );
+        // Factors split like the heads would rotate each part with half of them: refused.
+        let halves = SplitState::Split(AxisSplit::new(0, vec![16, 16]));
+        let eff = [eff[0].clone(), SplitState::Mirrored, halves];
+        assert!(node_rule(&g, r, &eff).is_err());
     }
 }

@@ -23,6 +23,15 @@ pub enum Init {
     /// [`Init::Mask`] with every column in `[from, to)` also `-inf` (a run of keys that a split
     /// of the keys may lie wholly inside).
     MaskSpan(f64, usize, usize),
+    /// A sliding-window causal mask `[keys, queries]` (Gemma 2 and 3, Mistral): query i, at
+    /// position `n_past + i`, sees the keys `n_past + i + 1 - window ..= n_past + i` (uniform in
+    /// `[-1, 1)`); the keys before and after those are `-inf`.
+    Window {
+        /// The position of query 0 (keys before the queries' own).
+        n_past: usize,
+        /// How many keys each query sees.
+        window: usize,
+    },
     /// NaN bytes (0xFF): a destination the op overwrites entirely.
     Poison,
 }
@@ -40,14 +49,15 @@ impl Init {
         }
         let mut out = vec![0u8; row_bytes * rows];
         let mut row = vec![0f64; t.ne[0]];
-        for dst in out.chunks_exact_mut(row_bytes) {
-            self.fill_row(t.dtype, &mut row, rng);
+        for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
+            self.fill_row(t.dtype, r % t.ne[1].max(1), &mut row, rng);
             encode_row(t.dtype, &row, dst)?;
         }
         Ok(out)
     }
 
-    fn fill_row(self, dtype: DType, row: &mut [f64], rng: &mut StdRng) {
+    /// Fills `row`, row `i1` along dim 1 (a mask's query).
+    fn fill_row(self, dtype: DType, i1: usize, row: &mut [f64], rng: &mut StdRng) {
         let integer = matches!(dtype, DType::I32 | DType::I64);
         match self {
             Init::Uniform(lo, hi) if integer => {
@@ -79,6 +89,16 @@ impl Init {
                 };
                 for (i, v) in row.iter_mut().enumerate() {
                     *v = if span.contains(&i) || (i > 0 && rng.gen_bool(p.clamp(0.0, 1.0))) {
+                        f64::NEG_INFINITY
+                    } else {
+                        rng.gen_range(-1.0..1.0)
+                    };
+                }
+            }
+            Init::Window { n_past, window } => {
+                let last = n_past + i1;
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = if j > last || j + window <= last {
                         f64::NEG_INFINITY
                     } else {
                         rng.gen_range(-1.0..1.0)

@@ -30,7 +30,7 @@ use tessera_core::fusion::{
 use tessera_core::{GluOp, Graph, Op, Result, RopeMode, TensorId};
 
 use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
-use super::rope::{rope_params, theta_scale};
+use super::rope::{factors_arg, rope_params, set_rotation};
 use super::{params, Encoder, COUNTER_BYTES};
 
 /// Runs the group the fusion matcher offers at a node as fused kernels, where they take it:
@@ -320,8 +320,8 @@ fn mul_mats(enc: &mut Encoder, m: &MulMats) -> Result<bool> {
         p.i[4] = r.params.n_dims as i32;
         p.i[5] = i32::from(g.get(tsk.src[2]).dtype == DType::I64);
         p.i[6] = tq.ne[0] as i32;
-        p.f[0] = r.params.freq_scale;
-        p.f[1] = theta_scale(&r.params);
+        let factors = r.factors.map(|f| enc.arg(f)).transpose()?;
+        set_rotation(&mut p, &r.params, factors);
     }
     let read_only = weights.iter().all(|&w| enc.is_read_only_leaf(w));
     let (blocks, threads) = mmvq_launch(&mut p, rows as u64, read_only);
@@ -394,7 +394,14 @@ fn rope_set_rows(enc: &mut Encoder, m: &RopeSetRows) -> Result<bool> {
     }
     let ts = g.get(s);
     let (cache, idx) = (g.get(ts.src[0]), g.get(ts.src[2]));
-    let mut p = rope_params(enc.arg(s)?, enc.arg(tk.src[0])?, enc.arg(tk.src[1])?, &rp);
+    let factors = factors_arg(enc, k)?;
+    let mut p = rope_params(
+        enc.arg(s)?,
+        enc.arg(tk.src[0])?,
+        enc.arg(tk.src[1])?,
+        &rp,
+        factors,
+    );
     p.t[3] = enc.arg(ts.src[2])?;
     let name = format!("rope_set_rows_{}_{}", cache.dtype.name(), idx.dtype.name());
     enc.launch_elems(
@@ -448,6 +455,7 @@ fn rope_kv(enc: &mut Encoder, r: &RopeKv) -> Result<bool> {
         enc.arg(tk.src[0])?,
         enc.arg(tk.src[1])?,
         &r.params,
+        r.factors.map(|f| enc.arg(f)).transpose()?,
     );
     p.t[3] = enc.arg(tsk.src[2])?;
     p.t[4] = enc.arg(tq.src[0])?;

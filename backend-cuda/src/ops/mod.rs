@@ -412,8 +412,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::SoftMax { .. } | Op::DiagMaskInf(_) => {
             t.dtype == DType::F32
         }
-        // The kernels compute the plain rotation only.
-        Op::Rope(p) => p.is_plain() && t.src.len() == 2 && matches!(t.dtype, DType::F32 | DType::F16),
+        Op::Rope(_) => matches!(t.dtype, DType::F32 | DType::F16),
         Op::FlashAttnExt { .. } => match (src(0), src(2)) {
             (Some(q), Some(v)) => {
                 q.ne[0] <= 256

@@ -6,6 +6,21 @@ use crate::{DType, Graph, TensorId};
 
 /// One Llama block for `tokens` tokens: the groups a backend is offered at its nodes.
 fn block(tokens: usize) -> (Graph, Vec<TensorId>) {
+    block_with(tokens, Rope::Plain)
+}
+
+/// How a test block's ropes rotate.
+#[derive(Clone, Copy, PartialEq)]
+enum Rope {
+    Plain,
+    /// Llama 3's: frequency factors (one tensor for Q and K) and a magnitude.
+    Factors,
+    /// Q's rope and K's with factors of their own tensors.
+    OwnFactors,
+}
+
+/// [`block`] with ropes of kind `rope`.
+fn block_with(tokens: usize, rope: Rope) -> (Graph, Vec<TensorId>) {
     let (d, hd, heads, kv_heads, ff, ctx) = (64, 16, 4, 2, 96, 32);
     let mut g = Graph::new();
     let x = g.input("x", DType::F32, &[d, tokens]).unwrap();
@@ -35,9 +50,23 @@ fn block(tokens: usize) -> (Graph, Vec<TensorId>) {
     let v = g.mul_mat(wv, h).unwrap();
     let q = g.reshape(q, &[hd, heads, tokens]).unwrap();
     let k = g.reshape(k, &[hd, kv_heads, tokens]).unwrap();
-    let rp = RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0);
-    let q = g.rope(q, pos, rp).unwrap();
-    let k = g.rope(k, pos, rp).unwrap();
+    let mut rp = RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0);
+    let (fq, fk) = match rope {
+        Rope::Plain => (None, None),
+        Rope::Factors => {
+            let f = g.input("rope_freqs", DType::F32, &[hd / 2]).unwrap();
+            (Some(f), Some(f))
+        }
+        Rope::OwnFactors => (
+            Some(g.input("q_freqs", DType::F32, &[hd / 2]).unwrap()),
+            Some(g.input("k_freqs", DType::F32, &[hd / 2]).unwrap()),
+        ),
+    };
+    if rope != Rope::Plain {
+        rp.attn_factor = 1.2;
+    }
+    let q = g.rope_ext(q, pos, fq, rp).unwrap();
+    let k = g.rope_ext(k, pos, fk, rp).unwrap();
     let k2 = g.reshape(k, &[hd * kv_heads, tokens]).unwrap();
     let kc2 = g.set_rows(kc, k2, rows).unwrap();
     let vc2 = g.set_rows(vc, v, rows).unwrap();
@@ -150,4 +179,55 @@ fn a_result_read_twice_is_not_fused_away() {
 fn a_prompt_block_offers_the_same_groups() {
     let (g, nodes) = block(7);
     assert_eq!(walk(&g, &nodes).len(), 7);
+}
+
+#[test]
+fn ropes_with_frequency_factors_fuse_and_carry_them() {
+    let (g, nodes) = block_with(1, Rope::Factors);
+    let walked = walk(&g, &nodes);
+    assert_eq!(walked[1], "mul_mats_rope_kv", "{walked:?}");
+    let m = Matcher::new(&g, &nodes);
+    let f = g.ids().find(|&n| g.get(n).name == "rope_freqs");
+    let i = nodes
+        .iter()
+        .position(|&n| matches!(g.get(n).op, crate::Op::Rope(_)))
+        .unwrap();
+    let groups = m.candidates(i);
+    let Some(Group::RopeKv(r)) = groups.first() else {
+        panic!(
+            "no rope_kv at Q's rope: {:?}",
+            groups.iter().map(Group::name).collect::<Vec<_>>()
+        )
+    };
+    assert!(r.q.is_some());
+    assert_eq!(r.factors, f);
+    assert_eq!(r.params.attn_factor, 1.2);
+    // At K's rope: the rope_kv without Q's, and the rope_set_rows, both with the factors.
+    for grp in m.candidates(i + 1) {
+        match grp {
+            Group::RopeKv(r) => assert_eq!((r.q, r.factors), (None, f)),
+            Group::RopeSetRows(r) => assert_eq!(r.factors, f),
+            other => panic!("unexpected group {}", other.name()),
+        }
+    }
+}
+
+#[test]
+fn ropes_with_different_factors_are_not_one_rope_kv() {
+    let (g, nodes) = block_with(1, Rope::OwnFactors);
+    let m = Matcher::new(&g, &nodes);
+    let i = nodes
+        .iter()
+        .position(|&n| matches!(g.get(n).op, crate::Op::Rope(_)))
+        .unwrap();
+    // Q's rope pairs with nothing; K's still stores itself with its own factors.
+    assert!(m
+        .candidates(i)
+        .iter()
+        .all(|grp| !matches!(grp, Group::RopeKv(r) if r.q.is_some())));
+    let k_freqs = g.ids().find(|&n| g.get(n).name == "k_freqs");
+    assert!(m
+        .candidates(i + 1)
+        .iter()
+        .any(|grp| matches!(grp, Group::RopeKv(r) if r.factors == k_freqs)));
 }

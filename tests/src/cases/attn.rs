@@ -4,6 +4,8 @@
 //! with 3 each): decoding over 768 to 16384 keys, and a 512-token prompt under a causal mask.
 //! Decoding one or two tokens over 512 to 1024 keys with few heads, where the keys are cut into
 //! splits (wgpu's split decode), some under a mask that hides a run of keys longer than a split.
+//! The newer architectures' shapes: head sizes 256 and 96, GQA 8, logit softcap, and
+//! sliding-window masks.
 
 use tessera_core::DType;
 
@@ -52,6 +54,12 @@ impl FlashAttn {
         self.build(Masking::Span(from, to))
     }
 
+    /// The case under a sliding-window causal mask (of type `mask`, f16 when unset): query i
+    /// sees the `window` keys up to its own position, as in [`FlashAttn::causal_case`].
+    pub(super) fn window_case(self, window: usize) -> Case {
+        self.build(Masking::Window(window))
+    }
+
     /// The case under `masking`.
     fn build(self, masking: Masking) -> Case {
         let FlashAttn {
@@ -75,6 +83,7 @@ impl FlashAttn {
             Masking::Random => String::new(),
             Masking::Causal => "-causal".into(),
             Masking::Span(from, to) => format!("-hiding{from}..{to}"),
+            Masking::Window(w) => format!("-window{w}"),
         };
         let params = format!(
             "hsk={hsk},hsv={hsv},nh={nh},nr={nr},kv={kv},nb={nb},batch={batch},mask={}{kind},max_bias={max_bias},logit_softcap={softcap},type_KV={type_kv}",
@@ -103,6 +112,9 @@ impl FlashAttn {
                     (Some(t), Masking::Span(from, to)) => {
                         Some(g.input(t, &[kv, nb, 1, 1], Init::MaskSpan(0.2, from, to))?)
                     }
+                    (Some(t), Masking::Window(window)) => {
+                        Some(g.input(t, &[kv, nb, 1, 1], Init::Window { n_past, window })?)
+                    }
                     (Some(t), Masking::Random) => {
                         Some(g.input(t, &[kv, nb, 1, 1], Init::Mask(0.2))?)
                     }
@@ -124,6 +136,8 @@ enum Masking {
     Causal,
     /// A random mask that also hides keys `from .. to` (`Init::MaskSpan`).
     Span(usize, usize),
+    /// A sliding window of this many keys ending at each query's position (`Init::Window`).
+    Window(usize),
 }
 
 /// Every flash_attn_ext case: the full grid of head dims, GQA ratios, query and key counts,
@@ -256,6 +270,54 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     v.push(model(128, 8, 4, 512, 512).causal_case().large());
     v.push(model(64, 3, 3, 512, 512).causal_case().large());
     gpu_paths(v);
+    architectures(v);
+}
+
+/// The attention shapes of the newer architectures, decoding (one token over a longer cache,
+/// which GPU kernels split) and a short prompt: Gemma 3 (head size 256, four query heads a KV
+/// head, sliding-window layers), Gemma 2 (head size 256, logit softcap 50, sliding window),
+/// Phi 3 (head size 96, no GQA) and GQA ratio 8 (Llama 3 70B's, Qwen's).
+fn architectures(v: &mut Vec<Case>) {
+    let arch = |hs: usize, nh: usize, nr: usize, kv: usize, nb: usize| FlashAttn {
+        hsk: hs,
+        hsv: hs,
+        nh,
+        nr,
+        kv,
+        nb,
+        batch: 1,
+        mask: Some(DType::F16),
+        max_bias: 0.0,
+        softcap: 0.0,
+        type_kv: DType::F16,
+    };
+    // Gemma 3: the window hides keys at the start of long caches and (for a prompt) after
+    // each query's position.
+    v.push(arch(256, 1, 4, 700, 1).window_case(512));
+    v.push(arch(256, 1, 4, 48, 40).window_case(16));
+    v.push(arch(256, 1, 4, 300, 2).causal_case());
+    // Gemma 2: softcap on window and global layers.
+    let gemma2 = |kv, nb| FlashAttn {
+        softcap: 50.0,
+        ..arch(256, 2, 2, kv, nb)
+    };
+    v.push(gemma2(600, 1).window_case(256));
+    v.push(gemma2(40, 40).window_case(24));
+    v.push(gemma2(300, 1).causal_case());
+    // Phi 3: head size 96, f16 and f32 K/V.
+    v.push(arch(96, 4, 1, 500, 1).causal_case());
+    v.push(arch(96, 4, 1, 40, 40).causal_case());
+    v.push(
+        FlashAttn {
+            type_kv: DType::F32,
+            ..arch(96, 2, 1, 90, 7)
+        }
+        .causal_case(),
+    );
+    // GQA 8.
+    v.push(arch(128, 1, 8, 800, 1).causal_case());
+    v.push(arch(128, 2, 8, 30, 24).causal_case());
+    v.push(arch(64, 1, 8, 200, 2).window_case(100));
 }
 
 /// Shapes that take each of the CUDA backend's attention kernels in turn (see

@@ -144,6 +144,18 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             Layout::Contiguous,
         ));
     }
+    // A projection's bias (Qwen 2's Q, K and V): [n] added to every token's [n].
+    for (n, tokens) in [(896, 7), (128, 1), (2560, 3)] {
+        v.push(binary_case(
+            BinaryOp::Add,
+            "ADD",
+            DType::F32,
+            DType::F32,
+            [n, 1, 1, 1],
+            [1, tokens, 1, 1],
+            Layout::Contiguous,
+        ));
+    }
     scale_clamp(v);
 }
 

@@ -239,6 +239,22 @@ fn rms_norm_mul(v: &mut Vec<Case>) {
             g.mul(h, w)
         },
     ));
+    // Q/K norm (Qwen 3, Gemma 3): every head of every token normed over its head_dim and
+    // times one head_dim weight.
+    for ne in [[128, 8, 5], [256, 4, 1], [64, 9, 3]] {
+        v.push(Case::new(
+            "RMS_NORM_MUL",
+            format!("ne={},heads", ne_str(&ne)),
+            &[DType::F32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let x = g.leaf(DType::F32, &ne)?;
+                let w = g.input(DType::F32, &[ne[0]], Init::Uniform(0.5, 1.5))?;
+                let h = g.rms_norm(x, 1e-6)?;
+                g.mul(h, w)
+            },
+        ));
+    }
     for (t, k, n) in [
         (DType::Q4_0, 4096, 1),
         (DType::Q4_1, 576, 1),
@@ -329,14 +345,19 @@ fn norm_readers(v: &mut Vec<Case>) {
 /// Q and K rotated, K and V stored into F16 caches at the rows of this step, then attention
 /// over the caches (which reads what was stored).
 fn rope_kv(v: &mut Vec<Case>) {
-    // (head dim, query heads, kv heads, tokens, cache rows, rope mode)
+    // (head dim, query heads, kv heads, tokens, cache rows, rope mode, rotation)
     let shapes = [
-        (64, 9, 3, 1, 32, RopeMode::Normal),
-        (128, 8, 2, 1, 48, RopeMode::Neox),
-        (64, 4, 2, 5, 16, RopeMode::Normal),
+        (64, 9, 3, 1, 32, RopeMode::Normal, Rotation::Plain),
+        (128, 8, 2, 1, 48, RopeMode::Neox, Rotation::Plain),
+        (64, 4, 2, 5, 16, RopeMode::Normal, Rotation::Plain),
+        (64, 9, 3, 1, 32, RopeMode::Normal, Rotation::Factors),
+        (128, 8, 2, 5, 48, RopeMode::Neox, Rotation::Yarn),
     ];
-    for (hd, nh, nkv, n, rows, mode) in shapes {
-        let params = format!("hd={hd},nh={nh},nkv={nkv},tokens={n},rows={rows},mode={mode:?}");
+    for (hd, nh, nkv, n, rows, mode, rot) in shapes {
+        let params = format!(
+            "hd={hd},nh={nh},nkv={nkv},tokens={n},rows={rows},mode={mode:?}{}",
+            rot.name()
+        );
         v.push(Case::new(
             "ROPE_KV_ATTN",
             params,
@@ -347,7 +368,7 @@ fn rope_kv(v: &mut Vec<Case>) {
                 let q = g.leaf(DType::F32, &[hd, nh, n])?;
                 let k = g.leaf(DType::F32, &[hd, nkv, n])?;
                 let val = g.leaf(DType::F32, &[hd * nkv, n])?;
-                rope_store_attend(g, [q, k, val], [hd, nkv, n, rows], p, DType::I64)
+                rope_store_attend(g, [q, k, val], [hd, nkv, n, rows], (p, rot), DType::I64)
             },
         ));
     }
@@ -358,19 +379,23 @@ fn rope_kv(v: &mut Vec<Case>) {
 /// the rope and the stores as one kernel. Types of both mat-vec geometries; NEOX pairs (left
 /// unfused by such a backend) and I32 cache rows too.
 fn qkv_rope_kv(v: &mut Vec<Case>) {
-    // (weight type, k, head dim, query heads, kv heads, rope mode, rotated dims, cache rows' type)
+    // (weight type, k, head dim, query heads, kv heads, rope mode, rotated dims, cache rows'
+    // type, rotation)
     #[rustfmt::skip]
     let shapes = [
-        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Normal, 64, DType::I64),
-        (DType::Q8_0, 512, 128, 6, 2, RopeMode::Normal, 96, DType::I32),
-        (DType::Q4_K, 512, 64, 8, 4, RopeMode::Normal, 64, DType::I64),
-        (DType::Q6_K, 256, 128, 4, 1, RopeMode::Normal, 128, DType::I32),
-        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Neox, 64, DType::I64),
-        (DType::Q6_K, 8192, 64, 4, 2, RopeMode::Normal, 64, DType::I64),
+        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Normal, 64, DType::I64, Rotation::Plain),
+        (DType::Q8_0, 512, 128, 6, 2, RopeMode::Normal, 96, DType::I32, Rotation::Plain),
+        (DType::Q4_K, 512, 64, 8, 4, RopeMode::Normal, 64, DType::I64, Rotation::Plain),
+        (DType::Q6_K, 256, 128, 4, 1, RopeMode::Normal, 128, DType::I32, Rotation::Plain),
+        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Neox, 64, DType::I64, Rotation::Plain),
+        (DType::Q6_K, 8192, 64, 4, 2, RopeMode::Normal, 64, DType::I64, Rotation::Plain),
+        (DType::Q4_0, 256, 64, 4, 2, RopeMode::Normal, 64, DType::I64, Rotation::Factors),
+        (DType::Q8_0, 512, 128, 6, 2, RopeMode::Normal, 96, DType::I32, Rotation::Yarn),
     ];
-    for (t, k, hd, nh, nkv, mode, n_dims, it) in shapes {
+    for (t, k, hd, nh, nkv, mode, n_dims, it, rot) in shapes {
         let params = format!(
-            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},mode={mode:?},n_dims={n_dims},idx={it}"
+            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},mode={mode:?},n_dims={n_dims},idx={it}{}",
+            rot.name()
         );
         v.push(Case::new(
             "QKV_ROPE_KV_ATTN",
@@ -388,30 +413,73 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
                 let val = g.mul_mat(wv, x)?;
                 let q = g.reshape(q, &[hd, nh, 1])?;
                 let kk = g.reshape(kk, &[hd, nkv, 1])?;
-                rope_store_attend(g, [q, kk, val], [hd, nkv, 1, 24], p, it)
+                rope_store_attend(g, [q, kk, val], [hd, nkv, 1, 24], (p, rot), it)
             },
         ));
     }
 }
 
-/// Q `[hd, heads, n]` and K `[hd, nkv, n]` rotated at random positions, the rotated K and V
-/// (`[hd * nkv, n]`) stored into F16 caches of `rows` rows at distinct rows (indices of type
-/// `idx`), then attention of the rotated Q over the caches (which reads what was stored);
-/// `dims` = [hd, nkv, n, rows].
+/// What a fused rope case's rotation adds to its plain parameters.
+#[derive(Clone, Copy)]
+enum Rotation {
+    Plain,
+    /// Frequency factors (one tensor for Q and K, as Llama 3's) with a magnitude (as
+    /// LongRoPE's).
+    Factors,
+    /// YaRN at a quarter scale over an original context of 4096 with a magnitude, no factors
+    /// (Qwen's long-context scaling).
+    Yarn,
+}
+
+impl Rotation {
+    /// The case name's suffix.
+    fn name(self) -> &'static str {
+        match self {
+            Rotation::Plain => "",
+            Rotation::Factors => ",factors,attn_factor=1.19",
+            Rotation::Yarn => ",freq_scale=0.25,ext_factor=1,attn_factor=0.9",
+        }
+    }
+
+    /// `p` with this rotation's additions, and its frequency factors (a new input) if any.
+    fn apply(self, g: &mut CaseGraph, mut p: RopeParams) -> Result<(RopeParams, Option<TensorId>)> {
+        match self {
+            Rotation::Plain => Ok((p, None)),
+            Rotation::Factors => {
+                p.attn_factor = 1.19;
+                let f = g.input(DType::F32, &[p.n_dims / 2], Init::Uniform(1.0, 8.0))?;
+                Ok((p, Some(f)))
+            }
+            Rotation::Yarn => {
+                p.freq_scale = 0.25;
+                p.ext_factor = 1.0;
+                p.attn_factor = 0.9;
+                p.n_ctx_orig = 4096;
+                Ok((p, None))
+            }
+        }
+    }
+}
+
+/// Q `[hd, heads, n]` and K `[hd, nkv, n]` rotated at random positions (parameters `p` with
+/// rotation `rot`), the rotated K and V (`[hd * nkv, n]`) stored into F16 caches of `rows` rows
+/// at distinct rows (indices of type `idx`), then attention of the rotated Q over the caches
+/// (which reads what was stored); `dims` = [hd, nkv, n, rows].
 fn rope_store_attend(
     g: &mut CaseGraph,
     [q, k, val]: [TensorId; 3],
     [hd, nkv, n, rows]: [usize; 4],
-    p: RopeParams,
+    (p, rot): (RopeParams, Rotation),
     idx: DType,
 ) -> Result<TensorId> {
+    let (p, factors) = rot.apply(g, p)?;
     let pos = g.input(DType::I32, &[n], Init::Indices(4096))?;
     let idx = g.input(idx, &[n], Init::UniqueIndices(rows))?;
     let kc = g.leaf(DType::F16, &[hd * nkv, rows])?;
     let vc = g.leaf(DType::F16, &[hd * nkv, rows])?;
     let mask = g.input(DType::F16, &[rows, n], Init::Mask(0.2))?;
-    let qr = g.rope(q, pos, p)?;
-    let kr = g.rope(k, pos, p)?;
+    let qr = g.rope_ext(q, pos, factors, p)?;
+    let kr = g.rope_ext(k, pos, factors, p)?;
     let kr = g.reshape(kr, &[hd * nkv, n])?;
     let kc = g.set_rows(kc, kr, idx)?;
     let vc = g.set_rows(vc, val, idx)?;

@@ -65,14 +65,16 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         );
     }
     for tokens in [1, 512] {
-        let r = Rope {
-            dtype: DType::F32,
-            ne: [128, 32, tokens, 1],
-            n_dims: 128,
-            mode: RopeMode::Normal,
-            freq_scale: 1.0,
-            pos_max: 4096,
-        };
+        let r = Rope::plain(
+            DType::F32,
+            [128, 32, tokens, 1],
+            128,
+            RopeMode::Normal,
+            1.0,
+            4096,
+        );
         v.push(r.case().large());
+        // Llama 3's: the same with frequency factors, to weigh them against the plain rotation.
+        v.push(Rope { factors: true, ..r }.case().large());
     }
 }

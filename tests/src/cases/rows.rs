@@ -44,6 +44,27 @@ pub(super) fn get_rows(v: &mut Vec<Case>) {
             ));
         }
     }
+    // Token embeddings: a few rows picked from a longer table of a model's row width and type
+    // (262144 rows in Gemma 3; fewer here, the indices spread over all of them).
+    for (t, n) in [
+        (DType::Q8_0, 640),
+        (DType::Q5_0, 640),
+        (DType::Q4_K, 1024),
+        (DType::Q6_K, 1024),
+    ] {
+        let (m, r) = (3000, 7);
+        v.push(Case::new(
+            "GET_ROWS",
+            format!("type={t},n={n},m={m},r={r},b=1"),
+            &[t, DType::I32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let a = g.input(t, &[n, m], Init::Uniform(-1.0, 1.0))?;
+                let idx = g.input(DType::I32, &[r], Init::Indices(m))?;
+                g.get_rows(a, idx)
+            },
+        ));
+    }
 }
 
 /// set_rows into float and quantized destinations, with i32 and i64 indices, indices

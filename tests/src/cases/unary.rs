@@ -1,5 +1,6 @@
 //! Every unary op in f32 and f16, contiguous and permuted; the gated linear units fused
-//! (plain and swapped) and split.
+//! (plain and swapped) and split, at small and feed-forward sizes; logit soft-capping (scale,
+//! tanh, scale).
 
 use tessera_core::{DType, GluOp, UnaryOp};
 
@@ -17,6 +18,7 @@ fn domain(op: UnaryOp) -> Init {
 
 /// Every unary and glu case.
 pub(super) fn cases(v: &mut Vec<Case>) {
+    soft_cap(v);
     for op in UnaryOp::ALL {
         let name = tessera_core::Op::Unary(op).name();
         for t in [DType::F32, DType::F16] {
@@ -37,7 +39,14 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     }
     for (op, name) in [(GluOp::Swiglu, "SWIGLU"), (GluOp::Geglu, "GEGLU")] {
         for t in [DType::F32, DType::F16] {
-            for ne in [[128, 2, 2, 2], [10, 5, 4, 3]] {
+            // Last, a feed-forward width of one token and of a short prompt (Gemma 3 270M's
+            // 2048).
+            for ne in [
+                [128, 2, 2, 2],
+                [10, 5, 4, 3],
+                [2048, 1, 1, 1],
+                [2048, 5, 1, 1],
+            ] {
                 for swapped in [false, true] {
                     let params = format!(
                         "type={t},ne={},swapped={},split=0",
@@ -73,5 +82,24 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 ));
             }
         }
+    }
+}
+
+/// Logit soft-capping as Gemma 2 writes it, `cap * tanh(x / cap)`: scale, tanh, scale, over
+/// the attention scores' and the output logits' shapes, with values well past the cap.
+fn soft_cap(v: &mut Vec<Case>) {
+    for (ne, cap) in [([300, 4, 2, 1], 50.0f32), ([1000, 3, 1, 1], 30.0)] {
+        v.push(Case::new(
+            "SCALE_TANH_SCALE",
+            format!("type=f32,ne={},cap={cap}", ne_str(&ne)),
+            &[DType::F32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let a = g.input(DType::F32, &ne, Init::Uniform(-4.0 * cap, 4.0 * cap))?;
+                let a = g.scale(a, 1.0 / cap)?;
+                let a = g.unary(a, UnaryOp::Tanh)?;
+                g.scale(a, cap)
+            },
+        ));
     }
 }

@@ -60,8 +60,9 @@ pub(super) fn set_rotation(p: &mut KParams, rp: &RopeParams, factors: Option<TAr
         p.f[2] = rp.ext_factor;
         p.f[3] = corr[0];
         p.f[4] = 1.0 / (corr[1] - corr[0]).max(0.001);
-        // cos_sin's magnitude: the attention factor, with YaRN's correction where it blends.
-        let (_, mag) = rp.cos_sin(0.0, 0, corr);
+        // cos_sin at angle 0 gives (magnitude, 0): the attention factor, with YaRN's correction
+        // where it blends.
+        let (mag, _) = rp.cos_sin(0.0, 0, corr);
         p.f[5] = mag;
     }
 }

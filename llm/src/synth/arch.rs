@@ -510,19 +510,20 @@ impl SynthType {
         }
     }
 
-    /// The type of the matrix `role` of layer `layer` (of `n_layer`) whose rows are `ne0`
-    /// values; `tied` when the token embedding is also the output head, `big_attn_v` for
-    /// llama.cpp's 70B rule (its `attn_v`, shared by 8 query heads, one step up).
+    /// The type of the matrix `name`, of `role`, at `place`, whose rows are `ne0` values.
     pub(super) fn matrix_type(
         self,
         name: &str,
         role: Role,
-        layer: usize,
-        n_layer: usize,
-        tied: bool,
-        big_attn_v: bool,
+        place: &Place,
         ne0: u64,
     ) -> Result<DType> {
+        let Place {
+            layer,
+            n_layer,
+            tied,
+            big_attn_v,
+        } = *place;
         let want = match self {
             SynthType::All(t) => t,
             SynthType::Q4KM => {
@@ -568,6 +569,19 @@ fn unknown_type(name: &str) -> Error {
         "synthetic models are written in {}, not {name}",
         SynthType::NAMES.join(", ")
     ))
+}
+
+/// Where a matrix sits in its model, which a type mix looks at.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place {
+    /// Its layer (the output head: `n_layer`).
+    pub layer: usize,
+    /// The model's layers.
+    pub n_layer: usize,
+    /// Whether the token embedding is also the output head.
+    pub tied: bool,
+    /// llama.cpp's 70B rule: its `attn_v`, shared by 8 query heads, one step up.
+    pub big_attn_v: bool,
 }
 
 /// What a weight matrix does, which decides its type in a mix and its scale.
@@ -656,15 +670,13 @@ pub(super) fn layout(
 
     let matrix = |name: String, layer: usize, ne0: u64, ne1: u64| -> Result<Plan> {
         let role = Role::of(&name).expect("a matrix name");
-        let dtype = ty.matrix_type(
-            &name,
-            role,
+        let place = Place {
             layer,
-            shape.n_layer,
-            shape.tied_output,
+            n_layer: shape.n_layer,
+            tied: shape.tied_output,
             big_attn_v,
-            ne0,
-        )?;
+        };
+        let dtype = ty.matrix_type(&name, role, &place, ne0)?;
         let std = match weights {
             Weights::Flat => 0.02,
             Weights::Scaled => role.gain() / (ne0 as f32).sqrt(),
@@ -909,8 +921,14 @@ mod tests {
     #[test]
     fn q4_k_m_follows_llama_cpps_layers() {
         let ty = SynthType::Q4KM;
+        let at = |layer, n_layer, tied| Place {
+            layer,
+            n_layer,
+            tied,
+            big_attn_v: false,
+        };
         let t = |role, layer| {
-            ty.matrix_type("t", role, layer, 36, false, false, 4096)
+            ty.matrix_type("t", role, &at(layer, 36, false), 4096)
                 .unwrap()
         };
         // Of 36 layers: 0-3 and 31-35, and 6, 9, ..., 30 take more bits.
@@ -928,7 +946,7 @@ mod tests {
         assert_eq!(t(Role::AttnV, 4), DType::Q4_K);
         // The Gemma 3 270M file's types: rows of 640 fall back.
         let g = |role, layer| {
-            ty.matrix_type("t", role, layer, 18, true, false, 640)
+            ty.matrix_type("t", role, &at(layer, 18, true), 640)
                 .unwrap()
         };
         assert_eq!(g(Role::TokenEmbd, 0), DType::Q8_0);

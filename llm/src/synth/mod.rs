@@ -38,7 +38,7 @@ use crate::fetch;
 pub use arch::{Arch, ArchShape, RopeScaling, SynthType, SYNTH_TYPES};
 pub use vocab::MIN_VOCAB;
 
-use arch::{Role, Weights};
+use arch::{Place, Role, Weights};
 
 /// The seed of every synthetic model.
 const SEED: u64 = 0x7e55_e7a0_5eed;
@@ -442,7 +442,17 @@ fn copy_layout(template: &GgufFile, ty: SynthType) -> Result<(Metadata, Vec<Plan
                         }
                         _ => {
                             let layer = layer_of(&name).unwrap_or(cfg.n_layer);
-                            ty.matrix_type(&name, role, layer, cfg.n_layer, tied, false, *ne0)?
+                            ty.matrix_type(
+                                &name,
+                                role,
+                                &Place {
+                                    layer,
+                                    n_layer: cfg.n_layer,
+                                    tied,
+                                    big_attn_v: false,
+                                },
+                                *ne0,
+                            )?
                         }
                     };
                     Ok(Plan::random(name, dtype, vec![*ne0, *ne1], 0.0, 0.02))

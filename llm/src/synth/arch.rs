@@ -688,8 +688,9 @@ pub(super) fn layout(
         // A spread of a quarter of the mean, so that each channel's weight matters.
         Weights::Scaled => Plan::random(name, DType::F32, vec![n], mean, 0.25 * mean),
     };
-    // A value bias adds one vector to every attention output, and one that large makes the
-    // model say one token whatever came before: the value bias is kept small.
+    // Query and key biases spread by 0.5, value biases by 0.1 only: a value bias adds one
+    // vector to every attention output, and a large one makes the model say the same token
+    // whatever came before.
     let bias = |name: String, n: u64, std: f32| Plan::random(name, DType::F32, vec![n], 0.0, std);
 
     let mut plans = vec![matrix("token_embd.weight".into(), 0, d, nv)?];

@@ -6,16 +6,16 @@ use std::time::Instant;
 
 use clap::builder::PossibleValuesParser;
 use clap::{Args, Subcommand};
-use tessera::{DType, Result};
+use tessera::Result;
 use tessera_llm::fetch;
-use tessera_llm::synth::{self, Like};
+use tessera_llm::synth::{self, Like, SynthType};
 
 use crate::progress;
 
 /// GGUF model tools.
 #[derive(Subcommand)]
 pub enum GgufCommand {
-    /// Write a random-weight Llama model shaped like a known one.
+    /// Write a random-weight model shaped like a known one.
     Synth(SynthArgs),
     /// Keep the first N layers of a model.
     Trim(TrimArgs),
@@ -24,13 +24,17 @@ pub enum GgufCommand {
 /// Arguments of `tessera gguf synth`.
 #[derive(Args)]
 pub struct SynthArgs {
-    /// The shape: smollm2-135m (the test model's exact layout and tokenizer), llama-1b
-    /// (Llama 3.2 1B), llama-8b (Llama 3 8B) or llama-70b (Llama 3 70B), the Llama shapes with
-    /// a generated vocabulary.
+    /// The shape: smollm2-135m (the test model's exact layout and tokenizer); llama-1b
+    /// (Llama 3.2 1B), llama-8b (Llama 3 8B), llama-70b (Llama 3 70B), llama3.1-8b (with its
+    /// rope factors), qwen2-7b (Qwen 2.5 7B), qwen3-8b, gemma2-9b, gemma3-4b, phi3-mini (Phi 3
+    /// mini 128k); and small models of each architecture for tests: llama3-small (Llama 3.1
+    /// rope factors), qwen2-small, qwen3-small, gemma2-small, gemma3-small, phi3-small. All but
+    /// smollm2-135m have a generated vocabulary.
     #[arg(long, value_parser = PossibleValuesParser::new(Like::NAMES))]
     like: String,
-    /// Type of the weight matrices.
-    #[arg(long = "type", value_parser = PossibleValuesParser::new(["q4_0", "q4_1", "q8_0", "q4_k", "f16"]))]
+    /// Type of the weight matrices: one type for all, or q4_k_m, llama.cpp's Q4_K_M mix (Q4_K,
+    /// Q6_K for the output head and half of the attn_v and ffn_down matrices).
+    #[arg(long = "type", value_parser = PossibleValuesParser::new(SynthType::NAMES))]
     dtype: String,
     /// The file to write.
     #[arg(long)]
@@ -59,7 +63,7 @@ pub fn run(cmd: GgufCommand) -> Result<()> {
 
 fn run_synth(a: SynthArgs) -> Result<()> {
     let like = Like::from_name(&a.like)?;
-    let dtype = DType::from_name(&a.dtype)?;
+    let ty = SynthType::from_name(&a.dtype)?;
     if like == Like::Smollm2_135m {
         // The layout and tokenizer come from the test model: fetch it first, with its own bar.
         let pb = progress::bytes_bar("fetching the test model");
@@ -68,8 +72,8 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         r?;
     }
     let t0 = Instant::now();
-    let pb = progress::bytes_bar(&format!("writing {} {}", like.name(), dtype.name()));
-    let r = synth::synth(like, dtype, &a.out, &mut |done, total| {
+    let pb = progress::bytes_bar(&format!("writing {} {}", like.name(), ty.name()));
+    let r = synth::synth(like, ty, &a.out, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     });

@@ -11,7 +11,7 @@ use tessera::cpu::CpuDevice;
 use tessera::{DType, Device};
 use tessera_llm::generate::{generate, GenerateParams};
 use tessera_llm::sampling::SamplerConfig;
-use tessera_llm::synth::{self, Like, Shape, SYNTH_TYPES};
+use tessera_llm::synth::{self, ArchShape, Like, Shape, SynthType, SYNTH_TYPES};
 use tessera_llm::tokenizer::Tokenizer;
 use tessera_llm::{Context, ContextParams, Model};
 
@@ -95,9 +95,12 @@ fn synth_smollm2_q8_0_copies_the_layout_and_generates() {
     let dir = Scratch::new("smollm2");
     let out = dir.file("smollm2-q8_0.gguf");
     let mut last = (0, 0);
-    synth::synth(Like::Smollm2_135m, DType::Q8_0, &out, &mut |d, t| {
-        last = (d, t)
-    })
+    synth::synth(
+        Like::Smollm2_135m,
+        SynthType::All(DType::Q8_0),
+        &out,
+        &mut |d, t| last = (d, t),
+    )
     .unwrap();
     assert!(
         last.0 == last.1 && last.1 > 100_000_000,
@@ -268,9 +271,14 @@ fn synth_and_trim_reject_bad_input() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("not q5_1"), "{e}");
-    let e = synth::synth(Like::Llama8b, DType::BF16, &out, &mut |_, _| {})
-        .unwrap_err()
-        .to_string();
+    let e = synth::synth(
+        Like::Llama8b,
+        SynthType::All(DType::BF16),
+        &out,
+        &mut |_, _| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("not bf16"), "{e}");
     let odd = Shape {
         n_head: 5,
@@ -299,4 +307,222 @@ fn synth_and_trim_reject_bad_input() {
     assert_eq!(Like::from_name("llama-1b").unwrap(), Like::Llama1b);
     // Nothing was written but the two inputs.
     assert_eq!(dir.entries(), 2);
+}
+
+/// The shape of tensor `name` in `f`, or a panic naming it.
+fn ne(f: &GgufFile, name: &str) -> Vec<u64> {
+    f.tensor(name)
+        .unwrap_or_else(|_| panic!("{}: no tensor {name}", f.path()))
+        .shape()
+        .to_vec()
+}
+
+#[test]
+fn synth_small_models_of_every_architecture_have_llama_cpps_layout() {
+    let dir = Scratch::new("arch");
+    for like in Like::SMALL {
+        let shape = like.shape().unwrap();
+        let out = dir.file(&format!("{}.gguf", like.name()));
+        synth::synth(like, SynthType::All(DType::Q8_0), &out, &mut |_, _| {}).unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        let arch = shape.arch.name();
+        assert_eq!(f.get_str("general.architecture").unwrap(), arch);
+        assert_eq!(
+            f.get_u32(&format!("{arch}.block_count")).unwrap() as usize,
+            shape.n_layer
+        );
+        let (d, hd) = (shape.n_embd as u64, shape.head_dim as u64);
+        let (nq, nkv) = (hd * shape.n_head as u64, hd * shape.n_head_kv as u64);
+        let ff = shape.n_ff as u64;
+        // What each architecture adds to (or fuses in) a Llama block, by llama.cpp's names.
+        let mut per_block: Vec<(&str, Vec<u64>)> = vec![
+            ("attn_norm.weight", vec![d]),
+            ("attn_output.weight", vec![nq, d]),
+            ("ffn_norm.weight", vec![d]),
+            ("ffn_down.weight", vec![ff, d]),
+        ];
+        if like == Like::Phi3Small {
+            per_block.push(("attn_qkv.weight", vec![d, nq + 2 * nkv]));
+            per_block.push(("ffn_up.weight", vec![d, 2 * ff]));
+        } else {
+            per_block.push(("attn_q.weight", vec![d, nq]));
+            per_block.push(("attn_k.weight", vec![d, nkv]));
+            per_block.push(("attn_v.weight", vec![d, nkv]));
+            per_block.push(("ffn_gate.weight", vec![d, ff]));
+            per_block.push(("ffn_up.weight", vec![d, ff]));
+        }
+        match like {
+            Like::Qwen2Small => {
+                per_block.push(("attn_q.bias", vec![nq]));
+                per_block.push(("attn_k.bias", vec![nkv]));
+                per_block.push(("attn_v.bias", vec![nkv]));
+            }
+            Like::Qwen3Small => {
+                per_block.push(("attn_q_norm.weight", vec![hd]));
+                per_block.push(("attn_k_norm.weight", vec![hd]));
+            }
+            Like::Gemma2Small | Like::Gemma3Small => {
+                per_block.push(("post_attention_norm.weight", vec![d]));
+                per_block.push(("post_ffw_norm.weight", vec![d]));
+                if like == Like::Gemma3Small {
+                    per_block.push(("attn_q_norm.weight", vec![hd]));
+                    per_block.push(("attn_k_norm.weight", vec![hd]));
+                }
+            }
+            _ => {}
+        }
+        let mut global = vec![
+            ("token_embd.weight", vec![d, shape.n_vocab as u64]),
+            ("output_norm.weight", vec![d]),
+        ];
+        if !shape.tied_output {
+            global.push(("output.weight", vec![d, shape.n_vocab as u64]));
+        }
+        match like {
+            Like::Llama3Small => global.push(("rope_freqs.weight", vec![hd / 2])),
+            Like::Phi3Small => {
+                global.push(("rope_factors_short.weight", vec![hd / 2]));
+                global.push(("rope_factors_long.weight", vec![hd / 2]));
+            }
+            _ => {}
+        }
+        assert_eq!(
+            f.tensors.len(),
+            global.len() + shape.n_layer * per_block.len(),
+            "{}: exactly llama.cpp's tensors",
+            like.name()
+        );
+        for (name, want) in &global {
+            assert_eq!(&ne(&f, name), want, "{}: {name}", like.name());
+        }
+        for l in 0..shape.n_layer {
+            for (name, want) in &per_block {
+                assert_eq!(&ne(&f, &format!("blk.{l}.{name}")), want, "{}", like.name());
+            }
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        match like {
+            Like::Gemma2Small => {
+                assert_eq!(f.get_u32(&key("attention.sliding_window")).unwrap(), 16);
+                assert!(f.get_f32(&key("attn_logit_softcapping")).unwrap() > 0.0);
+                assert!(f.get_f32(&key("final_logit_softcapping")).unwrap() > 0.0);
+                assert_eq!(f.get_u32(&key("attention.key_length")).unwrap(), 48);
+            }
+            Like::Gemma3Small => {
+                assert_eq!(f.get_u32(&key("attention.sliding_window")).unwrap(), 16);
+                assert_eq!(f.get_str(&key("rope.scaling.type")).unwrap(), "linear");
+                assert_eq!(f.get_f32(&key("rope.scaling.factor")).unwrap(), 8.0);
+            }
+            Like::Phi3Small => {
+                assert_eq!(
+                    f.get_u32(&key("rope.scaling.original_context_length"))
+                        .unwrap(),
+                    4096
+                );
+                let a = f.get_f32(&key("rope.scaling.attn_factor")).unwrap();
+                assert!((a - 1.190_238).abs() < 1e-5, "{a}");
+            }
+            Like::Qwen3Small => {
+                assert_eq!(f.get_u32(&key("attention.key_length")).unwrap(), 64);
+            }
+            _ => {}
+        }
+        // Llama 3.1's factors for heads of 32 at base 500000: eight fast pairs kept, one
+        // blended, seven slow ones divided by 8.
+        if like == Like::Llama3Small {
+            let t = f.tensor("rope_freqs.weight").unwrap();
+            let v: Vec<f32> = f
+                .tensor_data(t)
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert!(v[..8].iter().all(|&x| x == 1.0), "{v:?}");
+            assert!(v[8] > 1.0 && v[8] < 8.0, "{v:?}");
+            assert!(v[9..].iter().all(|&x| x == 8.0), "{v:?}");
+        }
+    }
+}
+
+#[test]
+fn synth_q4_k_m_puts_q6_k_where_llama_cpp_does() {
+    let t = synth::tensors(Like::Qwen3_8b, SynthType::Q4KM).unwrap();
+    let shape = ArchShape::QWEN3_8B;
+    let of = |name: &str| t.iter().find(|x| x.0 == name).unwrap().1;
+    assert_eq!(of("output.weight"), DType::Q6_K);
+    assert_eq!(of("token_embd.weight"), DType::Q4_K);
+    // Of 36 layers, 18 take more bits: the first and last eighth and every third between.
+    for role in ["attn_v", "ffn_down"] {
+        let q6: Vec<usize> = (0..shape.n_layer)
+            .filter(|l| of(&format!("blk.{l}.{role}.weight")) == DType::Q6_K)
+            .collect();
+        assert_eq!(q6.len(), 18, "{role}: {q6:?}");
+        assert_eq!(&q6[..5], &[0, 1, 2, 3, 6], "{role}");
+    }
+    for (name, dtype, ne) in &t {
+        let q6 = name == "output.weight" || name.contains("attn_v") || name.contains("ffn_down");
+        match ne.len() {
+            1 => assert_eq!(*dtype, DType::F32, "{name}"),
+            _ if !q6 => assert_eq!(*dtype, DType::Q4_K, "{name}"),
+            _ => assert!(matches!(dtype, DType::Q4_K | DType::Q6_K), "{name}"),
+        }
+    }
+    // A small model's rows are not whole 256-value blocks: llama.cpp's fallbacks.
+    let g = synth::tensors(Like::Gemma2Small, SynthType::Q4KM).unwrap();
+    let of = |name: &str| g.iter().find(|x| x.0 == name).unwrap().1;
+    assert_eq!(
+        of("token_embd.weight"),
+        DType::Q8_0,
+        "the tied head, Q6_K's fallback"
+    );
+    assert_eq!(of("blk.0.attn_q.weight"), DType::Q5_0, "Q4_K's fallback");
+    // Of 4 layers, 2 and 3 take more bits.
+    assert_eq!(of("blk.2.ffn_down.weight"), DType::Q8_0, "Q6_K's fallback");
+    assert_eq!(of("blk.1.ffn_down.weight"), DType::Q5_0);
+}
+
+#[test]
+fn synth_arch_shapes_are_checked() {
+    let dir = Scratch::new("arch-errors");
+    let out = dir.file("out.gguf");
+    let bad = [
+        // Qwen 2's attention output is as wide as the model.
+        ArchShape {
+            head_dim: 64,
+            ..ArchShape::QWEN2_SMALL
+        },
+        // Gemma 2 takes its head from the token embedding.
+        ArchShape {
+            tied_output: false,
+            ..ArchShape::GEMMA2_SMALL
+        },
+        ArchShape {
+            sliding_window: 0,
+            ..ArchShape::GEMMA3_SMALL
+        },
+        ArchShape {
+            arch: synth::Arch::Qwen3,
+            ..ArchShape::LLAMA3_SMALL
+        },
+    ];
+    for shape in bad {
+        let e = synth::synth_arch(&shape, SynthType::All(DType::F16), &out, &mut |_, _| {});
+        assert!(e.is_err(), "{shape:?}");
+    }
+    assert!(SynthType::from_name("q5_1").is_err());
+    assert_eq!(SynthType::from_name("q4_k_m").unwrap(), SynthType::Q4KM);
+    assert_eq!(dir.entries(), 0);
+}
+
+#[test]
+fn synth_llama3_small_loads_and_generates() {
+    let dir = Scratch::new("llama3-small");
+    let out = dir.file("llama3-small.gguf");
+    synth::synth(
+        Like::Llama3Small,
+        SynthType::All(DType::Q4_K),
+        &out,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    load_and_generate(&out);
 }

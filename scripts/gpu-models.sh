@@ -28,3 +28,11 @@ for d in "${devs[@]}"; do
   timeout 120 "$BIN" bench --model "$MODEL" --device "$d" -p 512 -n 128 -r 3 > "$OUT/bench-${d//[:,]/_}.log" 2>&1
   grep -E "pp512|tg128" "$OUT/bench-${d//[:,]/_}.log" | sed "s/^/RESULT bench $d /"
 done
+# Every architecture's small random-weight model (synth writes the file llama.cpp ran; its
+# references are llm/tests/data/arch/NAME.json).
+for ref in llm/tests/data/arch/*.json; do
+  name=$(basename "$ref" .json); f=/root/m/$name.gguf
+  "$BIN" gguf synth --like "$name" --type f16 --out "$f" > /dev/null 2>&1 || { echo "RESULT synth $name FAILED"; continue; }
+  timeout 120 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" "${devs[@]}" > "$OUT/greedy-$name.log" 2>&1
+  grep 'prompts match\|FAILED\|MISMATCH' "$OUT/greedy-$name.log" | sed "s/^/RESULT $name /"
+done

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Greedy generation of a model on each given device against llama.cpp's tokens, to the first
 step where llama.cpp's top-2 gap is below 0.5. The reference is smollm2-greedy.json's format
-(`prompts`) or gemma3-270m-reference.json's (`greedy`).
+(`prompts`), gemma3-270m-reference.json's (`greedy`) or an architecture's small model's
+(llm/tests/data/arch/NAME.json).
 Usage: gpu_greedy.py BINARY MODEL REFERENCE_JSON DEVICE [DEVICE...]
 Prints one line per prompt and device, and a summary line per device; exits 1 on a mismatch."""
 import json
@@ -13,6 +14,9 @@ ref = json.load(open(ref_path))
 if "greedy" in ref:
     prompts = [{"name": g["name"], "prompt_text": g["prompt"], "prompt_ids": g["prompt_ids"],
                 "generated_ids": g["ids"], "gaps": g["gaps"]} for g in ref["greedy"]]
+elif "synth" in ref:  # llm/tests/data/arch/NAME.json
+    prompts = [{"name": g["name"], "prompt_text": g["text"], "prompt_ids": g["prompt_ids"],
+                "generated_ids": g["ids"], "gaps": g["gaps"]} for g in ref["prompts"]]
 else:
     prompts = [dict(p, gaps=[s["margin_top1_top2"] for s in p["steps"]]) for p in ref["prompts"]]
 bad = 0

@@ -37,8 +37,8 @@
 // blockIdx.y, n columns.
 //
 // mmvq_glu_<type>: one column, two weight matrices (t[1] gate, t[2] up, same shape and type,
-// m rows): dst (t[0], f32, contiguous) = silu(gate x) * (up x), the gate/up/swiglu of a Llama
-// block for one token; aux[0], aux[1] the quantized x as above. Grid and blocks as
+// m rows): dst (t[0], f32, contiguous) = act(gate x) * (up x) with act SiLU (i[6] 0: SwiGLU) or
+// GELU tanh (i[6] 1: GEGLU), the gated feed-forward of a block for one token; aux[0], aux[1] the quantized x as above. Grid and blocks as
 // mmvq_<type>_1. With aux[2], aux[3] and t[3].ptr set (m a multiple of 32), dst is also written
 // quantized, in the layout quantize_q8_1_f32 writes for a [m] column: 32-value block b's int8 at
 // aux[2] + 32 b, its float2 (d, d * sum(q)) at aux[3] + 8 b, bit-identical to quantize_q8_1_f32
@@ -683,6 +683,9 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     }
 }
 
+// The gate's activation of mmvq_glu: i[6] 0 SiLU (SwiGLU), 1 GELU tanh (GEGLU).
+__device__ __forceinline__ float glu_act(const KParams& p, float g) { return p.i[6] ? act_gelu(g) : act_silu(g); }
+
 template <int Q> __device__ void mmvq_glu(const KParams& p) {
     typedef Tile<Q> T;
     const int R = T::RPG;
@@ -706,7 +709,7 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
         direct_rows<Q, 1, 2>(tasks, act, 0, [&](int s) {
             return s == 0 ? (const u8*)wg.ptr + r * wg.nb[1] : (const u8*)wu.ptr + r * wu.nb[1];
         }, a);
-        if (lane == 0 && row0 + warp < m) F32::store(at(d, row0 + warp, 0, 0, 0), act_silu(a[0][0]) * a[1][0]);
+        if (lane == 0 && row0 + warp < m) F32::store(at(d, row0 + warp, 0, 0, 0), glu_act(p, a[0][0]) * a[1][0]);
     } else {
         const int KS = T::KS;
         const i64 r0 = row0 + warp / KS * R;
@@ -733,7 +736,7 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
                 vg += red[w0 + k][r][0];
                 vu += red[w0 + k][r][1];
             }
-            F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), act_silu(vg) * vu);
+            F32::store(at(d, row0 + threadIdx.x, 0, 0, 0), glu_act(p, vg) * vu);
         }
     }
     if (p.aux[2] == 0 || p.aux[3] == 0 || p.t[3].ptr == 0) return;

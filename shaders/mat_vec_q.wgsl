@@ -25,7 +25,8 @@
 // Fused variants: ADD adds src2 (f32, dst's shape) to each sum as it is stored (`r + W x`);
 // W2 computes the same rows of a second weight matrix of src0's type and shape in src2 (row
 // stride s2.nb.y, laid out as src0: B4 = A4) by the same column, and then GLU stores
-// silu(src0 row . x) * (src2 row . x) (swiglu of the gate and up products of one token), or
+// silu(src0 row . x) * (src2 row . x) (swiglu of the gate and up products of one token; with
+// GELU, gelu instead of silu: geglu), or
 // PAIR stores both products, the second into src3 (f32, dst's shape; K and V of one token).
 // NORM multiplies by rms_norm(x) * w where src1 holds x (f32) and binding 5 holds w (f32, one
 // row of k values, from byte off4.y): the column is quantized as x * w, every invocation adds
@@ -812,7 +813,14 @@ fn mat_vec_q(
 #if W2
     let v2 = row_sum(acc.y, li, j);
 #if GLU
+#if GELU
+    // GEGLU: GELU's tanh form (written so that it never overflows) of the gate.
+    let u = 0.7978845608028654 * v * (1.0 + 0.044715 * v * v);
+    let e = exp(-2.0 * abs(u));
+    v = 0.5 * v * (1.0 + sign(u) * (1.0 - e) / (1.0 + e)) * v2;
+#else
     v = v / (1.0 + exp(-v)) * v2;
+#endif
 #else
 #if QKV
 #if ROPE

@@ -339,14 +339,11 @@ impl<'a> Fuser<'a> {
         Ok(Some(vec![self.launch(a, out)?]))
     }
 
-    /// `swiglu(W_gate x, W_up x)` for one token: one mat-vec dispatch over both weight
-    /// matrices (GLU).
+    /// `swiglu(W_gate x, W_up x)` (or geglu) for one token: one mat-vec dispatch over both
+    /// weight matrices (GLU).
     fn gate_up_swiglu(&self, m: &GluMulMats) -> Result<Option<Vec<Launch>>> {
         let g = self.graph;
         let (gate, up, s) = (m.gate, m.up, m.glu);
-        if m.op != GluOp::Swiglu {
-            return Ok(None);
-        }
         let Some((mut out, pu)) = self.mat_vec_q_pair(gate, up) else {
             return Ok(None);
         };
@@ -354,7 +351,7 @@ impl<'a> Fuser<'a> {
         if ts.dtype != DType::F32 || ts.ne != tg.ne || !self.apart(s, tg.src[1], false) {
             return Ok(None);
         }
-        out.variant = second_matrix_variant(out.variant, true);
+        out.variant = second_matrix_variant(out.variant, Some(m.op));
         out.bind[0].id = s;
         out.bind.push(pu.bind[1]);
         out.params.desc[0] = desc(ts);
@@ -379,7 +376,7 @@ impl<'a> Fuser<'a> {
         if !fits {
             return None;
         }
-        out.variant = second_matrix_variant(out.variant, false);
+        out.variant = second_matrix_variant(out.variant, None);
         out.bind.push(pb.bind[1]);
         out.bind.push(pb.bind[0]);
         out.params.desc[3] = desc(g.get(tb.src[0]));
@@ -517,7 +514,7 @@ impl<'a> Fuser<'a> {
         }
         let rows = out.variant.mat_vec_q().map_or(1, |k| k.rows) as usize;
         let (gq, groups) = (mq.div_ceil(rows), mq.div_ceil(rows) + mk.div_ceil(rows));
-        out.variant = second_matrix_variant(out.variant, false).with_mat_vec_q(|k| k.qkv = true);
+        out.variant = second_matrix_variant(out.variant, None).with_mat_vec_q(|k| k.qkv = true);
         out.groups = groups;
         out.params.u[0] = groups as u32;
         out.params.u[3] = gq as u32;
@@ -740,6 +737,6 @@ pub(crate) fn mat_mat_pair_variant(mut v: Variant) -> Variant {
 /// An integer-dot mat-vec variant that also multiplies a second weight matrix in src2, read
 /// as src0 is (W2, B4 = A4), and stores `silu(first) * second` (`glu`: GLU, the fused gate, up
 /// and swiglu) or both products (PAIR).
-pub(crate) fn second_matrix_variant(v: Variant, glu: bool) -> Variant {
+pub(crate) fn second_matrix_variant(v: Variant, glu: Option<GluOp>) -> Variant {
     v.with_mat_vec_q(|k| k.second = Some(SecondMatrix { glu }))
 }

@@ -152,7 +152,9 @@ pub(crate) struct MatVecKey {
 /// fused gate, up and swiglu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SecondMatrix {
-    pub glu: bool,
+    /// The gated activation of the two products (GLU: SwiGLU, or GEGLU with GELU), or None
+    /// for the two products side by side (PAIR).
+    pub glu: Option<GluOp>,
 }
 
 /// `mat_vec_q.wgsl` `mat_vec_q`: the integer-dot mat-vec (see the shader for each define).
@@ -496,7 +498,8 @@ impl Key {
                 if let Some(s) = k.second {
                     d.set("W2", 1);
                     d.set("B4", u32::from(k.a4));
-                    d.set(if s.glu { "GLU" } else { "PAIR" }, 1);
+                    d.set(if s.glu.is_some() { "GLU" } else { "PAIR" }, 1);
+                    d.set("GELU", u32::from(s.glu == Some(GluOp::Geglu)));
                 }
                 if k.qkv {
                     d.set("QKV", 1);

@@ -155,7 +155,7 @@ pub(super) fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorI
     Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?))
 }
 
-/// `swiglu(W_gate x, W_up x)` for one token with quantized weights: both mat-vecs and the
+/// `swiglu(W_gate x, W_up x)` (or geglu) for one token with quantized weights: both mat-vecs and the
 /// activation in one kernel that quantizes x once (mmvq.cu), and quantizes its result for the
 /// down projection that reads it next.
 fn glu_mul_mats(enc: &mut Encoder, nodes: &[TensorId], m: &GluMulMats) -> Result<bool> {
@@ -165,8 +165,7 @@ fn glu_mul_mats(enc: &mut Encoder, nodes: &[TensorId], m: &GluMulMats) -> Result
     let (tg, tu) = (g.get(m.gate), g.get(m.up));
     let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), g.get(m.x));
     let one_token = x.ne[1] == 1 && x.ne[2] == 1 && x.ne[3] == 1 && wg.ne[2] == 1 && wg.ne[3] == 1;
-    if m.op != GluOp::Swiglu
-        || !one_token
+    if !one_token
         || wg.dtype != wu.dtype
         || wg.ne != wu.ne
         || !has_mmvq(wg.dtype)
@@ -182,6 +181,7 @@ fn glu_mul_mats(enc: &mut Encoder, nodes: &[TensorId], m: &GluMulMats) -> Result
     let q8 = quantize_q8(enc, m.x, xa, x.dtype)?;
     let mut p = params(enc.arg(s)?, &[ga, ua]);
     p.aux[..2].copy_from_slice(&[q8.0, q8.1]);
+    p.i[6] = i32::from(m.op == GluOp::Geglu);
     let rows = wg.ne[1] as u64;
     let read_only = enc.is_read_only_leaf(tg.src[0]) && enc.is_read_only_leaf(tu.src[0]);
     let (blocks, threads) = mmvq_launch(&mut p, rows, read_only);

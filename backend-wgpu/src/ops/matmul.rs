@@ -482,6 +482,7 @@ fn deepest_fit(wg_mem: u32, tile: (u32, u32), h16: bool) -> u32 {
 #[cfg(test)]
 pub(super) fn variants(subgroups: bool) -> Vec<Key> {
     use crate::keys::SecondMatrix;
+    use tessera_core::GluOp;
     let mut v = Vec::new();
     for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
         for b in [DType::F32, DType::F16] {
@@ -523,7 +524,7 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                             size_mat_vec_q(&mut x, (rows, wg, kc), k, subgroups.then_some(32));
                             x.one_column = one_column;
                             let pair = MatVecQKey {
-                                second: Some(SecondMatrix { glu: false }),
+                                second: Some(SecondMatrix { glu: None }),
                                 ..x
                             };
                             let qkv = MatVecQKey { qkv: true, ..pair };
@@ -541,7 +542,15 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                     ..qkv
                                 },
                                 MatVecQKey {
-                                    second: Some(SecondMatrix { glu: true }),
+                                    second: Some(SecondMatrix {
+                                        glu: Some(GluOp::Swiglu),
+                                    }),
+                                    ..x
+                                },
+                                MatVecQKey {
+                                    second: Some(SecondMatrix {
+                                        glu: Some(GluOp::Geglu),
+                                    }),
                                     ..x
                                 },
                             ];

@@ -13,7 +13,7 @@
 //! product with its residual add followed by the next rms_norm * w and product (the norm
 //! computed by the first product's kernel).
 
-use tessera_core::{DType, Result, RopeMode, RopeParams, TensorId};
+use tessera_core::{DType, GluOp, Result, RopeMode, RopeParams, TensorId};
 
 use super::ne_str;
 use crate::case::{Case, CaseGraph, Tolerance};
@@ -130,6 +130,22 @@ fn gate_up_down(v: &mut Vec<Case>) {
                 let x = g.leaf(DType::F32, &[k, 1])?;
                 let wd = g.input(t, &[ff, k], Init::Uniform(-0.1, 0.1))?;
                 let act = gate_up(g, t, ff, x)?;
+                g.mul_mat(wd, act)
+            },
+        ));
+    }
+    // Gemma's: GELU-gated, the gate and up in Q5_0 or Q4_K.
+    for (t, k, ff) in [(DType::Q5_0, 640, 2048), (DType::Q4_K, 256, 512)] {
+        let params = format!("type={t},k={k},ff={ff}");
+        v.push(Case::new(
+            "GEGLU_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[k, 1])?;
+                let wd = g.input(DType::Q6_K, &[ff, k], Init::Uniform(-0.1, 0.1))?;
+                let act = gated(g, t, ff, x, GluOp::Geglu)?;
                 g.mul_mat(wd, act)
             },
         ));
@@ -505,10 +521,15 @@ fn normed(g: &mut CaseGraph, ne: &[usize]) -> Result<TensorId> {
 /// `swiglu(W_gate x, W_up x)` for activations x (one column or several), with random gate and up weights of type `t` and
 /// `ff` rows.
 fn gate_up(g: &mut CaseGraph, t: DType, ff: usize, x: TensorId) -> Result<TensorId> {
+    gated(g, t, ff, x, GluOp::Swiglu)
+}
+
+/// `op(W_gate x, W_up x)` as [`gate_up`], for either gated activation.
+fn gated(g: &mut CaseGraph, t: DType, ff: usize, x: TensorId, op: GluOp) -> Result<TensorId> {
     let k = g.get(x).ne[0];
     let wg = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
     let wu = g.input(t, &[k, ff], Init::Uniform(-0.1, 0.1))?;
     let gate = g.mul_mat(wg, x)?;
     let up = g.mul_mat(wu, x)?;
-    g.swiglu_split(gate, up)
+    g.glu_split(gate, up, op)
 }

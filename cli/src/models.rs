@@ -13,7 +13,11 @@ pub struct ModelsArgs {}
 pub fn run(_: ModelsArgs) -> Result<()> {
     let options = FetchOptions::from_env();
     println!("model cache: {}", options.models_dir().display());
-    let width = fetch::MODELS.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    let width = fetch::MODELS
+        .iter()
+        .map(|m| m.name.len())
+        .max()
+        .unwrap_or(0);
     for m in fetch::MODELS {
         println!("{:width$}  {}", m.name, m.description);
         match m.cached(&options) {

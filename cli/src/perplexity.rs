@@ -37,10 +37,10 @@ pub struct PerplexityArgs {
 /// Runs `tessera perplexity`.
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = perplexity::read_text(&a.file)?;
-    let n_batch = a.batch.unwrap_or(a.ctx).min(a.ctx);
-    if n_batch == 0 {
+    if a.batch == Some(0) {
         return Err(Error::Invalid("--batch must be at least 1".into()));
     }
+    let n_batch = a.batch.unwrap_or(a.ctx).min(a.ctx).max(1);
     let model = load::load(&a.model)?;
     let mut ctx = Context::new(
         model.clone(),
@@ -56,12 +56,13 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         n_batch,
         max_chunks: a.chunks,
     };
+    let n_chunk = perplexity::chunks(tokens.len(), &params)?;
     let json = a.json;
     if !json {
         eprintln!(
-            "perplexity of {} tokens, chunks of {} on {}",
-            tokens.len(),
+            "perplexity over {n_chunk} chunks of {} tokens ({} in the text) on {}",
             a.ctx,
+            tokens.len(),
             model.device().name()
         );
     }

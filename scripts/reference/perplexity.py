@@ -5,8 +5,10 @@ Two ways to get llama.cpp's value, both writing the same JSON record:
 
 * --tool PATH: run llama.cpp's own `llama-perplexity` (built from the llama.cpp that
   llama-cpp-python vendors, see perplexity-build.sh) as `PATH -m MODEL -f TEXT -c CTX -t THREADS`
-  and read the running values and the final estimate it prints.
-* without --tool: compute it here from llama.cpp's logits through llama-cpp-python, by the rules
+  (its defaults otherwise) and read the running values and the final estimate it prints; with
+  --fa-off-too, also its final estimate with `-fa off`.
+* without --tool: compute it here from llama.cpp's logits through llama-cpp-python (flash
+  attention off, one chunk a batch; this reproduces `llama-perplexity -fa off`), by the rules
   of llama.cpp's tools/perplexity (default mode, no stride): the text read as `-f` reads it (one
   trailing newline dropped), tokenized once with special tokens added as the vocabulary says and
   special-token text not parsed; cut into non-overlapping chunks of CTX tokens (a remainder
@@ -21,7 +23,7 @@ llama-cpp-python's tokenizer, which is llama.cpp's.
 
 Usage (with llama-cpp-python 0.3.36 and numpy in the Python that runs it):
     perplexity.py --name NAME MODEL.gguf TEXT.txt --ctx 128 --ctx 512 [--threads 2]
-                  [--tool llama-perplexity] --out OUT.json
+                  [--tool llama-perplexity [--fa-off-too]] --out OUT.json
 """
 import argparse
 import hashlib
@@ -107,8 +109,8 @@ def by_python(model, text, ctx, threads):
     return running, ppl, err, f"perplexity.py (llama-cpp-python) n_ctx={ctx} n_batch={ctx} n_threads={threads}"
 
 
-def by_tool(tool, model, text_path, ctx, threads):
-    cmd = [tool, "-m", model, "-f", text_path, "-c", str(ctx), "-t", str(threads)]
+def by_tool(tool, model, text_path, ctx, threads, extra=()):
+    cmd = [tool, "-m", model, "-f", text_path, "-c", str(ctx), "-t", str(threads), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     log = out.stdout + out.stderr
     running = [float(v) for _, v in re.findall(r"\[(\d+)\](\d+\.\d+),", log)]
@@ -128,6 +130,8 @@ def main():
     ap.add_argument("--ctx", type=int, action="append", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tool", help="llama.cpp's llama-perplexity binary")
+    ap.add_argument("--fa-off-too", action="store_true",
+                    help="with --tool, also record each run with flash attention off")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     text = read_text(a.text)
@@ -138,7 +142,7 @@ def main():
             running, ppl, err, command = by_tool(a.tool, a.model, a.text, ctx, a.threads)
         else:
             running, ppl, err, command = by_python(a.model, text, ctx, a.threads)
-        runs.append({
+        run = {
             "n_ctx": ctx,
             "n_tokens": n_tokens,
             "n_chunks": len(running),
@@ -146,17 +150,24 @@ def main():
             "running": running,
             "ppl": ppl,
             "error": err,
-        })
+        }
+        if a.tool and a.fa_off_too:
+            _, ppl, err, command = by_tool(a.tool, a.model, a.text, ctx, a.threads, ["-fa", "off"])
+            run["flash_attn_off"] = {"command": command, "ppl": ppl, "error": err}
+        runs.append(run)
     record = {
         "model": a.name,
         "file": os.path.basename(a.model),
         "sha256": sha256(a.model),
         "text": os.path.basename(a.text),
         "text_sha256": sha256(a.text),
-        "method": ("llama.cpp's llama-perplexity" if a.tool else
-                   "llama.cpp's logits through llama-cpp-python, llama.cpp's perplexity rules"),
-        "llama_cpp": "llama-cpp-python " + llama_cpp.__version__
-                     + ", CPU, default KV cache (F16)",
+        "method": ("llama.cpp's llama-perplexity, its default settings (flash attention auto, "
+                   "so on for the CPU; batch 2048)" if a.tool else
+                   "llama.cpp's logits through llama-cpp-python (flash attention off), "
+                   "llama.cpp's perplexity rules"),
+        "llama_cpp": ("llama.cpp as vendored in llama-cpp-python " + llama_cpp.__version__
+                      + (", built by perplexity-build.sh" if a.tool else "")
+                      + "; CPU, default KV cache (F16)"),
         "runs": runs,
     }
     with open(a.out, "w") as f:

@@ -1,7 +1,9 @@
 //! Perplexity on the CPU against llama.cpp's `llama-perplexity` on the same file and text
 //! (tests/data/perplexity/*.json, recorded by scripts/reference/perplexity.py; its README says
-//! how): the token count equal, and the running PPL after every chunk, the final PPL and its
-//! error within 1%.
+//! how): the token count equal, the final PPL within 1%, and the running PPL after every chunk
+//! and the error within 2%. The looser bound is llama.cpp's own spread: its two CPU attention
+//! paths (flash attention on and off, both recorded) differ by up to 1.6% in the running value
+//! after the first chunks of these files, where few tokens are scored, and by 0.6% in the error.
 
 mod common;
 
@@ -87,7 +89,7 @@ fn check(model: Arc<Model>, reference_file: &str, ctx: usize, chunks: Option<usi
         "chunk count"
     );
     for (i, (&g, &w)) in got.running.iter().zip(&running).enumerate() {
-        within(&format!("PPL after chunk {}", i + 1), g, w, 0.01);
+        within(&format!("PPL after chunk {}", i + 1), g, w, 0.02);
     }
     if chunks.is_none() {
         let (ppl, err) = (
@@ -99,7 +101,7 @@ fn check(model: Arc<Model>, reference_file: &str, ctx: usize, chunks: Option<usi
             got.ppl, got.error
         );
         within("final PPL", got.ppl, ppl, 0.01);
-        within("its error", got.error, err, 0.01);
+        within("its error", got.error, err, 0.02);
     }
 }
 

@@ -66,8 +66,12 @@ fn run_synth(a: SynthArgs) -> Result<()> {
     let ty = SynthType::from_name(&a.dtype)?;
     if like == Like::Smollm2_135m {
         // The layout and tokenizer come from the test model: fetch it first, with its own bar.
-        let pb = progress::bytes_bar("fetching the test model");
-        let r = fetch::test_model(&mut progress::fetch_reporter(&pb));
+        let m = &fetch::SMOLLM2_135M;
+        let pb = progress::bytes_bar(&format!("fetching {}", m.name));
+        let r = m.fetch(
+            &fetch::FetchOptions::from_env(),
+            &mut progress::fetch_reporter(&pb, m),
+        );
         pb.finish_and_clear();
         r?;
     }

@@ -1,6 +1,6 @@
 //! Resolving `--device` and `--model`, and loading a model with progress.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -14,9 +14,10 @@ use crate::progress;
 /// Options shared by the commands that load a model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file; without it the test model (SmolLM2-135M-Instruct Q4_1) is fetched and cached.
+    /// GGUF model file, or a known model's name (`tessera models` lists them), fetched and
+    /// cached on first use; without it the test model (smollm2-135m).
     #[arg(long)]
-    pub model: Option<PathBuf>,
+    pub model: Option<String>,
     /// Device: auto (the best present), cpu, cuda:0, wgpu:0, or meta:DEV,DEV[,...] to split the
     /// model over several devices (tensor parallelism).
     #[arg(long, default_value = "auto")]
@@ -72,24 +73,20 @@ pub fn meta_device(spec: &str, split: &str, options: &Options) -> Result<Arc<dyn
     tessera::meta_device(options, spec, &SplitRatios::parse(split)?)
 }
 
-/// The model path: `--model`, or the cached test model (fetched with a progress bar).
+/// The model path: `--model` (a file, or a known model's name, fetched with a progress bar),
+/// or the test model.
 pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
-    match &args.model {
-        Some(p) => {
-            if !p.is_file() {
-                return Err(Error::Invalid(format!(
-                    "model file {} not found",
-                    p.display()
-                )));
-            }
-            Ok(p.clone())
-        }
-        None => {
-            let pb = progress::bytes_bar("fetching the test model");
-            let r = fetch::test_model(&mut progress::fetch_reporter(&pb));
+    let spec = args.model.as_deref().unwrap_or(fetch::SMOLLM2_135M.name);
+    let options = fetch::FetchOptions::from_env();
+    match fetch::find(spec) {
+        // A bar only for a fetch: a file of that name, or a cached model, is returned at once.
+        Some(m) if !Path::new(spec).is_file() && m.cached(&options).is_none() => {
+            let pb = progress::bytes_bar(&format!("fetching {}", m.name));
+            let r = m.fetch(&options, &mut progress::fetch_reporter(&pb, m));
             pb.finish_and_clear();
             r
         }
+        _ => fetch::resolve(spec, &options, &mut |_| {}),
     }
 }
 

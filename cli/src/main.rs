@@ -1,5 +1,6 @@
-//! `tessera`: generate text with a GGUF model on any device, benchmark it, list devices, and
-//! run the op conformance suite and op benchmarks.
+//! `tessera`: generate text with a GGUF model (a file, or a known model by name) on any device,
+//! measure its perplexity and speed, list devices and known models, and run the op conformance
+//! suite and op benchmarks.
 
 mod allreduce;
 mod bench;
@@ -7,7 +8,9 @@ mod devices;
 mod generate;
 mod gguf;
 mod load;
+mod models;
 mod ops;
+mod perplexity;
 mod progress;
 mod tokenize;
 
@@ -31,6 +34,10 @@ enum Command {
     Chat(generate::ChatArgs),
     /// Print a text's token ids.
     Tokenize(tokenize::TokenizeArgs),
+    /// A model's perplexity on a text, computed as llama.cpp's perplexity tool does.
+    Perplexity(perplexity::PerplexityArgs),
+    /// List the models `--model NAME` fetches, and which are cached.
+    Models(models::ModelsArgs),
     /// Measure prompt and generation tokens per second, as llama-bench does.
     Bench(bench::BenchArgs),
     /// Time the all-reduce between a meta device's parts, per tensor size.
@@ -58,6 +65,8 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Models(a) => models::run(a),
         Command::Bench(a) => bench::run(a),
         Command::AllReduce(a) => allreduce::run(a),
         Command::Ops(c) => ops::run(c),

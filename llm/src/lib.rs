@@ -38,6 +38,7 @@ pub mod forward;
 pub mod generate;
 pub mod kv_cache;
 pub mod model;
+pub mod perplexity;
 pub mod sampling;
 pub mod shard;
 pub mod synth;

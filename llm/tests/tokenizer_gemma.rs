@@ -1,43 +1,28 @@
 //! The Gemma 3 270M tokenizer (a 262,144-token SentencePiece-style `llama` vocabulary with byte
-//! fallback) against llama.cpp's ids in shared/reference/gemma3-270m-reference.json. Skipped
-//! when the model is not cached.
+//! fallback) against llama.cpp's ids in shared/reference/gemma3-270m-reference.json (the file
+//! is fetched by name on first use).
 
 mod common;
 
-use std::path::PathBuf;
 
 use tessera_core::gguf::GgufFile;
 use tessera_llm::chat::{ChatFormat, ChatTemplate, Message};
-use tessera_llm::fetch;
 use tessera_llm::tokenizer::{StreamDecoder, Tokenizer};
 
 use common::{ids, reference};
 
-const GEMMA_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
-
-/// The cached Gemma 3 270M file, or `None` (with a note) when it is absent.
-fn gemma_path() -> Option<PathBuf> {
-    let path = fetch::cache_dir().join("models").join(GEMMA_FILE);
-    if path.is_file() {
-        Some(path)
-    } else {
-        println!("skipped: gemma3-270m not cached ({})", path.display());
-        None
-    }
+fn open() -> GgufFile {
+    GgufFile::open(common::gemma3_path()).expect("the Gemma file opens")
 }
 
-fn open() -> Option<GgufFile> {
-    Some(GgufFile::open(gemma_path()?).expect("the Gemma file opens"))
-}
-
-fn load() -> Option<(Tokenizer, serde_json::Value)> {
-    let tok = Tokenizer::from_gguf(&open()?).expect("the Gemma tokenizer loads");
-    Some((tok, reference("gemma3-270m-reference.json")))
+fn load() -> (Tokenizer, serde_json::Value) {
+    let tok = Tokenizer::from_gguf(&open()).expect("the Gemma tokenizer loads");
+    (tok, reference("gemma3-270m-reference.json"))
 }
 
 #[test]
 fn gemma3_vocabulary_facts() {
-    let Some((tok, _)) = load() else { return };
+    let (tok, _) = load();
     assert_eq!(tok.n_vocab(), 262_144);
     assert_eq!(
         (tok.bos(), tok.eos(), tok.unk()),
@@ -56,7 +41,7 @@ fn gemma3_vocabulary_facts() {
 
 #[test]
 fn gemma3_matches_llama_cpp_ids() {
-    let Some((tok, r)) = load() else { return };
+    let (tok, r) = load();
     let mut failures = Vec::new();
     let mut count = 0;
     for e in r["tokenize"].as_array().unwrap() {
@@ -97,7 +82,7 @@ fn gemma3_matches_llama_cpp_ids() {
 
 #[test]
 fn gemma3_decodes_back_to_the_text() {
-    let Some((tok, r)) = load() else { return };
+    let (tok, r) = load();
     let mut failures = Vec::new();
     let prompts = r["greedy"].as_array().unwrap().iter().map(|g| &g["prompt"]);
     let texts = r["tokenize"].as_array().unwrap().iter().map(|e| &e["text"]);
@@ -122,7 +107,7 @@ fn gemma3_decodes_back_to_the_text() {
 
 #[test]
 fn gemma3_chat_uses_the_gemma_format() {
-    let Some(gguf) = open() else { return };
+    let gguf = open();
     let r = reference("gemma3-270m-reference.json");
     // The file has no template: its architecture picks Gemma's turns.
     assert!(gguf.get("tokenizer.chat_template").is_none());

@@ -22,6 +22,15 @@ pub(crate) enum SrcUse {
     AsIs,
     /// A mirrored source, narrowed by a view of the part's whole copy to this split's slice.
     Narrow(AxisSplit),
+    /// A mirrored source, narrowed by a view of the part's whole copy to `(start, len)` along
+    /// `axis`, one stretch per part; unlike a split's slices, the stretches may overlap (parts
+    /// whose query heads share a KV head each read that head).
+    Stretch {
+        /// The axis narrowed.
+        axis: usize,
+        /// Each part's stretch.
+        ranges: Vec<(usize, usize)>,
+    },
 }
 
 /// What a rule decided for a node.
@@ -378,6 +387,12 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
         fit(g, src(i)?, s, want, longer)
             .ok_or_else(|| err(format!("source {i} is {s}, which cannot be read as {want}")))
     };
+    let with_factors = |mut uses: Vec<SrcUse>| -> Result<Vec<SrcUse>> {
+        if n > 2 {
+            uses.push(need_mirrored(2, "every head's rotation uses all the frequency factors")?);
+        }
+        Ok(uses)
+    };
     match &t.op {
         Op::AllReduce => Err(err(
             "an all-reduce is placed by the meta device itself, not split".into(),
@@ -502,17 +517,20 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             )),
             Some(x) if x.axis == 2 => done(
                 x.clone(),
-                vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?],
+                with_factors(vec![SrcUse::AsIs, fit_or(1, &x.on_axis(0), false)?])?,
             ),
             Some(x) => done(
                 x.clone(),
-                vec![SrcUse::AsIs, need_mirrored(1, "positions go with tokens")?],
+                with_factors(vec![
+                    SrcUse::AsIs,
+                    need_mirrored(1, "positions go with tokens")?,
+                ])?,
             ),
             None => {
                 let y = split_of(1).ok_or_else(|| err("no split source".into()))?;
                 done(
                     y.on_axis(2),
-                    vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs],
+                    with_factors(vec![fit_or(0, &y.on_axis(2), false)?, SrcUse::AsIs])?,
                 )
             }
         },
@@ -716,17 +734,28 @@ fn flash_attn(
                     .scaled(group, 1)
                     .ok_or_else(|| err("kv heads overflow".into()))?,
             };
-            let xkv = xq.scaled(1, group).ok_or_else(|| {
-                err(format!(
-                    "{xq} of the query heads cuts a GQA group of {group}"
-                ))
-            })?;
-            let uses = vec![
-                fit_or(0, &xq, false)?,
-                fit_or(1, &xkv, false)?,
-                fit_or(2, &xkv, false)?,
-            ];
-            let mut uses = uses;
+            let kv_mirrored = eff[1] == SplitState::Mirrored && eff[2] == SplitState::Mirrored;
+            let mut uses = vec![fit_or(0, &xq, false)?];
+            match xq.scaled(1, group) {
+                Some(xkv) => {
+                    uses.push(fit_or(1, &xkv, false)?);
+                    uses.push(fit_or(2, &xkv, false)?);
+                }
+                None if kv_mirrored => {
+                    let ranges = shared_kv_heads(&xq, group).map_err(&err)?;
+                    for _ in 0..2 {
+                        uses.push(SrcUse::Stretch {
+                            axis: 2,
+                            ranges: ranges.clone(),
+                        });
+                    }
+                }
+                None => {
+                    return Err(err(format!(
+                        "{xq} of the query heads cuts a GQA group of {group}"
+                    )))
+                }
+            }
             if has_mask {
                 uses.push(mask_use(&xq, false)?);
             }
@@ -769,6 +798,38 @@ fn flash_attn(
                 .into(),
         )),
     }
+}
+
+/// The KV heads (`(first, count)`) each part's attention reads when its query heads are the
+/// slices of `xq` and every part holds all KV heads, `group` query heads to a KV head. A
+/// backend maps a part's local query head `i` to local KV head `i / (local query heads / local
+/// KV heads)`, so a part needs whole groups starting at a group boundary (their KV heads, in
+/// order) or query heads all within one group (that group's KV head alone).
+fn shared_kv_heads(
+    xq: &AxisSplit,
+    group: usize,
+) -> std::result::Result<Vec<(usize, usize)>, String> {
+    (0..xq.parts())
+        .map(|j| {
+            let first = xq
+                .single_range(j)
+                .ok_or_else(|| format!("{xq} of the query heads is not one stretch per part"))?;
+            let len = xq.part_len(j);
+            if len == 0 {
+                Ok((0, 0))
+            } else if first % group == 0 && len % group == 0 {
+                Ok((first / group, len / group))
+            } else if first / group == (first + len - 1) / group {
+                Ok((first / group, 1))
+            } else {
+                Err(format!(
+                    "part {j}'s query heads {first}..{} cut across the groups of two KV heads \
+                     (groups of {group})",
+                    first + len
+                ))
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

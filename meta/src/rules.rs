@@ -859,6 +859,28 @@ mod tests {
     }
 
     #[test]
+    fn query_heads_read_the_kv_heads_of_their_groups() {
+        // 9 query heads in groups of 3: whole groups read their KV heads, heads within one
+        // group read that group's KV head alone, an empty part reads none.
+        let xq = AxisSplit::new(2, vec![3, 3, 2, 1, 0]);
+        assert_eq!(
+            shared_kv_heads(&xq, 3).unwrap(),
+            vec![(0, 1), (1, 1), (2, 1), (2, 1), (0, 0)]
+        );
+        assert_eq!(
+            shared_kv_heads(&AxisSplit::new(2, vec![6, 3]), 3).unwrap(),
+            vec![(0, 2), (2, 1)]
+        );
+        // One KV head: every part reads it.
+        assert_eq!(
+            shared_kv_heads(&AxisSplit::new(2, vec![3, 1]), 4).unwrap(),
+            vec![(0, 1), (0, 1)]
+        );
+        // Heads 3..5 straddle groups 1 and 2 (groups of 3 heads).
+        assert!(shared_kv_heads(&AxisSplit::new(2, vec![3, 2, 4]), 3).is_err());
+    }
+
+    #[test]
     fn a_kv_cache_view_maps_onto_kv_heads() {
         let mut g = Graph::new();
         let (hd, nkv, ctx) = (64, 3, 16);

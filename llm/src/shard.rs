@@ -83,11 +83,7 @@ impl Sharding {
         } else {
             let q_heads = partition(cfg.n_head, ratios);
             let refuse = |j: usize, why: String| {
-                let name = device
-                    .parts()
-                    .get(j)
-                    .map(|p| p.name())
-                    .unwrap_or_default();
+                let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
                 Error::Model(format!(
                     "the model's {} KV heads ({} query heads, {group} per KV head) cannot be divided \
                      among the {} parts of {} by ratios {}: part {j} ({name}) {why} (give it ratio 0 \
@@ -105,7 +101,7 @@ impl Sharding {
             let mut first = 0;
             for (j, &c) in q_heads.iter().enumerate() {
                 let last = first + c;
-                let whole = first % group == 0 && c % group == 0;
+                let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
                 if c > 0 && !whole && first / group != (last - 1) / group {
                     return Err(refuse(
                         j,

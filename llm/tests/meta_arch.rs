@@ -33,8 +33,13 @@ fn cpus(ratios: &[f64], precise: bool) -> Arc<dyn Device> {
 
 fn load(dev: Arc<dyn Device>) -> Arc<Model> {
     Arc::new(
-        Model::load(gemma3_path(), dev, Arc::new(CpuDevice::new()), &mut |_, _| {})
-            .expect("gemma3 loads"),
+        Model::load(
+            gemma3_path(),
+            dev,
+            Arc::new(CpuDevice::new()),
+            &mut |_, _| {},
+        )
+        .expect("gemma3 loads"),
     )
 }
 
@@ -100,7 +105,12 @@ fn prompts() -> Vec<(String, Vec<u32>)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap().to_string(), ids(&p["prompt_ids"])))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                ids(&p["prompt_ids"]),
+            )
+        })
         .collect()
 }
 
@@ -112,7 +122,10 @@ fn gemma3_splits_by_query_heads_with_kv_on_every_part() {
         assert_eq!(sh.kv_heads(), None, "{ratios:?}: K and V are mirrored");
         assert_eq!(sh.q_heads().iter().sum::<usize>(), 4, "{ratios:?}");
         assert!(
-            sh.q_heads().iter().zip(&ratios).all(|(&h, &r)| (h > 0) == (r > 0.0)),
+            sh.q_heads()
+                .iter()
+                .zip(&ratios)
+                .all(|(&h, &r)| (h > 0) == (r > 0.0)),
             "{ratios:?}: query heads {:?}",
             sh.q_heads()
         );
@@ -151,7 +164,10 @@ fn gemma3_on_cpu_parts_generates_the_cpus_tokens() {
     const STEPS: usize = 8;
     let cpu = cpu_model(false);
     // The short prompts; the one past the sliding window has its own test.
-    let prompts: Vec<_> = prompts().into_iter().filter(|(_, p)| p.len() < 64).collect();
+    let prompts: Vec<_> = prompts()
+        .into_iter()
+        .filter(|(_, p)| p.len() < 64)
+        .collect();
     assert_eq!(prompts.len(), 5);
     let want: Vec<(Vec<u32>, usize)> = prompts
         .iter()

@@ -83,7 +83,8 @@ fn rewrite_as(src: &Path, arch: &str, out: &Path) {
             w.add_metadata(key("logit_scale"), 4.0f32).unwrap();
         }
         "gemma2" | "gemma3" => {
-            w.add_metadata(key("attention.sliding_window"), WINDOW).unwrap();
+            w.add_metadata(key("attention.sliding_window"), WINDOW)
+                .unwrap();
             // Layer 0 sees a window, layer 1 everything.
             w.add_metadata(key("attention.sliding_window_pattern"), 2u32)
                 .unwrap();
@@ -129,8 +130,13 @@ fn rewrite_as(src: &Path, arch: &str, out: &Path) {
     for l in 0..N_LAYER {
         let name = |k: &str| format!("blk.{l}.{k}");
         let mut vec = |w: &mut GgufWriter, k: &str, n: u64, base: f32, scale: f32| {
-            w.add_tensor(name(k), DType::F32, &[n], noise.f32s(n as usize, base, scale))
-                .unwrap();
+            w.add_tensor(
+                name(k),
+                DType::F32,
+                &[n],
+                noise.f32s(n as usize, base, scale),
+            )
+            .unwrap();
         };
         match arch {
             "qwen2" => {
@@ -145,7 +151,13 @@ fn rewrite_as(src: &Path, arch: &str, out: &Path) {
             _ => {}
         }
         if arch.starts_with("gemma") {
-            vec(&mut w, "post_attention_norm.weight", N_EMBD as u64, 1.0, 0.5);
+            vec(
+                &mut w,
+                "post_attention_norm.weight",
+                N_EMBD as u64,
+                1.0,
+                0.5,
+            );
             vec(&mut w, "post_ffw_norm.weight", N_EMBD as u64, 1.0, 0.5);
         }
         if arch == "phi3" {
@@ -159,8 +171,13 @@ fn rewrite_as(src: &Path, arch: &str, out: &Path) {
                 .unwrap()
                 .dtype;
             let qkv = join(&["attn_q.weight", "attn_k.weight", "attn_v.weight"]);
-            w.add_tensor(name("attn_qkv.weight"), dt, &[N_EMBD as u64, q + 2 * kv], qkv)
-                .unwrap();
+            w.add_tensor(
+                name("attn_qkv.weight"),
+                dt,
+                &[N_EMBD as u64, q + 2 * kv],
+                qkv,
+            )
+            .unwrap();
             let dt = f
                 .tensors
                 .iter()
@@ -168,8 +185,13 @@ fn rewrite_as(src: &Path, arch: &str, out: &Path) {
                 .unwrap()
                 .dtype;
             let up = join(&["ffn_gate.weight", "ffn_up.weight"]);
-            w.add_tensor(name("ffn_up.weight"), dt, &[N_EMBD as u64, 2 * N_FF as u64], up)
-                .unwrap();
+            w.add_tensor(
+                name("ffn_up.weight"),
+                dt,
+                &[N_EMBD as u64, 2 * N_FF as u64],
+                up,
+            )
+            .unwrap();
         }
     }
     w.write_file(out).unwrap();
@@ -235,7 +257,9 @@ fn every_architecture_splits_and_matches_the_precise_cpu() {
     std::fs::create_dir_all(&dir).unwrap();
     let llama = llama_file(&dir);
     let prompt = [1u32, 50, 300, 1200, 7, 99, 640, 12, 1500, 33];
-    for arch in ["llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"] {
+    for arch in [
+        "llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+    ] {
         let path = dir.join(format!("{arch}.gguf"));
         rewrite_as(&llama, arch, &path);
         let cpu = load(&path, Arc::new(CpuDevice::new().with_precise(true)));
@@ -255,6 +279,59 @@ fn every_architecture_splits_and_matches_the_precise_cpu() {
                 );
             }
             assert_eq!(got_toks, toks, "{arch} {ratios:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A CPU and a wgpu adapter (lavapipe in CI) as one meta device, both ways of splitting the
+/// heads: the logits are as close to the precise CPU's as those of the wgpu adapter alone
+/// (whose kernels round differently from the CPU's), within a factor of 4 (a part reading the
+/// wrong heads would be off by orders of magnitude). Skipped, saying so, when
+/// the facade has no wgpu device (built without the `wgpu` feature).
+#[test]
+fn every_architecture_on_cpu_and_wgpu_parts() {
+    let Ok(gpu) = tessera::registry().find("wgpu:0") else {
+        println!("skipped: no wgpu:0 device (build with the wgpu feature)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tessera-meta-arch-wgpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let llama = llama_file(&dir);
+    let prompt = [1u32, 50, 300, 1200, 7, 99, 640, 12, 1500, 33];
+    for arch in [
+        "llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+    ] {
+        let path = dir.join(format!("{arch}.gguf"));
+        rewrite_as(&llama, arch, &path);
+        let (_, want) = greedy(
+            &load(&path, Arc::new(CpuDevice::new().with_precise(true))),
+            &prompt,
+            2,
+        );
+        let (_, alone) = greedy(&load(&path, gpu.clone()), &prompt, 2);
+        let base = want
+            .iter()
+            .zip(&alone)
+            .map(|(w, a)| nmse(w, a))
+            .fold(0.0, f64::max);
+        // By KV heads; by query heads with the wgpu part's one query head reading KV head 0.
+        for ratios in [vec![0.5, 0.5], vec![0.3, 0.3, 0.4]] {
+            let mut parts: Vec<Arc<dyn Device>> = vec![gpu.clone()];
+            parts.extend((1..ratios.len()).map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>));
+            let dev: Arc<dyn Device> =
+                Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.clone())).unwrap());
+            let (_, got) = greedy(&load(&path, dev), &prompt, 2);
+            let e = want
+                .iter()
+                .zip(&got)
+                .map(|(w, g)| nmse(w, g))
+                .fold(0.0, f64::max);
+            println!("{arch} {ratios:?}: logits nmse {e:.1e} (wgpu alone {base:.1e})");
+            assert!(
+                e < 4.0 * base.max(1e-6),
+                "{arch} {ratios:?}: logits nmse {e:e}, the wgpu adapter alone {base:e}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

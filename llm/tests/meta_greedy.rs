@@ -210,7 +210,10 @@ fn query_heads_split_with_shared_kv_heads_match_the_precise_cpu() {
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         let e = nmse(w, g);
         println!("{ratios:?} step {i}: logits nmse {e:.1e}");
-        assert!(e < 1e-6, "step {i}: logits differ from the CPU's (nmse {e:e})");
+        assert!(
+            e < 1e-6,
+            "step {i}: logits differ from the CPU's (nmse {e:e})"
+        );
     }
 }
 

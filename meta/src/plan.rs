@@ -754,7 +754,11 @@ impl PartBuilder<'_> {
                 Some(SrcUse::Narrow(x)) => self.narrow(s, x)?,
                 Some(SrcUse::Stretch { axis, ranges }) => {
                     let (start, len) = ranges.get(self.j).copied().ok_or_else(|| {
-                        split_err(g, id, &format!("no stretch of source {i} for part {}", self.j))
+                        split_err(
+                            g,
+                            id,
+                            &format!("no stretch of source {i} for part {}", self.j),
+                        )
                     })?;
                     self.narrow_to(s, *axis, start, len)?
                 }

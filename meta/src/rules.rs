@@ -389,7 +389,10 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
     };
     let with_factors = |mut uses: Vec<SrcUse>| -> Result<Vec<SrcUse>> {
         if n > 2 {
-            uses.push(need_mirrored(2, "every head's rotation uses all the frequency factors")?);
+            uses.push(need_mirrored(
+                2,
+                "every head's rotation uses all the frequency factors",
+            )?);
         }
         Ok(uses)
     };
@@ -817,7 +820,7 @@ fn shared_kv_heads(
             let len = xq.part_len(j);
             if len == 0 {
                 Ok((0, 0))
-            } else if first % group == 0 && len % group == 0 {
+            } else if first.is_multiple_of(group) && len.is_multiple_of(group) {
                 Ok((first / group, len / group))
             } else if first / group == (first + len - 1) / group {
                 Ok((first / group, 1))

@@ -5,8 +5,8 @@
 //!
 //! - **Column-parallel** Q, K, V, gate and up: each part holds a slice of the output rows
 //!   (`ne[1]`), so each computes its own heads and its own slice of the feed-forward width.
-//!   Q, K and V are cut by KV heads, each KV head with its GQA group of query heads, so that a
-//!   part's attention needs only its own heads. The KV cache is cut the same way.
+//!   Q, K and V are cut by heads (below), so that a part's attention needs only its own heads.
+//!   The KV cache is cut as K and V are.
 //! - **Row-parallel** attention output and down: each part holds the input columns (`ne[0]`)
 //!   matching its heads or feed-forward slice, so each part's product is a partial sum of the
 //!   full result; the meta layer all-reduces it before the residual add.
@@ -18,10 +18,21 @@
 //!   every part has the whole activation at the start of each block.
 //!
 //! The split ratios are rounded to whole units once per dimension, so that all tensors of a
-//! dimension agree: KV heads (Q, K, V, attention output, KV cache) and feed-forward rows in
-//! units of the largest quantization block of the down weights (so `ffn_down`'s column slices
-//! are whole blocks). A part whose ratio is positive but that would get no KV head is an error
-//! (the model's heads cannot be divided as asked); a part with ratio 0 holds empty slices.
+//! dimension agree: heads (Q, K, V, attention output, KV cache) and feed-forward rows in units
+//! of the largest quantization block of the down weights (so `ffn_down`'s column slices are
+//! whole blocks). A part with ratio 0 holds empty slices.
+//!
+//! Heads are split one of two ways:
+//!
+//! - **By KV heads** (the default): each part holds whole KV heads with their GQA groups of
+//!   query heads; K, V and the KV cache are split like Q.
+//! - **By query heads, K and V mirrored**, when the KV heads are too few for every part that
+//!   asks for work to get one (a model with one KV head over two devices): each part holds its
+//!   query heads' rows of Q (and the matching columns of the attention output) and the whole K
+//!   and V projections and KV cache. Each part's query heads must be whole GQA groups or lie
+//!   within one group, so that its attention reads a contiguous run of KV heads with the
+//!   model's grouping (or one KV head for all its query heads); a split that cannot be rounded
+//!   so is an error that says which part to give ratio 0.
 
 use std::sync::Arc;
 
@@ -31,14 +42,14 @@ use tessera_core::{Buffer, DType, Device, Error, Result};
 
 use crate::config::ModelConfig;
 
-/// How a Llama model's weights and KV cache are split over the parts of a meta device.
+/// How a model's weights and KV cache are split over the parts of a meta device.
 #[derive(Clone)]
 pub struct Sharding {
     meta: MetaDevice,
-    /// KV heads of each part.
-    kv_heads: Vec<usize>,
-    /// Query heads per KV head.
-    group: usize,
+    /// Query heads of each part.
+    q_heads: Vec<usize>,
+    /// KV heads of each part when K and V are split with Q; `None` when they are mirrored.
+    kv_heads: Option<Vec<usize>>,
     /// Width of one head.
     head_dim: usize,
     /// Feed-forward rows of each part.
@@ -59,21 +70,51 @@ impl Sharding {
             return Ok(None);
         };
         let ratios = meta.ratios();
+        let group = cfg.n_head / cfg.n_head_kv;
         let kv_heads = partition(cfg.n_head_kv, ratios);
-        let parts = device.parts();
-        for (j, (&c, &r)) in kv_heads.iter().zip(ratios).enumerate() {
-            if r > 0.0 && c == 0 {
-                let name = parts.get(j).map(|p| p.name()).unwrap_or_default();
-                return Err(Error::Model(format!(
-                    "the model's {} KV heads cannot be divided among the {} parts of {} by ratios {}: part {j} ({name}) \
-                     would get none (give it ratio 0 or use fewer devices)",
+        let starved = |counts: &[usize]| {
+            counts
+                .iter()
+                .zip(ratios)
+                .position(|(&c, &r)| r > 0.0 && c == 0)
+        };
+        let (q_heads, kv_heads) = if starved(&kv_heads).is_none() {
+            (kv_heads.iter().map(|h| h * group).collect(), Some(kv_heads))
+        } else {
+            let q_heads = partition(cfg.n_head, ratios);
+            let refuse = |j: usize, why: String| {
+                let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
+                Error::Model(format!(
+                    "the model's {} KV heads ({} query heads, {group} per KV head) cannot be divided \
+                     among the {} parts of {} by ratios {}: part {j} ({name}) {why} (give it ratio 0 \
+                     or use fewer devices)",
                     cfg.n_head_kv,
+                    cfg.n_head,
                     ratios.len(),
                     device.name(),
                     fmt_ratios(ratios)
-                )));
+                ))
+            };
+            if let Some(j) = starved(&q_heads) {
+                return Err(refuse(j, "would get no query head".into()));
             }
-        }
+            let mut first = 0;
+            for (j, &c) in q_heads.iter().enumerate() {
+                let last = first + c;
+                let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
+                if c > 0 && !whole && first / group != (last - 1) / group {
+                    return Err(refuse(
+                        j,
+                        format!(
+                            "would get query heads {first}..{last}, which cut across the groups \
+                             of two KV heads"
+                        ),
+                    ));
+                }
+                first = last;
+            }
+            (q_heads, None)
+        };
         let unit = file
             .tensors
             .iter()
@@ -84,27 +125,38 @@ impl Sharding {
         let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width")
             .map_err(|e| Error::Model(e.to_string()))?;
         let vocab = partition(cfg.n_vocab, ratios);
-        let group = cfg.n_head / cfg.n_head_kv;
-        log::info!(
-            "{}: KV heads {:?} (each with {group} query heads), feed-forward rows {:?}, output head rows {:?}",
-            device.name(),
-            kv_heads,
-            ffn,
-            vocab
-        );
+        match &kv_heads {
+            Some(kv) => log::info!(
+                "{}: KV heads {kv:?} (each with {group} query heads), feed-forward rows {ffn:?}, \
+                 output head rows {vocab:?}",
+                device.name()
+            ),
+            None => log::info!(
+                "{}: query heads {q_heads:?} with all {} KV heads on every part, feed-forward rows \
+                 {ffn:?}, output head rows {vocab:?}",
+                device.name(),
+                cfg.n_head_kv
+            ),
+        }
         Ok(Some(Sharding {
             meta: meta.clone(),
+            q_heads,
             kv_heads,
-            group,
             head_dim: cfg.head_dim,
             ffn,
             vocab,
         }))
     }
 
-    /// KV heads each part holds.
-    pub fn kv_heads(&self) -> &[usize] {
-        &self.kv_heads
+    /// Query heads each part holds.
+    pub fn q_heads(&self) -> &[usize] {
+        &self.q_heads
+    }
+
+    /// KV heads each part holds when K, V and the KV cache are split by heads; `None` when
+    /// every part holds all of them (the split by query heads).
+    pub fn kv_heads(&self) -> Option<&[usize]> {
+        self.kv_heads.as_deref()
     }
 
     /// Feed-forward rows each part holds.
@@ -113,14 +165,15 @@ impl Sharding {
     }
 
     fn q_rows(&self) -> Vec<usize> {
-        self.kv_heads
-            .iter()
-            .map(|h| h * self.group * self.head_dim)
-            .collect()
+        self.q_heads.iter().map(|h| h * self.head_dim).collect()
     }
 
-    fn kv_rows(&self) -> Vec<usize> {
-        self.kv_heads.iter().map(|h| h * self.head_dim).collect()
+    /// The state of K and V rows: split by KV heads, or mirrored.
+    fn kv_rows_state(&self, axis: usize) -> SplitState {
+        match &self.kv_heads {
+            Some(kv) => SplitState::split(axis, kv.iter().map(|h| h * self.head_dim).collect()),
+            None => SplitState::Mirrored,
+        }
     }
 
     /// The state of weight `name` of type `dtype` and shape `ne`.
@@ -132,9 +185,9 @@ impl Sharding {
             .unwrap_or("");
         let state = match kind {
             "attn_q.weight" => SplitState::split(1, self.q_rows()),
-            "attn_k.weight" | "attn_v.weight" => SplitState::split(1, self.kv_rows()),
+            "attn_k.weight" | "attn_v.weight" => self.kv_rows_state(1),
             "attn_q.bias" => SplitState::split(0, self.q_rows()),
-            "attn_k.bias" | "attn_v.bias" => SplitState::split(0, self.kv_rows()),
+            "attn_k.bias" | "attn_v.bias" => self.kv_rows_state(0),
             "attn_output.weight" => SplitState::split(0, self.q_rows()),
             "ffn_gate.weight" | "ffn_up.weight" => SplitState::split(1, self.ffn.clone()),
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
@@ -142,7 +195,7 @@ impl Sharding {
             _ => SplitState::Mirrored,
         };
         state
-            .check_fits(dtype, ne, self.kv_heads.len())
+            .check_fits(dtype, ne, self.q_heads.len())
             .map_err(|r| {
                 Error::Model(format!(
                     "tensor '{name}' ({dtype} {ne:?}) cannot be split over {}: {r}",
@@ -152,9 +205,10 @@ impl Sharding {
         Ok(state)
     }
 
-    /// The state of each layer's K and V cache matrix ([n_embd_kv, n_ctx]): split by KV heads.
+    /// The state of each layer's K and V cache matrix ([n_embd_kv, cells]): split by KV heads,
+    /// or mirrored when the heads are split by query heads.
     pub fn kv_state(&self) -> SplitState {
-        SplitState::split(0, self.kv_rows())
+        self.kv_rows_state(0)
     }
 
     fn meta_name(&self) -> String {
@@ -182,7 +236,7 @@ impl Sharding {
     }
 
     /// A sharded KV cache of virtual size `size`: K and V matrices of `[n_embd_kv, cells]`
-    /// `dtype` at the given (byte offset, cells), each split by KV heads.
+    /// `dtype` at the given (byte offset, cells), each in [`Sharding::kv_state`].
     pub fn alloc_kv(
         &self,
         cfg: &ModelConfig,

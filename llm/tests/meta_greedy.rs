@@ -1,8 +1,9 @@
 //! Tensor parallelism of the test model on meta devices of CPU parts: greedy generation gives
 //! the single CPU's tokens up to the first near-tie (a step where the CPU's top-2 logits are
 //! within 0.5, as reference_greedy.rs defines it for llama.cpp's: there either choice is within
-//! numerical noise), with uneven splits and a part holding nothing; a model whose heads cannot
-//! be divided is refused.
+//! numerical noise), with uneven splits and a part holding nothing; when a part would get no KV
+//! head, the heads are split by query heads with K and V on every part; a model whose heads
+//! cannot be divided either way is refused.
 
 mod common;
 
@@ -105,8 +106,9 @@ fn meta_devices_of_cpus_generate_the_cpus_tokens() {
         let model = load(meta(&ratios, false)).unwrap();
         let sh = model.sharding().expect("a sharded model");
         println!(
-            "{}: KV heads {:?}, ffn rows {:?}",
+            "{}: query heads {:?}, KV heads {:?}, ffn rows {:?}",
             model.device().name(),
+            sh.q_heads(),
             sh.kv_heads(),
             sh.ffn_rows()
         );
@@ -190,9 +192,35 @@ fn an_untied_output_head_is_split_and_its_logits_match() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Three KV heads over four parts: the fourth would get none, so the nine query heads are split
+/// 3+3+2+1 with K and V on every part. Parts 0 and 1 hold whole GQA groups (KV heads 0 and 1);
+/// parts 2 and 3 share KV head 2.
+#[test]
+fn query_heads_split_with_shared_kv_heads_match_the_precise_cpu() {
+    let cpu = precise_model();
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    let (toks, want) = greedy(&cpu, &prompt, 4);
+    let ratios = [0.3, 0.3, 0.3, 0.1];
+    let model = load(meta(&ratios, true)).unwrap();
+    let sh = model.sharding().expect("a sharded model");
+    assert_eq!(sh.q_heads(), &[3, 3, 2, 1]);
+    assert_eq!(sh.kv_heads(), None);
+    let (got_toks, got) = greedy(&model, &prompt, 4);
+    assert_eq!(got_toks, toks);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let e = nmse(w, g);
+        println!("{ratios:?} step {i}: logits nmse {e:.1e}");
+        assert!(
+            e < 1e-6,
+            "step {i}: logits differ from the CPU's (nmse {e:e})"
+        );
+    }
+}
+
 #[test]
 fn heads_that_cannot_be_divided_are_refused() {
-    // Three KV heads over four parts that all ask for work.
+    // Three KV heads over four parts that all ask for work: by KV heads the fourth gets none,
+    // and by query heads (3+2+2+2) the third's straddle two KV heads' groups.
     let e = load(meta(&[0.25; 4], false)).err().expect("the load fails");
     let msg = e.to_string();
     assert!(

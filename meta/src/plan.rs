@@ -522,7 +522,8 @@ struct PartBuilder<'a> {
     j: usize,
     pg: Graph,
     map: Vec<Option<TensorId>>,
-    narrowed: HashMap<(TensorId, usize, Vec<usize>), TensorId>,
+    /// Views narrowing a mirrored source, by (source, axis, start, length).
+    narrowed: HashMap<(TensorId, usize, usize, usize), TensorId>,
 }
 
 impl PartBuilder<'_> {
@@ -699,20 +700,9 @@ impl PartBuilder<'_> {
         }))
     }
 
-    /// A view of part tensor `p` (a mirrored source's whole copy) selecting part `j`'s slice.
+    /// A view of a mirrored source's whole copy on this part selecting part `j`'s slice of
+    /// split `x`.
     fn narrow(&mut self, src: TensorId, x: &AxisSplit) -> Result<TensorId> {
-        let counts = x
-            .segments
-            .first()
-            .map(|s| s.counts.clone())
-            .unwrap_or_default();
-        let key = (src, x.axis, counts);
-        if let Some(&v) = self.narrowed.get(&key) {
-            return Ok(v);
-        }
-        let p = self.part(src)?;
-        let (root, base) = self.root_of(p);
-        let st = self.pg.get(p).clone();
         let start = x.single_range(self.j).ok_or_else(|| {
             split_err(
                 self.g,
@@ -720,10 +710,22 @@ impl PartBuilder<'_> {
                 "a mirrored source narrowed by a split in segments",
             )
         })?;
-        let a = x.axis;
+        self.narrow_to(src, x.axis, start, x.part_len(self.j))
+    }
+
+    /// A view of a mirrored source's whole copy on this part selecting elements
+    /// `start..start + len` along `axis`.
+    fn narrow_to(&mut self, src: TensorId, a: usize, start: usize, len: usize) -> Result<TensorId> {
+        let key = (src, a, start, len);
+        if let Some(&v) = self.narrowed.get(&key) {
+            return Ok(v);
+        }
+        let p = self.part(src)?;
+        let (root, base) = self.root_of(p);
+        let st = self.pg.get(p).clone();
         let per = if a == 0 { st.dtype.block_size() } else { 1 };
         let mut ne = st.ne;
-        ne[a] = x.part_len(self.j);
+        ne[a] = len;
         let v = self.push(Tensor {
             dtype: st.dtype,
             ne,
@@ -750,6 +752,16 @@ impl PartBuilder<'_> {
         for (i, &s) in t.src.iter().enumerate() {
             src.push(match uses.get(i) {
                 Some(SrcUse::Narrow(x)) => self.narrow(s, x)?,
+                Some(SrcUse::Stretch { axis, ranges }) => {
+                    let (start, len) = ranges.get(self.j).copied().ok_or_else(|| {
+                        split_err(
+                            g,
+                            id,
+                            &format!("no stretch of source {i} for part {}", self.j),
+                        )
+                    })?;
+                    self.narrow_to(s, *axis, start, len)?
+                }
                 _ => self.part(s)?,
             });
         }

@@ -22,6 +22,15 @@ pub(crate) enum SrcUse {
     AsIs,
     /// A mirrored source, narrowed by a view of the part's whole copy to this split's slice.
     Narrow(AxisSplit),
+    /// A mirrored source, narrowed by a view of the part's whole copy to `(start, len)` along
+    /// `axis`, one stretch per part; unlike a split's slices, the stretches may overlap (parts
+    /// whose query heads share a KV head each read that head).
+    Stretch {
+        /// The axis narrowed.
+        axis: usize,
+        /// Each part's stretch.
+        ranges: Vec<(usize, usize)>,
+    },
 }
 
 /// What a rule decided for a node.
@@ -732,17 +741,28 @@ fn flash_attn(
                     .scaled(group, 1)
                     .ok_or_else(|| err("kv heads overflow".into()))?,
             };
-            let xkv = xq.scaled(1, group).ok_or_else(|| {
-                err(format!(
-                    "{xq} of the query heads cuts a GQA group of {group}"
-                ))
-            })?;
-            let uses = vec![
-                fit_or(0, &xq, false)?,
-                fit_or(1, &xkv, false)?,
-                fit_or(2, &xkv, false)?,
-            ];
-            let mut uses = uses;
+            let kv_mirrored = eff[1] == SplitState::Mirrored && eff[2] == SplitState::Mirrored;
+            let mut uses = vec![fit_or(0, &xq, false)?];
+            match xq.scaled(1, group) {
+                Some(xkv) => {
+                    uses.push(fit_or(1, &xkv, false)?);
+                    uses.push(fit_or(2, &xkv, false)?);
+                }
+                None if kv_mirrored => {
+                    let ranges = shared_kv_heads(&xq, group).map_err(&err)?;
+                    for _ in 0..2 {
+                        uses.push(SrcUse::Stretch {
+                            axis: 2,
+                            ranges: ranges.clone(),
+                        });
+                    }
+                }
+                None => {
+                    return Err(err(format!(
+                        "{xq} of the query heads cuts a GQA group of {group}"
+                    )))
+                }
+            }
             if has_mask {
                 uses.push(mask_use(&xq, false)?);
             }
@@ -787,6 +807,38 @@ fn flash_attn(
     }
 }
 
+/// The KV heads (`(first, count)`) each part's attention reads when its query heads are the
+/// slices of `xq` and every part holds all KV heads, `group` query heads to a KV head. A
+/// backend maps a part's local query head `i` to local KV head `i / (local query heads / local
+/// KV heads)`, so a part needs whole groups starting at a group boundary (their KV heads, in
+/// order) or query heads all within one group (that group's KV head alone).
+fn shared_kv_heads(
+    xq: &AxisSplit,
+    group: usize,
+) -> std::result::Result<Vec<(usize, usize)>, String> {
+    (0..xq.parts())
+        .map(|j| {
+            let first = xq
+                .single_range(j)
+                .ok_or_else(|| format!("{xq} of the query heads is not one stretch per part"))?;
+            let len = xq.part_len(j);
+            if len == 0 {
+                Ok((0, 0))
+            } else if first.is_multiple_of(group) && len.is_multiple_of(group) {
+                Ok((first / group, len / group))
+            } else if first / group == (first + len - 1) / group {
+                Ok((first / group, 1))
+            } else {
+                Err(format!(
+                    "part {j}'s query heads {first}..{} cut across the groups of two KV heads \
+                     (groups of {group})",
+                    first + len
+                ))
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -811,6 +863,28 @@ mod tests {
             [64, 9, 5, 1]
         )
         .is_none());
+    }
+
+    #[test]
+    fn query_heads_read_the_kv_heads_of_their_groups() {
+        // 9 query heads in groups of 3: whole groups read their KV heads, heads within one
+        // group read that group's KV head alone, an empty part reads none.
+        let xq = AxisSplit::new(2, vec![3, 3, 2, 1, 0]);
+        assert_eq!(
+            shared_kv_heads(&xq, 3).unwrap(),
+            vec![(0, 1), (1, 1), (2, 1), (2, 1), (0, 0)]
+        );
+        assert_eq!(
+            shared_kv_heads(&AxisSplit::new(2, vec![6, 3]), 3).unwrap(),
+            vec![(0, 2), (2, 1)]
+        );
+        // One KV head: every part reads it.
+        assert_eq!(
+            shared_kv_heads(&AxisSplit::new(2, vec![3, 1]), 4).unwrap(),
+            vec![(0, 1), (0, 1)]
+        );
+        // Heads 3..5 straddle groups 1 and 2 (groups of 3 heads).
+        assert!(shared_kv_heads(&AxisSplit::new(2, vec![3, 2, 4]), 3).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 #   calls 1-4 (back to back, the machine stays warm): carry .gpu/g-aN; command:
 #     mkdir -p /root/m && cp .gpu/g-a* /root/m/
 #   call 5: carry .gl, .gpu/F (tessera.xz), .gpu/g-ae, .gpu/gemma3-270m-reference.json;
-#     command: bash scripts/gpu-models.sh [DEVICE...]   (default: cuda:0 wgpu:0)
+#     command: bash scripts/gpu-models.sh [DEVICE...]   (default: cuda:0 wgpu:0 meta:cuda:0,wgpu:0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-models}; mkdir -p "$OUT"
@@ -21,7 +21,7 @@ if [ ! -f "$MODEL" ]; then cp .gpu/g-ae /root/m/ 2>/dev/null; cat /root/m/g-a? >
 if [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$SHA" ]; then
   echo "RESULT gemma3 checksum mismatch: parts missing"; rm -f "$MODEL"; exit 1
 fi
-devs=("$@"); [ ${#devs[@]} -eq 0 ] && devs=(cuda:0 wgpu:0)
+devs=("$@"); [ ${#devs[@]} -eq 0 ] && devs=(cuda:0 wgpu:0 meta:cuda:0,wgpu:0)
 timeout 240 python3 scripts/gpu_greedy.py "$BIN" "$MODEL" .gpu/gemma3-270m-reference.json "${devs[@]}" > "$OUT/greedy.log" 2>&1
 grep 'prompts match\|FAILED\|MISMATCH' "$OUT/greedy.log" | sed 's/^/RESULT greedy /'
 for d in "${devs[@]}"; do

@@ -96,6 +96,44 @@ KERNEL rms_norm_mul_vec_f32(const KParams p) {
     rms_norm_mul_row(v, wv, sum, n4, p.f[0], y, blockIdx.x, p.aux[0], p.aux[1]);
 }
 
+// rms_norm_mul_add_vec_f32: rms_norm_mul_vec_f32's rows (without the quantized copy) plus t[3],
+// a residual of the result's shape whose rows are contiguous and 16-byte aligned too: dst =
+// rms_norm(src) * w + r, a post-norm joining the residual in one pass. dst may share memory
+// with src or r: each thread reads the values it writes before the block's reduction.
+KERNEL rms_norm_mul_add_vec_f32(const KParams p) {
+    pdl_wait();
+    const TArg& s = p.t[1];
+    i64 i1, i2, i3;
+    row_of(p, i1, i2, i3);
+    const float4* x = (const float4*)at(s, 0, i1, i2, i3);
+    const float4* r = (const float4*)at(p.t[3], 0, i1, i2, i3);
+    float4* y = (float4*)at(p.t[0], 0, i1, i2, i3);
+    const float4* w = (const float4*)p.t[2].ptr;
+    const int n4 = (int)(s.ne[0] / 4);
+    float4 v[NORM_VEC], wv[NORM_VEC], rv[NORM_VEC];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        const bool in = c < n4;
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[j] = in ? x[c] : z;
+        wv[j] = in ? w[c] : z;
+        rv[j] = in ? r[c] : z;
+        sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    sum = block_sum(sum);
+    const float scale = 1.0f / sqrtf(sum / (float)(4 * n4) + p.f[0]);
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c < n4) {
+            y[c] = make_float4(v[j].x * scale * wv[j].x + rv[j].x, v[j].y * scale * wv[j].y + rv[j].y,
+                               v[j].z * scale * wv[j].z + rv[j].z, v[j].w * scale * wv[j].w + rv[j].w);
+        }
+    }
+}
+
 KERNEL norm_f32(const KParams p) {
     pdl_wait();
     const TArg& d = p.t[0];

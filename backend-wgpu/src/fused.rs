@@ -124,7 +124,10 @@ impl<'a> Fuser<'a> {
                 Some(l) => Ok(Some(l)),
                 None => self.mat_mat_pair(m),
             },
-            Group::RopeSetRows(_) | Group::AllReduceAdd(_) | Group::AttnMulMat(_) => Ok(None),
+            Group::RopeSetRows(_)
+            | Group::AllReduceAdd(_)
+            | Group::AttnMulMat(_)
+            | Group::RmsNormMulAdd(_) => Ok(None),
         }
     }
 

@@ -160,11 +160,27 @@ pub struct AttnMulMat {
     pub last: usize,
 }
 
+/// `rms_norm(x) * w + r`: a norm applied to a block's branch output before it joins the
+/// residual (Gemma's post-attention and post-feed-forward norms).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormMulAdd {
+    /// The norm and its product with weights (the product read by the add alone).
+    pub norm: RmsNormMul,
+    /// The add node: the group's result.
+    pub add: TensorId,
+    /// The add's other operand.
+    pub residual: TensorId,
+    /// The node index of the add.
+    pub last: usize,
+}
+
 /// A group of nodes that one kernel can compute (see the module's rules).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Group {
     /// See [`RmsNormMul`].
     RmsNormMul(RmsNormMul),
+    /// See [`RmsNormMulAdd`].
+    RmsNormMulAdd(RmsNormMulAdd),
     /// See [`MulMatAdd`].
     MulMatAdd(MulMatAdd),
     /// See [`GluMulMats`].
@@ -186,6 +202,7 @@ impl Group {
     pub fn last(&self) -> usize {
         match self {
             Group::RmsNormMul(g) => g.last,
+            Group::RmsNormMulAdd(g) => g.last,
             Group::MulMatAdd(g) => g.last,
             Group::GluMulMats(g) => g.last,
             Group::MulMats(g) => g.last,
@@ -200,6 +217,7 @@ impl Group {
     pub fn name(&self) -> &'static str {
         match self {
             Group::RmsNormMul(_) => "rms_norm_mul",
+            Group::RmsNormMulAdd(_) => "rms_norm_mul_add",
             Group::MulMatAdd(_) => "mul_mat_add",
             Group::GluMulMats(_) => "glu_mul_mats",
             Group::MulMats(g) if g.rope_kv.is_some() => "mul_mats_rope_kv",
@@ -280,7 +298,12 @@ impl<'g> Matcher<'g> {
             return out;
         };
         match self.graph.get(id).op {
-            Op::RmsNorm { .. } => out.extend(self.rms_norm_mul(i).map(Group::RmsNormMul)),
+            Op::RmsNorm { .. } => {
+                if let Some(n) = self.rms_norm_mul(i) {
+                    out.extend(self.rms_norm_mul_add(n).map(Group::RmsNormMulAdd));
+                    out.push(Group::RmsNormMul(n));
+                }
+            }
             Op::MulMat => {
                 out.extend(self.glu_mul_mats(i).map(Group::GluMulMats));
                 out.extend(self.mul_mat_add(i).map(Group::MulMatAdd));
@@ -319,6 +342,30 @@ impl<'g> Matcher<'g> {
             x: tn.src[0],
             w: tm.src[1],
             eps,
+            last,
+        })
+    }
+
+    /// `rms_norm(x) * w + r` (or `r + ...`) continuing the norm group `n`.
+    fn rms_norm_mul_add(&self, n: RmsNormMul) -> Option<RmsNormMulAdd> {
+        let g = self.graph;
+        if !self.single_use(n.mul) {
+            return None;
+        }
+        let (last, add) = self.next_running(n.last + 1)?;
+        let ta = g.get(add);
+        if ta.op != Op::Binary(BinaryOp::Add) || ta.src.len() != 2 {
+            return None;
+        }
+        let residual = match (ta.src[0] == n.mul, ta.src[1] == n.mul) {
+            (true, false) => ta.src[1],
+            (false, true) => ta.src[0],
+            _ => return None,
+        };
+        Some(RmsNormMulAdd {
+            norm: n,
+            add,
+            residual,
             last,
         })
     }

@@ -25,7 +25,8 @@
 
 use tessera_core::dtype::DType;
 use tessera_core::fusion::{
-    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, RmsNormMul, RopeKv, RopeSetRows, WINDOW,
+    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv, RopeSetRows,
+    WINDOW,
 };
 use tessera_core::{GluOp, Graph, Op, Result, RopeMode, TensorId};
 
@@ -39,6 +40,7 @@ use super::{params, Encoder, COUNTER_BYTES};
 pub(super) fn take(enc: &mut Encoder, nodes: &[TensorId], group: &Group) -> Result<bool> {
     match group {
         Group::RmsNormMul(m) => rms_norm_mul(enc, nodes, m),
+        Group::RmsNormMulAdd(m) => rms_norm_mul_add(enc, m),
         Group::GluMulMats(m) => glu_mul_mats(enc, nodes, m),
         Group::MulMatAdd(m) => mul_mat_add(enc, m),
         Group::MulMats(m) => mul_mats(enc, m),
@@ -111,6 +113,31 @@ fn rms_norm_mul(enc: &mut Encoder, nodes: &[TensorId], n: &RmsNormMul) -> Result
     Ok(true)
 }
 
+/// `rms_norm(x) * w + r` with rows rms_norm_mul_vec_f32 takes (a post-norm joining the
+/// residual, as Gemma's blocks end each branch): one kernel instead of three.
+fn rms_norm_mul_add(enc: &mut Encoder, n: &RmsNormMulAdd) -> Result<bool> {
+    let g = enc.graph;
+    let m = &n.norm;
+    let (tr, tm, ta, tres) = (g.get(m.norm), g.get(m.mul), g.get(n.add), g.get(n.residual));
+    let f32s = [g.get(m.w).dtype, tm.dtype, ta.dtype, tres.dtype, g.get(m.x).dtype];
+    if f32s.iter().any(|&t| t != DType::F32) || tm.ne != tr.ne || ta.ne != tr.ne || tres.ne != tr.ne {
+        return Ok(false);
+    }
+    let mut p = params(enc.arg(n.add)?, &[enc.arg(m.x)?, enc.arg(m.w)?, enc.arg(n.residual)?]);
+    p.f[0] = m.eps;
+    let Some(threads) = norm_vec_threads(&p).filter(|_| rows_of_16(&p.t[3])) else {
+        return Ok(false);
+    };
+    let rows = (tr.nrows() as u64).min(i32::MAX as u64) as u32;
+    enc.launch("norm", "rms_norm_mul_add_vec_f32", [rows, 1, 1], [threads, 1, 1], 0, p)?;
+    Ok(true)
+}
+
+/// Whether a tensor's rows are contiguous f32s starting at 16-byte boundaries.
+fn rows_of_16(a: &crate::cmd::TArg) -> bool {
+    a.nb[0] == 4 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&b| b % 16 == 0)
+}
+
 /// Values of a row each thread of rms_norm_mul_vec_f32 holds, four at a time (NORM_VEC in
 /// norm.cu).
 const NORM_VEC: u64 = 4;
@@ -120,9 +147,6 @@ const NORM_VEC: u64 = 4;
 fn norm_vec_threads(p: &crate::cmd::KParams) -> Option<u32> {
     let [d, s, w] = [p.t[0], p.t[1], p.t[2]];
     let n = s.ne[0];
-    let rows_of_16 = |a: &crate::cmd::TArg| {
-        a.nb[0] == 4 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&b| b % 16 == 0)
-    };
     let n4 = (n / 4).max(1) as u64;
     let threads = n4.div_ceil(NORM_VEC).div_ceil(32) * 32;
     let fits = n % 4 == 0

@@ -231,3 +231,30 @@ fn ropes_with_different_factors_are_not_one_rope_kv() {
         .iter()
         .any(|grp| matches!(grp, Group::RopeKv(r) if r.factors == k_freqs)));
 }
+
+#[test]
+fn a_post_norm_joins_the_residual_in_one_group() {
+    // x + rms_norm(W y) * w, the residual on either side of the add: the norm, its weight and
+    // the add are one group; read twice, the product stays a plain rms_norm_mul.
+    for residual_first in [true, false] {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[64, 1]).unwrap();
+        let y = g.input("y", DType::F32, &[64, 1]).unwrap();
+        let w = g.input("post_norm", DType::F32, &[64]).unwrap();
+        let n = g.rms_norm(y, 1e-6).unwrap();
+        let m = g.mul(n, w).unwrap();
+        let out = if residual_first { g.add(x, m) } else { g.add(m, x) }.unwrap();
+        g.set_output(out);
+        let nodes: Vec<TensorId> = g.ids().collect();
+        assert_eq!(walk(&g, &nodes), ["rms_norm_mul_add"]);
+        let i = nodes.iter().position(|&t| t == n).unwrap();
+        let Group::RmsNormMulAdd(grp) = &Matcher::new(&g, &nodes).candidates(i)[0] else {
+            panic!("not a post-norm group")
+        };
+        assert_eq!((grp.add, grp.residual, grp.norm.mul), (out, x, m));
+        let again = g.scale(m, 2.0).unwrap();
+        g.set_output(again);
+        let nodes: Vec<TensorId> = g.ids().collect();
+        assert_eq!(walk(&g, &nodes), ["rms_norm_mul"]);
+    }
+}

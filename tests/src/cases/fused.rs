@@ -29,6 +29,31 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     gate_up_down(v);
     attn_out_proj(v);
     add_norm(v);
+    post_norm(v);
+}
+
+/// `x + rms_norm(y) * w` (Gemma's post-attention and post-feed-forward norms joining the
+/// residual), one token and several, the sum on either side, and a width that is not whole
+/// float4s (which a backend may leave unfused).
+fn post_norm(v: &mut Vec<Case>) {
+    for (k, n, first) in [(640, 1, false), (640, 7, true), (2304, 1, true), (3584, 3, false), (90, 2, false)] {
+        let params = format!("k={k},n={n},norm_first={first}");
+        v.push(Case::new(
+            "RMS_NORM_MUL_ADD",
+            params,
+            &[DType::F32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let y = normed(g, &[k, n])?;
+                let x = g.leaf(DType::F32, &[k, n])?;
+                if first {
+                    g.add(y, x)
+                } else {
+                    g.add(x, y)
+                }
+            },
+        ));
+    }
 }
 
 /// One token's product with quantized weights plus a residual, then rms_norm times a weight and

@@ -173,8 +173,9 @@ impl Family {
             // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
             Family::MatVec => &["KK", "MMPAIR", "YK", "QB", "ROWS", "TPB"],
             Family::MatVecQ => &[
-                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "KC", "MM", "NORM", "ONECOL", "PAIR", "PF2",
-                "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB", "TPR", "W2", "YC",
+                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "KC", "MM", "NORM", "ONECOL", "PAIR",
+                "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB", "TPR", "W2",
+                "YC",
             ],
             Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],

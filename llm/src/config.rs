@@ -189,9 +189,10 @@ impl<'a> Meta<'a> {
     pub(crate) fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
         match self.file.get(&self.key(k)) {
             None => Ok(None),
-            Some(v) => v.as_f32().map(Some).ok_or_else(|| {
-                Error::Model(format!("metadata '{}' is not a number", self.key(k)))
-            }),
+            Some(v) => v
+                .as_f32()
+                .map(Some)
+                .ok_or_else(|| Error::Model(format!("metadata '{}' is not a number", self.key(k)))),
         }
     }
 
@@ -226,11 +227,9 @@ impl ModelConfig {
         let head_dim = match m.has("attention.key_length") {
             true => m.usize("attention.key_length")?,
             false if n_embd % n_head == 0 => n_embd / n_head,
-            false => {
-                return Err(Error::Model(format!(
-                    "{n_head} heads do not divide the width {n_embd} and the file gives no head width"
-                )))
-            }
+            false => return Err(Error::Model(format!(
+                "{n_head} heads do not divide the width {n_embd} and the file gives no head width"
+            ))),
         };
         if m.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(Error::Model(format!(
@@ -350,7 +349,10 @@ fn read_rope(m: &Meta, mode: RopeMode, n_rot: usize, n_ctx_train: usize) -> Resu
         "none" => rope.freq_scale = 1.0,
         "linear" => {}
         "yarn" => {
-            if m.f32_opt("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0) != 0.0 {
+            if m.f32_opt("rope.scaling.yarn_log_multiplier")?
+                .unwrap_or(0.0)
+                != 0.0
+            {
                 return Err(Error::Model(
                     "rope scaling 'yarn' with a log multiplier (DeepSeek's mscale) is not supported"
                         .into(),
@@ -374,7 +376,8 @@ fn read_rope(m: &Meta, mode: RopeMode, n_rot: usize, n_ctx_train: usize) -> Resu
             )))
         }
     }
-    let long = m.has_tensor("rope_factors_long.weight") || m.has_tensor("rope_factors_short.weight");
+    let long =
+        m.has_tensor("rope_factors_long.weight") || m.has_tensor("rope_factors_short.weight");
     match (m.has_tensor("rope_freqs.weight"), long) {
         (true, true) => {
             return Err(Error::Model(

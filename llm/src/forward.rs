@@ -96,7 +96,8 @@ impl Builder<'_> {
     fn w(&mut self, name: &str, ne: &[usize]) -> Result<TensorId> {
         let t = self.src.weights.expect(name, ne)?;
         self.used.insert(name.to_string());
-        self.g.weight(name, t.dtype, &t.ne, t.buffer.clone(), t.offset)
+        self.g
+            .weight(name, t.dtype, &t.ne, t.buffer.clone(), t.offset)
     }
 
     /// Layer `l`'s weight `blk.l.name.weight`.
@@ -244,7 +245,9 @@ pub fn build(src: &StepSource, shape: StepShape) -> Result<(Graph, StepIo, HashS
     let window = match src.kv.window_cells() {
         Some(_) => Some(KvInputs {
             rows: b.g.input("kv_rows_swa", DType::I64, &[n])?,
-            mask: b.g.input("kq_mask_swa", DType::F16, &[shape.n_kv_window, n])?,
+            mask: b
+                .g
+                .input("kq_mask_swa", DType::F16, &[shape.n_kv_window, n])?,
         }),
         None => None,
     };

@@ -55,13 +55,8 @@ impl Model {
         let template = ChatTemplate::from_gguf(&file)?;
         let shard = Sharding::new(&config, &file, device.as_ref())?;
         let segments = config.fused_segments();
-        let weights = Weights::load_with(
-            &file,
-            device.as_ref(),
-            shard.as_ref(),
-            &segments,
-            progress,
-        )?;
+        let weights =
+            Weights::load_with(&file, device.as_ref(), shard.as_ref(), &segments, progress)?;
         check_all_read(&config, &weights, fallback.as_ref())?;
         Ok(Model {
             config,

@@ -193,7 +193,10 @@ struct TensorSpec {
 }
 
 /// The file's tensors, with each fused tensor of `segments` replaced by its row segments.
-fn tensor_specs(file: &GgufFile, segments: &[(&str, Vec<(&str, usize)>)]) -> Result<Vec<TensorSpec>> {
+fn tensor_specs(
+    file: &GgufFile,
+    segments: &[(&str, Vec<(&str, usize)>)],
+) -> Result<Vec<TensorSpec>> {
     let mut out = Vec::with_capacity(file.tensors.len());
     for t in &file.tensors {
         let ne = ne_usize(&t.ne);

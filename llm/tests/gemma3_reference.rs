@@ -37,7 +37,12 @@ fn top5(p: &serde_json::Value) -> Vec<Vec<(usize, f32)>> {
             step.as_array()
                 .unwrap()
                 .iter()
-                .map(|pair| (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32))
+                .map(|pair| {
+                    (
+                        pair[0].as_u64().unwrap() as usize,
+                        pair[1].as_f64().unwrap() as f32,
+                    )
+                })
                 .collect()
         })
         .collect()
@@ -64,7 +69,9 @@ fn model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| {
         let dev: Arc<dyn Device> = Arc::new(CpuDevice::new());
-        Arc::new(Model::load(gemma3_path(), dev.clone(), dev, &mut |_, _| {}).expect("gemma3 loads"))
+        Arc::new(
+            Model::load(gemma3_path(), dev.clone(), dev, &mut |_, _| {}).expect("gemma3 loads"),
+        )
     })
     .clone()
 }
@@ -79,7 +86,11 @@ fn gemma3_generates_as_llama_cpp() {
         let prompt = ids(&p["prompt_ids"]);
         assert!(!p["chat"].as_bool().unwrap());
         let text = p["prompt"].as_str().unwrap();
-        assert_eq!(model.tokenizer.encode(text, true, false).unwrap(), prompt, "{name}: prompt tokens");
+        assert_eq!(
+            model.tokenizer.encode(text, true, false).unwrap(),
+            prompt,
+            "{name}: prompt tokens"
+        );
         let want = ids(&p["ids"]);
         let gaps = floats(&p["gaps"]);
         let top5 = top5(p);
@@ -101,7 +112,10 @@ fn gemma3_generates_as_llama_cpp() {
             }
             worst = worst.max(relative_error(row, top));
         }
-        assert!(worst < TOL, "{name}: top-5 probabilities differ by up to {worst}");
+        assert!(
+            worst < TOL,
+            "{name}: top-5 probabilities differ by up to {worst}"
+        );
 
         // Free-running greedy, one token per step.
         let mut ctx = Context::new(model.clone(), params).unwrap();
@@ -123,7 +137,13 @@ fn gemma3_generates_as_llama_cpp() {
             prompt.len(),
             want.len()
         );
-        assert!(worst < TOL, "{name}: top-5 probabilities differ by up to {worst}");
-        assert!(matched >= tie, "{name}: diverged at {matched}, before the near-tie at {tie}");
+        assert!(
+            worst < TOL,
+            "{name}: top-5 probabilities differ by up to {worst}"
+        );
+        assert!(
+            matched >= tie,
+            "{name}: diverged at {matched}, before the near-tie at {tie}"
+        );
     }
 }

@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use tessera_core::gguf::GgufFile;
 use tessera_llm::chat::{ChatFormat, ChatTemplate, Message};
 use tessera_llm::tokenizer::{StreamDecoder, Tokenizer};

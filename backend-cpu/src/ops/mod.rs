@@ -99,7 +99,10 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::DiagMaskInf(_) => float(s(0)?) && float(t.dtype),
         Op::SoftMax { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() < 2 || float(s(1)?)),
         Op::Rope(_) => {
-            float(s(0)?) && float(t.dtype) && s(1)? == DType::I32 && (t.src.len() < 3 || s(2)? == DType::F32)
+            float(s(0)?)
+                && float(t.dtype)
+                && s(1)? == DType::I32
+                && (t.src.len() < 3 || s(2)? == DType::F32)
         }
         Op::FlashAttnExt { .. } => {
             float(s(0)?)

@@ -25,8 +25,8 @@
 
 use tessera_core::dtype::DType;
 use tessera_core::fusion::{
-    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv, RopeSetRows,
-    WINDOW,
+    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
+    RopeSetRows, WINDOW,
 };
 use tessera_core::{GluOp, Graph, Op, Result, RopeMode, TensorId};
 
@@ -119,17 +119,34 @@ fn rms_norm_mul_add(enc: &mut Encoder, n: &RmsNormMulAdd) -> Result<bool> {
     let g = enc.graph;
     let m = &n.norm;
     let (tr, tm, ta, tres) = (g.get(m.norm), g.get(m.mul), g.get(n.add), g.get(n.residual));
-    let f32s = [g.get(m.w).dtype, tm.dtype, ta.dtype, tres.dtype, g.get(m.x).dtype];
-    if f32s.iter().any(|&t| t != DType::F32) || tm.ne != tr.ne || ta.ne != tr.ne || tres.ne != tr.ne {
+    let f32s = [
+        g.get(m.w).dtype,
+        tm.dtype,
+        ta.dtype,
+        tres.dtype,
+        g.get(m.x).dtype,
+    ];
+    if f32s.iter().any(|&t| t != DType::F32) || tm.ne != tr.ne || ta.ne != tr.ne || tres.ne != tr.ne
+    {
         return Ok(false);
     }
-    let mut p = params(enc.arg(n.add)?, &[enc.arg(m.x)?, enc.arg(m.w)?, enc.arg(n.residual)?]);
+    let mut p = params(
+        enc.arg(n.add)?,
+        &[enc.arg(m.x)?, enc.arg(m.w)?, enc.arg(n.residual)?],
+    );
     p.f[0] = m.eps;
     let Some(threads) = norm_vec_threads(&p).filter(|_| rows_of_16(&p.t[3])) else {
         return Ok(false);
     };
     let rows = (tr.nrows() as u64).min(i32::MAX as u64) as u32;
-    enc.launch("norm", "rms_norm_mul_add_vec_f32", [rows, 1, 1], [threads, 1, 1], 0, p)?;
+    enc.launch(
+        "norm",
+        "rms_norm_mul_add_vec_f32",
+        [rows, 1, 1],
+        [threads, 1, 1],
+        0,
+        p,
+    )?;
     Ok(true)
 }
 

@@ -243,7 +243,12 @@ fn a_post_norm_joins_the_residual_in_one_group() {
         let w = g.input("post_norm", DType::F32, &[64]).unwrap();
         let n = g.rms_norm(y, 1e-6).unwrap();
         let m = g.mul(n, w).unwrap();
-        let out = if residual_first { g.add(x, m) } else { g.add(m, x) }.unwrap();
+        let out = if residual_first {
+            g.add(x, m)
+        } else {
+            g.add(m, x)
+        }
+        .unwrap();
         g.set_output(out);
         let nodes: Vec<TensorId> = g.ids().collect();
         assert_eq!(walk(&g, &nodes), ["rms_norm_mul_add"]);

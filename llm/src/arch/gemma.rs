@@ -29,7 +29,10 @@ fn configure_common(
     b.embd_scale = Some((cfg.n_embd as f32).sqrt());
     // The 27B models scale queries by the width per head of the embedding, the others by the
     // head width (Gemma's query_pre_attn_scalar).
-    let big = matches!((cfg.arch, cfg.n_layer), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
+    let big = matches!(
+        (cfg.arch, cfg.n_layer),
+        (Arch::Gemma2, 46) | (Arch::Gemma3, 62)
+    );
     b.attn_scale = if big {
         1.0 / ((cfg.n_embd / cfg.n_head) as f32).sqrt()
     } else {
@@ -42,7 +45,11 @@ fn configure_common(
         return Err(Error::Model("sliding window of 0 positions".into()));
     }
     let pattern_key = format!("{}.attention.sliding_window_pattern", cfg.arch);
-    if m.file.get(&pattern_key).and_then(|v| v.as_array()).is_some() {
+    if m.file
+        .get(&pattern_key)
+        .and_then(|v| v.as_array())
+        .is_some()
+    {
         return Err(Error::Model(format!(
             "a per-layer {pattern_key} array is not supported"
         )));

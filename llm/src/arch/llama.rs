@@ -22,8 +22,9 @@ pub(super) fn configure_granite(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
     let nonzero = |k: &str| -> Result<Option<f32>> { Ok(m.f32_opt(k)?.filter(|&v| v != 0.0)) };
     cfg.block.embd_scale = nonzero("embedding_scale")?;
     cfg.block.residual_scale = nonzero("residual_scale")?;
-    cfg.block.logit_scale = Some(nonzero("logit_scale")?.ok_or_else(|| {
-        Error::Model("granite file without granite.logit_scale".into())
-    })?);
+    cfg.block.logit_scale = Some(
+        nonzero("logit_scale")?
+            .ok_or_else(|| Error::Model("granite file without granite.logit_scale".into()))?,
+    );
     Ok(())
 }

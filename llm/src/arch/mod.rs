@@ -47,8 +47,9 @@ impl Arch {
     ];
 
     /// The names GGUF files give them.
-    pub const NAMES: [&'static str; 7] =
-        ["llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
+    pub const NAMES: [&'static str; 7] = [
+        "llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+    ];
 
     /// The architecture a file names; an unknown name is an error listing the known ones.
     pub fn from_name(name: &str) -> Result<Arch> {

@@ -77,7 +77,9 @@ pub fn argmax(v: &[f32]) -> usize {
 
 /// The Gemma 3 270M Q4_K_M file.
 pub fn gemma3_path() -> PathBuf {
-    let p = fetch::cache_dir().join("models").join("gemma-3-270m-q4_k_m.gguf");
+    let p = fetch::cache_dir()
+        .join("models")
+        .join("gemma-3-270m-q4_k_m.gguf");
     assert!(p.exists(), "{} is not cached", p.display());
     p
 }

@@ -36,7 +36,13 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 /// residual), one token and several, the sum on either side, and a width that is not whole
 /// float4s (which a backend may leave unfused).
 fn post_norm(v: &mut Vec<Case>) {
-    for (k, n, first) in [(640, 1, false), (640, 7, true), (2304, 1, true), (3584, 3, false), (90, 2, false)] {
+    for (k, n, first) in [
+        (640, 1, false),
+        (640, 7, true),
+        (2304, 1, true),
+        (3584, 3, false),
+        (90, 2, false),
+    ] {
         let params = format!("k={k},n={n},norm_first={first}");
         v.push(Case::new(
             "RMS_NORM_MUL_ADD",

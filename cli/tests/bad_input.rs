@@ -45,6 +45,11 @@ fn test_model() -> PathBuf {
 
 /// Rewrites the test model with some metadata replaced (tensors borrowed, not copied).
 fn altered_model(out: &Path, replace: &[(&str, GgufValue)]) {
+    altered_model_with(out, replace, false)
+}
+
+/// [`altered_model`], with one more tensor (a bias no Llama block reads) when `extra`.
+fn altered_model_with(out: &Path, replace: &[(&str, GgufValue)], extra: bool) {
     let src = GgufFile::open(test_model()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in &src.metadata {
@@ -63,6 +68,15 @@ fn altered_model(out: &Path, replace: &[(&str, GgufValue)]) {
             t.dtype,
             t.shape(),
             src.tensor_data(t).to_vec(),
+        )
+        .unwrap();
+    }
+    if extra {
+        w.add_tensor(
+            "blk.0.attn_output.bias",
+            DType::F32,
+            &[576],
+            vec![0u8; 576 * 4],
         )
         .unwrap();
     }
@@ -153,6 +167,83 @@ fn an_unsupported_architecture_and_mismatched_tensors() {
     );
     let _ = std::fs::remove_file(p);
     let _ = std::fs::remove_file(q);
+}
+
+#[test]
+fn what_the_runner_does_not_compute_is_refused_by_name() {
+    let run = |p: &Path, words: &[&str]| {
+        fails(
+            &[
+                "generate",
+                "--device",
+                "cpu",
+                "--model",
+                p.to_str().unwrap(),
+                "--prompt",
+                "hi",
+            ],
+            &[],
+            words,
+        )
+    };
+    // A rope scaling no architecture module implements.
+    let p = tmp("rope-dynamic.gguf");
+    altered_model_keys(
+        &p,
+        &[(
+            "llama.rope.scaling.type",
+            GgufValue::String("dynamic".into()),
+        )],
+    );
+    run(&p, &["rope scaling", "dynamic", "not supported"]);
+    // A tensor the forward pass would not read.
+    let q = tmp("extra-tensor.gguf");
+    altered_model_with(&q, &[], true);
+    run(&q, &["blk.0.attn_output.bias", "does not compute"]);
+    // Qwen 2 reads Q/K/V biases, which this file lacks.
+    let r = tmp("qwen2-no-bias.gguf");
+    let mut renamed = Vec::new();
+    for (k, v) in &GgufFile::open(test_model()).unwrap().metadata {
+        if let Some(rest) = k.strip_prefix("llama.") {
+            renamed.push((format!("qwen2.{rest}"), v.clone()));
+        }
+    }
+    let mut replace: Vec<(&str, GgufValue)> = renamed
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    replace.push(("general.architecture", GgufValue::String("qwen2".into())));
+    altered_model_keys(&r, &replace);
+    run(&r, &["attn_q.bias"]);
+    for f in [p, q, r] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// The test model with its metadata keys renamed or added as `set` says (keys not in the file
+/// are added; `llama.` keys are kept too, which no other architecture reads).
+fn altered_model_keys(out: &Path, set: &[(&str, GgufValue)]) {
+    let src = GgufFile::open(test_model()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &src.metadata {
+        if k == "general.alignment" || set.iter().any(|(sk, _)| sk == k) {
+            continue;
+        }
+        w.add_metadata(k.clone(), v.clone()).unwrap();
+    }
+    for (k, v) in set {
+        w.add_metadata(k.to_string(), v.clone()).unwrap();
+    }
+    for t in &src.tensors {
+        w.add_tensor(
+            t.name.clone(),
+            t.dtype,
+            t.shape(),
+            src.tensor_data(t).to_vec(),
+        )
+        .unwrap();
+    }
+    w.write_file(out).unwrap();
 }
 
 #[test]

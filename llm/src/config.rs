@@ -227,9 +227,11 @@ impl ModelConfig {
         let head_dim = match m.has("attention.key_length") {
             true => m.usize("attention.key_length")?,
             false if n_embd % n_head == 0 => n_embd / n_head,
-            false => return Err(Error::Model(format!(
+            false => {
+                return Err(Error::Model(format!(
                 "{n_head} heads do not divide the width {n_embd} and the file gives no head width"
-            ))),
+            )))
+            }
         };
         if m.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(Error::Model(format!(

@@ -18,6 +18,7 @@ pub(super) fn kernels() -> Option<&'static Kernels> {
     static AVX2: Kernels = Kernels {
         dot_q4_0,
         dot_q4_1,
+        dot_q5_0,
         dot_q8_0,
         dot_q4_k,
         dot_q6_k,
@@ -89,6 +90,10 @@ safe_wrapper!(
 safe_wrapper!(
     /// Q4_1 x Q8_1 row dot.
     dot_q4_1 => [dot_q4_1_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// Q5_0 x Q8_0 row dot.
+    dot_q5_0 => [dot_q5_0_avx2](x: &[u8], y: &[u8]) -> f32
 );
 safe_wrapper!(
     /// Q8_0 x Q8_0 row dot.
@@ -188,6 +193,42 @@ unsafe fn dot_q4_0_avx2(x: &[u8], y: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)) {
         let qx = _mm256_sub_epi8(nibbles(bx.as_ptr().add(2)), _mm256_set1_epi8(8));
+        let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
+        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
+    }
+    hsum(acc)
+}
+
+/// The 32 bits of `bits` as 32 bytes, byte i 0x10 where bit i is set and 0 elsewhere (Q5_0's
+/// fifth bits, in place).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fifth_bits(bits: u32) -> __m256i {
+    // Byte i of the result looks at byte i / 8 of `bits` (the shuffle works per 128-bit half,
+    // and every 32-bit lane holds `bits`), then at bit i % 8 of it.
+    let bytes = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Q5_0 x Q8_0: each weight is its nibble plus the fifth bit from `qh`, minus 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(22).zip(y.chunks_exact(34)) {
+        let qh = (bx.as_ptr().add(2) as *const u32).read_unaligned();
+        let q = _mm256_or_si256(nibbles(bx.as_ptr().add(6)), fifth_bits(qh));
+        let qx = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
         let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
         let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
         acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);

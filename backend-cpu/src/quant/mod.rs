@@ -26,6 +26,7 @@ type QuantizeRowFn = fn(&[f32], &mut [u8]);
 struct Kernels {
     dot_q4_0: DotFn,
     dot_q4_1: DotFn,
+    dot_q5_0: DotFn,
     dot_q8_0: DotFn,
     dot_q4_k: DotFn,
     dot_q6_k: DotFn,
@@ -73,6 +74,7 @@ pub(crate) fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     let fast = kernels().and_then(|k| match dtype {
         DType::Q4_0 => Some(k.dot_q4_0),
         DType::Q4_1 => Some(k.dot_q4_1),
+        DType::Q5_0 => Some(k.dot_q5_0),
         DType::Q8_0 => Some(k.dot_q8_0),
         DType::Q4_K => Some(k.dot_q4_k),
         DType::Q6_K => Some(k.dot_q6_k),

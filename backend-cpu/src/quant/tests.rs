@@ -31,9 +31,10 @@ fn simd_kernels_match_the_reference() {
     let Some(k) = kernels() else {
         return;
     };
-    let pairs: [(DType, DotFn); 5] = [
+    let pairs: [(DType, DotFn); 6] = [
         (DType::Q4_0, k.dot_q4_0),
         (DType::Q4_1, k.dot_q4_1),
+        (DType::Q5_0, k.dot_q5_0),
         (DType::Q8_0, k.dot_q8_0),
         (DType::Q4_K, k.dot_q4_k),
         (DType::Q6_K, k.dot_q6_k),

@@ -273,27 +273,11 @@ fn every_small_model_has_a_reference_and_tokenizes_as_llama_cpp() {
 #[test]
 fn every_small_model_on_every_gpu_device_matches_llama_cpp() {
     let mut tested = 0;
-    for b in tessera::registry().backends() {
-        let devices = match &b.devices {
-            Ok(d) if !d.is_empty() => d.clone(),
-            Ok(_) => {
-                println!("{}: skipped (no devices)", b.backend);
-                continue;
-            }
-            Err(why) => {
-                println!("{}: skipped ({why})", b.backend);
-                continue;
-            }
-        };
-        for dev in devices
-            .into_iter()
-            .filter(|d| d.kind() != tessera::core::DeviceKind::Cpu)
-        {
-            for like in Like::SMALL {
-                check(like, &dev.name(), dev.clone());
-            }
-            tested += 1;
+    for dev in common::non_cpu_devices() {
+        for like in Like::SMALL {
+            check(like, &dev.name(), dev.clone());
         }
+        tested += 1;
     }
     println!("{tested} non-CPU devices tested");
 }

@@ -23,27 +23,10 @@ fn env_usize(key: &str, default: usize) -> usize {
 
 #[test]
 fn greedy_generation_on_every_device_matches_llama_cpp_to_the_first_near_tie() {
-    let reg = tessera::registry();
     let mut tested = 0;
-    for b in reg.backends() {
-        let devices = match &b.devices {
-            Ok(d) if !d.is_empty() => d.clone(),
-            Ok(_) => {
-                println!("{}: skipped (no devices)", b.backend);
-                continue;
-            }
-            Err(why) => {
-                println!("{}: skipped ({why})", b.backend);
-                continue;
-            }
-        };
-        for dev in devices
-            .into_iter()
-            .filter(|d| d.kind() != tessera::core::DeviceKind::Cpu)
-        {
-            check_device(dev);
-            tested += 1;
-        }
+    for dev in non_cpu_devices() {
+        check_device(dev);
+        tested += 1;
     }
     println!("{tested} non-CPU devices tested");
 }

@@ -83,3 +83,21 @@ pub fn gemma3_path() -> PathBuf {
     assert!(p.exists(), "{} is not cached", p.display());
     p
 }
+
+/// Every non-CPU device of every compiled-in backend (wgpu adapters, CUDA GPUs); a backend
+/// without devices is reported as skipped, by name and reason.
+pub fn non_cpu_devices() -> Vec<Arc<dyn Device>> {
+    let mut out = Vec::new();
+    for b in tessera::registry().backends() {
+        match &b.devices {
+            Ok(d) if !d.is_empty() => out.extend(
+                d.iter()
+                    .filter(|d| d.kind() != tessera::core::DeviceKind::Cpu)
+                    .cloned(),
+            ),
+            Ok(_) => println!("{}: skipped (no devices)", b.backend),
+            Err(why) => println!("{}: skipped ({why})", b.backend),
+        }
+    }
+    out
+}

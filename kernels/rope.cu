@@ -13,6 +13,9 @@
 // rope_kv_<cache>_<idx>: a Llama block's whole step between the Q/K/V projections and
 // attention in one launch: Q and K rotated, the rotated K and the plain V written into their
 // KV-cache rows (see the kernel).
+//
+// qk_norm_rope_kv_<cache>_<idx>: the same step with each head of Q and K RMS-normed and
+// multiplied by its weights before the rotation (Qwen 3's and Gemma 3's Q/K norms).
 #include "common.cuh"
 
 // Pair k of row (i1, i2, i3) of s: the two dimensions it covers and their new values.
@@ -123,3 +126,66 @@ KERNEL rope_kv_f16_i32(const KParams p) { pdl_wait(); rope_kv<F16, int>(p); }
 KERNEL rope_kv_f16_i64(const KParams p) { pdl_wait(); rope_kv<F16, i64>(p); }
 KERNEL rope_kv_f32_i32(const KParams p) { pdl_wait(); rope_kv<F32, int>(p); }
 KERNEL rope_kv_f32_i64(const KParams p) { pdl_wait(); rope_kv<F32, i64>(p); }
+
+// The tensors of rope_kv, with Q and K their un-normed rows; aux[0] and aux[1] the Q and K norm
+// weights (f32, one per dimension of a head), f[6] the norm's epsilon. One warp takes a head of
+// Q or K for one token (grid x: ceil((heads + kv_heads) / 4) blocks of 4 warps, then blocks of
+// 128 threads copying V's elements; grid y runs over tokens): its lanes sum the head's squares,
+// then each lane normalizes and rotates pairs lane, lane + 32, ... A token whose row is out of
+// the cache's range writes no cache row.
+template <class D, class I> __device__ void qk_norm_rope_kv(const KParams& p) {
+    const TArg& kc = p.t[0];
+    const TArg& k = p.t[1];
+    const TArg& q = p.t[4];
+    const TArg& qd = p.t[5];
+    const TArg& v = p.t[6];
+    const TArg& vc = p.t[7];
+    const int hd = (int)k.ne[0], n_dims = p.i[0];
+    const i64 heads = q.ne[1] + k.ne[1];
+    const i64 head_blocks = (heads + 3) / 4;
+    const int lane = threadIdx.x % 32;
+    for (i64 t = blockIdx.y; t < k.ne[2]; t += gridDim.y) {
+        const i64 row = (i64) * (const I*)at(p.t[3], t, 0, 0, 0);
+        const bool in_cache = row >= 0 && row < kc.ne[1];
+        if (blockIdx.x >= head_blocks) {
+            const i64 c = (blockIdx.x - head_blocks) * blockDim.x + threadIdx.x;
+            if (in_cache && c < v.ne[0]) D::store(at(vc, c, row, 0, 0), F32::load(at(v, c, t, 0, 0)));
+            continue;
+        }
+        const i64 h = blockIdx.x * 4 + threadIdx.x / 32;
+        const bool is_q = h < q.ne[1];
+        if (h >= heads || (!is_q && !in_cache)) continue;
+        const TArg& s = is_q ? q : k;
+        const i64 hs = is_q ? h : h - q.ne[1];
+        const float* w = (const float*)(is_q ? p.aux[0] : p.aux[1]);
+        float sq = 0.0f;
+        for (int e = lane; e < hd; e += 32) {
+            const float x = F32::load(at(s, e, hs, t, 0));
+            sq += x * x;
+        }
+        const float scale = rsqrtf(warp_sum(sq) / (float)hd + p.f[6]);
+        const float ps = (float)*(const int*)at(p.t[2], t, 0, 0, 0);
+        for (int kp = lane; kp < hd / 2; kp += 32) {
+            int a = 2 * kp, b = 2 * kp + 1;
+            if (2 * kp < n_dims && p.i[1]) {
+                a = kp;
+                b = kp + n_dims / 2;
+            }
+            float y0 = F32::load(at(s, a, hs, t, 0)) * scale * w[a];
+            float y1 = F32::load(at(s, b, hs, t, 0)) * scale * w[b];
+            if (2 * kp < n_dims) rope_rotate(p, ps, kp, y0, y1, y0, y1);
+            if (is_q) {
+                F32::store(at(qd, a, hs, t, 0), y0);
+                F32::store(at(qd, b, hs, t, 0), y1);
+            } else {
+                D::store(at(kc, hs * hd + a, row, 0, 0), y0);
+                D::store(at(kc, hs * hd + b, row, 0, 0), y1);
+            }
+        }
+    }
+}
+
+KERNEL qk_norm_rope_kv_f16_i32(const KParams p) { pdl_wait(); qk_norm_rope_kv<F16, int>(p); }
+KERNEL qk_norm_rope_kv_f16_i64(const KParams p) { pdl_wait(); qk_norm_rope_kv<F16, i64>(p); }
+KERNEL qk_norm_rope_kv_f32_i32(const KParams p) { pdl_wait(); qk_norm_rope_kv<F32, int>(p); }
+KERNEL qk_norm_rope_kv_f32_i64(const KParams p) { pdl_wait(); qk_norm_rope_kv<F32, i64>(p); }

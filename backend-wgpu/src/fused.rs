@@ -615,6 +615,11 @@ impl<'a> Fuser<'a> {
     /// [`crate::shader::ROPE_KV_FACTORS_BINDINGS`] storage buffers.
     fn rope_kv_fits(&self, r: &RopeKv) -> bool {
         let g = self.graph;
+        // The rope dispatch reads the heads as they are: Q/K norms before it keep their own
+        // dispatches.
+        if r.norms.is_some() {
+            return false;
+        }
         if let Some(f) = r.factors {
             let limit = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
             let Some(q) = r.q else {

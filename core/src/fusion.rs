@@ -109,8 +109,21 @@ pub struct RopeKv {
     pub params: RopeParams,
     /// The ropes' frequency factors (their third source), where they have them.
     pub factors: Option<TensorId>,
+    /// The per-head norms of Q and K that the ropes read, where the group starts with them.
+    pub norms: Option<QkNorms>,
     /// The node index of the set_rows of V.
     pub last: usize,
+}
+
+/// `rms_norm(q) * wq` and `rms_norm(k) * wk` over each head's row, right before the ropes of a
+/// [`RopeKv`] that read them alone (Qwen 3's and Gemma 3's Q/K norms): the group then starts at
+/// the norm of Q, and the ropes rotate the normed rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkNorms {
+    /// The norm of Q's heads and its product with weights.
+    pub q: RmsNormMul,
+    /// The norm of K's heads and its product with weights (the same epsilon as Q's).
+    pub k: RmsNormMul,
 }
 
 /// `set_rows(cache, reshape(rope(k)), idx)`: the rotated K stored straight into its cache.
@@ -220,8 +233,12 @@ impl Group {
             Group::RmsNormMulAdd(_) => "rms_norm_mul_add",
             Group::MulMatAdd(_) => "mul_mat_add",
             Group::GluMulMats(_) => "glu_mul_mats",
+            Group::MulMats(g) if g.rope_kv.is_some_and(|r| r.norms.is_some()) => {
+                "mul_mats_qk_norm_rope_kv"
+            }
             Group::MulMats(g) if g.rope_kv.is_some() => "mul_mats_rope_kv",
             Group::MulMats(_) => "mul_mats",
+            Group::RopeKv(g) if g.norms.is_some() => "qk_norm_rope_kv",
             Group::RopeKv(_) => "rope_kv",
             Group::RopeSetRows(_) => "rope_set_rows",
             Group::AllReduceAdd(g) if g.norm.is_some() => "all_reduce_add_norm",
@@ -299,6 +316,7 @@ impl<'g> Matcher<'g> {
         };
         match self.graph.get(id).op {
             Op::RmsNorm { .. } => {
+                out.extend(self.qk_norm_rope_kv(i).map(Group::RopeKv));
                 if let Some(n) = self.rms_norm_mul(i) {
                     out.extend(self.rms_norm_mul_add(n).map(Group::RmsNormMulAdd));
                     out.push(Group::RmsNormMul(n));
@@ -335,8 +353,10 @@ impl<'g> Matcher<'g> {
         }
         let (last, mul) = self.next_running(i + 1)?;
         let tm = g.get(mul);
-        let fits = tm.op == Op::Binary(BinaryOp::Mul) && tm.src.len() == 2 && tm.src[0] == norm;
-        fits.then_some(RmsNormMul {
+        if tm.op != Op::Binary(BinaryOp::Mul) || tm.src.len() != 2 || tm.src[0] != norm {
+            return None;
+        }
+        Some(RmsNormMul {
             norm,
             mul,
             x: tn.src[0],
@@ -452,7 +472,7 @@ impl<'g> Matcher<'g> {
             let last = run[2].0;
             let rope_kv = self
                 .next_running(last + 1)
-                .and_then(|(j, _)| self.rope_kv_at(j, true))
+                .and_then(|(j, _)| self.qk_norm_rope_kv(j).or_else(|| self.rope_kv_at(j, true)))
                 .filter(|r| self.takes_qkv(r, [mats[0], mats[1], mats[2]]));
             if let Some(r) = rope_kv {
                 out.push(MulMats {
@@ -495,9 +515,11 @@ impl<'g> Matcher<'g> {
                 && (t == of
                     || (g.get(t).op == Op::Reshape && g.get(t).src[0] == of && self.single_use(t)))
         };
-        takes(g.get(q).src[0], qkv[0])
-            && takes(g.get(r.k).src[0], qkv[1])
-            && takes(g.get(r.set_v).src[1], qkv[2])
+        let (q_in, k_in) = match r.norms {
+            Some(n) => (n.q.x, n.k.x),
+            None => (g.get(q).src[0], g.get(r.k).src[0]),
+        };
+        takes(q_in, qkv[0]) && takes(k_in, qkv[1]) && takes(g.get(r.set_v).src[1], qkv[2])
     }
 
     /// The rope_kv steps at `nodes[i]`: with the rope of Q where it is there, then without it
@@ -544,7 +566,27 @@ impl<'g> Matcher<'g> {
             set_v,
             params,
             factors: tf.src.get(2).copied(),
+            norms: None,
             last,
+        })
+    }
+
+    /// The rope_kv step with the norms of Q's and K's heads before it ([`QkNorms`]) at
+    /// `nodes[i]`: `rms_norm(q) * wq`, `rms_norm(k) * wk`, then a rope_kv step (with the rope
+    /// of Q) whose ropes read those products alone.
+    fn qk_norm_rope_kv(&self, i: usize) -> Option<RopeKv> {
+        let g = self.graph;
+        let q = self.rms_norm_mul(i)?;
+        let (jk, _) = self.next_running(q.last + 1)?;
+        let k = self.rms_norm_mul(jk)?;
+        let (jr, _) = self.next_running(k.last + 1)?;
+        let r = self.rope_kv_at(jr, true)?;
+        let reads =
+            |rope: TensorId, n: &RmsNormMul| g.get(rope).src[0] == n.mul && self.single_use(n.mul);
+        let fits = k.eps == q.eps && r.q.is_some_and(|rq| reads(rq, &q)) && reads(r.k, &k);
+        fits.then_some(RopeKv {
+            norms: Some(QkNorms { q, k }),
+            ..r
         })
     }
 

@@ -14,7 +14,8 @@
 //!   (mmvq_multi_rope: the products are never stored).
 //! - `set_rows(cache, reshape(rope(k)), idx)`: the rotated K written straight into the F16 (or
 //!   F32) KV cache (rope.cu); with the rope of Q before it and the set_rows of V after it, all
-//!   four in one kernel.
+//!   four in one kernel; with the RMS norms of Q's and K's heads before the ropes, those too
+//!   (qk_norm_rope_kv: a warp a head).
 //! - `rms_norm(all_reduce(x) + r) * w` of one row in a part graph of a meta device: the peer
 //!   all-reduce kernel adds the residual and applies the next block's norm (comm.rs,
 //!   allreduce.cu); without the norm, `all_reduce(x) + r` alone.
@@ -25,7 +26,7 @@
 
 use tessera_core::dtype::DType;
 use tessera_core::fusion::{
-    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
+    AttnMulMat, GluMulMats, Group, MulMatAdd, MulMats, QkNorms, RmsNormMul, RmsNormMulAdd, RopeKv,
     RopeSetRows, WINDOW,
 };
 use tessera_core::{GluOp, Graph, Op, Result, RopeMode, TensorId};
@@ -322,7 +323,9 @@ fn mul_mats(enc: &mut Encoder, m: &MulMats) -> Result<bool> {
         return Ok(false);
     }
     if let Some(r) = &m.rope_kv {
-        if !rope_kv_fits(enc, r) || !rope_follows_qkv(enc, r, &m.mats) {
+        // The mat-vec rotates each product's pairs as it makes them: a norm over a head's
+        // whole row cannot come first there.
+        if r.norms.is_some() || !rope_kv_fits(enc, r) || !rope_follows_qkv(enc, r, &m.mats) {
             return Ok(false);
         }
     }
@@ -476,6 +479,21 @@ fn rope_kv_fits(enc: &Encoder, r: &RopeKv) -> bool {
         && vc.ne[1] == kc.ne[1]
         && vc.ne[2] == 1
         && vc.ne[3] == 1
+        && r.norms.is_none_or(|n| qk_norms_fit(enc, &n, tk.ne[0]))
+}
+
+/// Whether the Q/K norms `n` before a rope_kv step are ones qk_norm_rope_kv computes: over
+/// whole F32 heads of `hd` dimensions, by contiguous F32 weights of one head's width.
+fn qk_norms_fit(enc: &Encoder, n: &QkNorms, hd: usize) -> bool {
+    let g = enc.graph;
+    [n.q, n.k].iter().all(|m| {
+        let (x, w) = (g.get(m.x), g.get(m.w));
+        x.dtype == DType::F32
+            && x.ne[0] == hd
+            && w.dtype == DType::F32
+            && w.ne == [hd, 1, 1, 1]
+            && w.is_contiguous()
+    })
 }
 
 /// `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their caches at the
@@ -490,31 +508,44 @@ fn rope_kv(enc: &mut Encoder, r: &RopeKv) -> Result<bool> {
     let (v, kc) = (g.get(tsv.src[1]), g.get(tsk.src[0]));
     let tokens = tk.ne[2];
     let idx = g.get(tsk.src[2]);
-    let name = format!("rope_kv_{}_{}", kc.dtype.name(), idx.dtype.name());
+    let kind = if r.norms.is_some() {
+        "qk_norm_rope_kv"
+    } else {
+        "rope_kv"
+    };
+    let name = format!("{kind}_{}_{}", kc.dtype.name(), idx.dtype.name());
+    // With the norms, the kernel reads the un-normed heads and normalizes them itself.
+    let (q_in, k_in) = match &r.norms {
+        Some(n) => (n.q.x, n.k.x),
+        None => (tq.src[0], tk.src[0]),
+    };
     let mut p = rope_params(
         enc.arg(r.set_k)?,
-        enc.arg(tk.src[0])?,
+        enc.arg(k_in)?,
         enc.arg(tk.src[1])?,
         &r.params,
         r.factors.map(|f| enc.arg(f)).transpose()?,
     );
     p.t[3] = enc.arg(tsk.src[2])?;
-    p.t[4] = enc.arg(tq.src[0])?;
+    p.t[4] = enc.arg(q_in)?;
     p.t[5] = enc.arg(q)?;
     p.t[6] = enc.arg(tsv.src[1])?;
     p.t[7] = enc.arg(r.set_v)?;
-    let threads = (tq.ne[1] + tk.ne[1]) * (tk.ne[0] / 2) + v.ne[0].div_ceil(2);
-    enc.launch(
-        "rope",
-        &name,
-        [
-            (threads as u64).div_ceil(256).clamp(1, 65535) as u32,
-            (tokens as u64).clamp(1, 65535) as u32,
-            1,
-        ],
-        [256, 1, 1],
-        0,
-        p,
-    )?;
+    let tokens = (tokens as u64).clamp(1, 65535) as u32;
+    let Some(n) = &r.norms else {
+        let threads = (tq.ne[1] + tk.ne[1]) * (tk.ne[0] / 2) + v.ne[0].div_ceil(2);
+        let blocks = (threads as u64).div_ceil(256).clamp(1, 65535) as u32;
+        enc.launch("rope", &name, [blocks, tokens, 1], [256, 1, 1], 0, p)?;
+        return Ok(true);
+    };
+    p.aux[0] = enc.arg(n.q.w)?.ptr;
+    p.aux[1] = enc.arg(n.k.w)?.ptr;
+    p.f[6] = n.q.eps;
+    // A warp a head, four to a block; then blocks of 128 threads copying V.
+    let blocks = (tq.ne[1] + tk.ne[1]).div_ceil(4) + v.ne[0].div_ceil(128);
+    if blocks > 65535 {
+        return Ok(false);
+    }
+    enc.launch("rope", &name, [blocks as u32, tokens, 1], [128, 1, 1], 0, p)?;
     Ok(true)
 }

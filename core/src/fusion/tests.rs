@@ -17,6 +17,8 @@ enum Rope {
     Factors,
     /// Q's rope and K's with factors of their own tensors.
     OwnFactors,
+    /// The plain rotation of heads normed first (Qwen 3's Q/K norms).
+    QkNorm,
 }
 
 /// [`block`] with ropes of kind `rope`.
@@ -50,9 +52,19 @@ fn block_with(tokens: usize, rope: Rope) -> (Graph, Vec<TensorId>) {
     let v = g.mul_mat(wv, h).unwrap();
     let q = g.reshape(q, &[hd, heads, tokens]).unwrap();
     let k = g.reshape(k, &[hd, kv_heads, tokens]).unwrap();
+    let (q, k) = if rope == Rope::QkNorm {
+        let wqn = g.input("attn_q_norm", DType::F32, &[hd]).unwrap();
+        let wkn = g.input("attn_k_norm", DType::F32, &[hd]).unwrap();
+        let qn = g.rms_norm(q, 1e-6).unwrap();
+        let qn = g.mul(qn, wqn).unwrap();
+        let kn = g.rms_norm(k, 1e-6).unwrap();
+        (qn, g.mul(kn, wkn).unwrap())
+    } else {
+        (q, k)
+    };
     let mut rp = RopeParams::new(hd, RopeMode::Normal, 10000.0, 1.0);
     let (fq, fk) = match rope {
-        Rope::Plain => (None, None),
+        Rope::Plain | Rope::QkNorm => (None, None),
         Rope::Factors => {
             let f = g.input("rope_freqs", DType::F32, &[hd / 2]).unwrap();
             (Some(f), Some(f))
@@ -62,7 +74,7 @@ fn block_with(tokens: usize, rope: Rope) -> (Graph, Vec<TensorId>) {
             Some(g.input("k_freqs", DType::F32, &[hd / 2]).unwrap()),
         ),
     };
-    if rope != Rope::Plain {
+    if matches!(rope, Rope::Factors | Rope::OwnFactors) {
         rp.attn_factor = 1.2;
     }
     let q = g.rope_ext(q, pos, fq, rp).unwrap();
@@ -209,6 +221,37 @@ fn ropes_with_frequency_factors_fuse_and_carry_them() {
             Group::RopeSetRows(r) => assert_eq!(r.factors, f),
             other => panic!("unexpected group {}", other.name()),
         }
+    }
+}
+
+#[test]
+fn q_and_k_norms_join_the_rope_kv_step() {
+    for tokens in [1, 5] {
+        let (g, nodes) = block_with(tokens, Rope::QkNorm);
+        let walked = walk(&g, &nodes);
+        assert_eq!(walked[1], "mul_mats_qk_norm_rope_kv", "{walked:?}");
+        assert_eq!(walked.len(), 7, "{walked:?}");
+        // A backend that declines the products with the norms gets them alone, then the
+        // norms with the ropes and stores as one group at Q's norm.
+        let m = Matcher::new(&g, &nodes);
+        let i = nodes
+            .iter()
+            .position(|&n| matches!(g.get(n).op, crate::Op::RmsNorm { .. }) && n != nodes[0])
+            .unwrap();
+        let i = nodes[i..]
+            .iter()
+            .position(|&n| g.get(n).op == crate::Op::RmsNorm { eps: 1e-6 })
+            .unwrap()
+            + i;
+        let groups = m.candidates(i);
+        let Some(Group::RopeKv(r)) = groups.first() else {
+            panic!("{:?}", groups.iter().map(Group::name).collect::<Vec<_>>())
+        };
+        let n = r.norms.expect("the norms are part of the step");
+        assert_eq!(n.q.norm, nodes[i]);
+        assert_eq!(g.get(n.k.w).name, "attn_k_norm");
+        assert_eq!(g.get(r.k).src[0], n.k.mul);
+        assert_eq!(groups[1].name(), "rms_norm_mul");
     }
 }
 

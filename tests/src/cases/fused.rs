@@ -24,6 +24,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     rms_norm_mul(v);
     rope_kv(v);
     qkv_rope_kv(v);
+    qk_norm_rope_kv(v);
     shared_activation(v);
     prompt_gate_up(v);
     gate_up_down(v);
@@ -461,6 +462,55 @@ fn qkv_rope_kv(v: &mut Vec<Case>) {
                 let q = g.reshape(q, &[hd, nh, 1])?;
                 let kk = g.reshape(kk, &[hd, nkv, 1])?;
                 rope_store_attend(g, [q, kk, val], [hd, nkv, 1, 24], (p, rot), it)
+            },
+        ));
+    }
+}
+
+/// Q, K and V products of some tokens, each head of Q and K RMS-normed and multiplied by its
+/// weights, then the ropes, the cache stores and attention (Qwen 3's and Gemma 3's blocks): a
+/// backend may run the norms, ropes and stores as one kernel. Head sizes of Qwen 3 (128, NEOX),
+/// Gemma 3 (256) and a small one with adjacent pairs and a partial rotation; one and several
+/// tokens.
+fn qk_norm_rope_kv(v: &mut Vec<Case>) {
+    // (weight type, k, head dim, query heads, kv heads, tokens, rope mode, rotated dims,
+    // rotation)
+    #[rustfmt::skip]
+    let shapes = [
+        (DType::Q4_K, 256, 128, 4, 2, 1, RopeMode::Neox, 128, Rotation::Plain),
+        (DType::Q4_0, 256, 64, 6, 3, 1, RopeMode::Normal, 32, Rotation::Plain),
+        (DType::Q8_0, 256, 256, 2, 1, 1, RopeMode::Neox, 256, Rotation::Plain),
+        (DType::Q4_K, 256, 128, 4, 2, 5, RopeMode::Neox, 128, Rotation::Yarn),
+        (DType::Q4_0, 256, 64, 4, 4, 3, RopeMode::Normal, 64, Rotation::Factors),
+    ];
+    for (t, k, hd, nh, nkv, n, mode, n_dims, rot) in shapes {
+        let params = format!(
+            "type={t},k={k},hd={hd},nh={nh},nkv={nkv},tokens={n},mode={mode:?},n_dims={n_dims}{}",
+            rot.name()
+        );
+        v.push(Case::new(
+            "QK_NORM_ROPE_KV_ATTN",
+            params,
+            &[t, DType::F16],
+            Tolerance::MATMUL,
+            move |g| {
+                let p = RopeParams::new(n_dims, mode, 10000.0, 1.0);
+                let x = g.leaf(DType::F32, &[k, n])?;
+                let wq = g.input(t, &[k, hd * nh], Init::Uniform(-0.1, 0.1))?;
+                let wk = g.input(t, &[k, hd * nkv], Init::Uniform(-0.1, 0.1))?;
+                let wv = g.input(t, &[k, hd * nkv], Init::Uniform(-0.1, 0.1))?;
+                let wqn = g.input(DType::F32, &[hd], Init::Uniform(0.5, 1.5))?;
+                let wkn = g.input(DType::F32, &[hd], Init::Uniform(0.5, 1.5))?;
+                let q = g.mul_mat(wq, x)?;
+                let kk = g.mul_mat(wk, x)?;
+                let val = g.mul_mat(wv, x)?;
+                let q = g.reshape(q, &[hd, nh, n])?;
+                let kk = g.reshape(kk, &[hd, nkv, n])?;
+                let q = g.rms_norm(q, 1e-6)?;
+                let q = g.mul(q, wqn)?;
+                let kk = g.rms_norm(kk, 1e-6)?;
+                let kk = g.mul(kk, wkn)?;
+                rope_store_attend(g, [q, kk, val], [hd, nkv, n, 24], (p, rot), DType::I32)
             },
         ));
     }

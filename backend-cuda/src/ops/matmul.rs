@@ -81,6 +81,9 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
             }
             return Ok(());
         }
+        if mmvq_chunks_fit(ta, tb, &aa) {
+            return mmvq_chunks(enc, a, b, ba, tb.dtype, da);
+        }
         return dequant_gemm(enc, ta.dtype, aa, ba, tb.dtype, da);
     }
     let ty = ta.dtype;
@@ -135,6 +138,51 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
         && has_mmvq(a.dtype)
         && mmvq_aligned(a.dtype, aa)
         && b.ne[2] * b.ne[3] <= 65535
+}
+
+/// The most columns a mul_mat of quantized weights runs as mat-vec launches of up to 8 columns
+/// each (a few sequences decoded together): below it, reading the weights once per 8 columns
+/// costs less than dequantizing them for a GEMM.
+const MMVQ_CHUNKED_MAX: usize = 32;
+
+/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec launches over
+/// chunks of `b`'s columns ([`mmvq_chunks`]).
+fn mmvq_chunks_fit(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
+    (9..=MMVQ_CHUNKED_MAX).contains(&b.ne[1])
+        && b.ne[2] * b.ne[3] == 1
+        && has_mmvq(a.dtype)
+        && mmvq_aligned(a.dtype, aa)
+}
+
+/// `d = a^T b` for 9 to [`MMVQ_CHUNKED_MAX`] columns of tensor `b_id` (at `b`, of type `bt`):
+/// the columns quantized once, then one mat-vec launch per chunk of at most 8 columns (chunks
+/// of equal size, so that no launch is left with a few columns).
+fn mmvq_chunks(
+    enc: &mut Encoder,
+    a: TensorId,
+    b_id: TensorId,
+    b: TArg,
+    bt: DType,
+    d: TArg,
+) -> Result<()> {
+    let (qs, ds) = quantize_q8(enc, b_id, b, bt)?;
+    let n = b.ne[1] as usize;
+    let chunks = n.div_ceil(8);
+    let blocks_per_col = (b.ne[0] / 32) as u64;
+    let mut c0 = 0;
+    for i in 0..chunks {
+        let nc = (n - c0).div_ceil(chunks - i);
+        let mut dc = d;
+        dc.ptr += c0 as u64 * d.nb[1] as u64;
+        dc.ne[1] = nc as i64;
+        let q8 = (
+            qs + c0 as u64 * blocks_per_col * 32,
+            ds + c0 as u64 * blocks_per_col * 8,
+        );
+        mmvq(enc, a, dc, q8, nc, None, None)?;
+        c0 += nc;
+    }
+    Ok(())
 }
 
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of

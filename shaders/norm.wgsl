@@ -1,8 +1,9 @@
 // rms_norm and norm over each row (op family "norm").
 //
 // One workgroup per row. Defines: OP 0 rms_norm, 1 norm; MUL: the result times src1, one row
-// broadcast over the rows (rms_norm(x) * w fused into one dispatch). Params: f.x: eps; u.x:
-// rows.
+// broadcast over the rows (rms_norm(x) * w fused into one dispatch); ADD (with MUL): plus src2,
+// of dst's shape (rms_norm(x) * w + r: a post-norm joining the residual). Params: f.x: eps;
+// u.x: rows.
 
 const OP: u32 = {{OP}}u;
 
@@ -34,6 +35,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var y = (ld0(sb + i * P.s0.nb.x) - mean) * scale;
 #if MUL
         y *= ld1(P.off.z + i * P.s1.nb.x);
+#endif
+#if ADD
+        y += ld2(P.off.w + at(c, P.s2.nb) + i * P.s2.nb.x);
 #endif
         st(db + i * P.d.nb.x, y);
     }

@@ -8,7 +8,8 @@
 //!   normalizes its column itself (NORM in `shaders/mat_vec_q.wgsl`). Nothing that
 //!   runs until those mat-vecs are done may write x or w.
 //! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
-//!   in `shaders/norm.wgsl`).
+//!   in `shaders/norm.wgsl`); with a residual added right after (a post-norm, as Gemma's), it
+//!   adds that too (ADD).
 //! - `r + W x`, a residual add right after a mul_mat that runs as the integer-dot mat-vec: the
 //!   mat-vec adds `r` as it stores (ADD in `shaders/mat_vec_q.wgsl`).
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
@@ -35,18 +36,21 @@
 //! - `rope(q)`, `rope(k)`, then `set_rows` of the rotated K and of V into their F16 or F32
 //!   caches at the same rows (a Llama block between its projections and attention): one
 //!   dispatch rotates Q and writes the rotated K and V straight into the caches (KV in
-//!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before).
+//!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before). Q/K norms before
+//!   the ropes (Qwen 3's) keep their own dispatches.
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
-//! RMS_NORM_MUL, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM, ROPE_KV_ATTN and
-//! QKV_ROPE_KV_ATTN check it
+//! RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM,
+//! ROPE_KV_ATTN and QKV_ROPE_KV_ATTN check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use tessera_core::fusion::{GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RopeKv};
+use tessera_core::fusion::{
+    GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
+};
 use tessera_core::{DType, Error, GluOp, Graph, Op, Result, RopeMode, TensorId};
 
 use crate::context::Gpu;
@@ -124,10 +128,8 @@ impl<'a> Fuser<'a> {
                 Some(l) => Ok(Some(l)),
                 None => self.mat_mat_pair(m),
             },
-            Group::RopeSetRows(_)
-            | Group::AllReduceAdd(_)
-            | Group::AttnMulMat(_)
-            | Group::RmsNormMulAdd(_) => Ok(None),
+            Group::RmsNormMulAdd(n) => self.rms_norm_mul_add(n),
+            Group::RopeSetRows(_) | Group::AllReduceAdd(_) | Group::AttnMulMat(_) => Ok(None),
         }
     }
 
@@ -238,6 +240,39 @@ impl<'a> Fuser<'a> {
         out.params.desc[0] = desc(tm);
         out.params.desc[2] = desc(tw);
         Ok(Some(vec![ops::to_launch(self.gpu, g, m, out)?]))
+    }
+
+    /// `rms_norm(x) * w + r` as one norm dispatch (MUL, ADD): r f32 of the result's shape; the
+    /// result apart from x and r, or exactly one of them (each value is read before it is
+    /// written, by the same invocation).
+    fn rms_norm_mul_add(&self, n: &RmsNormMulAdd) -> Result<Option<Vec<Launch>>> {
+        let g = self.graph;
+        let (add, r, w) = (n.add, n.residual, n.norm.w);
+        let (ta, tr, tw) = (g.get(add), g.get(r), g.get(w));
+        let fits = self.norm_fits(&n.norm)
+            && ta.dtype == DType::F32
+            && tr.dtype == DType::F32
+            && ta.ne == g.get(n.norm.mul).ne
+            && tr.ne == ta.ne
+            && self.apart(add, n.norm.x, true)
+            && self.apart(add, r, true)
+            && self.apart(add, w, false);
+        if !fits {
+            return Ok(None);
+        }
+        let Some(mut out) = self.single_plan(n.norm.norm) else {
+            return Ok(None);
+        };
+        if let Key::Norm(k) = &mut out.variant.key {
+            k.mul = true;
+            k.add = true;
+        }
+        out.bind[0].id = add;
+        out.bind.extend([ops::Bind::whole(w), ops::Bind::whole(r)]);
+        out.params.desc[0] = desc(ta);
+        out.params.desc[2] = desc(tw);
+        out.params.desc[3] = desc(tr);
+        Ok(Some(vec![ops::to_launch(self.gpu, g, add, out)?]))
     }
 
     /// The launch of plan `out` for node `id`: an integer-dot mat-vec by a product

@@ -90,6 +90,8 @@ pub(crate) struct GluKey {
 pub(crate) struct NormKey {
     pub layer: bool,
     pub mul: bool,
+    /// With `mul`: a residual (src2) added to the product (ADD).
+    pub add: bool,
 }
 
 /// `soft_max.wgsl`: with a mask of type `mask` (f32 where there is none).
@@ -414,6 +416,7 @@ impl Key {
             Key::Norm(k) => {
                 d.set("OP", u32::from(k.layer));
                 d.set("MUL", u32::from(k.mul));
+                d.set("ADD", u32::from(k.add));
                 d.set("WG", ROW_WG);
             }
             Key::SoftMax(k) => {

@@ -165,7 +165,7 @@ impl Family {
     pub(crate) fn defines(self) -> &'static [&'static str] {
         match self {
             Family::Unary | Family::Binary | Family::Glu | Family::Reduce => &["OP"],
-            Family::Norm => &["OP", "MUL"],
+            Family::Norm => &["OP", "MUL", "ADD"],
             Family::SoftMax => &[],
             Family::Rope => &["KV", "FACTORS", "BLEND"],
             Family::Rows => &["OP", "QUANT"],
@@ -313,13 +313,15 @@ impl Variant {
 
     /// Storage bindings of the variant's pipeline: its family's, or [`QKV_BINDINGS`] for the
     /// mat-vec over Q, K and V (V's weights and result in bindings 6 and 7), or
-    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores, or
-    /// [`ROPE_KV_FACTORS_BINDINGS`] for the fused rope and cache stores with frequency factors.
+    /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores,
+    /// [`ROPE_KV_FACTORS_BINDINGS`] for the fused rope and cache stores with frequency factors,
+    /// or 4 for the norm with a residual added (its src2).
     pub fn storage_bindings(&self) -> usize {
         match self.key {
             Key::MatVecQ(k) if k.rope.is_some() => QKV_ROPE_BINDINGS,
             Key::MatVecQ(k) if k.qkv => QKV_BINDINGS,
             Key::Rope(k) if k.kv_cache.is_some() && k.factors => ROPE_KV_FACTORS_BINDINGS,
+            Key::Norm(k) if k.add => 4,
             _ => self.family().storage_bindings(),
         }
     }

@@ -13,14 +13,21 @@ pub(super) fn norm(n: &Node, mut p: Params, eps: f32) -> Vec<PlanOut> {
     let key = Key::Norm(NormKey {
         layer: matches!(t.op, Op::Norm { .. }),
         mul: false,
+        add: false,
     });
     per_row(key, vec![n.id, t.src[0]], p, t.nrows())
 }
 
-/// Every norm key the plans (and the fused rms_norm * w, MUL) can ask for.
+/// Every norm key the plans (and the fused rms_norm * w, MUL, and rms_norm * w + r, ADD) can
+/// ask for.
 #[cfg(test)]
 pub(super) fn variants() -> Vec<Key> {
-    [(false, false), (true, false), (false, true)]
-        .map(|(layer, mul)| Key::Norm(NormKey { layer, mul }))
-        .to_vec()
+    [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (false, true, true),
+    ]
+    .map(|(layer, mul, add)| Key::Norm(NormKey { layer, mul, add }))
+    .to_vec()
 }

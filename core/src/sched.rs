@@ -5,8 +5,10 @@
 //!    a device that can use that memory.
 //! 2. A node that reads a weight (or other tensor bound before planning, such as a KV cache)
 //!    runs on a device that can use that tensor's buffer: weights decide placement.
-//! 3. Otherwise it goes to the highest-priority device that supports it, so that work returns
-//!    to the preferred device after a fallback.
+//! 3. Otherwise it goes to the device the caller's hint names for it, if any
+//!    ([`Scheduler::plan_hinted`]: a model split by layers names each layer's device, so that
+//!    its norms and residual adds stay with its weights), else to the highest-priority device
+//!    that supports it, so that work returns to the preferred device after a fallback.
 //!
 //! In each case a device that lacks the op is passed over; the last device given to
 //! [`Scheduler::new`] should be the CPU, which runs everything, so an op a GPU lacks falls back
@@ -107,6 +109,13 @@ impl Scheduler {
 
     /// Places every node of the graph, adds the cross-device copies, and allocates compute memory on each device.
     pub fn plan(&mut self, graph: &mut Graph) -> Result<SchedPlan> {
+        self.plan_hinted(graph, &[])
+    }
+
+    /// [`Scheduler::plan`] with a preferred device for nodes that neither write existing
+    /// memory nor read a weight: `hint[id]` (by tensor index; missing or `None`: no
+    /// preference). A hinted device that lacks the op is passed over as in rule 3.
+    pub fn plan_hinted(&mut self, graph: &mut Graph, hint: &[Option<usize>]) -> Result<SchedPlan> {
         let n = graph.len();
         let mut placement: Vec<Option<usize>> = vec![None; n];
         let mut order: Vec<TensorId> = Vec::new();
@@ -138,7 +147,13 @@ impl Scheduler {
                         }
                     }
                 }
+                let hinted = hint
+                    .get(id.index())
+                    .copied()
+                    .flatten()
+                    .filter(|&d| d < self.devices.len());
                 pick.filter(|&d| self.devices[d].supports_op(graph, id))
+                    .or_else(|| hinted.filter(|&d| self.devices[d].supports_op(graph, id)))
                     .or_else(|| {
                         (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id))
                     })

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_llm::{Context, ContextParams, Model};
 
@@ -25,6 +25,11 @@ fn meta(ratios: &[f64], precise: bool) -> Arc<dyn Device> {
         .map(|_| Arc::new(CpuDevice::new().with_precise(precise)) as Arc<dyn Device>)
         .collect();
     Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device"))
+}
+
+/// Tensor parallelism even over unlike parts (the automatic mode splits those by layers).
+fn tensor_parallel() -> MetaOptions {
+    MetaOptions::default().with_split_mode(SplitMode::Tensor)
 }
 
 fn load(dev: Arc<dyn Device>) -> tessera::Result<Arc<Model>> {
@@ -241,7 +246,12 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
     let cpu = cpu_model();
     let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
     let model = load(Arc::new(
-        MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap(),
+        MetaDevice::with_options(
+            parts,
+            &SplitRatios::Given(vec![0.5, 0.5]),
+            tensor_parallel(),
+        )
+        .unwrap(),
     ))
     .unwrap();
     // Software Vulkan is slow: two short prompts, a few steps.

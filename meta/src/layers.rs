@@ -21,8 +21,8 @@
 //!   on the CPU parts; without n, as many as fit there (a GPU the user chose is used first
 //!   whatever its measured speed).
 //!
-//! The output head (and the output norm) goes on the fastest part with room for it, and that
-//! part's range comes last, so that the last layers and the head are on one device; the other
+//! The output head (and the output norm) goes on the fastest part with room for it (the last of
+//! parts within 10% of the fastest), and that part's range comes last, so that the last layers and the head are on one device; the other
 //! parts' ranges follow the parts' order. The token embedding goes with the first layer.
 //! Every part's bytes are checked against its budget when the plan is made: a split that leaves
 //! a part too little memory is an error naming the part, never an allocation failure later.
@@ -121,8 +121,13 @@ pub fn plan_layers(
             costs.cache.len()
         )));
     }
+    // The fastest of some parts; among parts within 10% of the fastest (like devices, whose
+    // measured speeds differ by noise) the last in the parts' order, so that like parts keep
+    // their order.
     let fastest = |of: &mut dyn Iterator<Item = usize>| {
-        of.max_by(|&a, &b| parts[a].speed.total_cmp(&parts[b].speed).then(b.cmp(&a)))
+        let of: Vec<usize> = of.collect();
+        let top = of.iter().map(|&j| parts[j].speed).fold(f64::MIN, f64::max);
+        of.into_iter().rev().find(|&j| parts[j].speed >= 0.9 * top)
     };
     let biggest = (0..n_layer).map(|l| costs.layer(l)).max().unwrap_or(0);
     let room = |j: usize, head: usize| -> usize {
@@ -369,11 +374,15 @@ mod tests {
 
     #[test]
     fn a_part_with_ratio_zero_gets_nothing() {
-        let parts = [part("a", 1000, 1.0, true), part("b", 1000, 1.0, true)];
+        let parts = [part("a", 1000, 1.0, true), part("b", 1000, 1.05, true)];
         let p = plan_layers("m", &parts, &costs(), &LayerShares::Given(vec![1.0, 0.0])).unwrap();
         assert_eq!(p.counts, vec![10, 0]);
         assert_eq!(p.head_part, 0);
         assert_eq!(p.bytes[1], 0);
+        // Like parts keep their order: the head on the last.
+        let p = plan_layers("m", &parts, &costs(), &LayerShares::Given(vec![0.5, 0.5])).unwrap();
+        assert_eq!(p.head_part, 1);
+        assert_eq!(p.layer_part, vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
     }
 
     #[test]

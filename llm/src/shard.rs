@@ -78,7 +78,41 @@ impl Sharding {
         let Some(meta) = MetaDevice::from_device(device) else {
             return Ok(None);
         };
-        let ratios = meta.ratios();
+        let mut ratios = meta.ratios().to_vec();
+        loop {
+            match Sharding::with_ratios(cfg, file, device, meta, &ratios) {
+                Ok(s) => return Ok(Some(s)),
+                // Measured ratios always give a split that runs: the part with the least share
+                // gets no work, and the others are tried again.
+                Err(e)
+                    if !meta.ratios_given() && ratios.iter().filter(|&&r| r > 0.0).count() > 1 =>
+                {
+                    let j = (0..ratios.len())
+                        .filter(|&j| ratios[j] > 0.0)
+                        .min_by(|&a, &b| ratios[a].total_cmp(&ratios[b]).then(b.cmp(&a)))
+                        .expect("two parts with work");
+                    let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
+                    log::info!(
+                        "{}: part {j} ({name}) gets no work: with its measured share {:.3} the \
+                         split fails ({e})",
+                        device.name(),
+                        ratios[j]
+                    );
+                    ratios[j] = 0.0;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The split of model `cfg` over meta device `meta` (`device`) by `ratios`.
+    fn with_ratios(
+        cfg: &ModelConfig,
+        file: &GgufFile,
+        device: &dyn Device,
+        meta: &MetaDevice,
+        ratios: &[f64],
+    ) -> Result<Sharding> {
         let group = cfg.n_head / cfg.n_head_kv;
         let kv_heads = partition(cfg.n_head_kv, ratios);
         let starved = |counts: &[usize]| {
@@ -147,14 +181,14 @@ impl Sharding {
                 cfg.n_head_kv
             ),
         }
-        Ok(Some(Sharding {
+        Ok(Sharding {
             meta: meta.clone(),
             q_heads,
             kv_heads,
             head_dim: cfg.head_dim,
             ffn,
             vocab,
-        }))
+        })
     }
 
     /// Query heads each part holds.

@@ -278,3 +278,22 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
         );
     }
 }
+
+/// The same four parts with measured ratios (equal, as the parts are alike): rather than fail,
+/// the split gives the last part no work and the model runs over the other three.
+#[test]
+fn measured_ratios_that_cannot_divide_the_heads_leave_a_part_idle() {
+    let parts: Vec<Arc<dyn Device>> = (0..4)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    let dev = MetaDevice::with_options(parts, &SplitRatios::Auto, tensor_parallel()).unwrap();
+    assert!(!dev.ratios_given());
+    let model = load(Arc::new(dev)).unwrap();
+    let sh = model.sharding().expect("a sharded model");
+    assert_eq!(sh.kv_heads(), Some(&[1, 1, 1, 0][..]));
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    // The first token only: the CPU's second step is a near-tie (top-2 logits within 0.5).
+    let (want, _) = greedy(&cpu_model(), &prompt, 1);
+    let (got, _) = greedy(&model, &prompt, 1);
+    assert_eq!(got, want);
+}

@@ -395,8 +395,13 @@ impl LayerSplit {
             .collect::<Result<Vec<_>>>()?;
         for (j, p) in parts.iter().enumerate() {
             let (a, b) = plan.range(j);
+            let layers = if b > a {
+                format!("layers {a}..{b}")
+            } else {
+                "no layers".into()
+            };
             log::info!(
-                "{name}: part {j} ({}) layers {a}..{b}{}, {} MiB, {:.0}% of a token's time",
+                "{name}: part {j} ({}) {layers}{}, {} MiB, {:.0}% of a token's time",
                 p.name(),
                 if j == plan.head_part {
                     " and the output head"

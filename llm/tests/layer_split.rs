@@ -253,7 +253,7 @@ fn a_gpu_too_small_for_the_model_gets_what_fits_and_the_cpu_the_rest() {
     };
     let model = load(gpu.clone(), &params()).unwrap();
     let c = counts(&model);
-    println!("{} MiB cap: layers {c:?}", file * 6 / 10 >> 20);
+    println!("{} MiB cap: layers {c:?}", (file * 6 / 10) >> 20);
     assert!(c[0] > 0 && c[1] > 0 && c[0] + c[1] == 30, "{c:?}");
     same_tokens_as_the_cpu(&model, 6);
     drop(model);

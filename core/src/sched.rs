@@ -60,6 +60,8 @@ pub struct Scheduler {
     devices: Vec<Arc<dyn Device>>,
     backends: Vec<Box<dyn Backend>>,
     allocators: Vec<GraphAllocator>,
+    /// Devices whose work a queued run left unwaited (see [`Scheduler::compute_queued`]).
+    queued: Vec<bool>,
 }
 
 impl Scheduler {
@@ -78,10 +80,12 @@ impl Scheduler {
             .iter()
             .map(|d| GraphAllocator::new(d.buffer_type()))
             .collect();
+        let queued = vec![false; devices.len()];
         Ok(Scheduler {
             devices,
             backends,
             allocators,
+            queued,
         })
     }
 
@@ -270,7 +274,24 @@ impl Scheduler {
 
     /// Runs a planned graph: copies, then each split on its device; waits for all of it.
     pub fn compute(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
-        self.run(graph, plan, None)
+        self.run(graph, plan, None, true)
+    }
+
+    /// Runs a planned graph as [`Scheduler::compute`] does, but returns once the last work is
+    /// queued rather than done: a device that computes asynchronously (a GPU) may still be
+    /// running its splits when this returns. The host waits only where a split needs what
+    /// another device computed in this run. Queued runs of micro-batches of a model split by
+    /// layers so overlap: the host computes the next micro-batch's first layers (a CPU part)
+    /// while a GPU runs the previous one's last layers. Each device's work stays in its
+    /// stream's order; [`Scheduler::synchronize`] waits for all of it.
+    pub fn compute_queued(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
+        self.run(graph, plan, None, false)
+    }
+
+    /// Waits for the work queued on every device.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.queued.iter_mut().for_each(|q| *q = false);
+        self.backends.iter_mut().try_for_each(|b| b.synchronize())
     }
 
     /// [`Scheduler::compute`], then the bytes of tensor `id` (one of the graph's results) read
@@ -291,18 +312,21 @@ impl Scheduler {
                 out.len()
             )));
         }
-        self.run(graph, plan, Some((id, out)))
+        self.run(graph, plan, Some((id, out)), true)
     }
 
-    /// The splits of `plan` in order, then `read` (see [`Scheduler::compute_read`]), then one
-    /// synchronize of each backend that ran something.
+    /// The splits of `plan` in order, then `read` (see [`Scheduler::compute_read`]), then,
+    /// with `wait`, one synchronize of each backend that ran something.
     fn run(
         &mut self,
         graph: &Graph,
         plan: &SchedPlan,
         read: Option<(TensorId, &mut [u8])>,
+        wait: bool,
     ) -> Result<()> {
-        let mut dirty = vec![false; self.devices.len()];
+        // Work left by queued runs counts as this run's: a copy from its device waits for it,
+        // and so does the end of a run that waits.
+        let mut dirty = std::mem::replace(&mut self.queued, vec![false; self.devices.len()]);
         for split in &plan.splits {
             for &(src, dst) in &split.copies {
                 let from = plan.placement.get(src.index()).copied().flatten();
@@ -336,6 +360,10 @@ impl Scheduler {
                 }
                 None => late = Some((d, out)),
             }
+        }
+        if !wait {
+            self.queued = dirty;
+            return Ok(());
         }
         for (i, b) in self.backends.iter_mut().enumerate() {
             if dirty[i] {

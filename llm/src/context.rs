@@ -164,15 +164,17 @@ impl Context {
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let want = all_logits || i == last;
-            let logits = self.eval_batch(chunk, all_logits)?;
-            if want {
-                out.extend_from_slice(&logits);
-            }
+            let logits = self.eval_batch(chunk, all_logits, want)?;
+            out.extend_from_slice(&logits);
         }
         Ok(out)
     }
 
-    fn eval_batch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    /// Evaluates one batch; with `want` false its logits are not read and its work is left
+    /// queued (see [`Scheduler::compute_queued`]): the next batch's first layers then run
+    /// while a device still computes this one's last, and the batch whose logits are read
+    /// waits for all of it.
+    fn eval_batch(&mut self, tokens: &[u32], all_logits: bool, want: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let p0 = self.n_past;
         let padded = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
@@ -193,6 +195,8 @@ impl Context {
                     n_ctx: self.n_ctx,
                 };
                 let (mut graph, io, _) = forward::build(&src, shape)?;
+                // Planning may place the new graph in memory that queued work still uses.
+                self.sched.synchronize()?;
                 let plan = match self.model.layer_split() {
                     Some(split) => {
                         let hints = split.hints(&graph);
@@ -251,6 +255,11 @@ impl Context {
         }
         let step = &self.steps[idx];
         let inputs = started.elapsed();
+        if !want {
+            self.sched.compute_queued(&step.graph, &step.plan)?;
+            self.n_past += n;
+            return Ok(Vec::new());
+        }
         let count = step.graph.get(step.io.logits).nelements();
         // Read straight into the f32s returned (no second pass over n_vocab values a token).
         let mut logits = vec![0f32; count];

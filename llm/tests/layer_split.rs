@@ -267,3 +267,40 @@ fn a_gpu_too_small_for_the_model_gets_what_fits_and_the_cpu_the_rest() {
         "{e}"
     );
 }
+
+/// A prompt cut into micro-batches flows through the parts without waiting between batches
+/// (a batch's first layers run while a device still computes the one before): the logits are
+/// those of the same batches evaluated one call at a time, each waited for, bit for bit; over a
+/// CPU and wgpu:0 where present (the asynchronous case), else over two CPUs.
+#[test]
+fn queued_prompt_batches_give_the_logits_of_batches_waited_for() {
+    let parts: Vec<Arc<dyn Device>> = match wgpu(&Options::default()) {
+        Some(gpu) => vec![Arc::new(CpuDevice::new()), gpu],
+        None => cpus(2),
+    };
+    let model = load(layered(parts, &[0.5, 0.5]), &params()).unwrap();
+    let prompt: Vec<u32> = (0..13u32).map(|i| 1 + (i * 977) % 4000).collect();
+    let ctx = || {
+        Context::new(
+            model.clone(),
+            ContextParams {
+                n_ctx: 64,
+                n_ubatch: 4,
+                ..ContextParams::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut queued = ctx();
+    let got = queued.eval(&prompt, false).unwrap();
+    let mut waited = ctx();
+    let mut want = Vec::new();
+    for chunk in prompt.chunks(4) {
+        want = waited.eval(chunk, false).unwrap();
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "{}: the logits differ", model.device().name());
+    // And the next token's step sees the whole prompt in the cache in both.
+    let t = argmax(&got) as u32;
+    assert!(queued.eval(&[t], false).unwrap() == waited.eval(&[t], false).unwrap());
+}

@@ -4,7 +4,8 @@
 //! 1. A node that writes into existing memory (set_rows, cpy: a result that is a view) runs on
 //!    a device that can use that memory.
 //! 2. A node that reads a weight (or other tensor bound before planning, such as a KV cache)
-//!    runs on a device that can use that tensor's buffer: weights decide placement.
+//!    runs on a device that can use that tensor's buffer: weights decide placement. Where
+//!    several devices can use it (host memory), the caller's hint (below) picks among them.
 //! 3. Otherwise it goes to the device the caller's hint names for it, if any
 //!    ([`Scheduler::plan_hinted`]: a model split by layers names each layer's device, so that
 //!    its norms and residual adds stay with its weights), else to the highest-priority device
@@ -99,15 +100,23 @@ impl Scheduler {
         self.backends[i].as_mut()
     }
 
-    fn device_for_memory(&self, graph: &Graph, id: TensorId, node: TensorId) -> Option<usize> {
+    /// The device for node `node` that uses the memory of tensor `id`: among the devices that
+    /// can use it (several, where it is host memory and several devices read host memory), the
+    /// hinted one `hint` if it supports the op, else the first that does, else the first.
+    fn device_for_memory(
+        &self,
+        graph: &Graph,
+        id: TensorId,
+        node: TensorId,
+        hint: Option<usize>,
+    ) -> Option<usize> {
         let data = graph.data(id)?;
         let usable: Vec<usize> = (0..self.devices.len())
             .filter(|&i| self.devices[i].can_use_buffer(data.buffer.as_ref()))
             .collect();
-        usable
-            .iter()
-            .copied()
-            .find(|&i| self.devices[i].supports_op(graph, node))
+        let supports = |i: &usize| self.devices[*i].supports_op(graph, node);
+        hint.filter(|h| usable.contains(h) && supports(h))
+            .or_else(|| usable.iter().copied().find(supports))
             .or_else(|| usable.first().copied())
     }
 
@@ -128,16 +137,21 @@ impl Scheduler {
             if t.op == Op::None {
                 continue;
             }
+            let hinted = hint
+                .get(id.index())
+                .copied()
+                .flatten()
+                .filter(|&d| d < self.devices.len());
             let dev = if t.op.is_view() {
                 // A view lives where its root is computed or bound.
                 let (root, _) = graph.root(id);
-                placement[root.index()].or_else(|| self.device_for_memory(graph, root, id))
+                placement[root.index()].or_else(|| self.device_for_memory(graph, root, id, hinted))
             } else if t.view_src.is_some() {
                 // Writes into existing memory.
                 let (root, _) = graph.root(id);
                 match placement[root.index()] {
                     Some(d) => Some(d),
-                    None => self.device_for_memory(graph, root, id),
+                    None => self.device_for_memory(graph, root, id, hinted),
                 }
             } else {
                 let mut pick = None;
@@ -145,17 +159,12 @@ impl Scheduler {
                     let (root, _) = graph.root(s);
                     let rt = graph.get(root);
                     if rt.data.is_some() && (rt.flags.weight || !rt.flags.input) {
-                        pick = self.device_for_memory(graph, root, id);
+                        pick = self.device_for_memory(graph, root, id, hinted);
                         if pick.is_some() {
                             break;
                         }
                     }
                 }
-                let hinted = hint
-                    .get(id.index())
-                    .copied()
-                    .flatten()
-                    .filter(|&d| d < self.devices.len());
                 pick.filter(|&d| self.devices[d].supports_op(graph, id))
                     .or_else(|| hinted.filter(|&d| self.devices[d].supports_op(graph, id)))
                     .or_else(|| {

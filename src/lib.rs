@@ -170,7 +170,10 @@ pub fn device(options: &Options, spec: &str) -> Result<Arc<dyn Device>> {
 /// ratios, and the outer device splits by layers.
 pub fn meta_device(options: &Options, spec: &str, ratios: &SplitRatios) -> Result<Arc<dyn Device>> {
     let specs = tessera_meta::parse_spec(spec)?;
-    let registry = if specs.len() > 1 {
+    // Parts split by layers never wait on each other inside a graph: only tensor parallelism
+    // (or the automatic mode, which may choose it) needs the group's options.
+    let layers = options.meta.split_mode == tessera_meta::SplitMode::Layer;
+    let registry = if specs.len() > 1 && !layers {
         registry_with(&options.for_group())
     } else {
         registry_with(options)

@@ -304,3 +304,29 @@ fn queued_prompt_batches_give_the_logits_of_batches_waited_for() {
     let t = argmax(&got) as u32;
     assert!(queued.eval(&[t], false).unwrap() == waited.eval(&[t], false).unwrap());
 }
+
+/// Gemma 3 270M (sliding-window layers with their ring caches, one KV head) over two CPU parts
+/// by layers: the single CPU's logits bit for bit.
+#[test]
+fn gemma3_split_by_layers_over_cpus_gives_the_cpus_logits() {
+    let path = gemma3_path();
+    let at = |dev: Arc<dyn Device>| {
+        Arc::new(
+            Model::load_with(
+                &path,
+                dev,
+                Arc::new(CpuDevice::new()),
+                &params(),
+                &mut |_, _| {},
+            )
+            .unwrap(),
+        )
+    };
+    let prompt = [2u32, 818, 5279, 529, 7001, 563];
+    let (want_toks, want) = greedy(&at(Arc::new(CpuDevice::new())), &prompt, 3);
+    let model = at(layered(cpus(2), &[0.4, 0.6]));
+    assert_eq!(counts(&model), vec![7, 11]);
+    let (toks, got) = greedy(&model, &prompt, 3);
+    assert_eq!(toks, want_toks);
+    assert!(got == want, "the logits differ from the CPU's");
+}

@@ -77,16 +77,18 @@ pub fn run(a: DevicesArgs) -> Result<()> {
         let dev = crate::load::meta_device(&spec, &a.split, &options)?;
         println!();
         line(dev.as_ref());
-        let ratios = MetaDevice::from_device(dev.as_ref())
-            .map(|m| m.ratios().to_vec())
-            .unwrap_or_default();
+        let meta = MetaDevice::from_device(dev.as_ref());
+        let ratios = meta.map(|m| m.ratios().to_vec()).unwrap_or_default();
+        // Split by layers with measured ratios, the fastest part takes what fits: the shares
+        // are the plan's (with --model), not the ratios'.
+        let filled = meta.is_some_and(|m| m.split_mode() == SplitMode::Layer && !m.ratios_given());
         for (j, (p, r)) in dev.parts().iter().zip(ratios).enumerate() {
-            println!(
-                "  part {j}: {:<10} {:>5.1}%  {}",
-                p.name(),
-                r * 100.0,
-                p.description()
-            );
+            let share = if filled {
+                "    --".to_string()
+            } else {
+                format!("{:>5.1}%", r * 100.0)
+            };
+            println!("  part {j}: {:<10} {share}  {}", p.name(), p.description());
         }
         if let Some(model) = &a.model {
             let fallback: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));

@@ -378,6 +378,16 @@ impl Device for MetaDevice {
             .map(|(p, r)| format!("{} {:.0}%", p.name(), r * 100.0))
             .collect();
         match self.shared.mode {
+            // Measured ratios do not divide the layers: the fastest part takes what fits.
+            SplitMode::Layer if !self.shared.ratios_given => format!(
+                "layer split over {} (the fastest first, as much as fits)",
+                self.shared
+                    .parts
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             SplitMode::Layer => format!("layer split over {}", parts.join(", ")),
             _ => format!("tensor parallel over {}", parts.join(", ")),
         }

@@ -168,9 +168,8 @@ pub fn plan_layers(
         }
         LayerShares::Fill => {
             let head = head_among(&|_| true).expect("at least one part");
-            let counts = fill(n_layer, &(0..n).collect::<Vec<_>>(), parts, &|j| {
-                room(j, head)
-            });
+            let all: Vec<usize> = (0..n).collect();
+            let counts = fill(n_layer, &all, parts, head, &|j| room(j, head));
             (counts, head)
         }
         LayerShares::Offload(k) => {
@@ -188,8 +187,11 @@ pub fn plan_layers(
                     "{device} has no CPU part for the layers left to it"
                 ))
             })?;
-            let k = asked
-                .unwrap_or_else(|| fill(n_layer, &gpus, parts, &|j| room(j, head)).iter().sum());
+            let k = asked.unwrap_or_else(|| {
+                fill(n_layer, &gpus, parts, head, &|j| room(j, head))
+                    .iter()
+                    .sum()
+            });
             if k < n_layer && cpus.is_empty() {
                 return Err(Error::Invalid(format!(
                     "{k} of {n_layer} layers on the GPUs leaves {} for a CPU, but {device} has no \
@@ -202,7 +204,7 @@ pub fn plan_layers(
                     "{k} layers asked for on the GPUs, but {device} has no GPU part"
                 )));
             }
-            let on_gpus = fill(k, &gpus, parts, &|j| room(j, head));
+            let on_gpus = fill(k, &gpus, parts, head, &|j| room(j, head));
             let fit: usize = on_gpus.iter().sum();
             if fit < k {
                 let names: Vec<&str> = gpus.iter().map(|&j| parts[j].name.as_str()).collect();
@@ -216,7 +218,7 @@ pub fn plan_layers(
                     bytes: k * biggest + costs.head,
                 });
             }
-            let on_cpus = fill(n_layer - k, &cpus, parts, &|j| room(j, head));
+            let on_cpus = fill(n_layer - k, &cpus, parts, head, &|j| room(j, head));
             let counts = (0..n).map(|j| on_gpus[j] + on_cpus[j]).collect();
             (counts, head)
         }
@@ -305,15 +307,22 @@ pub fn plan_layers(
     })
 }
 
-/// `k` layers over the parts `among`, fastest first, each taking at most `room(j)`.
+/// `k` layers over the parts `among`, the head's part `head` first (the fastest, or one of
+/// like parts), then the fastest, each taking at most `room(j)`.
 fn fill(
     k: usize,
     among: &[usize],
     parts: &[LayerPart],
+    head: usize,
     room: &dyn Fn(usize) -> usize,
 ) -> Vec<usize> {
     let mut order = among.to_vec();
-    order.sort_by(|&a, &b| parts[b].speed.total_cmp(&parts[a].speed).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        (a != head)
+            .cmp(&(b != head))
+            .then(parts[b].speed.total_cmp(&parts[a].speed))
+            .then(a.cmp(&b))
+    });
     let mut counts = vec![0; parts.len()];
     let mut left = k;
     for j in order {
@@ -398,6 +407,10 @@ mod tests {
         let p = plan_layers("m", &parts, &costs(), &LayerShares::Fill).unwrap();
         assert_eq!(p.counts, vec![0, 10]);
         assert_eq!(p.time, vec![0.0, 1.0]);
+        // Like parts: the one with the head takes the layers too.
+        let parts = [part("a", 1000, 1.0, true), part("b", 1000, 1.0, true)];
+        let p = plan_layers("m", &parts, &costs(), &LayerShares::Fill).unwrap();
+        assert_eq!((p.counts.clone(), p.head_part), (vec![0, 10], 1));
     }
 
     #[test]

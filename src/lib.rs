@@ -163,12 +163,17 @@ pub fn device(options: &Options, spec: &str) -> Result<Arc<dyn Device>> {
     }
 }
 
-/// A meta device (`meta:cpu,cuda:0`: tensor parallelism over the parts) dividing work by
-/// `ratios`, running as `options.meta` says. Its parts are opened with `options`, made
-/// [`Options::for_group`] where there are several.
+/// A meta device (`meta:cpu,cuda:0`) dividing work by `ratios`, running as `options.meta` says
+/// (tensor parallelism or a layer split: [`tessera_meta::SplitMode`]). Its parts are opened
+/// with `options`, made [`Options::for_group`] where there are several. A part in brackets
+/// (`meta:[cuda:0,cuda:1],cpu`) is a group of its own, tensor parallel inside with automatic
+/// ratios, and the outer device splits by layers.
 pub fn meta_device(options: &Options, spec: &str, ratios: &SplitRatios) -> Result<Arc<dyn Device>> {
     let specs = tessera_meta::parse_spec(spec)?;
-    let registry = if specs.len() > 1 {
+    // Parts split by layers never wait on each other inside a graph: only tensor parallelism
+    // (or the automatic mode, which may choose it) needs the group's options.
+    let layers = options.meta.split_mode == tessera_meta::SplitMode::Layer;
+    let registry = if specs.len() > 1 && !layers {
         registry_with(&options.for_group())
     } else {
         registry_with(options)
@@ -176,6 +181,15 @@ pub fn meta_device(options: &Options, spec: &str, ratios: &SplitRatios) -> Resul
     let parts = specs
         .iter()
         .map(|p| {
+            if p.starts_with("meta:") {
+                let inner = options.clone().with_meta(
+                    options
+                        .meta
+                        .clone()
+                        .with_split_mode(tessera_meta::SplitMode::Tensor),
+                );
+                return meta_device(&inner, p, &SplitRatios::Auto);
+            }
             registry.find(p).map_err(|e| match e {
                 Error::NoSuchDevice(what) => {
                     Error::NoSuchDevice(format!("{what}, a part of {spec}"))

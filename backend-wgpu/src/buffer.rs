@@ -67,6 +67,15 @@ impl WgpuBuffer {
                 ),
             });
         }
+        if let Some(limit) = gpu.options.memory_limit {
+            let used = gpu.allocated.load(std::sync::atomic::Ordering::Relaxed);
+            if used.saturating_add(alloc as usize) > limit {
+                return Err(Error::OutOfMemory {
+                    device: format!("{} (limited to {limit} bytes)", gpu.name),
+                    bytes: size,
+                });
+            }
+        }
         let buffer = gpu.scoped(
             || {
                 gpu.device.create_buffer(&wgpu::BufferDescriptor {

@@ -146,11 +146,12 @@ impl Device for WgpuDevice {
 
     /// `total` is the largest device-local memory heap where the adapter is a Vulkan one (wgpu
     /// has no memory query of its own), else the adapter's largest buffer (a lower bound);
-    /// `free` is that less what tessera has allocated.
+    /// `free` is that less what tessera has allocated. [`WgpuOptions::memory_limit`] caps both.
     fn memory(&self) -> Memory {
         let total = vulkan_heap(&self.adapter)
             .or_else(|| usize::try_from(self.adapter.limits().max_buffer_size).ok())
-            .unwrap_or(usize::MAX);
+            .unwrap_or(usize::MAX)
+            .min(self.options.memory_limit.unwrap_or(usize::MAX));
         let used = self.gpu.get().and_then(|g| g.as_ref().ok()).map_or(0, |g| {
             g.allocated.load(std::sync::atomic::Ordering::Relaxed)
         });

@@ -12,10 +12,12 @@
 //! | `TESSERA_WGPU_SUBGROUPS`  | [`WgpuOptions::subgroups`]     | 1       |
 //! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
 //! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
+//! | `TESSERA_WGPU_MEMORY_MIB` | [`WgpuOptions::memory_limit`]  | unset   |
 //!
-//! Each is a switch: `0`, `1`, `false` or `true`; anything else is an error naming the variable.
+//! Each is a switch: `0`, `1`, `false` or `true`, except the memory limit, a number of MiB;
+//! anything else is an error naming the variable.
 
-use tessera_core::options::env_switch;
+use tessera_core::options::{env_switch, env_value};
 use tessera_core::Result;
 
 /// The wgpu backend's settings (`Default`: the tuned defaults; builder-style setters).
@@ -44,6 +46,11 @@ pub struct WgpuOptions {
     /// rounded to f16, partial sums over 16 k-steps in f16), within the ops conformance
     /// tolerance (5e-4).
     pub mat_mat_f16: Option<bool>,
+    /// At most this many bytes of device memory: the device reports no more (its free memory
+    /// is this less what tessera has allocated on it) and refuses to allocate past it, as a
+    /// smaller GPU would. `None`: the adapter's memory. For testing what does not fit (a model
+    /// larger than the GPU, left partly to the CPU) on any adapter.
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for WgpuOptions {
@@ -54,6 +61,7 @@ impl Default for WgpuOptions {
             fusion: true,
             profile: false,
             mat_mat_f16: None,
+            memory_limit: None,
         }
     }
 }
@@ -69,6 +77,9 @@ impl WgpuOptions {
             fusion: env_switch("TESSERA_WGPU_FUSION")?.unwrap_or(d.fusion),
             profile: env_switch("TESSERA_WGPU_PROFILE")?.unwrap_or(d.profile),
             mat_mat_f16: d.mat_mat_f16,
+            memory_limit: env_value::<usize>("TESSERA_WGPU_MEMORY_MIB", "a number of MiB")?
+                .map(|m| m.saturating_mul(1 << 20))
+                .or(d.memory_limit),
         })
     }
 
@@ -93,6 +104,12 @@ impl WgpuOptions {
     /// Sets [`WgpuOptions::profile`].
     pub fn profile(mut self, on: bool) -> Self {
         self.profile = on;
+        self
+    }
+
+    /// Sets [`WgpuOptions::memory_limit`].
+    pub fn memory_limit(mut self, bytes: Option<usize>) -> Self {
+        self.memory_limit = bytes;
         self
     }
 

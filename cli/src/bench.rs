@@ -46,16 +46,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.repeats == 0 {
         return Err(Error::Invalid("-r must be at least 1".into()));
     }
-    let model = load::load(&a.model)?;
     let n_ctx = (a.prompt.max(a.gen + 1)).max(1);
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx,
-            n_ubatch: a.ubatch,
-            ..ContextParams::default()
-        },
-    )?;
+    let params = ContextParams {
+        n_ctx,
+        n_ubatch: a.ubatch,
+        ..ContextParams::default()
+    };
+    let model = load::load(&a.model, &params)?;
+    let mut ctx = Context::new(model.clone(), params)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;
     let mut rows = Vec::new();

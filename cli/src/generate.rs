@@ -1,14 +1,13 @@
 //! `tessera generate` and `tessera chat`.
 
 use std::io::{BufRead, Write};
-use std::sync::Arc;
 
 use clap::Args;
 use tessera::{Error, Result};
 use tessera_llm::chat::Message;
 use tessera_llm::generate::{generate, GenerateParams};
 use tessera_llm::sampling::SamplerConfig;
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{Context, ContextParams};
 
 use crate::load::{self, ModelArgs};
 
@@ -42,6 +41,14 @@ pub struct SampleArgs {
 }
 
 impl SampleArgs {
+    /// The context: `--ctx` positions (0: the smaller of the model's and 4096).
+    fn context(&self) -> ContextParams {
+        ContextParams {
+            n_ctx: self.ctx,
+            ..ContextParams::default()
+        }
+    }
+
     fn params(&self) -> Result<GenerateParams> {
         if self.temp.is_nan()
             || self.temp < 0.0
@@ -96,7 +103,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let mut params = a.sample.params()?;
     params.stop_at_eog = !a.ignore_eog;
-    let model = load::load(&a.model)?;
+    let model = load::load(&a.model, &a.sample.context())?;
     let text = if a.chat {
         model
             .template
@@ -108,7 +115,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if ids.is_empty() {
         return Err(Error::Invalid("the prompt gives no tokens".into()));
     }
-    let mut ctx = context(&model, a.sample.ctx)?;
+    let mut ctx = Context::new(model.clone(), a.sample.context())?;
     let json = a.json;
     let mut stdout = std::io::stdout();
     let g = generate(&mut ctx, &ids, &params, &mut |piece| {
@@ -160,8 +167,8 @@ pub struct ChatArgs {
 /// Runs `tessera chat`: reads user turns from stdin, answers each.
 pub fn chat(a: ChatArgs) -> Result<()> {
     let params = a.sample.params()?;
-    let model = load::load(&a.model)?;
-    let mut ctx = context(&model, a.sample.ctx)?;
+    let model = load::load(&a.model, &a.sample.context())?;
+    let mut ctx = Context::new(model.clone(), a.sample.context())?;
     let mut messages: Vec<Message> = a
         .system
         .iter()
@@ -214,15 +221,4 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         messages.push(Message::new("assistant", g.text));
     }
     Ok(())
-}
-
-/// A context of `n_ctx` positions (0: the smaller of the model's and 4096) over `model`.
-fn context(model: &Arc<Model>, n_ctx: usize) -> Result<Context> {
-    Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx,
-            ..ContextParams::default()
-        },
-    )
 }

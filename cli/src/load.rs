@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use clap::Args;
 use tessera::cpu::CpuDevice;
-use tessera::meta::SplitRatios;
+use tessera::meta::{SplitMode, SplitRatios};
 use tessera::{Device, Error, Options, Result};
-use tessera_llm::{fetch, Model};
+use tessera_llm::{fetch, ContextParams, LoadParams, Model};
 
 use crate::progress;
 
@@ -19,13 +19,25 @@ pub struct ModelArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Device: auto (the best present), cpu, cuda:0, wgpu:0, or meta:DEV,DEV[,...] to split the
-    /// model over several devices (tensor parallelism).
+    /// model over several devices; a part in brackets is a tensor-parallel group
+    /// (meta:[cuda:0,cuda:1],cpu).
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// How a meta device divides the model: auto (from free memory and a measured mat-vec) or a
     /// share per part (0.6,0.4).
     #[arg(long, default_value = "auto")]
     pub split: String,
+    /// How a meta device splits the model: tensor (every layer over all parts, for like GPUs
+    /// with fast links), layer (whole layers per part, the activations crossing once per
+    /// boundary: unlike devices, a GPU and the CPU) or auto (tensor for like devices that
+    /// reach each other's memory, layer otherwise). Default: TESSERA_SPLIT_MODE, else auto.
+    #[arg(long)]
+    pub split_mode: Option<String>,
+    /// Layers on the GPU, as llama.cpp's -ngl: on a GPU device this many there and the rest on
+    /// the CPU; on a meta device split by layers this many on its parts that are not the CPU.
+    /// Default: as many as the GPU's free memory holds after the KV cache and compute buffers.
+    #[arg(long)]
+    pub gpu_layers: Option<usize>,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -41,6 +53,9 @@ fn options(args: &ModelArgs) -> Result<Options> {
     if let Some(n) = args.threads {
         o.cpu.threads = n;
     }
+    if let Some(m) = &args.split_mode {
+        o.meta.split_mode = SplitMode::parse(m)?;
+    }
     Ok(o)
 }
 
@@ -55,6 +70,12 @@ pub fn devices(args: &ModelArgs) -> Result<(Arc<dyn Device>, Arc<dyn Device>)> {
     if args.split.trim() != "auto" {
         return Err(Error::Invalid(format!(
             "--split divides a meta device (--device meta:DEV,DEV), not {spec}"
+        )));
+    }
+    if args.split_mode.is_some() {
+        return Err(Error::Invalid(format!(
+            "--split-mode divides a meta device (--device meta:DEV,DEV), not {spec} (for a GPU \
+             and the CPU, use --gpu-layers)"
         )));
     }
     if spec == "cpu" {
@@ -102,13 +123,24 @@ pub fn prepare(dev: &Arc<dyn Device>) -> Result<()> {
     r
 }
 
-/// Loads the model on the chosen device, with a progress bar for the weights.
-pub fn load(args: &ModelArgs) -> Result<Arc<Model>> {
+/// How the model is placed for a context of `context`'s size: `--gpu-layers`, and the
+/// context a layer split leaves room for.
+pub fn load_params(args: &ModelArgs, context: &ContextParams) -> LoadParams {
+    LoadParams {
+        gpu_layers: args.gpu_layers,
+        context: context.clone(),
+    }
+}
+
+/// Loads the model on the chosen device, with a progress bar for the weights, placed for a
+/// context of `context`'s size.
+pub fn load(args: &ModelArgs, context: &ContextParams) -> Result<Arc<Model>> {
     let path = model_path(args)?;
     let (dev, fallback) = devices(args)?;
     prepare(&dev)?;
     let pb = progress::bytes_bar(&format!("loading onto {}", dev.name()));
-    let model = Model::load(&path, dev, fallback, &mut |done, total| {
+    let params = load_params(args, context);
+    let model = Model::load_with(&path, dev, fallback, &params, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     });
@@ -117,6 +149,14 @@ pub fn load(args: &ModelArgs) -> Result<Arc<Model>> {
         Error::Gguf { .. } | Error::Model(_) => e,
         other => Error::Model(format!("{}: {other}", path.display())),
     })?;
-    log::info!("loaded {} on {}", path.display(), model.device().name());
+    match model.layer_split() {
+        Some(split) => log::info!(
+            "loaded {} on {} split by layers {:?}",
+            path.display(),
+            split.name(),
+            split.plan().counts
+        ),
+        None => log::info!("loaded {} on {}", path.display(), model.device().name()),
+    }
     Ok(Arc::new(model))
 }

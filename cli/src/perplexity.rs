@@ -41,15 +41,13 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         return Err(Error::Invalid("--batch must be at least 1".into()));
     }
     let n_batch = a.batch.unwrap_or(a.ctx).min(a.ctx).max(1);
-    let model = load::load(&a.model)?;
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx: a.ctx,
-            n_ubatch: n_batch,
-            ..ContextParams::default()
-        },
-    )?;
+    let params = ContextParams {
+        n_ctx: a.ctx,
+        n_ubatch: n_batch,
+        ..ContextParams::default()
+    };
+    let model = load::load(&a.model, &params)?;
+    let mut ctx = Context::new(model.clone(), params)?;
     let tokens = perplexity::tokenize(&ctx, &text)?;
     let params = PerplexityParams {
         n_ctx: a.ctx,

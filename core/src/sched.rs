@@ -4,9 +4,12 @@
 //! 1. A node that writes into existing memory (set_rows, cpy: a result that is a view) runs on
 //!    a device that can use that memory.
 //! 2. A node that reads a weight (or other tensor bound before planning, such as a KV cache)
-//!    runs on a device that can use that tensor's buffer: weights decide placement.
-//! 3. Otherwise it goes to the highest-priority device that supports it, so that work returns
-//!    to the preferred device after a fallback.
+//!    runs on a device that can use that tensor's buffer: weights decide placement. Where
+//!    several devices can use it (host memory), the caller's hint (below) picks among them.
+//! 3. Otherwise it goes to the device the caller's hint names for it, if any
+//!    ([`Scheduler::plan_hinted`]: a model split by layers names each layer's device, so that
+//!    its norms and residual adds stay with its weights), else to the highest-priority device
+//!    that supports it, so that work returns to the preferred device after a fallback.
 //!
 //! In each case a device that lacks the op is passed over; the last device given to
 //! [`Scheduler::new`] should be the CPU, which runs everything, so an op a GPU lacks falls back
@@ -58,6 +61,8 @@ pub struct Scheduler {
     devices: Vec<Arc<dyn Device>>,
     backends: Vec<Box<dyn Backend>>,
     allocators: Vec<GraphAllocator>,
+    /// Devices whose work a queued run left unwaited (see [`Scheduler::compute_queued`]).
+    queued: Vec<bool>,
 }
 
 impl Scheduler {
@@ -76,10 +81,12 @@ impl Scheduler {
             .iter()
             .map(|d| GraphAllocator::new(d.buffer_type()))
             .collect();
+        let queued = vec![false; devices.len()];
         Ok(Scheduler {
             devices,
             backends,
             allocators,
+            queued,
         })
     }
 
@@ -93,20 +100,35 @@ impl Scheduler {
         self.backends[i].as_mut()
     }
 
-    fn device_for_memory(&self, graph: &Graph, id: TensorId, node: TensorId) -> Option<usize> {
+    /// The device for node `node` that uses the memory of tensor `id`: among the devices that
+    /// can use it (several, where it is host memory and several devices read host memory), the
+    /// hinted one `hint` if it supports the op, else the first that does, else the first.
+    fn device_for_memory(
+        &self,
+        graph: &Graph,
+        id: TensorId,
+        node: TensorId,
+        hint: Option<usize>,
+    ) -> Option<usize> {
         let data = graph.data(id)?;
         let usable: Vec<usize> = (0..self.devices.len())
             .filter(|&i| self.devices[i].can_use_buffer(data.buffer.as_ref()))
             .collect();
-        usable
-            .iter()
-            .copied()
-            .find(|&i| self.devices[i].supports_op(graph, node))
+        let supports = |i: &usize| self.devices[*i].supports_op(graph, node);
+        hint.filter(|h| usable.contains(h) && supports(h))
+            .or_else(|| usable.iter().copied().find(supports))
             .or_else(|| usable.first().copied())
     }
 
     /// Places every node of the graph, adds the cross-device copies, and allocates compute memory on each device.
     pub fn plan(&mut self, graph: &mut Graph) -> Result<SchedPlan> {
+        self.plan_hinted(graph, &[])
+    }
+
+    /// [`Scheduler::plan`] with a preferred device for nodes that neither write existing
+    /// memory nor read a weight: `hint[id]` (by tensor index; missing or `None`: no
+    /// preference). A hinted device that lacks the op is passed over as in rule 3.
+    pub fn plan_hinted(&mut self, graph: &mut Graph, hint: &[Option<usize>]) -> Result<SchedPlan> {
         let n = graph.len();
         let mut placement: Vec<Option<usize>> = vec![None; n];
         let mut order: Vec<TensorId> = Vec::new();
@@ -115,16 +137,21 @@ impl Scheduler {
             if t.op == Op::None {
                 continue;
             }
+            let hinted = hint
+                .get(id.index())
+                .copied()
+                .flatten()
+                .filter(|&d| d < self.devices.len());
             let dev = if t.op.is_view() {
                 // A view lives where its root is computed or bound.
                 let (root, _) = graph.root(id);
-                placement[root.index()].or_else(|| self.device_for_memory(graph, root, id))
+                placement[root.index()].or_else(|| self.device_for_memory(graph, root, id, hinted))
             } else if t.view_src.is_some() {
                 // Writes into existing memory.
                 let (root, _) = graph.root(id);
                 match placement[root.index()] {
                     Some(d) => Some(d),
-                    None => self.device_for_memory(graph, root, id),
+                    None => self.device_for_memory(graph, root, id, hinted),
                 }
             } else {
                 let mut pick = None;
@@ -132,13 +159,14 @@ impl Scheduler {
                     let (root, _) = graph.root(s);
                     let rt = graph.get(root);
                     if rt.data.is_some() && (rt.flags.weight || !rt.flags.input) {
-                        pick = self.device_for_memory(graph, root, id);
+                        pick = self.device_for_memory(graph, root, id, hinted);
                         if pick.is_some() {
                             break;
                         }
                     }
                 }
                 pick.filter(|&d| self.devices[d].supports_op(graph, id))
+                    .or_else(|| hinted.filter(|&d| self.devices[d].supports_op(graph, id)))
                     .or_else(|| {
                         (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id))
                     })
@@ -255,7 +283,24 @@ impl Scheduler {
 
     /// Runs a planned graph: copies, then each split on its device; waits for all of it.
     pub fn compute(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
-        self.run(graph, plan, None)
+        self.run(graph, plan, None, true)
+    }
+
+    /// Runs a planned graph as [`Scheduler::compute`] does, but returns once the last work is
+    /// queued rather than done: a device that computes asynchronously (a GPU) may still be
+    /// running its splits when this returns. The host waits only where a split needs what
+    /// another device computed in this run. Queued runs of micro-batches of a model split by
+    /// layers so overlap: the host computes the next micro-batch's first layers (a CPU part)
+    /// while a GPU runs the previous one's last layers. Each device's work stays in its
+    /// stream's order; [`Scheduler::synchronize`] waits for all of it.
+    pub fn compute_queued(&mut self, graph: &Graph, plan: &SchedPlan) -> Result<()> {
+        self.run(graph, plan, None, false)
+    }
+
+    /// Waits for the work queued on every device.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.queued.iter_mut().for_each(|q| *q = false);
+        self.backends.iter_mut().try_for_each(|b| b.synchronize())
     }
 
     /// [`Scheduler::compute`], then the bytes of tensor `id` (one of the graph's results) read
@@ -276,18 +321,21 @@ impl Scheduler {
                 out.len()
             )));
         }
-        self.run(graph, plan, Some((id, out)))
+        self.run(graph, plan, Some((id, out)), true)
     }
 
-    /// The splits of `plan` in order, then `read` (see [`Scheduler::compute_read`]), then one
-    /// synchronize of each backend that ran something.
+    /// The splits of `plan` in order, then `read` (see [`Scheduler::compute_read`]), then,
+    /// with `wait`, one synchronize of each backend that ran something.
     fn run(
         &mut self,
         graph: &Graph,
         plan: &SchedPlan,
         read: Option<(TensorId, &mut [u8])>,
+        wait: bool,
     ) -> Result<()> {
-        let mut dirty = vec![false; self.devices.len()];
+        // Work left by queued runs counts as this run's: a copy from its device waits for it,
+        // and so does the end of a run that waits.
+        let mut dirty = std::mem::replace(&mut self.queued, vec![false; self.devices.len()]);
         for split in &plan.splits {
             for &(src, dst) in &split.copies {
                 let from = plan.placement.get(src.index()).copied().flatten();
@@ -321,6 +369,10 @@ impl Scheduler {
                 }
                 None => late = Some((d, out)),
             }
+        }
+        if !wait {
+            self.queued = dirty;
+            return Ok(());
         }
         for (i, b) in self.backends.iter_mut().enumerate() {
             if dirty[i] {

@@ -69,19 +69,37 @@ impl Context {
         let device = model.device().clone();
         // The cache holds whole KV_PAD blocks (as llama.cpp pads its context): every step's mask
         // rows are then whole words, which a device writes without a read-modify-write.
-        let kv = KvCache::new(
-            cfg,
-            device.as_ref(),
-            n_ctx.div_ceil(KV_PAD) * KV_PAD,
-            params.n_ubatch,
-            KV_PAD,
-            params.kv_type,
-            model.sharding(),
-        )?;
-        let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
-        if device.kind() != tessera_core::DeviceKind::Cpu {
-            devices.push(model.fallback().clone());
-        }
+        let cells = n_ctx.div_ceil(KV_PAD) * KV_PAD;
+        let (kv, devices) = match model.layer_split() {
+            Some(split) => {
+                let kv =
+                    KvCache::new_split(cfg, split, cells, params.n_ubatch, KV_PAD, params.kv_type)?;
+                let mut devices = split.parts().to_vec();
+                if !devices
+                    .iter()
+                    .any(|d| d.kind() == tessera_core::DeviceKind::Cpu)
+                {
+                    devices.push(model.fallback().clone());
+                }
+                (kv, devices)
+            }
+            None => {
+                let kv = KvCache::new(
+                    cfg,
+                    device.as_ref(),
+                    cells,
+                    params.n_ubatch,
+                    KV_PAD,
+                    params.kv_type,
+                    model.sharding(),
+                )?;
+                let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
+                if device.kind() != tessera_core::DeviceKind::Cpu {
+                    devices.push(model.fallback().clone());
+                }
+                (kv, devices)
+            }
+        };
         let sched = Scheduler::new(devices)?;
         Ok(Context {
             model,
@@ -146,15 +164,17 @@ impl Context {
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let want = all_logits || i == last;
-            let logits = self.eval_batch(chunk, all_logits)?;
-            if want {
-                out.extend_from_slice(&logits);
-            }
+            let logits = self.eval_batch(chunk, all_logits, want)?;
+            out.extend_from_slice(&logits);
         }
         Ok(out)
     }
 
-    fn eval_batch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    /// Evaluates one batch; with `want` false its logits are not read and its work is left
+    /// queued (see [`Scheduler::compute_queued`]): the next batch's first layers then run
+    /// while a device still computes this one's last, and the batch whose logits are read
+    /// waits for all of it.
+    fn eval_batch(&mut self, tokens: &[u32], all_logits: bool, want: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let p0 = self.n_past;
         let padded = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
@@ -175,7 +195,15 @@ impl Context {
                     n_ctx: self.n_ctx,
                 };
                 let (mut graph, io, _) = forward::build(&src, shape)?;
-                let plan = self.sched.plan(&mut graph)?;
+                // Planning may place the new graph in memory that queued work still uses.
+                self.sched.synchronize()?;
+                let plan = match self.model.layer_split() {
+                    Some(split) => {
+                        let hints = split.hints(&graph);
+                        self.sched.plan_hinted(&mut graph, &hints)?
+                    }
+                    None => self.sched.plan(&mut graph)?,
+                };
                 tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
                 log::debug!(
                     "new step graph {:?}: {} tensors, {} splits",
@@ -208,22 +236,30 @@ impl Context {
                 // Token i sits at position p0 + i and sees every cell up to it.
                 row[..p0 + i + 1].fill(f16::ZERO);
             }
-            // Queued on the device's stream ahead of the step: no round trip per input.
-            let be = self.sched.backend_mut(0);
-            set(be, g, step.io.tokens, bytemuck::cast_slice(&ids))?;
-            set(be, g, step.io.pos, bytemuck::cast_slice(&pos))?;
-            set(be, g, step.io.global.rows, bytemuck::cast_slice(&rows))?;
-            set(be, g, step.io.global.mask, &f16_bytes(&mask))?;
+            // Queued on the stream of the device each input lives on, ahead of the step: no
+            // round trip per input.
+            let sched = &mut self.sched;
+            let plan = &step.plan;
+            let mut set = |id, bytes: &[u8]| set(sched, plan, g, id, bytes);
+            set(step.io.tokens, bytemuck::cast_slice(&ids))?;
+            set(step.io.pos, bytemuck::cast_slice(&pos))?;
+            set(step.io.global.rows, bytemuck::cast_slice(&rows))?;
+            set(step.io.global.mask, &f16_bytes(&mask))?;
             if let (Some(w), Some(ring), Some(window)) =
                 (step.io.window, ring, self.model.config.max_window())
             {
                 let (rows, mask) = window_inputs(p0, n, ring, window, shape.n_kv_window);
-                set(be, g, w.rows, bytemuck::cast_slice(&rows))?;
-                set(be, g, w.mask, &f16_bytes(&mask))?;
+                set(w.rows, bytemuck::cast_slice(&rows))?;
+                set(w.mask, &f16_bytes(&mask))?;
             }
         }
         let step = &self.steps[idx];
         let inputs = started.elapsed();
+        if !want {
+            self.sched.compute_queued(&step.graph, &step.plan)?;
+            self.n_past += n;
+            return Ok(Vec::new());
+        }
         let count = step.graph.get(step.io.logits).nelements();
         // Read straight into the f32s returned (no second pass over n_vocab values a token).
         let mut logits = vec![0f32; count];
@@ -274,14 +310,23 @@ fn f16_bytes(v: &[f16]) -> Vec<u8> {
     v.iter().flat_map(|h| h.to_le_bytes()).collect()
 }
 
-/// Writes an input tensor through `backend`, ordered with its stream (`bytes` is pageable
-/// memory: the copy has taken it when this returns).
+/// Writes an input tensor through the backend of the device `plan` placed it on, ordered with
+/// its stream (`bytes` is pageable memory: the copy has taken it when this returns).
 fn set(
-    backend: &mut dyn tessera_core::Backend,
+    sched: &mut Scheduler,
+    plan: &SchedPlan,
     g: &Graph,
     id: tessera_core::TensorId,
     bytes: &[u8],
 ) -> Result<()> {
     let d = g.data_or_err(id)?;
-    backend.set_async(d.buffer.as_ref(), d.offset, bytes)
+    let dev = plan
+        .placement
+        .get(id.index())
+        .copied()
+        .flatten()
+        .unwrap_or(0);
+    sched
+        .backend_mut(dev)
+        .set_async(d.buffer.as_ref(), d.offset, bytes)
 }

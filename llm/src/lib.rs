@@ -48,4 +48,4 @@ pub mod weights;
 pub use arch::Arch;
 pub use config::ModelConfig;
 pub use context::{Context, ContextParams};
-pub use model::Model;
+pub use model::{LoadParams, Model};

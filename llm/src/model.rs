@@ -3,16 +3,31 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use tessera::meta::{LayerShares, MetaDevice, SplitMode};
 use tessera_core::gguf::GgufFile;
-use tessera_core::{Device, Result};
+use tessera_core::{Device, DeviceKind, Error, Result};
 
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
+use crate::context::{ContextParams, KV_PAD};
 use crate::forward::{self, StepShape, StepSource};
 use crate::kv_cache::KvCache;
-use crate::shard::Sharding;
+use crate::shard::{planned_ctx, LayerSplit, Sharding};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
+
+/// How a model is placed when it is loaded.
+#[derive(Clone, Debug, Default)]
+pub struct LoadParams {
+    /// Layers on the GPU (llama.cpp's `-ngl`): on a GPU, this many layers there and the rest on
+    /// the CPU; on a meta device split by layers, this many on its parts that are not the CPU
+    /// and the rest on its CPU parts (the fallback CPU joins when it has none). More than the
+    /// model has means all of them. `None`: as many as fit, the rest on the CPU.
+    pub gpu_layers: Option<usize>,
+    /// The context the memory is planned for (its size, batch and KV cache type): a layer
+    /// split leaves room on each part for its layers' KV cache and the compute buffers.
+    pub context: ContextParams,
+}
 
 /// A GGUF model on a device.
 pub struct Model {
@@ -28,6 +43,7 @@ pub struct Model {
     fallback: Arc<dyn Device>,
     file: GgufFile,
     shard: Option<Sharding>,
+    layers: Option<LayerSplit>,
 }
 
 impl Model {
@@ -39,8 +55,19 @@ impl Model {
         fallback: Arc<dyn Device>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model> {
+        Model::load_with(path, device, fallback, &LoadParams::default(), progress)
+    }
+
+    /// As [`Model::load`], placed as `params` say.
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        device: Arc<dyn Device>,
+        fallback: Arc<dyn Device>,
+        params: &LoadParams,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model> {
         let file = GgufFile::open(path)?;
-        Model::from_gguf(file, device, fallback, progress)
+        Model::from_gguf_with(file, device, fallback, params, progress)
     }
 
     /// Builds a model from an opened GGUF file.
@@ -50,13 +77,39 @@ impl Model {
         fallback: Arc<dyn Device>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model> {
+        Model::from_gguf_with(file, device, fallback, &LoadParams::default(), progress)
+    }
+
+    /// As [`Model::from_gguf`], placed as `params` say.
+    pub fn from_gguf_with(
+        file: GgufFile,
+        device: Arc<dyn Device>,
+        fallback: Arc<dyn Device>,
+        params: &LoadParams,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model> {
         let config = ModelConfig::from_gguf(&file)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
-        let shard = Sharding::new(&config, &file, device.as_ref())?;
         let segments = config.fused_segments();
-        let weights =
-            Weights::load_with(&file, device.as_ref(), shard.as_ref(), &segments, progress)?;
+        let layers = layer_split(&config, &file, &device, &fallback, params)?;
+        let (shard, weights) = match &layers {
+            Some(split) => (
+                None,
+                Weights::load_split(&file, split, &segments, progress)?,
+            ),
+            None => {
+                let shard = Sharding::new(&config, &file, device.as_ref())?;
+                let w = Weights::load_with(
+                    &file,
+                    device.as_ref(),
+                    shard.as_ref(),
+                    &segments,
+                    progress,
+                )?;
+                (shard, w)
+            }
+        };
         check_all_read(&config, &weights, fallback.as_ref())?;
         Ok(Model {
             config,
@@ -67,6 +120,7 @@ impl Model {
             fallback,
             file,
             shard,
+            layers,
         })
     }
 
@@ -85,10 +139,96 @@ impl Model {
         &self.file
     }
 
-    /// How the model is split over the parts of a meta device (None on a plain device).
+    /// How the model is split over the parts of a meta device as tensor parallelism (None on
+    /// a plain device and in a layer split).
     pub fn sharding(&self) -> Option<&Sharding> {
         self.shard.as_ref()
     }
+
+    /// How the model is divided by layers (a meta device in [`SplitMode::Layer`], or a GPU
+    /// with layers left to the CPU), if it is.
+    pub fn layer_split(&self) -> Option<&LayerSplit> {
+        self.layers.as_ref()
+    }
+}
+
+/// The layer split of model `cfg` on `device` as `params` ask, if it is to be split by layers:
+/// a meta device in layer mode (its given ratios, or the fastest parts filled first, or
+/// `gpu_layers` on its GPU parts with the fallback CPU joining when it has no CPU part); a GPU
+/// with `gpu_layers` below the model's layers, or too little free memory for the whole model
+/// (the rest on the fallback CPU).
+pub fn layer_split(
+    cfg: &ModelConfig,
+    file: &GgufFile,
+    device: &Arc<dyn Device>,
+    fallback: &Arc<dyn Device>,
+    params: &LoadParams,
+) -> Result<Option<LayerSplit>> {
+    let ctx = &params.context;
+    if let Some(meta) = MetaDevice::from_device(device.as_ref()) {
+        if meta.split_mode() != SplitMode::Layer {
+            if params.gpu_layers.is_some() {
+                return Err(Error::Invalid(format!(
+                    "GPU layers are a layer split, but {} splits by tensors (use the layer split \
+                     mode)",
+                    device.name()
+                )));
+            }
+            return Ok(None);
+        }
+        let mut parts = device.parts();
+        let mut speeds = meta.speeds()?;
+        let shares = match params.gpu_layers {
+            Some(n) => {
+                if !parts.iter().any(|p| p.kind() == DeviceKind::Cpu) && n < cfg.n_layer {
+                    parts.push(fallback.clone());
+                    speeds.push(tessera::meta::measure_matvec(fallback.as_ref())?);
+                }
+                LayerShares::Offload(Some(n))
+            }
+            None if meta.ratios_given() => LayerShares::Given(meta.ratios().to_vec()),
+            None => LayerShares::Fill,
+        };
+        return LayerSplit::new(cfg, file, &device.name(), parts, &speeds, &shares, ctx).map(Some);
+    }
+    if device.kind() == DeviceKind::Cpu {
+        return match params.gpu_layers {
+            Some(n) if n > 0 => Err(Error::Invalid(format!(
+                "{n} GPU layers asked for, but the device is {}",
+                device.name()
+            ))),
+            _ => Ok(None),
+        };
+    }
+    let name = format!("{}+{}", device.name(), fallback.name());
+    let parts = vec![device.clone(), fallback.clone()];
+    let shares = match params.gpu_layers {
+        Some(n) if n >= cfg.n_layer => return Ok(None),
+        Some(n) => LayerShares::Offload(Some(n)),
+        None => {
+            let n_ctx = planned_ctx(cfg, ctx).div_ceil(KV_PAD) * KV_PAD;
+            let cache: usize = KvCache::layer_bytes(cfg, n_ctx, ctx.n_ubatch, KV_PAD, ctx.kv_type)
+                .iter()
+                .sum();
+            let weights: usize = file.tensors.iter().map(|t| t.size as usize).sum();
+            let need = weights + cache;
+            let free = device.memory().free;
+            if need <= free {
+                return Ok(None);
+            }
+            log::info!(
+                "the model and its KV cache ({} MiB) do not fit in {}'s {} MiB free: as many \
+                 layers there as fit, the rest on {}",
+                need >> 20,
+                device.name(),
+                free >> 20,
+                fallback.name()
+            );
+            LayerShares::Offload(None)
+        }
+    };
+    let speeds = tessera::meta::measure_speeds(&parts)?;
+    LayerSplit::new(cfg, file, &name, parts, &speeds, &shares, ctx).map(Some)
 }
 
 /// Refuses a model whose file holds a tensor the forward pass does not read: it would be an

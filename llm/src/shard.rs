@@ -1,4 +1,8 @@
-//! Tensor parallelism for models on a meta device (`--device meta:cpu,cuda:0`).
+//! How a model is divided over the parts of a meta device (`--device meta:cpu,cuda:0`): as
+//! tensor parallelism ([`Sharding`], below) or by layers ([`LayerSplit`], at the end), as the
+//! meta device's [`SplitMode`](tessera::meta::SplitMode) says.
+//!
+//! # Tensor parallelism
 //!
 //! The split follows Megatron-LM's layout, which needs two all-reduces per layer and nothing
 //! else:
@@ -36,11 +40,16 @@
 
 use std::sync::Arc;
 
-use tessera::meta::{partition, partition_units, MetaDevice, ShardedTensor, SplitState};
+use tessera::meta::{
+    partition, partition_units, plan_layers, LayerCosts, LayerPart, LayerPlan, LayerShares,
+    MetaDevice, ShardedTensor, SplitState,
+};
 use tessera_core::gguf::GgufFile;
-use tessera_core::{Buffer, DType, Device, Error, Result};
+use tessera_core::{Buffer, DType, Device, DeviceKind, Error, Graph, Result};
 
 use crate::config::ModelConfig;
+use crate::context::{ContextParams, KV_PAD};
+use crate::kv_cache::KvCache;
 
 /// How a model's weights and KV cache are split over the parts of a meta device.
 #[derive(Clone)]
@@ -69,7 +78,41 @@ impl Sharding {
         let Some(meta) = MetaDevice::from_device(device) else {
             return Ok(None);
         };
-        let ratios = meta.ratios();
+        let mut ratios = meta.ratios().to_vec();
+        loop {
+            match Sharding::with_ratios(cfg, file, device, meta, &ratios) {
+                Ok(s) => return Ok(Some(s)),
+                // Measured ratios always give a split that runs: the part with the least share
+                // gets no work, and the others are tried again.
+                Err(e)
+                    if !meta.ratios_given() && ratios.iter().filter(|&&r| r > 0.0).count() > 1 =>
+                {
+                    let j = (0..ratios.len())
+                        .filter(|&j| ratios[j] > 0.0)
+                        .min_by(|&a, &b| ratios[a].total_cmp(&ratios[b]).then(b.cmp(&a)))
+                        .expect("two parts with work");
+                    let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
+                    log::info!(
+                        "{}: part {j} ({name}) gets no work: with its measured share {:.3} the \
+                         split fails ({e})",
+                        device.name(),
+                        ratios[j]
+                    );
+                    ratios[j] = 0.0;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The split of model `cfg` over meta device `meta` (`device`) by `ratios`.
+    fn with_ratios(
+        cfg: &ModelConfig,
+        file: &GgufFile,
+        device: &dyn Device,
+        meta: &MetaDevice,
+        ratios: &[f64],
+    ) -> Result<Sharding> {
         let group = cfg.n_head / cfg.n_head_kv;
         let kv_heads = partition(cfg.n_head_kv, ratios);
         let starved = |counts: &[usize]| {
@@ -138,14 +181,14 @@ impl Sharding {
                 cfg.n_head_kv
             ),
         }
-        Ok(Some(Sharding {
+        Ok(Sharding {
             meta: meta.clone(),
             q_heads,
             kv_heads,
             head_dim: cfg.head_dim,
             ffn,
             vocab,
-        }))
+        })
     }
 
     /// Query heads each part holds.
@@ -263,4 +306,211 @@ fn fmt_ratios(r: &[f64]) -> String {
         .map(|x| format!("{x:.2}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// A model divided by layers: each part holds a contiguous range of whole layers with their KV
+/// cache (see [`tessera::meta::plan_layers`] for who gets how many, and where the output head
+/// goes), and core's scheduler runs each layer's nodes on its part, the activations crossing
+/// once per boundary. A part that is itself a meta device (a group in brackets) holds its
+/// layers tensor-parallel, split as [`Sharding`] says.
+///
+/// Each weight goes where its layer is; the output norm and head on the head's part; the token
+/// embedding with the first layer, or with the head when the head is tied to it; the few
+/// tensors every layer reads (rope factors) with the first layer, copied to the others by the
+/// scheduler.
+#[derive(Clone)]
+pub struct LayerSplit {
+    name: String,
+    parts: Vec<Arc<dyn Device>>,
+    /// The tensor-parallel split of each part that is a meta device.
+    shards: Vec<Option<Sharding>>,
+    plan: LayerPlan,
+    /// Whether the output head is the token embedding.
+    tied: bool,
+}
+
+impl LayerSplit {
+    /// Plans model `cfg` (tensor sizes from `file`) over `parts` of the device named `name`, as
+    /// `shares` say, with room for a context of `ctx`'s size, batch and cache type (and their
+    /// compute buffers) on each part. `speeds` are the parts' mat-vec throughputs.
+    pub fn new(
+        cfg: &ModelConfig,
+        file: &GgufFile,
+        name: &str,
+        parts: Vec<Arc<dyn Device>>,
+        speeds: &[f64],
+        shares: &LayerShares,
+        ctx: &ContextParams,
+    ) -> Result<LayerSplit> {
+        let tied = !file.tensors.iter().any(|t| t.name == "output.weight");
+        let mut weights = vec![0usize; cfg.n_layer];
+        let (mut head, mut input) = (0usize, 0usize);
+        for t in &file.tensors {
+            let size = t.size as usize;
+            match layer_of(&t.name) {
+                Some(l) if l < cfg.n_layer => weights[l] += size,
+                Some(l) => {
+                    return Err(Error::Model(format!(
+                        "tensor '{}' belongs to layer {l}, past the model's {}",
+                        t.name, cfg.n_layer
+                    )))
+                }
+                None if is_head(&t.name, tied) => head += size,
+                None => input += size,
+            }
+        }
+        let n_ctx = planned_ctx(cfg, ctx);
+        let cache = KvCache::layer_bytes(
+            cfg,
+            n_ctx.div_ceil(KV_PAD) * KV_PAD,
+            ctx.n_ubatch,
+            KV_PAD,
+            ctx.kv_type,
+        );
+        // Compute memory: a batch's widest activations, a few at a time (f32), and a row of
+        // logits on the head's part.
+        let widths = 4 * cfg.n_embd + 3 * cfg.n_ff.max(cfg.n_embd_q());
+        let compute = 4 * ctx.n_ubatch.max(1) * widths;
+        head += 4 * cfg.n_vocab * 2;
+        let layer_parts: Vec<LayerPart> = parts
+            .iter()
+            .zip(speeds)
+            .map(|(p, &speed)| LayerPart {
+                name: p.name(),
+                budget: p.memory().free.saturating_sub(compute),
+                speed,
+                cpu: p.kind() == DeviceKind::Cpu,
+            })
+            .collect();
+        let costs = LayerCosts {
+            weights,
+            cache,
+            head,
+            input,
+        };
+        let plan = plan_layers(name, &layer_parts, &costs, shares)?;
+        let shards = parts
+            .iter()
+            .map(|p| Sharding::new(cfg, file, p.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        for (j, p) in parts.iter().enumerate() {
+            let (a, b) = plan.range(j);
+            let layers = if b > a {
+                format!("layers {a}..{b}")
+            } else {
+                "no layers".into()
+            };
+            log::info!(
+                "{name}: part {j} ({}) {layers}{}, {} MiB, {:.0}% of a token's time",
+                p.name(),
+                if j == plan.head_part {
+                    " and the output head"
+                } else {
+                    ""
+                },
+                plan.bytes[j] >> 20,
+                plan.time[j] * 100.0
+            );
+        }
+        Ok(LayerSplit {
+            name: name.to_string(),
+            parts,
+            shards,
+            plan,
+            tied,
+        })
+    }
+
+    /// The parts, in the order the plan's indices refer to.
+    pub fn parts(&self) -> &[Arc<dyn Device>] {
+        &self.parts
+    }
+
+    /// The plan: each layer's part, the head's part, bytes and time shares.
+    pub fn plan(&self) -> &LayerPlan {
+        &self.plan
+    }
+
+    /// The name of the whole (the meta device's, or the device and the CPU it offloads to).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The part holding layer `l` (the head's part past the last layer).
+    pub fn layer_part(&self, l: usize) -> usize {
+        self.plan
+            .layer_part
+            .get(l)
+            .copied()
+            .unwrap_or(self.plan.head_part)
+    }
+
+    /// The part holding weight `name`.
+    pub fn part_of_weight(&self, name: &str) -> usize {
+        match layer_of(name) {
+            Some(l) => self.layer_part(l),
+            None if is_head(name, self.tied) => self.plan.head_part,
+            None => self.layer_part(0),
+        }
+    }
+
+    /// The tensor-parallel split of part `j`, where it is a meta device.
+    pub fn sharding(&self, j: usize) -> Option<&Sharding> {
+        self.shards.get(j).and_then(Option::as_ref)
+    }
+
+    /// The scheduler's preferred device (a part index) for each tensor of a step's graph: the
+    /// nodes of layer l (from the end of layer l-1's output, `l_out-{l-1}`, to its own) on its
+    /// part, the nodes after the last layer on the head's part.
+    pub fn hints(&self, graph: &Graph) -> Vec<Option<usize>> {
+        let n_layer = self.plan.layer_part.len();
+        let mut out = Vec::with_capacity(graph.len());
+        let mut layer = 0;
+        let mut end = format!("l_out-{layer}");
+        for id in graph.ids() {
+            out.push(Some(self.layer_part(layer)));
+            if layer < n_layer && graph.get(id).name == end {
+                layer += 1;
+                end = format!("l_out-{layer}");
+            }
+        }
+        out
+    }
+
+    /// A KV cache buffer on part `j` of virtual size `size` holding K and V matrices at the
+    /// given (byte offset, cells).
+    pub fn alloc_kv(
+        &self,
+        j: usize,
+        cfg: &ModelConfig,
+        matrices: &[(usize, usize)],
+        dtype: DType,
+        size: usize,
+    ) -> Result<Arc<dyn Buffer>> {
+        match self.sharding(j) {
+            Some(sh) => sh.alloc_kv(cfg, matrices, dtype, size),
+            None => self.parts[j].buffer_type().alloc(size.max(1)),
+        }
+    }
+}
+
+/// The positions a context of `ctx` holds for `cfg` (0: the smaller of the training context
+/// and 4096, as [`crate::Context::new`] chooses).
+pub fn planned_ctx(cfg: &ModelConfig, ctx: &ContextParams) -> usize {
+    if ctx.n_ctx == 0 {
+        cfg.n_ctx_train.min(4096)
+    } else {
+        ctx.n_ctx
+    }
+}
+
+/// The layer of a tensor `blk.N.*`.
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split_once('.')?.0.parse().ok()
+}
+
+/// Whether a tensor goes with the output head (the token embedding does when the head is tied
+/// to it).
+fn is_head(name: &str, tied: bool) -> bool {
+    matches!(name, "output.weight" | "output_norm.weight") || (tied && name == "token_embd.weight")
 }

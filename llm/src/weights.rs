@@ -8,7 +8,7 @@ use tessera_core::backend::HostBytes;
 use tessera_core::gguf::GgufFile;
 use tessera_core::{Buffer, DType, Device, Error, Result};
 
-use crate::shard::Sharding;
+use crate::shard::{LayerSplit, Sharding};
 
 /// One weight tensor: where it lives and what it is.
 #[derive(Clone)]
@@ -51,13 +51,68 @@ impl Weights {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
         let total: u64 = file.tensors.iter().map(|t| t.size).sum();
-        let data_offset = file.data_offset as usize;
         let specs = tensor_specs(file, segments)?;
-        let mut map = HashMap::new();
+        let mut w = Weights {
+            map: HashMap::new(),
+            bytes: total as usize,
+            mapped: true,
+        };
+        let mut done = 0u64;
+        w.place(file, specs, device, shard, &mut |n| {
+            done += n;
+            progress(done, total)
+        })?;
+        Ok(w)
+    }
+
+    /// As [`Weights::load_with`], each tensor on the part of `split` that holds it.
+    pub fn load_split(
+        file: &GgufFile,
+        split: &LayerSplit,
+        segments: &[(&str, Vec<(&str, usize)>)],
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
+        let total: u64 = file.tensors.iter().map(|t| t.size).sum();
+        let mut by_part: Vec<Vec<TensorSpec>> = split.parts().iter().map(|_| Vec::new()).collect();
+        for t in tensor_specs(file, segments)? {
+            by_part[split.part_of_weight(&t.name)].push(t);
+        }
+        let mut w = Weights {
+            map: HashMap::new(),
+            bytes: total as usize,
+            mapped: true,
+        };
+        let mut done = 0u64;
+        for (j, specs) in by_part.into_iter().enumerate() {
+            if specs.is_empty() {
+                continue;
+            }
+            let dev = split.parts()[j].as_ref();
+            w.place(file, specs, dev, split.sharding(j), &mut |n| {
+                done += n;
+                progress(done, total)
+            })?;
+        }
+        Ok(w)
+    }
+
+    /// Puts tensors `specs` of `file` on `device` (split by `shard` on a meta device): the
+    /// mapped file itself where the device reads host memory, uploads otherwise;
+    /// `placed(bytes)` reports each tensor (or all at once when mapped).
+    fn place(
+        &mut self,
+        file: &GgufFile,
+        specs: Vec<TensorSpec>,
+        device: &dyn Device,
+        shard: Option<&Sharding>,
+        placed: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let data_offset = file.data_offset as usize;
         let host: Arc<dyn HostBytes> = Arc::new(file.mapping());
         if let Some(buf) = device.buffer_from_host(host)? {
+            let bytes: u64 = specs.iter().map(|t| t.size as u64).sum();
             for t in specs {
-                map.insert(
+                self.map.insert(
                     t.name,
                     WeightTensor {
                         buffer: buf.clone(),
@@ -67,13 +122,10 @@ impl Weights {
                     },
                 );
             }
-            progress(total, total);
-            return Ok(Weights {
-                map,
-                bytes: total as usize,
-                mapped: true,
-            });
+            placed(bytes);
+            return Ok(());
         }
+        self.mapped = false;
         let bt = device.buffer_type();
         let align = bt.alignment().max(1);
         let max = bt.max_size();
@@ -100,7 +152,6 @@ impl Weights {
             g.1.push((i, off));
             g.0 = off + size;
         }
-        let mut done = 0u64;
         let bytes = file.bytes();
         for (size, members) in groups {
             let buf = match shard {
@@ -120,9 +171,8 @@ impl Weights {
                 let t = &specs[i];
                 let start = data_offset + t.offset;
                 buf.set(off, &bytes[start..start + t.size])?;
-                done += t.size as u64;
-                progress(done, total);
-                map.insert(
+                placed(t.size as u64);
+                self.map.insert(
                     t.name.clone(),
                     WeightTensor {
                         buffer: buf.clone(),
@@ -133,11 +183,7 @@ impl Weights {
                 );
             }
         }
-        Ok(Weights {
-            map,
-            bytes: total as usize,
-            mapped: false,
-        })
+        Ok(())
     }
 
     /// A tensor by name; an error naming it when the file lacks it.
@@ -176,7 +222,7 @@ impl Weights {
         self.bytes
     }
 
-    /// Whether the weights are the mapped file itself (no copy).
+    /// Whether the weights are the mapped file itself (no copy) on every device.
     pub fn is_mapped(&self) -> bool {
         self.mapped
     }

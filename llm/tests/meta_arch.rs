@@ -13,14 +13,20 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_llm::{Context, ContextParams, Model};
 
 use common::*;
 
 fn meta(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<dyn Device> {
-    Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device"))
+    // Tensor parallelism even over unlike parts (the automatic mode would split those by
+    // layers).
+    let options = MetaOptions::default().with_split_mode(SplitMode::Tensor);
+    Arc::new(
+        MetaDevice::with_options(parts, &SplitRatios::Given(ratios.to_vec()), options)
+            .expect("a meta device"),
+    )
 }
 
 fn cpus(ratios: &[f64], precise: bool) -> Arc<dyn Device> {

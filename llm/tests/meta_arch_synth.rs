@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_core::gguf::{GgufFile, GgufValue, GgufWriter};
 use tessera_core::DType;
@@ -319,8 +319,14 @@ fn every_architecture_on_cpu_and_wgpu_parts() {
         for ratios in [vec![0.5, 0.5], vec![0.3, 0.3, 0.4]] {
             let mut parts: Vec<Arc<dyn Device>> = vec![gpu.clone()];
             parts.extend((1..ratios.len()).map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>));
-            let dev: Arc<dyn Device> =
-                Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.clone())).unwrap());
+            let dev: Arc<dyn Device> = Arc::new(
+                MetaDevice::with_options(
+                    parts,
+                    &SplitRatios::Given(ratios.clone()),
+                    MetaOptions::default().with_split_mode(SplitMode::Tensor),
+                )
+                .unwrap(),
+            );
             let (_, got) = greedy(&load(&path, dev), &prompt, 2);
             let e = want
                 .iter()

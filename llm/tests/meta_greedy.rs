@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_llm::{Context, ContextParams, Model};
 
@@ -25,6 +25,11 @@ fn meta(ratios: &[f64], precise: bool) -> Arc<dyn Device> {
         .map(|_| Arc::new(CpuDevice::new().with_precise(precise)) as Arc<dyn Device>)
         .collect();
     Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).expect("a meta device"))
+}
+
+/// Tensor parallelism even over unlike parts (the automatic mode splits those by layers).
+fn tensor_parallel() -> MetaOptions {
+    MetaOptions::default().with_split_mode(SplitMode::Tensor)
 }
 
 fn load(dev: Arc<dyn Device>) -> tessera::Result<Arc<Model>> {
@@ -241,7 +246,12 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
     let cpu = cpu_model();
     let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
     let model = load(Arc::new(
-        MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap(),
+        MetaDevice::with_options(
+            parts,
+            &SplitRatios::Given(vec![0.5, 0.5]),
+            tensor_parallel(),
+        )
+        .unwrap(),
     ))
     .unwrap();
     // Software Vulkan is slow: two short prompts, a few steps.
@@ -267,4 +277,23 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
             "{name}: diverged at step {matched} before the near-tie at {tie}"
         );
     }
+}
+
+/// The same four parts with measured ratios (equal, as the parts are alike): rather than fail,
+/// the split gives the last part no work and the model runs over the other three.
+#[test]
+fn measured_ratios_that_cannot_divide_the_heads_leave_a_part_idle() {
+    let parts: Vec<Arc<dyn Device>> = (0..4)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    let dev = MetaDevice::with_options(parts, &SplitRatios::Auto, tensor_parallel()).unwrap();
+    assert!(!dev.ratios_given());
+    let model = load(Arc::new(dev)).unwrap();
+    let sh = model.sharding().expect("a sharded model");
+    assert_eq!(sh.kv_heads(), Some(&[1, 1, 1, 0][..]));
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    // The first token only: the CPU's second step is a near-tie (top-2 logits within 0.5).
+    let (want, _) = greedy(&cpu_model(), &prompt, 1);
+    let (got, _) = greedy(&model, &prompt, 1);
+    assert_eq!(got, want);
 }

@@ -2,7 +2,7 @@
 //! parallelism.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tessera_core::backend::{Backend, Buffer, BufferType, Device, DeviceKind, Memory};
 use tessera_core::dtype::DType;
@@ -12,7 +12,7 @@ use tessera_core::tensor::{Tensor, TensorId};
 
 use crate::backend::MetaBackend;
 use crate::buffer::{MetaBuffer, MetaBufferType, Placed, ShardedTensor};
-use crate::options::MetaOptions;
+use crate::options::{MetaOptions, SplitMode};
 use crate::plan::{self, InputPolicy};
 use crate::ratio;
 use crate::split::{normalize_ratios, partition_units, SplitState};
@@ -59,6 +59,13 @@ pub(crate) struct Shared {
     /// Partial results of at least this many bytes are all-reduced in bf16.
     pub bf16_above: Option<usize>,
     pub options: MetaOptions,
+    /// How a model is divided over the parts: [`SplitMode::Tensor`] or [`SplitMode::Layer`],
+    /// `Auto` resolved when the device was made.
+    pub mode: SplitMode,
+    /// Whether the ratios were given by the caller (else measured).
+    pub ratios_given: bool,
+    /// Each part's measured mat-vec throughput (bytes per second), measured on first need.
+    pub speeds: OnceLock<Vec<f64>>,
 }
 
 impl Shared {
@@ -104,19 +111,38 @@ impl MetaDevice {
                 "a meta device needs at least one part".into(),
             ));
         }
-        if let Some(m) = parts.iter().find(|p| p.kind() == DeviceKind::Meta) {
-            return Err(Error::Invalid(format!(
-                "a meta device cannot contain another meta device ({})",
-                m.name()
-            )));
+        let mode = resolve_mode(&parts, options.split_mode)?;
+        if mode == SplitMode::Tensor {
+            if let Some(m) = parts.iter().find(|p| p.kind() == DeviceKind::Meta) {
+                return Err(Error::Invalid(format!(
+                    "a tensor-parallel meta device cannot contain another meta device ({}): \
+                     nest groups with the layer split mode",
+                    m.name()
+                )));
+            }
         }
+        let speeds = OnceLock::new();
+        let ratios_given = matches!(ratios, SplitRatios::Given(_));
         let ratios = match ratios {
             SplitRatios::Given(r) => normalize_ratios(r, parts.len())?,
-            SplitRatios::Auto => ratio::auto_ratios(&parts)?,
+            SplitRatios::Auto => {
+                let speed = if parts.len() > 1 {
+                    ratio::measure_speeds(&parts)?
+                } else {
+                    vec![1.0; parts.len()]
+                };
+                let r = ratio::auto_ratios(&parts, &speed);
+                let _ = speeds.set(speed);
+                r
+            }
         };
         let name = format!(
             "meta:{}",
-            parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+            parts
+                .iter()
+                .map(|p| spec_name(p.as_ref()))
+                .collect::<Vec<_>>()
+                .join(",")
         );
         Ok(MetaDevice {
             shared: Arc::new(Shared {
@@ -126,6 +152,9 @@ impl MetaDevice {
                 name,
                 bf16_above: None,
                 options,
+                mode,
+                ratios_given,
+                speeds,
             }),
         })
     }
@@ -144,6 +173,9 @@ impl MetaDevice {
             name: s.name.clone(),
             bf16_above: s.bf16_above,
             options: s.options.clone(),
+            mode: s.mode,
+            ratios_given: s.ratios_given,
+            speeds: s.speeds.clone(),
         };
         change(&mut shared);
         MetaDevice {
@@ -166,6 +198,31 @@ impl MetaDevice {
     /// Each part's share of the work (summing to 1).
     pub fn ratios(&self) -> &[f64] {
         &self.shared.ratios
+    }
+
+    /// How a model is divided over the parts: [`SplitMode::Tensor`] or [`SplitMode::Layer`]
+    /// (the options' `Auto` resolved when the device was made: see [`SplitMode::Auto`]).
+    pub fn split_mode(&self) -> SplitMode {
+        self.shared.mode
+    }
+
+    /// Whether the ratios were given by the caller rather than measured.
+    pub fn ratios_given(&self) -> bool {
+        self.shared.ratios_given
+    }
+
+    /// Each part's mat-vec throughput in bytes per second: measured with the automatic
+    /// ratios, or now (once) when the ratios were given.
+    pub fn speeds(&self) -> Result<Vec<f64>> {
+        if let Some(s) = self.shared.speeds.get() {
+            return Ok(s.clone());
+        }
+        let s = if self.shared.parts.len() > 1 {
+            ratio::measure_speeds(&self.shared.parts)?
+        } else {
+            vec![1.0; self.shared.parts.len()]
+        };
+        Ok(self.shared.speeds.get_or_init(|| s).clone())
     }
 
     /// The policy for staged inputs.
@@ -264,6 +321,49 @@ impl MetaDevice {
     }
 }
 
+/// A part's name as a spec writes it: a nested meta device in brackets (`[cpu,cpu]`).
+fn spec_name(d: &dyn Device) -> String {
+    let name = d.name();
+    match name.strip_prefix("meta:") {
+        Some(inner) if d.kind() == DeviceKind::Meta => format!("[{inner}]"),
+        _ => name,
+    }
+}
+
+/// The split mode `want` resolves to over `parts` (see [`SplitMode::Auto`]).
+fn resolve_mode(parts: &[Arc<dyn Device>], want: SplitMode) -> Result<SplitMode> {
+    if want != SplitMode::Auto {
+        return Ok(want);
+    }
+    if parts.len() <= 1 {
+        return Ok(SplitMode::Tensor);
+    }
+    if parts.iter().any(|p| p.kind() == DeviceKind::Meta) {
+        return Ok(SplitMode::Layer);
+    }
+    if parts.iter().all(|p| p.kind() == DeviceKind::Cpu) {
+        return Ok(SplitMode::Tensor);
+    }
+    let backend = |d: &Arc<dyn Device>| d.name().split(':').next().unwrap_or_default().to_string();
+    let first = &parts[0];
+    let like = parts
+        .iter()
+        .all(|p| backend(p) == backend(first) && p.description() == first.description());
+    // Like GPUs pay off as tensor parallelism only where the backend sums over them without
+    // the host (a communicator: peer copies, NCCL).
+    let mode = if like && first.communicator(parts)?.is_some() {
+        SplitMode::Tensor
+    } else {
+        SplitMode::Layer
+    };
+    log::info!(
+        "split mode auto: {} over {}",
+        mode.name(),
+        parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+    );
+    Ok(mode)
+}
+
 impl Device for MetaDevice {
     fn name(&self) -> String {
         self.shared.name.clone()
@@ -277,7 +377,20 @@ impl Device for MetaDevice {
             .zip(&self.shared.ratios)
             .map(|(p, r)| format!("{} {:.0}%", p.name(), r * 100.0))
             .collect();
-        format!("tensor parallel over {}", parts.join(", "))
+        match self.shared.mode {
+            // Measured ratios do not divide the layers: the fastest part takes what fits.
+            SplitMode::Layer if !self.shared.ratios_given => format!(
+                "layer split over {} (the fastest first, as much as fits)",
+                self.shared
+                    .parts
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            SplitMode::Layer => format!("layer split over {}", parts.join(", ")),
+            _ => format!("tensor parallel over {}", parts.join(", ")),
+        }
     }
 
     fn kind(&self) -> DeviceKind {

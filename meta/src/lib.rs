@@ -71,6 +71,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod layers;
 mod options;
 mod plan;
 mod ratio;
@@ -84,9 +85,10 @@ use std::sync::Arc;
 pub use backend::MetaBackend;
 pub use buffer::{MetaBuffer, MetaBufferType, ShardedTensor};
 pub use device::{MetaDevice, SplitRatios};
-pub use options::{AllReducePath, MetaOptions};
+pub use layers::{plan_layers, LayerCosts, LayerPart, LayerPlan, LayerShares};
+pub use options::{AllReducePath, MetaOptions, SplitMode};
 pub use plan::InputPolicy;
-pub use ratio::{auto_ratios, measure_matvec, water_fill};
+pub use ratio::{auto_ratios, measure_matvec, measure_speeds, water_fill};
 pub use split::{
     byte_chunks, normalize_ratios, part_shape, partition, partition_units, AxisSplit, Interval,
     Segment, SplitState,
@@ -98,16 +100,52 @@ use tessera_core::graph::Graph;
 use tessera_core::sched::SchedPlan;
 
 /// The part specs of a meta device spec: `meta:cpu,wgpu:0` (or just `cpu,wgpu:0`) gives
-/// `["cpu", "wgpu:0"]`; an empty part is an error.
+/// `["cpu", "wgpu:0"]`; a group in brackets is a nested meta device, given back as its own
+/// spec (`meta:[cuda:0,cuda:1],cpu` gives `["meta:cuda:0,cuda:1", "cpu"]`). An empty part or
+/// unbalanced brackets are an error.
 pub fn parse_spec(spec: &str) -> Result<Vec<String>> {
     let list = spec.trim();
     let list = list.strip_prefix("meta:").unwrap_or(list);
-    let parts: Vec<String> = list.split(',').map(|p| p.trim().to_string()).collect();
-    if parts.iter().any(String::is_empty) {
-        return Err(Error::Invalid(format!(
-            "meta device spec '{spec}' has an empty part (write meta:cpu,cuda:0)"
-        )));
+    let bad = |why: &str| Error::Invalid(format!("meta device spec '{spec}' {why}"));
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut push = |piece: &str| -> Result<()> {
+        let piece = piece.trim();
+        let part = match piece.strip_prefix('[') {
+            Some(inner) => {
+                let inner = inner
+                    .strip_suffix(']')
+                    .ok_or_else(|| bad("has text after a closing bracket"))?;
+                format!("meta:{inner}")
+            }
+            None => piece.to_string(),
+        };
+        if part.is_empty() || part == "meta:" {
+            return Err(bad("has an empty part (write meta:cpu,cuda:0)"));
+        }
+        parts.push(part);
+        Ok(())
+    };
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => {
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or_else(|| bad("closes a bracket it did not open"))?
+            }
+            ',' if depth == 0 => {
+                push(&list[start..i])?;
+                start = i + 1;
+            }
+            _ => {}
+        }
     }
+    if depth != 0 {
+        return Err(bad("leaves a bracket open"));
+    }
+    push(&list[start..])?;
     Ok(parts)
 }
 
@@ -123,4 +161,32 @@ pub fn check_plan(devices: &[Arc<dyn Device>], graph: &Graph, plan: &SchedPlan) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_spec;
+
+    #[test]
+    fn specs_with_nested_groups_parse() {
+        assert_eq!(parse_spec("meta:cpu,wgpu:0").unwrap(), ["cpu", "wgpu:0"]);
+        assert_eq!(parse_spec("cpu, cuda:0").unwrap(), ["cpu", "cuda:0"]);
+        assert_eq!(
+            parse_spec("meta:[cuda:0,cuda:1],cpu").unwrap(),
+            ["meta:cuda:0,cuda:1", "cpu"]
+        );
+        assert_eq!(
+            parse_spec("meta:cpu,[cpu,[cpu,cpu]]").unwrap(),
+            ["cpu", "meta:cpu,[cpu,cpu]"]
+        );
+        for bad in [
+            "meta:cpu,,cpu",
+            "meta:[cpu,cpu",
+            "meta:cpu]",
+            "meta:[]",
+            "meta:[cpu]x",
+        ] {
+            assert!(parse_spec(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -84,12 +84,11 @@ pub fn water_fill(speed: &[f64], free: &[f64]) -> Vec<f64> {
     }
 }
 
-/// Split ratios for `parts` from a mat-vec benchmark of each (measured once per distinct
-/// device: two parts with one name and description share a figure) and their free memory.
-pub fn auto_ratios(parts: &[Arc<dyn Device>]) -> Result<Vec<f64>> {
-    if parts.len() <= 1 {
-        return Ok(vec![1.0; parts.len()]);
-    }
+/// Each part's measured mat-vec throughput in bytes per second (measured once per distinct
+/// device: two parts with one name and description share a figure). A part that is itself a
+/// meta device (a tensor-parallel group) counts as the sum of its parts: each streams its
+/// slice of the weights at its own speed.
+pub fn measure_speeds(parts: &[Arc<dyn Device>]) -> Result<Vec<f64>> {
     let mut seen: Vec<(String, f64)> = Vec::new();
     let mut speed = Vec::with_capacity(parts.len());
     for p in parts {
@@ -97,7 +96,10 @@ pub fn auto_ratios(parts: &[Arc<dyn Device>]) -> Result<Vec<f64>> {
         let s = match seen.iter().find(|(k, _)| *k == key) {
             Some((_, s)) => *s,
             None => {
-                let s = measure_matvec(p.as_ref())?;
+                let s = match crate::MetaDevice::from_device(p.as_ref()) {
+                    Some(group) => group.speeds()?.iter().sum(),
+                    None => measure_matvec(p.as_ref())?,
+                };
                 log::debug!(
                     "auto split: {} streams {:.1} GB/s in a mat-vec",
                     p.name(),
@@ -109,8 +111,17 @@ pub fn auto_ratios(parts: &[Arc<dyn Device>]) -> Result<Vec<f64>> {
         };
         speed.push(s);
     }
+    Ok(speed)
+}
+
+/// Split ratios for `parts` from their measured `speed` ([`measure_speeds`]) and their free
+/// memory.
+pub fn auto_ratios(parts: &[Arc<dyn Device>], speed: &[f64]) -> Vec<f64> {
+    if parts.len() <= 1 {
+        return vec![1.0; parts.len()];
+    }
     let free: Vec<f64> = parts.iter().map(|p| p.memory().free as f64).collect();
-    Ok(water_fill(&speed, &free))
+    water_fill(speed, &free)
 }
 
 #[cfg(test)]

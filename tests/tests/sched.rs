@@ -234,3 +234,65 @@ fn an_op_no_device_can_run_where_its_memory_is_is_an_error() {
     let err = sched.plan(&mut g).unwrap_err().to_string();
     assert!(err.contains("SOFT_MAX"), "{err}");
 }
+
+/// Two "layers" over two CPU devices, both of which can use the host memory the weights are in:
+/// the hints decide every node, weight readers included, so each layer runs whole on its
+/// device (two splits, the activation copied once between them), and a queued run followed by
+/// a waited one gives the single CPU's result.
+#[test]
+fn hints_place_layers_whose_weights_several_devices_can_read() {
+    let cpu = || Arc::new(CpuDevice::new()) as Arc<dyn Device>;
+    let w: Vec<f32> = (0..256)
+        .map(|i| ((i * 29 % 31) as f32 - 15.0) / 9.0)
+        .collect();
+    let x: Vec<f32> = (0..32).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+    let wb = cpu().buffer_type().alloc(1024).unwrap();
+    wb.set(0, &f32s(&w)).unwrap();
+    let graph = || {
+        let mut g = Graph::new();
+        let w1 = g.weight("w1", DType::F32, &[16, 8], wb.clone(), 0).unwrap();
+        let w2 = g
+            .weight("w2", DType::F32, &[8, 16], wb.clone(), 512)
+            .unwrap();
+        let xi = g.input("x", DType::F32, &[16, 2]).unwrap();
+        let n = g.rms_norm(xi, 1e-6).unwrap();
+        let h = g.mul_mat(w1, n).unwrap();
+        let layer1_end = g.len();
+        let h = g.rms_norm(h, 1e-6).unwrap();
+        let y = g.mul_mat(w2, h).unwrap();
+        g.set_output(y);
+        (g, xi, y, layer1_end)
+    };
+    let out = |sched: &mut Scheduler, hinted: bool| {
+        let (mut g, xi, y, end) = graph();
+        let hint: Vec<Option<usize>> = (0..g.len()).map(|i| Some(usize::from(i >= end))).collect();
+        let plan = if hinted {
+            sched.plan_hinted(&mut g, &hint).unwrap()
+        } else {
+            sched.plan(&mut g).unwrap()
+        };
+        let xd = g.data_or_err(xi).unwrap();
+        xd.buffer.set(xd.offset, &f32s(&x)).unwrap();
+        sched.compute_queued(&g, &plan).unwrap();
+        let mut first = vec![0u8; 128];
+        let mut second = vec![0u8; 128];
+        sched.synchronize().unwrap();
+        let yd = g.data_or_err(y).unwrap();
+        yd.buffer.get(yd.offset, &mut first).unwrap();
+        sched.compute_read(&g, &plan, y, &mut second).unwrap();
+        assert_eq!(first, second);
+        let devices: Vec<usize> = plan.splits.iter().map(|s| s.device).collect();
+        let copies: usize = plan.splits.iter().map(|s| s.copies.len()).sum();
+        (first, devices, copies)
+    };
+    let (want, devices, _) = out(&mut Scheduler::new(vec![cpu()]).unwrap(), false);
+    assert_eq!(devices, vec![0]);
+    let mut two = Scheduler::new(vec![cpu(), cpu()]).unwrap();
+    // Without hints the first device that can use the weights' memory takes everything.
+    let (got, devices, _) = out(&mut two, false);
+    assert_eq!((devices, &got), (vec![0], &want));
+    let (got, devices, copies) = out(&mut two, true);
+    assert_eq!(devices, vec![0, 1], "one split per layer");
+    assert_eq!(copies, 1, "the activation crosses once, at the boundary");
+    assert_eq!(got, want, "the split run equals the CPU run bit for bit");
+}

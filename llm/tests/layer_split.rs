@@ -1,0 +1,332 @@
+//! The test model split by layers (`--split-mode layer`): each part runs whole layers with the
+//! kernels a single device would use, so over CPU parts the logits are the single CPU's bit for
+//! bit, whatever the ratios (a part with ratio 0 holds nothing); over a CPU and a wgpu adapter
+//! (lavapipe in CI), over a nested tensor-parallel group, with layers offloaded to a wgpu
+//! adapter by count (`--gpu-layers`) or by what its capped memory holds, the greedy tokens are
+//! the CPU's up to the first near-tie (top-2 logits within 0.5).
+
+mod common;
+
+use std::sync::Arc;
+
+use tessera::cpu::CpuDevice;
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
+use tessera::{Device, Options};
+use tessera_llm::{Context, ContextParams, LoadParams, Model};
+
+use common::*;
+
+const PROMPT: [u32; 6] = [1, 504, 3458, 282, 4649, 314];
+
+fn layered(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<dyn Device> {
+    let options = MetaOptions::default().with_split_mode(SplitMode::Layer);
+    Arc::new(
+        MetaDevice::with_options(parts, &SplitRatios::Given(ratios.to_vec()), options)
+            .expect("a meta device"),
+    )
+}
+
+fn cpus(n: usize) -> Vec<Arc<dyn Device>> {
+    (0..n)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect()
+}
+
+fn params() -> LoadParams {
+    LoadParams {
+        gpu_layers: None,
+        context: context(),
+    }
+}
+
+fn context() -> ContextParams {
+    ContextParams {
+        n_ctx: 256,
+        ..ContextParams::default()
+    }
+}
+
+fn load(dev: Arc<dyn Device>, params: &LoadParams) -> tessera::Result<Arc<Model>> {
+    Ok(Arc::new(Model::load_with(
+        model_path(),
+        dev,
+        Arc::new(CpuDevice::new()),
+        params,
+        &mut |_, _| {},
+    )?))
+}
+
+/// Greedy tokens and the logits before each.
+fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut ctx = Context::new(model.clone(), context()).unwrap();
+    let mut logits = ctx.eval(prompt, false).unwrap();
+    let (mut toks, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let t = argmax(&logits) as u32;
+        toks.push(t);
+        all.push(std::mem::replace(
+            &mut logits,
+            ctx.eval(&[t], false).unwrap(),
+        ));
+    }
+    (toks, all)
+}
+
+fn margin(logits: &[f32]) -> f32 {
+    let t = argmax(logits);
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != t)
+        .map(|(_, &v)| v)
+        .fold(f32::MIN, f32::max);
+    logits[t] - second
+}
+
+/// The model's greedy tokens for two of llama.cpp's reference prompts equal the CPU's up to
+/// the CPU's first near-tie.
+fn same_tokens_as_the_cpu(model: &Arc<Model>, steps: usize) {
+    let r = reference("smollm2-greedy.json");
+    let cpu = cpu_model();
+    for p in r["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| ["raw_france", "raw_list"].contains(&p["name"].as_str().unwrap()))
+    {
+        let prompt = ids(&p["prompt_ids"]);
+        let (want, logits) = greedy(&cpu, &prompt, steps);
+        let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(steps);
+        let (got, _) = greedy(model, &prompt, steps);
+        let matched = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        let name = p["name"].as_str().unwrap();
+        println!(
+            "{} {name}: matched {matched}/{steps}, first near-tie at {tie}",
+            model.device().name()
+        );
+        assert!(
+            matched >= tie,
+            "{} {name}: diverged at step {matched} before the near-tie at {tie}: {got:?} vs {want:?}",
+            model.device().name()
+        );
+    }
+}
+
+fn counts(model: &Model) -> Vec<usize> {
+    model
+        .layer_split()
+        .expect("a layer split")
+        .plan()
+        .counts
+        .clone()
+}
+
+#[test]
+fn layers_over_cpu_parts_give_the_cpus_logits_exactly() {
+    let (want_toks, want) = greedy(&cpu_model(), &PROMPT, 6);
+    for (ratios, expect) in [
+        (vec![0.7, 0.3], vec![21, 9]),
+        (vec![0.2, 0.5, 0.3], vec![6, 15, 9]),
+        (vec![0.0, 1.0], vec![0, 30]),
+        (vec![0.9, 0.1, 0.0], vec![27, 3, 0]),
+    ] {
+        let model = load(layered(cpus(ratios.len()), &ratios), &params()).unwrap();
+        assert!(model.sharding().is_none());
+        assert_eq!(counts(&model), expect, "{ratios:?}");
+        let (toks, got) = greedy(&model, &PROMPT, 6);
+        assert_eq!(toks, want_toks, "{ratios:?}");
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert!(
+                w == g,
+                "{ratios:?} step {i}: the logits differ from the CPU's"
+            );
+        }
+    }
+}
+
+#[test]
+fn auto_mode_splits_unlike_devices_by_layers_and_like_cpus_by_tensors() {
+    let auto = |parts| MetaDevice::new(parts, &SplitRatios::Given(vec![0.5, 0.5])).unwrap();
+    assert_eq!(auto(cpus(2)).split_mode(), SplitMode::Tensor);
+    match tessera::registry().find("wgpu:0") {
+        Ok(gpu) => {
+            let parts = vec![Arc::new(CpuDevice::new()) as Arc<dyn Device>, gpu];
+            assert_eq!(auto(parts).split_mode(), SplitMode::Layer);
+        }
+        Err(_) => println!("skipped the CPU + wgpu:0 case: no wgpu:0 device"),
+    }
+}
+
+#[test]
+fn a_nested_tensor_parallel_group_runs_its_layers() {
+    let options = Options::default();
+    let dev = tessera::meta_device(
+        &options,
+        "meta:[cpu,cpu],cpu",
+        &SplitRatios::Given(vec![0.6, 0.4]),
+    )
+    .unwrap();
+    assert_eq!(dev.name(), "meta:[cpu,cpu],cpu");
+    let model = load(dev, &params()).unwrap();
+    let split = model.layer_split().expect("a layer split");
+    assert_eq!(split.plan().counts, vec![18, 12]);
+    assert!(split.sharding(0).is_some() && split.sharding(1).is_none());
+    same_tokens_as_the_cpu(&model, 8);
+}
+
+#[test]
+fn bad_splits_are_refused_when_the_device_is_made() {
+    let e = MetaDevice::new(cpus(2), &SplitRatios::Given(vec![0.5, 0.3, 0.2]))
+        .err()
+        .expect("three ratios for two parts")
+        .to_string();
+    assert!(e.contains("3 entries") && e.contains("2 parts"), "{e}");
+    let e = MetaDevice::new(cpus(2), &SplitRatios::Given(vec![0.0, 0.0]))
+        .err()
+        .expect("all zero")
+        .to_string();
+    assert!(e.contains("zero"), "{e}");
+    let e = tessera::meta_device(&Options::default(), "meta:cpu,wgpu:9", &SplitRatios::Auto)
+        .err()
+        .expect("no such device")
+        .to_string();
+    assert!(e.contains("wgpu:9") && e.contains("meta:cpu,wgpu:9"), "{e}");
+    // A tensor-parallel device cannot hold a group.
+    let options =
+        Options::default().with_meta(MetaOptions::default().with_split_mode(SplitMode::Tensor));
+    let e = tessera::meta_device(&options, "meta:[cpu,cpu],cpu", &SplitRatios::Auto)
+        .err()
+        .expect("nested tensor parallelism")
+        .to_string();
+    assert!(e.contains("layer split mode"), "{e}");
+}
+
+/// The wgpu cases; skipped, saying so, when there is no wgpu:0 device.
+fn wgpu(options: &Options) -> Option<Arc<dyn Device>> {
+    match tessera::registry_with(options).find("wgpu:0") {
+        Ok(d) => Some(d),
+        Err(_) => {
+            println!("skipped: no wgpu:0 device (build with the wgpu feature)");
+            None
+        }
+    }
+}
+
+#[test]
+fn layers_over_a_cpu_and_wgpu_give_the_cpus_tokens() {
+    let Some(gpu) = wgpu(&Options::default()) else {
+        return;
+    };
+    let parts = vec![Arc::new(CpuDevice::new()) as Arc<dyn Device>, gpu];
+    let model = load(layered(parts, &[0.4, 0.6]), &params()).unwrap();
+    let split = model.layer_split().unwrap();
+    assert_eq!(split.plan().counts, vec![12, 18]);
+    same_tokens_as_the_cpu(&model, 6);
+}
+
+#[test]
+fn gpu_layers_put_that_many_layers_on_wgpu_and_the_rest_on_the_cpu() {
+    let Some(gpu) = wgpu(&Options::default()) else {
+        return;
+    };
+    let p = LoadParams {
+        gpu_layers: Some(10),
+        ..params()
+    };
+    let model = load(gpu, &p).unwrap();
+    assert_eq!(counts(&model), vec![10, 20]);
+    assert_eq!(model.layer_split().unwrap().plan().head_part, 0);
+    same_tokens_as_the_cpu(&model, 6);
+}
+
+#[cfg(feature = "wgpu")]
+/// A wgpu adapter with memory for about 60% of the model: by default the layers that fit go
+/// there and the rest to the CPU, with the CPU's tokens; and a fixed split that would overfill
+/// it is refused when the model is loaded, naming the part.
+#[test]
+fn a_gpu_too_small_for_the_model_gets_what_fits_and_the_cpu_the_rest() {
+    let file = std::fs::metadata(model_path()).unwrap().len() as usize;
+    let options = Options::default()
+        .with_wgpu(tessera::wgpu::WgpuOptions::default().memory_limit(Some(file * 6 / 10)));
+    let Some(gpu) = wgpu(&options) else {
+        return;
+    };
+    let model = load(gpu.clone(), &params()).unwrap();
+    let c = counts(&model);
+    println!("{} MiB cap: layers {c:?}", (file * 6 / 10) >> 20);
+    assert!(c[0] > 0 && c[1] > 0 && c[0] + c[1] == 30, "{c:?}");
+    same_tokens_as_the_cpu(&model, 6);
+    drop(model);
+    let parts = vec![Arc::new(CpuDevice::new()) as Arc<dyn Device>, gpu];
+    let e = load(layered(parts, &[0.1, 0.9]), &params())
+        .err()
+        .expect("the wgpu part cannot hold 27 layers")
+        .to_string();
+    assert!(
+        e.contains("part 1 (wgpu:0)") && e.contains("MiB free"),
+        "{e}"
+    );
+}
+
+/// A prompt cut into micro-batches flows through the parts without waiting between batches
+/// (a batch's first layers run while a device still computes the one before): the logits are
+/// those of the same batches evaluated one call at a time, each waited for, bit for bit; over a
+/// CPU and wgpu:0 where present (the asynchronous case), else over two CPUs.
+#[test]
+fn queued_prompt_batches_give_the_logits_of_batches_waited_for() {
+    let parts: Vec<Arc<dyn Device>> = match wgpu(&Options::default()) {
+        Some(gpu) => vec![Arc::new(CpuDevice::new()), gpu],
+        None => cpus(2),
+    };
+    let model = load(layered(parts, &[0.5, 0.5]), &params()).unwrap();
+    let prompt: Vec<u32> = (0..13u32).map(|i| 1 + (i * 977) % 4000).collect();
+    let ctx = || {
+        Context::new(
+            model.clone(),
+            ContextParams {
+                n_ctx: 64,
+                n_ubatch: 4,
+                ..ContextParams::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut queued = ctx();
+    let got = queued.eval(&prompt, false).unwrap();
+    let mut waited = ctx();
+    let mut want = Vec::new();
+    for chunk in prompt.chunks(4) {
+        want = waited.eval(chunk, false).unwrap();
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "{}: the logits differ", model.device().name());
+    // And the next token's step sees the whole prompt in the cache in both.
+    let t = argmax(&got) as u32;
+    assert!(queued.eval(&[t], false).unwrap() == waited.eval(&[t], false).unwrap());
+}
+
+/// Gemma 3 270M (sliding-window layers with their ring caches, one KV head) over two CPU parts
+/// by layers: the single CPU's logits bit for bit.
+#[test]
+fn gemma3_split_by_layers_over_cpus_gives_the_cpus_logits() {
+    let path = gemma3_path();
+    let at = |dev: Arc<dyn Device>| {
+        Arc::new(
+            Model::load_with(
+                &path,
+                dev,
+                Arc::new(CpuDevice::new()),
+                &params(),
+                &mut |_, _| {},
+            )
+            .unwrap(),
+        )
+    };
+    let prompt = [2u32, 818, 5279, 529, 7001, 563];
+    let (want_toks, want) = greedy(&at(Arc::new(CpuDevice::new())), &prompt, 3);
+    let model = at(layered(cpus(2), &[0.4, 0.6]));
+    assert_eq!(counts(&model), vec![7, 11]);
+    let (toks, got) = greedy(&model, &prompt, 3);
+    assert_eq!(toks, want_toks);
+    assert!(got == want, "the logits differ from the CPU's");
+}

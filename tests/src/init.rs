@@ -1,11 +1,37 @@
 //! How the runner fills a leaf tensor before a run: random values, never zeros.
 
+use half::f16;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
+use tessera_core::quant::can_quantize;
 use tessera_core::{DType, Result, Tensor};
 
 use crate::tensor_io::encode_row;
+
+/// A random block of a lattice i-quant (a type tessera reads but does not write): random
+/// indices, signs and sub-block scales, with the f16 super-block scale drawn so that the block's
+/// values stay within about `bound` (the largest grid value times the largest sub-block scale
+/// is what the divisor below stands for).
+fn lattice_block(dtype: DType, bound: f32, dst: &mut [u8], rng: &mut StdRng) {
+    rng.fill(dst);
+    let reach = match dtype {
+        DType::IQ1_S | DType::IQ1_M => 15.0 * 1.125,
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 43.0 * 15.5 / 4.0,
+        DType::IQ3_XXS => 62.0 * 15.5 / 2.0,
+        _ => 15.0 * 31.0,
+    };
+    let d = f16::from_f32(bound * rng.gen_range(0.5f32..1.0) / reach).to_bits();
+    if dtype == DType::IQ1_M {
+        // The scale's four nibbles are the top nibbles of the four u16 sub-block scale words.
+        for k in 0..4 {
+            let at = 48 + 2 * k + 1;
+            dst[at] = (dst[at] & 0x0f) | ((((d >> (4 * k)) & 15) as u8) << 4);
+        }
+    } else {
+        dst[..2].copy_from_slice(&d.to_le_bytes());
+    }
+}
 
 /// What a leaf tensor holds before the run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,6 +74,14 @@ impl Init {
             return Ok(vec![POISON; row_bytes * rows]);
         }
         let mut out = vec![0u8; row_bytes * rows];
+        if let Init::Uniform(lo, hi) = self {
+            if t.dtype.is_quantized() && !can_quantize(t.dtype) {
+                for dst in out.chunks_exact_mut(t.dtype.type_size()) {
+                    lattice_block(t.dtype, lo.abs().max(hi.abs()), dst, rng);
+                }
+                return Ok(out);
+            }
+        }
         let mut row = vec![0f64; t.ne[0]];
         for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
             self.fill_row(t.dtype, r % t.ne[1].max(1), &mut row, rng);

@@ -1,37 +1,12 @@
 //! How the runner fills a leaf tensor before a run: random values, never zeros.
 
-use half::f16;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
-use tessera_core::quant::can_quantize;
+use tessera_core::quant::{can_quantize, fit_random_block};
 use tessera_core::{DType, Result, Tensor};
 
 use crate::tensor_io::encode_row;
-
-/// A random block of a lattice i-quant (a type tessera reads but does not write): random
-/// indices, signs and sub-block scales, with the f16 super-block scale drawn so that the block's
-/// values stay within about `bound` (the largest grid value times the largest sub-block scale
-/// is what the divisor below stands for).
-fn lattice_block(dtype: DType, bound: f32, dst: &mut [u8], rng: &mut StdRng) {
-    rng.fill(dst);
-    let reach = match dtype {
-        DType::IQ1_S | DType::IQ1_M => 15.0 * 1.125,
-        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 43.0 * 15.5 / 4.0,
-        DType::IQ3_XXS => 62.0 * 15.5 / 2.0,
-        _ => 15.0 * 31.0,
-    };
-    let d = f16::from_f32(bound * rng.gen_range(0.5f32..1.0) / reach).to_bits();
-    if dtype == DType::IQ1_M {
-        // The scale's four nibbles are the top nibbles of the four u16 sub-block scale words.
-        for k in 0..4 {
-            let at = 48 + 2 * k + 1;
-            dst[at] = (dst[at] & 0x0f) | ((((d >> (4 * k)) & 15) as u8) << 4);
-        }
-    } else {
-        dst[..2].copy_from_slice(&d.to_le_bytes());
-    }
-}
 
 /// What a leaf tensor holds before the run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -76,8 +51,12 @@ impl Init {
         let mut out = vec![0u8; row_bytes * rows];
         if let Init::Uniform(lo, hi) = self {
             if t.dtype.is_quantized() && !can_quantize(t.dtype) {
+                // Random lattice blocks (these types have no quantizer), their values within
+                // the range asked for.
                 for dst in out.chunks_exact_mut(t.dtype.type_size()) {
-                    lattice_block(t.dtype, lo.abs().max(hi.abs()), dst, rng);
+                    rng.fill(dst);
+                    let bound = lo.abs().max(hi.abs()) * rng.gen_range(0.5f32..1.0);
+                    fit_random_block(t.dtype, dst, bound)?;
                 }
                 return Ok(out);
             }

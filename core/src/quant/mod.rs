@@ -107,6 +107,45 @@ pub fn can_quantize(dtype: DType) -> bool {
     block_fns(dtype).is_none_or(|(q, _)| q.is_some())
 }
 
+/// Makes `block`, random bytes of one block of a lattice i-quant (a type [`can_quantize`]
+/// refuses), a block whose values all lie within `bound`: its grid indices, signs and
+/// sub-block scales stay as drawn, and its f16 super-block scale becomes `bound` over the
+/// largest magnitude the type's grid values times sub-block scales reach. This is how tests and
+/// random-weight models get data of these types without a quantizer. Errors for any other type
+/// or a block of the wrong size.
+pub fn fit_random_block(dtype: DType, block: &mut [u8], bound: f32) -> Result<()> {
+    let reach = match dtype {
+        DType::IQ1_S | DType::IQ1_M => 15.0 * 1.125,
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 43.0 * 15.5 / 4.0,
+        DType::IQ3_XXS => 62.0 * 15.5 / 2.0,
+        DType::IQ3_S => 15.0 * 31.0,
+        _ => {
+            return Err(Error::Invalid(format!(
+                "{dtype} is not a lattice i-quant: quantize its values instead"
+            )))
+        }
+    };
+    if block.len() != dtype.type_size() {
+        return Err(wrong_size(
+            dtype,
+            dtype.block_size(),
+            dtype.type_size(),
+            block.len(),
+        ));
+    }
+    let d = f16::from_f32(bound / reach).to_bits();
+    if dtype == DType::IQ1_M {
+        // The scale's four nibbles are the top nibbles of the four u16 sub-block scale words.
+        for k in 0..4 {
+            let at = 49 + 2 * k;
+            block[at] = (block[at] & 0x0f) | ((((d >> (4 * k)) & 15) as u8) << 4);
+        }
+    } else {
+        block[..2].copy_from_slice(&d.to_le_bytes());
+    }
+    Ok(())
+}
+
 /// The error for a byte buffer of the wrong size for a row.
 fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
     Error::Buffer {

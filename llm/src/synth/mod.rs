@@ -29,7 +29,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 use tessera_core::gguf::{GgufFile, GgufValue, GgufWriter};
-use tessera_core::quant::quantize_row;
+use tessera_core::quant::{can_quantize, fit_random_block, quantize_row};
 use tessera_core::{DType, Error, Result};
 
 use crate::config::ModelConfig;
@@ -450,6 +450,7 @@ fn copy_layout(template: &GgufFile, ty: SynthType) -> Result<(Metadata, Vec<Plan
                                     n_layer: cfg.n_layer,
                                     tied,
                                     big_attn_v: false,
+                                    gqa: cfg.n_head / cfg.n_head_kv.max(1),
                                 },
                                 *ne0,
                             )?
@@ -542,6 +543,17 @@ fn produce(p: &Plan, seed: u64, w: &mut dyn Write, progress: &mut Progress) -> R
                 let mut out = vec![0u8; rows * row_bytes];
                 let mut vals = vec![0f32; row_len];
                 for dst in out.chunks_exact_mut(row_bytes) {
+                    if !can_quantize(p.dtype) {
+                        // A lattice i-quant: random blocks, their values within 4 std.
+                        for b in dst.chunks_exact_mut(p.dtype.type_size()) {
+                            for c in b.chunks_mut(8) {
+                                let r = rng.next_u64().to_le_bytes();
+                                c.copy_from_slice(&r[..c.len()]);
+                            }
+                            fit_random_block(p.dtype, b, 4.0 * std)?;
+                        }
+                        continue;
+                    }
                     for v in vals.iter_mut() {
                         *v = mean + std * rng.normal();
                     }

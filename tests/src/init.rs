@@ -51,12 +51,13 @@ impl Init {
         let mut out = vec![0u8; row_bytes * rows];
         if let Init::Uniform(lo, hi) = self {
             if t.dtype.is_quantized() && !can_quantize(t.dtype) {
-                // Random lattice blocks (these types have no quantizer), their values within
-                // the range asked for.
+                // Random lattice blocks (these types have no quantizer), each with the RMS of
+                // a uniform draw from the range asked for (its half-width over sqrt(3)) times
+                // a random factor.
                 for dst in out.chunks_exact_mut(t.dtype.type_size()) {
                     rng.fill(dst);
-                    let bound = lo.abs().max(hi.abs()) * rng.gen_range(0.5f32..1.0);
-                    fit_random_block(t.dtype, dst, bound)?;
+                    let rms = (hi - lo).abs() / 2.0 / 3f32.sqrt() * rng.gen_range(0.5f32..1.0);
+                    fit_random_block(t.dtype, dst, rms)?;
                 }
                 return Ok(out);
             }

@@ -108,23 +108,26 @@ pub fn can_quantize(dtype: DType) -> bool {
 }
 
 /// Makes `block`, random bytes of one block of a lattice i-quant (a type [`can_quantize`]
-/// refuses), a block whose values all lie within `bound`: its grid indices, signs and
-/// sub-block scales stay as drawn, and its f16 super-block scale becomes `bound` over the
-/// largest magnitude the type's grid values times sub-block scales reach. This is how tests and
-/// random-weight models get data of these types without a quantizer. Errors for any other type
-/// or a block of the wrong size.
-pub fn fit_random_block(dtype: DType, block: &mut [u8], bound: f32) -> Result<()> {
-    let reach = match dtype {
-        DType::IQ1_S | DType::IQ1_M => 15.0 * 1.125,
-        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 43.0 * 15.5 / 4.0,
-        DType::IQ3_XXS => 62.0 * 15.5 / 2.0,
-        DType::IQ3_S => 15.0 * 31.0,
-        _ => {
-            return Err(Error::Invalid(format!(
-                "{dtype} is not a lattice i-quant: quantize its values instead"
-            )))
-        }
-    };
+/// refuses), a block whose values have the root mean square `rms`: its grid indices, signs
+/// and sub-block scales stay as drawn, and its f16 super-block scale is set to give that RMS
+/// (as near as f16 allows). This is how tests and random-weight models get data of these types
+/// without a quantizer. Errors for any other type or a block of the wrong size.
+pub fn fit_random_block(dtype: DType, block: &mut [u8], rms: f32) -> Result<()> {
+    let lattice = matches!(
+        dtype,
+        DType::IQ1_S
+            | DType::IQ1_M
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+    );
+    if !lattice {
+        return Err(Error::Invalid(format!(
+            "{dtype} is not a lattice i-quant: quantize its values instead"
+        )));
+    }
     if block.len() != dtype.type_size() {
         return Err(wrong_size(
             dtype,
@@ -133,16 +136,25 @@ pub fn fit_random_block(dtype: DType, block: &mut [u8], bound: f32) -> Result<()
             block.len(),
         ));
     }
-    let d = f16::from_f32(bound / reach).to_bits();
-    if dtype == DType::IQ1_M {
-        // The scale's four nibbles are the top nibbles of the four u16 sub-block scale words.
-        for k in 0..4 {
-            let at = 49 + 2 * k;
-            block[at] = (block[at] & 0x0f) | ((((d >> (4 * k)) & 15) as u8) << 4);
+    // The block's values with a super-block scale of 1 give the scale that yields `rms`.
+    let set_scale = |block: &mut [u8], d: f32| {
+        let bits = f16::from_f32(d).to_bits();
+        if dtype == DType::IQ1_M {
+            // The scale's four nibbles are the top nibbles of the four u16 sub-block scale
+            // words.
+            for k in 0..4 {
+                let at = 49 + 2 * k;
+                block[at] = (block[at] & 0x0f) | ((((bits >> (4 * k)) & 15) as u8) << 4);
+            }
+        } else {
+            block[..2].copy_from_slice(&bits.to_le_bytes());
         }
-    } else {
-        block[..2].copy_from_slice(&d.to_le_bytes());
-    }
+    };
+    set_scale(block, 1.0);
+    let mut v = [0f32; 256];
+    dequantize_row(dtype, block, &mut v)?;
+    let unit = (v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / 256.0).sqrt() as f32;
+    set_scale(block, if unit > 0.0 { rms / unit } else { 0.0 });
     Ok(())
 }
 

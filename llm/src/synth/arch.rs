@@ -176,6 +176,19 @@ impl ArchShape {
         ..SMALL
     };
 
+    /// A small Llama whose matrix rows are all whole 256-value blocks (so that every K and
+    /// i-quant type is used as asked, not its fallback), four query heads per KV head, and 8
+    /// layers (llama.cpp's mixes treat the first eighth differently).
+    pub const QUANT_SMALL: ArchShape = ArchShape {
+        n_embd: 256,
+        n_layer: 8,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 64,
+        ..SMALL
+    };
+
     /// Llama 3.1 8B: Llama 3 8B's shape with its rope factors and 131072 context.
     pub const LLAMA31_8B: ArchShape = ArchShape {
         arch: Arch::Llama,

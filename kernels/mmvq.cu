@@ -58,6 +58,7 @@
 // written. i[4] n_dims, i[6] hd; the rotation in f[0..6], i[7] and aux[3] as common.cuh's
 // rope_rotate says.
 #include "quant.cuh"
+#include "quant_iq.cuh"
 #include "peer.cuh"
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
@@ -238,6 +239,95 @@ template <> struct Mmvq<Q8_0> : Consecutive<32> {
 #pragma unroll
         for (int i = 0; i < 8; i++) s = __dp4a(w.q[i], y[i], s);
         return w.d * ds[0].x * (float)s;
+    }
+};
+
+// The table types (IQ4_NL, IQ4_XS, MXFP4): 32 values per task, each a 4-bit index into a
+// 16-entry table of int8 (IQ4's non-linear values, or MXFP4's E2M1 values doubled), times one
+// float scale: d * ds.x * (table values . y). The table sits in four registers and an index
+// word is looked up with byte permutes.
+struct TableQ : Consecutive<32> {
+    static const int TV = 32;
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
+    static const int SL = 8;
+    static const int ROWS = 4, KS = 4;
+    struct W {
+        int q[8];
+        float d;
+    };
+    // Bytes k = 0..3 of the result: table entry nibble k of s (bits 4k..4k+4). A byte permute
+    // picks from 8 bytes with the low 3 bits of a selector nibble; bit 3 then chooses between
+    // the permutes of entries 0-7 and 8-15.
+    static __device__ __forceinline__ int lut(u32 s, const u32 (&t)[4]) {
+        const u32 lo = __byte_perm(t[0], t[1], s & 0x7777u);
+        const u32 hi = __byte_perm(t[2], t[3], s & 0x7777u);
+        return (int)__byte_perm(lo, hi, 0x3210u | ((s & 0x8888u) >> 1));
+    }
+    // The 32 values of 16 bytes of nibbles v (value j low nibble of byte j, value j + 16 its
+    // high nibble), looked up in table t.
+    static __device__ __forceinline__ void decode(const int (&v)[4], const u32 (&t)[4], W& w) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 lo = (u32)v[i] & 0x0F0F0F0Fu, hi = ((u32)v[i] >> 4) & 0x0F0F0F0Fu;
+            // Nibbles at bits 0, 8, 16, 24 to a 16-bit selector (bits 0, 4, 8, 12).
+            const u32 l2 = lo | (lo >> 4), h2 = hi | (hi >> 4);
+            w.q[i] = lut((l2 & 0xFFu) | ((l2 >> 8) & 0xFF00u), t);
+            w.q[4 + i] = lut((h2 & 0xFFu) | ((h2 >> 8) & 0xFF00u), t);
+        }
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __dp4a(w.q[i], y[i], s);
+        return w.d * ds[0].x * (float)s;
+    }
+};
+
+// IQ4_NL / IQ4_XS's table, and MXFP4's, as little-endian words of int8 entries.
+#define IQ4_TABLE {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u}
+#define MXFP4_TABLE {0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu}
+
+template <> struct Mmvq<IQ4_NL> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        const u32 t[4] = IQ4_TABLE;
+        w.d = ldh(b);
+        int v[4];
+        ld_words<4>(b + 2, v);
+        decode(v, t, w);
+    }
+};
+
+// IQ4_XS: task sub of a block is its 32-value sub-block sub, scaled by d * (ls - 32).
+template <> struct Mmvq<IQ4_XS> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const u32 t[4] = IQ4_TABLE;
+        const u32 sh = (u32)*(const u16*)(b + 2);
+        const int ls = (int)(((b[4 + sub / 2] >> (4 * (sub % 2))) & 15) | (((sh >> (2 * sub)) & 3u) << 4));
+        w.d = ldh(b) * (float)(ls - 32);
+        int v[4];
+        ld_words<4>(b + 8 + 16 * sub, v);
+        decode(v, t, w);
+    }
+};
+
+// MXFP4: 17-byte blocks, so its nibbles start at any byte.
+template <> struct Mmvq<MXFP4> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        const u32 t[4] = MXFP4_TABLE;
+        w.d = e8m0_half(b[0]);
+        // The 4 words at b + 1 from the aligned words that hold them (one more where b + 1 is
+        // not 4-byte aligned; that word starts inside the block, so it is inside the buffer).
+        const u8* p = b + 1;
+        const u32 sh = (u32)((size_t)p & 3);
+        const u32* a = (const u32*)(p - sh);
+        u32 x[5];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = a[i];
+        x[4] = sh ? a[4] : 0u;
+        int v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = (int)__funnelshift_r(x[i], x[i + 1], 8 * sh);
+        decode(v, t, w);
     }
 };
 
@@ -899,3 +989,6 @@ MMVQ(q8_0, Q8_0)
 MMVQ(q4_K, Q4_K)
 MMVQ(q5_K, Q5_K)
 MMVQ(q6_K, Q6_K)
+MMVQ(iq4_nl, IQ4_NL)
+MMVQ(iq4_xs, IQ4_XS)
+MMVQ(mxfp4, MXFP4)

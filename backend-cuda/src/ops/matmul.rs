@@ -19,10 +19,12 @@ use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 /// Most bytes of dequantized weights held at once.
 const DEQUANT_SLICE: usize = 64 << 20;
 
-/// Types with a mat-vec kernel: every quantized type the GPU writes but Q2_K and Q3_K, which
-/// go through dequantization and the GEMM (as the types it only reads do).
+/// Types with a mat-vec kernel: every quantized type the GPU writes but Q2_K and Q3_K, and of
+/// the types it only reads IQ4_NL, IQ4_XS and MXFP4; the others go through dequantization and
+/// the GEMM.
 pub(super) fn has_mmvq(d: DType) -> bool {
-    quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K)
+    (quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K))
+        || matches!(d, DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4)
 }
 
 /// Whether mul_mat of these operands is implemented.
@@ -50,6 +52,8 @@ fn mmvq_align(d: DType) -> u64 {
     match d {
         DType::Q4_K | DType::Q5_K => 16,
         DType::Q4_1 | DType::Q5_1 => 4,
+        // 17-byte blocks: the kernel reads them at any byte.
+        DType::MXFP4 => 1,
         _ => 2,
     }
 }

@@ -331,6 +331,74 @@ template <> struct Mmvq<MXFP4> : TableQ {
     }
 };
 
+// The lattice types with a mat-vec (IQ2_XS, IQ3_S): 32 values per task (one sub-block), as
+// grid bytes with their signs applied, times a float scale per 16 values: ds.x * (d[0] *
+// (q[0..4) . y[0..4)) + d[1] * (q[4..8) . y[4..8))).
+struct GridQ : Consecutive<32> {
+    static const int TV = 32;
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
+    static const int SL = 8;
+    static const int ROWS = 4, KS = 4;
+    struct W {
+        int q[8];
+        float d[2];
+    };
+    // Four grid bytes g negated where bits 0..3 of s are set (as i8: (g ^ m) - m, m = 0xff).
+    static __device__ __forceinline__ int signed4(u32 g, u32 s) {
+        const u32 m = ((s & 1u) * 0xffu) | ((s & 2u) * 0x7f80u) | ((s & 4u) * 0x3fc000u) | ((s & 8u) * 0x1fe00000u);
+        return (int)__vsub4(g ^ m, m);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = __dp4a(w.q[i], y[i], s0);
+            s1 = __dp4a(w.q[4 + i], y[4 + i], s1);
+        }
+        return ds[0].x * (w.d[0] * (float)s0 + w.d[1] * (float)s1);
+    }
+};
+
+// IQ2_XS: group l of sub-block sub is IQ2XS_GRID entry q & 511 of u16 q = qs[4 sub + l], its
+// signs from the top 7 bits (parity for the eighth); scales d (0.5 + s) / 4 per 16 values.
+template <> struct Mmvq<IQ2_XS> : GridQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const float d = ldh(b);
+        const u32 sc = b[66 + sub];
+        w.d[0] = d * (0.5f + (float)(sc & 15u)) * 0.25f;
+        w.d[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        const u16* qs = (const u16*)(b + 2) + 4 * sub;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u32 q = qs[l];
+            const u64 g = IQ2XS_GRID[q & 511u];
+            const u32 s = iq_signs(q >> 9);
+            w.q[2 * l] = signed4((u32)g, s);
+            w.q[2 * l + 1] = signed4((u32)(g >> 32), s >> 4);
+        }
+    }
+};
+
+// IQ3_S: values 8 l .. 8 l + 8 of sub-block sub are IQ3S_GRID entries of 9-bit indices
+// (qs[8 sub + 2 l + h] and bit 2 l + h of qh[sub]) with sign byte signs[4 sub + l]; one scale
+// d (1 + 2 s) per sub-block.
+template <> struct Mmvq<IQ3_S> : GridQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const u32 sc = (b[106 + sub / 2] >> (4 * (sub % 2))) & 15u;
+        w.d[0] = w.d[1] = ldh(b) * (float)(1 + 2 * sc);
+        const u8* qs = b + 2 + 8 * sub;
+        const u32 qh = b[66 + sub];
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u32 s = b[74 + 4 * sub + l];
+            const u32 g1 = IQ3S_GRID[(u32)qs[2 * l] | ((qh << (8 - 2 * l)) & 256u)];
+            const u32 g2 = IQ3S_GRID[(u32)qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256u)];
+            w.q[2 * l] = signed4(g1, s);
+            w.q[2 * l + 1] = signed4(g2, s >> 4);
+        }
+    }
+};
+
 // out[0..N) = the N words at p (N a multiple of 4, p 16-byte aligned), as 16-byte loads (a
 // quarter of the instructions of 4-byte ones, and in shared memory no bank conflicts where lanes
 // read 32 bytes 144 or 176 bytes apart, which 4-byte loads have 4 ways).
@@ -524,7 +592,10 @@ template <int Q> struct Tile {
     // more where the row starts off a 16-byte boundary.
     static const int CPL = (BYTES / 16 + 1 + 31) / 32;
     static const int ROWS = Mmvq<Q>::ROWS, KS = Mmvq<Q>::KS, RPG = ROWS * KS / 4;
-    static_assert(BYTES % 16 == 0, "a tile is whole 16-byte chunks");
+    // Whether the staged engine can take the type: its tiles are whole 16-byte chunks (not so
+    // for IQ2_XS and IQ3_S, whose 32-value tasks always take the direct geometry).
+    static const bool STAGED = BYTES % 16 == 0;
+    static_assert(STAGED || Mmvq<Q>::TV == 32, "a staged type's tile is whole 16-byte chunks");
     static_assert(RPG >= 1 && RPG <= Mmvq<Q>::SL, "a group's rows fit the warp's slots");
 };
 
@@ -669,7 +740,7 @@ template <int Q> struct Geom {
         // run-time test of it: with the geometry known at compile time, ptxas allocates the
         // fused mat-vecs differently and they run slower (BENCHMARKS.md has the measurement).
         const int mode = flags & 3;
-        const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
+        const bool staged = Tile<Q>::STAGED && (mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32));
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }
@@ -992,3 +1063,5 @@ MMVQ(q6_K, Q6_K)
 MMVQ(iq4_nl, IQ4_NL)
 MMVQ(iq4_xs, IQ4_XS)
 MMVQ(mxfp4, MXFP4)
+MMVQ(iq2_xs, IQ2_XS)
+MMVQ(iq3_s, IQ3_S)

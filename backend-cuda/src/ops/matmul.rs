@@ -20,11 +20,14 @@ use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 const DEQUANT_SLICE: usize = 64 << 20;
 
 /// Types with a mat-vec kernel: every quantized type the GPU writes but Q2_K and Q3_K, and of
-/// the types it only reads IQ4_NL, IQ4_XS and MXFP4; the others go through dequantization and
-/// the GEMM.
+/// the types it only reads IQ4_NL, IQ4_XS, MXFP4, IQ2_XS and IQ3_S; the others go through
+/// dequantization and the GEMM.
 pub(super) fn has_mmvq(d: DType) -> bool {
     (quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K))
-        || matches!(d, DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4)
+        || matches!(
+            d,
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::IQ2_XS | DType::IQ3_S
+        )
 }
 
 /// Whether mul_mat of these operands is implemented.

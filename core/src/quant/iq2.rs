@@ -27,7 +27,10 @@ pub(super) fn signs(b7: u32) -> u8 {
 pub(super) fn put_group(y: &mut [f32], db: f32, g: u64, s: u8) {
     for (j, y) in y.iter_mut().enumerate().take(8) {
         let v = db * f32::from((g >> (8 * j)) as u8);
-        *y = if s & (1 << j) != 0 { -v } else { v };
+        // Negation is the sign bit flipped; done without a branch, as random signs defeat
+        // branch prediction.
+        let sign = u32::from((s >> j) & 1) << 31;
+        *y = f32::from_bits(v.to_bits() ^ sign);
     }
 }
 

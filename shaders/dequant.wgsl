@@ -80,6 +80,36 @@ fn iq4_xs_scale(b: u32, s: u32) -> f32 {
     return half0(b) * f32(i32(lo | (hi << 4u)) - 32);
 }
 
+// The four bytes of word q, each shifted right by sh and masked (mul_mat.wgsl's fields4, for
+// the families without it).
+fn quad_fields(q: u32, sh: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(mask);
+}
+
+// Values v..v+3 (v a multiple of 4) of the TQ1_0 block at byte b, less 1 (each -1, 0 or 1; the
+// layout is in core/src/quant/tq.rs): a word of 4 bytes, each holding digit k of its base-3
+// fraction, read back as ((byte * 3^k) mod 256) * 3 >> 8.
+fn tq1_quad(b: u32, v: u32) -> vec4<f32> {
+    var off = 48u;
+    var k = (v - 240u) / 4u;
+    if v < 160u {
+        off = v % 32u;
+        k = v / 32u;
+    } else if v < 240u {
+        off = 32u + (v - 160u) % 16u;
+        k = (v - 160u) / 16u;
+    }
+    let p = select(select(select(select(81u, 27u, k < 4u), 9u, k < 3u), 3u, k < 2u), 1u, k < 1u);
+    let q = ((quad_fields(word0(b + off), 0u, 255u) * vec4<u32>(p)) & vec4<u32>(255u)) * vec4<u32>(3u);
+    return vec4<f32>(q >> vec4<u32>(8u)) - 1.0;
+}
+
+// Values v..v+3 (v a multiple of 4) of the TQ2_0 block at byte b, less 1: bits 2l of the
+// bytes 32c + m.. (value 128c + 32l + m).
+fn tq2_quad(b: u32, v: u32) -> vec4<f32> {
+    return vec4<f32>(quad_fields(word0(b + 32u * (v / 128u) + v % 32u), 2u * ((v / 32u) % 4u), 3u)) - 1.0;
+}
+
 // Element j of a row of quantized type t (a GGUF type id) starting at byte r.
 fn dq(t: u32, r: u32, j: u32) -> f32 {
     switch t {
@@ -191,6 +221,18 @@ fn dq(t: u32, r: u32, j: u32) -> f32 {
             let e = j % 32u;
             let q = (byte0(b + 1u + e % 16u) >> ((e / 16u) * 4u)) & 15u;
             return table16(MXFP4_TABLE, q) * e8m0_half(byte0(b));
+        }
+        case 34u: {
+            // TQ1_0: 48 + 4 bytes of base-3 digits, f16 d.
+            let b = r + (j / 256u) * 54u;
+            let e = j % 256u;
+            return tq1_quad(b, e & ~3u)[e & 3u] * half0(b + 52u);
+        }
+        case 35u: {
+            // TQ2_0: 64 bytes of 2-bit values, f16 d.
+            let b = r + (j / 256u) * 66u;
+            let e = j % 256u;
+            return tq2_quad(b, e & ~3u)[e & 3u] * half0(b + 64u);
         }
         default: {
             return 0.0;

@@ -145,6 +145,16 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let q = fields4(word0(b + 1u + e % 16u), 4u * (e / 16u), 15u);
             return table16x4(MXFP4_TABLE, q) * e8m0_half(byte0(b));
         }
+        case 34u: {
+            // TQ1_0: base-3 digits, f16 d.
+            let b = r + (k / 256u) * 54u;
+            return tq1_quad(b, k % 256u) * half0(b + 52u);
+        }
+        case 35u: {
+            // TQ2_0: 2-bit values, f16 d.
+            let b = r + (k / 256u) * 66u;
+            return tq2_quad(b, k % 256u) * half0(b + 64u);
+        }
         default: {
             return vec4<f32>(0.0);
         }

@@ -159,6 +159,16 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
             let hi = table16x4(MXFP4_TABLE, fields4(q, 4u, 15u));
             return e8m0_half(byte0(bb)) * (dot(lo, ya) + dot(hi, yb));
         }
+        case 34u: {
+            // TQ1_0: part t is values 8t..8t+7.
+            let bb = r + 54u * b;
+            return half0(bb + 52u) * (dot(tq1_quad(bb, 8u * t), ya) + dot(tq1_quad(bb, 8u * t + 4u), yb));
+        }
+        case 35u: {
+            // TQ2_0: part t is values 8t..8t+7.
+            let bb = r + 66u * b;
+            return half0(bb + 64u) * (dot(tq2_quad(bb, 8u * t), ya) + dot(tq2_quad(bb, 8u * t + 4u), yb));
+        }
         default: {
             // Float weights: block b is values 8b..8b+7.
 #if A4

@@ -47,6 +47,10 @@ fn quads(t: u32) -> vec2<u32> {
             let base = 32u * (t / 4u) + 4u * (t % 4u);
             return vec2<u32>(base, base + 16u);
         }
+        case 34u, 35u: {
+            // TQ1_0, TQ2_0: part t is values 8t..8t+7 (each quad one word of the block).
+            return vec2<u32>(8u * t, 8u * t + 4u);
+        }
         case 12u, 13u: {
             // Q4_K, Q5_K: 32 nibble bytes per 64 values (low nibbles the first 32); part t reads
             // 4 bytes of 64-value group t / 8.

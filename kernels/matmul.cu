@@ -7,6 +7,7 @@
 // contiguous); one thread per 32 values, blocks of 256 threads, written out coalesced through
 // shared memory. Used to run a quantized mul_mat with many columns as an f16 GEMM.
 #include "quant.cuh"
+#include "quant_iq.cuh"
 
 KERNEL batch_ptrs(const KParams p) {
     pdl_wait();
@@ -72,3 +73,15 @@ DEQUANT_F16(q3_K, Q3_K)
 DEQUANT_F16(q4_K, Q4_K)
 DEQUANT_F16(q5_K, Q5_K)
 DEQUANT_F16(q6_K, Q6_K)
+DEQUANT_F16(iq2_xxs, IQ2_XXS)
+DEQUANT_F16(iq2_xs, IQ2_XS)
+DEQUANT_F16(iq2_s, IQ2_S)
+DEQUANT_F16(iq3_xxs, IQ3_XXS)
+DEQUANT_F16(iq3_s, IQ3_S)
+DEQUANT_F16(iq1_s, IQ1_S)
+DEQUANT_F16(iq1_m, IQ1_M)
+DEQUANT_F16(iq4_nl, IQ4_NL)
+DEQUANT_F16(iq4_xs, IQ4_XS)
+DEQUANT_F16(tq1_0, TQ1_0)
+DEQUANT_F16(tq2_0, TQ2_0)
+DEQUANT_F16(mxfp4, MXFP4)

@@ -58,6 +58,7 @@
 // written. i[4] n_dims, i[6] hd; the rotation in f[0..6], i[7] and aux[3] as common.cuh's
 // rope_rotate says.
 #include "quant.cuh"
+#include "quant_iq.cuh"
 #include "peer.cuh"
 
 template <class S> __device__ void quantize_q8_1(const KParams& p) {
@@ -238,6 +239,163 @@ template <> struct Mmvq<Q8_0> : Consecutive<32> {
 #pragma unroll
         for (int i = 0; i < 8; i++) s = __dp4a(w.q[i], y[i], s);
         return w.d * ds[0].x * (float)s;
+    }
+};
+
+// The table types (IQ4_NL, IQ4_XS, MXFP4): 32 values per task, each a 4-bit index into a
+// 16-entry table of int8 (IQ4's non-linear values, or MXFP4's E2M1 values doubled), times one
+// float scale: d * ds.x * (table values . y). The table sits in four registers and an index
+// word is looked up with byte permutes.
+struct TableQ : Consecutive<32> {
+    static const int TV = 32;
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
+    static const int SL = 8;
+    static const int ROWS = 4, KS = 4;
+    struct W {
+        int q[8];
+        float d;
+    };
+    // Bytes k = 0..3 of the result: table entry nibble k of s (bits 4k..4k+4). A byte permute
+    // picks from 8 bytes with the low 3 bits of a selector nibble; bit 3 then chooses between
+    // the permutes of entries 0-7 and 8-15.
+    static __device__ __forceinline__ int lut(u32 s, const u32 (&t)[4]) {
+        const u32 lo = __byte_perm(t[0], t[1], s & 0x7777u);
+        const u32 hi = __byte_perm(t[2], t[3], s & 0x7777u);
+        return (int)__byte_perm(lo, hi, 0x3210u | ((s & 0x8888u) >> 1));
+    }
+    // The 32 values of 16 bytes of nibbles v (value j low nibble of byte j, value j + 16 its
+    // high nibble), looked up in table t.
+    static __device__ __forceinline__ void decode(const int (&v)[4], const u32 (&t)[4], W& w) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 lo = (u32)v[i] & 0x0F0F0F0Fu, hi = ((u32)v[i] >> 4) & 0x0F0F0F0Fu;
+            // Nibbles at bits 0, 8, 16, 24 to a 16-bit selector (bits 0, 4, 8, 12).
+            const u32 l2 = lo | (lo >> 4), h2 = hi | (hi >> 4);
+            w.q[i] = lut((l2 & 0xFFu) | ((l2 >> 8) & 0xFF00u), t);
+            w.q[4 + i] = lut((h2 & 0xFFu) | ((h2 >> 8) & 0xFF00u), t);
+        }
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __dp4a(w.q[i], y[i], s);
+        return w.d * ds[0].x * (float)s;
+    }
+};
+
+// IQ4_NL / IQ4_XS's table, and MXFP4's, as little-endian words of int8 entries.
+#define IQ4_TABLE {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u}
+#define MXFP4_TABLE {0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu}
+
+template <> struct Mmvq<IQ4_NL> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        const u32 t[4] = IQ4_TABLE;
+        w.d = ldh(b);
+        int v[4];
+        ld_words<4>(b + 2, v);
+        decode(v, t, w);
+    }
+};
+
+// IQ4_XS: task sub of a block is its 32-value sub-block sub, scaled by d * (ls - 32).
+template <> struct Mmvq<IQ4_XS> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const u32 t[4] = IQ4_TABLE;
+        const u32 sh = (u32)*(const u16*)(b + 2);
+        const int ls = (int)(((b[4 + sub / 2] >> (4 * (sub % 2))) & 15) | (((sh >> (2 * sub)) & 3u) << 4));
+        w.d = ldh(b) * (float)(ls - 32);
+        int v[4];
+        ld_words<4>(b + 8 + 16 * sub, v);
+        decode(v, t, w);
+    }
+};
+
+// MXFP4: 17-byte blocks, so its nibbles start at any byte.
+template <> struct Mmvq<MXFP4> : TableQ {
+    static __device__ __forceinline__ void load(const u8* b, int, W& w) {
+        const u32 t[4] = MXFP4_TABLE;
+        w.d = e8m0_half(b[0]);
+        // The 4 words at b + 1 from the aligned words that hold them (one more where b + 1 is
+        // not 4-byte aligned; that word starts inside the block, so it is inside the buffer).
+        const u8* p = b + 1;
+        const u32 sh = (u32)((size_t)p & 3);
+        const u32* a = (const u32*)(p - sh);
+        u32 x[5];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = a[i];
+        x[4] = sh ? a[4] : 0u;
+        int v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = (int)__funnelshift_r(x[i], x[i + 1], 8 * sh);
+        decode(v, t, w);
+    }
+};
+
+// The lattice types with a mat-vec (IQ2_XS, IQ3_S): 32 values per task (one sub-block), as
+// grid bytes with their signs applied, times a float scale per 16 values: ds.x * (d[0] *
+// (q[0..4) . y[0..4)) + d[1] * (q[4..8) . y[4..8))).
+struct GridQ : Consecutive<32> {
+    static const int TV = 32;
+    static const bool EARLY = false;  // early weights: the direct geometry loads nothing early
+    static const int SL = 8;
+    static const int ROWS = 4, KS = 4;
+    struct W {
+        int q[8];
+        float d[2];
+    };
+    // Four grid bytes g negated where bits 0..3 of s are set (as i8: (g ^ m) - m, m = 0xff).
+    static __device__ __forceinline__ int signed4(u32 g, u32 s) {
+        const u32 m = ((s & 1u) * 0xffu) | ((s & 2u) * 0x7f80u) | ((s & 4u) * 0x3fc000u) | ((s & 8u) * 0x1fe00000u);
+        return (int)__vsub4(g ^ m, m);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const int* y, const float2* ds) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = __dp4a(w.q[i], y[i], s0);
+            s1 = __dp4a(w.q[4 + i], y[4 + i], s1);
+        }
+        return ds[0].x * (w.d[0] * (float)s0 + w.d[1] * (float)s1);
+    }
+};
+
+// IQ2_XS: group l of sub-block sub is IQ2XS_GRID entry q & 511 of u16 q = qs[4 sub + l], its
+// signs from the top 7 bits (parity for the eighth); scales d (0.5 + s) / 4 per 16 values.
+template <> struct Mmvq<IQ2_XS> : GridQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const float d = ldh(b);
+        const u32 sc = b[66 + sub];
+        w.d[0] = d * (0.5f + (float)(sc & 15u)) * 0.25f;
+        w.d[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        const u16* qs = (const u16*)(b + 2) + 4 * sub;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u32 q = qs[l];
+            const u64 g = IQ2XS_GRID[q & 511u];
+            const u32 s = iq_signs(q >> 9);
+            w.q[2 * l] = signed4((u32)g, s);
+            w.q[2 * l + 1] = signed4((u32)(g >> 32), s >> 4);
+        }
+    }
+};
+
+// IQ3_S: values 8 l .. 8 l + 8 of sub-block sub are IQ3S_GRID entries of 9-bit indices
+// (qs[8 sub + 2 l + h] and bit 2 l + h of qh[sub]) with sign byte signs[4 sub + l]; one scale
+// d (1 + 2 s) per sub-block.
+template <> struct Mmvq<IQ3_S> : GridQ {
+    static __device__ __forceinline__ void load(const u8* b, int sub, W& w) {
+        const u32 sc = (b[106 + sub / 2] >> (4 * (sub % 2))) & 15u;
+        w.d[0] = w.d[1] = ldh(b) * (float)(1 + 2 * sc);
+        const u8* qs = b + 2 + 8 * sub;
+        const u32 qh = b[66 + sub];
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const u32 s = b[74 + 4 * sub + l];
+            const u32 g1 = IQ3S_GRID[(u32)qs[2 * l] | ((qh << (8 - 2 * l)) & 256u)];
+            const u32 g2 = IQ3S_GRID[(u32)qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256u)];
+            w.q[2 * l] = signed4(g1, s);
+            w.q[2 * l + 1] = signed4(g2, s >> 4);
+        }
     }
 };
 
@@ -434,7 +592,10 @@ template <int Q> struct Tile {
     // more where the row starts off a 16-byte boundary.
     static const int CPL = (BYTES / 16 + 1 + 31) / 32;
     static const int ROWS = Mmvq<Q>::ROWS, KS = Mmvq<Q>::KS, RPG = ROWS * KS / 4;
-    static_assert(BYTES % 16 == 0, "a tile is whole 16-byte chunks");
+    // Whether the staged engine can take the type: its tiles are whole 16-byte chunks (not so
+    // for IQ2_XS and IQ3_S, whose 32-value tasks always take the direct geometry).
+    static const bool STAGED = BYTES % 16 == 0;
+    static_assert(STAGED || Mmvq<Q>::TV == 32, "a staged type's tile is whole 16-byte chunks");
     static_assert(RPG >= 1 && RPG <= Mmvq<Q>::SL, "a group's rows fit the warp's slots");
 };
 
@@ -579,7 +740,7 @@ template <int Q> struct Geom {
         // run-time test of it: with the geometry known at compile time, ptxas allocates the
         // fused mat-vecs differently and they run slower (BENCHMARKS.md has the measurement).
         const int mode = flags & 3;
-        const bool staged = mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32);
+        const bool staged = Tile<Q>::STAGED && (mode == 2 || (mode == 0 && Mmvq<Q>::TV > 32));
         narrow = !staged || (tasks + 31) / 32 < Tile<Q>::KS;
         rows = narrow ? 4 : Tile<Q>::ROWS;
     }
@@ -899,3 +1060,8 @@ MMVQ(q8_0, Q8_0)
 MMVQ(q4_K, Q4_K)
 MMVQ(q5_K, Q5_K)
 MMVQ(q6_K, Q6_K)
+MMVQ(iq4_nl, IQ4_NL)
+MMVQ(iq4_xs, IQ4_XS)
+MMVQ(mxfp4, MXFP4)
+MMVQ(iq2_xs, IQ2_XS)
+MMVQ(iq3_s, IQ3_S)

@@ -7,6 +7,7 @@
 //   (when shapes differ, dst is contiguous).
 #include "quant.cuh"
 #include "quant_k.cuh"
+#include "quant_iq.cuh"
 
 template <int Q, class S> __device__ void quantize(const KParams& p) {
     const int QK = QInfo<Q>::block;
@@ -81,3 +82,15 @@ DEQUANTIZE(q3_K, Q3_K)
 DEQUANTIZE(q4_K, Q4_K)
 DEQUANTIZE(q5_K, Q5_K)
 DEQUANTIZE(q6_K, Q6_K)
+DEQUANTIZE(iq2_xxs, IQ2_XXS)
+DEQUANTIZE(iq2_xs, IQ2_XS)
+DEQUANTIZE(iq2_s, IQ2_S)
+DEQUANTIZE(iq3_xxs, IQ3_XXS)
+DEQUANTIZE(iq3_s, IQ3_S)
+DEQUANTIZE(iq1_s, IQ1_S)
+DEQUANTIZE(iq1_m, IQ1_M)
+DEQUANTIZE(iq4_nl, IQ4_NL)
+DEQUANTIZE(iq4_xs, IQ4_XS)
+DEQUANTIZE(tq1_0, TQ1_0)
+DEQUANTIZE(tq2_0, TQ2_0)
+DEQUANTIZE(mxfp4, MXFP4)

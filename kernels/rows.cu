@@ -7,6 +7,7 @@
 // [n, m, d2, d3], t[2] indices (i32 or i64) [m, e2, e3] broadcast over dims 2-3 of src.
 #include "quant.cuh"
 #include "quant_k.cuh"
+#include "quant_iq.cuh"
 
 __device__ __forceinline__ i64 gather_row(const KParams& p, i64 i1, i64 i2, i64 i3) {
     const TArg& idx = p.t[2];
@@ -68,6 +69,18 @@ GET_ROWS_Q(q3_K, Q3_K)
 GET_ROWS_Q(q4_K, Q4_K)
 GET_ROWS_Q(q5_K, Q5_K)
 GET_ROWS_Q(q6_K, Q6_K)
+GET_ROWS_Q(iq2_xxs, IQ2_XXS)
+GET_ROWS_Q(iq2_xs, IQ2_XS)
+GET_ROWS_Q(iq2_s, IQ2_S)
+GET_ROWS_Q(iq3_xxs, IQ3_XXS)
+GET_ROWS_Q(iq3_s, IQ3_S)
+GET_ROWS_Q(iq1_s, IQ1_S)
+GET_ROWS_Q(iq1_m, IQ1_M)
+GET_ROWS_Q(iq4_nl, IQ4_NL)
+GET_ROWS_Q(iq4_xs, IQ4_XS)
+GET_ROWS_Q(tq1_0, TQ1_0)
+GET_ROWS_Q(tq2_0, TQ2_0)
+GET_ROWS_Q(mxfp4, MXFP4)
 
 // The destination row for source row (i1, i2, i3), or -1 when the index is out of range.
 template <class I> __device__ __forceinline__ i64 scatter_row(const KParams& p, i64 i1, i64 i2, i64 i3) {

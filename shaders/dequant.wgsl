@@ -52,6 +52,64 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
     return vec2<u32>((x & 15u) | ((byte0(s + j - 4u) >> 6u) << 4u), (x >> 4u) | ((byte0(s + j) >> 6u) << 4u));
 }
 
+// The 16-entry int8 tables of IQ4_NL / IQ4_XS (non-linear values) and MXFP4 (E2M1 values
+// doubled), as four little-endian words each.
+const IQ4_TABLE: vec4<u32> = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+const MXFP4_TABLE: vec4<u32> = vec4<u32>(0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
+
+// Entry i (< 16) of table t, as f32.
+fn table16(t: vec4<u32>, i: u32) -> f32 {
+    let w = select(select(t.x, t.y, i >= 4u), select(t.z, t.w, i >= 12u), i >= 8u);
+    return f32(bitcast<i32>(((w >> ((i & 3u) * 8u)) & 0xffu) << 24u) >> 24u);
+}
+
+// Entries q (each < 16) of table t.
+fn table16x4(t: vec4<u32>, q: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(table16(t, q.x), table16(t, q.y), table16(t, q.z), table16(t, q.w));
+}
+
+// 2^(e - 128): half an E8M0 scale (MXFP4's table holds its values doubled).
+fn e8m0_half(e: u32) -> f32 {
+    return bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+}
+
+// The scale d * (ls - 32) of sub-block s of the IQ4_XS block at byte b.
+fn iq4_xs_scale(b: u32, s: u32) -> f32 {
+    let lo = (byte0(b + 4u + s / 2u) >> (4u * (s % 2u))) & 15u;
+    let hi = (byte0(b + 2u + s / 4u) >> (2u * (s % 4u))) & 3u;
+    return half0(b) * f32(i32(lo | (hi << 4u)) - 32);
+}
+
+// The four bytes of word q, each shifted right by sh and masked (mul_mat.wgsl's fields4, for
+// the families without it).
+fn quad_fields(q: u32, sh: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(mask);
+}
+
+// Values v..v+3 (v a multiple of 4) of the TQ1_0 block at byte b, less 1 (each -1, 0 or 1; the
+// layout is in core/src/quant/tq.rs): a word of 4 bytes, each holding digit k of its base-3
+// fraction, read back as ((byte * 3^k) mod 256) * 3 >> 8.
+fn tq1_quad(b: u32, v: u32) -> vec4<f32> {
+    var off = 48u;
+    var k = (v - 240u) / 4u;
+    if v < 160u {
+        off = v % 32u;
+        k = v / 32u;
+    } else if v < 240u {
+        off = 32u + (v - 160u) % 16u;
+        k = (v - 160u) / 16u;
+    }
+    let p = select(select(select(select(81u, 27u, k < 4u), 9u, k < 3u), 3u, k < 2u), 1u, k < 1u);
+    let q = ((quad_fields(word0(b + off), 0u, 255u) * vec4<u32>(p)) & vec4<u32>(255u)) * vec4<u32>(3u);
+    return vec4<f32>(q >> vec4<u32>(8u)) - 1.0;
+}
+
+// Values v..v+3 (v a multiple of 4) of the TQ2_0 block at byte b, less 1: bits 2l of the
+// bytes 32c + m.. (value 128c + 32l + m).
+fn tq2_quad(b: u32, v: u32) -> vec4<f32> {
+    return vec4<f32>(quad_fields(word0(b + 32u * (v / 128u) + v % 32u), 2u * ((v / 32u) % 4u), 3u)) - 1.0;
+}
+
 // Element j of a row of quantized type t (a GGUF type id) starting at byte r.
 fn dq(t: u32, r: u32, j: u32) -> f32 {
     switch t {
@@ -140,6 +198,41 @@ fn dq(t: u32, r: u32, j: u32) -> f32 {
             let low = (byte0(b + 64u * n + 32u * (m % 2u) + l) >> (4u * (m / 2u))) & 15u;
             let high = (byte0(b + 128u + 32u * n + l) >> (2u * m)) & 3u;
             return half0(b + 208u) * i8_0(b + 192u + e / 16u) * f32(i32(low | (high << 4u)) - 32);
+        }
+        case 20u: {
+            // IQ4_NL: f16 d, 16 bytes of nibbles indexing IQ4_TABLE.
+            let b = r + (j / 32u) * 18u;
+            let e = j % 32u;
+            let q = (byte0(b + 2u + e % 16u) >> ((e / 16u) * 4u)) & 15u;
+            return half0(b) * table16(IQ4_TABLE, q);
+        }
+        case 23u: {
+            // IQ4_XS: f16 d, u16 high scale bits, 4 bytes low scale bits, 8 x 16 bytes of
+            // nibbles (each 32 values as IQ4_NL's).
+            let b = r + (j / 256u) * 136u;
+            let e = j % 256u;
+            let l = e % 32u;
+            let q = (byte0(b + 8u + 16u * (e / 32u) + l % 16u) >> ((l / 16u) * 4u)) & 15u;
+            return iq4_xs_scale(b, e / 32u) * table16(IQ4_TABLE, q);
+        }
+        case 39u: {
+            // MXFP4: E8M0 exponent, 16 bytes of nibbles indexing MXFP4_TABLE.
+            let b = r + (j / 32u) * 17u;
+            let e = j % 32u;
+            let q = (byte0(b + 1u + e % 16u) >> ((e / 16u) * 4u)) & 15u;
+            return table16(MXFP4_TABLE, q) * e8m0_half(byte0(b));
+        }
+        case 34u: {
+            // TQ1_0: 48 + 4 bytes of base-3 digits, f16 d.
+            let b = r + (j / 256u) * 54u;
+            let e = j % 256u;
+            return tq1_quad(b, e & ~3u)[e & 3u] * half0(b + 52u);
+        }
+        case 35u: {
+            // TQ2_0: 64 bytes of 2-bit values, f16 d.
+            let b = r + (j / 256u) * 66u;
+            let e = j % 256u;
+            return tq2_quad(b, e & ~3u)[e & 3u] * half0(b + 64u);
         }
         default: {
             return 0.0;

@@ -124,6 +124,37 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let hi = fields4(word0(b + 128u + 32u * n + l), 2u * s, 3u);
             return deq_q6_k(lo, hi, half0(b + 208u) * i8_0(b + 192u + e / 16u));
         }
+        case 20u: {
+            // IQ4_NL: f16 d, 16 bytes of nibbles indexing IQ4_TABLE.
+            let b = r + (k / 32u) * 18u;
+            let e = k % 32u;
+            return table16x4(IQ4_TABLE, fields4(word0(b + 2u + e % 16u), 4u * (e / 16u), 15u)) * half0(b);
+        }
+        case 23u: {
+            // IQ4_XS: per 32 values a 6-bit scale and 16 bytes of nibbles as IQ4_NL's.
+            let b = r + (k / 256u) * 136u;
+            let e = k % 256u;
+            let l = e % 32u;
+            let q = fields4(word0(b + 8u + 16u * (e / 32u) + l % 16u), 4u * (l / 16u), 15u);
+            return table16x4(IQ4_TABLE, q) * iq4_xs_scale(b, e / 32u);
+        }
+        case 39u: {
+            // MXFP4: E8M0 exponent, 16 bytes of nibbles indexing MXFP4_TABLE.
+            let b = r + (k / 32u) * 17u;
+            let e = k % 32u;
+            let q = fields4(word0(b + 1u + e % 16u), 4u * (e / 16u), 15u);
+            return table16x4(MXFP4_TABLE, q) * e8m0_half(byte0(b));
+        }
+        case 34u: {
+            // TQ1_0: base-3 digits, f16 d.
+            let b = r + (k / 256u) * 54u;
+            return tq1_quad(b, k % 256u) * half0(b + 52u);
+        }
+        case 35u: {
+            // TQ2_0: 2-bit values, f16 d.
+            let b = r + (k / 256u) * 66u;
+            return tq2_quad(b, k % 256u) * half0(b + 64u);
+        }
         default: {
             return vec4<f32>(0.0);
         }

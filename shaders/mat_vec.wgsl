@@ -135,6 +135,40 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
             let i = bb + 192u + 8u * n + 2u * s + l / 16u;
             return half0(bb + 208u) * (i8_0(i) * dot(v0, ya) + i8_0(i + 4u) * dot(v1, yb));
         }
+        case 20u: {
+            // IQ4_NL: f16 d, 16 bytes of nibbles indexing IQ4_TABLE.
+            let bb = r + 18u * b;
+            let q = word0(bb + 2u + 4u * t);
+            let lo = table16x4(IQ4_TABLE, fields4(q, 0u, 15u));
+            let hi = table16x4(IQ4_TABLE, fields4(q, 4u, 15u));
+            return half0(bb) * (dot(lo, ya) + dot(hi, yb));
+        }
+        case 23u: {
+            // IQ4_XS: part t is 8 values of sub-block t / 4, laid out as IQ4_NL's.
+            let bb = r + 136u * b;
+            let q = word0(bb + 8u + 16u * (t / 4u) + 4u * (t % 4u));
+            let lo = table16x4(IQ4_TABLE, fields4(q, 0u, 15u));
+            let hi = table16x4(IQ4_TABLE, fields4(q, 4u, 15u));
+            return iq4_xs_scale(bb, t / 4u) * (dot(lo, ya) + dot(hi, yb));
+        }
+        case 39u: {
+            // MXFP4: E8M0 exponent, 16 bytes of nibbles indexing MXFP4_TABLE.
+            let bb = r + 17u * b;
+            let q = word0(bb + 1u + 4u * t);
+            let lo = table16x4(MXFP4_TABLE, fields4(q, 0u, 15u));
+            let hi = table16x4(MXFP4_TABLE, fields4(q, 4u, 15u));
+            return e8m0_half(byte0(bb)) * (dot(lo, ya) + dot(hi, yb));
+        }
+        case 34u: {
+            // TQ1_0: part t is values 8t..8t+7.
+            let bb = r + 54u * b;
+            return half0(bb + 52u) * (dot(tq1_quad(bb, 8u * t), ya) + dot(tq1_quad(bb, 8u * t + 4u), yb));
+        }
+        case 35u: {
+            // TQ2_0: part t is values 8t..8t+7.
+            let bb = r + 66u * b;
+            return half0(bb + 64u) * (dot(tq2_quad(bb, 8u * t), ya) + dot(tq2_quad(bb, 8u * t + 4u), yb));
+        }
         default: {
             // Float weights: block b is values 8b..8b+7.
 #if A4

@@ -36,10 +36,20 @@ fn y1(yb: u32, k: u32) -> f32 {
 // The positions in its block of the two quads of part t.
 fn quads(t: u32) -> vec2<u32> {
     switch T0 {
-        case 2u, 3u, 6u, 7u: {
-            // Q4_0, Q4_1, Q5_0, Q5_1: byte j of the 16 nibble bytes holds values j and j + 16;
-            // part t reads bytes 4t..4t+3.
+        case 2u, 3u, 6u, 7u, 20u, 39u: {
+            // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: byte j of the 16 nibble bytes holds values j
+            // and j + 16; part t reads bytes 4t..4t+3.
             return vec2<u32>(4u * t, 16u + 4u * t);
+        }
+        case 23u: {
+            // IQ4_XS: per 32 values 16 nibble bytes as IQ4_NL's; part t reads 4 bytes of
+            // sub-block t / 4.
+            let base = 32u * (t / 4u) + 4u * (t % 4u);
+            return vec2<u32>(base, base + 16u);
+        }
+        case 34u, 35u: {
+            // TQ1_0, TQ2_0: part t is values 8t..8t+7 (each quad one word of the block).
+            return vec2<u32>(8u * t, 8u * t + 4u);
         }
         case 12u, 13u: {
             // Q4_K, Q5_K: 32 nibble bytes per 64 values (low nibbles the first 32); part t reads

@@ -24,6 +24,11 @@ const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     ("quant.cuh", include_str!("../../kernels/quant.cuh")),
     ("quant_k.cuh", include_str!("../../kernels/quant_k.cuh")),
+    ("quant_iq.cuh", include_str!("../../kernels/quant_iq.cuh")),
+    (
+        "quant_iq_grids.cuh",
+        include_str!("../../kernels/quant_iq_grids.cuh"),
+    ),
     ("peer.cuh", include_str!("../../kernels/peer.cuh")),
     ("attention.cuh", include_str!("../../kernels/attention.cuh")),
 ];

@@ -111,7 +111,7 @@ fn a_file_that_is_not_gguf() {
 
 #[test]
 fn an_unsupported_tensor_type() {
-    // A valid file, then its tensor's type id patched to 16 (IQ2_XXS, which tessera lacks).
+    // A valid file, then its tensor's type id patched to 99 (no ggml type has it).
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", "llama").unwrap();
     w.add_tensor("weird_tensor", DType::F32, &[8], vec![0u8; 32])
@@ -120,8 +120,8 @@ fn an_unsupported_tensor_type() {
     let name = b"weird_tensor";
     let at = bytes.windows(name.len()).position(|x| x == name).unwrap() + name.len();
     let type_at = at + 4 + 8; // n_dims u32, one u64 dim
-    bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
-    let p = tmp("iq2.gguf");
+    bytes[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
+    let p = tmp("type99.gguf");
     std::fs::write(&p, bytes).unwrap();
     fails(
         &["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"],

@@ -44,11 +44,35 @@ pub enum DType {
     Q6_K,
     /// 256 values: f32 scale, 256 x i8, 16 block sums (activations only).
     Q8_K,
+    /// 256 values: f16 scale, 32 groups of 8 from a 256-entry grid with signs (2.06 bits).
+    IQ2_XXS,
+    /// 256 values: as IQ2_XXS with a 512-entry grid and 4-bit group scales (2.31 bits).
+    IQ2_XS,
+    /// 256 values: f16 scale, groups of 4 from a 256-entry grid with signs (3.06 bits).
+    IQ3_XXS,
+    /// 256 values: f16 scale, groups of 8 from a 2048-entry ternary grid (1.56 bits).
+    IQ1_S,
+    /// 32 values: f16 scale, 32 x 4-bit indices into a non-linear table.
+    IQ4_NL,
+    /// 256 values: f16 scale, groups of 4 from a 512-entry grid with signs (3.44 bits).
+    IQ3_S,
+    /// 256 values: f16 scale, groups of 8 from a 1024-entry grid with signs (2.56 bits).
+    IQ2_S,
+    /// 256 values: IQ4_NL's table with 6-bit scales per 32 values (4.25 bits).
+    IQ4_XS,
+    /// 256 values: IQ1_S's grid with 3-bit scales per 16 values (1.75 bits).
+    IQ1_M,
+    /// 256 values: f16 scale, ternary values packed 5 per byte (1.69 bits).
+    TQ1_0,
+    /// 256 values: f16 scale, ternary values packed 4 per byte (2.06 bits).
+    TQ2_0,
+    /// 32 values: an E8M0 shared exponent, 32 x 4-bit E2M1 floats (OCP microscaling).
+    MXFP4,
 }
 
 impl DType {
-    /// The quantized types of weights (every quantized type but the activation formats Q8_1
-    /// and Q8_K): the 32-value block types, then the K types.
+    /// The classic quantized types of weights (every quantized type but the activation formats
+    /// Q8_1 and Q8_K, and [`DType::QUANTIZED_IQ`]): the 32-value block types, then the K types.
     pub const QUANTIZED: [DType; 10] = [
         DType::Q4_0,
         DType::Q4_1,
@@ -62,8 +86,25 @@ impl DType {
         DType::Q6_K,
     ];
 
+    /// The newer quantized weight types: the i-quants (lattice grids and non-linear tables),
+    /// the ternary types and MXFP4. A backend reads only those it names.
+    pub const QUANTIZED_IQ: [DType; 12] = [
+        DType::IQ1_S,
+        DType::IQ1_M,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
+    ];
+
     /// Every type, in declaration order.
-    pub const ALL: [DType; 17] = [
+    pub const ALL: [DType; 29] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -81,16 +122,48 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
     ];
 
     /// Elements per block (1 for plain types).
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
-                256
-            }
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q8_1
+            | DType::IQ4_NL
+            | DType::MXFP4 => 32,
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ3_S
+            | DType::IQ2_S
+            | DType::IQ4_XS
+            | DType::IQ1_M
+            | DType::TQ1_0
+            | DType::TQ2_0 => 256,
         }
     }
 
@@ -112,6 +185,18 @@ impl DType {
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::Q8_K => 292,
+            DType::IQ2_XXS => 66,
+            DType::IQ2_XS => 74,
+            DType::IQ3_XXS => 98,
+            DType::IQ1_S => 50,
+            DType::IQ4_NL => 18,
+            DType::IQ3_S => 110,
+            DType::IQ2_S => 82,
+            DType::IQ4_XS => 136,
+            DType::IQ1_M => 56,
+            DType::TQ1_0 => 54,
+            DType::TQ2_0 => 66,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -160,6 +245,18 @@ impl DType {
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
             DType::Q8_K => "q8_K",
+            DType::IQ2_XXS => "iq2_xxs",
+            DType::IQ2_XS => "iq2_xs",
+            DType::IQ3_XXS => "iq3_xxs",
+            DType::IQ1_S => "iq1_s",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ3_S => "iq3_s",
+            DType::IQ2_S => "iq2_s",
+            DType::IQ4_XS => "iq4_xs",
+            DType::IQ1_M => "iq1_m",
+            DType::TQ1_0 => "tq1_0",
+            DType::TQ2_0 => "tq2_0",
+            DType::MXFP4 => "mxfp4",
         }
     }
 
@@ -190,6 +287,18 @@ impl DType {
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::Q8_K => 15,
+            DType::IQ2_XXS => 16,
+            DType::IQ2_XS => 17,
+            DType::IQ3_XXS => 18,
+            DType::IQ1_S => 19,
+            DType::IQ4_NL => 20,
+            DType::IQ3_S => 21,
+            DType::IQ2_S => 22,
+            DType::IQ4_XS => 23,
+            DType::IQ1_M => 29,
+            DType::TQ1_0 => 34,
+            DType::TQ2_0 => 35,
+            DType::MXFP4 => 39,
             DType::I32 => 26,
             DType::I64 => 27,
             DType::BF16 => 30,
@@ -232,5 +341,7 @@ mod tests {
         assert_eq!(DType::Q4_K.row_size(512).unwrap(), 288);
         assert!(DType::Q4_0.row_size(33).is_err());
         assert_eq!(DType::F16.row_size(3).unwrap(), 6);
+        assert_eq!(DType::IQ4_XS.row_size(512).unwrap(), 272);
+        assert_eq!(DType::MXFP4.row_size(64).unwrap(), 34);
     }
 }

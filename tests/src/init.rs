@@ -3,6 +3,7 @@
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
+use tessera_core::quant::{can_quantize, fit_random_block};
 use tessera_core::{DType, Result, Tensor};
 
 use crate::tensor_io::encode_row;
@@ -48,6 +49,19 @@ impl Init {
             return Ok(vec![POISON; row_bytes * rows]);
         }
         let mut out = vec![0u8; row_bytes * rows];
+        if let Init::Uniform(lo, hi) = self {
+            if t.dtype.is_quantized() && !can_quantize(t.dtype) {
+                // Random lattice blocks (these types have no quantizer), each with the RMS of
+                // a uniform draw from the range asked for (its half-width over sqrt(3)) times
+                // a random factor.
+                for dst in out.chunks_exact_mut(t.dtype.type_size()) {
+                    rng.fill(dst);
+                    let rms = (hi - lo).abs() / 2.0 / 3f32.sqrt() * rng.gen_range(0.5f32..1.0);
+                    fit_random_block(t.dtype, dst, rms)?;
+                }
+                return Ok(out);
+            }
+        }
         let mut row = vec![0f64; t.ne[0]];
         for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
             self.fill_row(t.dtype, r % t.ne[1].max(1), &mut row, rng);

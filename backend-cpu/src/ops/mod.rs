@@ -38,6 +38,12 @@ fn float_or_quant(t: DType) -> bool {
     t.is_float() || t.is_quantized()
 }
 
+/// Whether rows can be written in type `t`: a float type or a quantized type tessera
+/// quantizes to (not the lattice i-quants, which are only read).
+fn writable(t: DType) -> bool {
+    t.is_float() || (t.is_quantized() && tessera_core::quant::can_quantize(t))
+}
+
 /// The type of source `i` of `t`, or an error when the node lacks it.
 fn src_type(graph: &Graph, t: &Tensor, i: usize) -> Result<DType> {
     let id = *t
@@ -76,7 +82,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::Cpy | Op::Cont | Op::Dup => {
             let from = s(0)?;
             let to = t.dtype;
-            let convertible = from == to || (float_or_quant(from) && float_or_quant(to));
+            let convertible = from == to || (float_or_quant(from) && writable(to));
             convertible && quant_rows_ok(0) && (!to.is_quantized() || t.nb[0] == to.type_size())
         }
         Op::GetRows => {
@@ -84,7 +90,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
             (float_or_quant(a) || a == DType::I32) && s(1)? == DType::I32 && quant_rows_ok(0)
         }
         Op::SetRows => {
-            float_or_quant(t.dtype)
+            writable(t.dtype)
                 && t.nb[0] == t.dtype.type_size()
                 && float(s(1)?)
                 && matches!(s(2)?, DType::I32 | DType::I64)

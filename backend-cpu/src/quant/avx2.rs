@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use tessera_core::quant::{scale_min_k4, vec_dot_type};
+use tessera_core::quant::{e8m0_half, scale_min_k4, vec_dot_type, IQ4_VALUES, MXFP4_VALUES};
 use tessera_core::DType;
 
 use super::Kernels;
@@ -22,6 +22,9 @@ pub(super) fn kernels() -> Option<&'static Kernels> {
         dot_q8_0,
         dot_q4_k,
         dot_q6_k,
+        dot_iq4_nl,
+        dot_iq4_xs,
+        dot_mxfp4,
         quantize_q8_0,
         quantize_q8_1,
     };
@@ -106,6 +109,18 @@ safe_wrapper!(
 safe_wrapper!(
     /// Q6_K x Q8_K row dot.
     dot_q6_k => [dot_q6_k_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// IQ4_NL x Q8_0 row dot.
+    dot_iq4_nl => [dot_iq4_nl_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// IQ4_XS x Q8_K row dot.
+    dot_iq4_xs => [dot_iq4_xs_avx2](x: &[u8], y: &[u8]) -> f32
+);
+safe_wrapper!(
+    /// MXFP4 x Q8_0 row dot.
+    dot_mxfp4 => [dot_mxfp4_avx2](x: &[u8], y: &[u8]) -> f32
 );
 safe_wrapper!(
     /// Q8_0 row quantizer.
@@ -469,6 +484,74 @@ unsafe fn quantize_q8_avx2<const SUM: bool>(x: &[f32], y: &mut [u8]) {
             put_f16(b, 2, _mm_cvtsi128_si32(s) as f32 * d);
         }
     }
+}
+
+/// A 16-entry int8 table in both 128-bit halves, for byte shuffles by 4-bit index.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table16(t: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+}
+
+/// A 32-value block of 4-bit table indices (IQ4_NL's and MXFP4's layout: byte j holds values
+/// j and j + 16) at `p`, as the table's signed bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn looked_up(table: __m256i, p: *const u8) -> __m256i {
+    _mm256_shuffle_epi8(table, nibbles(p))
+}
+
+/// IQ4_NL x Q8_0: each nibble indexes the non-linear table.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let t = table16(&IQ4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)) {
+        let qx = looked_up(t, bx.as_ptr().add(2));
+        let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
+        let d = _mm256_set1_ps(h2f(bx, 0) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
+    }
+    hsum(acc)
+}
+
+/// MXFP4 x Q8_0: each nibble indexes the doubled E2M1 values, scaled by half the block's
+/// power of two.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_mxfp4_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let t = table16(&MXFP4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(17).zip(y.chunks_exact(34)) {
+        let qx = looked_up(t, bx.as_ptr().add(1));
+        let qy = _mm256_loadu_si256(by.as_ptr().add(2) as *const __m256i);
+        let d = _mm256_set1_ps(e8m0_half(bx[0]) * h2f(by, 0));
+        acc = _mm256_fmadd_ps(d, dot_i8_i8(qx, qy), acc);
+    }
+    hsum(acc)
+}
+
+/// IQ4_XS x Q8_K: per 32 values the table's bytes times the activations, weighted by the
+/// sub-block's 6-bit scale less 32, summed exactly in i32 over the block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs_avx2(x: &[u8], y: &[u8]) -> f32 {
+    let t = table16(&IQ4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.chunks_exact(136).zip(y.chunks_exact(292)) {
+        let dy = f32::from_le_bytes([by[0], by[1], by[2], by[3]]);
+        let sh = u16::from_le_bytes([bx[2], bx[3]]);
+        let mut sumi = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let lo = (bx[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+            let ls = i16::from(lo) | ((((sh >> (2 * ib)) & 3) as i16) << 4);
+            let qx = looked_up(t, bx.as_ptr().add(8 + 16 * ib));
+            let qy = _mm256_loadu_si256(by.as_ptr().add(4 + 32 * ib) as *const __m256i);
+            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, _mm256_set1_epi16(ls - 32)));
+        }
+        let d = _mm256_set1_ps(h2f(bx, 0) * dy);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
 }
 
 /// Q4_K x Q8_K.

@@ -4,9 +4,10 @@
 //! The definitions are tessera-core's portable reference code (`tessera_core::quant`): block
 //! layouts, [`vec_dot_type`] pairing, [`tessera_core::quant::vec_dot`] and
 //! [`tessera_core::quant::quantize_row`]. On x86-64 CPUs with AVX2, FMA and F16C, the hot
-//! pairs (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, and the Q8_0/Q8_1 activation quantizers) use
-//! `std::arch` kernels (`avx2`), chosen once per process by feature detection; each is tested
-//! against the reference (the quantizers byte for byte). Every other type runs the reference.
+//! pairs (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, and the Q8_0/Q8_1
+//! activation quantizers) use `std::arch` kernels (`avx2`), chosen once per process by feature
+//! detection; each is tested against the reference (the quantizers byte for byte). Every other
+//! type runs the reference.
 
 use tessera_core::quant::{self as reference, vec_dot_type};
 use tessera_core::{DType, Result};
@@ -30,6 +31,9 @@ struct Kernels {
     dot_q8_0: DotFn,
     dot_q4_k: DotFn,
     dot_q6_k: DotFn,
+    dot_iq4_nl: DotFn,
+    dot_iq4_xs: DotFn,
+    dot_mxfp4: DotFn,
     quantize_q8_0: QuantizeRowFn,
     quantize_q8_1: QuantizeRowFn,
 }
@@ -78,6 +82,9 @@ pub(crate) fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
         DType::Q8_0 => Some(k.dot_q8_0),
         DType::Q4_K => Some(k.dot_q4_k),
         DType::Q6_K => Some(k.dot_q6_k),
+        DType::IQ4_NL => Some(k.dot_iq4_nl),
+        DType::IQ4_XS => Some(k.dot_iq4_xs),
+        DType::MXFP4 => Some(k.dot_mxfp4),
         _ => None,
     });
     let Some(f) = fast else {

@@ -31,13 +31,16 @@ fn simd_kernels_match_the_reference() {
     let Some(k) = kernels() else {
         return;
     };
-    let pairs: [(DType, DotFn); 6] = [
+    let pairs: [(DType, DotFn); 9] = [
         (DType::Q4_0, k.dot_q4_0),
         (DType::Q4_1, k.dot_q4_1),
         (DType::Q5_0, k.dot_q5_0),
         (DType::Q8_0, k.dot_q8_0),
         (DType::Q4_K, k.dot_q4_k),
         (DType::Q6_K, k.dot_q6_k),
+        (DType::IQ4_NL, k.dot_iq4_nl),
+        (DType::IQ4_XS, k.dot_iq4_xs),
+        (DType::MXFP4, k.dot_mxfp4),
     ];
     for seed in 0..8u64 {
         for (t, fast) in pairs {

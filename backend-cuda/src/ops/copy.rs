@@ -25,6 +25,12 @@ pub(super) fn quant_supported(d: DType) -> bool {
     )
 }
 
+/// Quantized types the GPU reads but does not write: the i-quants, ternary types and MXFP4
+/// (get_rows, cpy to f32, and mul_mat through dequantization to f16 and the GEMM).
+pub(super) fn quant_readable(d: DType) -> bool {
+    quant_supported(d) || DType::QUANTIZED_IQ.contains(&d)
+}
+
 /// Whether copying `a` into `d` (the result's type and layout) is implemented.
 pub(super) fn supported(a: &Tensor, d: &Tensor) -> bool {
     let same_shape = a.ne == d.ne;
@@ -37,7 +43,7 @@ pub(super) fn supported(a: &Tensor, d: &Tensor) -> bool {
     if a.dtype.is_float() && quant_supported(d.dtype) {
         return d.is_contiguous() && (same_shape || a.is_contiguous());
     }
-    if quant_supported(a.dtype) && d.dtype == DType::F32 {
+    if quant_readable(a.dtype) && d.dtype == DType::F32 {
         return a.rows_contiguous() && (same_shape || d.is_contiguous());
     }
     false

@@ -12,23 +12,28 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
 
-use super::copy::{quant_supported, to_contiguous};
+use super::copy::{quant_readable, quant_supported, to_contiguous};
 use super::{params, Encoder};
 use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
 
 /// Most bytes of dequantized weights held at once.
 const DEQUANT_SLICE: usize = 64 << 20;
 
-/// Types with a mat-vec kernel: every quantized type the GPU reads but Q2_K and Q3_K, which
-/// go through dequantization and the GEMM.
+/// Types with a mat-vec kernel: every quantized type the GPU writes but Q2_K and Q3_K, and of
+/// the types it only reads IQ4_NL, IQ4_XS, MXFP4, IQ2_XS and IQ3_S; the others go through
+/// dequantization and the GEMM.
 pub(super) fn has_mmvq(d: DType) -> bool {
-    quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K)
+    (quant_supported(d) && !matches!(d, DType::Q2_K | DType::Q3_K))
+        || matches!(
+            d,
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::IQ2_XS | DType::IQ3_S
+        )
 }
 
 /// Whether mul_mat of these operands is implemented.
 pub(super) fn supported(a: &Tensor, b: &Tensor) -> bool {
     let plain = a.dtype.is_float();
-    (plain || quant_supported(a.dtype))
+    (plain || quant_readable(a.dtype))
         && a.rows_contiguous()
         && a.nb[1] >= a.row_bytes()
         && (matches!(b.dtype, DType::F32 | DType::F16) || (plain && b.dtype == DType::BF16))
@@ -50,6 +55,8 @@ fn mmvq_align(d: DType) -> u64 {
     match d {
         DType::Q4_K | DType::Q5_K => 16,
         DType::Q4_1 | DType::Q5_1 => 4,
+        // 17-byte blocks: the kernel reads them at any byte.
+        DType::MXFP4 => 1,
         _ => 2,
     }
 }

@@ -3,12 +3,12 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, TensorId};
 
-use super::copy::quant_supported;
+use super::copy::{quant_readable, quant_supported};
 use super::{params, Encoder};
 
 /// Source types get_rows reads.
 pub(super) fn gettable(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I32) || quant_supported(d)
+    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I32) || quant_readable(d)
 }
 
 /// Destination types set_rows writes.

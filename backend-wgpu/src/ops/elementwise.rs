@@ -4,7 +4,7 @@
 
 use tessera_core::{BinaryOp, DType, GluOp, Op, UnaryOp};
 
-use super::{ew, Node, Params, PlanOut, FLOATS};
+use super::{ew, readable_quant, Node, Params, PlanOut, FLOATS};
 use crate::keys::{BinaryKey, GluKey, Key, UnaryKey, UnaryKind};
 
 /// The unary key of `op` from `src` to `dst`.
@@ -58,7 +58,7 @@ pub(super) fn copy(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
         UnaryKind::Convert
     } else if from == to && from.type_size() == 4 && !from.is_quantized() {
         UnaryKind::Raw
-    } else if DType::QUANTIZED.contains(&from) && to == DType::F32 && a.rows_contiguous() {
+    } else if readable_quant(from) && to == DType::F32 && a.rows_contiguous() {
         UnaryKind::Dequantize
     } else if from == to && from.is_quantized() && t.is_contiguous() {
         p.u[1] = t.nbytes() as u32;
@@ -122,7 +122,7 @@ pub(super) fn unary_variants() -> Vec<Key> {
     }
     v.push(unary_key(UnaryKind::Raw, DType::F32, DType::F32));
     v.push(unary_key(UnaryKind::Raw, DType::I32, DType::I32));
-    for &q in &DType::QUANTIZED {
+    for &q in DType::QUANTIZED.iter().chain(&super::READ_ONLY_QUANTS) {
         v.push(unary_key(UnaryKind::Dequantize, q, DType::F32));
         v.push(unary_key(UnaryKind::Blocks, q, q));
     }

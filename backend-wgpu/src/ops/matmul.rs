@@ -4,7 +4,9 @@
 
 use tessera_core::{DType, Graph, TensorId};
 
-use super::{aligned, desc, Bind, Node, Params, PlanOut, FLOATS};
+#[cfg(test)]
+use super::READ_ONLY_QUANTS;
+use super::{aligned, desc, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
 use crate::context::Gpu;
 use crate::keys::{mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, MV_ROWS};
 use crate::shader::Variant;
@@ -106,7 +108,7 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
     let (a, b) = (n.srcs[0], n.srcs[1]);
     let float_b = matches!(b.dtype, DType::F32 | DType::F16)
         || (b.dtype == DType::BF16 && FLOATS.contains(&a.dtype));
-    if !(FLOATS.contains(&a.dtype) || DType::QUANTIZED.contains(&a.dtype)) || !float_b {
+    if !(FLOATS.contains(&a.dtype) || readable_quant(a.dtype)) || !float_b {
         return Err(format!("types {} x {}", a.dtype, b.dtype));
     }
     p.u[1] = (b.ne[2] / a.ne[2]) as u32;
@@ -404,7 +406,7 @@ fn mat_vec_q_key(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Mat
 /// (their values are f16 or dequantize from f16 scales), f32 and bf16 weights (whose precision
 /// or range f16 lacks) do not.
 fn mat_mat_h16(enabled: bool, a: DType) -> bool {
-    enabled && (a == DType::F16 || DType::QUANTIZED.contains(&a))
+    enabled && (a == DType::F16 || readable_quant(a))
 }
 
 /// The tile (BM, BN, BK) of the tiled mat-mat for a dst of shape `ne`: for quantized weights
@@ -484,7 +486,11 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
     use crate::keys::SecondMatrix;
     use tessera_core::GluOp;
     let mut v = Vec::new();
-    for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
+    for &a in FLOATS
+        .iter()
+        .chain(&DType::QUANTIZED)
+        .chain(&READ_ONLY_QUANTS)
+    {
         for b in [DType::F32, DType::F16] {
             for aligned in [false, true] {
                 if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {

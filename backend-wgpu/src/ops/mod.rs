@@ -113,6 +113,22 @@ pub(crate) struct Launch {
 /// Float types the element-wise shaders read and write.
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+/// The newer quantized types the shaders read (dequantize, mat-vec, mat-mat) but do not write:
+/// the table types and the ternary types. The lattice i-quants are declined (the CPU takes
+/// them).
+const READ_ONLY_QUANTS: [DType; 5] = [
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::MXFP4,
+    DType::TQ1_0,
+    DType::TQ2_0,
+];
+
+/// Whether the shaders read quantized type `t`: every classic type and [`READ_ONLY_QUANTS`].
+fn readable_quant(t: DType) -> bool {
+    DType::QUANTIZED.contains(&t) || READ_ONLY_QUANTS.contains(&t)
+}
+
 /// Why a node cannot run here.
 fn unsupported(gpu: &Gpu, graph: &Graph, id: TensorId, why: impl std::fmt::Display) -> Error {
     let t = graph.get(id);

@@ -2,7 +2,7 @@
 
 use tessera_core::DType;
 
-use super::{desc, ew, Node, Params, PlanOut, FLOATS};
+use super::{desc, ew, readable_quant, Node, Params, PlanOut, FLOATS};
 use crate::keys::{Key, RowsKey, RowsKind};
 
 /// The rows key.
@@ -14,7 +14,7 @@ fn key(op: RowsKind, src: DType, idx: DType, dst: DType) -> Key {
 pub(super) fn get_rows(n: &Node, p: Params) -> Result<Vec<PlanOut>, String> {
     let t = n.t;
     let a = n.srcs[0].dtype;
-    let k = if FLOATS.contains(&a) || DType::QUANTIZED.contains(&a) {
+    let k = if FLOATS.contains(&a) || readable_quant(a) {
         key(RowsKind::Get, a, DType::I32, DType::F32)
     } else if a == DType::I32 {
         key(RowsKind::GetRaw, a, DType::I32, DType::I32)
@@ -51,7 +51,11 @@ pub(super) fn set_rows(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> 
 #[cfg(test)]
 pub(super) fn variants() -> Vec<Key> {
     let mut v = Vec::new();
-    for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
+    for &a in FLOATS
+        .iter()
+        .chain(&DType::QUANTIZED)
+        .chain(&super::READ_ONLY_QUANTS)
+    {
         v.push(key(RowsKind::Get, a, DType::I32, DType::F32));
     }
     v.push(key(RowsKind::GetRaw, DType::I32, DType::I32, DType::I32));

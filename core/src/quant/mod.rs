@@ -6,7 +6,9 @@
 //! Every block layout is bit-exact with GGUF files (ggml's `ggml-common.h`); all multi-byte
 //! fields are little-endian and blocks are packed with no padding. Each family lives in its own
 //! file, which documents its layout: `q4` (Q4_0, Q4_1), `q5` (Q5_0, Q5_1), `q8` (Q8_0,
-//! Q8_1, Q8_K), `q2_k` .. `q6_k`. `k_search` holds the scale searches the K types share.
+//! Q8_1, Q8_K), `q2_k` .. `q6_k`, `iq1` (IQ1_S, IQ1_M), `iq2` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3`
+//! (IQ3_XXS, IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `tq` (TQ1_0, TQ2_0) and `mxfp4`. `k_search` holds
+//! the scale searches the K types share; `iq_grids` the lattice grids of the i-quants.
 //!
 //! # Quantization
 //!
@@ -15,12 +17,19 @@
 //! largest magnitude, Q4_1/Q5_1 by min and max, the K types search their sub-block scales
 //! (and mins) and then quantize those scales to 4, 6 or 8 bits. One exception: Q8_0, Q8_1 and
 //! Q8_K round halfway cases to even (as ggml's SIMD quantizers do) rather than away from zero.
+//! IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 quantize as llama-quantize does without an importance
+//! matrix. The lattice types (IQ1_*, IQ2_*, IQ3_*) are read but not written: ggml quantizes
+//! them with a neighbourhood search over the grid guided by an importance matrix, which tessera
+//! does not have, so [`quantize_row`] refuses them ([`can_quantize`]).
 //!
 //! # Dot products
 //!
 //! [`vec_dot`] multiplies a weight row with an activation row already quantized to
 //! [`vec_dot_type`] of the weight type, as ggml's CPU backend does. The integer products of a
-//! block are summed exactly; only the per-block scaling is done in f32. These are portable
+//! block are summed exactly; only the per-block scaling is done in f32. The types of
+//! [`DType::QUANTIZED_IQ`] pair with Q8_0 (32-value blocks) or Q8_K as in ggml, but their
+//! reference dot dequantizes each weight block to f32 and sums its products with the 8-bit
+//! activations in f32 (their grid and table values are not small integers times one scale). These are portable
 //! reference loops, the definition a fast kernel is tested against: the CPU backend's SIMD
 //! kernels (tessera-cpu) match them. [`vec_dot_f32`] is the precise mode: the activations stay
 //! f32 and each weight block is dequantized on the fly.
@@ -33,7 +42,13 @@ use half::{bf16, f16};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+mod iq1;
+mod iq2;
+mod iq3;
+mod iq4;
+pub mod iq_grids;
 mod k_search;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4;
@@ -44,30 +59,103 @@ mod q6_k;
 mod q8;
 #[cfg(test)]
 mod tests;
+mod tq;
 
+pub use iq4::IQ4_VALUES;
 pub use k_search::scale_min_k4;
+pub use mxfp4::{e8m0_half, MXFP4_VALUES};
 
 /// Quantizes one block: `src` is exactly one block of floats, `dst` exactly one block of bytes.
 type QuantizeBlock = fn(&[f32], &mut [u8]);
 /// Dequantizes one block: `src` is exactly one block of bytes, `dst` one block of floats.
 type DequantizeBlock = fn(&[u8], &mut [f32]);
-/// The block quantizer and dequantizer of a quantized type.
-fn block_fns(dtype: DType) -> Option<(QuantizeBlock, DequantizeBlock)> {
+/// The block quantizer (where tessera has one) and dequantizer of a quantized type.
+fn block_fns(dtype: DType) -> Option<(Option<QuantizeBlock>, DequantizeBlock)> {
+    let q = |f: QuantizeBlock| Some(f);
     Some(match dtype {
-        DType::Q4_0 => (q4::quantize_q4_0, q4::dequantize_q4_0),
-        DType::Q4_1 => (q4::quantize_q4_1, q4::dequantize_q4_1),
-        DType::Q5_0 => (q5::quantize_q5_0, q5::dequantize_q5_0),
-        DType::Q5_1 => (q5::quantize_q5_1, q5::dequantize_q5_1),
-        DType::Q8_0 => (q8::quantize_q8_0, q8::dequantize_q8_0),
-        DType::Q8_1 => (q8::quantize_q8_1, q8::dequantize_q8_1),
-        DType::Q8_K => (q8::quantize_q8_k, q8::dequantize_q8_k),
-        DType::Q2_K => (q2_k::quantize, q2_k::dequantize),
-        DType::Q3_K => (q3_k::quantize, q3_k::dequantize),
-        DType::Q4_K => (q4_k::quantize, q4_k::dequantize),
-        DType::Q5_K => (q5_k::quantize, q5_k::dequantize),
-        DType::Q6_K => (q6_k::quantize, q6_k::dequantize),
+        DType::Q4_0 => (q(q4::quantize_q4_0), q4::dequantize_q4_0),
+        DType::Q4_1 => (q(q4::quantize_q4_1), q4::dequantize_q4_1),
+        DType::Q5_0 => (q(q5::quantize_q5_0), q5::dequantize_q5_0),
+        DType::Q5_1 => (q(q5::quantize_q5_1), q5::dequantize_q5_1),
+        DType::Q8_0 => (q(q8::quantize_q8_0), q8::dequantize_q8_0),
+        DType::Q8_1 => (q(q8::quantize_q8_1), q8::dequantize_q8_1),
+        DType::Q8_K => (q(q8::quantize_q8_k), q8::dequantize_q8_k),
+        DType::Q2_K => (q(q2_k::quantize), q2_k::dequantize),
+        DType::Q3_K => (q(q3_k::quantize), q3_k::dequantize),
+        DType::Q4_K => (q(q4_k::quantize), q4_k::dequantize),
+        DType::Q5_K => (q(q5_k::quantize), q5_k::dequantize),
+        DType::Q6_K => (q(q6_k::quantize), q6_k::dequantize),
+        DType::IQ4_NL => (q(iq4::quantize_nl), iq4::dequantize_nl),
+        DType::IQ4_XS => (q(iq4::quantize_xs), iq4::dequantize_xs),
+        DType::TQ1_0 => (q(tq::quantize_tq1), tq::dequantize_tq1),
+        DType::TQ2_0 => (q(tq::quantize_tq2), tq::dequantize_tq2),
+        DType::MXFP4 => (q(mxfp4::quantize), mxfp4::dequantize),
+        DType::IQ1_S => (None, iq1::dequantize_s),
+        DType::IQ1_M => (None, iq1::dequantize_m),
+        DType::IQ2_XXS => (None, iq2::dequantize_xxs),
+        DType::IQ2_XS => (None, iq2::dequantize_xs),
+        DType::IQ2_S => (None, iq2::dequantize_s),
+        DType::IQ3_XXS => (None, iq3::dequantize_xxs),
+        DType::IQ3_S => (None, iq3::dequantize_s),
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => return None,
     })
+}
+
+/// Whether [`quantize_row`] can write `dtype`: every type but the lattice i-quants (IQ1_*,
+/// IQ2_*, IQ3_*), which need ggml's importance-guided grid search.
+pub fn can_quantize(dtype: DType) -> bool {
+    block_fns(dtype).is_none_or(|(q, _)| q.is_some())
+}
+
+/// Makes `block`, random bytes of one block of a lattice i-quant (a type [`can_quantize`]
+/// refuses), a block whose values have the root mean square `rms`: its grid indices, signs
+/// and sub-block scales stay as drawn, and its f16 super-block scale is set to give that RMS
+/// (as near as f16 allows). This is how tests and random-weight models get data of these types
+/// without a quantizer. Errors for any other type or a block of the wrong size.
+pub fn fit_random_block(dtype: DType, block: &mut [u8], rms: f32) -> Result<()> {
+    let lattice = matches!(
+        dtype,
+        DType::IQ1_S
+            | DType::IQ1_M
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+    );
+    if !lattice {
+        return Err(Error::Invalid(format!(
+            "{dtype} is not a lattice i-quant: quantize its values instead"
+        )));
+    }
+    if block.len() != dtype.type_size() {
+        return Err(wrong_size(
+            dtype,
+            dtype.block_size(),
+            dtype.type_size(),
+            block.len(),
+        ));
+    }
+    // The block's values with a super-block scale of 1 give the scale that yields `rms`.
+    let set_scale = |block: &mut [u8], d: f32| {
+        let bits = f16::from_f32(d).to_bits();
+        if dtype == DType::IQ1_M {
+            // The scale's four nibbles are the top nibbles of the four u16 sub-block scale
+            // words.
+            for k in 0..4 {
+                let at = 49 + 2 * k;
+                block[at] = (block[at] & 0x0f) | ((((bits >> (4 * k)) & 15) as u8) << 4);
+            }
+        } else {
+            block[..2].copy_from_slice(&bits.to_le_bytes());
+        }
+    };
+    set_scale(block, 1.0);
+    let mut v = [0f32; 256];
+    dequantize_row(dtype, block, &mut v)?;
+    let unit = (v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / 256.0).sqrt() as f32;
+    set_scale(block, if unit > 0.0 { rms / unit } else { 0.0 });
+    Ok(())
 }
 
 /// The error for a byte buffer of the wrong size for a row.
@@ -79,8 +167,8 @@ fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
 }
 
 /// Quantizes (or converts) one row of f32 into `dst` bytes of type `dtype`; works for F32, F16,
-/// BF16 and every quantized type. Errors when src.len() is not whole blocks or dst has the wrong
-/// size.
+/// BF16 and every quantized type [`can_quantize`] accepts. Errors when src.len() is not whole
+/// blocks, dst has the wrong size, or the type is a lattice i-quant.
 ///
 /// I32 and I64 are converted with Rust's `as` cast (truncation toward zero, saturating, NaN to 0).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
@@ -96,6 +184,13 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::I64 => convert_out(src, dst, |v| (v as i64).to_le_bytes()),
         _ => {
             if let Some((quantize, _)) = block_fns(dtype) {
+                let quantize = quantize.ok_or_else(|| Error::Unsupported {
+                    backend: "tessera's quantizer".into(),
+                    what: format!(
+                        "writing {dtype} (a lattice i-quant: ggml finds its grid points with an \
+                         importance matrix; quantize such files with llama-quantize)"
+                    ),
+                })?;
                 let (bs, ts) = (dtype.block_size(), dtype.type_size());
                 for (s, d) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {
                     quantize(s, d);
@@ -154,8 +249,20 @@ fn convert_in<const N: usize>(src: &[u8], dst: &mut [f32], f: impl Fn([u8; N]) -
 /// for F32, F16 for F16, BF16 for BF16 is fine).
 ///
 /// The rest: Q8_1 pairs with Q8_1, Q8_K with Q8_K, and I32/I64 with F32 (the weights are cast).
+/// Of the newer types, IQ4_NL and MXFP4 (32-value blocks) pair with Q8_0, the others with Q8_K.
 pub fn vec_dot_type(dtype: DType) -> DType {
     match dtype {
+        DType::IQ4_NL | DType::MXFP4 => DType::Q8_0,
+        DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ4_XS
+        | DType::TQ1_0
+        | DType::TQ2_0 => DType::Q8_K,
         DType::F32 | DType::I32 | DType::I64 => DType::F32,
         DType::F16 => DType::F16,
         DType::BF16 => DType::BF16,
@@ -203,7 +310,50 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
         DType::Q4_K => q4_k::dot(x, y),
         DType::Q5_K => q5_k::dot(x, y),
         DType::Q6_K => q6_k::dot(x, y),
+        DType::IQ4_NL | DType::MXFP4 => dot_dequantized(dtype, x, y, 2, 34),
+        DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ4_XS
+        | DType::TQ1_0
+        | DType::TQ2_0 => dot_dequantized(dtype, x, y, 4, 292),
     }
+}
+
+/// A weight row of `dtype` times 8-bit activations whose blocks (one per weight block, of
+/// `y_size` bytes) hold their scale first (f16 for 2 bytes, f32 for 4) and then one i8 per
+/// value: each weight block is dequantized and its products with the i8 values summed in f32,
+/// then scaled by the activation block's scale.
+fn dot_dequantized(dtype: DType, x: &[u8], y: &[u8], scale_bytes: usize, y_size: usize) -> f32 {
+    let Some((_, dequantize)) = block_fns(dtype) else {
+        return 0.0;
+    };
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    let mut w = [0f32; 256];
+    let w = &mut w[..bs];
+    let mut acc = 0f32;
+    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(y_size)) {
+        dequantize(bx, w);
+        let dy = if scale_bytes == 2 {
+            get_f16(by, 0)
+        } else {
+            f32::from_le_bytes(bytes(by))
+        };
+        let q = &by[scale_bytes..scale_bytes + bs];
+        // Eight running sums (summed at the end), which the compiler keeps in one vector.
+        let mut part = [0f32; 8];
+        for (wc, qc) in w.chunks_exact(8).zip(q.chunks_exact(8)) {
+            for i in 0..8 {
+                part[i] += wc[i] * f32::from(qc[i] as i8);
+            }
+        }
+        acc += part.iter().sum::<f32>() * dy;
+    }
+    acc
 }
 
 /// An f16 from its little-endian bytes, as f32.

@@ -6,9 +6,11 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-/// Every quantized type (each has a quantizer and a dot product).
+/// Every quantized type tessera writes (each has a quantizer and a dot product).
 fn quant_types() -> impl Iterator<Item = DType> {
-    DType::ALL.into_iter().filter(|t| t.is_quantized())
+    DType::ALL
+        .into_iter()
+        .filter(|&t| t.is_quantized() && can_quantize(t))
 }
 
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
@@ -67,7 +69,21 @@ fn rmse_bounds(t: DType) -> (f32, f32) {
         DType::Q4_K => (0.04, 0.086),
         DType::Q5_K => (0.02, 0.043),
         DType::Q6_K => (0.0096, 0.0215),
-        DType::I32 | DType::I64 => unreachable!(),
+        DType::IQ4_NL => (0.046, 0.092),
+        DType::IQ4_XS => (0.046, 0.093),
+        DType::MXFP4 => (0.102, 0.143),
+        // Ternary: every value is -d, 0 or d with d the block's largest magnitude.
+        DType::TQ1_0 | DType::TQ2_0 => (0.36, 0.94),
+        // Not written by tessera (quant_types leaves them out).
+        DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::I32
+        | DType::I64 => unreachable!(),
     }
 }
 
@@ -106,6 +122,7 @@ fn quant_ggml_total_error_thresholds() {
         let max = match t {
             DType::Q2_K => 0.0075,
             DType::Q3_K => 0.0040,
+            DType::TQ1_0 | DType::TQ2_0 => 0.01,
             _ => 0.002,
         };
         assert!(err < max, "{t}: total error {err} >= {max}");
@@ -113,7 +130,11 @@ fn quant_ggml_total_error_thresholds() {
         let yt = vec_dot_type(t);
         let d = vec_dot(t, n, &quantize(t, &x), &quantize(yt, &x2));
         let derr = (f64::from(d) - dot64(&x, &x2)).abs() as f32 / n as f32;
-        let dmax = if t == DType::Q2_K { 0.04 } else { 0.02 };
+        let dmax = match t {
+            DType::Q2_K => 0.04,
+            DType::TQ1_0 | DType::TQ2_0 => 0.15,
+            _ => 0.02,
+        };
         assert!(derr < dmax, "{t}: dot error {derr} >= {dmax}");
     }
 }

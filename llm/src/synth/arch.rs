@@ -176,6 +176,19 @@ impl ArchShape {
         ..SMALL
     };
 
+    /// A small Llama whose matrix rows are all whole 256-value blocks (so that every K and
+    /// i-quant type is used as asked, not its fallback), four query heads per KV head, and 8
+    /// layers (llama.cpp's mixes treat the first eighth differently).
+    pub const QUANT_SMALL: ArchShape = ArchShape {
+        n_embd: 256,
+        n_layer: 8,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 64,
+        ..SMALL
+    };
+
     /// Llama 3.1 8B: Llama 3 8B's shape with its rope factors and 131072 context.
     pub const LLAMA31_8B: ArchShape = ArchShape {
         arch: Arch::Llama,
@@ -445,13 +458,26 @@ impl ArchShape {
     }
 }
 
-/// The types [`SynthType::All`] takes.
-pub const SYNTH_TYPES: [DType; 5] = [
+/// The types [`SynthType::All`] takes: F16, Q4_0, Q4_1, Q8_0, Q4_K, and every newer quant
+/// type (the lattice i-quants as random blocks: see [`tessera_core::quant::fit_random_block`]).
+pub const SYNTH_TYPES: [DType; 17] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q8_0,
     DType::Q4_K,
     DType::F16,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::MXFP4,
 ];
 
 /// The types the weight matrices of a synthetic model are written in.
@@ -465,16 +491,44 @@ pub enum SynthType {
     /// first and last eighth of the layers and every third layer between; with llama.cpp's
     /// fallbacks where a row is not whole 256-value blocks (Q4_K to Q5_0, Q6_K to Q8_0).
     Q4KM,
+    /// llama.cpp's IQ4_XS mix (without an importance matrix): IQ4_XS, but Q6_K for the output
+    /// head (or the token embedding where it is the head), Q5_K for `attn_v` (or a fused
+    /// `attn_qkv`) where four or more query heads share a KV head, and Q5_K for `ffn_down` in
+    /// the first eighth of the layers; IQ4_XS falls back to IQ4_NL where a row is not whole
+    /// 256-value blocks (Q5_K to Q5_1, Q6_K to Q8_0).
+    IQ4XSMix,
 }
 
 impl SynthType {
     /// Every type's name, as the command line takes them.
-    pub const NAMES: [&'static str; 6] = ["q4_0", "q4_1", "q8_0", "q4_k", "f16", "q4_k_m"];
+    pub const NAMES: [&'static str; 19] = [
+        "q4_0",
+        "q4_1",
+        "q8_0",
+        "q4_k",
+        "f16",
+        "iq1_s",
+        "iq1_m",
+        "iq2_xxs",
+        "iq2_xs",
+        "iq2_s",
+        "iq3_xxs",
+        "iq3_s",
+        "iq4_nl",
+        "iq4_xs",
+        "tq1_0",
+        "tq2_0",
+        "mxfp4",
+        "q4_k_m",
+        "iq4_xs_mix",
+    ];
 
     /// The type of this name; an error listing the names otherwise.
     pub fn from_name(name: &str) -> Result<SynthType> {
-        if name == "q4_k_m" {
-            return Ok(SynthType::Q4KM);
+        match name {
+            "q4_k_m" => return Ok(SynthType::Q4KM),
+            "iq4_xs_mix" => return Ok(SynthType::IQ4XSMix),
+            _ => {}
         }
         let ty = SynthType::All(DType::from_name(name).map_err(|_| unknown_type(name))?);
         ty.check()?;
@@ -486,6 +540,7 @@ impl SynthType {
         match self {
             SynthType::All(t) => t.name(),
             SynthType::Q4KM => "q4_k_m",
+            SynthType::IQ4XSMix => "iq4_xs_mix",
         }
     }
 
@@ -506,6 +561,17 @@ impl SynthType {
             // MOSTLY_Q4_K_S: every matrix Q4_K.
             SynthType::All(DType::Q4_K) => 14,
             SynthType::Q4KM => 15,
+            SynthType::All(DType::IQ2_XXS) => 19,
+            SynthType::All(DType::IQ2_XS) => 20,
+            SynthType::All(DType::IQ3_XXS) => 23,
+            SynthType::All(DType::IQ1_S) => 24,
+            SynthType::All(DType::IQ4_NL) => 25,
+            SynthType::All(DType::IQ3_S) => 26,
+            SynthType::All(DType::IQ2_S) => 28,
+            SynthType::All(DType::IQ4_XS) | SynthType::IQ4XSMix => 30,
+            SynthType::All(DType::IQ1_M) => 31,
+            SynthType::All(DType::TQ1_0) => 36,
+            SynthType::All(DType::TQ2_0) => 37,
             SynthType::All(_) => 0,
         }
     }
@@ -523,6 +589,7 @@ impl SynthType {
             n_layer,
             tied,
             big_attn_v,
+            gqa,
         } = *place;
         let want = match self {
             SynthType::All(t) => t,
@@ -541,6 +608,13 @@ impl SynthType {
                     _ => DType::Q4_K,
                 }
             }
+            SynthType::IQ4XSMix => match role {
+                Role::Output => DType::Q6_K,
+                Role::TokenEmbd if tied => DType::Q6_K,
+                Role::AttnV | Role::AttnQkv if gqa >= 4 => DType::Q5_K,
+                Role::FfnDown if layer < n_layer / 8 => DType::Q5_K,
+                _ => DType::IQ4_XS,
+            },
         };
         let fits = |t: DType| ne0.is_multiple_of(t.block_size() as u64);
         if fits(want) {
@@ -552,6 +626,15 @@ impl SynthType {
             DType::Q4_K => DType::Q5_0,
             DType::Q5_K => DType::Q5_1,
             DType::Q6_K => DType::Q8_0,
+            DType::IQ1_S
+            | DType::IQ1_M
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ4_XS => DType::IQ4_NL,
+            DType::TQ1_0 | DType::TQ2_0 => DType::Q4_0,
             _ => want,
         };
         if fits(fallback) {
@@ -582,6 +665,8 @@ pub(super) struct Place {
     pub tied: bool,
     /// llama.cpp's 70B rule: its `attn_v`, shared by 8 query heads, one step up.
     pub big_attn_v: bool,
+    /// Query heads per KV head (llama.cpp's `n_gqa`).
+    pub gqa: usize,
 }
 
 /// What a weight matrix does, which decides its type in a mix and its scale.
@@ -675,6 +760,7 @@ pub(super) fn layout(
             n_layer: shape.n_layer,
             tied: shape.tied_output,
             big_attn_v,
+            gqa: shape.n_head / shape.n_head_kv.max(1),
         };
         let dtype = ty.matrix_type(&name, role, &place, ne0)?;
         let std = match weights {
@@ -927,6 +1013,7 @@ mod tests {
             n_layer,
             tied,
             big_attn_v: false,
+            gqa: 1,
         };
         let t = |role, layer| {
             ty.matrix_type("t", role, &at(layer, 36, false), 4096)
@@ -953,6 +1040,39 @@ mod tests {
         assert_eq!(g(Role::TokenEmbd, 0), DType::Q8_0);
         assert_eq!(g(Role::AttnQ, 0), DType::Q5_0);
         assert_eq!(g(Role::AttnV, 0), DType::Q8_0);
+    }
+
+    #[test]
+    fn iq4_xs_mix_follows_llama_cpps_rule() {
+        let ty = SynthType::IQ4XSMix;
+        let at = |layer, tied, gqa| Place {
+            layer,
+            n_layer: 32,
+            tied,
+            big_attn_v: false,
+            gqa,
+        };
+        let t = |role, layer, gqa, ne0| {
+            ty.matrix_type("t", role, &at(layer, false, gqa), ne0)
+                .unwrap()
+        };
+        // ffn_down: Q5_K in the first eighth of the layers only.
+        let q5: Vec<usize> = (0..32)
+            .filter(|&l| t(Role::FfnDown, l, 1, 4096) == DType::Q5_K)
+            .collect();
+        assert_eq!(q5, vec![0, 1, 2, 3]);
+        assert_eq!(t(Role::Output, 32, 1, 4096), DType::Q6_K);
+        assert_eq!(t(Role::TokenEmbd, 0, 1, 4096), DType::IQ4_XS);
+        assert_eq!(t(Role::AttnQ, 0, 4, 4096), DType::IQ4_XS);
+        assert_eq!(t(Role::AttnV, 9, 4, 4096), DType::Q5_K);
+        assert_eq!(t(Role::AttnV, 9, 2, 4096), DType::IQ4_XS);
+        // Rows of 640: IQ4_XS falls back to IQ4_NL, Q5_K to Q5_1, Q6_K to Q8_0.
+        assert_eq!(t(Role::AttnQ, 9, 1, 640), DType::IQ4_NL);
+        assert_eq!(t(Role::FfnDown, 0, 1, 640), DType::Q5_1);
+        let tied = ty
+            .matrix_type("t", Role::TokenEmbd, &at(0, true, 1), 640)
+            .unwrap();
+        assert_eq!(tied, DType::Q8_0);
     }
 
     #[test]

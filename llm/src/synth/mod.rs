@@ -29,7 +29,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 use tessera_core::gguf::{GgufFile, GgufValue, GgufWriter};
-use tessera_core::quant::quantize_row;
+use tessera_core::quant::{can_quantize, fit_random_block, quantize_row};
 use tessera_core::{DType, Error, Result};
 
 use crate::config::ModelConfig;
@@ -86,11 +86,14 @@ pub enum Like {
     Phi3Small,
     /// [`ArchShape::PHI3_MINI`].
     Phi3Mini,
+    /// [`ArchShape::QUANT_SMALL`]: a small Llama whose rows are whole 256-value blocks, for
+    /// the per-quant-type references.
+    QuantSmall,
 }
 
 impl Like {
     /// Every model, in the order of [`Like::NAMES`].
-    pub const ALL: [Like; 16] = [
+    pub const ALL: [Like; 17] = [
         Like::Smollm2_135m,
         Like::Llama1b,
         Like::Llama8b,
@@ -107,10 +110,11 @@ impl Like {
         Like::Gemma3_4b,
         Like::Phi3Small,
         Like::Phi3Mini,
+        Like::QuantSmall,
     ];
 
     /// The names of [`Like::ALL`], as the command line takes them.
-    pub const NAMES: [&'static str; 16] = [
+    pub const NAMES: [&'static str; 17] = [
         "smollm2-135m",
         "llama-1b",
         "llama-8b",
@@ -127,6 +131,7 @@ impl Like {
         "gemma3-4b",
         "phi3-small",
         "phi3-mini",
+        "quant-small",
     ];
 
     /// The small models, each of its own architecture (or rope scaling), for the tests that
@@ -182,6 +187,7 @@ impl Like {
             Like::Gemma3_4b => ArchShape::GEMMA3_4B,
             Like::Phi3Small => ArchShape::PHI3_SMALL,
             Like::Phi3Mini => ArchShape::PHI3_MINI,
+            Like::QuantSmall => ArchShape::QUANT_SMALL,
         })
     }
 
@@ -450,6 +456,7 @@ fn copy_layout(template: &GgufFile, ty: SynthType) -> Result<(Metadata, Vec<Plan
                                     n_layer: cfg.n_layer,
                                     tied,
                                     big_attn_v: false,
+                                    gqa: cfg.n_head / cfg.n_head_kv.max(1),
                                 },
                                 *ne0,
                             )?
@@ -542,6 +549,17 @@ fn produce(p: &Plan, seed: u64, w: &mut dyn Write, progress: &mut Progress) -> R
                 let mut out = vec![0u8; rows * row_bytes];
                 let mut vals = vec![0f32; row_len];
                 for dst in out.chunks_exact_mut(row_bytes) {
+                    if !can_quantize(p.dtype) {
+                        // A lattice i-quant: random blocks whose values have the RMS std.
+                        for b in dst.chunks_exact_mut(p.dtype.type_size()) {
+                            for c in b.chunks_mut(8) {
+                                let r = rng.next_u64().to_le_bytes();
+                                c.copy_from_slice(&r[..c.len()]);
+                            }
+                            fit_random_block(p.dtype, b, std)?;
+                        }
+                        continue;
+                    }
                     for v in vals.iter_mut() {
                         *v = mean + std * rng.normal();
                     }

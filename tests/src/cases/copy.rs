@@ -98,6 +98,13 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         v.push(cpy_case(DType::F32, q, [256, 4, 3, 1], id, Dst::Whole));
         v.push(cpy_case(q, DType::F32, [256, 4, 3, 1], id, Dst::Whole));
     }
+    // The newer types: all are read, and all but the lattice i-quants written.
+    for q in DType::QUANTIZED_IQ {
+        if tessera_core::quant::can_quantize(q) {
+            v.push(cpy_case(DType::F32, q, [256, 4, 3, 1], id, Dst::Whole));
+        }
+        v.push(cpy_case(q, DType::F32, [256, 4, 3, 1], id, Dst::Whole));
+    }
     for (src, dst) in [
         (DType::F16, DType::Q4_0),
         (DType::F16, DType::Q8_0),

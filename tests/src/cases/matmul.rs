@@ -176,6 +176,18 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, 37, n, 14336).case());
         }
     }
+    // The i-quants, ternary types and MXFP4: mat-vecs of 1 to 8 columns (the GPUs' mat-vec
+    // paths), a prompt-sized product, f16 activations, and rows of several blocks with an odd
+    // number of rows.
+    for t in DType::QUANTIZED_IQ {
+        for n in [1, 2, 3, 8, 67] {
+            v.push(MulMat::new(t, DType::F32, 16, n, 256).case());
+        }
+        v.push(MulMat::new(t, DType::F16, 16, 8, 256).case());
+        for n in [1, 2] {
+            v.push(MulMat::new(t, DType::F32, 37, n, 2048).case());
+        }
+    }
     v.push(
         MulMat::new(DType::F32, DType::F32, 256, 32, 4096)
             .case()

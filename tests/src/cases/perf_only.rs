@@ -10,7 +10,22 @@ use crate::case::{Case, Tolerance};
 
 /// Appends the perf-only cases.
 pub(super) fn cases(v: &mut Vec<Case>) {
-    for t in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32] {
+    // The types of the common files; Q4_K against the i-quants, MXFP4 and the ternary types
+    // gives each one's share of the read bandwidth (GB/s at one column) beside the K type.
+    let types = [
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::F16,
+        DType::F32,
+        DType::Q4_K,
+        DType::IQ4_XS,
+        DType::IQ4_NL,
+        DType::MXFP4,
+        DType::IQ3_S,
+        DType::IQ2_XS,
+        DType::TQ2_0,
+    ];
+    for t in types {
         for n in [1, 512] {
             v.push(MulMat::new(t, DType::F32, 4096, n, 14336).case().large());
         }

@@ -11,6 +11,7 @@ pub(super) fn get_rows(v: &mut Vec<Case>) {
     let mut types = FLOATS.to_vec();
     types.push(DType::I32);
     types.extend(DType::QUANTIZED);
+    types.extend(DType::QUANTIZED_IQ);
     // (row length, rows, rows picked, batch); the odd lengths only for unblocked types.
     const SHAPES: [(usize, usize, usize, usize); 4] =
         [(256, 5, 3, 1), (256, 8, 10, 3), (10, 4, 7, 2), (1, 3, 4, 1)];

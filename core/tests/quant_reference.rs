@@ -1,0 +1,99 @@
+//! The newer quant types against ggml: for each type, core/tests/data/quants/<type>.gguf holds
+//! random rows, ggml's quantization of them and ggml's dequantization of that
+//! (scripts/reference/make_quant_references.py). Dequantizing must give ggml's floats bit for
+//! bit; where tessera quantizes the type, it must give ggml's bytes.
+
+use tessera_core::gguf::GgufFile;
+use tessera_core::quant::{can_quantize, dequantize_row, quantize_row, vec_dot, vec_dot_type};
+use tessera_core::DType;
+
+/// The reference file of `dtype`.
+fn open(dtype: DType) -> GgufFile {
+    let path = format!(
+        "{}/tests/data/quants/{}.gguf",
+        env!("CARGO_MANIFEST_DIR"),
+        dtype.name()
+    );
+    GgufFile::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The f32 values of tensor `name`.
+fn floats(f: &GgufFile, name: &str) -> Vec<f32> {
+    let t = f.tensor(name).unwrap();
+    assert_eq!(t.dtype, DType::F32);
+    f.tensor_data(t)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn every_new_type_matches_ggml() {
+    for dtype in DType::QUANTIZED_IQ {
+        let f = open(dtype);
+        let q = f.tensor("quant").unwrap();
+        assert_eq!(q.dtype, dtype, "the file's tensor type");
+        let n = q.ne[0] as usize;
+        let rows = q.ne[1] as usize;
+        let bytes = f.tensor_data(q);
+        let input = floats(&f, "input");
+        let want = floats(&f, "dequant");
+        let row_bytes = dtype.row_size(n).unwrap();
+        let mut got = vec![0f32; n];
+        let mut ours = vec![0u8; row_bytes];
+        for r in 0..rows {
+            let qr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            dequantize_row(dtype, qr, &mut got).unwrap();
+            for (j, (g, w)) in got.iter().zip(&want[r * n..(r + 1) * n]).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{dtype} row {r} value {j}: {g} vs {w}"
+                );
+            }
+            let x = &input[r * n..(r + 1) * n];
+            if can_quantize(dtype) {
+                quantize_row(dtype, x, &mut ours).unwrap();
+                let bs = dtype.type_size();
+                for (b, (o, t)) in ours.chunks(bs).zip(qr.chunks(bs)).enumerate() {
+                    assert_eq!(o, t, "{dtype} row {r} block {b}: quantized bytes differ");
+                }
+            } else {
+                let e = quantize_row(dtype, x, &mut ours).unwrap_err();
+                assert!(e.to_string().contains(dtype.name()), "{e}");
+            }
+            // The reference dot product against 8-bit activations agrees with the f32 one.
+            let yt = vec_dot_type(dtype);
+            let mut y8 = vec![0u8; yt.row_size(n).unwrap()];
+            quantize_row(yt, x, &mut y8).unwrap();
+            let mut yd = vec![0f32; n];
+            dequantize_row(yt, &y8, &mut yd).unwrap();
+            let exact: f64 = got
+                .iter()
+                .zip(&yd)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let norm: f64 = got
+                .iter()
+                .zip(&yd)
+                .map(|(&a, &b)| f64::from((a * b).abs()))
+                .sum();
+            let dot = f64::from(vec_dot(dtype, n, qr, &y8));
+            assert!(
+                (dot - exact).abs() <= 1e-5 * norm.max(1e-30),
+                "{dtype}: dot {dot} vs {exact}"
+            );
+        }
+    }
+}
+
+#[test]
+fn lattice_types_refuse_quantizing_by_name() {
+    for dtype in DType::QUANTIZED_IQ {
+        let lattice = dtype.name().starts_with("iq1")
+            || dtype.name().starts_with("iq2")
+            || dtype.name().starts_with("iq3");
+        assert_eq!(can_quantize(dtype), !lattice, "{dtype}");
+    }
+    assert!(DType::QUANTIZED.iter().all(|&t| can_quantize(t)));
+}

@@ -270,13 +270,13 @@ fn window_inputs(
     (rows, mask)
 }
 
-fn f16_bytes(v: &[f16]) -> Vec<u8> {
+pub(crate) fn f16_bytes(v: &[f16]) -> Vec<u8> {
     v.iter().flat_map(|h| h.to_le_bytes()).collect()
 }
 
 /// Writes an input tensor through `backend`, ordered with its stream (`bytes` is pageable
 /// memory: the copy has taken it when this returns).
-fn set(
+pub(crate) fn set(
     backend: &mut dyn tessera_core::Backend,
     g: &Graph,
     id: tessera_core::TensorId,

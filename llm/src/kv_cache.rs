@@ -6,7 +6,14 @@
 //! p mod the ring's size): a window of W positions and a batch of B tokens need W + B - 1
 //! cells, so the ring is that rounded up to whole padding blocks and never larger than the
 //! context's.
+//!
+//! A cache shared by many sequences ([`KvCache::new_shared`], [`Cells`]) is one pool of cells:
+//! each cell holds one position of one or more sequences (a shared prefix is the same cells
+//! listed under several sequences), and a step's mask lets each token see only its own
+//! sequence's cells. Sliding-window layers then hold every cell too (a ring per sequence would
+//! not be one matrix), and the mask applies the window.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessera_core::{Buffer, DType, Device, Error, Graph, Result, TensorId};
@@ -22,6 +29,8 @@ pub struct KvCache {
     window_cells: Option<usize>,
     /// Byte offset of each layer's K matrix (its V matrix follows it) and its cells.
     layers: Vec<(usize, usize)>,
+    /// Bytes of one cell's row of one matrix.
+    row: usize,
 }
 
 impl KvCache {
@@ -37,6 +46,33 @@ impl KvCache {
         dtype: DType,
         shard: Option<&Sharding>,
     ) -> Result<Self> {
+        let window_cells = cfg
+            .max_window()
+            .map(|w| ((w + n_batch).div_ceil(pad) * pad).min(n_ctx));
+        Self::alloc(cfg, device, n_ctx, window_cells, dtype, shard)
+    }
+
+    /// Allocates a cache of `n_cells` cells shared by many sequences (see [`Cells`]):
+    /// sliding-window layers hold every cell as the global ones do.
+    pub fn new_shared(
+        cfg: &ModelConfig,
+        device: &dyn Device,
+        n_cells: usize,
+        dtype: DType,
+        shard: Option<&Sharding>,
+    ) -> Result<Self> {
+        let window_cells = cfg.max_window().map(|_| n_cells);
+        Self::alloc(cfg, device, n_cells, window_cells, dtype, shard)
+    }
+
+    fn alloc(
+        cfg: &ModelConfig,
+        device: &dyn Device,
+        n_ctx: usize,
+        window_cells: Option<usize>,
+        dtype: DType,
+        shard: Option<&Sharding>,
+    ) -> Result<Self> {
         if !matches!(dtype, DType::F16 | DType::F32) {
             return Err(Error::Invalid(format!(
                 "KV cache type must be f16 or f32, not {dtype}"
@@ -45,9 +81,6 @@ impl KvCache {
         if n_ctx == 0 {
             return Err(Error::Invalid("the context size must be at least 1".into()));
         }
-        let window_cells = cfg
-            .max_window()
-            .map(|w| ((w + n_batch).div_ceil(pad) * pad).min(n_ctx));
         let row = cfg.n_embd_kv() * dtype.type_size();
         let mut layers = Vec::with_capacity(cfg.n_layer);
         let mut size = 0usize;
@@ -80,7 +113,58 @@ impl KvCache {
             n_ctx,
             window_cells,
             layers,
+            row,
         })
+    }
+
+    /// Bytes of one cell over every layer's K and V.
+    pub fn cell_bytes(&self) -> usize {
+        2 * self.row * self.layers.len()
+    }
+
+    /// Appends cell `cell`'s K and V rows of every layer to `out` ([`KvCache::cell_bytes`]
+    /// bytes; only for a cache whose layers all hold that cell).
+    pub fn read_cell(&self, cell: usize, out: &mut Vec<u8>) -> Result<()> {
+        for &(off, cells) in &self.layers {
+            self.check_cell(cell, cells)?;
+            for m in 0..2 {
+                let at = off + m * self.row * cells + cell * self.row;
+                let start = out.len();
+                out.resize(start + self.row, 0);
+                self.buffer.get(at, &mut out[start..])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes cell `cell`'s K and V rows of every layer from `bytes` (as
+    /// [`KvCache::read_cell`] gave them).
+    pub fn write_cell(&self, cell: usize, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.cell_bytes() {
+            return Err(Error::Invalid(format!(
+                "a cell holds {} bytes, not {}",
+                self.cell_bytes(),
+                bytes.len()
+            )));
+        }
+        let mut rows = bytes.chunks(self.row);
+        for &(off, cells) in &self.layers {
+            self.check_cell(cell, cells)?;
+            for m in 0..2 {
+                let at = off + m * self.row * cells + cell * self.row;
+                self.buffer.set(at, rows.next().unwrap_or_default())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_cell(&self, cell: usize, cells: usize) -> Result<()> {
+        if cell >= cells {
+            return Err(Error::Invalid(format!(
+                "cell {cell} past a layer's {cells} cells"
+            )));
+        }
+        Ok(())
     }
 
     /// Cells of each global layer (the positions the context holds, padded).
@@ -118,5 +202,160 @@ impl KvCache {
         let offset = offset + usize::from(v) * n_embd_kv * self.dtype.type_size() * cells;
         g.bind(id, self.buffer.clone(), offset)?;
         Ok(id)
+    }
+}
+
+/// A sequence's id in a cache shared by many.
+pub type SeqId = u32;
+
+/// Which sequences hold each cell of a shared cache, and at which position. Cells are handed
+/// out lowest first, so the cells a step attends (up to the highest one in use) stay few.
+#[derive(Clone, Debug)]
+pub struct Cells {
+    /// Per cell: its position and the sequences that hold it (empty: free).
+    cells: Vec<(u32, Vec<SeqId>)>,
+    /// Per sequence: positions held (0..len, each in one cell).
+    lens: BTreeMap<SeqId, usize>,
+    next_id: SeqId,
+}
+
+impl Cells {
+    /// `n` free cells, no sequence.
+    pub fn new(n: usize) -> Self {
+        Cells {
+            cells: vec![(0, Vec::new()); n],
+            lens: BTreeMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// Cells in all.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// Whether there are no cells at all.
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Cells no sequence holds.
+    pub fn n_free(&self) -> usize {
+        self.cells.iter().filter(|c| c.1.is_empty()).count()
+    }
+
+    /// One past the highest cell in use (0 when none is).
+    pub fn used_end(&self) -> usize {
+        self.cells
+            .iter()
+            .rposition(|c| !c.1.is_empty())
+            .map_or(0, |i| i + 1)
+    }
+
+    /// A new, empty sequence.
+    pub fn add_seq(&mut self) -> SeqId {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.lens.insert(id, 0);
+        id
+    }
+
+    /// The sequences that exist.
+    pub fn seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.lens.keys().copied()
+    }
+
+    /// Positions sequence `seq` holds.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        self.lens
+            .get(&seq)
+            .copied()
+            .ok_or_else(|| Error::Invalid(format!("no sequence {seq}")))
+    }
+
+    /// Forgets sequence `seq` and frees the cells only it held.
+    pub fn remove_seq(&mut self, seq: SeqId) -> Result<()> {
+        self.truncate(seq, 0)?;
+        self.lens.remove(&seq);
+        Ok(())
+    }
+
+    /// Keeps the first `n` positions of `seq` (no-op when it holds fewer).
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let len = self.seq_len(seq)?;
+        for (pos, seqs) in &mut self.cells {
+            if *pos as usize >= n {
+                seqs.retain(|&s| s != seq);
+            }
+        }
+        self.lens.insert(seq, len.min(n));
+        Ok(())
+    }
+
+    /// Makes `dst` hold `src`'s first `n` positions (the same cells: nothing is copied); `dst`'s
+    /// own positions are dropped first.
+    pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, n: usize) -> Result<()> {
+        let n = n.min(self.seq_len(src)?);
+        self.truncate(dst, 0)?;
+        for (pos, seqs) in &mut self.cells {
+            if seqs.contains(&src) && (*pos as usize) < n {
+                seqs.push(dst);
+            }
+        }
+        self.lens.insert(dst, n);
+        Ok(())
+    }
+
+    /// Takes a free cell for position `len` of `seq` (which grows by one); returns the cell.
+    pub fn push(&mut self, seq: SeqId) -> Result<usize> {
+        let len = self.seq_len(seq)?;
+        let cell = self
+            .cells
+            .iter()
+            .position(|c| c.1.is_empty())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the KV cache's {} cells are all in use",
+                    self.cells.len()
+                ))
+            })?;
+        self.cells[cell] = (len as u32, vec![seq]);
+        self.lens.insert(seq, len + 1);
+        Ok(cell)
+    }
+
+    /// The cells of `seq` in position order.
+    pub fn cells_of(&self, seq: SeqId) -> Vec<usize> {
+        let mut v: Vec<(u32, usize)> = self
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.1.contains(&seq))
+            .map(|(i, c)| (c.0, i))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Appends the mask row of a token of `seq` at position `p` over the first `n_kv` cells: 0
+    /// where it may attend (a cell of `seq` at a position not after `p`, and fewer than `window`
+    /// positions behind when given), -inf elsewhere.
+    pub fn mask_row(
+        &self,
+        seq: SeqId,
+        p: usize,
+        window: Option<usize>,
+        n_kv: usize,
+        out: &mut Vec<half::f16>,
+    ) {
+        out.extend(self.cells[..n_kv].iter().map(|(pos, seqs)| {
+            let q = *pos as usize;
+            let visible = seqs.contains(&seq) && q <= p && window.is_none_or(|w| p - q < w);
+            if visible {
+                half::f16::ZERO
+            } else {
+                half::f16::NEG_INFINITY
+            }
+        }));
     }
 }

@@ -30,6 +30,7 @@
 //! ```
 #![warn(missing_docs)]
 pub mod arch;
+pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod context;

@@ -18,9 +18,10 @@ use tessera_llm::{Context, ContextParams, Model};
 
 use common::*;
 
-/// Tokens generated per sequence (software GPU adapters are slow: fewer there).
+/// Tokens generated per sequence (software GPU adapters are slow: fewer tokens and sequences
+/// there).
 const STEPS: usize = 10;
-const STEPS_OTHER: usize = 5;
+const STEPS_OTHER: usize = 4;
 
 /// The step at which a late sequence joins, and its prompt chunk size.
 const JOIN_AT: usize = 3;
@@ -121,8 +122,10 @@ fn batched(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<u3
     out
 }
 
-fn check(name: &str, model: &Arc<Model>, steps: usize) {
-    let prompts = prompts();
+fn check(name: &str, model: &Arc<Model>, steps: usize, n_prompts: usize) {
+    // The first prompts and the late joiner.
+    let mut prompts = prompts();
+    prompts.drain(n_prompts - 1..prompts.len() - 1);
     let got = batched(model, &prompts, steps);
     for (i, p) in prompts.iter().enumerate() {
         let (want, tie) = alone(model, p, steps);
@@ -138,7 +141,7 @@ fn check(name: &str, model: &Arc<Model>, steps: usize) {
 
 #[test]
 fn batched_greedy_equals_alone_on_the_cpu() {
-    check("cpu", &cpu_model(), STEPS);
+    check("cpu", &cpu_model(), STEPS, 4);
 }
 
 #[test]
@@ -157,7 +160,7 @@ fn batched_greedy_equals_alone_on_a_meta_device() {
         )
         .unwrap(),
     );
-    check("meta:cpu,cpu", &model, STEPS);
+    check("meta:cpu,cpu", &model, STEPS, 4);
 }
 
 #[test]
@@ -166,7 +169,7 @@ fn batched_greedy_equals_alone_on_every_other_device() {
         let name = dev.name();
         let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let model = Arc::new(Model::load(model_path(), dev, cpu, &mut |_, _| {}).unwrap());
-        check(&name, &model, STEPS_OTHER);
+        check(&name, &model, STEPS_OTHER, 2);
     }
 }
 

@@ -438,6 +438,8 @@ pub struct EmbedRequest {
     pub model: Option<String>,
     /// The texts, or token id lists.
     pub inputs: Vec<EmbedInput>,
+    /// Vectors as base64 of little-endian f32s (true) or JSON numbers.
+    pub base64: bool,
 }
 
 /// One input of an embeddings request.
@@ -475,12 +477,16 @@ pub const MAX_EMBED_INPUTS: usize = 2048;
 /// Parses a `/v1/embeddings` body.
 pub fn parse_embeddings(bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
     let b: EmbedBody = json_body(bytes)?;
-    if b.encoding_format.as_deref().is_some_and(|f| f != "float") {
-        return Err(ApiError::invalid(
-            Some("encoding_format"),
-            "only \"float\" is supported",
-        ));
-    }
+    let base64 = match b.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(f) => {
+            return Err(ApiError::invalid(
+                Some("encoding_format"),
+                format!("encoding_format must be \"float\" or \"base64\", not {f:?}"),
+            ))
+        }
+    };
     if b.dimensions.is_some() {
         return Err(ApiError::invalid(Some("dimensions"), "is not supported"));
     }
@@ -505,6 +511,7 @@ pub fn parse_embeddings(bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
     Ok(EmbedRequest {
         model: b.model,
         inputs,
+        base64,
     })
 }
 

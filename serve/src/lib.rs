@@ -29,6 +29,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use base64::Engine as _;
 use serde_json::{json, Value};
 use tessera::{Error, Result};
 use tessera_llm::batch::{BatchContext, BatchParams};
@@ -347,12 +348,12 @@ async fn embeddings(
     }
 }
 
-fn too_long(n: usize, n_ctx: usize) -> ApiError {
+fn too_long(n: usize, n_ctx: usize, param: &str) -> ApiError {
     ApiError {
         status: 400,
         kind: "invalid_request_error",
         code: Some("context_length_exceeded"),
-        param: Some("messages".into()),
+        param: Some(param.into()),
         message: format!("the input's {n} tokens do not fit the context of {n_ctx} (with room for one generated token)"),
     }
 }
@@ -459,7 +460,12 @@ impl Inner {
             ));
         }
         if tokens.len() >= self.n_ctx {
-            return Err(too_long(tokens.len(), self.n_ctx));
+            let param = if req.messages.is_some() {
+                "messages"
+            } else {
+                "prompt"
+            };
+            return Err(too_long(tokens.len(), self.n_ctx, param));
         }
         let opts = GenOptions {
             // Past the context's end the generation stops with finish_reason "length".
@@ -712,9 +718,7 @@ impl Inner {
                 return Err(ApiError::invalid(Some("input"), "an input has no tokens"));
             }
             if t.len() > self.n_ctx {
-                let mut e = too_long(t.len(), self.n_ctx);
-                e.param = Some("input".into());
-                return Err(e);
+                return Err(too_long(t.len(), self.n_ctx, "input"));
             }
             inputs.push(t);
         }
@@ -728,7 +732,15 @@ impl Inner {
         let data: Vec<Value> = vecs
             .iter()
             .enumerate()
-            .map(|(i, v)| json!({"object": "embedding", "index": i, "embedding": v}))
+            .map(|(i, v)| {
+                let e = if req.base64 {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                } else {
+                    json!(v)
+                };
+                json!({"object": "embedding", "index": i, "embedding": e})
+            })
             .collect();
         Ok(axum::Json(
             json!({"object": "list", "data": data, "model": self.opts.model_id,

@@ -14,6 +14,7 @@ use tessera::cpu::CpuDevice;
 use tessera::meta::{MetaDevice, SplitRatios};
 use tessera::Device;
 use tessera_llm::batch::{BatchContext, BatchParams, Output, SeqTokens};
+use tessera_llm::synth::{self, Like, SynthType};
 use tessera_llm::{Context, ContextParams, Model};
 
 use common::*;
@@ -126,7 +127,11 @@ fn check(name: &str, model: &Arc<Model>, steps: usize, n_prompts: usize) {
     // The first prompts and the late joiner.
     let mut prompts = prompts();
     prompts.drain(n_prompts - 1..prompts.len() - 1);
-    let got = batched(model, &prompts, steps);
+    check_prompts(name, model, steps, &prompts);
+}
+
+fn check_prompts(name: &str, model: &Arc<Model>, steps: usize, prompts: &[Vec<u32>]) {
+    let got = batched(model, prompts, steps);
     for (i, p) in prompts.iter().enumerate() {
         let (want, tie) = alone(model, p, steps);
         let matched = got[i].iter().zip(&want).take_while(|(a, b)| a == b).count();
@@ -171,6 +176,39 @@ fn batched_greedy_equals_alone_on_every_other_device() {
         let model = Arc::new(Model::load(model_path(), dev, cpu, &mut |_, _| {}).unwrap());
         check(&name, &model, STEPS_OTHER, 2);
     }
+}
+
+/// A model with sliding-window layers (the synthetic Gemma 3: a window of 16, prompts of 40 to
+/// 60 tokens): the window applies per sequence in the shared cache.
+#[test]
+fn batched_greedy_equals_alone_with_sliding_windows() {
+    let path =
+        std::env::temp_dir().join(format!("tessera-batch-gemma3-{}.gguf", std::process::id()));
+    synth::synth(
+        Like::Gemma3Small,
+        SynthType::from_name("f16").unwrap(),
+        &path,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let dev: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let loaded = Model::load(&path, dev.clone(), dev, &mut |_, _| {});
+    std::fs::remove_file(&path).unwrap();
+    let model = Arc::new(loaded.unwrap());
+    assert!(model.config.max_window().is_some());
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/arch/gemma3-small.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let prompts: Vec<Vec<u32>> = r["prompts"].as_array().unwrap()[..3]
+        .iter()
+        .map(|p| ids(&p["prompt_ids"]))
+        .collect();
+    check_prompts("cpu, sliding windows", &model, STEPS, &prompts);
 }
 
 /// Largest absolute difference of two logit vectors.

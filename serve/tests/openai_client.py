@@ -32,9 +32,10 @@ KEY = "test-key"
 CTX = 256
 
 
-def start(binary):
-    args = [binary, "serve", "--device", "cpu", "--port", "0", "--parallel", "4",
-            "--ctx", str(CTX), "--queue", "64", "--api-key", KEY, "--body-limit", str(1 << 20)]
+def start(binary, parallel=4, queue=64):
+    args = [binary, "serve", "--device", "cpu", "--port", "0", "--parallel", str(parallel),
+            "--ctx", str(CTX), "--queue", str(queue), "--api-key", KEY,
+            "--body-limit", str(1 << 20)]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     lines = []
@@ -127,6 +128,26 @@ def main():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    proc, port = start(binary, parallel=1, queue=1)
+    try:
+        overflow(port)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def overflow(port):
+    """One slot and a queue of one: of 6 requests at once, those past them get 503 with
+    Retry-After, the others their answer."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}
+    with cf.ThreadPoolExecutor(6) as ex:
+        got = list(ex.map(lambda _: raw(port, "POST", "/v1/completions", body), range(6)))
+    ok = [g for g in got if g[0] == 200 and g[2]["choices"][0]["text"]]
+    busy = [g for g in got if g[0] == 503 and g[1].get("retry-after", g[1].get("Retry-After"))
+            and g[2]["error"]["code"] == "server_busy"]
+    check(len(ok) + len(busy) == 6 and ok and busy,
+          f"past the slots and the queue: 503 with Retry-After ({len(ok)} answered, "
+          f"{len(busy)} busy)")
 
 
 def run(proc, port):

@@ -5,6 +5,13 @@
 //! request joins when a slot is free (it waits in the bounded queue until then) and leaves as
 //! soon as it ends or its client is gone (its event channel closed), so its slot and cells are
 //! free for the next step. Embeddings run between steps, as a sequence of their own.
+//!
+//! A finished request's sequence stays in the cache as a prefix for later requests (a chat's
+//! system prompt, or the conversation so far on its next turn): a new request starts from the
+//! cached sequence sharing the longest prefix with its prompt (the same cells, nothing is
+//! copied) and evaluates only the rest. Cached sequences are dropped, least recently used
+//! first, when a step or an embedding needs their cells, and never hold more than one
+//! sequence's worth per slot.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -61,6 +68,8 @@ pub enum Job {
 
 struct Slot {
     seq: SeqId,
+    /// The tokens the sequence holds (the prompt as it is fed, then each decoded token).
+    held: Vec<u32>,
     decoder: Decoder,
     events: mpsc::UnboundedSender<Event>,
     prompt: Vec<u32>,
@@ -70,10 +79,20 @@ struct Slot {
     next: Option<u32>,
 }
 
+/// A finished request's sequence, kept as a prefix for later ones.
+struct Cached {
+    seq: SeqId,
+    tokens: Vec<u32>,
+    /// When it was last used (engine steps).
+    used: u64,
+}
+
 /// The engine's state.
 pub struct Engine {
     ctx: BatchContext,
     slots: Vec<Option<Slot>>,
+    cached: Vec<Cached>,
+    clock: u64,
     pooling: Pooling,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
@@ -91,6 +110,8 @@ impl Engine {
         Engine {
             ctx,
             slots: (0..parallel).map(|_| None).collect(),
+            cached: Vec::new(),
+            clock: 0,
             pooling,
             metrics,
             shutdown,
@@ -142,7 +163,10 @@ impl Engine {
                 Job::Embed { inputs, reply } => {
                     let r = inputs
                         .iter()
-                        .map(|t| embed_tokens(&mut self.ctx, t, self.pooling, true))
+                        .map(|t| {
+                            self.make_room(t.len());
+                            embed_tokens(&mut self.ctx, t, self.pooling, true)
+                        })
                         .collect::<tessera::Result<Vec<_>>>()
                         .map_err(|e| e.to_string());
                     // The client may be gone; then nobody wants the vectors.
@@ -158,15 +182,17 @@ impl Engine {
                         continue;
                     }
                     let seq = self.ctx.add_seq();
+                    let fed = self.reuse_prefix(seq, &prompt);
                     let decoder = Decoder::new(opts, &prompt);
                     let free = self.slots.iter_mut().find(|s| s.is_none());
                     if let Some(free) = free {
                         *free = Some(Slot {
                             seq,
+                            held: prompt[..fed].to_vec(),
                             decoder,
                             events,
                             prompt,
-                            fed: 0,
+                            fed,
                             next: None,
                         });
                     }
@@ -176,11 +202,81 @@ impl Engine {
         true
     }
 
-    fn free(&mut self, i: usize) {
-        if let Some(s) = self.slots[i].take() {
+    /// Makes `seq` share the longest prefix of `prompt` that a cached sequence holds, leaving
+    /// at least the prompt's last token to evaluate (its logits start the generation). Returns
+    /// the positions shared.
+    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+        let best = self
+            .cached
+            .iter_mut()
+            .map(|c| {
+                let n = c
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (n.min(prompt.len().saturating_sub(1)), c)
+            })
+            .max_by_key(|(n, _)| *n);
+        let Some((n, c)) = best.filter(|(n, _)| *n > 0) else {
+            return 0;
+        };
+        self.clock += 1;
+        c.used = self.clock;
+        match self.ctx.copy_prefix(c.seq, seq, n) {
+            Ok(()) => {
+                self.metrics
+                    .prefix_tokens
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                n
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Drops cached sequences, least recently used first, until `n` cells are free beside a
+    /// sequence's worth for what comes next (or none is cached).
+    fn make_room(&mut self, n: usize) {
+        let want = n + self.ctx.n_ctx();
+        while self.ctx.cells().n_free() < want && !self.cached.is_empty() {
+            self.drop_oldest();
+        }
+    }
+
+    /// Drops the least recently used cached sequence.
+    fn drop_oldest(&mut self) {
+        let oldest = (0..self.cached.len()).min_by_key(|&i| self.cached[i].used);
+        if let Some(i) = oldest {
+            let c = self.cached.swap_remove(i);
+            let _ = self.ctx.remove_seq(c.seq);
+        }
+    }
+
+    /// Ends slot `i`: its sequence is kept as a prefix when `keep` (one per slot at most),
+    /// removed otherwise.
+    fn end_slot(&mut self, i: usize, keep: bool) {
+        let Some(s) = self.slots[i].take() else {
+            return;
+        };
+        if !keep || s.held.is_empty() {
             // The sequence exists: it was added when the slot was taken.
             let _ = self.ctx.remove_seq(s.seq);
+            return;
         }
+        if self.cached.len() >= self.slots.len() {
+            self.drop_oldest();
+        }
+        self.clock += 1;
+        self.cached.push(Cached {
+            seq: s.seq,
+            tokens: s.held,
+            used: self.clock,
+        });
+    }
+
+    fn free(&mut self, i: usize) {
+        self.end_slot(i, false);
     }
 
     /// Frees the slots whose client is gone.
@@ -247,8 +343,9 @@ impl Engine {
                 })
             })
             .collect();
-        let result = self.ctx.decode(&batch);
         let n_tokens: usize = plan.iter().map(|p| p.1.len()).sum();
+        self.make_room(n_tokens);
+        let result = self.ctx.decode(&batch);
         self.metrics.step(started.elapsed(), n_tokens);
         let logits = match result {
             Ok(l) => l,
@@ -269,6 +366,7 @@ impl Engine {
             let Some(s) = self.slots[i].as_mut() else {
                 continue;
             };
+            s.held.extend_from_slice(&tokens);
             if s.next.take().is_none() {
                 s.fed += tokens.len();
                 self.metrics
@@ -298,8 +396,9 @@ impl Engine {
                 }
             };
             if let Some(ev) = ended {
+                let ok = !matches!(ev, Event::Error(_));
                 let _ = s.events.send(ev);
-                self.free(i);
+                self.end_slot(i, ok);
             }
         }
     }

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
+    /// Prompt tokens not evaluated: shared with a cached sequence.
+    pub prefix_tokens: AtomicU64,
     /// Generations ended because their client went away.
     pub disconnects: AtomicU64,
     /// Engine steps run, the tokens they carried, and their time in microseconds.
@@ -95,6 +97,11 @@ impl Metrics {
             "generated_tokens_total",
             "Tokens generated.",
             &one(&self.generated_tokens),
+        );
+        counter(
+            "prefix_tokens_total",
+            "Prompt tokens taken from a cached prefix, not evaluated again.",
+            &one(&self.prefix_tokens),
         );
         counter(
             "disconnects_total",

@@ -4,7 +4,7 @@ Usage: python openai_client.py PATH/TO/tessera
 
 Starts the server on the CPU with the test model on a free loopback port and checks: chat and
 completions streamed and not (the streamed text equals the other), log-probabilities, stop
-strings, embeddings, /v1/models, the API key, 8 clients at once whose greedy answers equal the
+strings, embeddings, /v1/models, the API key, prompts taken from cached prefixes, 8 clients at once whose greedy answers equal the
 same requests sent one at a time (to the first near-tie: a step whose top-2 log-probabilities
 are within 0.5 in the sequential run), then faults: malformed JSON, wrong types, negative and
 huge max_tokens, an unknown model and route, a prompt past the context, a 100 MB body, a client
@@ -172,6 +172,9 @@ def run(proc, port):
             reason = ch.choices[0].finish_reason or reason
     check("".join(parts) == text and reason == full.choices[0].finish_reason,
           f"streamed chat text equals the non-streamed one ({text!r})")
+    # The second request's prompt was the first's: it came from the cached prefix.
+    check(metric(port, "prefix_tokens_total") >= full.usage.prompt_tokens - 1,
+          "a repeated prompt is taken from the cached prefix")
 
     # Completions, streamed and not, with a stop string taken from the plain output.
     comp = client.completions.create(model=mid, prompt="The three primary colors are",

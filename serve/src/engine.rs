@@ -56,6 +56,8 @@ pub enum Job {
         opts: GenOptions,
         /// Where the events go.
         events: mpsc::UnboundedSender<Event>,
+        /// When the request was queued (time to first token counts from here).
+        queued: Instant,
     },
     /// Embed token lists (each within the context).
     Embed {
@@ -77,6 +79,7 @@ struct Slot {
     fed: usize,
     /// The token sampled last, to evaluate in the next step.
     next: Option<u32>,
+    queued: Instant,
 }
 
 /// A finished request's sequence, kept as a prefix for later ones.
@@ -176,6 +179,7 @@ impl Engine {
                     prompt,
                     opts,
                     events,
+                    queued,
                 } => {
                     if self.shutdown.load(Ordering::Relaxed) {
                         let _ = events.send(Event::Error("the server is shutting down".into()));
@@ -194,6 +198,7 @@ impl Engine {
                             prompt,
                             fed,
                             next: None,
+                            queued,
                         });
                     }
                 }
@@ -384,6 +389,9 @@ impl Engine {
                     self.metrics
                         .generated_tokens
                         .fetch_add(1, Ordering::Relaxed);
+                    if s.decoder.n_generated() == 1 {
+                        self.metrics.first_token(s.queued.elapsed());
+                    }
                     let id = ev.id;
                     let _ = s.events.send(Event::Token(ev));
                     match s.decoder.end(held < n_ctx) {

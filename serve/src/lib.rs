@@ -489,6 +489,7 @@ impl Inner {
             prompt: tokens,
             opts,
             events: tx,
+            queued: std::time::Instant::now(),
         })?;
         Ok(rx)
     }

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub step_tokens: AtomicU64,
     /// Step time in microseconds, summed.
     pub step_us: AtomicU64,
+    /// Generations that produced a first token.
+    pub first_tokens: AtomicU64,
+    /// Time from queueing a generation to its first token in microseconds, summed.
+    pub first_token_us: AtomicU64,
 }
 
 /// Route labels, in the order of [`Metrics::requests`].
@@ -40,6 +44,13 @@ impl Metrics {
         self.steps.fetch_add(1, Ordering::Relaxed);
         self.step_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
         self.step_us
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Records a generation's time to first token.
+    pub fn first_token(&self, took: Duration) {
+        self.first_tokens.fetch_add(1, Ordering::Relaxed);
+        self.first_token_us
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 
@@ -122,6 +133,12 @@ impl Metrics {
         let _ = writeln!(
             s,
             "# HELP tessera_step_seconds_total Time spent in engine steps.\n# TYPE tessera_step_seconds_total counter\ntessera_step_seconds_total {secs}"
+        );
+        let _ = writeln!(
+            s,
+            "# HELP tessera_time_to_first_token_seconds From queueing a generation to its first token.\n# TYPE tessera_time_to_first_token_seconds summary\ntessera_time_to_first_token_seconds_sum {}\ntessera_time_to_first_token_seconds_count {}",
+            get(&self.first_token_us) as f64 / 1e6,
+            get(&self.first_tokens)
         );
         let _ = writeln!(
             s,

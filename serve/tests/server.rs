@@ -149,6 +149,11 @@ fn the_server_answers_streams_and_refuses() {
         metrics.contains("tessera_requests_total{route=\"chat\"} 2"),
         "{metrics}"
     );
+    // Two chats and a completion produced first tokens.
+    assert!(
+        metrics.contains("tessera_time_to_first_token_seconds_count 3"),
+        "{metrics}"
+    );
 
     stop_tx.send(()).unwrap();
     rt.block_on(server).unwrap().unwrap();

@@ -49,6 +49,8 @@ pub mod perplexity;
 pub mod sampling;
 pub mod session;
 pub mod shard;
+#[cfg(feature = "async")]
+pub mod stream;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

@@ -262,3 +262,59 @@ fn embeddings_pool_the_hidden_states() {
     assert_eq!(ctx.cells().used_end(), 0, "embedding sequences are removed");
     assert!(embed_tokens(&mut ctx, &[], Pooling::Last, true).is_err());
 }
+
+/// Polls `fut` to completion on this thread, parking between wake-ups.
+#[cfg(feature = "async")]
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+#[cfg(feature = "async")]
+#[test]
+fn a_generation_streams_asynchronously() {
+    use std::future::poll_fn;
+    use std::pin::Pin;
+
+    use futures_core::Stream;
+
+    let model = cpu_model();
+    let text = "Once upon a time";
+    // The same greedy tokens as the iterator's.
+    let mut s = Session::new(model.clone(), params()).unwrap();
+    let want: Vec<u32> = s
+        .complete(text, greedy(6))
+        .unwrap()
+        .filter_map(|p| p.unwrap().token)
+        .collect();
+    let s = Session::new(model, params()).unwrap();
+    let mut stream = s.into_stream(text.to_string(), greedy(6)).unwrap();
+    let got: Vec<u32> = block_on(async {
+        let mut got = Vec::new();
+        while let Some(p) = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
+            got.extend(p.unwrap().token);
+        }
+        got
+    });
+    assert_eq!(got, want);
+    let s = stream.into_session().unwrap();
+    // The session holds the prompt and the tokens evaluated (the last was shown, not evaluated).
+    let n_prompt = s.model().tokenizer.encode(text, true, true).unwrap().len();
+    assert_eq!(s.tokens().len(), n_prompt + 5);
+    assert_eq!(&s.tokens()[n_prompt..], &want[..5]);
+}

@@ -214,6 +214,10 @@ pub type SeqId = u32;
 pub struct Cells {
     /// Per cell: its position and the sequences that hold it (empty: free).
     cells: Vec<(u32, Vec<SeqId>)>,
+    /// Cells no sequence holds.
+    n_free: usize,
+    /// No cell below this one is free (where the search for a free cell starts).
+    first_free: usize,
     /// Per sequence: positions held (0..len, each in one cell).
     lens: BTreeMap<SeqId, usize>,
     next_id: SeqId,
@@ -224,6 +228,8 @@ impl Cells {
     pub fn new(n: usize) -> Self {
         Cells {
             cells: vec![(0, Vec::new()); n],
+            n_free: n,
+            first_free: 0,
             lens: BTreeMap::new(),
             next_id: 0,
         }
@@ -241,7 +247,7 @@ impl Cells {
 
     /// Cells no sequence holds.
     pub fn n_free(&self) -> usize {
-        self.cells.iter().filter(|c| c.1.is_empty()).count()
+        self.n_free
     }
 
     /// One past the highest cell in use (0 when none is).
@@ -283,9 +289,13 @@ impl Cells {
     /// Keeps the first `n` positions of `seq` (no-op when it holds fewer).
     pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
         let len = self.seq_len(seq)?;
-        for (pos, seqs) in &mut self.cells {
-            if *pos as usize >= n {
+        for (i, (pos, seqs)) in self.cells.iter_mut().enumerate() {
+            if *pos as usize >= n && !seqs.is_empty() {
                 seqs.retain(|&s| s != seq);
+                if seqs.is_empty() {
+                    self.n_free += 1;
+                    self.first_free = self.first_free.min(i);
+                }
             }
         }
         self.lens.insert(seq, len.min(n));
@@ -309,10 +319,10 @@ impl Cells {
     /// Takes a free cell for position `len` of `seq` (which grows by one); returns the cell.
     pub fn push(&mut self, seq: SeqId) -> Result<usize> {
         let len = self.seq_len(seq)?;
-        let cell = self
-            .cells
+        let cell = self.cells[self.first_free.min(self.cells.len())..]
             .iter()
             .position(|c| c.1.is_empty())
+            .map(|i| i + self.first_free)
             .ok_or_else(|| {
                 Error::Invalid(format!(
                     "the KV cache's {} cells are all in use",
@@ -320,6 +330,8 @@ impl Cells {
                 ))
             })?;
         self.cells[cell] = (len as u32, vec![seq]);
+        self.n_free -= 1;
+        self.first_free = cell + 1;
         self.lens.insert(seq, len + 1);
         Ok(cell)
     }

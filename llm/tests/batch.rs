@@ -322,3 +322,67 @@ fn shared_prefix_truncation_and_saved_state_give_the_plain_logits() {
         }])
         .is_err());
 }
+
+/// Random cell operations keep the free count, the lowest-first allocation and each sequence's
+/// cells consistent with a plain model of them.
+#[test]
+fn cell_bookkeeping_matches_a_plain_model() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::{BTreeMap, BTreeSet};
+    use tessera_llm::kv_cache::Cells;
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+    let n = 64;
+    let mut cells = Cells::new(n);
+    // The plain model: each sequence's length.
+    let mut lens: BTreeMap<u32, usize> = BTreeMap::new();
+    for _ in 0..5000 {
+        let seqs: Vec<u32> = lens.keys().copied().collect();
+        let pick = |rng: &mut rand::rngs::StdRng| seqs[rng.gen_range(0..seqs.len())];
+        match rng.gen_range(0..10) {
+            0 if lens.len() < 6 => {
+                lens.insert(cells.add_seq(), 0);
+            }
+            1 if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                cells.remove_seq(s).unwrap();
+                lens.remove(&s);
+            }
+            2 if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                let k = rng.gen_range(0..=lens[&s]);
+                cells.truncate(s, k).unwrap();
+                lens.insert(s, k);
+            }
+            3 if seqs.len() >= 2 => {
+                let (a, b) = (pick(&mut rng), pick(&mut rng));
+                if a != b {
+                    let k = rng.gen_range(0..=lens[&a]);
+                    cells.copy_prefix(a, b, k).unwrap();
+                    lens.insert(b, k);
+                }
+            }
+            _ if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                let lowest_free =
+                    (0..n).find(|c| !lens.keys().any(|&q| cells.cells_of(q).contains(c)));
+                match cells.push(s) {
+                    Ok(c) => {
+                        assert_eq!(Some(c), lowest_free, "the lowest free cell is taken");
+                        *lens.get_mut(&s).unwrap() += 1;
+                    }
+                    Err(_) => assert_eq!(lowest_free, None, "a free cell was left"),
+                }
+            }
+            _ => {}
+        }
+        let mut used = BTreeSet::new();
+        for (&s, &len) in &lens {
+            let c = cells.cells_of(s);
+            assert_eq!(c.len(), len, "sequence {s} holds one cell per position");
+            assert_eq!(cells.seq_len(s).unwrap(), len);
+            used.extend(c);
+        }
+        assert_eq!(cells.n_free(), n - used.len());
+    }
+}

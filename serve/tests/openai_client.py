@@ -1,8 +1,8 @@
 """`tessera serve` against a client nobody here wrote: the `openai` Python package.
 
-Usage: python openai_client.py PATH/TO/tessera
+Usage: python openai_client.py PATH/TO/tessera [DEVICE (default cpu)]
 
-Starts the server on the CPU with the test model on a free loopback port and checks: chat and
+Starts the server (on the CPU unless a device is named) with the test model on a free loopback port and checks: chat and
 completions streamed and not (the streamed text equals the other), log-probabilities, stop
 strings, embeddings, /v1/models, the API key, prompts taken from cached prefixes, 8 clients at once whose greedy answers equal the
 same requests sent one at a time (to the first near-tie: a step whose top-2 log-probabilities
@@ -33,7 +33,8 @@ CTX = 256
 
 
 def start(binary, parallel=4, queue=64):
-    args = [binary, "serve", "--device", "cpu", "--port", "0", "--parallel", str(parallel),
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    args = [binary, "serve", "--device", device, "--port", "0", "--parallel", str(parallel),
             "--ctx", str(CTX), "--queue", str(queue), "--api-key", KEY,
             "--body-limit", str(1 << 20)]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)

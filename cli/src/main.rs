@@ -1,6 +1,6 @@
 //! `tessera`: generate text with a GGUF model (a file, or a known model by name) on any device,
-//! measure its perplexity and speed, list devices and known models, and run the op conformance
-//! suite and op benchmarks.
+//! serve it over an OpenAI-compatible HTTP API, measure its perplexity and speed, list devices
+//! and known models, and run the op conformance suite and op benchmarks.
 
 mod allreduce;
 mod bench;
@@ -12,6 +12,7 @@ mod models;
 mod ops;
 mod perplexity;
 mod progress;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Chat interactively with the model's chat template.
     Chat(generate::ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API, decoding many requests together.
+    Serve(serve::ServeArgs),
     /// Print a text's token ids.
     Tokenize(tokenize::TokenizeArgs),
     /// A model's perplexity on a text, computed as llama.cpp's perplexity tool does.
@@ -64,6 +67,7 @@ fn main() {
         Command::Devices(a) => devices::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
+        Command::Serve(a) => serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Models(a) => models::run(a),

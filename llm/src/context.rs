@@ -306,13 +306,13 @@ fn window_inputs(
     (rows, mask)
 }
 
-fn f16_bytes(v: &[f16]) -> Vec<u8> {
+pub(crate) fn f16_bytes(v: &[f16]) -> Vec<u8> {
     v.iter().flat_map(|h| h.to_le_bytes()).collect()
 }
 
 /// Writes an input tensor through the backend of the device `plan` placed it on, ordered with
 /// its stream (`bytes` is pageable memory: the copy has taken it when this returns).
-fn set(
+pub(crate) fn set(
     sched: &mut Scheduler,
     plan: &SchedPlan,
     g: &Graph,

@@ -49,8 +49,24 @@ pub struct StepIo {
     /// Rows and mask of the sliding-window layers (their cache is a ring: see
     /// [`KvCache::window_cells`]).
     pub window: Option<KvInputs>,
-    /// F32 `[n_vocab, n_out]`: the logits.
+    /// F32 `[n_vocab, n_out]`: the logits (`[n_embd, n_tokens]` hidden states with
+    /// [`Head::Hidden`]).
     pub logits: TensorId,
+    /// I32 `[n]`: the rows whose logits [`Head::LogitsOf`] computes.
+    pub out_ids: Option<TensorId>,
+}
+
+/// What a step's graph outputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Head {
+    /// The logits of every token or of the last, as [`StepShape::all_logits`] says.
+    #[default]
+    Logits,
+    /// The logits of `n` tokens picked by [`StepIo::out_ids`]: the last token of each sequence
+    /// of a batch, so the output head runs once per sequence, not once per token.
+    LogitsOf(usize),
+    /// The hidden states after the output norm, every token (what embeddings pool).
+    Hidden,
 }
 
 /// What the graph of a step is built from.
@@ -227,6 +243,15 @@ impl Builder<'_> {
 
 /// Builds the forward graph for one step; also returns the names of the weights it reads.
 pub fn build(src: &StepSource, shape: StepShape) -> Result<(Graph, StepIo, HashSet<String>)> {
+    build_head(src, shape, Head::Logits)
+}
+
+/// [`build`] with the output `head` picks.
+pub fn build_head(
+    src: &StepSource,
+    shape: StepShape,
+    head: Head,
+) -> Result<(Graph, StepIo, HashSet<String>)> {
     let cfg = src.cfg;
     let mut b = Builder {
         g: Graph::new(),
@@ -257,6 +282,7 @@ pub fn build(src: &StepSource, shape: StepShape) -> Result<(Graph, StepIo, HashS
         global,
         window,
         logits: tokens,
+        out_ids: None,
     };
 
     let tok_embd = b.w("token_embd.weight", &[d, cfg.n_vocab])?;
@@ -283,11 +309,25 @@ pub fn build(src: &StepSource, shape: StepShape) -> Result<(Graph, StepIo, HashS
         b.g.set_name(x, format!("l_out-{l}"));
     }
 
-    if !shape.all_logits && n > 1 {
-        let row = b.g.get(x).nb[1];
-        x = b.g.view(x, &[d, 1], &[row], (n - 1) * row)?;
+    match head {
+        Head::Logits if !shape.all_logits && n > 1 => {
+            let row = b.g.get(x).nb[1];
+            x = b.g.view(x, &[d, 1], &[row], (n - 1) * row)?;
+        }
+        Head::LogitsOf(n_out) => {
+            let ids = b.g.input("out_ids", DType::I32, &[n_out])?;
+            io.out_ids = Some(ids);
+            x = b.g.get_rows(x, ids)?;
+        }
+        Head::Logits | Head::Hidden => {}
     }
     let cur = b.norm(x, "output_norm.weight")?;
+    if head == Head::Hidden {
+        b.g.set_name(cur, "hidden");
+        b.g.set_output(cur);
+        io.logits = cur;
+        return Ok((b.g, io, b.used));
+    }
     let out_w = if src.weights.find("output.weight").is_some() {
         b.w("output.weight", &[d, cfg.n_vocab])?
     } else {

@@ -6,7 +6,14 @@
 //! p mod the ring's size): a window of W positions and a batch of B tokens need W + B - 1
 //! cells, so the ring is that rounded up to whole padding blocks and never larger than the
 //! context's.
+//!
+//! A cache shared by many sequences ([`KvCache::new_shared`], [`Cells`]) is one pool of cells:
+//! each cell holds one position of one or more sequences (a shared prefix is the same cells
+//! listed under several sequences), and a step's mask lets each token see only its own
+//! sequence's cells. Sliding-window layers then hold every cell too (a ring per sequence would
+//! not be one matrix), and the mask applies the window.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessera_core::{Buffer, DType, Device, Error, Graph, Result, TensorId};
@@ -24,23 +31,27 @@ pub struct KvCache {
     /// Each layer's buffer, the byte offset of its K matrix (its V matrix follows it) and its
     /// cells.
     layers: Vec<(usize, usize, usize)>,
+    /// Bytes of one cell's row of one matrix.
+    row: usize,
 }
 
 /// Allocates the buffer of one group of layers: `(size, group, [(offset, cells)])`, the K and
 /// V matrices of its layers at their byte offsets.
 type AllocKv<'a> = dyn FnMut(usize, usize, &[(usize, usize)]) -> Result<Arc<dyn Buffer>> + 'a;
 
-/// The cells of each layer of a cache of `n_ctx` positions for batches of at most `n_batch`
-/// tokens, sliding-window layers in rings of whole `pad`-cell blocks; and the ring's cells.
+/// The cells of each layer of a cache of `n_ctx` positions: with `ring_batch` (batches of at
+/// most that many tokens), sliding-window layers in rings of whole `pad`-cell blocks; without
+/// it (a cache shared by many sequences), every cell in every layer. And the rings' cells.
 fn layer_cells(
     cfg: &ModelConfig,
     n_ctx: usize,
-    n_batch: usize,
+    ring_batch: Option<usize>,
     pad: usize,
 ) -> (Vec<usize>, Option<usize>) {
-    let window_cells = cfg
-        .max_window()
-        .map(|w| ((w + n_batch).div_ceil(pad) * pad).min(n_ctx));
+    let window_cells = cfg.max_window().map(|w| match ring_batch {
+        Some(n_batch) => ((w + n_batch).div_ceil(pad) * pad).min(n_ctx),
+        None => n_ctx,
+    });
     let cells = cfg
         .layers
         .iter()
@@ -68,8 +79,31 @@ impl KvCache {
         KvCache::build(
             cfg,
             n_ctx,
-            n_batch,
+            Some(n_batch),
             pad,
+            dtype,
+            None,
+            &mut |size, _, matrices| match shard {
+                Some(sh) => sh.alloc_kv(cfg, matrices, dtype, size),
+                None => device.buffer_type().alloc(size.max(1)),
+            },
+        )
+    }
+
+    /// Allocates a cache of `n_cells` cells shared by many sequences (see [`Cells`]):
+    /// sliding-window layers hold every cell as the global ones do.
+    pub fn new_shared(
+        cfg: &ModelConfig,
+        device: &dyn Device,
+        n_cells: usize,
+        dtype: DType,
+        shard: Option<&Sharding>,
+    ) -> Result<Self> {
+        KvCache::build(
+            cfg,
+            n_cells,
+            None,
+            1,
             dtype,
             None,
             &mut |size, _, matrices| match shard {
@@ -92,7 +126,7 @@ impl KvCache {
         KvCache::build(
             cfg,
             n_ctx,
-            n_batch,
+            Some(n_batch),
             pad,
             dtype,
             Some(&part_of),
@@ -109,7 +143,7 @@ impl KvCache {
         dtype: DType,
     ) -> Vec<usize> {
         let row = cfg.n_embd_kv() * dtype.type_size();
-        let (cells, _) = layer_cells(cfg, n_ctx, n_batch, pad);
+        let (cells, _) = layer_cells(cfg, n_ctx, Some(n_batch), pad);
         cells.iter().map(|c| 2 * row * c).collect()
     }
 
@@ -119,7 +153,7 @@ impl KvCache {
     fn build(
         cfg: &ModelConfig,
         n_ctx: usize,
-        n_batch: usize,
+        ring_batch: Option<usize>,
         pad: usize,
         dtype: DType,
         part_of: Option<&dyn Fn(usize) -> usize>,
@@ -133,7 +167,7 @@ impl KvCache {
         if n_ctx == 0 {
             return Err(Error::Invalid("the context size must be at least 1".into()));
         }
-        let (cells, window_cells) = layer_cells(cfg, n_ctx, n_batch, pad);
+        let (cells, window_cells) = layer_cells(cfg, n_ctx, ring_batch, pad);
         let row = cfg.n_embd_kv() * dtype.type_size();
         let group = |l: usize| part_of.map_or(0, |f| f(l));
         let mut groups: Vec<usize> = (0..cells.len()).map(group).collect();
@@ -164,7 +198,58 @@ impl KvCache {
             n_ctx,
             window_cells,
             layers,
+            row,
         })
+    }
+
+    /// Bytes of one cell over every layer's K and V.
+    pub fn cell_bytes(&self) -> usize {
+        2 * self.row * self.layers.len()
+    }
+
+    /// Appends cell `cell`'s K and V rows of every layer to `out` ([`KvCache::cell_bytes`]
+    /// bytes; only for a cache whose layers all hold that cell).
+    pub fn read_cell(&self, cell: usize, out: &mut Vec<u8>) -> Result<()> {
+        for &(buffer, off, cells) in &self.layers {
+            self.check_cell(cell, cells)?;
+            for m in 0..2 {
+                let at = off + m * self.row * cells + cell * self.row;
+                let start = out.len();
+                out.resize(start + self.row, 0);
+                self.buffers[buffer].get(at, &mut out[start..])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes cell `cell`'s K and V rows of every layer from `bytes` (as
+    /// [`KvCache::read_cell`] gave them).
+    pub fn write_cell(&self, cell: usize, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.cell_bytes() {
+            return Err(Error::Invalid(format!(
+                "a cell holds {} bytes, not {}",
+                self.cell_bytes(),
+                bytes.len()
+            )));
+        }
+        let mut rows = bytes.chunks(self.row);
+        for &(buffer, off, cells) in &self.layers {
+            self.check_cell(cell, cells)?;
+            for m in 0..2 {
+                let at = off + m * self.row * cells + cell * self.row;
+                self.buffers[buffer].set(at, rows.next().unwrap_or_default())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_cell(&self, cell: usize, cells: usize) -> Result<()> {
+        if cell >= cells {
+            return Err(Error::Invalid(format!(
+                "cell {cell} past a layer's {cells} cells"
+            )));
+        }
+        Ok(())
     }
 
     /// Cells of each global layer (the positions the context holds, padded).
@@ -202,5 +287,172 @@ impl KvCache {
         let offset = offset + usize::from(v) * n_embd_kv * self.dtype.type_size() * cells;
         g.bind(id, self.buffers[buffer].clone(), offset)?;
         Ok(id)
+    }
+}
+
+/// A sequence's id in a cache shared by many.
+pub type SeqId = u32;
+
+/// Which sequences hold each cell of a shared cache, and at which position. Cells are handed
+/// out lowest first, so the cells a step attends (up to the highest one in use) stay few.
+#[derive(Clone, Debug)]
+pub struct Cells {
+    /// Per cell: its position and the sequences that hold it (empty: free).
+    cells: Vec<(u32, Vec<SeqId>)>,
+    /// Cells no sequence holds.
+    n_free: usize,
+    /// No cell below this one is free (where the search for a free cell starts).
+    first_free: usize,
+    /// Per sequence: positions held (0..len, each in one cell).
+    lens: BTreeMap<SeqId, usize>,
+    next_id: SeqId,
+}
+
+impl Cells {
+    /// `n` free cells, no sequence.
+    pub fn new(n: usize) -> Self {
+        Cells {
+            cells: vec![(0, Vec::new()); n],
+            n_free: n,
+            first_free: 0,
+            lens: BTreeMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// Cells in all.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// Whether there are no cells at all.
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Cells no sequence holds.
+    pub fn n_free(&self) -> usize {
+        self.n_free
+    }
+
+    /// One past the highest cell in use (0 when none is).
+    pub fn used_end(&self) -> usize {
+        self.cells
+            .iter()
+            .rposition(|c| !c.1.is_empty())
+            .map_or(0, |i| i + 1)
+    }
+
+    /// A new, empty sequence.
+    pub fn add_seq(&mut self) -> SeqId {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.lens.insert(id, 0);
+        id
+    }
+
+    /// The sequences that exist.
+    pub fn seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.lens.keys().copied()
+    }
+
+    /// Positions sequence `seq` holds.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        self.lens
+            .get(&seq)
+            .copied()
+            .ok_or_else(|| Error::Invalid(format!("no sequence {seq}")))
+    }
+
+    /// Forgets sequence `seq` and frees the cells only it held.
+    pub fn remove_seq(&mut self, seq: SeqId) -> Result<()> {
+        self.truncate(seq, 0)?;
+        self.lens.remove(&seq);
+        Ok(())
+    }
+
+    /// Keeps the first `n` positions of `seq` (no-op when it holds fewer).
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let len = self.seq_len(seq)?;
+        for (i, (pos, seqs)) in self.cells.iter_mut().enumerate() {
+            if *pos as usize >= n && !seqs.is_empty() {
+                seqs.retain(|&s| s != seq);
+                if seqs.is_empty() {
+                    self.n_free += 1;
+                    self.first_free = self.first_free.min(i);
+                }
+            }
+        }
+        self.lens.insert(seq, len.min(n));
+        Ok(())
+    }
+
+    /// Makes `dst` hold `src`'s first `n` positions (the same cells: nothing is copied); `dst`'s
+    /// own positions are dropped first.
+    pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, n: usize) -> Result<()> {
+        let n = n.min(self.seq_len(src)?);
+        self.truncate(dst, 0)?;
+        for (pos, seqs) in &mut self.cells {
+            if seqs.contains(&src) && (*pos as usize) < n {
+                seqs.push(dst);
+            }
+        }
+        self.lens.insert(dst, n);
+        Ok(())
+    }
+
+    /// Takes a free cell for position `len` of `seq` (which grows by one); returns the cell.
+    pub fn push(&mut self, seq: SeqId) -> Result<usize> {
+        let len = self.seq_len(seq)?;
+        let cell = self.cells[self.first_free.min(self.cells.len())..]
+            .iter()
+            .position(|c| c.1.is_empty())
+            .map(|i| i + self.first_free)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the KV cache's {} cells are all in use",
+                    self.cells.len()
+                ))
+            })?;
+        self.cells[cell] = (len as u32, vec![seq]);
+        self.n_free -= 1;
+        self.first_free = cell + 1;
+        self.lens.insert(seq, len + 1);
+        Ok(cell)
+    }
+
+    /// The cells of `seq` in position order.
+    pub fn cells_of(&self, seq: SeqId) -> Vec<usize> {
+        let mut v: Vec<(u32, usize)> = self
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.1.contains(&seq))
+            .map(|(i, c)| (c.0, i))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Appends the mask row of a token of `seq` at position `p` over the first `n_kv` cells: 0
+    /// where it may attend (a cell of `seq` at a position not after `p`, and fewer than `window`
+    /// positions behind when given), -inf elsewhere.
+    pub fn mask_row(
+        &self,
+        seq: SeqId,
+        p: usize,
+        window: Option<usize>,
+        n_kv: usize,
+        out: &mut Vec<half::f16>,
+    ) {
+        out.extend(self.cells[..n_kv].iter().map(|(pos, seqs)| {
+            let q = *pos as usize;
+            let visible = seqs.contains(&seq) && q <= p && window.is_none_or(|w| p - q < w);
+            if visible {
+                half::f16::ZERO
+            } else {
+                half::f16::NEG_INFINITY
+            }
+        }));
     }
 }

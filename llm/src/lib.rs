@@ -1,6 +1,11 @@
 //! tessera-llm: run GGUF models (Llama, Granite, Qwen 2/3, Gemma 2/3, Phi 3) on tessera: tokenizer, model graph, KV cache,
 //! sampling, chat templates and generation; and make synthetic or trimmed models ([`synth`]).
 //!
+//! For apps: one [`Model`] shared by many [`Session`]s (generation as an iterator of
+//! [`Piece`]s, stop strings, cancellation, state saved to bytes or a file), [`Embedder`] for
+//! embeddings, and [`BatchContext`] to decode many sequences in one graph per step (what a
+//! server's continuous batching runs on).
+//!
 //! # Example
 //!
 //! Load a model onto the best device present (the CPU runs what that device cannot) and stream
@@ -30,9 +35,11 @@
 //! ```
 #![warn(missing_docs)]
 pub mod arch;
+pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod context;
+pub mod embed;
 pub mod fetch;
 pub mod forward;
 pub mod generate;
@@ -40,12 +47,20 @@ pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
 pub mod sampling;
+pub mod session;
 pub mod shard;
+#[cfg(feature = "async")]
+pub mod stream;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
 pub use arch::Arch;
+pub use batch::{BatchContext, BatchParams};
 pub use config::ModelConfig;
 pub use context::{Context, ContextParams};
+pub use embed::{Embedder, Pooling};
+pub use generate::{Cancel, GenOptions, StopReason};
+pub use kv_cache::SeqId;
 pub use model::{LoadParams, Model};
+pub use session::{Piece, Session};

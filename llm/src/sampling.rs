@@ -133,6 +133,33 @@ impl Sampler {
     }
 }
 
+/// The log-probability of token `id` under the softmax of `logits` (the model's own
+/// distribution, before any sampling filter, as OpenAI's `logprobs` reports it), and the `top`
+/// most likely tokens with theirs, most likely first.
+pub fn logprobs(logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(possible(v)));
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| f64::from(possible(l) - max).exp())
+        .sum();
+    let log_z = max + sum.ln() as f32;
+    let lp = |l: f32| possible(l) - log_z;
+    let chosen = logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let best = if top == 0 {
+        Vec::new()
+    } else {
+        top_k(logits, top.min(logits.len()))
+    };
+    (
+        chosen,
+        best.into_iter().map(|c| (c.id, lp(c.logit))).collect(),
+    )
+}
+
 /// A logit as the samplers see it: NaN is an impossible token.
 fn possible(l: f32) -> f32 {
     if l.is_nan() {

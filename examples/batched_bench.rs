@@ -1,0 +1,109 @@
+//! Aggregate decode speed of many sequences decoded together, as llama.cpp's
+//! `llama-batched-bench` measures it: for each batch size B, B sequences of `n_prompt` random
+//! tokens are evaluated in one step, then `n_gen` steps of one token per sequence.
+//!
+//! ```text
+//! cargo run --release [--features cuda|wgpu] --example batched_bench -- \
+//!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64]
+//! ```
+//!
+//! Prints one `RESULT` line per batch size: prompt and decode tokens per second over all
+//! sequences, and the decode time per step.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use tessera::cpu::CpuDevice;
+use tessera::{Device, Options};
+use tessera_llm::batch::{BatchContext, BatchParams, Output, SeqTokens};
+use tessera_llm::Model;
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
+    args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+}
+
+fn main() -> tessera::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.first() else {
+        eprintln!("usage: batched_bench MODEL.gguf [DEVICE] [N_PROMPT] [N_GEN] [B,B,...]");
+        std::process::exit(2);
+    };
+    let spec = args.get(1).map_or("auto", String::as_str);
+    let (n_prompt, n_gen) = (arg(&args, 2, 128usize), arg(&args, 3, 128usize));
+    let batches: Vec<usize> = args
+        .get(4)
+        .map_or("1,4,16,64", String::as_str)
+        .split(',')
+        .filter_map(|b| b.trim().parse().ok())
+        .collect();
+    let max_b = batches.iter().copied().max().unwrap_or(1);
+
+    let options = Options::from_env()?;
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
+    let device = if spec == "cpu" {
+        cpu.clone()
+    } else {
+        tessera::device(&options, spec)?
+    };
+    let model = Arc::new(Model::load(path, device.clone(), cpu, &mut |_, _| {})?);
+    let params = BatchParams {
+        n_ctx: n_prompt + n_gen,
+        n_seq: max_b,
+        // One step holds every prompt of the largest batch.
+        n_ubatch: (n_prompt * max_b).max(1),
+        ..BatchParams::default()
+    };
+    let mut ctx = BatchContext::new(model.clone(), params)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let n_vocab = model.config.n_vocab as u32;
+    for &b in &batches {
+        let seqs: Vec<u32> = (0..b).map(|_| ctx.add_seq()).collect();
+        let prompts: Vec<Vec<u32>> = (0..b)
+            .map(|_| (0..n_prompt).map(|_| rng.gen_range(0..n_vocab)).collect())
+            .collect();
+        fn step<'a>(seqs: &[u32], tokens: &'a [Vec<u32>]) -> Vec<SeqTokens<'a>> {
+            seqs.iter()
+                .zip(tokens)
+                .map(|(&seq, t)| SeqTokens {
+                    seq,
+                    tokens: t,
+                    output: Output::Last,
+                })
+                .collect()
+        }
+        let t0 = Instant::now();
+        let mut logits = ctx.decode(&step(&seqs, &prompts))?;
+        let pp = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for _ in 0..n_gen {
+            // Greedy: each sequence's next token is its argmax.
+            let next: Vec<Vec<u32>> = logits
+                .iter()
+                .map(|l| {
+                    let best = l
+                        .iter()
+                        .enumerate()
+                        .fold(
+                            (0, f32::NEG_INFINITY),
+                            |a, (i, &x)| if x > a.1 { (i, x) } else { a },
+                        );
+                    vec![best.0 as u32]
+                })
+                .collect();
+            logits = ctx.decode(&step(&seqs, &next))?;
+        }
+        let tg = t1.elapsed().as_secs_f64();
+        println!(
+            "RESULT device={} B={b} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
+            device.name(),
+            (b * n_prompt) as f64 / pp,
+            (b * n_gen) as f64 / tg,
+            tg * 1e3 / n_gen as f64
+        );
+        for s in seqs {
+            ctx.remove_seq(s)?;
+        }
+    }
+    Ok(())
+}

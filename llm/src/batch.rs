@@ -1,0 +1,467 @@
+//! Many sequences evaluated together: one KV cache shared by every sequence ([`Cells`]) and one
+//! graph per step over the tokens of all the sequences that step carries.
+//!
+//! Batching is a matter of the step's inputs: each token brings its own position, the cache
+//! cell it is written to, and a mask row that lets it see only the cells of its own sequence at
+//! positions up to its own. The output head runs only on the tokens whose logits are wanted
+//! (the last of each sequence, as a rule), picked by [`Head::LogitsOf`]. A sequence may join,
+//! leave, be truncated or share another's prefix between any two steps, so a server runs
+//! continuous batching by calling [`BatchContext::decode`] once per step with whatever its
+//! sequences need: a chunk of a prompt, or the one token each decoding sequence sampled.
+
+use std::sync::Arc;
+
+use half::f16;
+use tessera_core::{DType, Device, DeviceKind, Error, Graph, Result, SchedPlan, Scheduler};
+
+use crate::context::{f16_bytes, set, KV_PAD};
+use crate::forward::{self, Head, StepIo, StepShape, StepSource};
+use crate::kv_cache::{Cells, KvCache, SeqId};
+use crate::model::Model;
+
+/// Settings of a [`BatchContext`].
+#[derive(Clone, Debug)]
+pub struct BatchParams {
+    /// Positions one sequence may hold (0: the smaller of the model's training context and
+    /// 4096).
+    pub n_ctx: usize,
+    /// Sequences the cache is sized for: it holds `n_ctx * n_seq` cells, shared by all.
+    pub n_seq: usize,
+    /// Most tokens evaluated in one graph (a larger step is cut into graphs of this).
+    pub n_ubatch: usize,
+    /// KV cache element type (F16 as llama.cpp, or F32).
+    pub kv_type: DType,
+}
+
+impl Default for BatchParams {
+    fn default() -> Self {
+        BatchParams {
+            n_ctx: 0,
+            n_seq: 1,
+            n_ubatch: 512,
+            kv_type: DType::F16,
+        }
+    }
+}
+
+/// Which logits a sequence's tokens of a step give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// None (a prompt chunk that is not the prompt's end).
+    None,
+    /// The last token's.
+    Last,
+    /// Every token's, in order.
+    All,
+}
+
+/// The tokens one sequence brings to a step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqTokens<'a> {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its next tokens (evaluated after the positions it holds).
+    pub tokens: &'a [u32],
+    /// Which logits come back.
+    pub output: Output,
+}
+
+struct Step {
+    key: (StepShape, Head),
+    graph: Graph,
+    plan: SchedPlan,
+    io: StepIo,
+}
+
+/// Step graphs kept for reuse: decode steps differ only in how many sequences they carry.
+const MAX_GRAPHS: usize = 8;
+
+/// Magic and version of a saved sequence.
+const SEQ_MAGIC: &[u8; 8] = b"TSKVSEQ1";
+
+/// Evaluates tokens of many sequences against a model, in one graph per step.
+pub struct BatchContext {
+    model: Arc<Model>,
+    sched: Scheduler,
+    kv: KvCache,
+    cells: Cells,
+    n_ctx: usize,
+    n_ubatch: usize,
+    steps: Vec<Step>,
+}
+
+impl BatchContext {
+    /// A context for `model` on the model's device (the CPU runs what the device cannot).
+    pub fn new(model: Arc<Model>, params: BatchParams) -> Result<Self> {
+        let cfg = &model.config;
+        let n_ctx = if params.n_ctx == 0 {
+            cfg.n_ctx_train.min(4096)
+        } else {
+            params.n_ctx
+        };
+        if params.n_ubatch == 0 || params.n_seq == 0 {
+            return Err(Error::Invalid(
+                "the batch size and the sequence count must be at least 1".into(),
+            ));
+        }
+        // Whole KV_PAD blocks, as the one-sequence context: mask rows are then whole words.
+        let n_cells = n_ctx
+            .checked_mul(params.n_seq)
+            .ok_or(Error::Overflow("KV cells"))?
+            .div_ceil(KV_PAD)
+            * KV_PAD;
+        if model.layer_split().is_some() {
+            return Err(Error::Invalid(
+                "batched decoding of a model split by layers is not supported yet: use \
+                 --split-mode tensor or one device"
+                    .into(),
+            ));
+        }
+        let device = model.device().clone();
+        let kv = KvCache::new_shared(
+            cfg,
+            device.as_ref(),
+            n_cells,
+            params.kv_type,
+            model.sharding(),
+        )?;
+        let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
+        if device.kind() != DeviceKind::Cpu {
+            devices.push(model.fallback().clone());
+        }
+        Ok(BatchContext {
+            sched: Scheduler::new(devices)?,
+            kv,
+            cells: Cells::new(n_cells),
+            n_ctx,
+            n_ubatch: params.n_ubatch,
+            steps: Vec::new(),
+            model,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Positions one sequence may hold.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Most tokens in one graph.
+    pub fn n_ubatch(&self) -> usize {
+        self.n_ubatch
+    }
+
+    /// The cells and which sequences hold them.
+    pub fn cells(&self) -> &Cells {
+        &self.cells
+    }
+
+    /// A new, empty sequence.
+    pub fn add_seq(&mut self) -> SeqId {
+        self.cells.add_seq()
+    }
+
+    /// Forgets a sequence, freeing the cells only it held.
+    pub fn remove_seq(&mut self, seq: SeqId) -> Result<()> {
+        self.cells.remove_seq(seq)
+    }
+
+    /// Keeps the first `n` positions of a sequence.
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        self.cells.truncate(seq, n)
+    }
+
+    /// Makes `dst` hold `src`'s first `n` positions, sharing their cells.
+    pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, n: usize) -> Result<()> {
+        self.cells.copy_prefix(src, dst, n)
+    }
+
+    /// Positions a sequence holds.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        self.cells.seq_len(seq)
+    }
+
+    /// Evaluates one step: each sequence's tokens after the positions it holds. Returns, per
+    /// entry, the logits its [`Output`] asks for (`n_vocab` per token). On an error no
+    /// sequence keeps the step's positions.
+    pub fn decode(&mut self, batch: &[SeqTokens]) -> Result<Vec<Vec<f32>>> {
+        self.check(batch)?;
+        let before: Vec<(SeqId, usize)> = batch
+            .iter()
+            .map(|b| Ok((b.seq, self.cells.seq_len(b.seq)?)))
+            .collect::<Result<_>>()?;
+        let r = self.decode_checked(batch, Head::LogitsOf(0));
+        if r.is_err() {
+            for &(seq, n) in &before {
+                self.cells.truncate(seq, n)?;
+            }
+        }
+        r
+    }
+
+    /// The hidden states after the output norm of `tokens` evaluated after the positions `seq`
+    /// holds: `n_embd` values per token, in order (what embeddings pool).
+    pub fn hidden(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let batch = [SeqTokens {
+            seq,
+            tokens,
+            output: Output::All,
+        }];
+        self.check(&batch)?;
+        let n = self.cells.seq_len(seq)?;
+        let r = self.decode_checked(&batch, Head::Hidden);
+        if r.is_err() {
+            self.cells.truncate(seq, n)?;
+        }
+        Ok(r?.remove(0))
+    }
+
+    fn check(&self, batch: &[SeqTokens]) -> Result<()> {
+        let n_vocab = self.model.config.n_vocab;
+        let mut total = 0usize;
+        for (i, b) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|o| o.seq == b.seq) {
+                return Err(Error::Invalid(format!(
+                    "sequence {} appears twice in one step",
+                    b.seq
+                )));
+            }
+            if let Some(&bad) = b.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(Error::Invalid(format!(
+                    "token id {bad} is past the vocabulary of {n_vocab}"
+                )));
+            }
+            let len = self.cells.seq_len(b.seq)?;
+            if len + b.tokens.len() > self.n_ctx {
+                return Err(Error::Invalid(format!(
+                    "{} tokens after {len} do not fit the context of {} positions",
+                    b.tokens.len(),
+                    self.n_ctx
+                )));
+            }
+            total += b.tokens.len();
+        }
+        if total == 0 {
+            return Err(Error::Invalid(
+                "nothing to evaluate: the step has no tokens".into(),
+            ));
+        }
+        if total > self.cells.n_free() {
+            return Err(Error::Invalid(format!(
+                "the step's {total} tokens need more than the {} free KV cells",
+                self.cells.n_free()
+            )));
+        }
+        Ok(())
+    }
+
+    fn decode_checked(&mut self, batch: &[SeqTokens], head: Head) -> Result<Vec<Vec<f32>>> {
+        // Every token of the step, in order: (entry, token, whether its output comes back).
+        let mut flat: Vec<(usize, u32, bool)> = Vec::new();
+        for (e, b) in batch.iter().enumerate() {
+            let n = b.tokens.len();
+            for (i, &t) in b.tokens.iter().enumerate() {
+                let want = match (head, b.output) {
+                    (Head::Hidden, _) | (_, Output::All) => true,
+                    (_, Output::Last) => i + 1 == n,
+                    (_, Output::None) => false,
+                };
+                flat.push((e, t, want));
+            }
+        }
+        let mut out = vec![Vec::new(); batch.len()];
+        for chunk in flat.chunks(self.n_ubatch) {
+            self.ubatch(batch, chunk, head, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// One graph over `chunk`'s tokens; appends the outputs to `out`.
+    fn ubatch(
+        &mut self,
+        batch: &[SeqTokens],
+        chunk: &[(usize, u32, bool)],
+        head: Head,
+        out: &mut [Vec<f32>],
+    ) -> Result<()> {
+        let n = chunk.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut pos = Vec::with_capacity(n);
+        let mut rows = Vec::with_capacity(n);
+        for &(e, t, _) in chunk {
+            let seq = batch[e].seq;
+            pos.push(self.cells.seq_len(seq)? as i32);
+            rows.push(self.cells.push(seq)? as i64);
+            ids.push(t as i32);
+        }
+        let n_kv = (self.cells.used_end().div_ceil(KV_PAD) * KV_PAD).min(self.cells.len());
+        let window = self.model.config.max_window();
+        let wanted: Vec<i32> = (0..n).filter(|&i| chunk[i].2).map(|i| i as i32).collect();
+        let head = match head {
+            Head::Hidden => Head::Hidden,
+            // A chunk whose tokens all lead into a later one: the head still needs a row.
+            _ if wanted.is_empty() => Head::LogitsOf(1),
+            _ => Head::LogitsOf(wanted.len()),
+        };
+        let shape = StepShape {
+            n_tokens: n,
+            n_kv,
+            n_kv_window: if window.is_some() { n_kv } else { 0 },
+            all_logits: head == Head::Hidden,
+        };
+        let idx = self.step((shape, head))?;
+        let step = &self.steps[idx];
+        let g = &step.graph;
+        let mut mask = Vec::with_capacity(n * n_kv);
+        for (i, &(e, _, _)) in chunk.iter().enumerate() {
+            self.cells
+                .mask_row(batch[e].seq, pos[i] as usize, None, n_kv, &mut mask);
+        }
+        // Each input through the backend of the device the plan placed it on.
+        let sched = &mut self.sched;
+        let plan = &step.plan;
+        let mut set = |id, bytes: &[u8]| set(sched, plan, g, id, bytes);
+        set(step.io.tokens, bytemuck::cast_slice(&ids))?;
+        set(step.io.pos, bytemuck::cast_slice(&pos))?;
+        set(step.io.global.rows, bytemuck::cast_slice(&rows))?;
+        set(step.io.global.mask, &f16_bytes(&mask))?;
+        if let Some(w) = step.io.window {
+            let mut wmask: Vec<f16> = Vec::with_capacity(n * n_kv);
+            for (i, &(e, _, _)) in chunk.iter().enumerate() {
+                self.cells
+                    .mask_row(batch[e].seq, pos[i] as usize, window, n_kv, &mut wmask);
+            }
+            set(w.rows, bytemuck::cast_slice(&rows))?;
+            set(w.mask, &f16_bytes(&wmask))?;
+        }
+        if let Some(o) = step.io.out_ids {
+            let picked: &[i32] = if wanted.is_empty() { &[0] } else { &wanted };
+            set(o, bytemuck::cast_slice(picked))?;
+        }
+        let count = g.get(step.io.logits).nelements();
+        let mut vals = vec![0f32; count];
+        self.sched.compute_read(
+            g,
+            &step.plan,
+            step.io.logits,
+            bytemuck::cast_slice_mut(&mut vals),
+        )?;
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let width = count / wanted.len();
+        for (row, &i) in vals.chunks(width).zip(&wanted) {
+            out[chunk[i as usize].0].extend_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// The index of the step graph for `key`, built on first use.
+    fn step(&mut self, key: (StepShape, Head)) -> Result<usize> {
+        if let Some(i) = self.steps.iter().position(|s| s.key == key) {
+            // Most recently used last: the oldest goes first when the list is full.
+            let s = self.steps.remove(i);
+            self.steps.push(s);
+            return Ok(self.steps.len() - 1);
+        }
+        let src = StepSource {
+            cfg: &self.model.config,
+            weights: &self.model.weights,
+            kv: &self.kv,
+            n_ctx: self.n_ctx,
+        };
+        let (mut graph, io, _) = forward::build_head(&src, key.0, key.1)?;
+        let plan = self.sched.plan(&mut graph)?;
+        tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
+        log::debug!(
+            "new batch step graph {:?}: {} tensors, {} splits",
+            key,
+            graph.len(),
+            plan.splits.len()
+        );
+        if self.steps.len() >= MAX_GRAPHS {
+            self.steps.remove(0);
+        }
+        self.steps.push(Step {
+            key,
+            graph,
+            plan,
+            io,
+        });
+        Ok(self.steps.len() - 1)
+    }
+
+    /// A sequence's KV state as bytes: its positions' K and V rows of every layer, with a header
+    /// that [`BatchContext::restore_seq`] checks against the model and cache it is loaded into.
+    pub fn save_seq(&self, seq: SeqId) -> Result<Vec<u8>> {
+        self.check_host_cache()?;
+        let cells = self.cells.cells_of(seq);
+        let mut out = Vec::with_capacity(32 + cells.len() * self.kv.cell_bytes());
+        out.extend_from_slice(SEQ_MAGIC);
+        for v in [
+            self.model.config.n_layer as u64,
+            self.kv.cell_bytes() as u64,
+            cells.len() as u64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for c in cells {
+            self.kv.read_cell(c, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// A new sequence holding the positions saved by [`BatchContext::save_seq`].
+    pub fn restore_seq(&mut self, bytes: &[u8]) -> Result<SeqId> {
+        self.check_host_cache()?;
+        let bad = |why: &str| Error::Invalid(format!("not a saved sequence of this model: {why}"));
+        if bytes.len() < 32 || &bytes[..8] != SEQ_MAGIC {
+            return Err(bad("no header"));
+        }
+        let field = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[8 + 8 * i..16 + 8 * i]);
+            u64::from_le_bytes(b)
+        };
+        let cell_bytes = self.kv.cell_bytes();
+        if field(0) != self.model.config.n_layer as u64 || field(1) != cell_bytes as u64 {
+            return Err(bad("its layers or KV rows differ"));
+        }
+        let n = usize::try_from(field(2)).map_err(|_| bad("its length"))?;
+        let body = &bytes[32..];
+        if n.checked_mul(cell_bytes) != Some(body.len()) {
+            return Err(bad("its length does not match its cells"));
+        }
+        if n > self.n_ctx || n > self.cells.n_free() {
+            return Err(Error::Invalid(format!(
+                "a saved sequence of {n} positions does not fit ({} per sequence, {} cells free)",
+                self.n_ctx,
+                self.cells.n_free()
+            )));
+        }
+        let seq = self.cells.add_seq();
+        for row in body.chunks(cell_bytes) {
+            let cell = self.cells.push(seq)?;
+            if let Err(e) = self.kv.write_cell(cell, row) {
+                self.cells.remove_seq(seq)?;
+                return Err(e);
+            }
+        }
+        Ok(seq)
+    }
+
+    /// Saving reads the cache's rows at their offsets, which a sharded cache does not keep.
+    fn check_host_cache(&self) -> Result<()> {
+        if self.model.sharding().is_some() {
+            return Err(Error::Unsupported {
+                backend: self.model.device().name(),
+                what: "saving or restoring a sequence's KV state (the cache is sharded)".into(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -386,6 +386,11 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::Mean => misc::sum_rows(enc, id, true),
         Op::Argmax => misc::argmax(enc, id),
         Op::AllReduce => comm::all_reduce(enc, id),
+        // Not implemented on CUDA yet: `supports` declines them, so the scheduler runs them on
+        // the CPU.
+        Op::MulMatId | Op::AddId | Op::Argsort { .. } | Op::TopK(_) => {
+            Err(enc.unsupported(id, "this op is not implemented on CUDA"))
+        }
     }
 }
 
@@ -428,5 +433,6 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
         Op::Pad(_) | Op::Arange { .. } | Op::SumRows | Op::Mean | Op::Argmax => true,
         Op::Sum => src(0).is_some_and(|a| a.dtype.is_float()),
         Op::AllReduce => t.dtype == DType::F32 && t.is_contiguous(),
+        Op::MulMatId | Op::AddId | Op::Argsort { .. } | Op::TopK(_) => false,
     }
 }

@@ -73,7 +73,10 @@ impl Arch {
     /// Qwen 2 and Phi 3 loaders take `attn_output` as `[n_embd, n_embd]`, so the heads must
     /// cover the width exactly).
     fn heads_cover_width(self) -> bool {
-        matches!(self, Arch::Qwen2 | Arch::Phi3 | Arch::Qwen2Moe | Arch::Olmoe)
+        matches!(
+            self,
+            Arch::Qwen2 | Arch::Phi3 | Arch::Qwen2Moe | Arch::Olmoe
+        )
     }
 
     /// Whether every layer's feed-forward is a mixture of experts.
@@ -583,7 +586,10 @@ impl ArchShape {
             return bad("Qwen 2 MoE files, and only they, have a shared expert".into());
         }
         if matches!(self.arch, Arch::Qwen2Moe | Arch::Olmoe) && self.tied_output {
-            return bad(format!("llama.cpp's {} loader requires output.weight", self.arch.name()));
+            return bad(format!(
+                "llama.cpp's {} loader requires output.weight",
+                self.arch.name()
+            ));
         }
         if self.arch == Arch::Olmoe && self.n_head_kv != self.n_head {
             return bad("OLMoE's K norm is as wide as the model: no grouped KV heads".into());
@@ -657,9 +663,7 @@ pub enum SynthType {
 
 impl SynthType {
     /// Every type's name, as the command line takes them.
-    pub const NAMES: [&'static str; 7] = [
-        "q4_0", "q4_1", "q8_0", "q4_k", "f16", "f32", "q4_k_m",
-    ];
+    pub const NAMES: [&'static str; 7] = ["q4_0", "q4_1", "q8_0", "q4_k", "f16", "f32", "q4_k_m"];
 
     /// The type of this name; an error listing the names otherwise.
     pub fn from_name(name: &str) -> Result<SynthType> {
@@ -875,7 +879,8 @@ pub(super) fn layout(
         };
         Ok(Plan::random(name, dtype, ne, 0.0, std))
     };
-    let matrix = |name: String, layer: usize, ne0: u64, ne1: u64| matrix_ne(name, layer, vec![ne0, ne1]);
+    let matrix =
+        |name: String, layer: usize, ne0: u64, ne1: u64| matrix_ne(name, layer, vec![ne0, ne1]);
     // The router's and the shared expert's gate vectors stay F32, as llama.cpp's quantizer
     // leaves them; the router's logits spread by about 2, so that a token's experts are
     // chosen by clear margins.

@@ -2,8 +2,9 @@
 //
 // mul_mat_id_<w>_<b>: t[0] f32 dst [m, n_used, n_tokens], t[1] experts [k, m, n_expert] of type
 // <w> (rows contiguous), t[2] rows [k, n_b, n_tokens] of type <b>, t[3] i32 ids
-// [n_used, n_tokens]: dst[i, e, t] = experts[:, i, ids[e, t]] . rows[:, e % n_b, t]. One warp
-// per result; grid (m / warps per block, n_used, n_tokens). An id outside 0..n_expert gives 0.
+// [n_used, n_tokens]: dst[i, e, t] = experts[:, i, ids[e, t] - i[0]] . rows[:, e % n_b, t]
+// (i[0]: the id of the first expert t[1] holds). One warp per result; grid (m / warps per
+// block, n_used, n_tokens). An expert t[1] does not hold gives 0.
 // add_id_f32: t[0] dst [n, n_used, n_tokens], t[1] a (same shape), t[2] rows [n, n_rows],
 // t[3] i32 ids [n_used, n_tokens]: dst[i, e, t] = a[i, e, t] + rows[i, ids[e, t]] (an id out of
 // range adds 0).
@@ -22,7 +23,7 @@ template <class W, class B> __device__ void mmid_float(const KParams& p) {
     const i64 i = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const i64 e = blockIdx.y, t = blockIdx.z;
     if (i >= d.ne[0]) return;
-    const int x = *(const int*)at(p.t[3], e, t, 0, 0);
+    const int x = *(const int*)at(p.t[3], e, t, 0, 0) - p.i[0];
     float acc = 0.0f;
     if (x >= 0 && x < a.ne[2]) {
         const char* w = at(a, 0, i, x, 0);
@@ -42,7 +43,7 @@ template <int Q, class B> __device__ void mmid_quant(const KParams& p) {
     const i64 i = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const i64 e = blockIdx.y, t = blockIdx.z;
     if (i >= d.ne[0]) return;
-    const int x = *(const int*)at(p.t[3], e, t, 0, 0);
+    const int x = *(const int*)at(p.t[3], e, t, 0, 0) - p.i[0];
     float acc = 0.0f;
     if (x >= 0 && x < a.ne[2]) {
         const u8* w = (const u8*)at(a, 0, i, x, 0);

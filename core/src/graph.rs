@@ -738,7 +738,7 @@ impl Graph {
             ));
         }
         let ne = [ta.ne[1], ti.ne[0], tb.ne[2], 1];
-        self.node(DType::F32, ne, Op::MulMatId, vec![as_, b, ids])
+        self.node(DType::F32, ne, Op::MulMatId { first: 0 }, vec![as_, b, ids])
     }
 
     /// `a` [n, n_used, n_tokens] (F32) plus the rows of `b` [n, n_rows] (F32) that I32 `ids`

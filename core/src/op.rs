@@ -237,8 +237,13 @@ pub enum Op {
     /// A mat-mul whose matrix is picked per row: src0 holds one matrix per expert
     /// [k, m, n_expert], src1 the rows [k, n_b, n_tokens], src2 the I32 expert ids
     /// [n_used, n_tokens]; out[:, e, t] = src0[:, :, ids[e, t]] times src1[:, e % n_b, t]
-    /// (ggml's MUL_MAT_ID).
-    MulMatId,
+    /// (ggml's MUL_MAT_ID). src0 holds experts `first..first + n_expert` (`first` is 0 but in
+    /// the graph of one part of a meta device that holds a slice of the experts); a row routed
+    /// to an expert src0 does not hold is 0.
+    MulMatId {
+        /// The id of src0's first expert.
+        first: usize,
+    },
     /// src0 [n, n_used, n_tokens] plus the row of src1 [n, n_rows] that the I32 ids src2
     /// [n_used, n_tokens] pick: out[:, e, t] = src0[:, e, t] + src1[:, ids[e, t]] (ggml's
     /// ADD_ID: a bias per expert).
@@ -353,7 +358,7 @@ impl Op {
             Op::GetRows => "GET_ROWS",
             Op::SetRows => "SET_ROWS",
             Op::MulMat => "MUL_MAT",
-            Op::MulMatId => "MUL_MAT_ID",
+            Op::MulMatId { .. } => "MUL_MAT_ID",
             Op::AddId => "ADD_ID",
             Op::Binary(BinaryOp::Add) => "ADD",
             Op::Binary(BinaryOp::Sub) => "SUB",

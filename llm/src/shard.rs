@@ -14,6 +14,11 @@
 //!   computes the logits of its slice of the vocabulary, and the meta layer joins the slices
 //!   when it reads the logits back (no all-reduce). A head tied to the token embedding stays
 //!   mirrored, since the embedding lookup reads whole rows of it.
+//! - **Whole experts** of a mixture-of-experts feed-forward (`ffn_gate_exps`, `ffn_up_exps`,
+//!   `ffn_down_exps`: split along the expert axis, by the ratios): each part computes the
+//!   tokens routed to its own experts, and the layer's output is summed once (expert
+//!   parallelism, see tessera-meta's `experts` module). The router and a shared expert are
+//!   mirrored.
 //! - **Mirrored** everything else: embeddings, norms. The residual stream is mirrored, so
 //!   every part has the whole activation at the start of each block.
 //!
@@ -56,6 +61,11 @@ pub struct Sharding {
     ffn: Vec<usize>,
     /// Vocabulary rows of the output head of each part.
     vocab: Vec<usize>,
+    /// Experts of each part (a mixture of experts; empty otherwise).
+    experts: Vec<usize>,
+    /// Attention is computed whole on every part: its Q and K are normed over all heads at
+    /// once (OLMoE), which no split by heads computes.
+    attn_mirrored: bool,
 }
 
 impl Sharding {
@@ -125,6 +135,14 @@ impl Sharding {
         let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width")
             .map_err(|e| Error::Model(e.to_string()))?;
         let vocab = partition(cfg.n_vocab, ratios);
+        let experts = match &cfg.moe {
+            Some(moe) => {
+                let e = partition(moe.n_expert, ratios);
+                log::info!("{}: experts {e:?} of {}", device.name(), moe.n_expert);
+                e
+            }
+            None => Vec::new(),
+        };
         match &kv_heads {
             Some(kv) => log::info!(
                 "{}: KV heads {kv:?} (each with {group} query heads), feed-forward rows {ffn:?}, \
@@ -145,6 +163,8 @@ impl Sharding {
             head_dim: cfg.head_dim,
             ffn,
             vocab,
+            experts,
+            attn_mirrored: cfg.block.qk_norm_whole,
         }))
     }
 
@@ -164,12 +184,20 @@ impl Sharding {
         &self.ffn
     }
 
+    /// Experts each part holds (empty for a model without a mixture of experts).
+    pub fn experts(&self) -> &[usize] {
+        &self.experts
+    }
+
     fn q_rows(&self) -> Vec<usize> {
         self.q_heads.iter().map(|h| h * self.head_dim).collect()
     }
 
     /// The state of K and V rows: split by KV heads, or mirrored.
     fn kv_rows_state(&self, axis: usize) -> SplitState {
+        if self.attn_mirrored {
+            return SplitState::Mirrored;
+        }
         match &self.kv_heads {
             Some(kv) => SplitState::split(axis, kv.iter().map(|h| h * self.head_dim).collect()),
             None => SplitState::Mirrored,
@@ -184,6 +212,7 @@ impl Sharding {
             .map(|(_, k)| k)
             .unwrap_or("");
         let state = match kind {
+            _ if self.attn_mirrored && kind.starts_with("attn_") => SplitState::Mirrored,
             "attn_q.weight" => SplitState::split(1, self.q_rows()),
             "attn_k.weight" | "attn_v.weight" => self.kv_rows_state(1),
             "attn_q.bias" => SplitState::split(0, self.q_rows()),
@@ -191,6 +220,11 @@ impl Sharding {
             "attn_output.weight" => SplitState::split(0, self.q_rows()),
             "ffn_gate.weight" | "ffn_up.weight" => SplitState::split(1, self.ffn.clone()),
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
+            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
+                if !self.experts.is_empty() =>
+            {
+                SplitState::split(2, self.experts.clone())
+            }
             _ if name == "output.weight" => SplitState::split(1, self.vocab.clone()),
             _ => SplitState::Mirrored,
         };

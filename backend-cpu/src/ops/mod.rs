@@ -95,7 +95,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
             let (a, b) = (s(0)?, s(1)?);
             float_or_quant(a) && float(b) && quant_rows_ok(0) && t.dtype == DType::F32
         }
-        Op::MulMatId => {
+        Op::MulMatId { .. } => {
             let (a, b) = (s(0)?, s(1)?);
             float_or_quant(a)
                 && float(b)
@@ -191,7 +191,7 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         Op::GetRows => rows::get_rows(&dst, &src(0)?, &src(1)?),
         Op::SetRows => rows::set_rows(&dst, &src(1)?, &src(2)?),
         Op::MulMat => mul_mat::run(ctx, &dst, &src(0)?, &src(1)?),
-        Op::MulMatId => moe::mul_mat_id(ctx, &dst, &src(0)?, &src(1)?, &src(2)?),
+        Op::MulMatId { first } => moe::mul_mat_id(ctx, &dst, &src(0)?, &src(1)?, &src(2)?, *first),
         Op::AddId => moe::add_id(&dst, &src(0)?, &src(1)?, &src(2)?),
         Op::Binary(op) => binary::run(*op, &dst, &src(0)?, &src(1)?),
         Op::Scale { scale, bias } => {

@@ -19,21 +19,26 @@ use crate::view::TView;
 /// Weight rows per work item.
 const TILE_ROWS: usize = 16;
 
-/// The expert named by element (e, t) of `ids`, checked against the `n_expert` there are.
-fn expert(ids: &TView, e: usize, t: usize, n_expert: usize) -> Result<usize> {
+/// Which of the `n_expert` experts `a` holds (ids `first..`) element (e, t) of `ids` names, if
+/// any.
+fn expert(ids: &TView, e: usize, t: usize, first: usize, n_expert: usize) -> Option<usize> {
     let v = ids.get_int([e, t, 0, 0]);
     usize::try_from(v)
         .ok()
+        .and_then(|v| v.checked_sub(first))
         .filter(|&x| x < n_expert)
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "mul_mat_id: expert id {v} (slot {e}, token {t}) is outside 0..{n_expert}"
-            ))
-        })
 }
 
-/// dst[:, e, t] = a[:, :, ids[e, t]] times b[:, e % n_b, t] (F32 result).
-pub(crate) fn mul_mat_id(ctx: &Ctx, dst: &TView, a: &TView, b: &TView, ids: &TView) -> Result<()> {
+/// dst[:, e, t] = a[:, :, ids[e, t] - first] times b[:, e % n_b, t] (F32 result), 0 where `a`
+/// does not hold the expert (a part of a meta device holding a slice of the experts).
+pub(crate) fn mul_mat_id(
+    ctx: &Ctx,
+    dst: &TView,
+    a: &TView,
+    b: &TView,
+    ids: &TView,
+    first: usize,
+) -> Result<()> {
     let (k, m, n_expert) = (a.ne[0], a.ne[1], a.ne[2]);
     let (n_used, n_tok, n_b) = (ids.ne[0], ids.ne[1], b.ne[1]);
     let fits = b.ne[0] == k
@@ -47,11 +52,15 @@ pub(crate) fn mul_mat_id(ctx: &Ctx, dst: &TView, a: &TView, b: &TView, ids: &TVi
             a.ne, b.ne, ids.ne, dst.ne
         )));
     }
-    // The (slot, token) pairs of each expert.
+    // The (slot, token) pairs of each expert held; the others' results are 0.
     let mut routed: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_expert];
+    let zeros = vec![0f32; m];
     for t in 0..n_tok {
         for e in 0..n_used {
-            routed[expert(ids, e, t, n_expert)?].push((e, t));
+            match expert(ids, e, t, first, n_expert) {
+                Some(x) => routed[x].push((e, t)),
+                None => dst.store_row([e, t, 0], &zeros)?,
+            }
         }
     }
     if k == 0 {

@@ -25,12 +25,13 @@ pub(super) fn sort_supported(n: usize) -> bool {
 }
 
 /// The expert mat-mul: one warp per result.
-pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId) -> Result<()> {
+pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Result<()> {
     let t = enc.graph.get(id);
     let (a, b, ids) = (t.src[0], t.src[1], t.src[2]);
     let (wt, bt) = (enc.graph.get(a).dtype, enc.graph.get(b).dtype);
     let d = enc.arg(id)?;
-    let p = params(d, &[enc.arg(a)?, enc.arg(b)?, enc.arg(ids)?]);
+    let mut p = params(d, &[enc.arg(a)?, enc.arg(b)?, enc.arg(ids)?]);
+    p.i[0] = first as i32;
     let name = format!("mul_mat_id_{}_{}", wt.name(), bt.name());
     let grid = [
         (d.ne[0] as u64).div_ceil(u64::from(MMID_WARPS)) as u32,

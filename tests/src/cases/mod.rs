@@ -148,7 +148,7 @@ mod tests {
             Op::Concat(0),
             Op::Pad([0; 4]),
             Op::DiagMaskInf(0),
-            Op::MulMatId,
+            Op::MulMatId { first: 0 },
             Op::AddId,
             Op::Argsort { descending: false },
             Op::TopK(1),

@@ -94,7 +94,7 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
         Op::GetRows => rows::get_rows(g, id),
         Op::SetRows => rows::set_rows(g, id),
         Op::MulMat => matmul::mul_mat(g, id),
-        Op::MulMatId => moe::mul_mat_id(g, id),
+        Op::MulMatId { first } => moe::mul_mat_id(g, id, *first),
         Op::AddId => moe::add_id(g, id),
         Op::Binary(op) => elementwise::binary(g, id, *op),
         Op::Scale { scale, bias } => elementwise::map(g, id, |x| x * *scale as f64 + *bias as f64),

@@ -1,4 +1,5 @@
-//! mul_mat_id and add_id: out[:, e, t] = a[:, :, ids[e, t]] times b[:, e % n_b, t], and
+//! mul_mat_id and add_id: out[:, e, t] = a[:, :, ids[e, t] - first] times b[:, e % n_b, t]
+//! (0 where a does not hold that expert), and
 //! out[:, e, t] = a[:, e, t] + b[:, ids[e, t]]. Quantized experts are dequantized; the
 //! activations are not quantized.
 
@@ -15,17 +16,27 @@ fn id_at(ids: &Vals, e: usize, t: usize, n: usize) -> Result<usize> {
     Ok(v as usize)
 }
 
-/// Computes a mul_mat_id node.
-pub(super) fn mul_mat_id(g: &Graph, id: TensorId) -> Result<()> {
+/// Computes a mul_mat_id node whose experts start at id `first`.
+pub(super) fn mul_mat_id(g: &Graph, id: TensorId, first: usize) -> Result<()> {
     let (a, b, ids) = (io::src(g, id, 0)?, io::src(g, id, 1)?, io::src(g, id, 2)?);
     let ne = g.get(id).ne;
     let mut out = Vec::with_capacity(ne.iter().product());
     for t in 0..ne[2] {
         for e in 0..ne[1] {
-            let x = id_at(&ids, e, t, a.ne[2])?;
+            let x = ids.at(e, t, 0, 0) - first as f64;
             let y = b.row(e % b.ne[1], t, 0);
             for i in 0..ne[0] {
-                out.push(a.row(i, x, 0).iter().zip(y).map(|(u, v)| u * v).sum());
+                if x < 0.0 || x >= a.ne[2] as f64 {
+                    out.push(0.0);
+                } else {
+                    out.push(
+                        a.row(i, x as usize, 0)
+                            .iter()
+                            .zip(y)
+                            .map(|(u, v)| u * v)
+                            .sum(),
+                    );
+                }
             }
         }
     }

@@ -1,17 +1,19 @@
-//! Expert parallelism of the small mixture-of-experts models on meta devices of CPU parts: each
-//! part holds whole experts (by the split ratios; a part may hold none), the router and the
-//! rest of the feed-forward mirrored, attention split by heads as for a dense model (OLMoE's
-//! whole-row Q/K norms keep its attention whole on every part). The models are F32, so split
-//! or not the logits agree to rounding and greedy gives the CPU's tokens up to the CPU's first
-//! near-tie.
+//! Expert parallelism of the small mixture-of-experts models on meta devices: each part holds
+//! whole experts (by the split ratios; a part may hold none), the router and the rest of the
+//! feed-forward mirrored, attention split by heads as for a dense model (OLMoE's whole-row Q/K
+//! norms keep its attention whole on every part). The models are F32, so split or not the
+//! logits agree to rounding and greedy gives the CPU's tokens up to the CPU's first near-tie.
+//! Parts are CPUs, and a CPU with each GPU device present (lavapipe in CI: meta:cpu,wgpu:0).
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
 use tessera::meta::{MetaDevice, SplitRatios};
 use tessera::Device;
+use tessera_core::gguf::GgufFile;
 use tessera_core::DType;
 use tessera_llm::shard::Sharding;
 use tessera_llm::synth::{self, Like, SynthType};
@@ -22,13 +24,30 @@ use common::argmax;
 const PROMPT: &str =
     "Once upon a time, in a small village by the sea, there lived an old fisherman";
 const STEPS: usize = 12;
+const MODELS: [Like; 4] = [
+    Like::MixtralSmall,
+    Like::Qwen2MoeSmall,
+    Like::Qwen3MoeSmall,
+    Like::OlmoeSmall,
+];
 
-fn meta(ratios: &[f64]) -> Arc<dyn Device> {
-    let parts = ratios
-        .iter()
-        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
-        .collect();
+fn cpu() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new())
+}
+
+fn meta(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<dyn Device> {
     Arc::new(MetaDevice::new(parts, &SplitRatios::Given(ratios.to_vec())).unwrap())
+}
+
+/// The F32 file of `like` in `dir`.
+fn model_file(dir: &Path, like: Like) -> PathBuf {
+    let path = dir.join(format!("{}.gguf", like.name()));
+    synth::synth(like, SynthType::All(DType::F32), &path, &mut |_, _| {}).unwrap();
+    path
+}
+
+fn load(path: &Path, dev: Arc<dyn Device>) -> Arc<Model> {
+    Arc::new(Model::load(path, dev, cpu(), &mut |_, _| {}).unwrap())
 }
 
 /// The prompt's last logits, then the greedy ids and the top-2 gap before each.
@@ -53,36 +72,24 @@ fn run(model: &Arc<Model>) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
     (first, ids, gaps)
 }
 
-#[test]
-fn small_moe_models_on_meta_cpu_parts_give_the_cpus_tokens() {
-    let dir = std::env::temp_dir().join(format!("tessera-meta-experts-{}", std::process::id()));
+/// Runs every model on the CPU and on each meta device `metas` makes (with its ratios);
+/// returns the runs that differ.
+fn compare(tag: &str, metas: &dyn Fn() -> Vec<(Vec<f64>, Arc<dyn Device>)>) -> Vec<String> {
+    let dir =
+        std::env::temp_dir().join(format!("tessera-meta-experts-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut failed = Vec::new();
-    for like in [
-        Like::MixtralSmall,
-        Like::Qwen2MoeSmall,
-        Like::Qwen3MoeSmall,
-        Like::OlmoeSmall,
-    ] {
-        let path = dir.join(format!("{}.gguf", like.name()));
-        synth::synth(like, SynthType::All(DType::F32), &path, &mut |_, _| {}).unwrap();
-        let cpu = Arc::new(CpuDevice::new()) as Arc<dyn Device>;
-        let load = |dev: Arc<dyn Device>| {
-            Arc::new(Model::load(&path, dev, Arc::new(CpuDevice::new()), &mut |_, _| {}).unwrap())
-        };
-        let (want_logits, want, gaps) = run(&load(cpu));
+    for like in MODELS {
+        let path = model_file(&dir, like);
+        let (want_logits, want, gaps) = run(&load(&path, cpu()));
         let tie = gaps.iter().position(|&g| g < 0.5).unwrap_or(STEPS);
-        for ratios in [vec![0.6, 0.4], vec![0.5, 0.3, 0.2], vec![0.7, 0.3, 0.0]] {
-            let dev = meta(&ratios);
-            let model = load(dev.clone());
+        for (ratios, dev) in metas() {
+            let model = load(&path, dev.clone());
             let n_expert = model.config.moe.as_ref().unwrap().n_expert;
-            let sh = Sharding::new(
-                &model.config,
-                &tessera_core::gguf::GgufFile::open(&path).unwrap(),
-                dev.as_ref(),
-            )
-            .unwrap()
-            .unwrap();
+            let file = GgufFile::open(&path).unwrap();
+            let sh = Sharding::new(&model.config, &file, dev.as_ref())
+                .unwrap()
+                .unwrap();
             assert_eq!(
                 sh.experts().iter().sum::<usize>(),
                 n_expert,
@@ -97,15 +104,49 @@ fn small_moe_models_on_meta_cpu_parts_give_the_cpus_tokens() {
                 .fold(0f32, f32::max);
             let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
             println!(
-                "{} on {ratios:?}: experts {:?}; last prompt logits max |d| {worst:.2e}; greedy same {same}/{STEPS} (cpu's first near-tie at {tie})",
+                "{} on {} {ratios:?}: experts {:?}; last prompt logits max |d| {worst:.2e}; \
+                 greedy same {same}/{STEPS} (the CPU's first near-tie at {tie})",
                 like.name(),
+                dev.name(),
                 sh.experts()
             );
-            if worst > 1e-2 || same < tie {
-                failed.push(format!("{} {ratios:?}", like.name()));
+            if worst > 2e-2 || same < tie {
+                failed.push(format!("{} on {} {ratios:?}", like.name(), dev.name()));
             }
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+    failed
+}
+
+#[test]
+fn small_moe_models_on_meta_cpu_parts_give_the_cpus_tokens() {
+    let metas = || {
+        [vec![0.6, 0.4], vec![0.5, 0.3, 0.2], vec![0.7, 0.3, 0.0]]
+            .into_iter()
+            .map(|r| {
+                let parts = r.iter().map(|_| cpu()).collect();
+                (r.clone(), meta(parts, &r))
+            })
+            .collect()
+    };
+    let failed = compare("cpu", &metas);
+    assert!(failed.is_empty(), "differ from the CPU: {failed:?}");
+}
+
+/// A CPU and each GPU device present (absent backends reported as skipped by name).
+#[test]
+fn small_moe_models_on_a_cpu_and_each_gpu_device_give_the_cpus_tokens() {
+    let gpus = common::non_cpu_devices();
+    let metas = || {
+        gpus.iter()
+            .map(|g| {
+                let r = vec![0.5, 0.5];
+                (r.clone(), meta(vec![cpu(), g.clone()], &r))
+            })
+            .collect()
+    };
+    let failed = compare("gpu", &metas);
+    println!("{} non-CPU devices tested", gpus.len());
     assert!(failed.is_empty(), "differ from the CPU: {failed:?}");
 }

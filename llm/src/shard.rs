@@ -88,13 +88,18 @@ impl Sharding {
                 .zip(ratios)
                 .position(|(&c, &r)| r > 0.0 && c == 0)
         };
-        let (q_heads, kv_heads) = if starved(&kv_heads).is_none() {
-            (kv_heads.iter().map(|h| h * group).collect(), Some(kv_heads))
-        } else {
-            let q_heads = partition(cfg.n_head, ratios);
-            let refuse = |j: usize, why: String| {
-                let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
-                Error::Model(format!(
+        let heads = || -> Result<(Vec<usize>, Option<Vec<usize>>)> {
+            if starved(&kv_heads).is_none() {
+                return Ok((
+                    kv_heads.iter().map(|h| h * group).collect(),
+                    Some(kv_heads.clone()),
+                ));
+            }
+            {
+                let q_heads = partition(cfg.n_head, ratios);
+                let refuse = |j: usize, why: String| {
+                    let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
+                    Error::Model(format!(
                     "the model's {} KV heads ({} query heads, {group} per KV head) cannot be divided \
                      among the {} parts of {} by ratios {}: part {j} ({name}) {why} (give it ratio 0 \
                      or use fewer devices)",
@@ -104,26 +109,42 @@ impl Sharding {
                     device.name(),
                     fmt_ratios(ratios)
                 ))
-            };
-            if let Some(j) = starved(&q_heads) {
-                return Err(refuse(j, "would get no query head".into()));
-            }
-            let mut first = 0;
-            for (j, &c) in q_heads.iter().enumerate() {
-                let last = first + c;
-                let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
-                if c > 0 && !whole && first / group != (last - 1) / group {
-                    return Err(refuse(
-                        j,
-                        format!(
+                };
+                if let Some(j) = starved(&q_heads) {
+                    return Err(refuse(j, "would get no query head".into()));
+                }
+                let mut first = 0;
+                for (j, &c) in q_heads.iter().enumerate() {
+                    let last = first + c;
+                    let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
+                    if c > 0 && !whole && first / group != (last - 1) / group {
+                        return Err(refuse(
+                            j,
+                            format!(
                             "would get query heads {first}..{last}, which cut across the groups \
                              of two KV heads"
                         ),
-                    ));
+                        ));
+                    }
+                    first = last;
                 }
-                first = last;
+                Ok((q_heads, None))
             }
-            (q_heads, None)
+        };
+        // A mixture of experts whose heads cannot be divided by the ratios (or whose Q/K norms
+        // span every head, as OLMoE's) keeps its attention whole on every part and still
+        // splits its experts.
+        let (q_heads, kv_heads, attn_mirrored) = if cfg.block.qk_norm_whole {
+            (partition(cfg.n_head, ratios), None, true)
+        } else {
+            match heads() {
+                Ok((q, kv)) => (q, kv, false),
+                Err(e) if cfg.moe.is_some() => {
+                    log::info!("{e}: attention computed whole on every part");
+                    (partition(cfg.n_head, ratios), None, true)
+                }
+                Err(e) => return Err(e),
+            }
         };
         let unit = file
             .tensors
@@ -164,7 +185,7 @@ impl Sharding {
             ffn,
             vocab,
             experts,
-            attn_mirrored: cfg.block.qk_norm_whole,
+            attn_mirrored,
         }))
     }
 

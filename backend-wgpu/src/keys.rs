@@ -279,6 +279,10 @@ pub(crate) struct ShapeKey {
     pub dst: DType,
 }
 
+/// Invocations per workgroup of mul_mat_id (one workgroup per result: a row of a few thousand
+/// values takes a few dozen loads an invocation).
+const MOE_WG: u32 = 64;
+
 /// Operation codes of the moe family (`OP` in `shaders/moe.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum MoeKind {
@@ -614,7 +618,7 @@ impl Key {
             }
             Key::Moe(k) => {
                 let (code, dst, wg) = match k.op {
-                    MoeKind::MulMatId => (0, DType::F32, EW_WG),
+                    MoeKind::MulMatId => (0, DType::F32, MOE_WG),
                     MoeKind::AddId => (1, DType::F32, EW_WG),
                     MoeKind::Sort => (2, DType::I32, ROW_WG),
                 };

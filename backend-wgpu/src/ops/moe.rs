@@ -12,7 +12,7 @@ fn key(op: MoeKind, a: DType, b: DType) -> Key {
     Key::Moe(MoeKey { op, a, b })
 }
 
-/// mul_mat_id: one invocation per result; `first` is the id of the first expert src0 holds.
+/// mul_mat_id: one workgroup per result; `first` is the id of the first expert src0 holds.
 pub(super) fn mul_mat_id(n: &Node, mut p: Params, first: usize) -> Result<Vec<PlanOut>, String> {
     let t = n.t;
     let (a, b) = (n.srcs[0].dtype, n.srcs[1].dtype);
@@ -25,9 +25,10 @@ pub(super) fn mul_mat_id(n: &Node, mut p: Params, first: usize) -> Result<Vec<Pl
     if a.is_quantized() && !n.srcs[0].rows_contiguous() {
         return Err("quantized expert rows must be contiguous".into());
     }
+    p.u[0] = t.nelements() as u32;
     p.u[1] = u32::try_from(first).map_err(|_| "expert id too large".to_string())?;
     let k = key(MoeKind::MulMatId, a, b);
-    Ok(ew(
+    Ok(per_row(
         k,
         vec![n.id, t.src[0], t.src[1], t.src[2]],
         p,

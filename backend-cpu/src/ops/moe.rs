@@ -92,17 +92,40 @@ pub(crate) fn mul_mat_id(
         for_ranges(items.len(), cost, |range| {
             for &(x, rt) in &items[range] {
                 let rows = rows(rt);
-                for &(e, tok) in &routed[x] {
+                let xs4 = |i: usize| {
+                    [
+                        a.row([i, x, 0]),
+                        a.row([i + 1, x, 0]),
+                        a.row([i + 2, x, 0]),
+                        a.row([i + 3, x, 0]),
+                    ]
+                };
+                // Four routed rows at a time share each unpacked weight block (a prompt), then
+                // the rest one by one.
+                let groups = routed[x].chunks_exact(4);
+                let rest = groups.remainder();
+                for g in groups {
+                    let ys = [0, 1, 2, 3].map(|c| col(row_of(g[c].0, g[c].1)));
+                    let mut i = rows.start;
+                    while i + 4 <= rows.end {
+                        let o = vec_dot_tile::<4, 4>(t, k, &xs4(i), &ys);
+                        for (c, &(e, tok)) in g.iter().enumerate() {
+                            dst.set_run([i, e, tok, 0], &o.map(|r| r[c]));
+                        }
+                        i += 4;
+                    }
+                    for i in i..rows.end {
+                        let o = vec_dot_tile::<1, 4>(t, k, &[a.row([i, x, 0])], &ys);
+                        for (c, &(e, tok)) in g.iter().enumerate() {
+                            dst.set_run([i, e, tok, 0], &[o[0][c]]);
+                        }
+                    }
+                }
+                for &(e, tok) in rest {
                     let y = [col(row_of(e, tok))];
                     let mut i = rows.start;
                     while i + 4 <= rows.end {
-                        let xs = [
-                            a.row([i, x, 0]),
-                            a.row([i + 1, x, 0]),
-                            a.row([i + 2, x, 0]),
-                            a.row([i + 3, x, 0]),
-                        ];
-                        let o = vec_dot_tile::<4, 1>(t, k, &xs, &y);
+                        let o = vec_dot_tile::<4, 1>(t, k, &xs4(i), &y);
                         dst.set_run([i, e, tok, 0], &o.map(|r| r[0]));
                         i += 4;
                     }
@@ -128,7 +151,26 @@ pub(crate) fn mul_mat_id(
                     a.load_row([i, x, 0], w)?;
                 }
                 let w = |i: usize| &tile[(i - rows.start) * k..(i - rows.start + 1) * k];
-                for &(e, tok) in &routed[x] {
+                let groups = routed[x].chunks_exact(4);
+                let rest = groups.remainder();
+                for g in groups {
+                    let ys = [0, 1, 2, 3].map(|c| col(row_of(g[c].0, g[c].1)));
+                    let mut i = rows.start;
+                    while i + 2 <= rows.end {
+                        let o = dot_tile::<2, 4>(&[w(i), w(i + 1)], &ys);
+                        for (c, &(e, tok)) in g.iter().enumerate() {
+                            dst.set_run([i, e, tok, 0], &o.map(|r| r[c]));
+                        }
+                        i += 2;
+                    }
+                    for i in i..rows.end {
+                        let o = dot_tile::<1, 4>(&[w(i)], &ys);
+                        for (c, &(e, tok)) in g.iter().enumerate() {
+                            dst.set_run([i, e, tok, 0], &[o[0][c]]);
+                        }
+                    }
+                }
+                for &(e, tok) in rest {
                     let y = [col(row_of(e, tok))];
                     let mut i = rows.start;
                     while i + 4 <= rows.end {

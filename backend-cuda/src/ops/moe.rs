@@ -3,7 +3,6 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
 
-use super::copy::quant_supported;
 use super::{params, Encoder};
 
 /// Warps (results) per block of mul_mat_id.
@@ -12,10 +11,24 @@ const MMID_WARPS: u32 = 4;
 /// Longest row argsort and top_k sort in one block's shared memory.
 const MAX_SORT: usize = 4096;
 
+/// The quantized expert types kernels/moe.cu has a mul_mat_id entry point for.
+const QUANT_EXPERTS: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
 /// Whether mul_mat_id of experts `a` by rows `b` runs here.
 pub(super) fn mul_mat_id_supported(a: &Tensor, b: &Tensor) -> bool {
     let w = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
-        || (quant_supported(a.dtype) && a.rows_contiguous());
+        || (QUANT_EXPERTS.contains(&a.dtype) && a.rows_contiguous());
     w && matches!(b.dtype, DType::F32 | DType::F16)
 }
 

@@ -64,6 +64,13 @@ impl Arch {
 
     /// The architecture a file names; an unknown name is an error listing the known ones.
     pub fn from_name(name: &str) -> Result<Arch> {
+        if name == "gpt-oss" {
+            return Err(Error::Model(
+                "architecture 'gpt-oss' is not supported yet: its experts are MXFP4 and its \
+                 attention has sinks and biased experts (add_id), which the runner does not compute"
+                    .into(),
+            ));
+        }
         Arch::NAMES
             .iter()
             .position(|&n| n == name)
@@ -116,5 +123,21 @@ pub(crate) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
         Arch::Qwen2Moe => moe::configure_qwen2moe(m, cfg),
         Arch::Qwen3Moe => moe::configure_qwen3moe(m, cfg),
         Arch::Olmoe => moe::configure_olmoe(m, cfg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_are_refused_by_name() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+        }
+        let e = Arch::from_name("gpt-oss").unwrap_err().to_string();
+        assert!(e.contains("gpt-oss") && e.contains("MXFP4"), "{e}");
+        let e = Arch::from_name("mamba").unwrap_err().to_string();
+        assert!(e.contains("'mamba'") && e.contains("qwen3moe"), "{e}");
     }
 }

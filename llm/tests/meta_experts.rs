@@ -2,8 +2,9 @@
 //! whole experts (by the split ratios; a part may hold none), the router and the rest of the
 //! feed-forward mirrored, attention split by heads as for a dense model (OLMoE's whole-row Q/K
 //! norms keep its attention whole on every part, as do heads the ratios cannot divide). The
-//! models are F32, so split or not the
-//! logits agree to rounding and greedy gives the CPU's tokens up to the CPU's first near-tie.
+//! models are F32, so split or not the logits agree to rounding (within 0.1 against a spread of
+//! about 24; a wrong expert or a lost sum moves them by tens) and greedy gives the CPU's tokens
+//! up to the CPU's first near-tie.
 //! Parts are CPUs, and a CPU with each GPU device present (lavapipe in CI: meta:cpu,wgpu:0).
 
 mod common;
@@ -111,7 +112,7 @@ fn compare(tag: &str, metas: &dyn Fn() -> Vec<(Vec<f64>, Arc<dyn Device>)>) -> V
                 dev.name(),
                 sh.experts()
             );
-            if worst > 2e-2 || same < tie {
+            if worst > 0.1 || same < tie {
                 failed.push(format!("{} on {} {ratios:?}", like.name(), dev.name()));
             }
         }

@@ -58,11 +58,11 @@ pub(crate) fn keeps_partial(g: &Graph, id: TensorId, eff: &[SplitState]) -> bool
 }
 
 /// The op a part runs for node `t`: a `mul_mat_id` over split experts learns the id of its
-/// part's first expert; every other op is as it is.
+/// part's first expert (past the node's own first); every other op is as it is.
 pub(crate) fn part_op(t: &Tensor, src0: Option<&SplitState>, j: usize) -> Op {
     match (&t.op, src0.and_then(SplitState::as_split)) {
-        (Op::MulMatId { .. }, Some(x)) if x.axis == EXPERT_AXIS => Op::MulMatId {
-            first: x.single_range(j).unwrap_or(0),
+        (Op::MulMatId { first }, Some(x)) if x.axis == EXPERT_AXIS => Op::MulMatId {
+            first: first + x.single_range(j).unwrap_or(0),
         },
         (op, _) => op.clone(),
     }

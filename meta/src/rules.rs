@@ -613,7 +613,10 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             }
             done(x.on_axis(0), as_is(1))
         }
-        Op::MulMatId { .. } if split_of(0).is_some_and(|x| x.axis == experts::EXPERT_AXIS) => {
+        Op::MulMatId { .. }
+            if split_of(0)
+                .is_some_and(|x| x.axis == experts::EXPERT_AXIS && x.segments.len() == 1) =>
+        {
             // Whole experts on each part (expert parallelism): see experts.rs.
             Ok(Rule::Done(
                 SplitState::Partial,

@@ -3,7 +3,7 @@
 //! MoE layer as the model runner composes them (soft_max, top_k, get_rows, sum_rows, div,
 //! mul_mat_id, swiglu, mul), so that a backend is checked on the chain as well as on each op.
 
-use tessera_core::{DType, GluOp};
+use tessera_core::{DType, GluOp, Op};
 
 use super::ne_str;
 use crate::case::{Case, Tolerance};
@@ -116,6 +116,26 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 .case(),
             );
         }
+    }
+
+    // One part's slice of the experts on a meta device (expert parallelism): src0 holds experts
+    // first..first + n_mats of twice as many, rows routed to the others are 0.
+    for (type_a, first) in [(DType::F32, 4), (DType::Q4_0, 3), (DType::Q4_K, 1)] {
+        let (n_mats, n_used, m, n, k) = (4, 3, 32, 5, 256);
+        v.push(Case::new(
+            "MUL_MAT_ID",
+            format!("type_a={type_a},type_b=f32,n_mats={n_mats},n_used={n_used},m={m},n={n},k={k},first={first}"),
+            &[type_a, DType::F32, DType::I32],
+            Tolerance::MATMUL,
+            move |g| {
+                let a = g.leaf(type_a, &[k, m, n_mats])?;
+                let x = g.leaf(DType::F32, &[k, 1, n])?;
+                let ids = g.input(DType::I32, &[n_used, n], Init::UniqueIndices(2 * n_mats))?;
+                let out = g.mul_mat_id(a, x, ids)?;
+                g.get_mut(out).op = Op::MulMatId { first };
+                Ok(out)
+            },
+        ));
     }
 
     // add_id: a bias row per expert.

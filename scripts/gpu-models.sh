@@ -32,7 +32,8 @@ done
 # references are llm/tests/data/arch/NAME.json).
 for ref in llm/tests/data/arch/*.json; do
   name=$(basename "$ref" .json); f=/root/m/$name.gguf
-  "$BIN" gguf synth --like "$name" --type f16 --out "$f" > /dev/null 2>&1 || { echo "RESULT synth $name FAILED"; continue; }
+  ty=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["synth"]["type"])' "$ref")
+  "$BIN" gguf synth --like "$name" --type "$ty" --out "$f" > /dev/null 2>&1 || { echo "RESULT synth $name FAILED"; continue; }
   timeout 120 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" "${devs[@]}" > "$OUT/greedy-$name.log" 2>&1
   grep 'prompts match\|FAILED\|MISMATCH' "$OUT/greedy-$name.log" | sed "s/^/RESULT $name /"
 done

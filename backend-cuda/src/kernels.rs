@@ -48,6 +48,7 @@ const FILES: &[(&str, &str)] = &[
     ("shape", include_str!("../../kernels/shape.cu")),
     ("matmul", include_str!("../../kernels/matmul.cu")),
     ("mmvq", include_str!("../../kernels/mmvq.cu")),
+    ("moe", include_str!("../../kernels/moe.cu")),
     (
         "attention_prompt",
         include_str!("../../kernels/attention_prompt.cu"),

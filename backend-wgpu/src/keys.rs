@@ -281,6 +281,27 @@ pub(crate) struct ShapeKey {
     pub dst: DType,
 }
 
+/// Invocations per workgroup of mul_mat_id (one workgroup per result: a row of a few thousand
+/// values takes a few dozen loads an invocation).
+const MOE_WG: u32 = 64;
+
+/// Operation codes of the moe family (`OP` in `shaders/moe.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum MoeKind {
+    MulMatId,
+    AddId,
+    /// argsort and top_k.
+    Sort,
+}
+
+/// `moe.wgsl`: mul_mat_id of experts `a` by rows `b`, add_id, argsort and top_k (f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MoeKey {
+    pub op: MoeKind,
+    pub a: DType,
+    pub b: DType,
+}
+
 /// One shader entry point with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Key {
@@ -301,6 +322,7 @@ pub(crate) enum Key {
     FlashAttnCombine(u32),
     Reduce(ReduceKey),
     Shape(ShapeKey),
+    Moe(MoeKey),
 }
 
 /// Invocations per workgroup of an element-wise variant writing `dst`: one for quantizing into
@@ -366,6 +388,7 @@ impl Key {
             Key::FlashAttnCombine(_) => (Family::FlashAttn, "decode_combine"),
             Key::Reduce(_) => (Family::Reduce, "main"),
             Key::Shape(_) => (Family::Shape, "main"),
+            Key::Moe(_) => (Family::Moe, "main"),
         }
     }
 
@@ -595,6 +618,20 @@ impl Key {
                 d.set("RAW", u32::from(k.t == DType::I32));
                 d.ty("T0", k.t).ty("T1", k.t).ty("DT", k.dst);
                 d.set("WG", ew_wg(k.dst));
+            }
+            Key::Moe(k) => {
+                let (code, dst, wg) = match k.op {
+                    MoeKind::MulMatId => (0, DType::F32, MOE_WG),
+                    MoeKind::AddId => (1, DType::F32, EW_WG),
+                    MoeKind::Sort => (2, DType::I32, ROW_WG),
+                };
+                d.set("OP", code);
+                d.set("QUANT", u32::from(k.a.is_quantized()));
+                d.ty("T0", k.a)
+                    .ty("T1", k.b)
+                    .ty("T2", DType::I32)
+                    .ty("DT", dst);
+                d.set("WG", wg);
             }
         }
         d.0

@@ -95,12 +95,14 @@ pub(crate) enum Family {
     Reduce,
     /// concat, repeat, pad, diag_mask_inf, arange.
     Shape,
+    /// mul_mat_id, add_id, argsort and top_k.
+    Moe,
 }
 
 impl Family {
     /// Every family.
     #[cfg(test)]
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 15] = [
         Family::Unary,
         Family::Binary,
         Family::Glu,
@@ -115,6 +117,7 @@ impl Family {
         Family::FlashAttn,
         Family::Reduce,
         Family::Shape,
+        Family::Moe,
     ];
 
     /// The family's name (its file's).
@@ -157,6 +160,7 @@ impl Family {
             Family::FlashAttn => &[("flash_attn", include_str!("../../shaders/flash_attn.wgsl"))],
             Family::Reduce => &[("reduce", include_str!("../../shaders/reduce.wgsl"))],
             Family::Shape => &[("shape", include_str!("../../shaders/shape.wgsl"))],
+            Family::Moe => &[("moe", include_str!("../../shaders/moe.wgsl"))],
         }
     }
 
@@ -168,7 +172,7 @@ impl Family {
             Family::Norm => &["OP", "MUL", "ADD"],
             Family::SoftMax => &[],
             Family::Rope => &["KV", "FACTORS", "BLEND"],
-            Family::Rows => &["OP", "QUANT"],
+            Family::Rows | Family::Moe => &["OP", "QUANT"],
             Family::Shape => &["OP", "RAW"],
             // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
             Family::MatVec => &["KK", "MMPAIR", "YK", "QB", "ROWS", "TPB"],
@@ -190,6 +194,7 @@ impl Family {
         matches!(
             self,
             Family::Rows
+                | Family::Moe
                 | Family::Unary
                 | Family::MatVec
                 | Family::MatVecQ
@@ -208,6 +213,7 @@ impl Family {
             | Family::SoftMax
             | Family::Rows
             | Family::Shape => 3,
+            Family::Moe => 4,
             Family::FlashAttn => 5,
             // The fused mat-vecs read a residual or a second weight matrix (and may write a
             // second result), and the weights of an rms_norm they compute (binding 5); the one

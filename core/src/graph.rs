@@ -678,6 +678,109 @@ impl Graph {
         self.node(DType::F32, ne, Op::MulMat, vec![a, b])
     }
 
+    /// The expert mat-mul (ggml's `mul_mat_id`): `as_` [k, m, n_expert] (one matrix per
+    /// expert, any type mul_mat takes, rows contiguous) times `b` [k, n_b, n_tokens] (F32 or
+    /// F16), each row of `b` by the experts that I32 `ids` [n_used, n_tokens] name (n_used a
+    /// multiple of n_b: row `e % n_b` of token t goes to expert `ids[e, t]`): F32
+    /// [m, n_used, n_tokens].
+    pub fn mul_mat_id(&mut self, as_: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        for x in [as_, b, ids] {
+            self.check_id(x, "MUL_MAT_ID")?;
+        }
+        let (ta, tb, ti) = (self.get(as_), self.get(b), self.get(ids));
+        if ti.dtype != DType::I32 {
+            return Err(self.err(
+                ids,
+                "MUL_MAT_ID",
+                format!("ids must be i32, not {}", ti.dtype),
+            ));
+        }
+        if ta.ne[3] != 1 || tb.ne[3] != 1 || ti.ne[2] != 1 || ti.ne[3] != 1 {
+            return Err(self.err(
+                as_,
+                "MUL_MAT_ID",
+                format!(
+                    "needs 3-D experts, 3-D rows and 2-D ids, got {:?}, {:?}, {:?}",
+                    ta.ne, tb.ne, ti.ne
+                ),
+            ));
+        }
+        if ta.ne[0] != tb.ne[0] || ti.ne[1] != tb.ne[2] || ti.ne[0] % tb.ne[1] != 0 {
+            return Err(self.err(
+                b,
+                "MUL_MAT_ID",
+                format!(
+                    "experts {:?}, rows {:?} and ids {:?} do not fit (need the same k, one id \
+                     row per token, and ids per token a multiple of rows per token)",
+                    ta.ne, tb.ne, ti.ne
+                ),
+            ));
+        }
+        if !matches!(tb.dtype, DType::F32 | DType::F16) {
+            return Err(self.err(
+                b,
+                "MUL_MAT_ID",
+                format!("src1 must be f32 or f16, not {}", tb.dtype),
+            ));
+        }
+        if matches!(
+            ta.dtype,
+            DType::I32 | DType::I64 | DType::Q8_1 | DType::Q8_K
+        ) || !ta.rows_contiguous()
+        {
+            return Err(self.err(
+                as_,
+                "MUL_MAT_ID",
+                format!(
+                    "src0 must be a float or quantized type with contiguous rows, not {}",
+                    ta.dtype
+                ),
+            ));
+        }
+        let ne = [ta.ne[1], ti.ne[0], tb.ne[2], 1];
+        self.node(DType::F32, ne, Op::MulMatId { first: 0 }, vec![as_, b, ids])
+    }
+
+    /// `a` [n, n_used, n_tokens] (F32) plus the rows of `b` [n, n_rows] (F32) that I32 `ids`
+    /// [n_used, n_tokens] pick (ggml's `add_id`, a bias per expert): F32, `a`'s shape.
+    pub fn add_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        for x in [a, b, ids] {
+            self.check_id(x, "ADD_ID")?;
+        }
+        let (ta, tb, ti) = (self.get(a), self.get(b), self.get(ids));
+        if ta.dtype != DType::F32 || tb.dtype != DType::F32 || ti.dtype != DType::I32 {
+            return Err(self.err(
+                a,
+                "ADD_ID",
+                format!(
+                    "needs f32, f32 and i32 ids, got {}, {}, {}",
+                    ta.dtype, tb.dtype, ti.dtype
+                ),
+            ));
+        }
+        let fits = ta.ne[3] == 1
+            && tb.ne[2] == 1
+            && tb.ne[3] == 1
+            && tb.ne[0] == ta.ne[0]
+            && ti.ne[0] == ta.ne[1]
+            && ti.ne[1] == ta.ne[2]
+            && ti.ne[2] == 1
+            && ti.ne[3] == 1;
+        if !fits {
+            return Err(self.err(
+                b,
+                "ADD_ID",
+                format!(
+                    "a {:?}, b {:?} and ids {:?} do not fit (need a [n, n_used, n_tokens], \
+                     b [n, n_rows], ids [n_used, n_tokens])",
+                    ta.ne, tb.ne, ti.ne
+                ),
+            ));
+        }
+        let ne = ta.ne;
+        self.node(DType::F32, ne, Op::AddId, vec![a, b, ids])
+    }
+
     // ---- element-wise ----
 
     fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> Result<TensorId> {
@@ -1146,6 +1249,36 @@ impl Graph {
         }
         let n = t.ne[1];
         self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, vec![a])
+    }
+
+    /// The I32 indices that sort each row of F32 `a`, ascending or descending (stable).
+    pub fn argsort(&mut self, a: TensorId, descending: bool) -> Result<TensorId> {
+        self.check_id(a, "ARGSORT")?;
+        let t = self.get(a);
+        if t.dtype != DType::F32 {
+            return Err(self.err(a, "ARGSORT", format!("f32 only, got {}", t.dtype)));
+        }
+        let ne = t.ne;
+        self.node(DType::I32, ne, Op::Argsort { descending }, vec![a])
+    }
+
+    /// The I32 indices of the `k` largest values of each row of F32 `a`, largest first:
+    /// [k, ne1, ne2, ne3].
+    pub fn top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId> {
+        self.check_id(a, "TOP_K")?;
+        let t = self.get(a);
+        if t.dtype != DType::F32 || k == 0 || k > t.ne[0] {
+            return Err(self.err(
+                a,
+                "TOP_K",
+                format!(
+                    "needs f32 rows of at least k={k} > 0 values, got {} {:?}",
+                    t.dtype, t.ne
+                ),
+            ));
+        }
+        let ne = [k, t.ne[1], t.ne[2], t.ne[3]];
+        self.node(DType::I32, ne, Op::TopK(k), vec![a])
     }
 
     /// Elements with column > n_past + row set to -inf.

@@ -234,6 +234,20 @@ pub enum Op {
     SetRows,
     /// src1 times src0 transposed: out[m, n] = sum_k src0[k, m] * src1[k, n], batched over 2-3.
     MulMat,
+    /// A mat-mul whose matrix is picked per row: src0 holds one matrix per expert
+    /// [k, m, n_expert], src1 the rows [k, n_b, n_tokens], src2 the I32 expert ids
+    /// [n_used, n_tokens]; out[:, e, t] = src0[:, :, ids[e, t]] times src1[:, e % n_b, t]
+    /// (ggml's MUL_MAT_ID). src0 holds experts `first..first + n_expert` (`first` is 0 but in
+    /// the graph of one part of a meta device that holds a slice of the experts); a row routed
+    /// to an expert src0 does not hold is 0.
+    MulMatId {
+        /// The id of src0's first expert.
+        first: usize,
+    },
+    /// src0 [n, n_used, n_tokens] plus the row of src1 [n, n_rows] that the I32 ids src2
+    /// [n_used, n_tokens] pick: out[:, e, t] = src0[:, e, t] + src1[:, ids[e, t]] (ggml's
+    /// ADD_ID: a bias per expert).
+    AddId,
     /// An element-wise binary op, src1 broadcast over src0.
     Binary(BinaryOp),
     /// x * scale + bias
@@ -301,6 +315,16 @@ pub enum Op {
     Mean,
     /// Index of the largest value of each row (I32).
     Argmax,
+    /// The indices (I32) that sort each row, ascending or descending; equal values keep their
+    /// order (a stable sort), so the result is exact.
+    Argsort {
+        /// Largest first.
+        descending: bool,
+    },
+    /// The indices (I32) of the k largest values of each row, largest first, equal values in
+    /// index order: the first k of a descending argsort. (ggml leaves the order of its TOP_K
+    /// open; this one fixes it, so that backends agree exactly.)
+    TopK(usize),
     /// Elements with column > n_past + row set to -inf.
     DiagMaskInf(usize),
     /// start, start + step, ... below stop.
@@ -334,6 +358,8 @@ impl Op {
             Op::GetRows => "GET_ROWS",
             Op::SetRows => "SET_ROWS",
             Op::MulMat => "MUL_MAT",
+            Op::MulMatId { .. } => "MUL_MAT_ID",
+            Op::AddId => "ADD_ID",
             Op::Binary(BinaryOp::Add) => "ADD",
             Op::Binary(BinaryOp::Sub) => "SUB",
             Op::Binary(BinaryOp::Mul) => "MUL",
@@ -374,6 +400,8 @@ impl Op {
             Op::SumRows => "SUM_ROWS",
             Op::Mean => "MEAN",
             Op::Argmax => "ARGMAX",
+            Op::Argsort { .. } => "ARGSORT",
+            Op::TopK(_) => "TOP_K",
             Op::DiagMaskInf(_) => "DIAG_MASK_INF",
             Op::Arange { .. } => "ARANGE",
             Op::AllReduce => "ALL_REDUCE",

@@ -83,6 +83,9 @@ pub struct Block {
     pub qkv_bias: bool,
     /// Q and K are RMS-normed per head (`attn_q_norm`, `attn_k_norm`) before rope.
     pub qk_norm: bool,
+    /// Q and K are RMS-normed over all their heads at once (OLMoE: `attn_q_norm` as wide as
+    /// the queries), before rope.
+    pub qk_norm_whole: bool,
     /// Factor on q k^T.
     pub attn_scale: f32,
     /// tanh soft-cap of the attention logits (0: none).
@@ -111,6 +114,7 @@ impl Block {
             fused_qkv: false,
             qkv_bias: false,
             qk_norm: false,
+            qk_norm_whole: false,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_softcap: 0.0,
             post_norms: false,
@@ -122,6 +126,26 @@ impl Block {
             final_softcap: None,
         }
     }
+}
+
+/// A mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn` with soft-max gating): the
+/// router `ffn_gate_inp` scores every expert, the `n_used` most probable experts of each token
+/// compute a gated FFN (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, one matrix per expert)
+/// and their outputs are summed, each weighted by its probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`expert_used_count`).
+    pub n_used: usize,
+    /// Feed-forward width of one expert.
+    pub n_ff_exp: usize,
+    /// The selected experts' probabilities are divided by their sum (Mixtral, Qwen 3 MoE),
+    /// or used as the soft-max gave them (Qwen 2 MoE, OLMoE).
+    pub norm_weights: bool,
+    /// A shared expert every token uses (`ffn_gate_shexp`, `ffn_up_shexp`, `ffn_down_shexp`)
+    /// of this width, its output scaled by sigmoid(`ffn_gate_inp_shexp` x) (Qwen 2 MoE).
+    pub shared_ff: Option<usize>,
 }
 
 /// The shape, constants and block features of a model.
@@ -153,6 +177,8 @@ pub struct ModelConfig {
     pub layers: Vec<LayerConfig>,
     /// Block features.
     pub block: Block,
+    /// The mixture-of-experts feed-forward that replaces the dense one in every layer.
+    pub moe: Option<Moe>,
 }
 
 /// The metadata of one file, read with the architecture's key prefix.
@@ -271,6 +297,7 @@ impl ModelConfig {
             rope,
             layers: vec![layer; n_layer],
             block: Block::llama(head_dim),
+            moe: None,
         };
         arch::configure(&m, &mut cfg)?;
         Ok(cfg)

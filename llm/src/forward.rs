@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use tessera_core::{DType, Graph, Result, TensorId, UnaryOp};
 
-use crate::config::{ModelConfig, RopeFactors};
+use crate::config::{ModelConfig, Moe, RopeFactors};
 use crate::kv_cache::KvCache;
 use crate::weights::Weights;
 
@@ -175,6 +175,10 @@ impl Builder<'_> {
             k = self.g.add(k, bk)?;
             v = self.g.add(v, bv)?;
         }
+        if b.qk_norm_whole {
+            q = self.norm(q, &format!("blk.{l}.attn_q_norm.weight"))?;
+            k = self.norm(k, &format!("blk.{l}.attn_k_norm.weight"))?;
+        }
         let mut q = self.g.reshape(q, &[hd, nh, n])?;
         let mut k = self.g.reshape(k, &[hd, nkv, n])?;
         if b.qk_norm {
@@ -218,15 +222,77 @@ impl Builder<'_> {
 
     /// The gated feed-forward of layer `l` over the normed input `cur`.
     fn ffn(&mut self, l: usize, cur: TensorId) -> Result<TensorId> {
+        let ff = self.src.cfg.n_ff;
+        self.gated_ffn(l, cur, ["ffn_gate", "ffn_up", "ffn_down"], ff)
+    }
+
+    /// A gated feed-forward of width `ff` from layer `l`'s gate, up and down weights `names`.
+    fn gated_ffn(
+        &mut self,
+        l: usize,
+        cur: TensorId,
+        names: [&str; 3],
+        ff: usize,
+    ) -> Result<TensorId> {
         let cfg = self.src.cfg;
-        let (d, ff) = (cfg.n_embd, cfg.n_ff);
-        let wg = self.lw(l, "ffn_gate", &[d, ff])?;
-        let wu = self.lw(l, "ffn_up", &[d, ff])?;
-        let wd = self.lw(l, "ffn_down", &[ff, d])?;
+        let d = cfg.n_embd;
+        let wg = self.lw(l, names[0], &[d, ff])?;
+        let wu = self.lw(l, names[1], &[d, ff])?;
+        let wd = self.lw(l, names[2], &[ff, d])?;
         let gate = self.g.mul_mat(wg, cur)?;
         let up = self.g.mul_mat(wu, cur)?;
         let act = self.g.glu_split(gate, up, cfg.block.ffn_act)?;
         self.g.mul_mat(wd, act)
+    }
+
+    /// The mixture-of-experts feed-forward of layer `l` over the normed input `cur` [d, n]:
+    /// the router's soft-max, the `n_used` most probable experts of each token (their
+    /// probabilities renormalized where the architecture asks), each selected expert's gated
+    /// FFN through one `mul_mat_id` per projection, the outputs weighted and summed; plus the
+    /// gated shared expert where there is one.
+    fn moe_ffn(&mut self, l: usize, cur: TensorId, moe: &Moe) -> Result<TensorId> {
+        let cfg = self.src.cfg;
+        let (d, n) = (cfg.n_embd, self.g.get(cur).ne[1]);
+        let (ne, nu, ff) = (moe.n_expert, moe.n_used, moe.n_ff_exp);
+        let router = self.lw(l, "ffn_gate_inp", &[d, ne])?;
+        let logits = self.g.mul_mat(router, cur)?;
+        let probs = self.g.soft_max_ext(logits, None, 1.0, 0.0)?;
+        let selected = self.g.top_k(probs, nu)?;
+        let probs = self.g.reshape(probs, &[1, ne, n])?;
+        let mut weights = self.g.get_rows(probs, selected)?;
+        if moe.norm_weights {
+            let w = self.g.reshape(weights, &[nu, n])?;
+            let sum = self.g.sum_rows(w)?;
+            // llama.cpp's floor under the sum (the smallest normal f16).
+            let sum = self.g.clamp(sum, 6.103_515_6e-5, f32::INFINITY)?;
+            let w = self.g.div(w, sum)?;
+            weights = self.g.reshape(w, &[1, nu, n])?;
+        }
+        let x = self.g.reshape(cur, &[d, 1, n])?;
+        let wg = self.lw(l, "ffn_gate_exps", &[d, ff, ne])?;
+        let wu = self.lw(l, "ffn_up_exps", &[d, ff, ne])?;
+        let wd = self.lw(l, "ffn_down_exps", &[ff, d, ne])?;
+        let gate = self.g.mul_mat_id(wg, x, selected)?;
+        let up = self.g.mul_mat_id(wu, x, selected)?;
+        let act = self.g.glu_split(gate, up, cfg.block.ffn_act)?;
+        let down = self.g.mul_mat_id(wd, act, selected)?;
+        let weighted = self.g.mul(down, weights)?;
+        let nb = self.g.get(weighted).nb;
+        let mut out = self.g.view(weighted, &[d, n], &[nb[2]], 0)?;
+        for e in 1..nu {
+            let slot = self.g.view(weighted, &[d, n], &[nb[2]], e * nb[1])?;
+            out = self.g.add(out, slot)?;
+        }
+        if let Some(shared_ff) = moe.shared_ff {
+            let names = ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"];
+            let shared = self.gated_ffn(l, cur, names, shared_ff)?;
+            let wgate = self.lw(l, "ffn_gate_inp_shexp", &[d])?;
+            let gate = self.g.mul_mat(wgate, cur)?;
+            let gate = self.g.unary(gate, UnaryOp::Sigmoid)?;
+            let shared = self.g.mul(shared, gate)?;
+            out = self.g.add(out, shared)?;
+        }
+        Ok(out)
     }
 
     /// Adds a block's branch output `y` to the residual `x`, after the architecture's post-norm
@@ -304,7 +370,10 @@ pub fn build_head(
         x = b.residual(x, att, post(l, "post_attention_norm"))?;
 
         let cur = b.norm(x, &format!("blk.{l}.ffn_norm.weight"))?;
-        let ffn = b.ffn(l, cur)?;
+        let ffn = match &cfg.moe {
+            Some(moe) => b.moe_ffn(l, cur, moe)?,
+            None => b.ffn(l, cur)?,
+        };
         x = b.residual(x, ffn, post(l, "post_ffw_norm"))?;
         b.g.set_name(x, format!("l_out-{l}"));
     }

@@ -18,6 +18,11 @@
 //!   computes the logits of its slice of the vocabulary, and the meta layer joins the slices
 //!   when it reads the logits back (no all-reduce). A head tied to the token embedding stays
 //!   mirrored, since the embedding lookup reads whole rows of it.
+//! - **Whole experts** of a mixture-of-experts feed-forward (`ffn_gate_exps`, `ffn_up_exps`,
+//!   `ffn_down_exps`: split along the expert axis, by the ratios): each part computes the
+//!   tokens routed to its own experts, and the layer's output is summed once (expert
+//!   parallelism, see tessera-meta's `experts` module). The router and a shared expert are
+//!   mirrored.
 //! - **Mirrored** everything else: embeddings, norms. The residual stream is mirrored, so
 //!   every part has the whole activation at the start of each block.
 //!
@@ -65,6 +70,11 @@ pub struct Sharding {
     ffn: Vec<usize>,
     /// Vocabulary rows of the output head of each part.
     vocab: Vec<usize>,
+    /// Experts of each part (a mixture of experts; empty otherwise).
+    experts: Vec<usize>,
+    /// Attention is computed whole on every part: its Q and K are normed over all heads at
+    /// once (OLMoE), which no split by heads computes.
+    attn_mirrored: bool,
 }
 
 impl Sharding {
@@ -121,13 +131,18 @@ impl Sharding {
                 .zip(ratios)
                 .position(|(&c, &r)| r > 0.0 && c == 0)
         };
-        let (q_heads, kv_heads) = if starved(&kv_heads).is_none() {
-            (kv_heads.iter().map(|h| h * group).collect(), Some(kv_heads))
-        } else {
-            let q_heads = partition(cfg.n_head, ratios);
-            let refuse = |j: usize, why: String| {
-                let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
-                Error::Model(format!(
+        let heads = || -> Result<(Vec<usize>, Option<Vec<usize>>)> {
+            if starved(&kv_heads).is_none() {
+                return Ok((
+                    kv_heads.iter().map(|h| h * group).collect(),
+                    Some(kv_heads.clone()),
+                ));
+            }
+            {
+                let q_heads = partition(cfg.n_head, ratios);
+                let refuse = |j: usize, why: String| {
+                    let name = device.parts().get(j).map(|p| p.name()).unwrap_or_default();
+                    Error::Model(format!(
                     "the model's {} KV heads ({} query heads, {group} per KV head) cannot be divided \
                      among the {} parts of {} by ratios {}: part {j} ({name}) {why} (give it ratio 0 \
                      or use fewer devices)",
@@ -137,26 +152,42 @@ impl Sharding {
                     device.name(),
                     fmt_ratios(ratios)
                 ))
-            };
-            if let Some(j) = starved(&q_heads) {
-                return Err(refuse(j, "would get no query head".into()));
-            }
-            let mut first = 0;
-            for (j, &c) in q_heads.iter().enumerate() {
-                let last = first + c;
-                let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
-                if c > 0 && !whole && first / group != (last - 1) / group {
-                    return Err(refuse(
-                        j,
-                        format!(
+                };
+                if let Some(j) = starved(&q_heads) {
+                    return Err(refuse(j, "would get no query head".into()));
+                }
+                let mut first = 0;
+                for (j, &c) in q_heads.iter().enumerate() {
+                    let last = first + c;
+                    let whole = first.is_multiple_of(group) && c.is_multiple_of(group);
+                    if c > 0 && !whole && first / group != (last - 1) / group {
+                        return Err(refuse(
+                            j,
+                            format!(
                             "would get query heads {first}..{last}, which cut across the groups \
                              of two KV heads"
                         ),
-                    ));
+                        ));
+                    }
+                    first = last;
                 }
-                first = last;
+                Ok((q_heads, None))
             }
-            (q_heads, None)
+        };
+        // A mixture of experts whose heads cannot be divided by the ratios (or whose Q/K norms
+        // span every head, as OLMoE's) keeps its attention whole on every part and still
+        // splits its experts.
+        let (q_heads, kv_heads, attn_mirrored) = if cfg.block.qk_norm_whole {
+            (partition(cfg.n_head, ratios), None, true)
+        } else {
+            match heads() {
+                Ok((q, kv)) => (q, kv, false),
+                Err(e) if cfg.moe.is_some() => {
+                    log::info!("{e}: attention computed whole on every part");
+                    (partition(cfg.n_head, ratios), None, true)
+                }
+                Err(e) => return Err(e),
+            }
         };
         let unit = file
             .tensors
@@ -168,6 +199,14 @@ impl Sharding {
         let ffn = partition_units(cfg.n_ff, unit, ratios, "feed-forward width")
             .map_err(|e| Error::Model(e.to_string()))?;
         let vocab = partition(cfg.n_vocab, ratios);
+        let experts = match &cfg.moe {
+            Some(moe) => {
+                let e = partition(moe.n_expert, ratios);
+                log::info!("{}: experts {e:?} of {}", device.name(), moe.n_expert);
+                e
+            }
+            None => Vec::new(),
+        };
         match &kv_heads {
             Some(kv) => log::info!(
                 "{}: KV heads {kv:?} (each with {group} query heads), feed-forward rows {ffn:?}, \
@@ -188,6 +227,8 @@ impl Sharding {
             head_dim: cfg.head_dim,
             ffn,
             vocab,
+            experts,
+            attn_mirrored,
         })
     }
 
@@ -207,12 +248,20 @@ impl Sharding {
         &self.ffn
     }
 
+    /// Experts each part holds (empty for a model without a mixture of experts).
+    pub fn experts(&self) -> &[usize] {
+        &self.experts
+    }
+
     fn q_rows(&self) -> Vec<usize> {
         self.q_heads.iter().map(|h| h * self.head_dim).collect()
     }
 
     /// The state of K and V rows: split by KV heads, or mirrored.
     fn kv_rows_state(&self, axis: usize) -> SplitState {
+        if self.attn_mirrored {
+            return SplitState::Mirrored;
+        }
         match &self.kv_heads {
             Some(kv) => SplitState::split(axis, kv.iter().map(|h| h * self.head_dim).collect()),
             None => SplitState::Mirrored,
@@ -227,6 +276,7 @@ impl Sharding {
             .map(|(_, k)| k)
             .unwrap_or("");
         let state = match kind {
+            _ if self.attn_mirrored && kind.starts_with("attn_") => SplitState::Mirrored,
             "attn_q.weight" => SplitState::split(1, self.q_rows()),
             "attn_k.weight" | "attn_v.weight" => self.kv_rows_state(1),
             "attn_q.bias" => SplitState::split(0, self.q_rows()),
@@ -234,6 +284,11 @@ impl Sharding {
             "attn_output.weight" => SplitState::split(0, self.q_rows()),
             "ffn_gate.weight" | "ffn_up.weight" => SplitState::split(1, self.ffn.clone()),
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
+            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
+                if !self.experts.is_empty() =>
+            {
+                SplitState::split(2, self.experts.clone())
+            }
             _ if name == "output.weight" => SplitState::split(1, self.vocab.clone()),
             _ => SplitState::Mirrored,
         };

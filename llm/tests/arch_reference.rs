@@ -233,6 +233,26 @@ fn phi3_small_matches_llama_cpp() {
     check(Like::Phi3Small, "cpu", cpu());
 }
 
+#[test]
+fn mixtral_small_matches_llama_cpp() {
+    check(Like::MixtralSmall, "cpu", cpu());
+}
+
+#[test]
+fn qwen2moe_small_with_shared_expert_matches_llama_cpp() {
+    check(Like::Qwen2MoeSmall, "cpu", cpu());
+}
+
+#[test]
+fn qwen3moe_small_matches_llama_cpp() {
+    check(Like::Qwen3MoeSmall, "cpu", cpu());
+}
+
+#[test]
+fn olmoe_small_matches_llama_cpp() {
+    check(Like::OlmoeSmall, "cpu", cpu());
+}
+
 /// Every small model has a reference of the file synth writes, and its tokenizer (which does
 /// not depend on the architecture being supported) cuts every prompt as llama.cpp does.
 #[test]

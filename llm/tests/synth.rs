@@ -339,17 +339,47 @@ fn synth_small_models_of_every_architecture_have_llama_cpps_layout() {
             ("attn_norm.weight", vec![d]),
             ("attn_output.weight", vec![nq, d]),
             ("ffn_norm.weight", vec![d]),
-            ("ffn_down.weight", vec![ff, d]),
         ];
+        let e = shape.experts;
         if like == Like::Phi3Small {
             per_block.push(("attn_qkv.weight", vec![d, nq + 2 * nkv]));
             per_block.push(("ffn_up.weight", vec![d, 2 * ff]));
+            per_block.push(("ffn_down.weight", vec![ff, d]));
+        } else if e.n_expert > 0 {
+            // A mixture of experts: the router and one matrix per expert and projection.
+            let (n, fe) = (e.n_expert as u64, e.n_ff_exp as u64);
+            per_block.push(("attn_q.weight", vec![d, nq]));
+            per_block.push(("attn_k.weight", vec![d, nkv]));
+            per_block.push(("attn_v.weight", vec![d, nkv]));
+            per_block.push(("ffn_gate_inp.weight", vec![d, n]));
+            per_block.push(("ffn_gate_exps.weight", vec![d, fe, n]));
+            per_block.push(("ffn_up_exps.weight", vec![d, fe, n]));
+            per_block.push(("ffn_down_exps.weight", vec![fe, d, n]));
         } else {
             per_block.push(("attn_q.weight", vec![d, nq]));
             per_block.push(("attn_k.weight", vec![d, nkv]));
             per_block.push(("attn_v.weight", vec![d, nkv]));
             per_block.push(("ffn_gate.weight", vec![d, ff]));
             per_block.push(("ffn_up.weight", vec![d, ff]));
+            per_block.push(("ffn_down.weight", vec![ff, d]));
+        }
+        match like {
+            Like::Qwen2MoeSmall => {
+                let fs = e.n_ff_shared as u64;
+                per_block.push(("ffn_gate_inp_shexp.weight", vec![d]));
+                per_block.push(("ffn_gate_shexp.weight", vec![d, fs]));
+                per_block.push(("ffn_up_shexp.weight", vec![d, fs]));
+                per_block.push(("ffn_down_shexp.weight", vec![fs, d]));
+            }
+            Like::Qwen3MoeSmall => {
+                per_block.push(("attn_q_norm.weight", vec![hd]));
+                per_block.push(("attn_k_norm.weight", vec![hd]));
+            }
+            Like::OlmoeSmall => {
+                per_block.push(("attn_q_norm.weight", vec![nq]));
+                per_block.push(("attn_k_norm.weight", vec![nkv]));
+            }
+            _ => {}
         }
         match like {
             Like::Qwen2Small => {
@@ -426,6 +456,11 @@ fn synth_small_models_of_every_architecture_have_llama_cpps_layout() {
                 assert_eq!(f.get_u32(&key("attention.key_length")).unwrap(), 64);
             }
             _ => {}
+        }
+        if e.n_expert > 0 {
+            let count = |k: &str| f.get_u32(&key(k)).unwrap() as usize;
+            assert_eq!(count("expert_count"), e.n_expert, "{}", like.name());
+            assert_eq!(count("expert_used_count"), e.n_used, "{}", like.name());
         }
         // Llama 3.1's factors for heads of 32 at base 500000: eight fast pairs kept, one
         // blended, seven slow ones divided by 8.

@@ -71,6 +71,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod experts;
 mod layers;
 mod options;
 mod plan;

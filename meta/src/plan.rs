@@ -791,11 +791,12 @@ impl PartBuilder<'_> {
         } else {
             (Tensor::contiguous_strides(t.dtype, ne), None, 0)
         };
+        let op = crate::experts::part_op(t, t.src.first().and_then(|&s| self.d.state(s)), self.j);
         Ok(self.push(Tensor {
             dtype: t.dtype,
             ne,
             nb,
-            op: t.op.clone(),
+            op,
             src,
             view_src,
             view_offset,

@@ -13,6 +13,7 @@ use tessera_core::graph::Graph;
 use tessera_core::op::{BinaryOp, Op};
 use tessera_core::tensor::{Tensor, TensorId, MAX_DIMS};
 
+use crate::experts;
 use crate::split::{AxisSplit, SplitState};
 
 /// How a part reads one source of a node.
@@ -351,7 +352,7 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
     let n = eff.len();
     let partial: Vec<usize> = (0..n).filter(|&i| eff[i] == SplitState::Partial).collect();
     if !partial.is_empty() {
-        if keeps_partial(t, eff) {
+        if keeps_partial(t, eff) || experts::keeps_partial(g, id, eff) {
             return Ok(Rule::Done(SplitState::Partial, vec![SrcUse::AsIs; n]));
         }
         return Ok(Rule::Reduce(partial));
@@ -611,6 +612,68 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
                 return Err(err("argmax needs whole rows: split by rows".into()));
             }
             done(x.on_axis(0), as_is(1))
+        }
+        Op::MulMatId { .. }
+            if split_of(0)
+                .is_some_and(|x| x.axis == experts::EXPERT_AXIS && x.segments.len() == 1) =>
+        {
+            // Whole experts on each part (expert parallelism): see experts.rs.
+            Ok(Rule::Done(
+                SplitState::Partial,
+                vec![
+                    SrcUse::AsIs,
+                    need_mirrored(1, "every part multiplies every routed row")?,
+                    need_mirrored(2, "every part routes every row")?,
+                ],
+            ))
+        }
+        Op::MulMatId { .. } => {
+            // Column-parallel experts: every expert's rows split alike, the routed rows and
+            // ids whole on every part.
+            let x = split_of(0).filter(|x| x.axis == 1).ok_or_else(|| {
+                err(format!(
+                    "experts {} with rows {} and ids {}: only experts split by their rows \
+                     (axis 1) or whole (axis 2) are computed",
+                    eff[0], eff[1], eff[2]
+                ))
+            })?;
+            done(
+                x.on_axis(0),
+                vec![
+                    SrcUse::AsIs,
+                    need_mirrored(1, "every part multiplies every routed row")?,
+                    need_mirrored(2, "every part routes every row")?,
+                ],
+            )
+        }
+        Op::AddId => {
+            let x = split_of(0)
+                .or(split_of(1).filter(|y| y.axis == 0))
+                .ok_or_else(|| err("no split source".into()))?
+                .clone();
+            if x.axis != 0 {
+                return Err(err(
+                    "the per-expert rows are added whole: split along axis 0".into(),
+                ));
+            }
+            done(
+                x.clone(),
+                vec![
+                    fit_or(0, &x, false)?,
+                    fit_or(1, &x, false)?,
+                    need_mirrored(2, "every part reads every id")?,
+                ],
+            )
+        }
+        Op::Argsort { .. } | Op::TopK(_) => {
+            let x = split_of(0).ok_or_else(|| err("no split source".into()))?;
+            if x.axis == 0 {
+                return Err(err(format!(
+                    "{} orders whole rows: split by rows, not along them",
+                    t.op.name()
+                )));
+            }
+            done(x.clone(), as_is(1))
         }
         Op::None | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose | Op::Arange { .. } => {
             Err(err("not a computed node (no rule)".into()))

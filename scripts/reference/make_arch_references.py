@@ -42,6 +42,11 @@ OUT_DIR = os.path.join(ROOT, "llm", "tests", "data", "arch")
 # activations to 8 bits before each matrix product (with Q8_0 weights its own run-to-run
 # noise on these random models is ~0.4 logit on average, with F16 ~0.03).
 TYPE = "f16"
+# The mixtures of experts in F32: with F16 weights llama.cpp rounds the router's input to F16,
+# and a near-tie between two experts' probabilities then picks either (a different expert is a
+# large change, which the logits' near-tie rule cannot see). In F32 both sides route alike.
+MOE_TYPE = "f32"
+MOE_MODELS = ("mixtral-small", "qwen2moe-small", "qwen3moe-small", "olmoe-small")
 N_CTX = 512
 STEPS = 32
 SETTINGS = dict(
@@ -100,6 +105,10 @@ MODELS = [
     "gemma2-small",
     "gemma3-small",
     "phi3-small",
+    "mixtral-small",
+    "qwen2moe-small",
+    "qwen3moe-small",
+    "olmoe-small",
 ]
 
 
@@ -266,6 +275,44 @@ def controls(name, path, tmp, n_layer):
                 dict(set_keys={"phi3.rope.scaling.attn_factor": 1.0}),
             )
         )
+    moe = {
+        "mixtral-small": "llama",
+        "qwen2moe-small": "qwen2moe",
+        "qwen3moe-small": "qwen3moe",
+        "olmoe-small": "olmoe",
+    }
+    if name in moe:
+        c.append(
+            (
+                "one expert per token instead of the file's count",
+                dict(set_keys={f"{moe[name]}.expert_used_count": 1}),
+            )
+        )
+        c.append(
+            (
+                "router ignored (all logits 0)",
+                dict(fill={f"blk.{i}.ffn_gate_inp.weight": 0.0 for i in blocks}),
+            )
+        )
+    if name == "qwen2moe-small":
+        c.append(
+            (
+                # Not 0: llama.cpp computes the sigmoid as silu(x) / x.
+                "shared expert's gate ignored (weights 1e-6: a factor of about 1/2)",
+                dict(fill={f"blk.{i}.ffn_gate_inp_shexp.weight": 1e-6 for i in blocks}),
+            )
+        )
+    if name == "olmoe-small":
+        c.append(
+            (
+                "Q/K norm weights ignored (all 1)",
+                dict(
+                    fill={
+                        f"blk.{i}.attn_{p}_norm.weight": 1.0 for i in blocks for p in "qk"
+                    }
+                ),
+            )
+        )
     out = []
     for i, (what, kw) in enumerate(c):
         vpath = os.path.join(tmp, f"{name}-control{i}.gguf")
@@ -280,7 +327,8 @@ def first_tie(gaps):
 
 def make(name, tessera, tmp, commit, version):
     path = os.path.join(tmp, f"{name}.gguf")
-    cmd = [tessera, "gguf", "synth", "--like", name, "--type", TYPE, "--out", path]
+    ty = MOE_TYPE if name in MOE_MODELS else TYPE
+    cmd = [tessera, "gguf", "synth", "--like", name, "--type", ty, "--out", path]
     subprocess.run(cmd, check=True, capture_output=True)
     meta = describe(path)
     arch = meta["general.architecture"]
@@ -340,9 +388,9 @@ def make(name, tessera, tmp, commit, version):
     return dict(
         model=name,
         synth=dict(
-            command=f"tessera gguf synth --like {name} --type {TYPE} --out FILE",
+            command=f"tessera gguf synth --like {name} --type {ty} --out FILE",
             like=name,
-            type=TYPE,
+            type=ty,
             tessera_version=version,
             tessera_commit=commit,
             sha256=sha256(path),

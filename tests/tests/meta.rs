@@ -458,3 +458,83 @@ fn partial_results_can_be_summed_in_bf16() {
         "no casts around the all-reduce: {log:?}"
     );
 }
+
+// ---- expert parallelism ----
+
+/// A MoE layer's weights: the router (mirrored), and gate, up and down of 8 experts, split
+/// whole over the parts by `ratios` (along the expert axis).
+fn moe_weights(ratios: &[f64], dtype: DType) -> Vec<W> {
+    let (d, ff, n_expert) = (64, 64, 8);
+    let experts = SplitState::split(2, tessera::meta::partition(n_expert, ratios));
+    vec![
+        weight(DType::F32, [d, n_expert, 1, 1], SplitState::Mirrored, 11),
+        weight(dtype, [d, ff, n_expert, 1], experts.clone(), 12),
+        weight(dtype, [d, ff, n_expert, 1], experts.clone(), 13),
+        weight(dtype, [ff, d, n_expert, 1], experts, 14),
+    ]
+}
+
+/// A MoE feed-forward as the model runner builds it (soft-max router, top 2 renormalized,
+/// SwiGLU experts, weighted sum of the slots) with the residual add and a norm after it.
+fn moe_layer(g: &mut Graph, w: &[TensorId], x: TensorId) -> Result<Vec<TensorId>> {
+    let (d, n, n_used) = (g.get(x).ne[0], g.get(x).ne[1], 2);
+    let n_expert = g.get(w[0]).ne[1];
+    let logits = g.mul_mat(w[0], x)?;
+    let probs = g.soft_max_ext(logits, None, 1.0, 0.0)?;
+    let ids = g.top_k(probs, n_used)?;
+    let probs = g.reshape(probs, &[1, n_expert, n])?;
+    let p = g.get_rows(probs, ids)?;
+    let p = g.reshape(p, &[n_used, n])?;
+    let sum = g.sum_rows(p)?;
+    let p = g.div(p, sum)?;
+    let p = g.reshape(p, &[1, n_used, n])?;
+    let x3 = g.reshape(x, &[d, 1, n])?;
+    let gate = g.mul_mat_id(w[1], x3, ids)?;
+    let up = g.mul_mat_id(w[2], x3, ids)?;
+    let act = g.swiglu_split(gate, up)?;
+    let down = g.mul_mat_id(w[3], act, ids)?;
+    let y = g.mul(down, p)?;
+    let nb = g.get(y).nb;
+    let mut out = g.view(y, &[d, n], &[nb[2]], 0)?;
+    for e in 1..n_used {
+        let slot = g.view(y, &[d, n], &[nb[2]], e * nb[1])?;
+        out = g.add(out, slot)?;
+    }
+    let z = g.add(x, out)?;
+    Ok(vec![g.rms_norm(z, 1e-5)?])
+}
+
+#[test]
+fn whole_experts_on_each_part_match_the_cpu() {
+    for (ratios, dtype) in [
+        (vec![0.5, 0.5], DType::F32),
+        (vec![0.7, 0.3], DType::Q8_0),
+        (vec![0.5, 0.3, 0.2], DType::Q4_0),
+        (vec![0.6, 0.4, 0.0], DType::Q8_0),
+    ] {
+        let want = eval(
+            &cpu(),
+            &moe_weights(&ratios, dtype),
+            &[64, 7],
+            &moe_layer,
+            2,
+        )
+        .unwrap();
+        let (dev, logs) = recording_meta(&ratios);
+        let got = eval(&dev, &moe_weights(&ratios, dtype), &[64, 7], &moe_layer, 2).unwrap();
+        assert_close(&format!("experts split {ratios:?}"), &want, &got, 1e-10);
+        // Every part that holds experts ran the three products of each of the two runs; a
+        // part holding none ran none.
+        let held = tessera::meta::partition(8, &ratios);
+        for (j, log) in logs.iter().enumerate() {
+            let n = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(op, _)| op == "MUL_MAT_ID")
+                .count();
+            let want = if held[j] > 0 { 3 * 2 } else { 0 };
+            assert_eq!(n, want, "part {j} ({} experts): {n} mul_mat_id", held[j]);
+        }
+    }
+}

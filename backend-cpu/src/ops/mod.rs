@@ -7,6 +7,7 @@ mod binary;
 mod copy;
 mod dot;
 mod glu;
+mod moe;
 mod mul_mat;
 mod norm;
 mod reduce;
@@ -14,6 +15,7 @@ mod rope;
 mod rows;
 mod shape;
 mod softmax;
+mod sort;
 mod unary;
 
 use tessera_core::graph::Graph;
@@ -99,6 +101,20 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
             let (a, b) = (s(0)?, s(1)?);
             float_or_quant(a) && float(b) && quant_rows_ok(0) && t.dtype == DType::F32
         }
+        Op::MulMatId { .. } => {
+            let (a, b) = (s(0)?, s(1)?);
+            float_or_quant(a)
+                && float(b)
+                && s(2)? == DType::I32
+                && quant_rows_ok(0)
+                && t.dtype == DType::F32
+        }
+        Op::AddId => {
+            s(0)? == DType::F32
+                && s(1)? == DType::F32
+                && s(2)? == DType::I32
+                && t.dtype == DType::F32
+        }
         Op::Binary(_) => float(s(0)?) && float(s(1)?) && float(t.dtype),
         Op::Scale { .. } | Op::Unary(_) | Op::Clamp { .. } => float(s(0)?) && float(t.dtype),
         Op::Glu { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() == 1 || float(s(1)?)),
@@ -122,6 +138,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::Pad(_) => float(s(0)?) && float(t.dtype),
         Op::Sum | Op::SumRows | Op::Mean => float(s(0)?) && t.dtype == DType::F32,
         Op::Argmax => float(s(0)?) && t.dtype == DType::I32,
+        Op::Argsort { .. } | Op::TopK(_) => s(0)? == DType::F32 && t.dtype == DType::I32,
         Op::Arange { .. } => float(t.dtype),
         // Sums over the ranks of a device group; the CPU backend joins none.
         Op::AllReduce => false,
@@ -180,6 +197,8 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         Op::GetRows => rows::get_rows(&dst, &src(0)?, &src(1)?),
         Op::SetRows => rows::set_rows(&dst, &src(1)?, &src(2)?),
         Op::MulMat => mul_mat::run(ctx, &dst, &src(0)?, &src(1)?),
+        Op::MulMatId { first } => moe::mul_mat_id(ctx, &dst, &src(0)?, &src(1)?, &src(2)?, *first),
+        Op::AddId => moe::add_id(&dst, &src(0)?, &src(1)?, &src(2)?),
         Op::Binary(op) => binary::run(*op, &dst, &src(0)?, &src(1)?),
         Op::Scale { scale, bias } => {
             let (s, b) = (*scale, *bias);
@@ -220,6 +239,8 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
         Op::SumRows => reduce::sum_rows(&dst, &src(0)?, false),
         Op::Mean => reduce::sum_rows(&dst, &src(0)?, true),
         Op::Argmax => reduce::argmax(&dst, &src(0)?),
+        Op::Argsort { descending } => sort::sorted_indices(&dst, &src(0)?, *descending),
+        Op::TopK(_) => sort::sorted_indices(&dst, &src(0)?, true),
         Op::AllReduce => Err(Error::Unsupported {
             backend: "cpu".into(),
             what: "ALL_REDUCE (the CPU backend joins no device group)".into(),

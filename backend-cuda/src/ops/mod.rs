@@ -15,6 +15,7 @@ mod elementwise;
 mod fused;
 mod matmul;
 mod misc;
+mod moe;
 mod norm;
 mod rope;
 mod rows;
@@ -386,6 +387,10 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::Mean => misc::sum_rows(enc, id, true),
         Op::Argmax => misc::argmax(enc, id),
         Op::AllReduce => comm::all_reduce(enc, id),
+        Op::MulMatId { first } => moe::mul_mat_id(enc, id, first),
+        Op::AddId => moe::add_id(enc, id),
+        Op::Argsort { descending } => moe::sort(enc, id, descending),
+        Op::TopK(_) => moe::sort(enc, id, true),
     }
 }
 
@@ -428,5 +433,13 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
         Op::Pad(_) | Op::Arange { .. } | Op::SumRows | Op::Mean | Op::Argmax => true,
         Op::Sum => src(0).is_some_and(|a| a.dtype.is_float()),
         Op::AllReduce => t.dtype == DType::F32 && t.is_contiguous(),
+        Op::MulMatId { .. } => match (src(0), src(1)) {
+            (Some(a), Some(b)) => moe::mul_mat_id_supported(a, b),
+            _ => false,
+        },
+        Op::AddId => t.dtype == DType::F32,
+        Op::Argsort { .. } | Op::TopK(_) => {
+            src(0).is_some_and(|a| a.dtype == DType::F32 && moe::sort_supported(a.ne[0]))
+        }
     }
 }

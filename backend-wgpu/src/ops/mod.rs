@@ -11,6 +11,7 @@ mod attention;
 mod elementwise;
 mod matmul;
 mod misc;
+mod moe;
 mod norm;
 mod rope;
 mod rows;
@@ -268,6 +269,9 @@ pub(crate) fn plan(
             logit_softcap,
         } => attention::flash_attn(&n, p, [*scale, *max_bias, *logit_softcap]),
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => misc::reduce(&n, p),
+        Op::MulMatId { first } => moe::mul_mat_id(&n, p, *first),
+        Op::AddId => moe::add_id(&n, p),
+        Op::Argsort { .. } | Op::TopK(_) => moe::sort(&n, p),
         Op::Concat(_) | Op::Repeat | Op::Pad(_) | Op::DiagMaskInf(_) | Op::Arange { .. } => {
             misc::shape(&n, p)
         }
@@ -360,6 +364,7 @@ pub(crate) fn variants(family: crate::shader::Family, subgroups: bool) -> Vec<Va
         attention::variants(subgroups),
         misc::reduce_variants(),
         misc::shape_variants(),
+        moe::variants(),
     ];
     keys.into_iter()
         .flatten()

@@ -4,10 +4,15 @@ use tessera_core::{Error, Result};
 
 use crate::config::{Meta, ModelConfig};
 
-/// Llama: the shared settings as they are; optional Q/K/V biases where the file has them, and
-/// the attention scale of `attention.scale` where the file gives one.
+/// Llama: the shared settings as they are; optional Q/K/V biases where the file has them, the
+/// attention scale of `attention.scale` where the file gives one, and a mixture of experts
+/// where the file has `expert_count` (Mixtral: experts as wide as `feed_forward_length`,
+/// their weights normalized to sum 1).
 pub(super) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
     cfg.block.qkv_bias = m.has_tensor("blk.0.attn_q.bias");
+    if m.usize_or("expert_count", 0)? > 0 {
+        cfg.moe = Some(super::moe::read_moe(m, cfg.n_ff, true, None)?);
+    }
     if let Some(s) = m.f32_opt("attention.scale")?.filter(|&s| s != 0.0) {
         cfg.block.attn_scale = s;
     }

@@ -5,6 +5,7 @@
 
 mod gemma;
 mod llama;
+mod moe;
 mod phi3;
 mod qwen;
 
@@ -32,11 +33,17 @@ pub enum Arch {
     Gemma3,
     /// Phi 3: fused QKV and gate/up matrices, NeoX rope, LongRoPE factors.
     Phi3,
+    /// Qwen 2 MoE: Qwen 2 with a mixture of experts and a gated shared expert.
+    Qwen2Moe,
+    /// Qwen 3 MoE: Qwen 3 with a mixture of experts.
+    Qwen3Moe,
+    /// OLMoE: a mixture of experts, Q and K normed over all heads.
+    Olmoe,
 }
 
 impl Arch {
     /// Every architecture, in the order of [`Arch::NAMES`].
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Granite,
         Arch::Qwen2,
@@ -44,15 +51,26 @@ impl Arch {
         Arch::Gemma2,
         Arch::Gemma3,
         Arch::Phi3,
+        Arch::Qwen2Moe,
+        Arch::Qwen3Moe,
+        Arch::Olmoe,
     ];
 
     /// The names GGUF files give them.
-    pub const NAMES: [&'static str; 7] = [
-        "llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+    pub const NAMES: [&'static str; 10] = [
+        "llama", "granite", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe",
+        "olmoe",
     ];
 
     /// The architecture a file names; an unknown name is an error listing the known ones.
     pub fn from_name(name: &str) -> Result<Arch> {
+        if name == "gpt-oss" {
+            return Err(Error::Model(
+                "architecture 'gpt-oss' is not supported yet: its experts are MXFP4 and its \
+                 attention has sinks and biased experts (add_id), which the runner does not compute"
+                    .into(),
+            ));
+        }
         Arch::NAMES
             .iter()
             .position(|&n| n == name)
@@ -74,7 +92,14 @@ impl Arch {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             Arch::Llama | Arch::Granite => RopeMode::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => RopeMode::Neox,
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Gemma2
+            | Arch::Gemma3
+            | Arch::Phi3
+            | Arch::Qwen2Moe
+            | Arch::Qwen3Moe
+            | Arch::Olmoe => RopeMode::Neox,
         }
     }
 }
@@ -95,5 +120,24 @@ pub(crate) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
         Arch::Gemma2 => gemma::configure_gemma2(m, cfg),
         Arch::Gemma3 => gemma::configure_gemma3(m, cfg),
         Arch::Phi3 => phi3::configure(m, cfg),
+        Arch::Qwen2Moe => moe::configure_qwen2moe(m, cfg),
+        Arch::Qwen3Moe => moe::configure_qwen3moe(m, cfg),
+        Arch::Olmoe => moe::configure_olmoe(m, cfg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_are_refused_by_name() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+        }
+        let e = Arch::from_name("gpt-oss").unwrap_err().to_string();
+        assert!(e.contains("gpt-oss") && e.contains("MXFP4"), "{e}");
+        let e = Arch::from_name("mamba").unwrap_err().to_string();
+        assert!(e.contains("'mamba'") && e.contains("qwen3moe"), "{e}");
     }
 }

@@ -29,6 +29,12 @@ pub enum Arch {
     Gemma3,
     /// Phi 3: fused QKV and gate/up projections, LongRoPE factors.
     Phi3,
+    /// Qwen 2 MoE: Qwen 2's attention, a mixture of experts and a gated shared expert.
+    Qwen2Moe,
+    /// Qwen 3 MoE: Qwen 3's attention and a mixture of experts.
+    Qwen3Moe,
+    /// OLMoE: Q and K normed over all heads, a mixture of experts.
+    Olmoe,
 }
 
 impl Arch {
@@ -41,6 +47,9 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Phi3 => "phi3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Olmoe => "olmoe",
         }
     }
 
@@ -54,6 +63,9 @@ impl Arch {
             Arch::Gemma2 => "Gemma 2",
             Arch::Gemma3 => "Gemma 3",
             Arch::Phi3 => "Phi 3",
+            Arch::Qwen2Moe => "Qwen 2 MoE",
+            Arch::Qwen3Moe => "Qwen 3 MoE",
+            Arch::Olmoe => "OLMoE",
         }
     }
 
@@ -61,8 +73,40 @@ impl Arch {
     /// Qwen 2 and Phi 3 loaders take `attn_output` as `[n_embd, n_embd]`, so the heads must
     /// cover the width exactly).
     fn heads_cover_width(self) -> bool {
-        matches!(self, Arch::Qwen2 | Arch::Phi3)
+        matches!(
+            self,
+            Arch::Qwen2 | Arch::Phi3 | Arch::Qwen2Moe | Arch::Olmoe
+        )
     }
+
+    /// Whether every layer's feed-forward is a mixture of experts.
+    fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe)
+    }
+}
+
+/// The experts of a mixture-of-experts model (all zero for a dense one).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Experts {
+    /// Experts per layer (`expert_count`; 0: a dense feed-forward).
+    pub n_expert: usize,
+    /// Experts each token uses (`expert_used_count`).
+    pub n_used: usize,
+    /// Width of one expert (`expert_feed_forward_length` where the architecture writes it;
+    /// Mixtral's and OLMoE's experts are `n_ff` wide).
+    pub n_ff_exp: usize,
+    /// Width of the shared expert (Qwen 2 MoE's `expert_shared_feed_forward_length`).
+    pub n_ff_shared: usize,
+}
+
+impl Experts {
+    /// A dense model.
+    pub const NONE: Experts = Experts {
+        n_expert: 0,
+        n_used: 0,
+        n_ff_exp: 0,
+        n_ff_shared: 0,
+    };
 }
 
 /// The rope scaling a generated file carries.
@@ -134,6 +178,8 @@ pub struct ArchShape {
     pub final_softcap: f32,
     /// Whether the output projection is the token embedding (no `output.weight`).
     pub tied_output: bool,
+    /// The mixture of experts ([`Experts::NONE`] for a dense model).
+    pub experts: Experts,
 }
 
 /// The small shapes have these in common: width 128, feed-forward 384, 4 query heads over 2
@@ -156,6 +202,7 @@ const SMALL: ArchShape = ArchShape {
     attn_softcap: 0.0,
     final_softcap: 0.0,
     tied_output: true,
+    experts: Experts::NONE,
 };
 
 /// Llama 3.1's rope frequency factors (factor 8, low 1, high 4, original context 8192).
@@ -207,6 +254,7 @@ impl ArchShape {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         tied_output: false,
+        experts: Experts::NONE,
     };
 
     /// Qwen 2.5 0.5B-style small model: 3 layers, Q/K/V biases, rope base 1e6, tied output.
@@ -237,6 +285,7 @@ impl ArchShape {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         tied_output: false,
+        experts: Experts::NONE,
     };
 
     /// Qwen 3 0.6B-style small model: 3 layers, heads of 64 whose queries (256 wide) are
@@ -269,6 +318,7 @@ impl ArchShape {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         tied_output: false,
+        experts: Experts::NONE,
     };
 
     /// Gemma 2-style small model: 4 layers (local, global, local, global), heads of 48 (queries
@@ -306,6 +356,7 @@ impl ArchShape {
         attn_softcap: 50.0,
         final_softcap: 30.0,
         tied_output: true,
+        experts: Experts::NONE,
     };
 
     /// Gemma 3-style small model: 6 layers (five local, then one global), 4 query heads of 64
@@ -343,6 +394,7 @@ impl ArchShape {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         tied_output: true,
+        experts: Experts::NONE,
     };
 
     /// Phi 3-style small model: 3 layers, fused QKV and gate/up, LongRoPE factors for a
@@ -379,6 +431,121 @@ impl ArchShape {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         tied_output: false,
+        experts: Experts::NONE,
+    };
+
+    /// Mixtral-style small model (a `llama` file with experts): 3 layers, 8 experts of width
+    /// 128, 2 per token, rope base 1e6, separate output.
+    pub const MIXTRAL_SMALL: ArchShape = ArchShape {
+        n_ff: 128,
+        rope_base: 1_000_000.0,
+        n_ctx_train: 32_768,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 8,
+            n_used: 2,
+            n_ff_exp: 128,
+            n_ff_shared: 0,
+        },
+        ..SMALL
+    };
+
+    /// Mixtral 8x7B: Mistral 7B's attention (width 4096, 32 layers, 32 query and 8 KV heads of
+    /// 128, vocabulary 32000, rope base 1e6) with 8 experts of width 14336, 2 per token.
+    pub const MIXTRAL_8X7B: ArchShape = ArchShape {
+        arch: Arch::Llama,
+        n_embd: 4096,
+        n_layer: 32,
+        n_ff: 14_336,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_vocab: 32_000,
+        n_ctx_train: 32_768,
+        rope_base: 1_000_000.0,
+        rope_scaling: RopeScaling::None,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 8,
+            n_used: 2,
+            n_ff_exp: 14_336,
+            n_ff_shared: 0,
+        },
+    };
+
+    /// Qwen 1.5 MoE-style small model: Qwen 2's attention, 8 experts of width 64, 2 per token,
+    /// a shared expert of width 192, separate output (llama.cpp's loader requires one).
+    pub const QWEN2MOE_SMALL: ArchShape = ArchShape {
+        arch: Arch::Qwen2Moe,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 8,
+            n_used: 2,
+            n_ff_exp: 64,
+            n_ff_shared: 192,
+        },
+        ..ArchShape::QWEN2_SMALL
+    };
+
+    /// Qwen 3 30B-A3B-style small model: Qwen 3's attention, 16 experts of width 64, 4 per
+    /// token (weights normalized to sum 1).
+    pub const QWEN3MOE_SMALL: ArchShape = ArchShape {
+        arch: Arch::Qwen3Moe,
+        experts: Experts {
+            n_expert: 16,
+            n_used: 4,
+            n_ff_exp: 64,
+            n_ff_shared: 0,
+        },
+        ..ArchShape::QWEN3_SMALL
+    };
+
+    /// Qwen 3 30B-A3B: width 2048, 48 layers, 32 query and 4 KV heads of 128, 128 experts of
+    /// width 768, 8 per token, vocabulary 151936, separate output.
+    pub const QWEN3_30B_A3B: ArchShape = ArchShape {
+        arch: Arch::Qwen3Moe,
+        n_embd: 2048,
+        n_layer: 48,
+        n_ff: 6144,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_vocab: 151_936,
+        n_ctx_train: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: RopeScaling::None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 128,
+            n_used: 8,
+            n_ff_exp: 768,
+            n_ff_shared: 0,
+        },
+    };
+
+    /// OLMoE-style small model: 4 heads of 32 covering the width (no grouped KV heads, as
+    /// OLMoE's K norm is as wide as the model), 8 experts of width 64, 2 per token.
+    pub const OLMOE_SMALL: ArchShape = ArchShape {
+        arch: Arch::Olmoe,
+        n_head_kv: 4,
+        n_ff: 64,
+        n_ctx_train: 4096,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 8,
+            n_used: 2,
+            n_ff_exp: 64,
+            n_ff_shared: 0,
+        },
+        ..SMALL
     };
 
     /// Checks that the shape makes a file llama.cpp and the runner can load.
@@ -413,6 +580,32 @@ impl ArchShape {
         }
         if self.n_ctx_train == 0 || !(self.rope_base.is_finite() && self.rope_base > 0.0) {
             return bad("the context length and rope base must be positive".into());
+        }
+        let e = &self.experts;
+        let moe = e.n_expert > 0;
+        if self.arch.is_moe() && !moe {
+            return bad(format!("{} files have experts", self.arch.name()));
+        }
+        if moe && !(self.arch.is_moe() || self.arch == Arch::Llama) {
+            return bad(format!("{} files have no experts here", self.arch.name()));
+        }
+        if moe && !(0 < e.n_used && e.n_used <= e.n_expert && e.n_ff_exp > 0) {
+            return bad("experts: need 0 < used <= experts and a positive width".into());
+        }
+        if moe && matches!(self.arch, Arch::Llama | Arch::Olmoe) && e.n_ff_exp != self.n_ff {
+            return bad("Mixtral's and OLMoE's experts are the feed-forward width".into());
+        }
+        if (self.arch == Arch::Qwen2Moe) != (e.n_ff_shared > 0) {
+            return bad("Qwen 2 MoE files, and only they, have a shared expert".into());
+        }
+        if matches!(self.arch, Arch::Qwen2Moe | Arch::Olmoe) && self.tied_output {
+            return bad(format!(
+                "llama.cpp's {} loader requires output.weight",
+                self.arch.name()
+            ));
+        }
+        if self.arch == Arch::Olmoe && self.n_head_kv != self.n_head {
+            return bad("OLMoE's K norm is as wide as the model: no grouped KV heads".into());
         }
         let gemma = matches!(self.arch, Arch::Gemma2 | Arch::Gemma3);
         if gemma && self.sliding_window == 0 {
@@ -458,14 +651,15 @@ impl ArchShape {
     }
 }
 
-/// The types [`SynthType::All`] takes: F16, Q4_0, Q4_1, Q8_0, Q4_K, and every newer quant
+/// The types [`SynthType::All`] takes: F16, F32, Q4_0, Q4_1, Q8_0, Q4_K, and every newer quant
 /// type (the lattice i-quants as random blocks: see [`tessera_core::quant::fit_random_block`]).
-pub const SYNTH_TYPES: [DType; 17] = [
+pub const SYNTH_TYPES: [DType; 18] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q8_0,
     DType::Q4_K,
     DType::F16,
+    DType::F32,
     DType::IQ1_S,
     DType::IQ1_M,
     DType::IQ2_XXS,
@@ -501,12 +695,13 @@ pub enum SynthType {
 
 impl SynthType {
     /// Every type's name, as the command line takes them.
-    pub const NAMES: [&'static str; 19] = [
+    pub const NAMES: [&'static str; 20] = [
         "q4_0",
         "q4_1",
         "q8_0",
         "q4_k",
         "f16",
+        "f32",
         "iq1_s",
         "iq1_m",
         "iq2_xxs",
@@ -554,6 +749,7 @@ impl SynthType {
     /// `general.file_type` (llama.cpp's `LLAMA_FTYPE_*`).
     pub(super) fn file_type(self) -> u32 {
         match self {
+            SynthType::All(DType::F32) => 0,
             SynthType::All(DType::F16) => 1,
             SynthType::All(DType::Q4_0) => 2,
             SynthType::All(DType::Q4_1) => 3,
@@ -700,9 +896,9 @@ impl Role {
             "attn_v" => Role::AttnV,
             "attn_qkv" => Role::AttnQkv,
             "attn_output" => Role::AttnOut,
-            "ffn_gate" => Role::FfnGate,
-            "ffn_up" => Role::FfnUp,
-            "ffn_down" => Role::FfnDown,
+            "ffn_gate" | "ffn_gate_exps" | "ffn_gate_shexp" => Role::FfnGate,
+            "ffn_up" | "ffn_up_exps" | "ffn_up_shexp" => Role::FfnUp,
+            "ffn_down" | "ffn_down_exps" | "ffn_down_shexp" => Role::FfnDown,
             _ => return None,
         })
     }
@@ -753,7 +949,8 @@ pub(super) fn layout(
     // llama.cpp counts a model of 80 layers with grouped KV heads as 70B.
     let big_attn_v = shape.n_layer == 80 && shape.n_head_kv != shape.n_head;
 
-    let matrix = |name: String, layer: usize, ne0: u64, ne1: u64| -> Result<Plan> {
+    let matrix_ne = |name: String, layer: usize, ne: Vec<u64>| -> Result<Plan> {
+        let ne0 = ne[0];
         let role = Role::of(&name).expect("a matrix name");
         let place = Place {
             layer,
@@ -767,7 +964,16 @@ pub(super) fn layout(
             Weights::Flat => 0.02,
             Weights::Scaled => role.gain() / (ne0 as f32).sqrt(),
         };
-        Ok(Plan::random(name, dtype, vec![ne0, ne1], 0.0, std))
+        Ok(Plan::random(name, dtype, ne, 0.0, std))
+    };
+    let matrix =
+        |name: String, layer: usize, ne0: u64, ne1: u64| matrix_ne(name, layer, vec![ne0, ne1]);
+    // The router's and the shared expert's gate vectors stay F32, as llama.cpp's quantizer
+    // leaves them; the router's logits spread by about 2, so that a token's experts are
+    // chosen by clear margins.
+    let gate_vector = |name: String, ne: Vec<u64>, gain: f32| match weights {
+        Weights::Flat => Plan::random(name, DType::F32, ne, 0.0, 0.02),
+        Weights::Scaled => Plan::random(name, DType::F32, ne, 0.0, gain / (d as f32).sqrt()),
     };
     let norm = |name: String, n: u64, mean: f32| match weights {
         Weights::Flat => Plan::random(name, DType::F32, vec![n], 1.0, 0.02),
@@ -808,7 +1014,12 @@ pub(super) fn layout(
             plans.push(bias(format!("blk.{l}.attn_k.bias"), nkv, 0.5));
             plans.push(bias(format!("blk.{l}.attn_v.bias"), nkv, 0.1));
         }
-        if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
+        if arch == Arch::Olmoe {
+            // OLMoE normalizes all the heads of Q (and of K) as one row.
+            plans.push(norm(p("attn_q_norm"), nq, Role::AttnQ.gain()));
+            plans.push(norm(p("attn_k_norm"), nkv, Role::AttnK.gain()));
+        }
+        if matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe) {
             // Normalized queries and keys of unit scale would give flat attention: the norm
             // weights make them as large as the other models' are.
             plans.push(norm(p("attn_q_norm"), hd, Role::AttnQ.gain()));
@@ -819,13 +1030,29 @@ pub(super) fn layout(
             plans.push(norm(p("post_attention_norm"), d, BLOCK_SCALE));
         }
         plans.push(norm(p("ffn_norm"), d, 1.0));
-        if arch == Arch::Phi3 {
+        let e = &shape.experts;
+        if e.n_expert > 0 {
+            let (ne, fe) = (e.n_expert as u64, e.n_ff_exp as u64);
+            plans.push(gate_vector(p("ffn_gate_inp"), vec![d, ne], 2.0));
+            plans.push(matrix_ne(p("ffn_gate_exps"), l, vec![d, fe, ne])?);
+            plans.push(matrix_ne(p("ffn_down_exps"), l, vec![fe, d, ne])?);
+            plans.push(matrix_ne(p("ffn_up_exps"), l, vec![d, fe, ne])?);
+            if e.n_ff_shared > 0 {
+                let fs = e.n_ff_shared as u64;
+                plans.push(gate_vector(p("ffn_gate_inp_shexp"), vec![d], 1.0));
+                plans.push(matrix(p("ffn_gate_shexp"), l, d, fs)?);
+                plans.push(matrix(p("ffn_down_shexp"), l, fs, d)?);
+                plans.push(matrix(p("ffn_up_shexp"), l, d, fs)?);
+            }
+        } else if arch == Arch::Phi3 {
             plans.push(matrix(p("ffn_up"), l, d, 2 * ff)?);
         } else {
             plans.push(matrix(p("ffn_gate"), l, d, ff)?);
             plans.push(matrix(p("ffn_up"), l, d, ff)?);
         }
-        plans.push(matrix(p("ffn_down"), l, ff, d)?);
+        if e.n_expert == 0 {
+            plans.push(matrix(p("ffn_down"), l, ff, d)?);
+        }
         if gemma {
             plans.push(norm(p("post_ffw_norm"), d, BLOCK_SCALE));
         }
@@ -878,12 +1105,23 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
             m.push((k("vocab_size"), u(shape.n_vocab)));
             m.push((k("rope.dimension_count"), u(shape.head_dim)));
         }
-        Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 => {
+        Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => {
             m.push((k("attention.key_length"), u(shape.head_dim)));
             m.push((k("attention.value_length"), u(shape.head_dim)));
         }
         Arch::Phi3 => m.push((k("rope.dimension_count"), u(shape.head_dim))),
-        Arch::Qwen2 => {}
+        Arch::Qwen2 | Arch::Qwen2Moe | Arch::Olmoe => {}
+    }
+    let e = &shape.experts;
+    if e.n_expert > 0 {
+        m.push((k("expert_count"), u(e.n_expert)));
+        m.push((k("expert_used_count"), u(e.n_used)));
+    }
+    if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Moe) {
+        m.push((k("expert_feed_forward_length"), u(e.n_ff_exp)));
+    }
+    if e.n_ff_shared > 0 {
+        m.push((k("expert_shared_feed_forward_length"), u(e.n_ff_shared)));
     }
     if shape.sliding_window > 0 {
         m.push((k("attention.sliding_window"), u(shape.sliding_window)));
@@ -912,7 +1150,10 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
 
     let v = vocab::byte_level_bpe(shape.n_vocab)?;
     // Qwen's files split digits one by one and add no BOS; the others are Llama 3's.
-    let qwen = matches!(arch, Arch::Qwen2 | Arch::Qwen3);
+    let qwen = matches!(
+        arch,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe
+    );
     let pre = if qwen { "qwen2" } else { "llama-bpe" };
     m.extend([
         ("tokenizer.ggml.model".into(), "gpt2".into()),

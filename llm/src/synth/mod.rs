@@ -35,7 +35,7 @@ use tessera_core::{DType, Error, Result};
 use crate::config::ModelConfig;
 use crate::fetch;
 
-pub use arch::{Arch, ArchShape, RopeScaling, SynthType, SYNTH_TYPES};
+pub use arch::{Arch, ArchShape, Experts, RopeScaling, SynthType, SYNTH_TYPES};
 pub use vocab::MIN_VOCAB;
 
 use arch::{Place, Role, Weights};
@@ -89,11 +89,23 @@ pub enum Like {
     /// [`ArchShape::QUANT_SMALL`]: a small Llama whose rows are whole 256-value blocks, for
     /// the per-quant-type references.
     QuantSmall,
+    /// [`ArchShape::MIXTRAL_SMALL`].
+    MixtralSmall,
+    /// [`ArchShape::MIXTRAL_8X7B`].
+    Mixtral8x7b,
+    /// [`ArchShape::QWEN2MOE_SMALL`].
+    Qwen2MoeSmall,
+    /// [`ArchShape::QWEN3MOE_SMALL`].
+    Qwen3MoeSmall,
+    /// [`ArchShape::QWEN3_30B_A3B`].
+    Qwen3_30bA3b,
+    /// [`ArchShape::OLMOE_SMALL`].
+    OlmoeSmall,
 }
 
 impl Like {
     /// Every model, in the order of [`Like::NAMES`].
-    pub const ALL: [Like; 17] = [
+    pub const ALL: [Like; 23] = [
         Like::Smollm2_135m,
         Like::Llama1b,
         Like::Llama8b,
@@ -111,10 +123,16 @@ impl Like {
         Like::Phi3Small,
         Like::Phi3Mini,
         Like::QuantSmall,
+        Like::MixtralSmall,
+        Like::Mixtral8x7b,
+        Like::Qwen2MoeSmall,
+        Like::Qwen3MoeSmall,
+        Like::Qwen3_30bA3b,
+        Like::OlmoeSmall,
     ];
 
     /// The names of [`Like::ALL`], as the command line takes them.
-    pub const NAMES: [&'static str; 17] = [
+    pub const NAMES: [&'static str; 23] = [
         "smollm2-135m",
         "llama-1b",
         "llama-8b",
@@ -132,17 +150,27 @@ impl Like {
         "phi3-small",
         "phi3-mini",
         "quant-small",
+        "mixtral-small",
+        "mixtral-8x7b",
+        "qwen2moe-small",
+        "qwen3moe-small",
+        "qwen3-30b-a3b",
+        "olmoe-small",
     ];
 
     /// The small models, each of its own architecture (or rope scaling), for the tests that
     /// compare every architecture with llama.cpp.
-    pub const SMALL: [Like; 6] = [
+    pub const SMALL: [Like; 10] = [
         Like::Llama3Small,
         Like::Qwen2Small,
         Like::Qwen3Small,
         Like::Gemma2Small,
         Like::Gemma3Small,
         Like::Phi3Small,
+        Like::MixtralSmall,
+        Like::Qwen2MoeSmall,
+        Like::Qwen3MoeSmall,
+        Like::OlmoeSmall,
     ];
 
     /// The model's name (`smollm2-135m`, `llama-1b`, ..., `phi3-mini`).
@@ -188,6 +216,12 @@ impl Like {
             Like::Phi3Small => ArchShape::PHI3_SMALL,
             Like::Phi3Mini => ArchShape::PHI3_MINI,
             Like::QuantSmall => ArchShape::QUANT_SMALL,
+            Like::MixtralSmall => ArchShape::MIXTRAL_SMALL,
+            Like::Mixtral8x7b => ArchShape::MIXTRAL_8X7B,
+            Like::Qwen2MoeSmall => ArchShape::QWEN2MOE_SMALL,
+            Like::Qwen3MoeSmall => ArchShape::QWEN3MOE_SMALL,
+            Like::Qwen3_30bA3b => ArchShape::QWEN3_30B_A3B,
+            Like::OlmoeSmall => ArchShape::OLMOE_SMALL,
         })
     }
 
@@ -290,6 +324,7 @@ impl Shape {
             attn_softcap: 0.0,
             final_softcap: 0.0,
             tied_output: self.tied_output,
+            experts: Experts::NONE,
         }
     }
 

@@ -7,6 +7,7 @@ mod binary;
 mod copy;
 mod fused;
 mod matmul;
+mod moe;
 mod norm;
 mod perf_only;
 mod reduce;
@@ -39,6 +40,7 @@ pub fn cases() -> Vec<Case> {
     reduce::cases(&mut v);
     views::cases(&mut v);
     fused::cases(&mut v);
+    moe::cases(&mut v);
     v
 }
 
@@ -146,6 +148,10 @@ mod tests {
             Op::Concat(0),
             Op::Pad([0; 4]),
             Op::DiagMaskInf(0),
+            Op::MulMatId { first: 0 },
+            Op::AddId,
+            Op::Argsort { descending: false },
+            Op::TopK(1),
         ];
         for op in probe {
             assert!(seen.contains(op.name()), "no case uses {}", op.name());

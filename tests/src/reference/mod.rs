@@ -12,12 +12,14 @@ mod copy;
 mod elementwise;
 mod io;
 mod matmul;
+mod moe;
 mod norm;
 mod reduce;
 mod rope;
 mod rows;
 mod shape;
 mod softmax;
+mod sort;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -92,6 +94,8 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
         Op::GetRows => rows::get_rows(g, id),
         Op::SetRows => rows::set_rows(g, id),
         Op::MulMat => matmul::mul_mat(g, id),
+        Op::MulMatId { first } => moe::mul_mat_id(g, id, *first),
+        Op::AddId => moe::add_id(g, id),
         Op::Binary(op) => elementwise::binary(g, id, *op),
         Op::Scale { scale, bias } => elementwise::map(g, id, |x| x * *scale as f64 + *bias as f64),
         Op::Unary(op) => elementwise::map(g, id, |x| elementwise::unary(*op, x)),
@@ -125,6 +129,8 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
             row.iter().sum::<f64>() / row.len().max(1) as f64
         }),
         Op::Argmax => reduce::argmax(g, id),
+        Op::Argsort { descending } => sort::sorted(g, id, *descending),
+        Op::TopK(_) => sort::sorted(g, id, true),
         op => Err(Error::Unsupported {
             backend: "ref-f64".into(),
             what: op.name().into(),

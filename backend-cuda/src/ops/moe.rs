@@ -1,0 +1,79 @@
+//! The mixture-of-experts ops: mul_mat_id, add_id, argsort and top_k (kernels/moe.cu).
+
+use tessera_core::dtype::DType;
+use tessera_core::{Result, Tensor, TensorId};
+
+use super::{params, Encoder};
+
+/// Warps (results) per block of mul_mat_id.
+const MMID_WARPS: u32 = 4;
+
+/// Longest row argsort and top_k sort in one block's shared memory.
+const MAX_SORT: usize = 4096;
+
+/// The quantized expert types kernels/moe.cu has a mul_mat_id entry point for.
+const QUANT_EXPERTS: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// Whether mul_mat_id of experts `a` by rows `b` runs here.
+pub(super) fn mul_mat_id_supported(a: &Tensor, b: &Tensor) -> bool {
+    let w = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
+        || (QUANT_EXPERTS.contains(&a.dtype) && a.rows_contiguous());
+    w && matches!(b.dtype, DType::F32 | DType::F16)
+}
+
+/// Whether argsort or top_k of a row of `n` values runs here.
+pub(super) fn sort_supported(n: usize) -> bool {
+    n <= MAX_SORT
+}
+
+/// The expert mat-mul: one warp per result.
+pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Result<()> {
+    let t = enc.graph.get(id);
+    let (a, b, ids) = (t.src[0], t.src[1], t.src[2]);
+    let (wt, bt) = (enc.graph.get(a).dtype, enc.graph.get(b).dtype);
+    let d = enc.arg(id)?;
+    let mut p = params(d, &[enc.arg(a)?, enc.arg(b)?, enc.arg(ids)?]);
+    p.i[0] = first as i32;
+    let name = format!("mul_mat_id_{}_{}", wt.name(), bt.name());
+    let grid = [
+        (d.ne[0] as u64).div_ceil(u64::from(MMID_WARPS)) as u32,
+        d.ne[1] as u32,
+        d.ne[2] as u32,
+    ];
+    enc.launch("moe", &name, grid, [32 * MMID_WARPS, 1, 1], 0, p)
+}
+
+/// a plus the bias row of each expert.
+pub(super) fn add_id(enc: &mut Encoder, id: TensorId) -> Result<()> {
+    let t = enc.graph.get(id);
+    let d = enc.arg(id)?;
+    let p = params(
+        d,
+        &[enc.arg(t.src[0])?, enc.arg(t.src[1])?, enc.arg(t.src[2])?],
+    );
+    enc.launch_elems("moe", "add_id_f32", d.ne, p)
+}
+
+/// argsort (`descending` as asked) or top_k (descending): one block sorts each row.
+pub(super) fn sort(enc: &mut Encoder, id: TensorId, descending: bool) -> Result<()> {
+    let t = enc.graph.get(id);
+    let s = enc.arg(t.src[0])?;
+    let mut p = params(enc.arg(id)?, &[s]);
+    let n2 = (s.ne[0].max(1) as u32).next_power_of_two();
+    p.i[0] = i32::from(descending);
+    p.i[1] = n2 as i32;
+    let rows = (s.ne[1] * s.ne[2] * s.ne[3]).clamp(1, i64::from(u32::MAX)) as u32;
+    let block = n2.clamp(32, 1024);
+    enc.launch("moe", "sort_f32", [rows, 1, 1], [block, 1, 1], n2 * 8, p)
+}

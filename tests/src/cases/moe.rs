@@ -1,0 +1,253 @@
+//! The mixture-of-experts ops: mul_mat_id over every weight type (one or several rows per
+//! token, one to many tokens), add_id, argsort and top_k; and the router and expert FFN of a
+//! MoE layer as the model runner composes them (soft_max, top_k, get_rows, sum_rows, div,
+//! mul_mat_id, swiglu, mul), so that a backend is checked on the chain as well as on each op.
+
+use tessera_core::{DType, GluOp, Op};
+
+use super::ne_str;
+use crate::case::{Case, Tolerance};
+use crate::init::Init;
+
+/// One mul_mat_id case (ggml's test-backend-ops names).
+#[derive(Clone, Copy)]
+struct MulMatId {
+    type_a: DType,
+    type_b: DType,
+    /// Experts.
+    n_mats: usize,
+    /// Experts used per token.
+    n_used: usize,
+    /// One row per token shared by its experts (true), or one row per expert slot.
+    b: bool,
+    m: usize,
+    /// Tokens.
+    n: usize,
+    k: usize,
+}
+
+impl MulMatId {
+    fn case(self) -> Case {
+        let MulMatId {
+            type_a,
+            type_b,
+            n_mats,
+            n_used,
+            b,
+            m,
+            n,
+            k,
+        } = self;
+        let flops = 2.0 * (m * n * k * n_used) as f64;
+        Case::new(
+            "MUL_MAT_ID",
+            format!("type_a={type_a},type_b={type_b},n_mats={n_mats},n_used={n_used},b={b},m={m},n={n},k={k}"),
+            &[type_a, type_b, DType::I32],
+            Tolerance::MATMUL,
+            move |g| {
+                let a = g.leaf(type_a, &[k, m, n_mats])?;
+                let rows = if b { 1 } else { n_used };
+                let x = g.leaf(type_b, &[k, rows, n])?;
+                let ids = g.input(DType::I32, &[n_used, n], Init::UniqueIndices(n_mats))?;
+                g.mul_mat_id(a, x, ids)
+            },
+        )
+        .with_flops(flops)
+    }
+}
+
+/// Every case of the family.
+pub(super) fn cases(v: &mut Vec<Case>) {
+    let base = MulMatId {
+        type_a: DType::F32,
+        type_b: DType::F32,
+        n_mats: 4,
+        n_used: 2,
+        b: false,
+        m: 32,
+        n: 1,
+        k: 256,
+    };
+    // Every weight type, decode (one token) and a small prompt (tokens share experts).
+    let mut types = vec![DType::F32, DType::F16, DType::BF16];
+    types.extend(DType::QUANTIZED);
+    for t in types {
+        for n in [1, 9] {
+            v.push(
+                MulMatId {
+                    type_a: t,
+                    n,
+                    b: true,
+                    ..base
+                }
+                .case(),
+            );
+        }
+    }
+    // Shapes: one row per slot, f16 rows, many experts few used, every expert used, odd rows.
+    for (n_mats, n_used, b, m, n, k) in [
+        (4usize, 2usize, false, 32usize, 3usize, 256usize),
+        (8, 2, true, 35, 17, 256),
+        (32, 4, true, 64, 33, 512),
+        (4, 4, true, 16, 5, 256),
+        (8, 1, true, 33, 1, 256),
+        (2, 2, false, 7, 2, 64),
+    ] {
+        for (type_a, type_b) in [
+            (DType::F32, DType::F32),
+            (DType::F16, DType::F16),
+            (DType::Q4_0, DType::F32),
+            (DType::Q4_K, DType::F32),
+        ] {
+            if type_a.is_quantized() && !k.is_multiple_of(type_a.block_size()) {
+                continue;
+            }
+            v.push(
+                MulMatId {
+                    type_a,
+                    type_b,
+                    n_mats,
+                    n_used,
+                    b,
+                    m,
+                    n,
+                    k,
+                }
+                .case(),
+            );
+        }
+    }
+
+    // One part's slice of the experts on a meta device (expert parallelism): src0 holds experts
+    // first..first + n_mats of twice as many, rows routed to the others are 0.
+    for (type_a, first) in [(DType::F32, 4), (DType::Q4_0, 3), (DType::Q4_K, 1)] {
+        let (n_mats, n_used, m, n, k) = (4, 3, 32, 5, 256);
+        v.push(Case::new(
+            "MUL_MAT_ID",
+            format!("type_a={type_a},type_b=f32,n_mats={n_mats},n_used={n_used},m={m},n={n},k={k},first={first}"),
+            &[type_a, DType::F32, DType::I32],
+            Tolerance::MATMUL,
+            move |g| {
+                let a = g.leaf(type_a, &[k, m, n_mats])?;
+                let x = g.leaf(DType::F32, &[k, 1, n])?;
+                let ids = g.input(DType::I32, &[n_used, n], Init::UniqueIndices(2 * n_mats))?;
+                let out = g.mul_mat_id(a, x, ids)?;
+                g.get_mut(out).op = Op::MulMatId { first };
+                Ok(out)
+            },
+        ));
+    }
+
+    // add_id: a bias row per expert.
+    for (n, n_used, n_tok, n_rows) in [(64, 2, 1, 4), (35, 4, 9, 8), (128, 1, 3, 32)] {
+        v.push(Case::new(
+            "ADD_ID",
+            format!("n={n},n_used={n_used},n_tokens={n_tok},n_rows={n_rows}"),
+            &[DType::F32, DType::I32],
+            Tolerance::DEFAULT,
+            move |g| {
+                let a = g.leaf(DType::F32, &[n, n_used, n_tok])?;
+                let b = g.leaf(DType::F32, &[n, n_rows])?;
+                let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_rows))?;
+                g.add_id(a, b, ids)
+            },
+        ));
+    }
+
+    // argsort both ways, and top_k, on short and long rows.
+    for ne in [[8, 1, 1, 1], [16, 10, 1, 1], [60, 5, 2, 1], [1025, 3, 1, 1]] {
+        for descending in [false, true] {
+            v.push(Case::new(
+                "ARGSORT",
+                format!(
+                    "type=f32,ne={},order={}",
+                    ne_str(&ne),
+                    if descending { "desc" } else { "asc" }
+                ),
+                &[DType::F32, DType::I32],
+                Tolerance::Exact,
+                move |g| {
+                    let a = g.leaf(DType::F32, &ne)?;
+                    g.argsort(a, descending)
+                },
+            ));
+        }
+    }
+    for (ne, k) in [
+        ([8, 5, 1, 1], 1),
+        ([8, 5, 1, 1], 2),
+        ([60, 7, 1, 1], 4),
+        ([64, 3, 2, 1], 8),
+        ([128, 4, 1, 1], 8),
+        ([1000, 3, 1, 1], 40),
+    ] {
+        v.push(Case::new(
+            "TOP_K",
+            format!("type=f32,ne={},k={k}", ne_str(&ne)),
+            &[DType::F32, DType::I32],
+            Tolerance::Exact,
+            move |g| {
+                let a = g.leaf(DType::F32, &ne)?;
+                g.top_k(a, k)
+            },
+        ));
+    }
+
+    // The router of a MoE layer: soft_max over the experts' logits, the top k, their
+    // probabilities, renormalised to sum 1 (Mixtral, Qwen 3 MoE).
+    for (n_expert, n_used, n_tok) in [(8, 2, 1), (8, 2, 7), (64, 8, 5), (128, 8, 1)] {
+        v.push(Case::new(
+            "MOE_ROUTER",
+            format!("n_expert={n_expert},n_used={n_used},n_tokens={n_tok}"),
+            &[DType::F32],
+            Tolerance::SOFT_MAX,
+            move |g| {
+                let logits = g.input(DType::F32, &[n_expert, n_tok], Init::Uniform(-4.0, 4.0))?;
+                let probs = g.soft_max_ext(logits, None, 1.0, 0.0)?;
+                let top = g.top_k(probs, n_used)?;
+                let probs = g.reshape(probs, &[1, n_expert, n_tok])?;
+                let w = g.get_rows(probs, top)?;
+                let w = g.reshape(w, &[n_used, n_tok])?;
+                let sum = g.sum_rows(w)?;
+                g.div(w, sum)
+            },
+        ));
+    }
+
+    // The expert FFN of a MoE layer given its routing: gate and up of each token by its
+    // experts, swiglu, down, each expert's output weighted, and the experts summed.
+    for (t, n_expert, n_used, n_tok) in [
+        (DType::F32, 4, 2, 1),
+        (DType::Q4_0, 8, 2, 1),
+        (DType::Q4_0, 8, 2, 6),
+        (DType::Q4_K, 8, 4, 3),
+    ] {
+        let (d, ff) = (256, 256);
+        v.push(Case::new(
+            "MOE_FFN",
+            format!("type={t},n_expert={n_expert},n_used={n_used},n_tokens={n_tok}"),
+            &[t, DType::F32, DType::I32],
+            Tolerance::MATMUL,
+            move |g| {
+                let x = g.leaf(DType::F32, &[d, 1, n_tok])?;
+                let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_expert))?;
+                let w = g.input(DType::F32, &[1, n_used, n_tok], Init::Uniform(0.1, 1.0))?;
+                let gate_w = g.leaf(t, &[d, ff, n_expert])?;
+                let up_w = g.leaf(t, &[d, ff, n_expert])?;
+                let down_w = g.leaf(t, &[ff, d, n_expert])?;
+                let gate = g.mul_mat_id(gate_w, x, ids)?;
+                let up = g.mul_mat_id(up_w, x, ids)?;
+                let act = g.glu_split(gate, up, GluOp::Swiglu)?;
+                let down = g.mul_mat_id(down_w, act, ids)?;
+                let weighted = g.mul(down, w)?;
+                let nb = g.get(weighted).nb;
+                let mut sum = g.view(weighted, &[d, n_tok], &[nb[2]], 0)?;
+                for e in 1..n_used {
+                    let slot = g.view(weighted, &[d, n_tok], &[nb[2]], e * nb[1])?;
+                    sum = g.add(sum, slot)?;
+                }
+                Ok(sum)
+            },
+        ));
+    }
+}

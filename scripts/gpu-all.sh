@@ -3,9 +3,9 @@
 # under its own time limit and skipped once the call's budget (LIMIT seconds, default 540) is
 # near: the whole conformance suite on cuda:0 and wgpu:0; the small architecture models'
 # greedy ids against llama.cpp's (dense and MoE; meta devices in tensor mode, so that tensor
-# and expert parallelism run); the test model split by layers (scripts/gpu-split.sh's greedy
-# and bench steps, short); batched decoding of the Llama-8B shape at 1, 4, 16 and 64
-# sequences (examples/batched_bench); and the CUDA mat-vec over 1-64 columns for each build
+# and expert parallelism run), and two of them split by layers; the Llama-8B shape's speed
+# alone, split by layers and with 8 layers on the CPU; batched decoding of it at 1, 4, 16 and
+# 64 sequences (examples/batched_bench); and the CUDA mat-vec over 1-64 columns for each build
 # in .gpu/A and .gpu/B (bench mat_vec_batch).
 #
 # Before it (on the build machine):
@@ -15,9 +15,7 @@
 #   xz -c target/release/examples/batched_bench > .gpu/F/batched_bench.xz
 #   (optional) the CUDA benchmark of two builds as .gpu/A/bench.xz and .gpu/B/bench.xz
 #   (cargo bench -p tessera-cuda --bench gpu --no-run prints the executable)
-#   the test model in parts as scripts/gpu-check.sh says (call 1 copies part-aa to /root/m)
-# Call 2: carry .gl, .gpu/F, .gpu/A, .gpu/B, .gpu/part-ab, .gpu/part-ac;
-#   command: bash scripts/gpu-all.sh
+# One call: carry .gl, .gpu/F, .gpu/A, .gpu/B; command: bash scripts/gpu-all.sh
 # Prints RESULT lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +32,6 @@ BIN=/root/bin/tessera
 for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 export NODEVICE_SELECT=1
 nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/RESULT gpu /'
-MODEL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$MODEL" ] || cat /root/m/part-aa .gpu/part-ab .gpu/part-ac > "$MODEL" 2>/dev/null
 
 for b in cuda:0 wgpu:0; do
   step "ops $b" 60 || continue
@@ -54,22 +50,25 @@ for ref in llm/tests/data/arch/*.json; do
   grep 'prompts match\|FAILED\|MISMATCH' "$L/greedy-$name.log" | sed "s/^/RESULT $name /"
 done
 
-if [ -f "$MODEL" ] && step "layer split" 60; then
-  gen() { timeout 60 $BIN generate --model "$MODEL" --prompt "The capital of France is" --temp 0 --max-tokens 32 --ignore-eog "$@" 2>/dev/null; }
-  want=$(gen --device cuda:0)
-  for d in meta:cuda:0,wgpu:0 meta:cuda:0,cpu; do
-    got=$(gen --device "$d" --split-mode layer --split 0.5,0.5)
-    [ -n "$want" ] && [ "$got" == "$want" ] && echo "RESULT split greedy $d 0.5,0.5: same text as cuda:0" || echo "RESULT split greedy $d 0.5,0.5: MISMATCH"
-  done
-  for d in cuda:0 wgpu:0 "meta:cuda:0,wgpu:0 --split-mode layer --split 0.5,0.5" "meta:cuda:0,cpu --split-mode layer --split 0.75,0.25" cpu; do
-    step "bench $d" 25 || continue
-    timeout 60 $BIN bench --model "$MODEL" --device $d -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64' | sed "s/^/RESULT split bench $d /"
+# The layer split against llama.cpp's ids (two small models, each half of the layers on each
+# part), then the Llama-8B shape's speed split by layers and partially offloaded.
+for name in llama3-small qwen3-small; do
+  ref=llm/tests/data/arch/$name.json; f=/root/m/$name.gguf
+  [ -f "$f" ] || continue
+  step "layer split $name" 30 || continue
+  GREEDY_ARGS="--split-mode layer --split 0.5,0.5" timeout 60 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" meta:cuda:0,wgpu:0 meta:cuda:0,cpu > "$L/split-$name.log" 2>&1
+  grep 'prompts match\|FAILED\|MISMATCH' "$L/split-$name.log" | sed "s/^/RESULT split $name /"
+done
+B8=/root/m/llama-8b-q4_0.gguf
+if step "8b synth" 120; then
+  $BIN gguf synth --like llama-8b --type q4_0 --out "$B8" > /dev/null 2>&1
+  for a in "cuda:0" "wgpu:0" "meta:cuda:0,wgpu:0 --split-mode layer --split 0.5,0.5" "cuda:0 --gpu-layers 24"; do
+    step "bench 8b $a" 30 || continue
+    timeout 60 $BIN bench --model "$B8" --device $a -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64' | sed "s/^/RESULT bench 8b $a /"
   done
 fi
 
-if [ -x /root/bin/batched_bench ] && step "batched" 90; then
-  B8=/root/m/llama-8b-q4_0.gguf
-  $BIN gguf synth --like llama-8b --type q4_0 --out "$B8" > /dev/null 2>&1
+if [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
   for d in cuda:0 wgpu:0; do
     step "batched $d" 40 || continue
     timeout 100 /root/bin/batched_bench "$B8" "$d" 128 64 1,4,16,64 > "$L/batched-${d%%:*}.log" 2>&1

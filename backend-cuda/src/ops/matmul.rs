@@ -148,9 +148,9 @@ pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
 }
 
 /// The most columns a mul_mat of quantized weights runs as mat-vec launches of up to 8 columns
-/// each (a few sequences decoded together): below it, reading the weights once per 8 columns
-/// costs less than dequantizing them for a GEMM.
-const MMVQ_CHUNKED_MAX: usize = 32;
+/// each (a few sequences decoded together): an 8-column launch costs a bit under half of
+/// dequantizing the weights for a GEMM, so two launches still cost less, three do not.
+const MMVQ_CHUNKED_MAX: usize = 16;
 
 /// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec launches over
 /// chunks of `b`'s columns ([`mmvq_chunks`]).

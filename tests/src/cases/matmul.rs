@@ -87,7 +87,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
     let mut weights = FLOATS.to_vec();
     weights.extend(DType::QUANTIZED);
     for &t in &weights {
-        for n in [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 32, 67] {
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 17, 67] {
             v.push(MulMat::new(t, DType::F32, 16, n, 256).case());
         }
         for n in [1, 8, 67] {

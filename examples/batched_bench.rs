@@ -58,42 +58,10 @@ fn main() -> tessera::Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;
     for &b in &batches {
-        let seqs: Vec<u32> = (0..b).map(|_| ctx.add_seq()).collect();
-        let prompts: Vec<Vec<u32>> = (0..b)
-            .map(|_| (0..n_prompt).map(|_| rng.gen_range(0..n_vocab)).collect())
-            .collect();
-        fn step<'a>(seqs: &[u32], tokens: &'a [Vec<u32>]) -> Vec<SeqTokens<'a>> {
-            seqs.iter()
-                .zip(tokens)
-                .map(|(&seq, t)| SeqTokens {
-                    seq,
-                    tokens: t,
-                    output: Output::Last,
-                })
-                .collect()
-        }
-        let t0 = Instant::now();
-        let mut logits = ctx.decode(&step(&seqs, &prompts))?;
-        let pp = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        for _ in 0..n_gen {
-            // Greedy: each sequence's next token is its argmax.
-            let next: Vec<Vec<u32>> = logits
-                .iter()
-                .map(|l| {
-                    let best = l
-                        .iter()
-                        .enumerate()
-                        .fold(
-                            (0, f32::NEG_INFINITY),
-                            |a, (i, &x)| if x > a.1 { (i, x) } else { a },
-                        );
-                    vec![best.0 as u32]
-                })
-                .collect();
-            logits = ctx.decode(&step(&seqs, &next))?;
-        }
-        let tg = t1.elapsed().as_secs_f64();
+        // A first, short round builds the step graphs of this batch size (and compiles what the
+        // device compiles on first use), so that the timed round measures the steady state.
+        run(&mut ctx, &mut rng, n_vocab, b, n_prompt, 2)?;
+        let (pp, tg) = run(&mut ctx, &mut rng, n_vocab, b, n_prompt, n_gen)?;
         println!(
             "RESULT device={} B={b} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
             device.name(),
@@ -101,9 +69,58 @@ fn main() -> tessera::Result<()> {
             (b * n_gen) as f64 / tg,
             tg * 1e3 / n_gen as f64
         );
-        for s in seqs {
-            ctx.remove_seq(s)?;
-        }
     }
     Ok(())
+}
+
+/// `b` sequences of `n_prompt` random tokens evaluated in one step, then `n_gen` greedy steps
+/// over all of them: the seconds of the prompt step and of the generation steps.
+fn run(
+    ctx: &mut BatchContext,
+    rng: &mut rand::rngs::StdRng,
+    n_vocab: u32,
+    b: usize,
+    n_prompt: usize,
+    n_gen: usize,
+) -> tessera::Result<(f64, f64)> {
+    let seqs: Vec<u32> = (0..b).map(|_| ctx.add_seq()).collect();
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..n_prompt).map(|_| rng.gen_range(0..n_vocab)).collect())
+        .collect();
+    fn step<'a>(seqs: &[u32], tokens: &'a [Vec<u32>]) -> Vec<SeqTokens<'a>> {
+        seqs.iter()
+            .zip(tokens)
+            .map(|(&seq, t)| SeqTokens {
+                seq,
+                tokens: t,
+                output: Output::Last,
+            })
+            .collect()
+    }
+    let t0 = Instant::now();
+    let mut logits = ctx.decode(&step(&seqs, &prompts))?;
+    let pp = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for _ in 0..n_gen {
+        // Greedy: each sequence's next token is its argmax.
+        let next: Vec<Vec<u32>> = logits
+            .iter()
+            .map(|l| {
+                let best = l
+                    .iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::NEG_INFINITY),
+                        |a, (i, &x)| if x > a.1 { (i, x) } else { a },
+                    );
+                vec![best.0 as u32]
+            })
+            .collect();
+        logits = ctx.decode(&step(&seqs, &next))?;
+    }
+    let tg = t1.elapsed().as_secs_f64();
+    for s in seqs {
+        ctx.remove_seq(s)?;
+    }
+    Ok((pp, tg))
 }

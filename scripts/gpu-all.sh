@@ -46,7 +46,7 @@ for ref in llm/tests/data/arch/*.json; do
   step "greedy $name" 40 || continue
   ty=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["synth"]["type"])' "$ref")
   $BIN gguf synth --like "$name" --type "$ty" --out "$f" > /dev/null 2>&1 || { echo "RESULT synth $name FAILED"; continue; }
-  TESSERA_SPLIT_MODE=tensor timeout 90 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" "${devs[@]}" > "$L/greedy-$name.log" 2>&1
+  GREEDY_ARGS="--split-mode tensor" timeout 90 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" "${devs[@]}" > "$L/greedy-$name.log" 2>&1
   grep 'prompts match\|FAILED\|MISMATCH' "$L/greedy-$name.log" | sed "s/^/RESULT $name /"
 done
 

@@ -12,12 +12,11 @@
 //! | `TESSERA_WGPU_SUBGROUPS`  | [`WgpuOptions::subgroups`]     | 1       |
 //! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
 //! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
-//! | `TESSERA_WGPU_MEMORY_MIB` | [`WgpuOptions::memory_limit`]  | unset   |
 //!
 //! Each is a switch: `0`, `1`, `false` or `true`, except the memory limit, a number of MiB;
 //! anything else is an error naming the variable.
 
-use tessera_core::options::{env_switch, env_value};
+use tessera_core::options::env_switch;
 use tessera_core::Result;
 
 /// The wgpu backend's settings (`Default`: the tuned defaults; builder-style setters).
@@ -77,9 +76,7 @@ impl WgpuOptions {
             fusion: env_switch("TESSERA_WGPU_FUSION")?.unwrap_or(d.fusion),
             profile: env_switch("TESSERA_WGPU_PROFILE")?.unwrap_or(d.profile),
             mat_mat_f16: d.mat_mat_f16,
-            memory_limit: env_value::<usize>("TESSERA_WGPU_MEMORY_MIB", "a number of MiB")?
-                .map(|m| m.saturating_mul(1 << 20))
-                .or(d.memory_limit),
+            memory_limit: d.memory_limit,
         })
     }
 

@@ -21,8 +21,7 @@ pub struct DevicesArgs {
     /// part (0.6,0.4).
     #[arg(long, default_value = "auto")]
     split: String,
-    /// The meta device's split mode: tensor, layer or auto (default: TESSERA_SPLIT_MODE, else
-    /// auto).
+    /// The meta device's split mode: tensor, layer or auto (default: auto).
     #[arg(long)]
     split_mode: Option<String>,
     /// A GGUF model (file, or a known model's name) to plan on the meta device: which part

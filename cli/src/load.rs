@@ -30,7 +30,7 @@ pub struct ModelArgs {
     /// How a meta device splits the model: tensor (every layer over all parts, for like GPUs
     /// with fast links), layer (whole layers per part, the activations crossing once per
     /// boundary: unlike devices, a GPU and the CPU) or auto (tensor for like devices that
-    /// reach each other's memory, layer otherwise). Default: TESSERA_SPLIT_MODE, else auto.
+    /// reach each other's memory, layer otherwise). Default: auto.
     #[arg(long)]
     pub split_mode: Option<String>,
     /// Layers on the GPU, as llama.cpp's -ngl: on a GPU device this many there and the rest on

@@ -80,7 +80,6 @@ impl MetaOptions {
     ///   [`AllReducePath::Auto`] (the variable is shared with the CUDA backend, which reads
     ///   `peer` and `nccl` as a choice among its own carriers);
     /// - `TESSERA_META_PROFILE`: a switch (0, 1, false, true) for [`MetaOptions::profile`];
-    /// - `TESSERA_SPLIT_MODE`: `tensor`, `layer` or `auto` for [`MetaOptions::split_mode`].
     ///
     /// Any other value is an error that names the variable.
     pub fn from_env() -> Result<MetaOptions> {
@@ -96,14 +95,6 @@ impl MetaOptions {
         }
         if let Some(p) = env_switch("TESSERA_META_PROFILE")? {
             o.profile = p;
-        }
-        let modes = [
-            ("tensor", SplitMode::Tensor),
-            ("layer", SplitMode::Layer),
-            ("auto", SplitMode::Auto),
-        ];
-        if let Some(m) = env_word("TESSERA_SPLIT_MODE", &modes)? {
-            o.split_mode = m;
         }
         Ok(o)
     }

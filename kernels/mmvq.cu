@@ -844,6 +844,74 @@ template <int Q, int NC> __device__ void mmvq(const KParams& p) {
     }
 }
 
+struct NoWait {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+// mmvq_id_<type>: mul_mat_id (the experts a router picked, moe.cu's layout) as one mat-vec per
+// (slot, token): t[0] dst f32 [m, n_used, n_tokens], t[1] the experts [k, m, n_expert] of type
+// Q (rows contiguous), t[2] the i32 ids [n_used, n_tokens], aux[0], aux[1] the rows [k, n_b,
+// n_tokens] quantized as quantize_q8_1 writes them; i[0] the id of the first expert t[1] holds,
+// i[1] n_b (slot e of token t reads row e % n_b of token t). Grid (ceil(m / R), n_used
+// n_tokens) as mmvq_<type>_1's, blockIdx.y = e + n_used t. The weights' address depends on the
+// ids the kernel ahead writes, so nothing is read before pdl_wait; an expert t[1] does not hold
+// gives zeros.
+template <int Q> __device__ void mmvq_id(const KParams& p) {
+    typedef Tile<Q> T;
+    const int R = T::RPG;
+    __shared__ __align__(16) u8 sm[T::SMEM];
+    __shared__ float red[4][R][1];
+    const TArg& d = p.t[0];
+    const TArg& w = p.t[1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
+    const Geom<Q> gm(tasks, 0);
+    const i64 e = blockIdx.y % d.ne[1], t = blockIdx.y / d.ne[1];
+    const i64 last = w.ne[1] - 1;
+    pdl_wait();
+    const int x = *(const int*)at(p.t[2], e, t, 0, 0) - p.i[0];
+    if (x < 0 || x >= w.ne[2]) {
+        for (i64 r = threadIdx.x; r < gm.rows; r += blockDim.x) {
+            const i64 row = (i64)blockIdx.x * gm.rows + r;
+            if (row <= last) F32::store(at(d, row, e, t, 0), 0.0f);
+        }
+        return;
+    }
+    const u8* base = (const u8*)at(w, 0, 0, x, 0);
+    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], w.ne[0] / 32};
+    const i64 col = t * p.i[1] + e % p.i[1];
+    if (gm.narrow) {
+        const i64 row = (i64)blockIdx.x * 4 + warp;
+        float a[1][1];
+        direct_rows<Q, 1, 1>(tasks, act, col, [&](int) { return base + min(row, last) * w.nb[1]; }, a);
+        if (lane == 0 && row <= last) F32::store(at(d, row, e, t, 0), a[0][0]);
+        return;
+    }
+    const int KS = T::KS;
+    const i64 row0 = (i64)blockIdx.x * T::ROWS + warp / KS * R;
+    auto ptr = [&](int, int s) { return base + min(row0 + s, last) * w.nb[1]; };
+    auto fin = [&](int, float(&a)[R][1]) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float v = warp_sum(a[r][0]);
+            if (lane == 0) red[warp][r][0] = v;
+        }
+    };
+    stream_rows<Q, 1, R, Mmvq<Q>::SL / R>(1, tasks, warp % KS, KS, act, col, sm + warp * Mmvq<Q>::SL * T::SLOT, ptr, fin,
+                                          false, NoWait());
+    __syncthreads();
+    if (threadIdx.x < T::ROWS) {
+        const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+        const i64 row = (i64)blockIdx.x * T::ROWS + threadIdx.x;
+        if (row <= last) {
+            float v = red[w0][r][0];
+#pragma unroll
+            for (int k = 1; k < KS; k++) v += red[w0 + k][r][0];
+            F32::store(at(d, row, e, t, 0), v);
+        }
+    }
+}
+
 // The gate's activation of mmvq_glu: i[6] 0 SiLU (SwiGLU), 1 GELU tanh (GEGLU).
 __device__ __forceinline__ float glu_act(const KParams& p, float g) { return p.i[6] ? act_gelu(g) : act_silu(g); }
 
@@ -1065,3 +1133,20 @@ MMVQ(iq4_xs, IQ4_XS)
 MMVQ(mxfp4, MXFP4)
 MMVQ(iq2_xs, IQ2_XS)
 MMVQ(iq3_s, IQ3_S)
+
+#define MMVQ_ID(nq, Q) \
+    MMVQ_KERNEL_1 mmvq_id_##nq(const KParams p) { pdl_wait_later(); mmvq_id<Q>(p); }
+
+MMVQ_ID(q4_0, Q4_0)
+MMVQ_ID(q4_1, Q4_1)
+MMVQ_ID(q5_0, Q5_0)
+MMVQ_ID(q5_1, Q5_1)
+MMVQ_ID(q8_0, Q8_0)
+MMVQ_ID(q4_K, Q4_K)
+MMVQ_ID(q5_K, Q5_K)
+MMVQ_ID(q6_K, Q6_K)
+MMVQ_ID(iq4_nl, IQ4_NL)
+MMVQ_ID(iq4_xs, IQ4_XS)
+MMVQ_ID(mxfp4, MXFP4)
+MMVQ_ID(iq2_xs, IQ2_XS)
+MMVQ_ID(iq3_s, IQ3_S)

@@ -3,7 +3,7 @@
 use tessera_core::dtype::DType;
 use tessera_core::{Result, Tensor, TensorId};
 
-use super::{params, Encoder};
+use super::{matmul, params, Encoder};
 
 /// Warps (results) per block of mul_mat_id.
 const MMID_WARPS: u32 = 4;
@@ -37,13 +37,27 @@ pub(super) fn sort_supported(n: usize) -> bool {
     n <= MAX_SORT
 }
 
-/// The expert mat-mul: one warp per result.
+/// The expert mat-mul: as a mat-vec per selected expert and token over 8-bit quantized rows
+/// (`mmvq_id` in kernels/mmvq.cu) where the experts' type has a mat-vec kernel, else one warp
+/// per result.
 pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Result<()> {
     let t = enc.graph.get(id);
     let (a, b, ids) = (t.src[0], t.src[1], t.src[2]);
     let (wt, bt) = (enc.graph.get(a).dtype, enc.graph.get(b).dtype);
     let d = enc.arg(id)?;
-    let mut p = params(d, &[enc.arg(a)?, enc.arg(b)?, enc.arg(ids)?]);
+    let (aa, ba) = (enc.arg(a)?, enc.arg(b)?);
+    if matmul::has_mmvq(wt) && matmul::mmvq_aligned(wt, &aa) && d.ne[1] * d.ne[2] <= 65535 {
+        let (qs, ds) = matmul::quantize_q8(enc, b, ba, bt)?;
+        let mut p = params(d, &[aa, enc.arg(ids)?]);
+        p.aux[..2].copy_from_slice(&[qs, ds]);
+        p.i[0] = first as i32;
+        p.i[1] = ba.ne[1] as i32;
+        let (blocks, threads) = matmul::mmvq_launch(&mut p, aa.ne[1] as u64, false);
+        let grid = [blocks, (d.ne[1] * d.ne[2]) as u32, 1];
+        let name = format!("mmvq_id_{}", wt.name());
+        return enc.launch("mmvq", &name, grid, [threads, 1, 1], 0, p);
+    }
+    let mut p = params(d, &[aa, ba, enc.arg(ids)?]);
     p.i[0] = first as i32;
     let name = format!("mul_mat_id_{}_{}", wt.name(), bt.name());
     let grid = [

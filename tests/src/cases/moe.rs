@@ -84,7 +84,8 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             );
         }
     }
-    // Shapes: one row per slot, f16 rows, many experts few used, every expert used, odd rows.
+    // Shapes: one row per slot, f16 rows, many experts few used, every expert used, odd rows,
+    // rows long enough for the k-quants' staged mat-vec geometry (CUDA).
     for (n_mats, n_used, b, m, n, k) in [
         (4usize, 2usize, false, 32usize, 3usize, 256usize),
         (8, 2, true, 35, 17, 256),
@@ -92,6 +93,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         (4, 4, true, 16, 5, 256),
         (8, 1, true, 33, 1, 256),
         (2, 2, false, 7, 2, 64),
+        (4, 2, false, 64, 2, 4096),
     ] {
         for (type_a, type_b) in [
             (DType::F32, DType::F32),

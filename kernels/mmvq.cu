@@ -1070,23 +1070,24 @@ MMVQ(iq3_s, IQ3_S)
 //
 // mmq_<type>_<NT>: t[0] dst f32 [m, n] (columns nb[1] apart), t[1] the weights [k, m] (rows
 // contiguous, nb[1] apart; 2-D), aux[0], aux[1] the n columns quantized as quantize_q8_1
-// writes them, i[0] = n. Grid (ceil(m / 16 MT), column tiles, S), 128 threads.
-// Block (x, y, z) computes rows 16 MT x .. + 16 MT by columns 8 NT y .. + 8 NT, over the z-th
-// of S equal runs of the row's 32-value blocks; its 4 warps split that run again, each a
-// contiguous quarter (consecutive blocks of a row share cache lines), and add their sums through
-// shared memory at the end. With S = 1 the block stores dst; otherwise it stores its sums to the
-// partials at aux[2] (f32 [m, n] per z, contiguous), and mmq_sum adds them into dst in a fixed
-// order (no atomics: the same inputs give the same bits).
+// writes them, i[0] = n. Grid (ceil(m / 128), column tiles, S), 128 threads. Block (x, y, z)
+// computes rows 128 x .. + 128 (32 a warp) by columns 8 NT y .. + 8 NT over the z-th of S equal
+// runs of k's stages (256 values: 8 blocks of 32, one super-block of the k-quants). With S = 1
+// it stores dst; otherwise its sums go to the partials at aux[2] (f32 [m, n] per z,
+// contiguous), which mmq_sum adds into dst in a fixed order (no atomics: the same inputs give
+// the same bits).
 //
-// Each weight byte is read once per column tile: a warp holds MT 16-row tiles by NT 8-column
-// tiles and takes, per 32-value block of k, one mma.sync.m16n8k32 (s8 x s8 -> s32) per tile
-// pair, then scales the integer sums into float accumulators: d_w d_x sum, plus m_w (d_x sum x)
-// for the types with a per-block offset (q8_1's second float); Q6_K, with a scale per 16
-// values, takes two m16n8k16 products per block instead, one per half. MmqA<Q>::load gives the
-// fragment words directly from global memory: in mma's layout lane (g, t) holds values 4 t ..
-// 4 t + 3 (lo) and 16 + 4 t .. (hi) of rows g and g + 8 of a tile, and the same of column g of
-// a column tile, so no shared-memory staging is needed. Rows and columns past the ends are
-// read clamped to the last one and not stored. Needs sm_80 (mmq_fits in
+// A stage is copied to shared memory with asynchronous copies, every copy of a warp covering
+// consecutive bytes: each warp its rows' bytes (as the aligned words that hold them), the block
+// the column tile's 8-bit blocks. Each weight byte is read from memory once per column tile.
+// Then per 32-value block of k a warp takes one mma.sync.m16n8k32 (s8 x s8 -> s32) per pair of
+// its 2 row tiles (16 rows) and NT column tiles (8 columns), and scales the integer sums into
+// float accumulators: d_w d_x sum, plus m_w (d_x sum x) for the types with a per-block offset
+// (q8_1's second float); Q6_K, with a scale per 16 values, takes two m16n8k16 products per block,
+// one per half. In mma's layout lane (g, t) holds values 4 t .. 4 t + 3 (lo) and 16 + 4 t ..
+// (hi) of rows g and g + 8 of a tile, and the same of column g of a column tile: MmqA<Q>::load
+// decodes exactly those words from the staged block. Rows and columns past the ends are read
+// clamped to the last one and not stored. Needs sm_80 (mmq_fits in
 // backend-cuda/src/ops/matmul.rs checks).
 
 // A 4-byte word at a 2-byte aligned address.
@@ -1120,15 +1121,17 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 #endif
 }
 
-// MmqA<Q>: MODE 0: value = s0 q; 1: s0 q + s1 (a per-block offset); 2: s0 q for values 0-15 of
-// a block, s1 q for 16-31. load(row, j, t, lo, hi, s0, s1): block j (32 values) of the row,
-// lo its int8 values 4 t .. 4 t + 3 and hi 16 + 4 t .. 16 + 4 t + 3.
+// MmqA<Q>: SB bytes of 256 values of a row; MODE 0: value = s0 q; 1: s0 q + s1 (a per-block
+// offset); 2: s0 q for values 0-15 of a block, s1 q for 16-31. load(row, j, t, lo, hi, s0, s1):
+// block j (32 values, j < 8 for the 256-value types) from row, lo its int8 values 4 t .. 4 t + 3
+// and hi 16 + 4 t .. 16 + 4 t + 3.
 template <int Q> struct MmqA;
 
 __device__ __forceinline__ int lo4(u32 w) { return (int)(w & 0x0F0F0F0Fu); }
 __device__ __forceinline__ int hi4(u32 w) { return (int)((w >> 4) & 0x0F0F0F0Fu); }
 
 template <> struct MmqA<Q4_0> {
+    static const int SB = 144;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)j * 18;
@@ -1141,6 +1144,7 @@ template <> struct MmqA<Q4_0> {
 };
 
 template <> struct MmqA<Q4_1> {
+    static const int SB = 160;
     static const int MODE = 1;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)j * 20;
@@ -1153,6 +1157,7 @@ template <> struct MmqA<Q4_1> {
 };
 
 template <> struct MmqA<Q5_0> {
+    static const int SB = 176;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)j * 22;
@@ -1166,6 +1171,7 @@ template <> struct MmqA<Q5_0> {
 };
 
 template <> struct MmqA<Q5_1> {
+    static const int SB = 192;
     static const int MODE = 1;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)j * 24;
@@ -1179,6 +1185,7 @@ template <> struct MmqA<Q5_1> {
 };
 
 template <> struct MmqA<Q8_0> {
+    static const int SB = 272;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)j * 34;
@@ -1193,6 +1200,7 @@ template <> struct MmqA<Q8_0> {
 // nibbles of qs bytes 32 (jj / 2) .., Q5_K's fifth bit bit jj of qh byte l for value l; scale
 // d sc and offset -dmin m (k45_scales).
 template <int Q> struct MmqK45 {
+    static const int SB = Q == Q4_K ? 144 : 176;
     static const int MODE = 1;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)(j / 8) * (Q == Q4_K ? 144 : 176);
@@ -1222,6 +1230,7 @@ template <> struct MmqA<Q5_K> : MmqK45<Q5_K> {};
 // 128 + 32 n + l above it, minus 32; values 0-15 scaled by d sc[8 n + 2 g], 16-31 by
 // d sc[8 n + 2 g + 1].
 template <> struct MmqA<Q6_K> {
+    static const int SB = 210;
     static const int MODE = 2;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u8* b = row + (i64)(j / 8) * 210;
@@ -1251,6 +1260,7 @@ __device__ __forceinline__ void mmq_lut(u32 w, const u32 (&tab)[4], int& lo, int
 }
 
 template <> struct MmqA<IQ4_NL> {
+    static const int SB = 144;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u32 tab[4] = IQ4_TABLE;
@@ -1264,6 +1274,7 @@ template <> struct MmqA<IQ4_NL> {
 // IQ4_XS: block j is sub-block ib = j % 8 of super-block j / 8 (136 bytes), scaled by
 // d (ls - 32), its nibbles at 8 + 16 ib as IQ4_NL's.
 template <> struct MmqA<IQ4_XS> {
+    static const int SB = 136;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u32 tab[4] = IQ4_TABLE;
@@ -1279,6 +1290,7 @@ template <> struct MmqA<IQ4_XS> {
 
 // MXFP4: 17-byte blocks, so its words are read a byte at a time.
 template <> struct MmqA<MXFP4> {
+    static const int SB = 136;
     static const int MODE = 0;
     static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
         const u32 tab[4] = MXFP4_TABLE;
@@ -1291,45 +1303,36 @@ template <> struct MmqA<MXFP4> {
     }
 };
 
-// Row tiles per warp for NT column tiles: wider column tiles take more rows, so that the
-// activations a block reads stay below its weights' bytes.
-template <int NT> struct MmqGeom {
-    static const int MT = NT <= 2 ? 2 : 4;
-};
+// Asynchronous copies of N = 4 or 8 bytes from global to shared memory (through L1).
+template <int N> __device__ __forceinline__ void cp_async_ca(void* dst, const void* src) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(N) : "memory");
+}
 
 template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
-    const int MT = MmqGeom<NT>::MT;
     typedef MmqA<Q> A;
+    const int MT = 2;                    // 16-row tiles per warp: 32 rows a warp, 128 a block
+    const int SW = (A::SB + 3) / 4 + 1;  // words of a row's stage, with room for an unaligned start
+    const int XS = 68;                   // words of a column's staged blocks (64, padded: lanes of
+                                         // one fragment load then hit 32 different banks)
     const TArg& a = p.t[1];
     const i64 m = a.ne[1];
-    const int nblk = (int)(a.ne[0] / 32);
-    const int n = p.i[0];
+    const int nblk = (int)(a.ne[0] / 32), n = p.i[0];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const i64 r0 = (i64)blockIdx.x * 16 * MT;
+    const i64 r0 = (i64)blockIdx.x * 128 + 32 * warp;
     const int c0 = blockIdx.y * 8 * NT;
-    const int parts = gridDim.z * 4, part = blockIdx.z * 4 + warp;
-    const int j0 = (int)((i64)nblk * part / parts), j1 = (int)((i64)nblk * (part + 1) / parts);
+    const int ns = (nblk + 7) / 8;
+    const int s0 = (int)((i64)ns * blockIdx.z / gridDim.z), s1 = (int)((i64)ns * (blockIdx.z + 1) / gridDim.z);
+    __shared__ __align__(16) u32 ws[4][32][SW];
+    __shared__ __align__(16) u32 xq[8 * NT][XS];
+    __shared__ __align__(16) float2 xd[8][8 * NT];
+    const u8* qs = (const u8*)p.aux[0];
+    const float2* ds = (const float2*)p.aux[1];
+    // Where row r (of the warp's 32) of stage s starts in global memory.
+    auto src_row = [&](int r, int s) {
+        return (const u8*)a.ptr + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB;
+    };
 
-    const u8* rows[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const i64 r = min(r0 + 16 * i + 8 * h + g, m - 1);
-            rows[i][h] = (const u8*)a.ptr + r * a.nb[1];
-        }
-    const int* bq[NT];
-    const float2* bd[NT][2];
-#pragma unroll
-    for (int c = 0; c < NT; c++) {
-        const i64 col = min(c0 + 8 * c + g, n - 1);
-        bq[c] = (const int*)(p.aux[0] + (u64)(col * nblk * 32)) + t;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const i64 cc = min(c0 + 8 * c + 2 * t + e, n - 1);
-            bd[c][e] = (const float2*)p.aux[1] + cc * nblk;
-        }
-    }
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -1338,73 +1341,90 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
 
-    // One 32-value block of k for every tile of the warp.
-    auto step = [&](int j) {
-        int al[MT][2], ah[MT][2];
-        float s0[MT][2], s1[MT][2];
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) A::load(rows[i][h], j, t, al[i][h], ah[i][h], s0[i][h], s1[i][h]);
-        int bl[NT], bh[NT];
-        float2 y[NT][2];
-#pragma unroll
-        for (int c = 0; c < NT; c++) {
-            bl[c] = __ldg(bq[c] + 8 * j);
-            bh[c] = __ldg(bq[c] + 8 * j + 4);
-            y[c][0] = __ldg(bd[c][0] + j);
-            y[c][1] = __ldg(bd[c][1] + j);
+    for (int s = s0; s < s1; s++) {
+        const int jb = 8 * s, nbk = min(8, nblk - jb);
+        const u32 bytes = (u32)(nbk * A::SB / 8);
+        // The warp's rows: the aligned words that hold the stage's bytes (the last word may end
+        // up to 3 bytes past them, inside the row or the allocation's padding).
+        for (int x = lane; x < 32 * SW; x += 32) {
+            const int r = x / SW, w = x % SW;
+            const u8* src = src_row(r, s);
+            const u32 off = (u32)((size_t)src & 3);
+            if (4 * (u32)w < off + bytes) cp_async_ca<4>(&ws[warp][r][w], src - off + 4 * w);
         }
+        // The column tile's blocks jb .. jb + nbk: 16-byte halves of the int8, then (d, d sum).
+        for (int x = threadIdx.x; x < 8 * NT * 16; x += 128) {
+            const int c = x / 16, jj = x / 2 % 8, h = x % 2;
+            if (jj < nbk) {
+                const i64 col = min(c0 + c, n - 1);
+                cp_async16((u8*)&xq[c][8 * jj + 4 * h], qs + (col * nblk + jb + jj) * 32 + 16 * h);
+            }
+        }
+        for (int x = threadIdx.x; x < 8 * NT * 8; x += 128) {
+            const int c = x / 8, jj = x % 8;
+            if (jj < nbk) cp_async_ca<8>(&xd[jj][c], ds + min(c0 + c, n - 1) * (i64)nblk + jb + jj);
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+
+        const u8* rows[MT][2];
 #pragma unroll
         for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * i + 8 * h + g;
+                rows[i][h] = (const u8*)&ws[warp][r][0] + ((size_t)src_row(r, s) & 3);
+            }
+        for (int jj = 0; jj < nbk; jj++) {
+            int al[MT][2], ah[MT][2];
+            float w0[MT][2], w1[MT][2];
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) A::load(rows[i][h], jj, t, al[i][h], ah[i][h], w0[i][h], w1[i][h]);
 #pragma unroll
             for (int c = 0; c < NT; c++) {
-                if (A::MODE == 2) {
-                    int cl[4], ch[4];
-                    mma_k16(cl, al[i][0], al[i][1], bl[c]);
-                    mma_k16(ch, ah[i][0], ah[i][1], bh[c]);
+                const int bl = (int)xq[8 * c + g][8 * jj + t], bh = (int)xq[8 * c + g][8 * jj + 4 + t];
+                const float2 y0 = xd[jj][8 * c + 2 * t], y1 = xd[jj][8 * c + 2 * t + 1];
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[i][c][e] += y[c][e & 1].x * (s0[i][e >> 1] * (float)cl[e] + s1[i][e >> 1] * (float)ch[e]);
-                } else {
-                    int cs[4];
-                    mma_k32(cs, al[i][0], al[i][1], ah[i][0], ah[i][1], bl[c], bh[c]);
+                for (int i = 0; i < MT; i++) {
+                    if (A::MODE == 2) {
+                        int cl[4], ch[4];
+                        mma_k16(cl, al[i][0], al[i][1], bl);
+                        mma_k16(ch, ah[i][0], ah[i][1], bh);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        acc[i][c][e] += s0[i][e >> 1] * y[c][e & 1].x * (float)cs[e];
-                        if (A::MODE == 1) acc[i][c][e] += s1[i][e >> 1] * y[c][e & 1].y;
+                        for (int e = 0; e < 4; e++)
+                            acc[i][c][e] += (e & 1 ? y1.x : y0.x) * (w0[i][e >> 1] * (float)cl[e] + w1[i][e >> 1] * (float)ch[e]);
+                    } else {
+                        int cs[4];
+                        mma_k32(cs, al[i][0], al[i][1], ah[i][0], ah[i][1], bl, bh);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float2 y = e & 1 ? y1 : y0;
+                            acc[i][c][e] += w0[i][e >> 1] * y.x * (float)cs[e];
+                            if (A::MODE == 1) acc[i][c][e] += w1[i][e >> 1] * y.y;
+                        }
                     }
                 }
             }
-    };
-    // Two blocks in flight where the registers allow (Q6_K's two products a tile would spill).
-    if (A::MODE == 2) {
-#pragma unroll 1
-        for (int j = j0; j < j1; j++) step(j);
-    } else {
-#pragma unroll 2
-        for (int j = j0; j < j1; j++) step(j);
+        }
+        __syncthreads();
     }
 
-    // The four warps' sums of each element, added by the warp e % 4 of element e.
-    const int E = MT * NT * 4;
-    __shared__ float red[4][E][32];
+    const bool partial = gridDim.z > 1;
+    float* out = partial ? (float*)p.aux[2] + (i64)blockIdx.z * m * n : (float*)p.t[0].ptr;
+    const i64 ld = partial ? m : p.t[0].nb[1] / 4;
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int c = 0; c < NT; c++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) red[warp][(i * NT + c) * 4 + e][lane] = acc[i][c][e];
-    __syncthreads();
-    const bool partial = gridDim.z > 1;
-    float* out = partial ? (float*)p.aux[2] + (i64)blockIdx.z * m * n : (float*)p.t[0].ptr;
-    const i64 ld = partial ? m : p.t[0].nb[1] / 4;
-    for (int x = warp; x < E; x += 4) {
-        const int i = x / (NT * 4), c = x / 4 % NT, e = x % 4;
-        const i64 r = r0 + 16 * i + 8 * (e >> 1) + g;
-        const i64 col = c0 + 8 * c + 2 * t + (e & 1);
-        if (r < m && col < n) out[col * ld + r] = red[0][x][lane] + red[1][x][lane] + red[2][x][lane] + red[3][x][lane];
-    }
+            for (int e = 0; e < 4; e++) {
+                const i64 r = r0 + 16 * i + 8 * (e >> 1) + g;
+                const i64 col = c0 + 8 * c + 2 * t + (e & 1);
+                if (r < m && col < n) out[col * ld + r] = acc[i][c][e];
+            }
 }
 
 // mmq_sum: dst (t[0], f32 [m, n], columns nb[1] apart) = the sum over z < i[1] of the partials

@@ -208,6 +208,10 @@ const MMQ_MAX: i64 = 64;
 /// The most columns of one column tile of the mat-mat (its widest kernel, 4 tiles of 8).
 const MMQ_TILE: usize = 32;
 
+/// Blocks of the mat-mat an SM is given at least, where k is long enough to split: with a
+/// stage of 128 rows in flight each, two keep the memory busy while the other computes.
+const MMQ_BLOCKS_PER_SM: usize = 3;
+
 /// Types with a tensor-core mat-mat kernel (`MmqA` in mmvq.cu): those whose values decode to
 /// int8 under one scale (and offset) per 32 values, or one scale per 16 (Q6_K).
 fn has_mmq(d: DType) -> bool {
@@ -242,9 +246,9 @@ fn mmq_fits(enc: &Encoder, a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
 /// `d = a^T b` for [`MMQ_MIN`] to [`MMQ_MAX`] columns of tensor `b_id` (at `b`, of type `bt`)
 /// on the tensor cores: the columns quantized once ([`quantize_q8`]), cut into equal column
 /// tiles of at most [`MMQ_TILE`] (so that no tile is left with a few columns), each tile 8 `nt`
-/// wide; the rows in tiles of 32 (`nt` <= 2) or 64; and k split further into `splits` runs when
-/// the tiles alone would leave the GPU's SMs short of blocks (4 blocks of 4 warps an SM, each
-/// warp at least 2 blocks of k), their partial sums added by `mmq_sum`.
+/// wide; the rows in tiles of 128; and k's stages of 256 values split into `splits` runs when
+/// the tiles alone would leave the GPU's SMs short of blocks (aiming at [`MMQ_BLOCKS_PER_SM`]
+/// an SM, each run at least 2 stages), their partial sums added by `mmq_sum`.
 fn mmq(
     enc: &mut Encoder,
     a_id: TensorId,
@@ -259,10 +263,10 @@ fn mmq(
     let (m, n, nblk) = (a.ne[1] as usize, b.ne[1] as usize, a.ne[0] as usize / 32);
     let col_tiles = n.div_ceil(MMQ_TILE);
     let nt = n.div_ceil(col_tiles).div_ceil(8);
-    let row_tiles = m.div_ceil(if nt <= 2 { 32 } else { 64 });
-    let splits = (4 * enc.dev.sm_count as usize)
+    let row_tiles = m.div_ceil(128);
+    let splits = (MMQ_BLOCKS_PER_SM * enc.dev.sm_count as usize)
         .div_ceil(row_tiles * col_tiles)
-        .min(nblk / 8)
+        .min(nblk.div_ceil(8) / 2)
         .clamp(1, 65535);
     let mut p = params(d, &[a]);
     p.i[0] = n as i32;

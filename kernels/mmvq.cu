@@ -1150,3 +1150,396 @@ MMVQ_ID(iq4_xs, IQ4_XS)
 MMVQ_ID(mxfp4, MXFP4)
 MMVQ_ID(iq2_xs, IQ2_XS)
 MMVQ_ID(iq3_s, IQ3_S)
+
+// ---- mmq: quantized weights times 2 to 64 columns on int8 tensor cores ----
+//
+// mmq_<type>_<NT>: t[0] dst f32 [m, n] (columns nb[1] apart), t[1] the weights [k, m] (rows
+// contiguous, nb[1] apart; 2-D), aux[0], aux[1] the n columns quantized as quantize_q8_1
+// writes them, i[0] = n. Grid (ceil(m / 128), column tiles, S), 128 threads. Block (x, y, z)
+// computes rows 128 x .. + 128 (32 a warp) by columns 8 NT y .. + 8 NT over the z-th of S equal
+// runs of k's stages (256 values: 8 blocks of 32, one super-block of the k-quants). With S = 1
+// it stores dst; otherwise its sums go to the partials at aux[2] (f32 [m, n] per z,
+// contiguous), which mmq_sum adds into dst in a fixed order (no atomics: the same inputs give
+// the same bits).
+//
+// A stage is copied to shared memory with asynchronous copies, every copy of a warp covering
+// consecutive bytes: each warp its rows' bytes (as the aligned words that hold them), the block
+// the column tile's 8-bit blocks. Each weight byte is read from memory once per column tile.
+// Then per 32-value block of k a warp takes one mma.sync.m16n8k32 (s8 x s8 -> s32) per pair of
+// its 2 row tiles (16 rows) and NT column tiles (8 columns), and scales the integer sums into
+// float accumulators: d_w d_x sum, plus m_w (d_x sum x) for the types with a per-block offset
+// (q8_1's second float); Q6_K, with a scale per 16 values, takes two m16n8k16 products per block,
+// one per half. In mma's layout lane (g, t) holds values 4 t .. 4 t + 3 (lo) and 16 + 4 t ..
+// (hi) of rows g and g + 8 of a tile, and the same of column g of a column tile: MmqA<Q>::load
+// decodes exactly those words from the staged block. Rows and columns past the ends are read
+// clamped to the last one and not stored. Needs sm_80 (mmq_fits in
+// backend-cuda/src/ops/matmul.rs checks).
+
+// A 4-byte word at a 2-byte aligned address.
+__device__ __forceinline__ int ld4a2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (int)((u32)h[0] | ((u32)h[1] << 16));
+}
+
+// c = a (16 x 32, s8, rows g and g + 8: a0/a1 values 4t.., a2/a3 values 16 + 4t..) times
+// b (32 x 8, column g: b0 values 4 t.., b1 values 16 + 4 t..), s32.
+__device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+#else
+    __trap();
+#endif
+}
+
+// The same over 16 values: a0/a1 values 4 t.. of rows g and g + 8, b0 values 4 t.. of column g.
+__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+#else
+    __trap();
+#endif
+}
+
+// MmqA<Q>: SB bytes of 256 values of a row; MODE 0: value = s0 q; 1: s0 q + s1 (a per-block
+// offset); 2: s0 q for values 0-15 of a block, s1 q for 16-31. load(row, j, t, lo, hi, s0, s1):
+// block j (32 values, j < 8 for the 256-value types) from row, lo its int8 values 4 t .. 4 t + 3
+// and hi 16 + 4 t .. 16 + 4 t + 3.
+template <int Q> struct MmqA;
+
+__device__ __forceinline__ int lo4(u32 w) { return (int)(w & 0x0F0F0F0Fu); }
+__device__ __forceinline__ int hi4(u32 w) { return (int)((w >> 4) & 0x0F0F0F0Fu); }
+
+template <> struct MmqA<Q4_0> {
+    static const int SB = 144;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)j * 18;
+        s0 = ldh(b);
+        s1 = 0.0f;
+        const u32 w = (u32)ld4a2(b + 2 + 4 * t);
+        lo = (int)__vsub4((u32)lo4(w), 0x08080808u);
+        hi = (int)__vsub4((u32)hi4(w), 0x08080808u);
+    }
+};
+
+template <> struct MmqA<Q4_1> {
+    static const int SB = 160;
+    static const int MODE = 1;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)j * 20;
+        s0 = ldh(b);
+        s1 = ldh(b + 2);
+        const u32 w = (u32)ld4(b + 4 + 4 * t);
+        lo = lo4(w);
+        hi = hi4(w);
+    }
+};
+
+template <> struct MmqA<Q5_0> {
+    static const int SB = 176;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)j * 22;
+        s0 = ldh(b);
+        s1 = 0.0f;
+        const u32 qh = (u32)ld4a2(b + 2);
+        const u32 w = (u32)ld4a2(b + 6 + 4 * t);
+        lo = (int)__vsub4((u32)(lo4(w) | spread4(qh >> (4 * t))), 0x10101010u);
+        hi = (int)__vsub4((u32)(hi4(w) | spread4(qh >> (16 + 4 * t))), 0x10101010u);
+    }
+};
+
+template <> struct MmqA<Q5_1> {
+    static const int SB = 192;
+    static const int MODE = 1;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)j * 24;
+        s0 = ldh(b);
+        s1 = ldh(b + 2);
+        const u32 qh = (u32)ld4(b + 4);
+        const u32 w = (u32)ld4(b + 8 + 4 * t);
+        lo = lo4(w) | spread4(qh >> (4 * t));
+        hi = hi4(w) | spread4(qh >> (16 + 4 * t));
+    }
+};
+
+template <> struct MmqA<Q8_0> {
+    static const int SB = 272;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)j * 34;
+        s0 = ldh(b);
+        s1 = 0.0f;
+        lo = ld4a2(b + 2 + 4 * t);
+        hi = ld4a2(b + 18 + 4 * t);
+    }
+};
+
+// Q4_K / Q5_K: block j is sub-block jj = j % 8 of super-block j / 8: the low (jj even) or high
+// nibbles of qs bytes 32 (jj / 2) .., Q5_K's fifth bit bit jj of qh byte l for value l; scale
+// d sc and offset -dmin m (k45_scales).
+template <int Q> struct MmqK45 {
+    static const int SB = Q == Q4_K ? 144 : 176;
+    static const int MODE = 1;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)(j / 8) * (Q == Q4_K ? 144 : 176);
+        const int jj = j % 8, c = jj / 2, sh = 4 * (jj & 1);
+        const u32 dm = (u32)ld4(b);
+        int s[3];
+#pragma unroll
+        for (int i = 0; i < 3; i++) s[i] = ld4(b + 4 + 4 * i);
+        u32 sc, mn;
+        k45_scales(c, s, sc, mn);
+        s0 = h2f((u16)dm) * (float)((sc >> (2 * sh)) & 0xFFu);
+        s1 = -h2f((u16)(dm >> 16)) * (float)((mn >> (2 * sh)) & 0xFFu);
+        const u8* q = b + (Q == Q4_K ? 16 : 48) + 32 * c + 4 * t;
+        lo = (int)(((u32)ld4(q) >> sh) & 0x0F0F0F0Fu);
+        hi = (int)(((u32)ld4(q + 16) >> sh) & 0x0F0F0F0Fu);
+        if (Q == Q5_K) {
+            lo |= (int)((((u32)ld4(b + 16 + 4 * t) >> jj) & 0x01010101u) << 4);
+            hi |= (int)((((u32)ld4(b + 32 + 4 * t) >> jj) & 0x01010101u) << 4);
+        }
+    }
+};
+template <> struct MmqA<Q4_K> : MmqK45<Q4_K> {};
+template <> struct MmqA<Q5_K> : MmqK45<Q5_K> {};
+
+// Q6_K: block j is group g = jj % 4 of half n = jj / 4 (jj = j % 8) of super-block j / 8: value
+// l is nibble g / 2 of ql byte 64 n + 32 (g % 2) + l with bits 2 g, 2 g + 1 of qh byte
+// 128 + 32 n + l above it, minus 32; values 0-15 scaled by d sc[8 n + 2 g], 16-31 by
+// d sc[8 n + 2 g + 1].
+template <> struct MmqA<Q6_K> {
+    static const int SB = 210;
+    static const int MODE = 2;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u8* b = row + (i64)(j / 8) * 210;
+        const int jj = j % 8, n = jj / 4, g = jj % 4;
+        const float d = ldh(b + 208);
+        const u32 sc = (u32)*(const u16*)(b + 192 + 8 * n + 2 * g);
+        s0 = d * (float)(int)(i8)(sc & 0xFFu);
+        s1 = d * (float)(int)(i8)(sc >> 8);
+        const u8* ql = b + 64 * n + 32 * (g % 2) + 4 * t;
+        const u8* qh = b + 128 + 32 * n + 4 * t;
+        const int sh = 4 * (g / 2);
+        const u32 l0 = ((u32)ld4a2(ql) >> sh) & 0x0F0F0F0Fu, l1 = ((u32)ld4a2(ql + 16) >> sh) & 0x0F0F0F0Fu;
+        const u32 h0 = (((u32)ld4a2(qh) >> (2 * g)) & 0x03030303u) << 4;
+        const u32 h1 = (((u32)ld4a2(qh + 16) >> (2 * g)) & 0x03030303u) << 4;
+        lo = (int)__vsub4(l0 | h0, 0x20202020u);
+        hi = (int)__vsub4(l1 | h1, 0x20202020u);
+    }
+};
+
+// The table types: 4-bit indices into TableQ's tables, one scale per 32 values.
+// The table entries of the low and high nibbles of the 4 bytes of w.
+__device__ __forceinline__ void mmq_lut(u32 w, const u32 (&tab)[4], int& lo, int& hi) {
+    const u32 l = w & 0x0F0F0F0Fu, h = (w >> 4) & 0x0F0F0F0Fu;
+    const u32 l2 = l | (l >> 4), h2 = h | (h >> 4);
+    lo = TableQ::lut((l2 & 0xFFu) | ((l2 >> 8) & 0xFF00u), tab);
+    hi = TableQ::lut((h2 & 0xFFu) | ((h2 >> 8) & 0xFF00u), tab);
+}
+
+template <> struct MmqA<IQ4_NL> {
+    static const int SB = 144;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u32 tab[4] = IQ4_TABLE;
+        const u8* b = row + (i64)j * 18;
+        s0 = ldh(b);
+        s1 = 0.0f;
+        mmq_lut((u32)ld4a2(b + 2 + 4 * t), tab, lo, hi);
+    }
+};
+
+// IQ4_XS: block j is sub-block ib = j % 8 of super-block j / 8 (136 bytes), scaled by
+// d (ls - 32), its nibbles at 8 + 16 ib as IQ4_NL's.
+template <> struct MmqA<IQ4_XS> {
+    static const int SB = 136;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u32 tab[4] = IQ4_TABLE;
+        const u8* b = row + (i64)(j / 8) * 136;
+        const int ib = j % 8;
+        const u32 sh = (u32)*(const u16*)(b + 2);
+        const int ls = (int)(((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3u) << 4));
+        s0 = ldh(b) * (float)(ls - 32);
+        s1 = 0.0f;
+        mmq_lut((u32)ld4a2(b + 8 + 16 * ib + 4 * t), tab, lo, hi);
+    }
+};
+
+// MXFP4: 17-byte blocks, so its words are read a byte at a time.
+template <> struct MmqA<MXFP4> {
+    static const int SB = 136;
+    static const int MODE = 0;
+    static __device__ __forceinline__ void load(const u8* row, int j, int t, int& lo, int& hi, float& s0, float& s1) {
+        const u32 tab[4] = MXFP4_TABLE;
+        const u8* b = row + (i64)j * 17;
+        s0 = e8m0_half(b[0]);
+        s1 = 0.0f;
+        const u8* q = b + 1 + 4 * t;
+        const u32 w = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
+        mmq_lut(w, tab, lo, hi);
+    }
+};
+
+// Asynchronous copies of N = 4 or 8 bytes from global to shared memory (through L1).
+template <int N> __device__ __forceinline__ void cp_async_ca(void* dst, const void* src) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(N) : "memory");
+}
+
+template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
+    typedef MmqA<Q> A;
+    const int MT = 2;                    // 16-row tiles per warp: 32 rows a warp, 128 a block
+    const int SW = (A::SB + 3) / 4 + 1;  // words of a row's stage, with room for an unaligned start
+    const int XS = 68;                   // words of a column's staged blocks (64, padded: lanes of
+                                         // one fragment load then hit 32 different banks)
+    const TArg& a = p.t[1];
+    const i64 m = a.ne[1];
+    const int nblk = (int)(a.ne[0] / 32), n = p.i[0];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const i64 r0 = (i64)blockIdx.x * 128 + 32 * warp;
+    const int c0 = blockIdx.y * 8 * NT;
+    const int ns = (nblk + 7) / 8;
+    const int s0 = (int)((i64)ns * blockIdx.z / gridDim.z), s1 = (int)((i64)ns * (blockIdx.z + 1) / gridDim.z);
+    __shared__ __align__(16) u32 ws[4][32][SW];
+    __shared__ __align__(16) u32 xq[8 * NT][XS];
+    __shared__ __align__(16) float2 xd[8][8 * NT];
+    const u8* qs = (const u8*)p.aux[0];
+    const float2* ds = (const float2*)p.aux[1];
+    // Where row r (of the warp's 32) of stage s starts in global memory.
+    auto src_row = [&](int r, int s) {
+        return (const u8*)a.ptr + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB;
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < NT; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
+
+    for (int s = s0; s < s1; s++) {
+        const int jb = 8 * s, nbk = min(8, nblk - jb);
+        const u32 bytes = (u32)(nbk * A::SB / 8);
+        // The warp's rows: the aligned words that hold the stage's bytes (the last word may end
+        // up to 3 bytes past them, inside the row or the allocation's padding).
+        for (int x = lane; x < 32 * SW; x += 32) {
+            const int r = x / SW, w = x % SW;
+            const u8* src = src_row(r, s);
+            const u32 off = (u32)((size_t)src & 3);
+            if (4 * (u32)w < off + bytes) cp_async_ca<4>(&ws[warp][r][w], src - off + 4 * w);
+        }
+        // The column tile's blocks jb .. jb + nbk: 16-byte halves of the int8, then (d, d sum).
+        for (int x = threadIdx.x; x < 8 * NT * 16; x += 128) {
+            const int c = x / 16, jj = x / 2 % 8, h = x % 2;
+            if (jj < nbk) {
+                const i64 col = min(c0 + c, n - 1);
+                cp_async16((u8*)&xq[c][8 * jj + 4 * h], qs + (col * nblk + jb + jj) * 32 + 16 * h);
+            }
+        }
+        for (int x = threadIdx.x; x < 8 * NT * 8; x += 128) {
+            const int c = x / 8, jj = x % 8;
+            if (jj < nbk) cp_async_ca<8>(&xd[jj][c], ds + min(c0 + c, n - 1) * (i64)nblk + jb + jj);
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+
+        const u8* rows[MT][2];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * i + 8 * h + g;
+                rows[i][h] = (const u8*)&ws[warp][r][0] + ((size_t)src_row(r, s) & 3);
+            }
+        for (int jj = 0; jj < nbk; jj++) {
+            int al[MT][2], ah[MT][2];
+            float w0[MT][2], w1[MT][2];
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) A::load(rows[i][h], jj, t, al[i][h], ah[i][h], w0[i][h], w1[i][h]);
+#pragma unroll
+            for (int c = 0; c < NT; c++) {
+                const int bl = (int)xq[8 * c + g][8 * jj + t], bh = (int)xq[8 * c + g][8 * jj + 4 + t];
+                const float2 y0 = xd[jj][8 * c + 2 * t], y1 = xd[jj][8 * c + 2 * t + 1];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    if (A::MODE == 2) {
+                        int cl[4], ch[4];
+                        mma_k16(cl, al[i][0], al[i][1], bl);
+                        mma_k16(ch, ah[i][0], ah[i][1], bh);
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[i][c][e] += (e & 1 ? y1.x : y0.x) * (w0[i][e >> 1] * (float)cl[e] + w1[i][e >> 1] * (float)ch[e]);
+                    } else {
+                        int cs[4];
+                        mma_k32(cs, al[i][0], al[i][1], ah[i][0], ah[i][1], bl, bh);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float2 y = e & 1 ? y1 : y0;
+                            acc[i][c][e] += w0[i][e >> 1] * y.x * (float)cs[e];
+                            if (A::MODE == 1) acc[i][c][e] += w1[i][e >> 1] * y.y;
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const bool partial = gridDim.z > 1;
+    float* out = partial ? (float*)p.aux[2] + (i64)blockIdx.z * m * n : (float*)p.t[0].ptr;
+    const i64 ld = partial ? m : p.t[0].nb[1] / 4;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < NT; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const i64 r = r0 + 16 * i + 8 * (e >> 1) + g;
+                const i64 col = c0 + 8 * c + 2 * t + (e & 1);
+                if (r < m && col < n) out[col * ld + r] = acc[i][c][e];
+            }
+}
+
+// mmq_sum: dst (t[0], f32 [m, n], columns nb[1] apart) = the sum over z < i[1] of the partials
+// at aux[2] (f32 [m, n] contiguous, one after another), in order of z.
+KERNEL mmq_sum(const KParams p) {
+    pdl_wait();
+    const TArg& d = p.t[0];
+    const i64 m = d.ne[0], total = m * d.ne[1];
+    const float* part = (const float*)p.aux[2];
+    for (i64 x = (i64)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (i64)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int z = 0; z < p.i[1]; z++) v += part[z * total + x];
+        *(float*)at(d, x % m, x / m, 0, 0) = v;
+    }
+}
+
+#define MMQ(nq, Q)                                                                              \
+    MMVQ_KERNEL mmq_##nq##_1(const KParams p) { pdl_wait(); mmq<Q, 1>(p); }                     \
+    MMVQ_KERNEL mmq_##nq##_2(const KParams p) { pdl_wait(); mmq<Q, 2>(p); }                     \
+    MMVQ_KERNEL mmq_##nq##_3(const KParams p) { pdl_wait(); mmq<Q, 3>(p); }                     \
+    MMVQ_KERNEL mmq_##nq##_4(const KParams p) { pdl_wait(); mmq<Q, 4>(p); }
+
+MMQ(q4_0, Q4_0)
+MMQ(q4_1, Q4_1)
+MMQ(q5_0, Q5_0)
+MMQ(q5_1, Q5_1)
+MMQ(q8_0, Q8_0)
+MMQ(q4_K, Q4_K)
+MMQ(q5_K, Q5_K)
+MMQ(q6_K, Q6_K)
+MMQ(iq4_nl, IQ4_NL)
+MMQ(iq4_xs, IQ4_XS)
+MMQ(mxfp4, MXFP4)

@@ -170,21 +170,29 @@ fn mat_vec_bandwidth(dev: &Dev, args: &Args) {
 }
 
 /// Quantized products of a few columns (sequences decoded together), weights from DRAM (8
-/// rotated), m=4096 k=14336: the time of one product and its time per column.
+/// rotated), m=4096 k=14336: the time of one product, its time per column and the rate at
+/// which it reads the weights.
 fn mat_vec_batch(dev: &Dev, args: &Args) {
     let (m, k) = (4096usize, 14336usize);
     let mut rng = Rng::new(12);
     let x = rng.vec(k * 64, -1.0, 1.0);
-    for dt in [DType::Q4_0, DType::Q4_K, DType::Q6_K]
-        .into_iter()
-        .filter(|dt| args.measures(dt.name()))
+    for dt in [
+        DType::Q4_0,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q5_K,
+    ]
+    .into_iter()
+    .filter(|dt| args.measures(dt.name()))
     {
         let wdata: Vec<f32> = (0..m * k)
             .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
             .collect();
         let wb = to_bytes(dt, &wdata);
         drop(wdata);
-        for n in [1usize, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64] {
+        let bytes = (m * k / dt.block_size() * dt.type_size()) as f64;
+        for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64] {
             let mut g = Graph::new();
             let v = g.input("v", DType::F32, &[k, n]).unwrap();
             let mut inputs = vec![(v, to_bytes(DType::F32, &x[..k * n]))];
@@ -198,10 +206,11 @@ fn mat_vec_batch(dev: &Dev, args: &Args) {
             let outs: Vec<TensorId> = ws.iter().map(|&w| g.mul_mat(w, v).unwrap()).collect();
             let s = time_graph(dev, &mut g, &inputs, &outs, 30) / 8.0;
             println!(
-                "mul_mat batch {} m={m} k={k} n={n}: {:.1} us, {:.2} us a column",
+                "mul_mat batch {} m={m} k={k} n={n}: {:.1} us, {:.2} us a column, weights {:.0} GB/s",
                 dt.name(),
                 s * 1e6,
-                s * 1e6 / n as f64
+                s * 1e6 / n as f64,
+                bytes / s * 1e-9
             );
         }
     }

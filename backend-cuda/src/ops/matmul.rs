@@ -4,8 +4,11 @@
 //! - F32, F16 and BF16 weights (src1 F32, F16 or BF16) go to cuBLAS (src1 converted to the weight type where it differs
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
-//! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
-//!   weight byte once (src1, F32 or F16, quantized to 8-bit blocks first).
+//! - Quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later, of the
+//!   types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
+//!   reads each weight byte once per tile of up to 32 columns.
+//! - Quantized weights with 1 to 8 columns otherwise use the mat-vec kernels of mmvq.cu, which
+//!   read each weight byte once (src1, F32 or F16, quantized to 8-bit blocks first).
 //! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
 //!   scratch memory stays bounded) and multiplied by cuBLAS.
 
@@ -74,6 +77,9 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let (ta, tb) = (enc.graph.get(a), enc.graph.get(b));
     let (aa, ba, da) = (enc.arg(a)?, enc.arg(b)?, enc.arg(id)?);
     if ta.dtype.is_quantized() {
+        if mmq_fits(enc, ta, tb, &aa) {
+            return mmq(enc, a, b, ba, tb.dtype, da);
+        }
         if mmvq_fits(ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
             // The all-reduce node right after this one sums the one-column result
@@ -188,6 +194,101 @@ fn mmvq_chunks(
         );
         mmvq(enc, a, dc, q8, nc, None, None)?;
         c0 += nc;
+    }
+    Ok(())
+}
+
+/// The fewest columns the tensor-core mat-mat takes: below, the mat-vec kernels are faster.
+const MMQ_MIN: i64 = 2;
+
+/// The most columns the tensor-core mat-mat takes (a batch of decoded sequences); wider
+/// products are prompts, which dequantization and cuBLAS serve better.
+const MMQ_MAX: i64 = 64;
+
+/// The most columns of one column tile of the mat-mat (its widest kernel, 4 tiles of 8).
+const MMQ_TILE: usize = 32;
+
+/// Blocks of the mat-mat an SM is given at least, where k is long enough to split: with a
+/// stage of 128 rows in flight each, two keep the memory busy while the other computes.
+const MMQ_BLOCKS_PER_SM: usize = 3;
+
+/// Types with a tensor-core mat-mat kernel (`MmqA` in mmvq.cu): those whose values decode to
+/// int8 under one scale (and offset) per 32 values, or one scale per 16 (Q6_K).
+fn has_mmq(d: DType) -> bool {
+    matches!(
+        d,
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::IQ4_NL
+            | DType::IQ4_XS
+            | DType::MXFP4
+    )
+}
+
+/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as the tensor-core
+/// mat-mat: 2-D operands, [`MMQ_MIN`] to [`MMQ_MAX`] columns, a GPU with int8 mma.sync
+/// (sm_80 and later), rows aligned as the mat-vec needs them (the mat-mat reads the same words).
+fn mmq_fits(enc: &Encoder, a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
+    (MMQ_MIN..=MMQ_MAX).contains(&(b.ne[1] as i64))
+        && b.ne[2] * b.ne[3] == 1
+        && a.ne[2] * a.ne[3] == 1
+        && has_mmq(a.dtype)
+        && mmvq_aligned(a.dtype, aa)
+        && enc.dev.cc.0 >= 8
+}
+
+/// `d = a^T b` for [`MMQ_MIN`] to [`MMQ_MAX`] columns of tensor `b_id` (at `b`, of type `bt`)
+/// on the tensor cores: the columns quantized once ([`quantize_q8`]), cut into equal column
+/// tiles of at most [`MMQ_TILE`] (so that no tile is left with a few columns), each tile 8 `nt`
+/// wide; the rows in tiles of 128; and k's stages of 256 values split into `splits` runs when
+/// the tiles alone would leave the GPU's SMs short of blocks (aiming at [`MMQ_BLOCKS_PER_SM`]
+/// an SM, each run at least 2 stages), their partial sums added by `mmq_sum`.
+fn mmq(
+    enc: &mut Encoder,
+    a_id: TensorId,
+    b_id: TensorId,
+    b: TArg,
+    bt: DType,
+    d: TArg,
+) -> Result<()> {
+    let (qs, ds) = quantize_q8(enc, b_id, b, bt)?;
+    let a = enc.arg(a_id)?;
+    let qt = enc.graph.get(a_id).dtype;
+    let (m, n, nblk) = (a.ne[1] as usize, b.ne[1] as usize, a.ne[0] as usize / 32);
+    let col_tiles = n.div_ceil(MMQ_TILE);
+    let nt = n.div_ceil(col_tiles).div_ceil(8);
+    let row_tiles = m.div_ceil(128);
+    let splits = (MMQ_BLOCKS_PER_SM * enc.dev.sm_count as usize)
+        .div_ceil(row_tiles * col_tiles)
+        .min(nblk.div_ceil(8) / 2)
+        .clamp(1, 65535);
+    let mut p = params(d, &[a]);
+    p.i[0] = n as i32;
+    p.aux[..2].copy_from_slice(&[qs, ds]);
+    if splits > 1 {
+        // The partials go above the quantized columns, which stay valid for the next node.
+        let end = (ds - enc.scratch_base) as usize + nblk * n * 8;
+        enc.node_scratch = enc.node_scratch.max(end);
+        p.aux[2] = enc.scratch(splits * m * n * 4);
+        enc.q8 = Some((b_id, (qs, ds)));
+    }
+    enc.launch(
+        "mmvq",
+        &format!("mmq_{}_{nt}", qt.name()),
+        [row_tiles as u32, col_tiles as u32, splits as u32],
+        [128, 1, 1],
+        0,
+        p,
+    )?;
+    if splits > 1 {
+        p.i[1] = splits as i32;
+        enc.launch_flat("mmvq", "mmq_sum", (m * n) as i64, p)?;
     }
     Ok(())
 }

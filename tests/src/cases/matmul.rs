@@ -188,6 +188,26 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, 37, n, 2048).case());
         }
     }
+    // A GPU's quantized mat-mat of a few sequences (2 to 64 columns): rows past a 64-row tile,
+    // column tiles of 8 to 32 with ragged ends, k long enough to be split over blocks.
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+    ] {
+        for n in [2, 11, 40, 64] {
+            v.push(MulMat::new(t, DType::F32, 72, n, 1024).case());
+        }
+    }
+    v.push(MulMat::new(DType::Q4_0, DType::F16, 72, 24, 1024).case());
     v.push(
         MulMat::new(DType::F32, DType::F32, 256, 32, 4096)
             .case()

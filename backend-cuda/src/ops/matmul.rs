@@ -7,8 +7,9 @@
 //! - Quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later, of the
 //!   types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
 //!   reads each weight byte once per tile of up to 32 columns.
-//! - Quantized weights with 1 to 8 columns otherwise use the mat-vec kernels of mmvq.cu, which
-//!   read each weight byte once (src1, F32 or F16, quantized to 8-bit blocks first).
+//! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
+//!   weight byte once (src1, F32 or F16, quantized to 8-bit blocks first); 9 to 16 columns
+//!   without the mat-mat run as mat-vec launches of up to 8 columns each.
 //! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
 //!   scratch memory stays bounded) and multiplied by cuBLAS.
 
@@ -198,12 +199,13 @@ fn mmvq_chunks(
     Ok(())
 }
 
-/// The fewest columns the tensor-core mat-mat takes: below, the mat-vec kernels are faster.
-const MMQ_MIN: i64 = 2;
+/// The fewest columns the tensor-core mat-mat takes: up to 8 the mat-vec kernels are faster
+/// (BENCHMARKS.md, "Session 27").
+const MMQ_MIN: i64 = 9;
 
 /// The most columns the tensor-core mat-mat takes (a batch of decoded sequences); wider
-/// products are prompts, which dequantization and cuBLAS serve better.
-const MMQ_MAX: i64 = 64;
+/// products, and Q6_K already from 40 columns, run faster dequantized into cuBLAS.
+const MMQ_MAX: i64 = 32;
 
 /// The most columns of one column tile of the mat-mat (its widest kernel, 4 tiles of 8).
 const MMQ_TILE: usize = 32;

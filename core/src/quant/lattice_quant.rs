@@ -1,0 +1,452 @@
+//! Quantization to the lattice i-quants IQ2_S, IQ3_XXS and IQ3_S, as ggml's
+//! `quantize_row_iq2_s_impl`, `quantize_row_iq3_xxs_impl` and `quantize_row_iq3_s_impl` do it
+//! without an importance matrix (bit for bit: checked against ggml's bytes in
+//! core/tests/quant_reference.rs).
+//!
+//! A group of `N` values (8 for IQ2_S, 4 for the IQ3 types) is a point of the type's grid,
+//! whose coordinates are odd numbers `2l + 1` (`l` the rank of the grid's byte value, in
+//! increasing order). For each sub-block (16 values for IQ2_S, 32 for the IQ3 types) the signs
+//! are taken off (IQ3_XXS keeps seven per 8 values: an odd count of minus signs flips the value
+//! of least weight), and a range of trial scales each round every group to the nearest lattice
+//! point; a point off the grid is replaced by its best grid neighbour (of the few nearest
+//! distances) under the square roots of the weights (`x^2`, plus a quarter of the block's mean
+//! square for IQ2_S). The trial with the best weighted fit sets the sub-block's points and
+//! scale, which are then refined once more from that scale; the block's scale is the largest
+//! sub-block scale over 31 times a small fudge factor, and each sub-block scale a 4-bit odd
+//! multiple of it.
+
+use std::sync::OnceLock;
+
+use super::iq_grids::{IQ2S_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::k_search::nearest_int;
+use super::put_f16;
+
+/// A lattice grid of `N`-value points with its lookup from every code (the `l` of coordinate i
+/// at bits `bits * i`) and the neighbour lists of the codes off the grid.
+struct Grid<const N: usize> {
+    /// Bits per coordinate in a code.
+    bits: usize,
+    /// Each point's coordinates `2l + 1`.
+    points: Vec<[i8; N]>,
+    /// For each code: its point, or the range of its neighbours in `neighbours` (empty for
+    /// codes no rounding reaches).
+    map: Vec<Result<u16, (u32, u32)>>,
+    /// The neighbour lists: the points of the `nwant` smallest squared distances from the
+    /// code, nearest first, ties by index.
+    neighbours: Vec<u16>,
+}
+
+impl<const N: usize> Grid<N> {
+    /// The grid of `table` (each point's `N` bytes), whose codes have `bits` per coordinate,
+    /// with neighbour lists of `nwant` distances for every code whose levels are at most
+    /// `lmax` (the ones the quantizer's rounding gives).
+    fn new(table: &[[u8; N]], bits: usize, lmax: usize, nwant: usize) -> Grid<N> {
+        let mut values: Vec<u8> = table.iter().flatten().copied().collect();
+        values.sort_unstable();
+        values.dedup();
+        let level = |b: u8| values.iter().position(|&v| v == b).unwrap_or(0) as i8;
+        let points: Vec<[i8; N]> = table.iter().map(|p| p.map(|b| 2 * level(b) + 1)).collect();
+        let mut map: Vec<Result<u16, (u32, u32)>> = vec![Err((0, 0)); 1 << (bits * N)];
+        for (k, p) in points.iter().enumerate() {
+            let l = p.map(|c| (c - 1) / 2);
+            map[code(&l, bits)] = Ok(k as u16);
+        }
+        let mask = (1 << bits) - 1;
+        let mut neighbours = Vec::new();
+        let mut dist: Vec<(i32, u16)> = Vec::with_capacity(points.len());
+        for (u, slot) in map.iter_mut().enumerate() {
+            let pos: [i32; N] = std::array::from_fn(|i| 2 * ((u >> (bits * i)) & mask) as i32 + 1);
+            if slot.is_ok() || pos.iter().any(|&p| p > 2 * lmax as i32 + 1) {
+                continue;
+            }
+            dist.clear();
+            dist.extend(points.iter().enumerate().map(|(j, p)| {
+                let d2 = (0..N).map(|i| (i32::from(p[i]) - pos[i]).pow(2)).sum();
+                (d2, j as u16)
+            }));
+            // The `nwant` smallest distances, then every point within them in (distance,
+            // index) order.
+            let mut near: Vec<i32> = Vec::with_capacity(nwant + 1);
+            for &(d, _) in &dist {
+                if !near.contains(&d) {
+                    let at = near.partition_point(|&x| x < d);
+                    near.insert(at, d);
+                    near.truncate(nwant);
+                }
+            }
+            let limit = near[near.len() - 1];
+            let start = neighbours.len();
+            let mut within: Vec<(i32, u16)> =
+                dist.iter().copied().filter(|&(d, _)| d <= limit).collect();
+            within.sort_unstable();
+            neighbours.extend(within.iter().map(|&(_, j)| j));
+            *slot = Err((start as u32, (neighbours.len() - start) as u32));
+        }
+        Grid {
+            bits,
+            points,
+            map,
+            neighbours,
+        }
+    }
+
+    /// The point for the levels `l` of a group: its own where it is on the grid, else the
+    /// neighbour nearest to `x` at `scale` under weights `w` (and `l` is set to it). Returns
+    /// whether `l` was on the grid.
+    fn snap(&self, l: &mut [i8], x: &[f32], w: &[f32], scale: f32) -> bool {
+        let (start, n) = match self.map[code(l, self.bits)] {
+            Ok(_) => return true,
+            Err(range) => range,
+        };
+        let mut best = f32::MAX;
+        let mut index = 0u16;
+        for &j in &self.neighbours[start as usize..(start + n) as usize] {
+            let p = &self.points[j as usize];
+            let mut d2 = 0f32;
+            for i in 0..N {
+                let diff = scale * f32::from(p[i]) - x[i];
+                d2 += w[i] * diff * diff;
+            }
+            if d2 < best {
+                best = d2;
+                index = j;
+            }
+        }
+        for (l, &c) in l.iter_mut().zip(&self.points[index as usize]) {
+            *l = (c - 1) / 2;
+        }
+        false
+    }
+
+    /// The grid index of levels `l` (on the grid).
+    fn index(&self, l: &[i8]) -> u16 {
+        self.map[code(l, self.bits)].unwrap_or(0)
+    }
+}
+
+/// The code of levels `l`, `bits` per coordinate.
+fn code(l: &[i8], bits: usize) -> usize {
+    l.iter()
+        .enumerate()
+        .map(|(i, &v)| (v as usize) << (bits * i))
+        .sum()
+}
+
+/// The IQ2_S grid (1024 points of 8, neighbours of one distance).
+fn grid_iq2_s() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 8]> = IQ2S_GRID.iter().map(|g| g.to_le_bytes()).collect();
+        Grid::new(&t, 2, 2, 1)
+    })
+}
+
+/// The IQ3_XXS grid (256 points of 4, neighbours of two distances).
+fn grid_iq3_xxs() -> &'static Grid<4> {
+    static G: OnceLock<Grid<4>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 4]> = IQ3XXS_GRID.iter().map(|g| g.to_le_bytes()).collect();
+        Grid::new(&t, 3, 7, 2)
+    })
+}
+
+/// The IQ3_S grid (512 points of 4, neighbours of three distances).
+fn grid_iq3_s() -> &'static Grid<4> {
+    static G: OnceLock<Grid<4>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 4]> = IQ3S_GRID.iter().map(|g| g.to_le_bytes()).collect();
+        Grid::new(&t, 3, 7, 3)
+    })
+}
+
+/// What differs between the types' sub-block searches.
+struct Rules {
+    /// Largest level.
+    lmax: i32,
+    /// Trial scales `(2 lmax + 1 + is * step) / max` for `is` in `-steps..=steps`.
+    steps: i32,
+    step: f32,
+    /// A sub-block whose largest magnitude is below this (or zero, where `None`) is zeros.
+    eps: Option<f32>,
+    /// Seven sign bits per 8 values (IQ3_XXS): the eighth is their parity.
+    parity: bool,
+    /// The refinement redoes only the groups that were off the grid (else all of them).
+    refine_off_grid: bool,
+}
+
+/// One sub-block's result: its scale, the grid index of each group, its sign bytes.
+struct Sub {
+    scale: f32,
+    index: [u16; 8],
+    signs: [u8; 4],
+}
+
+/// The weighted sums `sum w x q` and `sum w q^2` of levels `l` (q = 2l + 1).
+fn fit(w: &[f32], x: &[f32], l: &[i8]) -> (f32, f32) {
+    let (mut qx, mut q2) = (0f32, 0f32);
+    for i in 0..l.len() {
+        let q = f32::from(2 * l[i] + 1);
+        qx += w[i] * x[i] * q;
+        q2 += w[i] * q * q;
+    }
+    (qx, q2)
+}
+
+/// Quantizes one sub-block `xb` (16 or 32 values) with `weight` on grid `g`; `None` for a
+/// sub-block that quantizes to zeros.
+fn sub_block<const N: usize>(g: &Grid<N>, r: &Rules, xb: &[f32], weight: &[f32]) -> Option<Sub> {
+    let n = xb.len();
+    let groups = n / N;
+    let mut waux = [0f32; 32];
+    for (a, &w) in waux.iter_mut().zip(weight) {
+        *a = w.sqrt();
+    }
+    let mut xval = [0f32; 32];
+    let mut signs = [0u8; 4];
+    for k in 0..n / 8 {
+        let (mut s, mut flips) = (0u8, 0);
+        for i in 0..8 {
+            let v = xb[8 * k + i];
+            if v >= 0.0 {
+                xval[8 * k + i] = v;
+            } else {
+                xval[8 * k + i] = -v;
+                s |= 1 << i;
+                flips += 1;
+            }
+        }
+        if r.parity && flips % 2 == 1 {
+            // An odd count of minus signs: the value of least weight takes the other sign.
+            let mut imin = 0;
+            let mut min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+            for i in 1..8 {
+                let a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                if a < min {
+                    min = a;
+                    imin = i;
+                }
+            }
+            xval[8 * k + imin] = -xval[8 * k + imin];
+            s ^= 1 << imin;
+        }
+        signs[k] = if r.parity { s & 127 } else { s };
+    }
+    let xval = &xval[..n];
+    let waux = &waux[..n];
+    let max = xval[1..]
+        .iter()
+        .fold(xval[0], |m, &v| if m > v { m } else { v });
+    let zero = match r.eps {
+        Some(eps) => max < eps,
+        None => max == 0.0,
+    };
+    if zero {
+        return None;
+    }
+    let top = (2 * r.lmax + 1) as f32;
+    let mut best = 0f32;
+    let mut scale = max / top;
+    let mut l = [0i8; 32];
+    let mut on_grid = [r.refine_off_grid; 8];
+    let mut laux = [0i8; 32];
+    let mut on_aux = [true; 8];
+    let round = |x: &[f32], id: f32, l: &mut [i8]| {
+        for (l, &x) in l.iter_mut().zip(x) {
+            *l = nearest_int(0.5 * (id * x - 1.0)).clamp(0, r.lmax) as i8;
+        }
+    };
+    for is in -r.steps..=r.steps {
+        let id = (top + is as f32 * r.step) / max;
+        let this_scale = 1.0 / id;
+        for (k, on) in on_aux.iter_mut().enumerate().take(groups) {
+            let at = N * k..N * k + N;
+            round(&xval[at.clone()], id, &mut laux[at.clone()]);
+            *on = g.snap(
+                &mut laux[at.clone()],
+                &xval[at.clone()],
+                &waux[at],
+                this_scale,
+            );
+        }
+        let (qx, q2) = fit(weight, xval, &laux[..n]);
+        if q2 > 0.0 && qx * qx > best * q2 {
+            scale = qx / q2;
+            best = scale * qx;
+            l = laux;
+            on_grid = on_aux;
+        }
+    }
+    if on_grid[..groups].iter().any(|&o| !o) && scale > 0.0 {
+        let id = 1.0 / scale;
+        for (k, &on) in on_grid.iter().enumerate().take(groups) {
+            if r.refine_off_grid && on {
+                continue;
+            }
+            let at = N * k..N * k + N;
+            round(&xval[at.clone()], id, &mut l[at.clone()]);
+            g.snap(&mut l[at.clone()], &xval[at.clone()], &waux[at], scale);
+        }
+        let (qx, q2) = fit(weight, xval, &l[..n]);
+        if q2 > 0.0 {
+            scale = qx / q2;
+        }
+    }
+    if scale < 0.0 {
+        scale = -scale;
+        for s in &mut signs {
+            *s = if r.parity { !*s & 127 } else { !*s };
+        }
+    }
+    let mut index = [0u16; 8];
+    for (k, ix) in index.iter_mut().enumerate().take(groups) {
+        // Every group is on the grid by now.
+        *ix = g.index(&l[N * k..N * k + N]);
+    }
+    Some(Sub {
+        scale,
+        index,
+        signs,
+    })
+}
+
+/// The 4-bit code of a sub-block scale at the block's inverse scale `id` (scale = d (2c + 1)).
+fn scale_code(id: f32, scale: f32) -> u8 {
+    nearest_int(0.5 * (id * scale - 1.0)).clamp(0, 15) as u8
+}
+
+/// The weights `x^2` of the values of a sub-block.
+fn squares<const M: usize>(xb: &[f32]) -> [f32; M] {
+    std::array::from_fn(|i| xb[i] * xb[i])
+}
+
+/// Quantizes one IQ2_S block (layout: `iq2`).
+pub(super) fn quantize_iq2_s(x: &[f32], b: &mut [u8]) {
+    const RULES: Rules = Rules {
+        lmax: 2,
+        steps: 9,
+        step: 0.1,
+        eps: Some(1e-8),
+        parity: false,
+        refine_off_grid: true,
+    };
+    b.fill(0);
+    let g = grid_iq2_s();
+    let mut sumx2 = 0f32;
+    for &v in x {
+        sumx2 += v * v;
+    }
+    let sigma2 = 2.0 * sumx2 / 256.0;
+    let mut scales = [0f32; 16];
+    let mut max_scale = 0f32;
+    for ib in 0..16 {
+        let xb = &x[16 * ib..16 * ib + 16];
+        let weight: [f32; 16] = std::array::from_fn(|i| 0.25 * sigma2 + xb[i] * xb[i]);
+        let Some(s) = sub_block(g, &RULES, xb, &weight) else {
+            continue;
+        };
+        for k in 0..2 {
+            let i8 = 2 * ib + k;
+            let ix = s.index[k];
+            b[2 + i8] = ix as u8;
+            b[66 + i8 / 4] |= ((ix >> 8) as u8) << (2 * (i8 % 4));
+            b[34 + i8] = s.signs[k];
+        }
+        scales[ib] = s.scale;
+        max_scale = max_scale.max(s.scale);
+    }
+    if max_scale == 0.0 {
+        return;
+    }
+    let d = max_scale / 31.0;
+    put_f16(b, 0, d * 0.9875);
+    let id = 1.0 / d;
+    for ib in 0..16 {
+        b[74 + ib / 2] |= scale_code(id, scales[ib]) << (4 * (ib % 2));
+    }
+}
+
+/// Quantizes one IQ3_XXS block (layout: `iq3`).
+pub(super) fn quantize_iq3_xxs(x: &[f32], b: &mut [u8]) {
+    const RULES: Rules = Rules {
+        lmax: 7,
+        steps: 15,
+        step: 0.2,
+        eps: Some(1e-8),
+        parity: true,
+        refine_off_grid: true,
+    };
+    b.fill(0);
+    let g = grid_iq3_xxs();
+    let mut scales = [0f32; 8];
+    let mut max_scale = 0f32;
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let Some(s) = sub_block(g, &RULES, xb, &squares::<32>(xb)) else {
+            continue;
+        };
+        for (k, &ix) in s.index.iter().enumerate() {
+            b[2 + 8 * ib + k] = ix as u8;
+        }
+        let aux = s
+            .signs
+            .iter()
+            .enumerate()
+            .fold(0u32, |a, (k, &v)| a | (u32::from(v) << (7 * k)));
+        b[66 + 4 * ib..70 + 4 * ib].copy_from_slice(&aux.to_le_bytes());
+        scales[ib] = s.scale;
+        max_scale = max_scale.max(s.scale);
+    }
+    if max_scale == 0.0 {
+        b.fill(0);
+        return;
+    }
+    let d = max_scale / 31.0;
+    put_f16(b, 0, d * 1.0125);
+    let id = 1.0 / d;
+    for (ib, &s) in scales.iter().enumerate() {
+        b[69 + 4 * ib] |= scale_code(id, s) << 4;
+    }
+}
+
+/// Quantizes one IQ3_S block (layout: `iq3`). As in ggml, a sub-block that is all zeros
+/// leaves its 8 index bytes and 4 sign bytes unwritten and the next sub-block's are written in
+/// their place (the high index bits and the scales keep their positions).
+pub(super) fn quantize_iq3_s(x: &[f32], b: &mut [u8]) {
+    const RULES: Rules = Rules {
+        lmax: 7,
+        steps: 9,
+        step: 0.2,
+        eps: None,
+        parity: false,
+        refine_off_grid: false,
+    };
+    b.fill(0);
+    let g = grid_iq3_s();
+    let mut scales = [0f32; 8];
+    let mut max_scale = 0f32;
+    let (mut qs, mut sg) = (2, 74);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let Some(s) = sub_block(g, &RULES, xb, &squares::<32>(xb)) else {
+            continue;
+        };
+        for (k, &ix) in s.index.iter().enumerate() {
+            b[qs + k] = ix as u8;
+            b[66 + ib] |= ((ix >> 8) as u8) << k;
+        }
+        b[sg..sg + 4].copy_from_slice(&s.signs);
+        qs += 8;
+        sg += 4;
+        scales[ib] = s.scale;
+        max_scale = max_scale.max(s.scale);
+    }
+    if max_scale == 0.0 {
+        return;
+    }
+    let d = max_scale / 31.0;
+    put_f16(b, 0, d * 1.033);
+    let id = 1.0 / d;
+    for ib in (0..8).step_by(2) {
+        b[106 + ib / 2] = scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4);
+    }
+}

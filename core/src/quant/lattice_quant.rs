@@ -1,7 +1,12 @@
-//! Quantization to the lattice i-quants IQ2_S, IQ3_XXS and IQ3_S, as ggml's
-//! `quantize_row_iq2_s_impl`, `quantize_row_iq3_xxs_impl` and `quantize_row_iq3_s_impl` do it
-//! without an importance matrix (bit for bit: checked against ggml's bytes in
-//! core/tests/quant_reference.rs).
+//! Quantization to the lattice i-quants IQ1_M, IQ2_S, IQ3_XXS and IQ3_S, as ggml's
+//! `quantize_row_iq1_m_impl`, `quantize_row_iq2_s_impl`, `quantize_row_iq3_xxs_impl` and
+//! `quantize_row_iq3_s_impl` do it without an importance matrix (bit for bit: checked against
+//! ggml's bytes in core/tests/quant_reference.rs).
+//!
+//! IQ1_M (below, `quantize_iq1_m`) has three levels per value: for each 16-value sub-block every
+//! split of its sorted values into the three levels and every pair of delta signs (one per
+//! 8 values) is scored exactly, the best split snapped to the grid, and the block scale fitted
+//! to the 3-bit sub-block scales at the end. For the other types:
 //!
 //! A group of `N` values (8 for IQ2_S, 4 for the IQ3 types) is a point of the type's grid,
 //! whose coordinates are odd numbers `2l + 1` (`l` the rank of the grid's byte value, in
@@ -17,7 +22,7 @@
 
 use std::sync::OnceLock;
 
-use super::iq_grids::{IQ2S_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use super::k_search::nearest_int;
 use super::put_f16;
 
@@ -448,5 +453,228 @@ pub(super) fn quantize_iq3_s(x: &[f32], b: &mut [u8]) {
     let id = 1.0 / d;
     for ib in (0..8).step_by(2) {
         b[106 + ib / 2] = scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4);
+    }
+}
+
+/// The IQ1_S / IQ1_M grid (2048 points of 8 values in {-1, 0, 1}, neighbours of three
+/// distances); its bytes are taken as signed values.
+fn grid_iq1() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 8]> = IQ1S_GRID
+            .iter()
+            .map(|g| g.to_le_bytes().map(|b| (b as i8 + 1) as u8))
+            .collect();
+        Grid::new(&t, 2, 2, 3)
+    })
+}
+
+/// IQ1_M's values of the levels 0, 1, 2 with the delta added (`X_P`) or taken off (`X_M`).
+const X_P: [f32; 3] = [-1.0 + 0.125, 0.125, 1.0 + 0.125];
+const X_M: [f32; 3] = [-1.0 - 0.125, -0.125, 1.0 - 0.125];
+
+/// The values of group `k` (0 or 1) of an IQ1_M sub-block with sign pattern `shift` (0: both
+/// groups' deltas added, 1: the second's taken off, 2: the first's, 3: both).
+fn iq1m_values(shift: usize, k: usize) -> &'static [f32; 3] {
+    let plus = if k == 0 {
+        shift < 2
+    } else {
+        shift.is_multiple_of(2)
+    };
+    if plus {
+        &X_P
+    } else {
+        &X_M
+    }
+}
+
+/// One IQ1_M sub-block of 16 values `xb` with weights `w`: its scale, sign pattern and the
+/// grid indices of its two groups; `None` for one that quantizes to zeros.
+fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize, [u16; 2])> {
+    let max = xb[1..]
+        .iter()
+        .fold(xb[0].abs(), |m, &v| if m > v.abs() { m } else { v.abs() });
+    if max < 1e-7 {
+        return None;
+    }
+    // The three levels split the values sorted in increasing order at two boundaries: every
+    // split and sign pattern is tried, with prefix sums per half of the sub-block (each half
+    // has its own delta sign).
+    let mut order: Vec<usize> = (0..16).collect();
+    order.sort_by(|&a, &b| {
+        xb[a]
+            .partial_cmp(&xb[b])
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let mut px = [[0f32; 17]; 2];
+    let mut pw = [[0f32; 17]; 2];
+    for (j, &i) in order.iter().enumerate() {
+        let h = usize::from(i >= 8);
+        px[h][j + 1] = px[h][j] + w[i] * xb[i];
+        px[1 - h][j + 1] = px[1 - h][j];
+        pw[h][j + 1] = pw[h][j] + w[i];
+        pw[1 - h][j + 1] = pw[1 - h][j];
+    }
+    let txs = [px[0][16], px[1][16]];
+    let tws = [pw[0][16], pw[1][16]];
+    let (p2, m2) = (X_P[2], X_M[2]);
+    let cp1 = X_P[0] * X_P[0] - X_P[1] * X_P[1];
+    let cp2 = X_P[1] * X_P[1] - X_P[2] * X_P[2];
+    let cm1 = X_M[0] * X_M[0] - X_M[1] * X_M[1];
+    let cm2 = X_M[1] * X_M[1] - X_M[2] * X_M[2];
+    let mut best_score = -f32::MAX;
+    let mut scale = max;
+    let mut best: Option<(usize, usize, usize)> = None;
+    for i1 in 0..=16 {
+        for i2 in i1..=16 {
+            let (mut qx_p, mut qx_m, mut q2_p, mut q2_m) =
+                ([0f32; 2], [0f32; 2], [0f32; 2], [0f32; 2]);
+            for h in 0..2 {
+                let sx = px[h][i1] + px[h][i2];
+                qx_p[h] = txs[h] * p2 - sx;
+                qx_m[h] = txs[h] * m2 - sx;
+                q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+            }
+            let sumqx = [
+                qx_p[0] + qx_p[1],
+                qx_p[0] + qx_m[1],
+                qx_m[0] + qx_p[1],
+                qx_m[0] + qx_m[1],
+            ];
+            let sumq2 = [
+                q2_p[0] + q2_p[1],
+                q2_p[0] + q2_m[1],
+                q2_m[0] + q2_p[1],
+                q2_m[0] + q2_m[1],
+            ];
+            for k in 0..4 {
+                if sumq2[k] > 0.0 && sumqx[k] * sumqx[k] > best_score * sumq2[k] {
+                    scale = sumqx[k] / sumq2[k];
+                    best_score = scale * sumqx[k];
+                    best = Some((i1, i2, k));
+                }
+            }
+        }
+    }
+    let (i1, i2, mut shift) = best?;
+    let mut l = [0i8; 16];
+    for (j, &i) in order.iter().enumerate() {
+        l[i] = if j < i1 {
+            0
+        } else if j < i2 {
+            1
+        } else {
+            2
+        };
+    }
+    if scale < 0.0 {
+        for v in &mut l {
+            *v = 2 - *v;
+        }
+        scale = -scale;
+        shift = 3 - shift;
+    }
+    let mut index = [0u16; 2];
+    let mut all_on_grid = true;
+    for (k, ix) in index.iter_mut().enumerate() {
+        let xx = iq1m_values(shift, k);
+        let lk = &l[8 * k..8 * k + 8];
+        *ix = match g.map[code(lk, 2)] {
+            Ok(i) => i,
+            Err((start, n)) => {
+                all_on_grid = false;
+                // The neighbour whose values (at this scale) are nearest to the signed values.
+                let mut best = f32::MAX;
+                let mut index = 0u16;
+                for &j in &g.neighbours[start as usize..(start + n) as usize] {
+                    let p = &g.points[j as usize];
+                    let mut d2 = 0f32;
+                    for i in 0..8 {
+                        let q = xx[((p[i] - 1) / 2) as usize];
+                        let diff = scale * q - xb[8 * k + i];
+                        d2 += w[8 * k + i] * diff * diff;
+                    }
+                    if d2 < best {
+                        best = d2;
+                        index = j;
+                    }
+                }
+                index
+            }
+        };
+    }
+    if !all_on_grid {
+        let (mut qx, mut q2) = (0f32, 0f32);
+        for (k, &ix) in index.iter().enumerate() {
+            let xx = iq1m_values(shift, k);
+            let p = &g.points[ix as usize];
+            for j in 0..8 {
+                let (wj, q) = (w[8 * k + j], xx[((p[j] - 1) / 2) as usize]);
+                qx += wj * q * xb[8 * k + j];
+                q2 += wj * q * q;
+            }
+        }
+        if qx > 0.0 && q2 > 0.0 {
+            scale = qx / q2;
+        }
+    }
+    Some((scale, shift, index))
+}
+
+/// Quantizes one IQ1_M block (layout: `iq1`).
+pub(super) fn quantize_iq1_m(x: &[f32], b: &mut [u8]) {
+    b.fill(0);
+    let g = grid_iq1();
+    let mut scales = [0f32; 16];
+    let mut shifts = [0usize; 16];
+    let mut max_scale = 0f32;
+    for ib in 0..16 {
+        let xb = &x[16 * ib..16 * ib + 16];
+        let Some((scale, shift, index)) = iq1m_sub_block(g, xb, &squares::<16>(xb)) else {
+            continue;
+        };
+        b[2 * ib] = index[0] as u8;
+        b[2 * ib + 1] = index[1] as u8;
+        b[32 + ib] = ((index[0] >> 8) | ((index[1] >> 8) << 4)) as u8;
+        scales[ib] = scale;
+        shifts[ib] = shift;
+        max_scale = max_scale.max(scale);
+    }
+    if max_scale == 0.0 {
+        return;
+    }
+    // The 3-bit sub-block scales, then the block scale that fits the values best with them.
+    const MASKS: [u8; 4] = [0x00, 0x80, 0x08, 0x88];
+    let mut sc = [0u16; 4];
+    let d = max_scale / 15.0;
+    let id = 1.0 / d;
+    let (mut qx, mut q2) = (0f32, 0f32);
+    for ib in 0..16 {
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 7);
+        sc[ib / 4] |= (l as u16) << (3 * (ib % 4));
+        b[32 + ib] |= MASKS[shifts[ib]];
+        let xb = &x[16 * ib..16 * ib + 16];
+        let w = squares::<16>(xb);
+        for k in 0..2 {
+            let xx = iq1m_values(shifts[ib], k);
+            let ix =
+                usize::from(b[2 * ib + k]) | ((usize::from(b[32 + ib]) << (8 - 4 * k)) & 0x700);
+            let p = &g.points[ix];
+            for j in 0..8 {
+                let q = xx[((p[j] - 1) / 2) as usize] * (2 * l + 1) as f32;
+                qx += w[8 * k + j] * q * xb[8 * k + j];
+                q2 += w[8 * k + j] * q * q;
+            }
+        }
+    }
+    let d = if q2 > 0.0 { qx / q2 } else { d };
+    let bits = half::f16::from_f32(d * 1.1125).to_bits();
+    sc[0] |= (bits & 0x000f) << 12;
+    sc[1] |= (bits & 0x00f0) << 8;
+    sc[2] |= (bits & 0x0f00) << 4;
+    sc[3] |= bits & 0xf000;
+    for (k, s) in sc.iter().enumerate() {
+        b[48 + 2 * k..50 + 2 * k].copy_from_slice(&s.to_le_bytes());
     }
 }

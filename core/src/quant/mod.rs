@@ -18,11 +18,10 @@
 //! (and mins) and then quantize those scales to 4, 6 or 8 bits. One exception: Q8_0, Q8_1 and
 //! Q8_K round halfway cases to even (as ggml's SIMD quantizers do) rather than away from zero.
 //! IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 quantize as llama-quantize does without an importance
-//! matrix, and so do IQ2_S, IQ3_XXS and IQ3_S (`lattice_quant`: ggml's search over the
-//! lattice grid, bit for bit). The other lattice types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS) are read
-//! but not written yet: ggml's searches for IQ1_S, IQ2_XXS and IQ2_XS need an importance
-//! matrix, and IQ1_M's is not ported, so [`quantize_row`] refuses them by name
-//! ([`can_quantize`]).
+//! matrix, and so do IQ1_M, IQ2_S, IQ3_XXS and IQ3_S (`lattice_quant`: ggml's search over
+//! the lattice grid, bit for bit). The other lattice types (IQ1_S, IQ2_XXS, IQ2_XS) are read
+//! but not written: ggml's searches for them need an importance matrix (which tessera does
+//! not take), so [`quantize_row`] refuses them by name ([`can_quantize`]).
 //!
 //! # Dot products
 //!
@@ -94,7 +93,7 @@ fn block_fns(dtype: DType) -> Option<(Option<QuantizeBlock>, DequantizeBlock)> {
         DType::TQ2_0 => (q(tq::quantize_tq2), tq::dequantize_tq2),
         DType::MXFP4 => (q(mxfp4::quantize), mxfp4::dequantize),
         DType::IQ1_S => (None, iq1::dequantize_s),
-        DType::IQ1_M => (None, iq1::dequantize_m),
+        DType::IQ1_M => (q(lattice_quant::quantize_iq1_m), iq1::dequantize_m),
         DType::IQ2_XXS => (None, iq2::dequantize_xxs),
         DType::IQ2_XS => (None, iq2::dequantize_xs),
         DType::IQ2_S => (q(lattice_quant::quantize_iq2_s), iq2::dequantize_s),
@@ -105,8 +104,8 @@ fn block_fns(dtype: DType) -> Option<(Option<QuantizeBlock>, DequantizeBlock)> {
 }
 
 /// Whether [`quantize_row`] can write `dtype`: every type but the lattice i-quants IQ1_S,
-/// IQ1_M, IQ2_XXS and IQ2_XS (IQ2_S, IQ3_XXS and IQ3_S are written by ggml's grid search
-/// without an importance matrix).
+/// IQ2_XXS and IQ2_XS, whose ggml quantizers need an importance matrix (IQ1_M, IQ2_S, IQ3_XXS
+/// and IQ3_S are written by ggml's grid search without one).
 pub fn can_quantize(dtype: DType) -> bool {
     block_fns(dtype).is_none_or(|(q, _)| q.is_some())
 }

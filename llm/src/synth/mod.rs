@@ -585,7 +585,7 @@ fn produce(p: &Plan, seed: u64, w: &mut dyn Write, progress: &mut Progress) -> R
                 let mut vals = vec![0f32; row_len];
                 for dst in out.chunks_exact_mut(row_bytes) {
                     if !can_quantize(p.dtype) {
-                        // A lattice i-quant tessera does not write (IQ1_*, IQ2_XXS, IQ2_XS): random blocks whose
+                        // A lattice i-quant tessera does not write (IQ1_S, IQ2_XXS, IQ2_XS): random blocks whose
                         // values have the RMS std.
                         for b in dst.chunks_exact_mut(p.dtype.type_size()) {
                             for c in b.chunks_mut(8) {

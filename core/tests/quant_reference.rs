@@ -4,7 +4,10 @@
 //! bit; where tessera quantizes the type, it must give ggml's bytes.
 
 use tessera_core::gguf::GgufFile;
-use tessera_core::quant::{can_quantize, dequantize_row, quantize_row, vec_dot, vec_dot_type};
+use tessera_core::quant::{
+    can_quantize, dequantize_row, quantize_row, quantize_row_imatrix, requires_imatrix, vec_dot,
+    vec_dot_type,
+};
 use tessera_core::DType;
 
 /// The reference file of `dtype`.
@@ -111,8 +114,9 @@ fn lattice_quantizers_match_ggml() {
     );
     let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let input = floats(&f, "input");
+    let imatrix = floats(&f, "imatrix");
     let n = f.tensor("input").unwrap().ne[0] as usize;
-    let mut written = 0;
+    let mut checked = std::collections::BTreeSet::new();
     for dtype in DType::QUANTIZED_IQ {
         let Ok(q) = f.tensor(&format!("quant_{}", dtype.name())) else {
             continue;
@@ -122,18 +126,21 @@ fn lattice_quantizers_match_ggml() {
         let row_bytes = dtype.row_size(n).unwrap();
         let mut ours = vec![0u8; row_bytes];
         for (r, x) in input.chunks_exact(n).enumerate() {
-            if !can_quantize(dtype) {
+            if requires_imatrix(dtype) {
                 assert!(quantize_row(dtype, x, &mut ours).is_err(), "{dtype}");
-                continue;
+                if quantize_row_imatrix(dtype, x, &imatrix, &mut ours).is_err() {
+                    continue;
+                }
+            } else {
+                quantize_row(dtype, x, &mut ours).unwrap();
             }
-            quantize_row(dtype, x, &mut ours).unwrap();
+            checked.insert(dtype);
             let bs = dtype.type_size();
             let theirs = &want[r * row_bytes..(r + 1) * row_bytes];
             for (b, (o, t)) in ours.chunks(bs).zip(theirs.chunks(bs)).enumerate() {
                 assert_eq!(o, t, "{dtype} row {r} block {b}: quantized bytes differ");
             }
         }
-        written += usize::from(can_quantize(dtype));
     }
-    assert!(written >= 4, "only {written} lattice types checked");
+    assert_eq!(checked.len(), 5, "lattice types checked: {checked:?}");
 }

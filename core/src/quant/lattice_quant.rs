@@ -22,7 +22,7 @@
 
 use std::sync::OnceLock;
 
-use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use super::k_search::nearest_int;
 use super::put_f16;
 
@@ -676,5 +676,61 @@ pub(super) fn quantize_iq1_m(x: &[f32], b: &mut [u8]) {
     sc[3] |= bits & 0xf000;
     for (k, s) in sc.iter().enumerate() {
         b[48 + 2 * k..50 + 2 * k].copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// The IQ2_XS grid (512 points of 8, neighbours of two distances).
+fn grid_iq2_xs() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 8]> = IQ2XS_GRID.iter().map(|g| g.to_le_bytes()).collect();
+        Grid::new(&t, 2, 2, 2)
+    })
+}
+
+/// Quantizes one IQ2_XS block (layout: `iq2`) with importance weights `qw` (one per value, as
+/// ggml's imatrix): each value's weight is `qw sqrt(mean(x^2) + x^2)`.
+pub(super) fn quantize_iq2_xs(x: &[f32], qw: &[f32], b: &mut [u8]) {
+    const RULES: Rules = Rules {
+        lmax: 2,
+        steps: 9,
+        step: 0.1,
+        eps: Some(1e-15),
+        parity: true,
+        refine_off_grid: true,
+    };
+    b.fill(0);
+    let g = grid_iq2_xs();
+    let mut sumx2 = 0f32;
+    for &v in x {
+        sumx2 += v * v;
+    }
+    let sigma2 = sumx2 / 256.0;
+    let mut scales = [0f32; 16];
+    let mut max_scale = 0f32;
+    for ib in 0..16 {
+        let xb = &x[16 * ib..16 * ib + 16];
+        let q = &qw[16 * ib..16 * ib + 16];
+        let weight: [f32; 16] = std::array::from_fn(|i| q[i] * (sigma2 + xb[i] * xb[i]).sqrt());
+        let Some(s) = sub_block(g, &RULES, xb, &weight) else {
+            continue;
+        };
+        for k in 0..2 {
+            let v = s.index[k] | (u16::from(s.signs[k]) << 9);
+            let at = 2 + 2 * (2 * ib + k);
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        scales[ib] = s.scale;
+        max_scale = max_scale.max(s.scale);
+    }
+    if max_scale == 0.0 {
+        b.fill(0);
+        return;
+    }
+    let d = max_scale / 31.0;
+    put_f16(b, 0, d);
+    let id = 1.0 / d;
+    for ib in 0..16 {
+        b[66 + ib / 2] |= scale_code(id, scales[ib]) << (4 * (ib % 2));
     }
 }

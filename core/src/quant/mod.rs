@@ -175,9 +175,60 @@ fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
     }
 }
 
+/// Whether ggml quantizes `dtype` only with an importance matrix (ggml's
+/// `ggml_quantize_requires_imatrix`): IQ1_S, IQ2_XXS and IQ2_XS. [`quantize_row`] refuses them;
+/// [`quantize_row_imatrix`] writes those tessera has a search for.
+pub fn requires_imatrix(dtype: DType) -> bool {
+    matches!(dtype, DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS)
+}
+
+/// Quantizes one row of f32 into `dst` bytes of `dtype`, a type whose quantizer needs an
+/// importance matrix ([`requires_imatrix`]), with `imatrix` holding one weight per value of the
+/// row (llama-quantize's imatrix entries for the row's columns), as ggml's
+/// `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Writes IQ2_XS; errors for IQ1_S
+/// and IQ2_XXS (their searches are not ported), for every other type (use [`quantize_row`]),
+/// and for lengths that do not fit.
+pub fn quantize_row_imatrix(
+    dtype: DType,
+    src: &[f32],
+    imatrix: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
+    let need = dtype.row_size(src.len())?;
+    if dst.len() != need {
+        return Err(wrong_size(dtype, src.len(), need, dst.len()));
+    }
+    if imatrix.len() != src.len() {
+        return Err(Error::Invalid(format!(
+            "an importance matrix of {} weights for a row of {} values",
+            imatrix.len(),
+            src.len()
+        )));
+    }
+    let quantize: fn(&[f32], &[f32], &mut [u8]) = match dtype {
+        DType::IQ2_XS => lattice_quant::quantize_iq2_xs,
+        _ => {
+            return Err(Error::Unsupported {
+                backend: "tessera's quantizer".into(),
+                what: format!("writing {dtype} with an importance matrix"),
+            })
+        }
+    };
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    for ((s, w), d) in src
+        .chunks_exact(bs)
+        .zip(imatrix.chunks_exact(bs))
+        .zip(dst.chunks_exact_mut(ts))
+    {
+        quantize(s, w, d);
+    }
+    Ok(())
+}
+
 /// Quantizes (or converts) one row of f32 into `dst` bytes of type `dtype`; works for F32, F16,
 /// BF16 and every quantized type [`can_quantize`] accepts. Errors when src.len() is not whole
-/// blocks, dst has the wrong size, or the type is a lattice i-quant.
+/// blocks, dst has the wrong size, or the type is a lattice i-quant tessera does not write
+/// without an importance matrix.
 ///
 /// I32 and I64 are converted with Rust's `as` cast (truncation toward zero, saturating, NaN to 0).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
@@ -196,8 +247,9 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
                 let quantize = quantize.ok_or_else(|| Error::Unsupported {
                     backend: "tessera's quantizer".into(),
                     what: format!(
-                        "writing {dtype} (a lattice i-quant whose grid search tessera does not \
-                         have; quantize such files with llama-quantize)"
+                        "writing {dtype} without an importance matrix (ggml's search for this \
+                         lattice i-quant needs one: quantize such files with llama-quantize \
+                         and an imatrix)"
                     ),
                 })?;
                 let (bs, ts) = (dtype.block_size(), dtype.type_size());

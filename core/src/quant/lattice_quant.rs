@@ -22,7 +22,7 @@
 
 use std::sync::OnceLock;
 
-use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use super::k_search::nearest_int;
 use super::put_f16;
 
@@ -732,5 +732,219 @@ pub(super) fn quantize_iq2_xs(x: &[f32], qw: &[f32], b: &mut [u8]) {
     let id = 1.0 / d;
     for ib in 0..16 {
         b[66 + ib / 2] |= scale_code(id, scales[ib]) << (4 * (ib % 2));
+    }
+}
+
+/// ggml's `make_qp_quants` for 32 values and levels `0..=nmax`: the scale of the best fit of
+/// `x` by `scale l` under weights `w` (a scale search, then up to five rounds of moving single
+/// levels). As in ggml, the levels are kept as bytes, so a negative value's level wraps (to
+/// 255 for -1) where it is stored and read back.
+fn make_qp_quants(nmax: i32, x: &[f32; 32], w: &[f32; 32]) -> f32 {
+    let max = x.iter().fold(0f32, |m, &v| if m > v { m } else { v });
+    if max < 1e-15 {
+        return 0.0;
+    }
+    let nm = nmax as f32;
+    let mut iscale = nm / max;
+    let mut l = [0u8; 32];
+    for i in 0..32 {
+        l[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..32 {
+        let diff = x[i] - scale * f32::from(l[i]);
+        best_mse += w[i] * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nm) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..32 {
+            let li = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * li as f32;
+            mse += w[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for i in 0..32 {
+        let li = nearest_int(iscale * x[i]).min(nmax);
+        l[i] = li as u8;
+        sumlx += w[i] * x[i] * li as f32;
+        suml2 += w[i] * li as f32 * li as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for i in 0..32 {
+            let li = f32::from(l[i]);
+            let mut slx = sumlx - w[i] * x[i] * li;
+            let mut sl2 = suml2 - w[i] * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != i32::from(l[i]) {
+                    slx += w[i] * x[i] * new_l as f32;
+                    sl2 += w[i] * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// The IQ2_XXS grid (256 points of 8, neighbours of two distances).
+fn grid_iq2_xxs() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| {
+        let t: Vec<[u8; 8]> = IQ2XXS_GRID.iter().map(|g| g.to_le_bytes()).collect();
+        Grid::new(&t, 2, 2, 2)
+    })
+}
+
+/// Quantizes one IQ2_XXS block (layout: `iq2`) with importance weights `qw` (one per value):
+/// each value's weight is `qw sqrt(mean(x^2) + x^2)`. A sub-block's trial scales start from
+/// the best fit of its magnitudes by five levels (`make_qp_quants`), and the refinement
+/// redoes every group.
+pub(super) fn quantize_iq2_xxs(x: &[f32], qw: &[f32], b: &mut [u8]) {
+    const LMAX: i32 = 2;
+    b.fill(0);
+    let g = grid_iq2_xxs();
+    let mut sumx2 = 0f32;
+    for &v in x {
+        sumx2 += v * v;
+    }
+    let sigma2 = sumx2 / 256.0;
+    let mut scales = [0f32; 8];
+    let mut max_scale = 0f32;
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let q = &qw[32 * ib..32 * ib + 32];
+        let weight: [f32; 32] = std::array::from_fn(|i| q[i] * (sigma2 + xb[i] * xb[i]).sqrt());
+        let waux: [f32; 32] = std::array::from_fn(|i| weight[i].sqrt());
+        let mut xval = [0f32; 32];
+        let mut signs = [0u8; 4];
+        for k in 0..4 {
+            let (mut s, mut flips) = (0u8, 0);
+            for i in 0..8 {
+                let v = xb[8 * k + i];
+                if v >= 0.0 {
+                    xval[8 * k + i] = v;
+                } else {
+                    xval[8 * k + i] = -v;
+                    s |= 1 << i;
+                    flips += 1;
+                }
+            }
+            if flips % 2 == 1 {
+                let mut imin = 0;
+                let mut min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+                for i in 1..8 {
+                    let a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                    if a < min {
+                        min = a;
+                        imin = i;
+                    }
+                }
+                xval[8 * k + imin] = -xval[8 * k + imin];
+                s ^= 1 << imin;
+            }
+            signs[k] = s & 127;
+        }
+        let max = xval[1..]
+            .iter()
+            .fold(xval[0], |m, &v| if m > v { m } else { v });
+        if max < 1e-15 {
+            continue;
+        }
+        // ggml's kMaxQ is one more than the largest level: the fit allows one more level and
+        // its largest value counts as that many steps.
+        let mut scale = make_qp_quants(LMAX + 2, &xval, &weight);
+        let eff_max = scale * (LMAX + 1) as f32;
+        if eff_max <= 0.0 {
+            continue;
+        }
+        let mut best = 0f32;
+        let mut l = [0i8; 32];
+        let mut laux = [0i8; 32];
+        let round = |x: &[f32], id: f32, l: &mut [i8]| {
+            for (l, &x) in l.iter_mut().zip(x) {
+                *l = nearest_int(0.5 * (id * x - 1.0)).clamp(0, LMAX) as i8;
+            }
+        };
+        for is in -6..=6 {
+            let id = ((2 * LMAX + 1) as f32 + is as f32 * 0.1) / eff_max;
+            let this_scale = 1.0 / id;
+            for k in 0..4 {
+                let at = 8 * k..8 * k + 8;
+                round(&xval[at.clone()], id, &mut laux[at.clone()]);
+                g.snap(
+                    &mut laux[at.clone()],
+                    &xval[at.clone()],
+                    &waux[at],
+                    this_scale,
+                );
+            }
+            let (qx, q2) = fit(&weight, &xval, &laux);
+            if q2 > 0.0 && qx * qx > best * q2 {
+                scale = qx / q2;
+                best = scale * qx;
+                l = laux;
+            }
+        }
+        if scale > 0.0 {
+            let id = 1.0 / scale;
+            for k in 0..4 {
+                let at = 8 * k..8 * k + 8;
+                round(&xval[at.clone()], id, &mut l[at.clone()]);
+                g.snap(&mut l[at.clone()], &xval[at.clone()], &waux[at], scale);
+            }
+            let (qx, q2) = fit(&weight, &xval, &l);
+            if q2 > 0.0 {
+                scale = qx / q2;
+            }
+        }
+        if scale < 0.0 {
+            scale = -scale;
+            for s in &mut signs {
+                *s = !*s & 127;
+            }
+        }
+        let mut aux = 0u32;
+        for k in 0..4 {
+            b[2 + 8 * ib + k] = g.index(&l[8 * k..8 * k + 8]) as u8;
+            aux |= u32::from(signs[k]) << (7 * k);
+        }
+        b[6 + 8 * ib..10 + 8 * ib].copy_from_slice(&aux.to_le_bytes());
+        scales[ib] = scale;
+        max_scale = max_scale.max(scale);
+    }
+    if max_scale == 0.0 {
+        b.fill(0);
+        return;
+    }
+    let d = max_scale / 31.0;
+    put_f16(b, 0, d);
+    let id = 1.0 / d;
+    for (ib, &s) in scales.iter().enumerate() {
+        b[9 + 8 * ib] |= scale_code(id, s) << 4;
     }
 }

@@ -185,8 +185,8 @@ pub fn requires_imatrix(dtype: DType) -> bool {
 /// Quantizes one row of f32 into `dst` bytes of `dtype`, a type whose quantizer needs an
 /// importance matrix ([`requires_imatrix`]), with `imatrix` holding one weight per value of the
 /// row (llama-quantize's imatrix entries for the row's columns), as ggml's
-/// `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Writes IQ2_XS; errors for IQ1_S
-/// and IQ2_XXS (their searches are not ported), for every other type (use [`quantize_row`]),
+/// `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Writes IQ2_XXS and IQ2_XS; errors
+/// for IQ1_S (its search is not ported), for every other type (use [`quantize_row`]),
 /// and for lengths that do not fit.
 pub fn quantize_row_imatrix(
     dtype: DType,
@@ -207,6 +207,7 @@ pub fn quantize_row_imatrix(
     }
     let quantize: fn(&[f32], &[f32], &mut [u8]) = match dtype {
         DType::IQ2_XS => lattice_quant::quantize_iq2_xs,
+        DType::IQ2_XXS => lattice_quant::quantize_iq2_xxs,
         _ => {
             return Err(Error::Unsupported {
                 backend: "tessera's quantizer".into(),

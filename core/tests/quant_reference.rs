@@ -142,5 +142,5 @@ fn lattice_quantizers_match_ggml() {
             }
         }
     }
-    assert_eq!(checked.len(), 6, "lattice types checked: {checked:?}");
+    assert_eq!(checked.len(), 7, "lattice types checked: {checked:?}");
 }

@@ -488,6 +488,35 @@ fn iq1m_values(shift: usize, k: usize) -> &'static [f32; 3] {
     }
 }
 
+/// The neighbour (from `range` of the grid's lists) whose values `xx` of its levels, at
+/// `scale`, are nearest to the 8 signed values `xb` under weights `w`.
+fn iq1_nearest(
+    g: &Grid<8>,
+    range: (u32, u32),
+    xb: &[f32],
+    w: &[f32],
+    scale: f32,
+    xx: &[f32; 3],
+) -> u16 {
+    let (start, n) = range;
+    let mut best = f32::MAX;
+    let mut index = 0u16;
+    for &j in &g.neighbours[start as usize..(start + n) as usize] {
+        let p = &g.points[j as usize];
+        let mut d2 = 0f32;
+        for i in 0..8 {
+            let q = xx[((p[i] - 1) / 2) as usize];
+            let diff = scale * q - xb[i];
+            d2 += w[i] * diff * diff;
+        }
+        if d2 < best {
+            best = d2;
+            index = j;
+        }
+    }
+    index
+}
+
 /// One IQ1_M sub-block of 16 values `xb` with weights `w`: its scale, sign pattern and the
 /// grid indices of its two groups; `None` for one that quantizes to zeros.
 fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize, [u16; 2])> {
@@ -582,25 +611,16 @@ fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize,
         let lk = &l[8 * k..8 * k + 8];
         *ix = match g.map[code(lk, 2)] {
             Ok(i) => i,
-            Err((start, n)) => {
+            Err(range) => {
                 all_on_grid = false;
-                // The neighbour whose values (at this scale) are nearest to the signed values.
-                let mut best = f32::MAX;
-                let mut index = 0u16;
-                for &j in &g.neighbours[start as usize..(start + n) as usize] {
-                    let p = &g.points[j as usize];
-                    let mut d2 = 0f32;
-                    for i in 0..8 {
-                        let q = xx[((p[i] - 1) / 2) as usize];
-                        let diff = scale * q - xb[8 * k + i];
-                        d2 += w[8 * k + i] * diff * diff;
-                    }
-                    if d2 < best {
-                        best = d2;
-                        index = j;
-                    }
-                }
-                index
+                iq1_nearest(
+                    g,
+                    range,
+                    &xb[8 * k..8 * k + 8],
+                    &w[8 * k..8 * k + 8],
+                    scale,
+                    xx,
+                )
             }
         };
     }
@@ -946,5 +966,139 @@ pub(super) fn quantize_iq2_xxs(x: &[f32], qw: &[f32], b: &mut [u8]) {
     let id = 1.0 / d;
     for (ib, &s) in scales.iter().enumerate() {
         b[9 + 8 * ib] |= scale_code(id, s) << 4;
+    }
+}
+
+/// Quantizes one IQ1_S block (layout: `iq1`) with importance weights `qw` (one per value):
+/// each value's weight is `qw sqrt(2 mean(x^2) + x^2)`. For each 32-value sub-block every split
+/// of its sorted values into the three levels, with the delta added or taken off, is scored
+/// exactly; the best split is snapped to the grid, and the block scale is the largest
+/// sub-block scale over 15 (times a fudge factor), each sub-block's a 3-bit odd multiple of it.
+pub(super) fn quantize_iq1_s(x: &[f32], qw: &[f32], b: &mut [u8]) {
+    b.fill(0);
+    let g = grid_iq1();
+    let mut sumx2 = 0f32;
+    for &v in x {
+        sumx2 += v * v;
+    }
+    let sigma2 = 2.0 * sumx2 / 256.0;
+    let mut scales = [0f32; 8];
+    let mut minus = [false; 8];
+    let mut max_scale = 0f32;
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let q = &qw[32 * ib..32 * ib + 32];
+        let w: [f32; 32] = std::array::from_fn(|i| q[i] * (sigma2 + xb[i] * xb[i]).sqrt());
+        let max = xb[1..]
+            .iter()
+            .fold(xb[0].abs(), |m, &v| if m > v.abs() { m } else { v.abs() });
+        if max < 1e-12 {
+            continue;
+        }
+        let mut order: Vec<usize> = (0..32).collect();
+        order.sort_by(|&a, &c| {
+            xb[a]
+                .partial_cmp(&xb[c])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let mut sx = [0f32; 33];
+        let mut sw = [0f32; 33];
+        for (j, &i) in order.iter().enumerate() {
+            sx[j + 1] = sx[j] + w[i] * xb[i];
+            sw[j + 1] = sw[j] + w[i];
+        }
+        let mut best_score = -f32::MAX;
+        let mut scale = max;
+        let mut best: Option<(usize, usize, bool)> = None;
+        for i1 in 0..=32 {
+            for i2 in i1..=32 {
+                for (xx, is_minus) in [(&X_P, false), (&X_M, true)] {
+                    let (a, c, e) = (sx[i1] - sx[0], sx[i2] - sx[i1], sx[32] - sx[i2]);
+                    let sumqx = a * xx[0] + c * xx[1] + e * xx[2];
+                    let (a, c, e) = (sw[i1] - sw[0], sw[i2] - sw[i1], sw[32] - sw[i2]);
+                    let sumq2 = a * xx[0] * xx[0] + c * xx[1] * xx[1] + e * xx[2] * xx[2];
+                    if sumq2 > 0.0 && sumqx * sumqx > best_score * sumq2 {
+                        scale = sumqx / sumq2;
+                        best_score = scale * sumqx;
+                        best = Some((i1, i2, is_minus));
+                    }
+                }
+            }
+        }
+        let Some((i1, i2, mut is_minus)) = best else {
+            continue;
+        };
+        let mut l = [0i8; 32];
+        for (j, &i) in order.iter().enumerate() {
+            l[i] = if j < i1 {
+                0
+            } else if j < i2 {
+                1
+            } else {
+                2
+            };
+        }
+        if scale < 0.0 {
+            for v in &mut l {
+                *v = 2 - *v;
+            }
+            scale = -scale;
+            is_minus = !is_minus;
+        }
+        let xx = if is_minus { &X_M } else { &X_P };
+        let mut index = [0u16; 4];
+        let mut all_on_grid = true;
+        for (k, ix) in index.iter_mut().enumerate() {
+            *ix = match g.map[code(&l[8 * k..8 * k + 8], 2)] {
+                Ok(i) => i,
+                Err(range) => {
+                    all_on_grid = false;
+                    iq1_nearest(
+                        g,
+                        range,
+                        &xb[8 * k..8 * k + 8],
+                        &w[8 * k..8 * k + 8],
+                        scale,
+                        xx,
+                    )
+                }
+            };
+        }
+        if !all_on_grid {
+            let (mut sqx, mut sq2) = (0f32, 0f32);
+            for (k, &ix) in index.iter().enumerate() {
+                let p = &g.points[ix as usize];
+                for j in 0..8 {
+                    let (wj, q) = (w[8 * k + j], xx[((p[j] - 1) / 2) as usize]);
+                    sqx += wj * q * xb[8 * k + j];
+                    sq2 += wj * q * q;
+                }
+            }
+            if sqx > 0.0 && sq2 > 0.0 {
+                scale = sqx / sq2;
+            }
+        }
+        let mut h = 0u16;
+        for (k, &ix) in index.iter().enumerate() {
+            b[2 + 4 * ib + k] = ix as u8;
+            h |= (ix >> 8) << (3 * k);
+        }
+        b[34 + 2 * ib..36 + 2 * ib].copy_from_slice(&h.to_le_bytes());
+        scales[ib] = scale;
+        minus[ib] = is_minus;
+        max_scale = max_scale.max(scale);
+    }
+    if max_scale == 0.0 {
+        return;
+    }
+    let d = max_scale / 15.0;
+    put_f16(b, 0, d * 1.125);
+    let id = 1.0 / d;
+    for ib in 0..8 {
+        let mut l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 7) as u8;
+        if minus[ib] {
+            l |= 8;
+        }
+        b[35 + 2 * ib] |= l << 4;
     }
 }

@@ -19,9 +19,9 @@
 //! Q8_K round halfway cases to even (as ggml's SIMD quantizers do) rather than away from zero.
 //! IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 quantize as llama-quantize does without an importance
 //! matrix, and so do IQ1_M, IQ2_S, IQ3_XXS and IQ3_S (`lattice_quant`: ggml's search over
-//! the lattice grid, bit for bit). The other lattice types (IQ1_S, IQ2_XXS, IQ2_XS) are read
-//! but not written: ggml's searches for them need an importance matrix (which tessera does
-//! not take), so [`quantize_row`] refuses them by name ([`can_quantize`]).
+//! the lattice grid, bit for bit). ggml's searches for the other lattice types (IQ1_S, IQ2_XXS,
+//! IQ2_XS) need an importance matrix: [`quantize_row`] refuses them by name ([`can_quantize`]),
+//! and [`quantize_row_imatrix`] writes them with one, bit for bit with ggml.
 //!
 //! # Dot products
 //!
@@ -177,17 +177,16 @@ fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
 
 /// Whether ggml quantizes `dtype` only with an importance matrix (ggml's
 /// `ggml_quantize_requires_imatrix`): IQ1_S, IQ2_XXS and IQ2_XS. [`quantize_row`] refuses them;
-/// [`quantize_row_imatrix`] writes those tessera has a search for.
+/// [`quantize_row_imatrix`] writes them.
 pub fn requires_imatrix(dtype: DType) -> bool {
     matches!(dtype, DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS)
 }
 
 /// Quantizes one row of f32 into `dst` bytes of `dtype`, a type whose quantizer needs an
-/// importance matrix ([`requires_imatrix`]), with `imatrix` holding one weight per value of the
-/// row (llama-quantize's imatrix entries for the row's columns), as ggml's
-/// `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Writes IQ2_XXS and IQ2_XS; errors
-/// for IQ1_S (its search is not ported), for every other type (use [`quantize_row`]),
-/// and for lengths that do not fit.
+/// importance matrix ([`requires_imatrix`]: IQ1_S, IQ2_XXS, IQ2_XS), with `imatrix` holding one
+/// weight per value of the row (llama-quantize's imatrix entries for the row's columns), as
+/// ggml's `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Errors for every other type
+/// (use [`quantize_row`]) and for lengths that do not fit.
 pub fn quantize_row_imatrix(
     dtype: DType,
     src: &[f32],
@@ -208,6 +207,7 @@ pub fn quantize_row_imatrix(
     let quantize: fn(&[f32], &[f32], &mut [u8]) = match dtype {
         DType::IQ2_XS => lattice_quant::quantize_iq2_xs,
         DType::IQ2_XXS => lattice_quant::quantize_iq2_xxs,
+        DType::IQ1_S => lattice_quant::quantize_iq1_s,
         _ => {
             return Err(Error::Unsupported {
                 backend: "tessera's quantizer".into(),

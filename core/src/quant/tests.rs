@@ -362,3 +362,30 @@ fn quant_plain_types_convert() {
         assert_eq!(vec_dot(t, 4, &q, &quantize(yt, &w)), want, "{t} vec_dot");
     }
 }
+
+/// The types quantized with an importance matrix: the round trip of the same data as
+/// [`quant_round_trip_error_within_bounds`] with weights of 1 stays within about 1.25x of
+/// what ggml's algorithms give; wrong lengths and other types are errors.
+#[test]
+fn quant_imatrix_round_trip_and_errors() {
+    for (t, bu, bg) in [
+        (DType::IQ1_S, 0.3, 0.592),
+        (DType::IQ2_XXS, 0.236, 0.426),
+        (DType::IQ2_XS, 0.205, 0.374),
+    ] {
+        assert!(requires_imatrix(t) && !can_quantize(t), "{t}");
+        for (x, bound, what) in [
+            (uniform(4096, 1), bu, "uniform"),
+            (gaussian(4096, 2), bg, "gaussian"),
+        ] {
+            let mut q = vec![0u8; t.row_size(x.len()).unwrap()];
+            quantize_row_imatrix(t, &x, &vec![1.0; x.len()], &mut q).unwrap();
+            let e = rmse(&x, &dequantize(t, &q, x.len()));
+            assert!(e <= bound, "{t} {what}: rmse {e} > {bound}");
+        }
+        let mut q = vec![0u8; t.type_size()];
+        assert!(quantize_row_imatrix(t, &[0.5; 256], &[1.0; 255], &mut q).is_err());
+    }
+    let mut q = vec![0u8; DType::IQ3_S.type_size()];
+    assert!(quantize_row_imatrix(DType::IQ3_S, &[0.5; 256], &[1.0; 256], &mut q).is_err());
+}

@@ -5,7 +5,8 @@ lattice quantizers must reproduce (core/tests/quant_reference.rs).
 
 The rows (512 values each) are of several kinds: normal values with a different scale per 32,
 uniform values, heavy-tailed values, values of about 1e-6, rows with an all-zero 32-value
-sub-block at different places, and rows of small values with one large outlier per block.
+sub-block at different places, rows of small values with one large outlier per block, and
+rows with many equal values (half zeros; values on a coarse grid).
 `input` holds them (f32), `imatrix` one importance weight per column (f32, random), and
 `quant_<type>` ggml's `ggml_quantize_chunk` of `input` (with `imatrix` for the types for which
 `ggml_quantize_requires_imatrix` holds, without one otherwise, as llama-quantize does).
@@ -47,6 +48,12 @@ def rows(rng: np.random.Generator) -> np.ndarray:
         x[rng.integers(0, 256)] = 5.0
         x[256 + rng.integers(0, 256)] = -7.0
         out.append(x)
+    # Ties: half the values exactly zero, and values on a coarse grid (the sorts of the IQ1
+    # searches must order equal values as ggml does).
+    x = rng.standard_normal(COLS)
+    x[rng.random(COLS) < 0.5] = 0.0
+    out.append(x)
+    out.append(np.round(rng.standard_normal(COLS) * 4.0) / 4.0)
     return np.ascontiguousarray(np.stack(out).astype(np.float32))
 
 

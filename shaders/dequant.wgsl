@@ -110,6 +110,153 @@ fn tq2_quad(b: u32, v: u32) -> vec4<f32> {
     return vec4<f32>(quad_fields(word0(b + 32u * (v / 128u) + v % 32u), 2u * ((v / 32u) % 4u), 3u)) - 1.0;
 }
 
+// The lattice i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value
+// blocks of 32 groups of 8 values, each group one or two grid entries with signs (or a delta)
+// and a scale. The grids are one read-only buffer (backend-wgpu/src/grids.rs), bound where
+// GRID is set (src0 is one of these types); each grid starts at the word offset named here.
+#if GRID
+@group(0) @binding(11) var<storage, read> grids: array<u32>;
+#endif
+const GRID_IQ1S: u32 = 0u;
+const GRID_IQ2XXS: u32 = 4096u;
+const GRID_IQ2XS: u32 = 4608u;
+const GRID_IQ2S: u32 = 5632u;
+const GRID_IQ3XXS: u32 = 7680u;
+const GRID_IQ3S: u32 = 7936u;
+
+// Word i of the grids (0 where GRID is off: no lattice type is read).
+fn grid_word(i: u32) -> u32 {
+#if GRID
+    return grids[i];
+#else
+    return 0u;
+#endif
+}
+
+// Bytes per block of lattice type t.
+fn lattice_size(t: u32) -> u32 {
+    switch t {
+        case 16u: { return 66u; }
+        case 17u: { return 74u; }
+        case 18u: { return 98u; }
+        case 19u: { return 50u; }
+        case 21u: { return 110u; }
+        case 22u: { return 82u; }
+        default: { return 56u; }
+    }
+}
+
+// The u16 at byte b (2-byte aligned: it never crosses a word).
+fn u16_0(b: u32) -> u32 {
+    return (s0w(b >> 2u) >> ((b & 2u) * 8u)) & 0xffffu;
+}
+
+// Eight sign bits from seven: bit 7 is set where bits 0..7 hold an odd count.
+fn ksigns(b7: u32) -> u32 {
+    let b = b7 & 127u;
+    return b | ((countOneBits(b) & 1u) << 7u);
+}
+
+// The four unsigned bytes of grid word w times db, each negated where its bit of s is set
+// (the sign bit flipped, as the CPU does).
+fn signed_quad(w: u32, s: u32, db: f32) -> vec4<f32> {
+    let v = bitcast<vec4<u32>>(vec4<f32>(quad_fields(w, 0u, 255u)) * db);
+    let m = ((vec4<u32>(s) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
+    return bitcast<vec4<f32>>(v ^ m);
+}
+
+// The signed bytes of grid word w, plus delta, times dl (IQ1_S / IQ1_M).
+fn delta_quad(w: u32, delta: f32, dl: f32) -> vec4<f32> {
+    let v = vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+    return dl * (v + delta);
+}
+
+// The 8 values of group g (values 8g..8g+7) of the block of lattice type t at byte b, as
+// two quads (layouts: core/src/quant/iq1.rs, iq2.rs, iq3.rs).
+fn lattice_group(t: u32, b: u32, g: u32) -> array<vec4<f32>, 2> {
+    let ib = g / 4u;
+    let l = g % 4u;
+    switch t {
+        case 16u: {
+            // IQ2_XXS: per 32 values 4 index bytes, then a word of 4 x 7 sign bits and a
+            // 4-bit scale.
+            let aux = word0(b + 6u + 8u * ib);
+            let db = half0(b) * (0.5 + f32(aux >> 28u)) * 0.25;
+            let i = GRID_IQ2XXS + 2u * byte0(b + 2u + 8u * ib + l);
+            let s = ksigns(aux >> (7u * l));
+            return array(signed_quad(grid_word(i), s, db), signed_quad(grid_word(i + 1u), s >> 4u, db));
+        }
+        case 17u: {
+            // IQ2_XS: a u16 per group (9-bit index, 7 sign bits), 4-bit scales per 16 values.
+            let q = u16_0(b + 2u + 2u * g);
+            let sc = (byte0(b + 66u + ib) >> (4u * (l / 2u))) & 15u;
+            let db = half0(b) * (0.5 + f32(sc)) * 0.25;
+            let i = GRID_IQ2XS + 2u * (q & 511u);
+            let s = ksigns(q >> 9u);
+            return array(signed_quad(grid_word(i), s, db), signed_quad(grid_word(i + 1u), s >> 4u, db));
+        }
+        case 22u: {
+            // IQ2_S: index low bytes, sign bytes, 2 high index bits per group, scales as IQ2_XS.
+            let idx = byte0(b + 2u + g) | (((byte0(b + 66u + ib) >> (2u * l)) & 3u) << 8u);
+            let sc = (byte0(b + 74u + ib) >> (4u * (l / 2u))) & 15u;
+            let db = half0(b) * (0.5 + f32(sc)) * 0.25;
+            let i = GRID_IQ2S + 2u * idx;
+            let s = byte0(b + 34u + g);
+            return array(signed_quad(grid_word(i), s, db), signed_quad(grid_word(i + 1u), s >> 4u, db));
+        }
+        case 18u: {
+            // IQ3_XXS: two index bytes per group, then per 32 values a word of 4 x 7 sign bits
+            // and a 4-bit scale.
+            let aux = word0(b + 66u + 4u * ib);
+            let db = half0(b) * (0.5 + f32(aux >> 28u)) * 0.5;
+            let q = u16_0(b + 2u + 2u * g);
+            let s = ksigns(aux >> (7u * l));
+            return array(signed_quad(grid_word(GRID_IQ3XXS + (q & 255u)), s, db), signed_quad(grid_word(GRID_IQ3XXS + (q >> 8u)), s >> 4u, db));
+        }
+        case 21u: {
+            // IQ3_S: two index low bytes per group, a high bit each, sign bytes, 4-bit scales
+            // per 32 values.
+            let sc = (byte0(b + 106u + ib / 2u) >> (4u * (ib % 2u))) & 15u;
+            let db = half0(b) * f32(1u + 2u * sc);
+            let qh = byte0(b + 66u + ib) >> (2u * l);
+            let q = u16_0(b + 2u + 2u * g);
+            let i1 = (q & 255u) | ((qh & 1u) << 8u);
+            let i2 = (q >> 8u) | ((qh & 2u) << 7u);
+            let s = byte0(b + 74u + g);
+            return array(signed_quad(grid_word(GRID_IQ3S + i1), s, db), signed_quad(grid_word(GRID_IQ3S + i2), s >> 4u, db));
+        }
+        case 19u: {
+            // IQ1_S: index low bytes, then per 32 values a u16 of 3 high index bits per group,
+            // a 3-bit scale and the delta's sign.
+            let qh = u16_0(b + 34u + 2u * ib);
+            let dl = half0(b) * f32(2u * ((qh >> 12u) & 7u) + 1u);
+            let delta = select(0.125, -0.125, (qh & 0x8000u) != 0u);
+            let i = GRID_IQ1S + 2u * (byte0(b + 2u + g) | (((qh >> (3u * l)) & 7u) << 8u));
+            return array(delta_quad(grid_word(i), delta, dl), delta_quad(grid_word(i + 1u), delta, dl));
+        }
+        default: {
+            // IQ1_M: index low bytes, a nibble per group (3 high index bits, the delta's sign),
+            // 3-bit scales per 16 values whose words' top nibbles make the f16 d.
+            let w0 = word0(b + 48u);
+            let w1 = word0(b + 52u);
+            let bits = ((w0 >> 12u) & 0xfu) | ((w0 >> 24u) & 0xf0u) | ((w1 >> 4u) & 0xf00u) | ((w1 >> 16u) & 0xf000u);
+            let sw = select(w0, w1, ib >= 4u) >> (16u * ((ib / 2u) % 2u));
+            let s = (sw >> (6u * (ib % 2u) + 3u * (l / 2u))) & 7u;
+            let dl = half(bits) * f32(2u * s + 1u);
+            let h = byte0(b + 32u + 2u * ib + l / 2u) >> (4u * (l % 2u));
+            let delta = select(0.125, -0.125, (h & 8u) != 0u);
+            let i = GRID_IQ1S + 2u * (byte0(b + 4u * ib + l) | ((h & 7u) << 8u));
+            return array(delta_quad(grid_word(i), delta, dl), delta_quad(grid_word(i + 1u), delta, dl));
+        }
+    }
+}
+
+// Values e..e+3 (e a multiple of 4) of the row of lattice type t at byte r.
+fn lattice_quad(t: u32, r: u32, e: u32) -> vec4<f32> {
+    let g = lattice_group(t, r + (e / 256u) * lattice_size(t), (e % 256u) / 8u);
+    return g[(e / 4u) % 2u];
+}
+
 // Element j of a row of quantized type t (a GGUF type id) starting at byte r.
 fn dq(t: u32, r: u32, j: u32) -> f32 {
     switch t {
@@ -233,6 +380,9 @@ fn dq(t: u32, r: u32, j: u32) -> f32 {
             let b = r + (j / 256u) * 66u;
             let e = j % 256u;
             return tq2_quad(b, e & ~3u)[e & 3u] * half0(b + 64u);
+        }
+        case 16u, 17u, 18u, 19u, 21u, 22u, 29u: {
+            return lattice_quad(t, r, j & ~3u)[j & 3u];
         }
         default: {
             return 0.0;

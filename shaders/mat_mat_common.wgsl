@@ -155,6 +155,10 @@ fn wquad(r: u32, k: u32) -> vec4<f32> {
             let b = r + (k / 256u) * 66u;
             return tq2_quad(b, k % 256u) * half0(b + 64u);
         }
+        case 16u, 17u, 18u, 19u, 21u, 22u, 29u: {
+            // The lattice i-quants (grid entries with signs or a delta).
+            return lattice_quad(T0, r, k);
+        }
         default: {
             return vec4<f32>(0.0);
         }

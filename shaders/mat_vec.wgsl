@@ -169,6 +169,12 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
             let bb = r + 66u * b;
             return half0(bb + 64u) * (dot(tq2_quad(bb, 8u * t), ya) + dot(tq2_quad(bb, 8u * t + 4u), yb));
         }
+        case 16u, 17u, 18u, 19u, 21u, 22u, 29u: {
+            // The lattice i-quants: part t is group t (values 8t..8t+7), decoded from its grid
+            // entries.
+            let v = lattice_group(T0, r + lattice_size(T0) * b, t);
+            return dot(v[0], ya) + dot(v[1], yb);
+        }
         default: {
             // Float weights: block b is values 8b..8b+7.
 #if A4

@@ -47,8 +47,9 @@ fn quads(t: u32) -> vec2<u32> {
             let base = 32u * (t / 4u) + 4u * (t % 4u);
             return vec2<u32>(base, base + 16u);
         }
-        case 34u, 35u: {
-            // TQ1_0, TQ2_0: part t is values 8t..8t+7 (each quad one word of the block).
+        case 34u, 35u, 16u, 17u, 18u, 19u, 21u, 22u, 29u: {
+            // TQ1_0, TQ2_0: part t is values 8t..8t+7 (each quad one word of the block); the
+            // lattice i-quants: part t is group t, values 8t..8t+7.
             return vec2<u32>(8u * t, 8u * t + 4u);
         }
         case 12u, 13u: {

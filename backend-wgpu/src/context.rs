@@ -39,6 +39,10 @@ fn storage_slot(i: usize) -> u32 {
         i + 1
     }
 }
+/// The WGSL binding of the lattice grids of the i-quants (`grids` in `shaders/dequant.wgsl`),
+/// which the variants that read those types have besides their storage bindings (read-only,
+/// one buffer per device: [`crate::grids`]).
+pub(crate) const GRID_BINDING: u32 = 11;
 /// Bytes of one op's parameter block (`Params` in `shaders/common.wgsl`).
 pub(crate) const PARAMS_SIZE: u64 = 256;
 
@@ -58,6 +62,8 @@ pub(crate) struct Window {
 struct BindKey {
     windows: Vec<Window>,
     params: u64,
+    /// Whether the group also binds the lattice grids (a layout of its own).
+    grid: bool,
 }
 
 /// Locks a mutex, treating a poisoned one (a panic elsewhere) as still usable: the caches
@@ -106,6 +112,11 @@ pub(crate) struct Gpu {
     /// Bind group layouts by number of storage bindings (index 0 unused), up to
     /// [`MAX_LAYOUT`] or the adapter's limit.
     layouts: Vec<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    /// The same layouts with the lattice grids at [`GRID_BINDING`] too (for the variants that
+    /// read a lattice i-quant: [`Variant::grid`]).
+    grid_layouts: Vec<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    /// The lattice grids of the i-quants, uploaded when the device opens.
+    grids: wgpu::Buffer,
     /// Compute pipelines by variant.
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
     /// Bind groups by the windows they bind.
@@ -207,7 +218,20 @@ impl Gpu {
             flag.store(true, Ordering::SeqCst);
         });
         let most = MAX_LAYOUT.min(limits.max_storage_buffers_per_shader_stage as usize);
-        let layouts = (0..=most).map(|n| make_layout(&device, n)).collect();
+        let layouts = (0..=most).map(|n| make_layout(&device, n, false)).collect();
+        // The grid binding is one more storage buffer: only layouts that leave room for it.
+        let grid_most = most.min(limits.max_storage_buffers_per_shader_stage as usize - 1);
+        let grid_layouts = (0..=grid_most)
+            .map(|n| make_layout(&device, n, true))
+            .collect();
+        let grid_words = crate::grids::words();
+        let grids = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tessera lattice grids"),
+            size: 4 * grid_words.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&grids, 0, bytemuck::cast_slice(&grid_words));
         log::debug!(
             "wgpu: opened {} ({:?}, {:?}) with {:?}",
             info.name,
@@ -238,6 +262,8 @@ impl Gpu {
             allocated: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             layouts,
+            grid_layouts,
+            grids,
             pipelines: Mutex::default(),
             bind_groups: Mutex::default(),
             recordings: Mutex::default(),
@@ -343,7 +369,7 @@ impl Gpu {
         .source()
         .map_err(|e| self.err(e))?;
         let label = v.label();
-        let layout = &self.layouts[v.storage_bindings()].1;
+        let layout = &self.layout(v)?.1;
         let pipeline = self.scoped(
             || {
                 // SAFETY: every variant the backend can ask for is validated by naga in the
@@ -380,6 +406,24 @@ impl Gpu {
         Ok(p)
     }
 
+    /// The bind group layout (and pipeline layout) of `variant`: by its storage bindings, with
+    /// the lattice grids where it reads them; an error where the adapter has too few storage
+    /// bindings for it.
+    fn layout(&self, v: &Variant) -> Result<&(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let layouts = if v.grid() {
+            &self.grid_layouts
+        } else {
+            &self.layouts
+        };
+        layouts.get(v.storage_bindings()).ok_or_else(|| {
+            self.err(format!(
+                "shader {} needs more storage bindings than the adapter's {}",
+                v.label(),
+                self.limits.max_storage_buffers_per_shader_stage
+            ))
+        })
+    }
+
     /// The bind group of a pipeline of `variant` binding `storage` (windows of buffers,
     /// destination first) and the parameter buffer, built (and cached) on first use.
     pub fn bind_group(
@@ -388,9 +432,11 @@ impl Gpu {
         storage: &[(Window, &wgpu::Buffer)],
         params: (u64, &wgpu::Buffer),
     ) -> Arc<wgpu::BindGroup> {
+        let grid = variant.grid();
         let key = BindKey {
             windows: storage.iter().map(|(w, _)| w.clone()).collect(),
             params: params.0,
+            grid,
         };
         if let Some(g) = lock(&self.bind_groups).get(&key) {
             return g.clone();
@@ -416,9 +462,20 @@ impl Gpu {
                 size: wgpu::BufferSize::new(PARAMS_SIZE),
             }),
         });
+        if grid {
+            entries.push(wgpu::BindGroupEntry {
+                binding: GRID_BINDING,
+                resource: self.grids.as_entire_binding(),
+            });
+        }
+        let layouts = if grid {
+            &self.grid_layouts
+        } else {
+            &self.layouts
+        };
         let g = Arc::new(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &self.layouts[n].0,
+            layout: &layouts[n].0,
             entries: &entries,
         }));
         lock(&self.bind_groups).insert(key, g.clone());
@@ -482,8 +539,13 @@ impl Gpu {
 }
 
 /// The bind group layout (and pipeline layout) with `n` storage bindings (at
-/// [`storage_slot`]s) and the parameters.
-fn make_layout(device: &wgpu::Device, n: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+/// [`storage_slot`]s) and the parameters, and with `grid` the lattice grids (read-only, at
+/// [`GRID_BINDING`]).
+fn make_layout(
+    device: &wgpu::Device,
+    n: usize,
+    grid: bool,
+) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
     let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n)
         .map(|i| wgpu::BindGroupLayoutEntry {
             binding: storage_slot(i),
@@ -506,6 +568,18 @@ fn make_layout(device: &wgpu::Device, n: usize) -> (wgpu::BindGroupLayout, wgpu:
         },
         count: None,
     });
+    if grid {
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding: GRID_BINDING,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: true },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
     let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: None,
         entries: &entries,

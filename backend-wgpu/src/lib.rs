@@ -26,6 +26,7 @@ mod buffer;
 mod context;
 mod device;
 mod fused;
+mod grids;
 mod keys;
 mod ops;
 mod options;

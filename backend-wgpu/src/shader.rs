@@ -22,7 +22,8 @@
 //! destination types as GGUF type ids, 0 = f32), `DST16` and `ATOMIC` (derived: the
 //! destination is 16-bit; it is 16-bit or quantized, and written with atomics), `QDST`, `QK`
 //! and `KQUANT` (derived: the destination is quantized, its block size, it is a K type),
-//! `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
+//! `GRID` (derived: a family that dequantizes reads a lattice i-quant, and its pipeline binds
+//! the grids), `WG` (invocations per workgroup, 64), `SUBGROUPS` (0) and `F16` (0; the device sets it
 //! when the adapter converts f16 in f32 shaders, naga's SHADER_FLOAT16_IN_FLOAT32). The
 //! tiled mat-mat also has `H16` (the adapter has SHADER_F16: `enable f16;` and f16 tiles) and
 //! `COOP` (with H16: products on cooperative matrices, `enable wgpu_cooperative_matrix;`).
@@ -228,7 +229,7 @@ impl Family {
 /// Define names every family may test: the types, F16, SUBGROUPS and WG that every variant
 /// has, the ones the template step derives from DT, and the load widths and f16 settings that
 /// `common.wgsl`, `dequant.wgsl` and `quantize.wgsl` read.
-const COMMON_DEFINES: [&str; 19] = [
+const COMMON_DEFINES: [&str; 20] = [
     "T0",
     "T1",
     "T2",
@@ -248,7 +249,16 @@ const COMMON_DEFINES: [&str; 19] = [
     "B4",
     "H16",
     "COOP",
+    "GRID",
 ];
+
+/// The GGUF ids of the lattice i-quants, whose blocks index the grids (GRID).
+const LATTICE_IDS: [u32; 7] = [16, 17, 18, 19, 21, 22, 29];
+
+/// Whether a variant of `family` whose src0 has GGUF type id `t0` reads the lattice grids.
+fn reads_grid(family: Family, t0: u32) -> bool {
+    family.dequantizes() && LATTICE_IDS.contains(&t0)
+}
 
 /// One pipeline: a typed key (family, entry point and parameters) and whether the adapter
 /// converts f16 in f32 shaders (the F16 define, naga's SHADER_FLOAT16_IN_FLOAT32).
@@ -332,6 +342,12 @@ impl Variant {
         }
     }
 
+    /// Whether its pipeline binds the lattice grids (the GRID define: a family that
+    /// dequantizes, reading a lattice i-quant).
+    pub fn grid(&self) -> bool {
+        reads_grid(self.family(), self.get("T0").unwrap_or(0))
+    }
+
     /// A label for logs and errors: `family.entry[A=1,B=2]`.
     pub fn label(&self) -> String {
         let defs: Vec<String> = self
@@ -363,8 +379,8 @@ struct Source {
 impl Source {
     /// The defines of `v`, with DST16 and ATOMIC (the destination is 16-bit; it is 16-bit or
     /// quantized, and written with atomics), QDST, QK and KQUANT (it is quantized, its block
-    /// size, it is a K type) derived from DT; an error where the key sets a define its family
-    /// does not declare.
+    /// size, it is a K type) derived from DT, and GRID ([`Variant::grid`]); an error where the
+    /// key sets a define its family does not declare.
     fn new(v: &Variant) -> Result<Source, String> {
         let mut defs = v.defines();
         let dt = v.get("DT").unwrap_or(0);
@@ -380,6 +396,7 @@ impl Source {
             ("QDST", qdst),
             ("QK", qk),
             ("KQUANT", u32::from(qk == 256)),
+            ("GRID", u32::from(v.grid())),
         ] {
             match defs.binary_search_by(|(n, _)| n.cmp(&d.0)) {
                 Ok(i) => defs[i].1 = d.1,

@@ -4,7 +4,10 @@
 //! bit; where tessera quantizes the type, it must give ggml's bytes.
 
 use tessera_core::gguf::GgufFile;
-use tessera_core::quant::{can_quantize, dequantize_row, quantize_row, vec_dot, vec_dot_type};
+use tessera_core::quant::{
+    can_quantize, dequantize_row, quantize_row, quantize_row_imatrix, requires_imatrix, vec_dot,
+    vec_dot_type,
+};
 use tessera_core::DType;
 
 /// The reference file of `dtype`.
@@ -87,13 +90,57 @@ fn every_new_type_matches_ggml() {
     }
 }
 
+/// The lattice types whose ggml quantizer needs an importance matrix (IQ1_S, IQ2_XXS, IQ2_XS)
+/// are refused by name; IQ1_M, IQ2_S and the IQ3 types are written.
 #[test]
 fn lattice_types_refuse_quantizing_by_name() {
     for dtype in DType::QUANTIZED_IQ {
-        let lattice = dtype.name().starts_with("iq1")
-            || dtype.name().starts_with("iq2")
-            || dtype.name().starts_with("iq3");
-        assert_eq!(can_quantize(dtype), !lattice, "{dtype}");
+        let refused = matches!(dtype.name(), "iq1_s" | "iq2_xxs" | "iq2_xs");
+        assert_eq!(can_quantize(dtype), !refused, "{dtype}");
     }
     assert!(DType::QUANTIZED.iter().all(|&t| can_quantize(t)));
+}
+
+/// The lattice quantizers against ggml on varied rows (normal with per-32 scales, uniform,
+/// heavy-tailed, tiny, with a zero sub-block, with outliers):
+/// core/tests/data/quants/lattice_quant.gguf
+/// (scripts/reference/make_lattice_quant_references.py). Every type tessera writes must give
+/// ggml's bytes; the others are refused.
+#[test]
+fn lattice_quantizers_match_ggml() {
+    let path = format!(
+        "{}/tests/data/quants/lattice_quant.gguf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let input = floats(&f, "input");
+    let imatrix = floats(&f, "imatrix");
+    let n = f.tensor("input").unwrap().ne[0] as usize;
+    let mut checked = std::collections::BTreeSet::new();
+    for dtype in DType::QUANTIZED_IQ {
+        let Ok(q) = f.tensor(&format!("quant_{}", dtype.name())) else {
+            continue;
+        };
+        assert_eq!(q.dtype, dtype);
+        let want = f.tensor_data(q);
+        let row_bytes = dtype.row_size(n).unwrap();
+        let mut ours = vec![0u8; row_bytes];
+        for (r, x) in input.chunks_exact(n).enumerate() {
+            if requires_imatrix(dtype) {
+                assert!(quantize_row(dtype, x, &mut ours).is_err(), "{dtype}");
+                if quantize_row_imatrix(dtype, x, &imatrix, &mut ours).is_err() {
+                    continue;
+                }
+            } else {
+                quantize_row(dtype, x, &mut ours).unwrap();
+            }
+            checked.insert(dtype);
+            let bs = dtype.type_size();
+            let theirs = &want[r * row_bytes..(r + 1) * row_bytes];
+            for (b, (o, t)) in ours.chunks(bs).zip(theirs.chunks(bs)).enumerate() {
+                assert_eq!(o, t, "{dtype} row {r} block {b}: quantized bytes differ");
+            }
+        }
+    }
+    assert_eq!(checked.len(), 7, "lattice types checked: {checked:?}");
 }

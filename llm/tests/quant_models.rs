@@ -1,8 +1,8 @@
 //! One small random-weight model per quant type against llama.cpp's outputs for it
 //! (llm/tests/data/quant/TYPE.json, made by scripts/reference/make_quant_model_references.py):
-//! `synth --like quant-small --type TYPE` for every newer GGUF type (the lattice i-quants as
-//! random blocks) and llama.cpp's IQ4_XS mix, one test per type so that each passes or fails by
-//! name.
+//! `synth --like quant-small --type TYPE` for every newer GGUF type (IQ1_S, IQ2_XXS and IQ2_XS,
+//! whose quantizers need an importance matrix, as random blocks) and llama.cpp's IQ4_XS mix,
+//! one test per type so that each passes or fails by name.
 //!
 //! The rules are those of arch_reference.rs: the same file written again (checked by sha256),
 //! the prompt's tokens, the last prompt position's logits within [`LOGIT_TOL`], greedy ids up

@@ -3,7 +3,7 @@
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
-use tessera_core::quant::{can_quantize, fit_random_block};
+use tessera_core::quant::{fit_random_block, is_lattice};
 use tessera_core::{DType, Result, Tensor};
 
 use crate::tensor_io::encode_row;
@@ -50,10 +50,12 @@ impl Init {
         }
         let mut out = vec![0u8; row_bytes * rows];
         if let Init::Uniform(lo, hi) = self {
-            if t.dtype.is_quantized() && !can_quantize(t.dtype) {
-                // Random lattice blocks (these types have no quantizer), each with the RMS of
-                // a uniform draw from the range asked for (its half-width over sqrt(3)) times
-                // a random factor.
+            if is_lattice(t.dtype) {
+                // Random lattice blocks, each with the RMS of a uniform draw from the range
+                // asked for (its half-width over sqrt(3)) times a random factor: they reach
+                // every grid point and sign pattern (a quantizer's output favours a few), and
+                // cost nothing to make (the grid searches of the types tessera writes take
+                // tens of microseconds a block, seconds for a perf case's weights).
                 for dst in out.chunks_exact_mut(t.dtype.type_size()) {
                     rng.fill(dst);
                     let rms = (hi - lo).abs() / 2.0 / 3f32.sqrt() * rng.gen_range(0.5f32..1.0);

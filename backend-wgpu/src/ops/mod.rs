@@ -115,14 +115,21 @@ pub(crate) struct Launch {
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// The newer quantized types the shaders read (dequantize, mat-vec, mat-mat) but do not write:
-/// the table types and the ternary types. The lattice i-quants are declined (the CPU takes
-/// them).
-const READ_ONLY_QUANTS: [DType; 5] = [
+/// the table types, the ternary types and the lattice i-quants (whose shaders bind the grids:
+/// [`crate::grids`]).
+const READ_ONLY_QUANTS: [DType; 12] = [
     DType::IQ4_NL,
     DType::IQ4_XS,
     DType::MXFP4,
     DType::TQ1_0,
     DType::TQ2_0,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
 ];
 
 /// Whether the shaders read quantized type `t`: every classic type and [`READ_ONLY_QUANTS`].

@@ -18,9 +18,10 @@
 //! (and mins) and then quantize those scales to 4, 6 or 8 bits. One exception: Q8_0, Q8_1 and
 //! Q8_K round halfway cases to even (as ggml's SIMD quantizers do) rather than away from zero.
 //! IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 quantize as llama-quantize does without an importance
-//! matrix. The lattice types (IQ1_*, IQ2_*, IQ3_*) are read but not written: ggml quantizes
-//! them with a neighbourhood search over the grid guided by an importance matrix, which tessera
-//! does not have, so [`quantize_row`] refuses them ([`can_quantize`]).
+//! matrix, and so do IQ1_M, IQ2_S, IQ3_XXS and IQ3_S (`lattice_quant`: ggml's search over
+//! the lattice grid, bit for bit). ggml's searches for the other lattice types (IQ1_S, IQ2_XXS,
+//! IQ2_XS) need an importance matrix: [`quantize_row`] refuses them by name ([`can_quantize`]),
+//! and [`quantize_row_imatrix`] writes them with one, bit for bit with ggml.
 //!
 //! # Dot products
 //!
@@ -48,6 +49,7 @@ mod iq3;
 mod iq4;
 pub mod iq_grids;
 mod k_search;
+mod lattice_quant;
 mod mxfp4;
 mod q2_k;
 mod q3_k;
@@ -91,29 +93,28 @@ fn block_fns(dtype: DType) -> Option<(Option<QuantizeBlock>, DequantizeBlock)> {
         DType::TQ2_0 => (q(tq::quantize_tq2), tq::dequantize_tq2),
         DType::MXFP4 => (q(mxfp4::quantize), mxfp4::dequantize),
         DType::IQ1_S => (None, iq1::dequantize_s),
-        DType::IQ1_M => (None, iq1::dequantize_m),
+        DType::IQ1_M => (q(lattice_quant::quantize_iq1_m), iq1::dequantize_m),
         DType::IQ2_XXS => (None, iq2::dequantize_xxs),
         DType::IQ2_XS => (None, iq2::dequantize_xs),
-        DType::IQ2_S => (None, iq2::dequantize_s),
-        DType::IQ3_XXS => (None, iq3::dequantize_xxs),
-        DType::IQ3_S => (None, iq3::dequantize_s),
+        DType::IQ2_S => (q(lattice_quant::quantize_iq2_s), iq2::dequantize_s),
+        DType::IQ3_XXS => (q(lattice_quant::quantize_iq3_xxs), iq3::dequantize_xxs),
+        DType::IQ3_S => (q(lattice_quant::quantize_iq3_s), iq3::dequantize_s),
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => return None,
     })
 }
 
-/// Whether [`quantize_row`] can write `dtype`: every type but the lattice i-quants (IQ1_*,
-/// IQ2_*, IQ3_*), which need ggml's importance-guided grid search.
+/// Whether [`quantize_row`] can write `dtype`: every type but the lattice i-quants IQ1_S,
+/// IQ2_XXS and IQ2_XS, whose ggml quantizers need an importance matrix (IQ1_M, IQ2_S, IQ3_XXS
+/// and IQ3_S are written by ggml's grid search without one).
 pub fn can_quantize(dtype: DType) -> bool {
     block_fns(dtype).is_none_or(|(q, _)| q.is_some())
 }
 
-/// Makes `block`, random bytes of one block of a lattice i-quant (a type [`can_quantize`]
-/// refuses), a block whose values have the root mean square `rms`: its grid indices, signs
-/// and sub-block scales stay as drawn, and its f16 super-block scale is set to give that RMS
-/// (as near as f16 allows). This is how tests and random-weight models get data of these types
-/// without a quantizer. Errors for any other type or a block of the wrong size.
-pub fn fit_random_block(dtype: DType, block: &mut [u8], rms: f32) -> Result<()> {
-    let lattice = matches!(
+/// Whether `dtype` is a lattice i-quant (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S):
+/// its blocks index the grids of [`iq_grids`], and it is written (where it is) by a search
+/// over them on the CPU, not by a per-value rounding a GPU copy could do.
+pub fn is_lattice(dtype: DType) -> bool {
+    matches!(
         dtype,
         DType::IQ1_S
             | DType::IQ1_M
@@ -122,8 +123,16 @@ pub fn fit_random_block(dtype: DType, block: &mut [u8], rms: f32) -> Result<()> 
             | DType::IQ2_S
             | DType::IQ3_XXS
             | DType::IQ3_S
-    );
-    if !lattice {
+    )
+}
+
+/// Makes `block`, random bytes of one block of a lattice i-quant, a block whose values have
+/// the root mean square `rms`: its grid indices, signs
+/// and sub-block scales stay as drawn, and its f16 super-block scale is set to give that RMS
+/// (as near as f16 allows). This is how tests and random-weight models get data of these types
+/// without a quantizer. Errors for any other type or a block of the wrong size.
+pub fn fit_random_block(dtype: DType, block: &mut [u8], rms: f32) -> Result<()> {
+    if !is_lattice(dtype) {
         return Err(Error::Invalid(format!(
             "{dtype} is not a lattice i-quant: quantize its values instead"
         )));
@@ -166,9 +175,61 @@ fn wrong_size(dtype: DType, n: usize, expected: usize, got: usize) -> Error {
     }
 }
 
+/// Whether ggml quantizes `dtype` only with an importance matrix (ggml's
+/// `ggml_quantize_requires_imatrix`): IQ1_S, IQ2_XXS and IQ2_XS. [`quantize_row`] refuses them;
+/// [`quantize_row_imatrix`] writes them.
+pub fn requires_imatrix(dtype: DType) -> bool {
+    matches!(dtype, DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS)
+}
+
+/// Quantizes one row of f32 into `dst` bytes of `dtype`, a type whose quantizer needs an
+/// importance matrix ([`requires_imatrix`]: IQ1_S, IQ2_XXS, IQ2_XS), with `imatrix` holding one
+/// weight per value of the row (llama-quantize's imatrix entries for the row's columns), as
+/// ggml's `ggml_quantize_chunk` does: bit for bit with ggml's bytes. Errors for every other type
+/// (use [`quantize_row`]) and for lengths that do not fit.
+pub fn quantize_row_imatrix(
+    dtype: DType,
+    src: &[f32],
+    imatrix: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
+    let need = dtype.row_size(src.len())?;
+    if dst.len() != need {
+        return Err(wrong_size(dtype, src.len(), need, dst.len()));
+    }
+    if imatrix.len() != src.len() {
+        return Err(Error::Invalid(format!(
+            "an importance matrix of {} weights for a row of {} values",
+            imatrix.len(),
+            src.len()
+        )));
+    }
+    let quantize: fn(&[f32], &[f32], &mut [u8]) = match dtype {
+        DType::IQ2_XS => lattice_quant::quantize_iq2_xs,
+        DType::IQ2_XXS => lattice_quant::quantize_iq2_xxs,
+        DType::IQ1_S => lattice_quant::quantize_iq1_s,
+        _ => {
+            return Err(Error::Unsupported {
+                backend: "tessera's quantizer".into(),
+                what: format!("writing {dtype} with an importance matrix"),
+            })
+        }
+    };
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    for ((s, w), d) in src
+        .chunks_exact(bs)
+        .zip(imatrix.chunks_exact(bs))
+        .zip(dst.chunks_exact_mut(ts))
+    {
+        quantize(s, w, d);
+    }
+    Ok(())
+}
+
 /// Quantizes (or converts) one row of f32 into `dst` bytes of type `dtype`; works for F32, F16,
 /// BF16 and every quantized type [`can_quantize`] accepts. Errors when src.len() is not whole
-/// blocks, dst has the wrong size, or the type is a lattice i-quant.
+/// blocks, dst has the wrong size, or the type is a lattice i-quant tessera does not write
+/// without an importance matrix.
 ///
 /// I32 and I64 are converted with Rust's `as` cast (truncation toward zero, saturating, NaN to 0).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
@@ -187,8 +248,9 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
                 let quantize = quantize.ok_or_else(|| Error::Unsupported {
                     backend: "tessera's quantizer".into(),
                     what: format!(
-                        "writing {dtype} (a lattice i-quant: ggml finds its grid points with an \
-                         importance matrix; quantize such files with llama-quantize)"
+                        "writing {dtype} without an importance matrix (ggml's search for this \
+                         lattice i-quant needs one: quantize such files with llama-quantize \
+                         and an imatrix)"
                     ),
                 })?;
                 let (bs, ts) = (dtype.block_size(), dtype.type_size());

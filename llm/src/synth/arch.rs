@@ -652,7 +652,8 @@ impl ArchShape {
 }
 
 /// The types [`SynthType::All`] takes: F16, F32, Q4_0, Q4_1, Q8_0, Q4_K, and every newer quant
-/// type (the lattice i-quants as random blocks: see [`tessera_core::quant::fit_random_block`]).
+/// type (the lattice i-quants tessera does not write, IQ1_S, IQ2_XXS and IQ2_XS, as random
+/// blocks: see [`tessera_core::quant::fit_random_block`]).
 pub const SYNTH_TYPES: [DType; 18] = [
     DType::Q4_0,
     DType::Q4_1,

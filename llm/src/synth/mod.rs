@@ -585,7 +585,8 @@ fn produce(p: &Plan, seed: u64, w: &mut dyn Write, progress: &mut Progress) -> R
                 let mut vals = vec![0f32; row_len];
                 for dst in out.chunks_exact_mut(row_bytes) {
                     if !can_quantize(p.dtype) {
-                        // A lattice i-quant: random blocks whose values have the RMS std.
+                        // A lattice i-quant tessera does not write (IQ1_S, IQ2_XXS, IQ2_XS): random blocks whose
+                        // values have the RMS std.
                         for b in dst.chunks_exact_mut(p.dtype.type_size()) {
                             for c in b.chunks_mut(8) {
                                 let r = rng.next_u64().to_le_bytes();

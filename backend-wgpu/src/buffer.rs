@@ -140,20 +140,18 @@ impl WgpuBuffer {
 
     /// Starts reading `len` bytes (at least one) from `offset` into host memory: copies the
     /// 4-byte words that hold them into `staging` (a buffer of [`staging_buffer`] of at least
-    /// [`read_size`] bytes), submits the copy and asks for `staging` to be mapped. The bytes
-    /// are ready once the device has been waited on ([`Readback::finish`]).
+    /// [`read_size`] bytes) after the commands already in `enc`, submits `enc` and asks for
+    /// `staging` to be mapped. The bytes are ready once the device has been waited on
+    /// ([`Readback::finish`]).
     pub(crate) fn start_read(
         &self,
         offset: usize,
         len: usize,
         staging: wgpu::Buffer,
+        mut enc: wgpu::CommandEncoder,
     ) -> Result<Readback> {
         let start = offset as u64 / 4 * 4;
         let size = read_size(offset, len);
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, size);
         self.gpu.queue.submit([enc.finish()]);
         let (tx, mapped) = std::sync::mpsc::channel();
@@ -172,7 +170,11 @@ impl WgpuBuffer {
     /// lie in the words past [`Buffer::size`] (the partial words of [`Buffer::set`]).
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let staging = staging_buffer(&self.gpu, read_size(offset, out.len()))?;
-        let r = self.start_read(offset, out.len(), staging)?;
+        let enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let r = self.start_read(offset, out.len(), staging, enc)?;
         self.gpu.wait()?;
         r.finish(&self.gpu, out).map(drop)
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use half::f16;
-use tessera_core::{DType, Device, DeviceKind, Error, Graph, Result, SchedPlan, Scheduler};
+use tessera_core::{DType, DeviceKind, Error, Graph, Result, SchedPlan, Scheduler};
 
 use crate::context::{f16_bytes, set, KV_PAD};
 use crate::forward::{self, Head, StepIo, StepShape, StepSource};
@@ -110,23 +110,26 @@ impl BatchContext {
             .ok_or(Error::Overflow("KV cells"))?
             .div_ceil(KV_PAD)
             * KV_PAD;
-        if model.layer_split().is_some() {
-            return Err(Error::Invalid(
-                "batched decoding of a model split by layers is not supported yet: use \
-                 --split-mode tensor or one device"
-                    .into(),
-            ));
-        }
-        let device = model.device().clone();
-        let kv = KvCache::new_shared(
-            cfg,
-            device.as_ref(),
-            n_cells,
-            params.kv_type,
-            model.sharding(),
-        )?;
-        let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
-        if device.kind() != DeviceKind::Cpu {
+        // Split by layers, each layer's cells live on its part and the scheduler runs each
+        // layer's nodes there (as the one-sequence context does); the CPU runs what no part can.
+        let (kv, mut devices) = match model.layer_split() {
+            Some(split) => (
+                KvCache::new_shared_split(cfg, split, n_cells, params.kv_type)?,
+                split.parts().to_vec(),
+            ),
+            None => {
+                let device = model.device().clone();
+                let kv = KvCache::new_shared(
+                    cfg,
+                    device.as_ref(),
+                    n_cells,
+                    params.kv_type,
+                    model.sharding(),
+                )?;
+                (kv, vec![device])
+            }
+        };
+        if !devices.iter().any(|d| d.kind() == DeviceKind::Cpu) {
             devices.push(model.fallback().clone());
         }
         Ok(BatchContext {
@@ -375,7 +378,13 @@ impl BatchContext {
             n_ctx: self.n_ctx,
         };
         let (mut graph, io, _) = forward::build_head(&src, key.0, key.1)?;
-        let plan = self.sched.plan(&mut graph)?;
+        let plan = match self.model.layer_split() {
+            Some(split) => {
+                let hints = split.hints(&graph);
+                self.sched.plan_hinted(&mut graph, &hints)?
+            }
+            None => self.sched.plan(&mut graph)?,
+        };
         tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
         log::debug!(
             "new batch step graph {:?}: {} tensors, {} splits",
@@ -454,9 +463,14 @@ impl BatchContext {
         Ok(seq)
     }
 
-    /// Saving reads the cache's rows at their offsets, which a sharded cache does not keep.
+    /// Saving reads the cache's rows at their offsets, which a sharded cache does not keep
+    /// (a tensor-parallel model, or a layer split with a tensor-parallel group).
     fn check_host_cache(&self) -> Result<()> {
-        if self.model.sharding().is_some() {
+        let split_sharded = self
+            .model
+            .layer_split()
+            .is_some_and(|s| (0..s.parts().len()).any(|j| s.sharding(j).is_some()));
+        if self.model.sharding().is_some() || split_sharded {
             return Err(Error::Unsupported {
                 backend: self.model.device().name(),
                 what: "saving or restoring a sequence's KV state (the cache is sharded)".into(),

@@ -11,11 +11,11 @@ mod common;
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_llm::batch::{BatchContext, BatchParams, Output, SeqTokens};
 use tessera_llm::synth::{self, Like, SynthType};
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{Context, ContextParams, LoadParams, Model};
 
 use common::*;
 
@@ -175,6 +175,61 @@ fn batched_greedy_equals_alone_on_every_other_device() {
         let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let model = Arc::new(Model::load(model_path(), dev, cpu, &mut |_, _| {}).unwrap());
         check(&name, &model, STEPS_OTHER, 2);
+    }
+}
+
+/// The test model split by layers over `parts` with `ratios` (each part's KV cells for its
+/// own layers).
+fn layered_model(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<Model> {
+    let options = MetaOptions::default().with_split_mode(SplitMode::Layer);
+    let meta: Arc<dyn Device> = Arc::new(
+        MetaDevice::with_options(parts, &SplitRatios::Given(ratios.to_vec()), options).unwrap(),
+    );
+    let params = LoadParams {
+        gpu_layers: None,
+        context: ContextParams {
+            n_ctx: 256,
+            ..ContextParams::default()
+        },
+    };
+    let model = Model::load_with(
+        model_path(),
+        meta,
+        Arc::new(CpuDevice::new()),
+        &params,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let counts = &model.layer_split().expect("a layer split").plan().counts;
+    assert!(
+        counts.iter().all(|&c| c > 0),
+        "a part without layers: {counts:?}"
+    );
+    Arc::new(model)
+}
+
+#[test]
+fn batched_greedy_equals_alone_split_by_layers() {
+    let cpus: Vec<Arc<dyn Device>> = (0..2)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    check(
+        "meta:cpu,cpu by layers",
+        &layered_model(cpus, &[0.7, 0.3]),
+        STEPS,
+        4,
+    );
+    match tessera::registry().find("wgpu:0") {
+        Ok(gpu) => {
+            let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
+            check(
+                "meta:cpu,wgpu:0 by layers",
+                &layered_model(parts, &[0.5, 0.5]),
+                STEPS_OTHER,
+                2,
+            );
+        }
+        Err(_) => println!("skipped the CPU + wgpu:0 case: no wgpu:0 device"),
     }
 }
 

@@ -233,6 +233,82 @@ fn batched_greedy_equals_alone_split_by_layers() {
     }
 }
 
+/// Two groups of sequences in flight at once over a layer split (`decode_groups`) give each
+/// group the logits of decoding the groups one after another: exactly over CPU parts, to
+/// rounding over a CPU and a wgpu adapter.
+fn groups_equal_one_by_one(name: &str, model: &Arc<Model>, steps: usize, tol: f32) {
+    let params = BatchParams {
+        n_ctx: 256,
+        n_seq: 4,
+        n_ubatch: 64,
+        ..BatchParams::default()
+    };
+    let mut together = BatchContext::new(model.clone(), params.clone()).unwrap();
+    let mut apart = BatchContext::new(model.clone(), params).unwrap();
+    let prompts = prompts();
+    let a: Vec<u32> = prompts.iter().map(|_| together.add_seq()).collect();
+    let b: Vec<u32> = prompts.iter().map(|_| apart.add_seq()).collect();
+    // Each step: sequences 0-1 as one group, the others as the other, each bringing its
+    // prompt, then its last greedy token.
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    let halves = [0..2, 2..prompts.len()];
+    for step in 0..steps {
+        let group = |seqs: &[u32], r: &std::ops::Range<usize>| -> Vec<SeqTokens<'_>> {
+            r.clone()
+                .map(|i| SeqTokens {
+                    seq: seqs[i],
+                    tokens: &next[i],
+                    output: Output::Last,
+                })
+                .collect()
+        };
+        let ga: Vec<Vec<SeqTokens>> = halves.iter().map(|r| group(&a, r)).collect();
+        let refs: Vec<&[SeqTokens]> = ga.iter().map(|g| g.as_slice()).collect();
+        let got = together.decode_groups(&refs).unwrap();
+        for (k, r) in halves.iter().enumerate() {
+            let want = apart.decode(&group(&b, r)).unwrap();
+            for (i, (w, o)) in want.iter().zip(&got[k]).enumerate() {
+                let d = max_diff(w, o);
+                assert!(
+                    d <= tol,
+                    "{name}: step {step}, group {k}, sequence {i}: logits differ by {d}"
+                );
+            }
+        }
+        next = got
+            .iter()
+            .flatten()
+            .map(|l| vec![argmax(l) as u32])
+            .collect();
+    }
+    println!("{name}: {steps} steps of two groups in flight match the groups one by one");
+}
+
+#[test]
+fn groups_in_flight_over_a_layer_split_equal_the_groups_one_by_one() {
+    let cpus: Vec<Arc<dyn Device>> = (0..2)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    groups_equal_one_by_one(
+        "meta:cpu,cpu by layers",
+        &layered_model(cpus, &[0.3, 0.7]),
+        4,
+        0.0,
+    );
+    match tessera::registry().find("wgpu:0") {
+        Ok(gpu) => {
+            let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
+            groups_equal_one_by_one(
+                "meta:cpu,wgpu:0 by layers",
+                &layered_model(parts, &[0.5, 0.5]),
+                3,
+                1e-3,
+            );
+        }
+        Err(_) => println!("skipped the CPU + wgpu:0 case: no wgpu:0 device"),
+    }
+}
+
 /// A model with sliding-window layers (the synthetic Gemma 3: a window of 16, prompts of 40 to
 /// 60 tokens): the window applies per sequence in the shared cache.
 #[test]

@@ -76,6 +76,16 @@ struct Step {
 /// Step graphs kept for reuse: decode steps differ only in how many sequences they carry.
 const MAX_GRAPHS: usize = 8;
 
+/// A group of [`BatchContext::decode_groups`] whose logits wait in a buffer of their own: its
+/// entries, each token's entry and whether it gives an output, the tokens that do, and the
+/// logits' bytes.
+struct InFlight {
+    n: usize,
+    chunk: Vec<(usize, bool)>,
+    wanted: Vec<i32>,
+    bytes: usize,
+}
+
 /// Every token of a step, in order: (entry, token, whether its output comes back).
 fn flat_tokens(batch: &[SeqTokens], head: Head) -> Vec<(usize, u32, bool)> {
     let mut flat = Vec::new();
@@ -283,7 +293,7 @@ impl BatchContext {
         let mut outs: Vec<Vec<Vec<f32>>> = Vec::with_capacity(groups.len());
         // Groups but the last: queued, their logits copied on their device to a buffer of
         // their own (the next group's step may reuse the memory they are computed in).
-        let mut pending: Vec<(usize, Vec<(usize, bool)>, Vec<i32>, usize)> = Vec::new();
+        let mut pending: Vec<InFlight> = Vec::new();
         let (last, first) = groups.split_last().expect("more than one group");
         for (k, g) in first.iter().enumerate() {
             self.check(g)?;
@@ -316,18 +326,23 @@ impl BatchContext {
                 bytes,
             )?;
             let chunk: Vec<(usize, bool)> = chunk.iter().map(|&(e, _, w)| (e, w)).collect();
-            pending.push((g.len(), chunk, wanted, bytes));
+            pending.push(InFlight {
+                n: g.len(),
+                chunk,
+                wanted,
+                bytes,
+            });
         }
         // The last group waits for everything queued before it.
         self.check(last)?;
         let mut last_out = vec![Vec::new(); last.len()];
         let chunk = flat_tokens(last, Head::LogitsOf(0));
         self.ubatch(last, &chunk, Head::LogitsOf(0), &mut last_out)?;
-        for (k, (n, chunk, wanted, bytes)) in pending.into_iter().enumerate() {
-            let mut vals = vec![0f32; bytes / 4];
+        for (k, f) in pending.into_iter().enumerate() {
+            let mut vals = vec![0f32; f.bytes / 4];
             self.held[k].get(0, bytemuck::cast_slice_mut(&mut vals))?;
-            let mut out = vec![Vec::new(); n];
-            spread(&vals, &chunk, &wanted, &mut out);
+            let mut out = vec![Vec::new(); f.n];
+            spread(&vals, &f.chunk, &f.wanted, &mut out);
             outs.push(out);
         }
         outs.push(last_out);

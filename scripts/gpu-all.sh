@@ -6,7 +6,8 @@
 # and expert parallelism run), the host all-reduce between cuda:0 and wgpu:0, and two of them
 # split by layers; the Llama-8B shape's speed
 # alone, split by layers and with 8 layers on the CPU; batched decoding of it at 1, 4, 16 and
-# 64 sequences (examples/batched_bench); and the CUDA mat-vec over 1-64 columns for each build
+# 64 sequences (examples/batched_bench), and at 16 and 64 split by layers over cuda:0 and wgpu:0
+# (one group a step, then two groups in flight); and the CUDA mat-vec over 1-64 columns for each build
 # in .gpu/A and .gpu/B (bench mat_vec_batch).
 #
 # Before it (on the build machine):
@@ -82,6 +83,12 @@ if [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
     step "batched $d" 40 || continue
     timeout 100 /root/bin/batched_bench "$B8" "$d" 128 64 1,4,16,64 > "$L/batched-${d%%:*}.log" 2>&1
     tail -6 "$L/batched-${d%%:*}.log" | sed "s/^/RESULT batched $d /"
+  done
+  # Batched decoding over a layer split: one group a step, then two groups in flight.
+  for g in 1 2; do
+    step "batched layer split groups=$g" 40 || continue
+    timeout 100 /root/bin/batched_bench "$B8" meta:cuda:0,wgpu:0 128 32 16,64 $g 0.5,0.5 > "$L/batched-split-$g.log" 2>&1
+    grep RESULT "$L/batched-split-$g.log" | sed "s/^/RESULT batched split /" || echo "RESULT batched split groups=$g FAILED: $(tail -1 "$L/batched-split-$g.log")"
   done
 fi
 

@@ -749,4 +749,24 @@ mod tests {
             assert_eq!(b, data[3..8]);
         }
     }
+
+    /// A read of several MiB (copied out of the mapped staging on several threads) from an
+    /// unaligned offset gives the bytes written, behind a large write.
+    #[test]
+    fn large_async_reads_are_whole() {
+        let Ok(devs) = crate::WgpuBackendReg::default().devices() else {
+            return;
+        };
+        let n = (3 << 20) + 5;
+        let buf = devs[0].buffer_type().alloc(n + 8).unwrap();
+        let mut backend = devs[0].new_backend().unwrap();
+        let data: Vec<u8> = (0..n + 3)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+            .collect();
+        backend.set_async(buf.as_ref(), 4, &data).unwrap();
+        let mut out = vec![0u8; n];
+        backend.get_async(buf.as_ref(), 7, &mut out).unwrap();
+        backend.synchronize().unwrap();
+        assert!(out == data[3..], "the read differs from the bytes written");
+    }
 }

@@ -308,6 +308,23 @@ pub(crate) fn read_size(offset: usize, len: usize) -> u64 {
     ((offset + len) as u64).div_ceil(4) * 4 - offset as u64 / 4 * 4
 }
 
+/// Bytes a copy out of mapped memory moves per thread: larger reads (a host all-reduce's
+/// chunks, a step's logits) go on several threads, which together reach more of the host's
+/// memory bandwidth than one.
+const COPY_PIECE: usize = 1 << 20;
+
+/// `out.copy_from_slice(src)`, on several threads when large.
+pub(crate) fn copy_out(out: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    if out.len() <= COPY_PIECE {
+        out.copy_from_slice(src);
+        return;
+    }
+    out.par_chunks_mut(COPY_PIECE)
+        .zip(src.par_chunks(COPY_PIECE))
+        .for_each(|(o, s)| o.copy_from_slice(s));
+}
+
 /// A mappable buffer of `size` bytes that reads are copied into.
 pub(crate) fn staging_buffer(gpu: &Gpu, size: u64) -> Result<wgpu::Buffer> {
     let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
@@ -340,7 +357,7 @@ impl Readback {
                 .staging
                 .get_mapped_range(..self.size)
                 .map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
-            out.copy_from_slice(&view[self.skip..self.skip + out.len()]);
+            copy_out(out, &view[self.skip..self.skip + out.len()]);
         }
         self.staging.unmap();
         Ok(self.staging)

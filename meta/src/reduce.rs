@@ -143,6 +143,14 @@ impl HostReduce {
                     .filter(|p| (*p as usize).is_multiple_of(esize))
             })
             .collect();
+        // Slices of host memory are handed out mutably per part: they must not overlap.
+        let mut spans: Vec<usize> = direct.iter().flatten().map(|p| *p as usize).collect();
+        spans.sort_unstable();
+        if spans.windows(2).any(|w| w[1] - w[0] < total) {
+            return Err(Error::Invalid(
+                "an all-reduce was given overlapping host memory for two parts".into(),
+            ));
+        }
         let chunk = chunk_bytes(total);
         for (j, d) in direct.iter().enumerate() {
             if d.is_none() {

@@ -243,3 +243,24 @@ fn host_all_reduce_through_deferred_copies_leaves_the_sum_in_every_part() {
         "the remote parts staged nothing"
     );
 }
+
+/// Two parts handed the same host memory are refused, not summed through aliased slices.
+#[test]
+fn overlapping_host_memory_is_an_error() {
+    let options = MetaOptions::default()
+        .with_all_reduce(AllReducePath::Host)
+        .with_split_mode(SplitMode::Tensor);
+    let meta = MetaDevice::with_options(
+        vec![cpu(), cpu()],
+        &SplitRatios::Given(vec![0.5, 0.5]),
+        options,
+    )
+    .unwrap();
+    let mut backend = meta.meta_backend().unwrap();
+    let buf = cpu().buffer_type().alloc(4096).unwrap();
+    let e = backend
+        .all_reduce(&[(buf.clone(), 0), (buf, 64)], 256, ReduceType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("overlapping"), "{e}");
+}

@@ -4,8 +4,14 @@
 //!
 //! ```text
 //! cargo run --release [--features cuda|wgpu] --example batched_bench -- \
-//!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64]
+//!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64] [GROUPS=1] \
+//!     [SPLIT]
 //! ```
+//!
+//! With a meta device and SPLIT (ratios such as `0.5,0.5`), the model is split by layers in
+//! those ratios. With GROUPS=2 each decode step carries the sequences as two groups in flight
+//! at once (`BatchContext::decode_groups`: on a layer split, one part runs a group's layers
+//! while another runs the other group's).
 //!
 //! Prints one `RESULT` line per batch size: prompt and decode tokens per second over all
 //! sequences, and the decode time per step.
@@ -15,6 +21,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use tessera::cpu::CpuDevice;
+use tessera::meta::{SplitMode, SplitRatios};
 use tessera::{Device, Options};
 use tessera_llm::batch::{BatchContext, BatchParams, Output, SeqTokens};
 use tessera_llm::Model;
@@ -38,13 +45,17 @@ fn main() -> tessera::Result<()> {
         .filter_map(|b| b.trim().parse().ok())
         .collect();
     let max_b = batches.iter().copied().max().unwrap_or(1);
+    let groups = arg(&args, 5, 1usize).clamp(1, 2);
 
-    let options = Options::from_env()?;
+    let mut options = Options::from_env()?;
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
-    let device = if spec == "cpu" {
-        cpu.clone()
-    } else {
-        tessera::device(&options, spec)?
+    let device = match args.get(6) {
+        _ if spec == "cpu" => cpu.clone(),
+        Some(split) if spec.starts_with("meta:") => {
+            options.meta.split_mode = SplitMode::Layer;
+            tessera::meta_device(&options, spec, &SplitRatios::parse(split)?)?
+        }
+        _ => tessera::device(&options, spec)?,
     };
     let model = Arc::new(Model::load(path, device.clone(), cpu, &mut |_, _| {})?);
     let params = BatchParams {
@@ -60,10 +71,10 @@ fn main() -> tessera::Result<()> {
     for &b in &batches {
         // A first, short round builds the step graphs of this batch size (and compiles what the
         // device compiles on first use), so that the timed round measures the steady state.
-        run(&mut ctx, &mut rng, n_vocab, b, n_prompt, 2)?;
-        let (pp, tg) = run(&mut ctx, &mut rng, n_vocab, b, n_prompt, n_gen)?;
+        run(&mut ctx, &mut rng, n_vocab, b, n_prompt, 2, groups)?;
+        let (pp, tg) = run(&mut ctx, &mut rng, n_vocab, b, n_prompt, n_gen, groups)?;
         println!(
-            "RESULT device={} B={b} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
+            "RESULT device={} B={b} groups={groups} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
             device.name(),
             (b * n_prompt) as f64 / pp,
             (b * n_gen) as f64 / tg,
@@ -74,7 +85,8 @@ fn main() -> tessera::Result<()> {
 }
 
 /// `b` sequences of `n_prompt` random tokens evaluated in one step, then `n_gen` greedy steps
-/// over all of them: the seconds of the prompt step and of the generation steps.
+/// over all of them (as `groups` groups in flight): the seconds of the prompt step and of the
+/// generation steps.
 fn run(
     ctx: &mut BatchContext,
     rng: &mut rand::rngs::StdRng,
@@ -82,6 +94,7 @@ fn run(
     b: usize,
     n_prompt: usize,
     n_gen: usize,
+    groups: usize,
 ) -> tessera::Result<(f64, f64)> {
     let seqs: Vec<u32> = (0..b).map(|_| ctx.add_seq()).collect();
     let prompts: Vec<Vec<u32>> = (0..b)
@@ -116,7 +129,13 @@ fn run(
                 vec![best.0 as u32]
             })
             .collect();
-        logits = ctx.decode(&step(&seqs, &next))?;
+        let all = step(&seqs, &next);
+        logits = if groups > 1 && b > 1 {
+            let halves: Vec<&[SeqTokens]> = vec![&all[..b / 2], &all[b / 2..]];
+            ctx.decode_groups(&halves)?.into_iter().flatten().collect()
+        } else {
+            ctx.decode(&all)?
+        };
     }
     let tg = t1.elapsed().as_secs_f64();
     for s in seqs {

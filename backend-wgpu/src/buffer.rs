@@ -140,20 +140,18 @@ impl WgpuBuffer {
 
     /// Starts reading `len` bytes (at least one) from `offset` into host memory: copies the
     /// 4-byte words that hold them into `staging` (a buffer of [`staging_buffer`] of at least
-    /// [`read_size`] bytes), submits the copy and asks for `staging` to be mapped. The bytes
-    /// are ready once the device has been waited on ([`Readback::finish`]).
+    /// [`read_size`] bytes) after the commands already in `enc`, submits `enc` and asks for
+    /// `staging` to be mapped. The bytes are ready once the device has been waited on
+    /// ([`Readback::finish`]).
     pub(crate) fn start_read(
         &self,
         offset: usize,
         len: usize,
         staging: wgpu::Buffer,
+        mut enc: wgpu::CommandEncoder,
     ) -> Result<Readback> {
         let start = offset as u64 / 4 * 4;
         let size = read_size(offset, len);
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&self.buffer, start, &staging, 0, size);
         self.gpu.queue.submit([enc.finish()]);
         let (tx, mapped) = std::sync::mpsc::channel();
@@ -172,7 +170,11 @@ impl WgpuBuffer {
     /// lie in the words past [`Buffer::size`] (the partial words of [`Buffer::set`]).
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let staging = staging_buffer(&self.gpu, read_size(offset, out.len()))?;
-        let r = self.start_read(offset, out.len(), staging)?;
+        let enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let r = self.start_read(offset, out.len(), staging, enc)?;
         self.gpu.wait()?;
         r.finish(&self.gpu, out).map(drop)
     }
@@ -306,6 +308,23 @@ pub(crate) fn read_size(offset: usize, len: usize) -> u64 {
     ((offset + len) as u64).div_ceil(4) * 4 - offset as u64 / 4 * 4
 }
 
+/// Bytes a copy out of mapped memory moves per thread: larger reads (a host all-reduce's
+/// chunks, a step's logits) go on several threads, which together reach more of the host's
+/// memory bandwidth than one.
+const COPY_PIECE: usize = 1 << 20;
+
+/// `out.copy_from_slice(src)`, on several threads when large.
+pub(crate) fn copy_out(out: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    if out.len() <= COPY_PIECE {
+        out.copy_from_slice(src);
+        return;
+    }
+    out.par_chunks_mut(COPY_PIECE)
+        .zip(src.par_chunks(COPY_PIECE))
+        .for_each(|(o, s)| o.copy_from_slice(s));
+}
+
 /// A mappable buffer of `size` bytes that reads are copied into.
 pub(crate) fn staging_buffer(gpu: &Gpu, size: u64) -> Result<wgpu::Buffer> {
     let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
@@ -338,7 +357,7 @@ impl Readback {
                 .staging
                 .get_mapped_range(..self.size)
                 .map_err(|e| gpu.err(format!("reading a mapped buffer: {e}")))?;
-            out.copy_from_slice(&view[self.skip..self.skip + out.len()]);
+            copy_out(out, &view[self.skip..self.skip + out.len()]);
         }
         self.staging.unmap();
         Ok(self.staging)

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use half::f16;
-use tessera_core::{DType, Device, DeviceKind, Error, Graph, Result, SchedPlan, Scheduler};
+use tessera_core::{Buffer, DType, DeviceKind, Error, Graph, Result, SchedPlan, Scheduler};
 
 use crate::context::{f16_bytes, set, KV_PAD};
 use crate::forward::{self, Head, StepIo, StepShape, StepSource};
@@ -76,6 +76,45 @@ struct Step {
 /// Step graphs kept for reuse: decode steps differ only in how many sequences they carry.
 const MAX_GRAPHS: usize = 8;
 
+/// A group of [`BatchContext::decode_groups`] whose logits wait in a buffer of their own: its
+/// entries, each token's entry and whether it gives an output, the tokens that do, and the
+/// logits' bytes.
+struct InFlight {
+    n: usize,
+    chunk: Vec<(usize, bool)>,
+    wanted: Vec<i32>,
+    bytes: usize,
+}
+
+/// Every token of a step, in order: (entry, token, whether its output comes back).
+fn flat_tokens(batch: &[SeqTokens], head: Head) -> Vec<(usize, u32, bool)> {
+    let mut flat = Vec::new();
+    for (e, b) in batch.iter().enumerate() {
+        let n = b.tokens.len();
+        for (i, &t) in b.tokens.iter().enumerate() {
+            let want = match (head, b.output) {
+                (Head::Hidden, _) | (_, Output::All) => true,
+                (_, Output::Last) => i + 1 == n,
+                (_, Output::None) => false,
+            };
+            flat.push((e, t, want));
+        }
+    }
+    flat
+}
+
+/// Appends each wanted row of `vals` (one per `wanted` token, in order) to its entry's output
+/// (`chunk[i].0` for token i).
+fn spread(vals: &[f32], chunk: &[(usize, bool)], wanted: &[i32], out: &mut [Vec<f32>]) {
+    if wanted.is_empty() {
+        return;
+    }
+    let width = vals.len() / wanted.len();
+    for (row, &i) in vals.chunks(width).zip(wanted) {
+        out[chunk[i as usize].0].extend_from_slice(row);
+    }
+}
+
 /// Magic and version of a saved sequence.
 const SEQ_MAGIC: &[u8; 8] = b"TSKVSEQ1";
 
@@ -88,6 +127,9 @@ pub struct BatchContext {
     n_ctx: usize,
     n_ubatch: usize,
     steps: Vec<Step>,
+    /// Where the logits of a group in flight wait for the host ([`BatchContext::decode_groups`]):
+    /// one buffer per group but the last, on the device of the step's logits.
+    held: Vec<Arc<dyn Buffer>>,
 }
 
 impl BatchContext {
@@ -110,23 +152,26 @@ impl BatchContext {
             .ok_or(Error::Overflow("KV cells"))?
             .div_ceil(KV_PAD)
             * KV_PAD;
-        if model.layer_split().is_some() {
-            return Err(Error::Invalid(
-                "batched decoding of a model split by layers is not supported yet: use \
-                 --split-mode tensor or one device"
-                    .into(),
-            ));
-        }
-        let device = model.device().clone();
-        let kv = KvCache::new_shared(
-            cfg,
-            device.as_ref(),
-            n_cells,
-            params.kv_type,
-            model.sharding(),
-        )?;
-        let mut devices: Vec<Arc<dyn Device>> = vec![device.clone()];
-        if device.kind() != DeviceKind::Cpu {
+        // Split by layers, each layer's cells live on its part and the scheduler runs each
+        // layer's nodes there (as the one-sequence context does); the CPU runs what no part can.
+        let (kv, mut devices) = match model.layer_split() {
+            Some(split) => (
+                KvCache::new_shared_split(cfg, split, n_cells, params.kv_type)?,
+                split.parts().to_vec(),
+            ),
+            None => {
+                let device = model.device().clone();
+                let kv = KvCache::new_shared(
+                    cfg,
+                    device.as_ref(),
+                    n_cells,
+                    params.kv_type,
+                    model.sharding(),
+                )?;
+                (kv, vec![device])
+            }
+        };
+        if !devices.iter().any(|d| d.kind() == DeviceKind::Cpu) {
             devices.push(model.fallback().clone());
         }
         Ok(BatchContext {
@@ -136,6 +181,7 @@ impl BatchContext {
             n_ctx,
             n_ubatch: params.n_ubatch,
             steps: Vec::new(),
+            held: Vec::new(),
             model,
         })
     }
@@ -203,6 +249,106 @@ impl BatchContext {
         r
     }
 
+    /// Evaluates one step of each group of sequences, as [`BatchContext::decode`] on each group
+    /// in turn would, and returns each group's outputs.
+    ///
+    /// On a model split by layers the groups are in flight together: a group's work is queued
+    /// and the next group's starts on the first part while a later part still runs the
+    /// previous group's layers, so that the parts work on different groups at once (the host
+    /// waits once, after the last group). A group whose tokens do not fit one graph
+    /// ([`BatchParams::n_ubatch`]), or any group of a model not split by layers, runs as
+    /// [`BatchContext::decode`] does. On an error no sequence keeps the positions of any group.
+    pub fn decode_groups(&mut self, groups: &[&[SeqTokens]]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let mut before: Vec<(SeqId, usize)> = Vec::new();
+        for g in groups {
+            for b in g.iter() {
+                if !before.iter().any(|&(s, _)| s == b.seq) {
+                    before.push((b.seq, self.cells.seq_len(b.seq)?));
+                }
+            }
+        }
+        let r = self.decode_groups_checked(groups);
+        if r.is_err() {
+            for &(seq, n) in &before {
+                self.cells.truncate(seq, n)?;
+            }
+        }
+        r
+    }
+
+    fn decode_groups_checked(&mut self, groups: &[&[SeqTokens]]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let tokens = |g: &[SeqTokens]| g.iter().map(|b| b.tokens.len()).sum::<usize>();
+        let in_flight = self.model.layer_split().is_some()
+            && groups.len() > 1
+            && groups.iter().all(|g| tokens(g) <= self.n_ubatch);
+        if !in_flight {
+            return groups
+                .iter()
+                .map(|g| {
+                    self.check(g)?;
+                    self.decode_checked(g, Head::LogitsOf(0))
+                })
+                .collect();
+        }
+        let mut outs: Vec<Vec<Vec<f32>>> = Vec::with_capacity(groups.len());
+        // Groups but the last: queued, their logits copied on their device to a buffer of
+        // their own (the next group's step may reuse the memory they are computed in).
+        let mut pending: Vec<InFlight> = Vec::new();
+        let (last, first) = groups.split_last().expect("more than one group");
+        for (k, g) in first.iter().enumerate() {
+            self.check(g)?;
+            let chunk = flat_tokens(g, Head::LogitsOf(0));
+            let (idx, wanted) = self.queue_inputs(g, &chunk, Head::LogitsOf(0))?;
+            let step = &self.steps[idx];
+            self.sched.compute_queued(&step.graph, &step.plan)?;
+            let id = step.io.logits;
+            let bytes = step.graph.get(id).nbytes();
+            let dev = step
+                .plan
+                .placement
+                .get(id.index())
+                .copied()
+                .flatten()
+                .ok_or_else(|| Error::Invalid("the step's logits have no device".into()))?;
+            let device = self.sched.devices()[dev].clone();
+            if self.held.len() <= k {
+                self.held.push(device.buffer_type().alloc(bytes)?);
+            }
+            if self.held[k].size() < bytes || !device.can_use_buffer(self.held[k].as_ref()) {
+                self.held[k] = device.buffer_type().alloc(bytes)?;
+            }
+            let data = step.graph.data_or_err(id)?;
+            self.sched.backend_mut(dev).copy_async(
+                data.buffer.as_ref(),
+                data.offset,
+                self.held[k].as_ref(),
+                0,
+                bytes,
+            )?;
+            let chunk: Vec<(usize, bool)> = chunk.iter().map(|&(e, _, w)| (e, w)).collect();
+            pending.push(InFlight {
+                n: g.len(),
+                chunk,
+                wanted,
+                bytes,
+            });
+        }
+        // The last group waits for everything queued before it.
+        self.check(last)?;
+        let mut last_out = vec![Vec::new(); last.len()];
+        let chunk = flat_tokens(last, Head::LogitsOf(0));
+        self.ubatch(last, &chunk, Head::LogitsOf(0), &mut last_out)?;
+        for (k, f) in pending.into_iter().enumerate() {
+            let mut vals = vec![0f32; f.bytes / 4];
+            self.held[k].get(0, bytemuck::cast_slice_mut(&mut vals))?;
+            let mut out = vec![Vec::new(); f.n];
+            spread(&vals, &f.chunk, &f.wanted, &mut out);
+            outs.push(out);
+        }
+        outs.push(last_out);
+        Ok(outs)
+    }
+
     /// The hidden states after the output norm of `tokens` evaluated after the positions `seq`
     /// holds: `n_embd` values per token, in order (what embeddings pool).
     pub fn hidden(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -260,19 +406,7 @@ impl BatchContext {
     }
 
     fn decode_checked(&mut self, batch: &[SeqTokens], head: Head) -> Result<Vec<Vec<f32>>> {
-        // Every token of the step, in order: (entry, token, whether its output comes back).
-        let mut flat: Vec<(usize, u32, bool)> = Vec::new();
-        for (e, b) in batch.iter().enumerate() {
-            let n = b.tokens.len();
-            for (i, &t) in b.tokens.iter().enumerate() {
-                let want = match (head, b.output) {
-                    (Head::Hidden, _) | (_, Output::All) => true,
-                    (_, Output::Last) => i + 1 == n,
-                    (_, Output::None) => false,
-                };
-                flat.push((e, t, want));
-            }
-        }
+        let flat = flat_tokens(batch, head);
         let mut out = vec![Vec::new(); batch.len()];
         for chunk in flat.chunks(self.n_ubatch) {
             self.ubatch(batch, chunk, head, &mut out)?;
@@ -288,6 +422,30 @@ impl BatchContext {
         head: Head,
         out: &mut [Vec<f32>],
     ) -> Result<()> {
+        let (idx, wanted) = self.queue_inputs(batch, chunk, head)?;
+        let step = &self.steps[idx];
+        let g = &step.graph;
+        let count = g.get(step.io.logits).nelements();
+        let mut vals = vec![0f32; count];
+        self.sched.compute_read(
+            g,
+            &step.plan,
+            step.io.logits,
+            bytemuck::cast_slice_mut(&mut vals),
+        )?;
+        let chunk: Vec<(usize, bool)> = chunk.iter().map(|&(e, _, w)| (e, w)).collect();
+        spread(&vals, &chunk, &wanted, out);
+        Ok(())
+    }
+
+    /// Takes the cells of `chunk`'s tokens and queues the inputs of their step graph; returns
+    /// the graph's index and the tokens (indices in `chunk`) whose outputs it gives.
+    fn queue_inputs(
+        &mut self,
+        batch: &[SeqTokens],
+        chunk: &[(usize, u32, bool)],
+        head: Head,
+    ) -> Result<(usize, Vec<i32>)> {
         let n = chunk.len();
         let mut ids = Vec::with_capacity(n);
         let mut pos = Vec::with_capacity(n);
@@ -342,22 +500,7 @@ impl BatchContext {
             let picked: &[i32] = if wanted.is_empty() { &[0] } else { &wanted };
             set(o, bytemuck::cast_slice(picked))?;
         }
-        let count = g.get(step.io.logits).nelements();
-        let mut vals = vec![0f32; count];
-        self.sched.compute_read(
-            g,
-            &step.plan,
-            step.io.logits,
-            bytemuck::cast_slice_mut(&mut vals),
-        )?;
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let width = count / wanted.len();
-        for (row, &i) in vals.chunks(width).zip(&wanted) {
-            out[chunk[i as usize].0].extend_from_slice(row);
-        }
-        Ok(())
+        Ok((idx, wanted))
     }
 
     /// The index of the step graph for `key`, built on first use.
@@ -375,7 +518,15 @@ impl BatchContext {
             n_ctx: self.n_ctx,
         };
         let (mut graph, io, _) = forward::build_head(&src, key.0, key.1)?;
-        let plan = self.sched.plan(&mut graph)?;
+        // Planning may place the new graph in memory that a group in flight still uses.
+        self.sched.synchronize()?;
+        let plan = match self.model.layer_split() {
+            Some(split) => {
+                let hints = split.hints(&graph);
+                self.sched.plan_hinted(&mut graph, &hints)?
+            }
+            None => self.sched.plan(&mut graph)?,
+        };
         tessera::meta::check_plan(self.sched.devices(), &graph, &plan)?;
         log::debug!(
             "new batch step graph {:?}: {} tensors, {} splits",
@@ -454,9 +605,14 @@ impl BatchContext {
         Ok(seq)
     }
 
-    /// Saving reads the cache's rows at their offsets, which a sharded cache does not keep.
+    /// Saving reads the cache's rows at their offsets, which a sharded cache does not keep
+    /// (a tensor-parallel model, or a layer split with a tensor-parallel group).
     fn check_host_cache(&self) -> Result<()> {
-        if self.model.sharding().is_some() {
+        let split_sharded = self
+            .model
+            .layer_split()
+            .is_some_and(|s| (0..s.parts().len()).any(|j| s.sharding(j).is_some()));
+        if self.model.sharding().is_some() || split_sharded {
             return Err(Error::Unsupported {
                 backend: self.model.device().name(),
                 what: "saving or restoring a sequence's KV state (the cache is sharded)".into(),

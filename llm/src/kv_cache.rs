@@ -113,6 +113,26 @@ impl KvCache {
         )
     }
 
+    /// As [`KvCache::new_shared`], each layer's K and V on the part of `split` that holds the
+    /// layer.
+    pub fn new_shared_split(
+        cfg: &ModelConfig,
+        split: &LayerSplit,
+        n_cells: usize,
+        dtype: DType,
+    ) -> Result<Self> {
+        let part_of = |l: usize| split.layer_part(l);
+        KvCache::build(
+            cfg,
+            n_cells,
+            None,
+            1,
+            dtype,
+            Some(&part_of),
+            &mut |size, part, matrices| split.alloc_kv(part, cfg, matrices, dtype, size),
+        )
+    }
+
     /// As [`KvCache::new`], each layer's K and V on the part of `split` that holds the layer.
     pub fn new_split(
         cfg: &ModelConfig,

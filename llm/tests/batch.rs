@@ -11,11 +11,11 @@ mod common;
 use std::sync::Arc;
 
 use tessera::cpu::CpuDevice;
-use tessera::meta::{MetaDevice, SplitRatios};
+use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_llm::batch::{BatchContext, BatchParams, Output, SeqTokens};
 use tessera_llm::synth::{self, Like, SynthType};
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{Context, ContextParams, LoadParams, Model};
 
 use common::*;
 
@@ -175,6 +175,137 @@ fn batched_greedy_equals_alone_on_every_other_device() {
         let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let model = Arc::new(Model::load(model_path(), dev, cpu, &mut |_, _| {}).unwrap());
         check(&name, &model, STEPS_OTHER, 2);
+    }
+}
+
+/// The test model split by layers over `parts` with `ratios` (each part's KV cells for its
+/// own layers).
+fn layered_model(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<Model> {
+    let options = MetaOptions::default().with_split_mode(SplitMode::Layer);
+    let meta: Arc<dyn Device> = Arc::new(
+        MetaDevice::with_options(parts, &SplitRatios::Given(ratios.to_vec()), options).unwrap(),
+    );
+    let params = LoadParams {
+        gpu_layers: None,
+        context: ContextParams {
+            n_ctx: 256,
+            ..ContextParams::default()
+        },
+    };
+    let model = Model::load_with(
+        model_path(),
+        meta,
+        Arc::new(CpuDevice::new()),
+        &params,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let counts = &model.layer_split().expect("a layer split").plan().counts;
+    assert!(
+        counts.iter().all(|&c| c > 0),
+        "a part without layers: {counts:?}"
+    );
+    Arc::new(model)
+}
+
+#[test]
+fn batched_greedy_equals_alone_split_by_layers() {
+    let cpus: Vec<Arc<dyn Device>> = (0..2)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    check(
+        "meta:cpu,cpu by layers",
+        &layered_model(cpus, &[0.7, 0.3]),
+        STEPS,
+        4,
+    );
+    match tessera::registry().find("wgpu:0") {
+        Ok(gpu) => {
+            let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
+            check(
+                "meta:cpu,wgpu:0 by layers",
+                &layered_model(parts, &[0.5, 0.5]),
+                STEPS_OTHER,
+                2,
+            );
+        }
+        Err(_) => println!("skipped the CPU + wgpu:0 case: no wgpu:0 device"),
+    }
+}
+
+/// Two groups of sequences in flight at once over a layer split (`decode_groups`) give each
+/// group the logits of decoding the groups one after another: exactly over CPU parts, to
+/// rounding over a CPU and a wgpu adapter.
+fn groups_equal_one_by_one(name: &str, model: &Arc<Model>, steps: usize, tol: f32) {
+    let params = BatchParams {
+        n_ctx: 256,
+        n_seq: 4,
+        n_ubatch: 64,
+        ..BatchParams::default()
+    };
+    let mut together = BatchContext::new(model.clone(), params.clone()).unwrap();
+    let mut apart = BatchContext::new(model.clone(), params).unwrap();
+    let prompts = prompts();
+    let a: Vec<u32> = prompts.iter().map(|_| together.add_seq()).collect();
+    let b: Vec<u32> = prompts.iter().map(|_| apart.add_seq()).collect();
+    // Each step: sequences 0-1 as one group, the others as the other, each bringing its
+    // prompt, then its last greedy token.
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    let halves = [0..2, 2..prompts.len()];
+    for step in 0..steps {
+        let group = |seqs: &[u32], r: &std::ops::Range<usize>| -> Vec<SeqTokens<'_>> {
+            r.clone()
+                .map(|i| SeqTokens {
+                    seq: seqs[i],
+                    tokens: &next[i],
+                    output: Output::Last,
+                })
+                .collect()
+        };
+        let ga: Vec<Vec<SeqTokens>> = halves.iter().map(|r| group(&a, r)).collect();
+        let refs: Vec<&[SeqTokens]> = ga.iter().map(|g| g.as_slice()).collect();
+        let got = together.decode_groups(&refs).unwrap();
+        for (k, r) in halves.iter().enumerate() {
+            let want = apart.decode(&group(&b, r)).unwrap();
+            for (i, (w, o)) in want.iter().zip(&got[k]).enumerate() {
+                let d = max_diff(w, o);
+                assert!(
+                    d <= tol,
+                    "{name}: step {step}, group {k}, sequence {i}: logits differ by {d}"
+                );
+            }
+        }
+        next = got
+            .iter()
+            .flatten()
+            .map(|l| vec![argmax(l) as u32])
+            .collect();
+    }
+    println!("{name}: {steps} steps of two groups in flight match the groups one by one");
+}
+
+#[test]
+fn groups_in_flight_over_a_layer_split_equal_the_groups_one_by_one() {
+    let cpus: Vec<Arc<dyn Device>> = (0..2)
+        .map(|_| Arc::new(CpuDevice::new()) as Arc<dyn Device>)
+        .collect();
+    groups_equal_one_by_one(
+        "meta:cpu,cpu by layers",
+        &layered_model(cpus, &[0.3, 0.7]),
+        4,
+        0.0,
+    );
+    match tessera::registry().find("wgpu:0") {
+        Ok(gpu) => {
+            let parts: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new()), gpu];
+            groups_equal_one_by_one(
+                "meta:cpu,wgpu:0 by layers",
+                &layered_model(parts, &[0.5, 0.5]),
+                3,
+                1e-3,
+            );
+        }
+        Err(_) => println!("skipped the CPU + wgpu:0 case: no wgpu:0 device"),
     }
 }
 

@@ -145,6 +145,7 @@ impl MetaBackend {
         let timings = shared.options.profile.then(Timings::default);
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
+        let host = HostReduce::new(shared.parts.clone());
         Ok(MetaBackend {
             shared,
             order,
@@ -154,7 +155,7 @@ impl MetaBackend {
             comm,
             in_graph_max,
             submitters,
-            host: HostReduce::default(),
+            host,
             timings,
         })
     }

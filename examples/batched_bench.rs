@@ -31,6 +31,8 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
 }
 
 fn main() -> tessera::Result<()> {
+    // RUST_LOG=tessera_cuda=debug with TESSERA_CUDA_PROFILE=1 logs the GPU time per kernel.
+    env_logger::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
         eprintln!("usage: batched_bench MODEL.gguf [DEVICE] [N_PROMPT] [N_GEN] [B,B,...]");

@@ -18,6 +18,10 @@
 #   (optional) the CUDA benchmark of two builds as .gpu/A/bench.xz and .gpu/B/bench.xz
 #   (cargo bench -p tessera-cuda --bench gpu --no-run prints the executable)
 # One call: carry .gl, .gpu/F, .gpu/A, .gpu/B; command: bash scripts/gpu-all.sh
+# STEPS (default: all of them) picks groups of steps by name, so that the check can also go as
+# two calls back to back on the warm machine (/root/m is kept between them), e.g.
+#   STEPS="ops greedy" bash scripts/gpu-all.sh, then STEPS="allreduce split bench batched profile"
+# (profile: the per-kernel GPU time of a 16-sequence batched decode; not in the default).
 # Prints RESULT lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +29,9 @@ OUT=${OUT:-/tmp/gpu-all}; L=/tmp/gpu-all-logs; mkdir -p "$OUT" "$L" /root/bin /r
 LIMIT=${LIMIT:-540}; t0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 # step NAME SECONDS: whether there is time for a step of about SECONDS.
+STEPS=${STEPS:-ops greedy allreduce split bench batched mvb}
+# want GROUP: whether STEPS names the group.
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { if [ "$(left)" -lt "$2" ]; then echo "RESULT $1 skipped (time)"; return 1; fi; echo "== $1 at $(( $(date +%s) - t0 ))s" >&2; }
 for b in tessera batched_bench; do
   [ -f ".gpu/F/$b.xz" ] && xz -dc ".gpu/F/$b.xz" > "/root/bin/$b" && chmod +x "/root/bin/$b"
@@ -36,6 +43,7 @@ export NODEVICE_SELECT=1
 nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/RESULT gpu /'
 
 for b in cuda:0 wgpu:0; do
+  want ops || break
   step "ops $b" 60 || continue
   timeout 170 $BIN ops test --backend "$b" > "$L/ops-${b%%:*}.log" 2>&1
   echo "RESULT ops $b $(tail -1 "$L/ops-${b%%:*}.log")"
@@ -44,6 +52,7 @@ done
 
 devs=(cuda:0 wgpu:0 meta:cuda:0,wgpu:0)
 for ref in llm/tests/data/arch/*.json; do
+  want greedy || break
   name=$(basename "$ref" .json); f=/root/m/$name.gguf
   step "greedy $name" 40 || continue
   ty=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["synth"]["type"])' "$ref")
@@ -54,7 +63,7 @@ done
 
 # The host all-reduce between unlike devices (tensor parallelism's sum over cuda:0 and
 # wgpu:0; issue 36 asks at most 50 us at 16 KiB and at least 10 GB/s at 64 MiB).
-if step "all-reduce" 40; then
+if want allreduce && step "all-reduce" 40; then
   timeout 60 $BIN all-reduce --device meta:cuda:0,wgpu:0 --kib 16,1024,65536 --seconds 0.3 > "$L/allreduce.log" 2>&1
   grep -E '^\| [0-9]+ [KM]iB' "$L/allreduce.log" | sed "s/^/RESULT all-reduce cuda:0,wgpu:0 /"
   grep -q '^| 16 KiB' "$L/allreduce.log" || echo "RESULT all-reduce FAILED: $(tail -1 "$L/allreduce.log")"
@@ -64,21 +73,23 @@ fi
 # part), then the Llama-8B shape's speed split by layers and partially offloaded.
 for name in llama3-small qwen3-small; do
   ref=llm/tests/data/arch/$name.json; f=/root/m/$name.gguf
-  [ -f "$f" ] || continue
+  want split && [ -f "$f" ] || continue
   step "layer split $name" 30 || continue
   GREEDY_ARGS="--split-mode layer --split 0.5,0.5" timeout 60 python3 scripts/gpu_greedy.py "$BIN" "$f" "$ref" meta:cuda:0,wgpu:0 meta:cuda:0,cpu > "$L/split-$name.log" 2>&1
   grep 'prompts match\|FAILED\|MISMATCH' "$L/split-$name.log" | sed "s/^/RESULT split $name /"
 done
 B8=/root/m/llama-8b-q4_0.gguf
-if step "8b synth" 120; then
+if { want bench || want batched || want profile; } && [ ! -f "$B8" ] && step "8b synth" 120; then
   $BIN gguf synth --like llama-8b --type q4_0 --out "$B8" > /dev/null 2>&1
+fi
+if want bench && [ -f "$B8" ]; then
   for a in "cuda:0" "wgpu:0" "meta:cuda:0,wgpu:0 --split-mode layer --split 0.5,0.5" "cuda:0 --gpu-layers 24"; do
     step "bench 8b $a" 30 || continue
     timeout 60 $BIN bench --model "$B8" --device $a -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64' | sed "s/^/RESULT bench 8b $a /"
   done
 fi
 
-if [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
+if want batched && [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
   for d in cuda:0 wgpu:0; do
     step "batched $d" 40 || continue
     timeout 100 /root/bin/batched_bench "$B8" "$d" 128 64 1,4,16,64 > "$L/batched-${d%%:*}.log" 2>&1
@@ -92,8 +103,13 @@ if [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
   done
 fi
 
+if want profile && [ -x /root/bin/batched_bench ] && [ -f "$B8" ] && step "profile" 60; then
+  TESSERA_CUDA_PROFILE=1 RUST_LOG=tessera_cuda=debug timeout 120 /root/bin/batched_bench "$B8" cuda:0 128 48 16 > "$L/profile-16.log" 2>&1
+  grep -E "profile of|us/run" "$L/profile-16.log" | head -30 | sed "s/^/RESULT profile /"
+fi
+
 for s in A B; do
-  [ -x /root/bin/bench-$s ] || continue
+  want mvb && [ -x /root/bin/bench-$s ] || continue
   step "mat_vec_batch $s" 30 || continue
   timeout 60 /root/bin/bench-$s mat_vec_batch --types q4_0,q4_K > "$L/mvb-$s.log" 2>&1
   grep "mul_mat batch" "$L/mvb-$s.log" | sed "s/^/RESULT mvb $s /"

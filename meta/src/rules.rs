@@ -426,7 +426,7 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             }
             done(x.clone(), as_is(1))
         }
-        Op::Glu { .. } | Op::Concat(_) => {
+        Op::Glu { .. } | Op::SwigluOai { .. } | Op::Concat(_) => {
             let x = split_of(0)
                 .or(split_of(1))
                 .ok_or_else(|| err("no split source".into()))?

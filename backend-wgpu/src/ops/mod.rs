@@ -263,10 +263,12 @@ pub(crate) fn plan(
         Op::GetRows => rows::get_rows(&n, p),
         Op::SetRows => rows::set_rows(&n, p),
         Op::MulMat => matmul::mul_mat(&n, p),
+        Op::FlashAttnExt { sinks: true, .. } => Err("attention sinks".into()),
         Op::FlashAttnExt {
             scale,
             max_bias,
             logit_softcap,
+            ..
         } => attention::flash_attn(&n, p, [*scale, *max_bias, *logit_softcap]),
         Op::SumRows | Op::Mean | Op::Argmax | Op::Sum => misc::reduce(&n, p),
         Op::MulMatId { first } => moe::mul_mat_id(&n, p, *first),

@@ -392,10 +392,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::AddId => moe::add_id(enc, id),
         Op::Argsort { descending } => moe::sort(enc, id, descending),
         Op::TopK(_) => moe::sort(enc, id, true),
-        Op::SwigluOai { .. } => Err(Error::Unsupported {
-            backend: "cuda".into(),
-            what: "SWIGLU_OAI".into(),
-        }),
+        Op::SwigluOai { alpha, limit } => elementwise::swiglu_oai(enc, id, alpha, limit),
     }
 }
 
@@ -423,7 +420,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
             t.dtype == DType::F32
         }
         Op::Rope(_) => matches!(t.dtype, DType::F32 | DType::F16),
-        Op::FlashAttnExt { sinks: true, .. } | Op::SwigluOai { .. } => false,
+        Op::SwigluOai { .. } => t.dtype == DType::F32,
         Op::FlashAttnExt { .. } => match (src(0), src(2)) {
             (Some(q), Some(v)) => {
                 q.ne[0] <= 256

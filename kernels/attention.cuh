@@ -7,7 +7,9 @@
 // f16, any strides), t[4] mask [nkv, >= nq, m2, m3] (i[4]: 0 none, 1 f32, 2 f16; dims 2-3
 // broadcast by modulo). f[0] scale (already divided by the softcap when one is set), f[1]
 // softcap (0: none), f[2] m0, f[3] m1, i[0] n_head_log2, i[1] ALiBi on; i[2] number of KV
-// splits; i[5] = 1 when K and V rows are aligned to four elements (loaded four at a time). d and
+// splits; i[5] = 1 when K and V rows are aligned to four elements (loaded four at a time); t[5]
+// the sinks, f32 [heads] (address 0: none), one logit per query head that joins each row's
+// soft-max where the row's sum ends (softmax_end) and weighs no value. d and
 // dv are multiples of 4. The query rows of one KV head are nq * gqa rows: query i of head
 // g*gqa + j is row i*gqa + j. Split, a kernel writes (max, sum, unnormalised output) per row and
 // split to aux[0], and fattn_combine (attention_merge.cu) merges them, unless the kernel merges
@@ -40,6 +42,17 @@ __device__ __forceinline__ void store_out(const KParams& p, float x, int col, in
         const i64 blk = (o - (char*)p.t[0].ptr) / (32 * 4);
         q8_1_block(x, (i8*)p.aux[1] + blk * 32, (float2*)p.aux[2] + blk);
     }
+}
+
+// The factor that ends a row's soft-max on its unnormalised output: 1 / s, or with sinks (t[5])
+// head h's sink joined as one more logit with no value. mx is the row's largest score in natural
+// units (NEG_INF when every key was masked) and s its sum of exp(score - mx).
+__device__ __forceinline__ float softmax_end(const KParams& p, int h, float mx, float s) {
+    if (p.t[5].ptr == 0) return s == 0.0f ? 0.0f : 1.0f / s;
+    const float sk = ((const float*)p.t[5].ptr)[h];
+    const float top = fmaxf(mx, sk);
+    const float c = mx == NEG_INF ? 0.0f : expf(mx - top);
+    return c / (s * c + expf(sk - top));
 }
 
 // The shared-memory address of a generic pointer into shared memory.

@@ -169,7 +169,8 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
         for (int wi = 0; wi < warps; wi++) o += O[(wi * VEC_ROWS + r) * DV + col];
         const float l = ML[2 * r + 1];
         if (nsplit == 1) {
-            F32::store(at(dst, col, g * gqa + r % gqa, r / gqa, b), l == 0.0f ? 0.0f : o / l);
+            const int h = g * gqa + r % gqa;
+            F32::store(at(dst, col, h, r / gqa, b), o * softmax_end(p, h, ML[2 * r], l));
         } else {
             const i64 row = (b * kv_heads + g) * R + r;
             float* part = (float*)p.aux[0] + (row * nsplit + split) * (DV + 2);
@@ -255,7 +256,7 @@ __device__ void dec_cluster_merge(const KParams& p, int R, int g, i64 b, int nsp
         const float w = ms == NEG_INF ? 0.0f : expf(ms - mx);
         const float tot = warp_sum(w * ls);
         if (lane < nsplit) CW[r][lane] = w;
-        if (lane == 0) CINV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
+        if (lane == 0) CINV[r] = softmax_end(p, g * gqa + r % gqa, mx, tot);
     }
     __syncthreads();
     const int total = R * D, slice = ((total + nsplit - 1) / nsplit + 31) / 32 * 32;
@@ -296,7 +297,7 @@ __device__ void dec_merge(const KParams& p, int R, int g, i64 b, int nsplit, flo
             tot += w * __ldcg(part + s * (D + 2) + 1);
         }
         tot = warp_sum(tot);
-        if (lane == 0) INV[r] = tot == 0.0f ? 0.0f : 1.0f / tot;
+        if (lane == 0) INV[r] = softmax_end(p, g * gqa + r % gqa, mx, tot);
     }
     __syncthreads();
     // Each column of each row summed over the splits; a warp's 32 columns lie in one row.
@@ -514,7 +515,8 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
         for (int w = 0; w < DEC_WARPS; w++) o += O[w][r][col];
         const float sum = ML[r][1];
         if (nsplit == 1) {
-            store_out(p, sum == 0.0f ? 0.0f : o / sum, col, g * gqa + r % gqa, r / gqa, b);
+            const int h = g * gqa + r % gqa;
+            store_out(p, o * softmax_end(p, h, ML[r][0], sum), col, h, r / gqa, b);
         } else if (p.i[3]) {
             O[0][r][col] = o;  // this thread's own (r, col): read above, by no other thread
         } else {

@@ -33,7 +33,7 @@ KERNEL fattn_combine(const KParams p) {
     const float wv = (s < nsplit && ms != NEG_INF) ? expf(ms - mx) : 0.0f;
     wts[s] = wv;
     const float total = block_sum(wv * ls);
-    const float inv = total == 0.0f ? 0.0f : 1.0f / total;
+    const float inv = softmax_end(p, h, mx, total);
     const int groups = (int)blockDim.x / DV, col = s % DV, grp = s / DV;
     float acc = 0.0f;
     if (grp < groups) {

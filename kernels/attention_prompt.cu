@@ -156,7 +156,7 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
     for (int j = 0; j < RPW; j++) {
         if (!valid[j]) continue;
         if (nsplit == 1) {
-            const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
+            const float inv = softmax_end(p, hs[j], m[j], l[j]);
 #pragma unroll
             for (int i = 0; i < MAXDV / 32; i++) {
                 const int col = lane + 32 * i;
@@ -556,7 +556,9 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
         const i64 r = r0 + warp * 16 + gr + 8 * j;
         if (r >= rows) continue;
         if (nsplit == 1) {
-            const float inv = l[j] == 0.0f ? 0.0f : 1.0f / l[j];
+            // m is in log2 units here.
+            const float mx = m[j] == NEG_INF ? NEG_INF : m[j] * (1.0f / LOG2E);
+            const float inv = softmax_end(p, hh[j], mx, l[j]);
 #pragma unroll
             for (int i = 0; i < DT; i++) {
                 float2 x = make_float2(o[i][2 * j] * inv, o[i][2 * j + 1] * inv);

@@ -6,6 +6,10 @@
 //
 // glu_flat_f32: the two-source form for f32 gate, up and dst of one shape, all contiguous and
 // 16-byte aligned, with an element count that is a multiple of 4: four elements a thread.
+//
+// swiglu_oai_f32: gpt-oss's clamped swiglu of f32 gate t[1] and up t[2] of dst's shape: with
+// x = min(gate, limit) and y = clamp(up, -limit, limit), x * sigmoid(alpha x) * (y + 1).
+// f[0]: alpha, f[1]: limit.
 #include "common.cuh"
 
 __device__ __forceinline__ float glu_op(int op, float g, float u) { return (op == 0 ? act_silu(g) : act_gelu(g)) * u; }
@@ -42,5 +46,18 @@ KERNEL glu_flat_f32(const KParams p) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
         const float4 a = g[i], b = u[i];
         d[i] = make_float4(glu_op(op, a.x, b.x), glu_op(op, a.y, b.y), glu_op(op, a.z, b.z), glu_op(op, a.w, b.w));
+    }
+}
+
+KERNEL swiglu_oai_f32(const KParams p) {
+    pdl_wait();
+    const TArg& d = p.t[0];
+    const TArg& a = p.t[1];
+    const TArg& b = p.t[2];
+    const float alpha = p.f[0], limit = p.f[1];
+    FOR_EACH_ELEMENT(d.ne) {
+        const float x = fminf(F32::load(at(a, i0, i1, i2, i3)), limit);
+        const float y = fminf(fmaxf(F32::load(at(b, i0, i1, i2, i3)), -limit), limit);
+        F32::store(at(d, i0, i1, i2, i3), x / (1.0f + expf(-alpha * x)) * (y + 1.0f));
     }
 }

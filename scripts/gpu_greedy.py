@@ -5,7 +5,9 @@ step where llama.cpp's top-2 gap is below 0.5. The reference is smollm2-greedy.j
 (llm/tests/data/arch/NAME.json).
 Usage: gpu_greedy.py BINARY MODEL REFERENCE_JSON DEVICE [DEVICE...]
 GREEDY_ARGS (environment) adds arguments to every generate command (e.g. a layer split).
-Prints one line per prompt and device, and a summary line per device; exits 1 on a mismatch."""
+Prints one line per prompt and device, and a summary line per device; exits 1 on a mismatch.
+A near-tie is a gap below 0.5, below 3.0 for gpt-oss-small (as llm/tests/arch_reference.rs:
+llama.cpp's own noise on that model flips near-tied experts while decoding)."""
 import json
 import os
 import subprocess
@@ -21,12 +23,13 @@ elif "synth" in ref:  # llm/tests/data/arch/NAME.json
                 "generated_ids": g["ids"], "gaps": g["gaps"]} for g in ref["prompts"]]
 else:
     prompts = [dict(p, gaps=[s["margin_top1_top2"] for s in p["steps"]]) for p in ref["prompts"]]
+near_tie = {"gpt-oss-small": 3.0}.get(ref.get("model"), 0.5)
 bad = 0
 for dev in devices:
     ok = 0
     for p in prompts:
         want = p["generated_ids"]
-        tie = next((i for i, g in enumerate(p["gaps"]) if g < 0.5), len(want))
+        tie = next((i for i, g in enumerate(p["gaps"]) if g < near_tie), len(want))
         cmd = [binary, "generate", "--model", model, "--device", dev, "--prompt", p["prompt_text"],
                "--temp", "0", "--max-tokens", str(len(want)), "--ignore-eog", "--json"]
         cmd += os.environ.get("GREEDY_ARGS", "").split()

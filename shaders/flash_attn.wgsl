@@ -50,8 +50,11 @@
 // a load.
 // Params: f.x: scale; f.y: max_bias; f.z, f.w: ALiBi m0, m1; g.x: logit softcap; u.x:
 // workgroups (n_q * H * B, times h.x for SPLIT); u.y: has mask; u.z: n_head_log2; u.w: H / Hk;
-// off4.y: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split
+// h.z: B / Bk; h.x: splits (1 unsplit; decode and decode_combine); h.y: keys per split
 // (decode).
+// SINKS (main, decode): binding 5 holds one f32 per query head (at byte off4.y), a logit that
+// joins each row's soft-max and weighs no value; a split decode adds it in a row's first split
+// only, so that the combine counts it once.
 
 const DMAX: u32 = {{DMAX}}u;
 // Output dims per invocation (main).
@@ -90,7 +93,7 @@ fn locate(o: u32) -> Row {
     let h = (o / nq) % heads;
     let b = o / (nq * heads);
     let hk = h / P.u.w;
-    let bk = b / P.off4.y;
+    let bk = b / P.h.z;
     return Row(
         iq,
         h,
@@ -126,6 +129,15 @@ fn score(qk: f32, mk: f32, m: f32) -> f32 {
 fn rescale(mg: f32, mx: f32) -> f32 {
     return select(exp(mg - mx), 0.0, mg <= NEG_INF);
 }
+
+#if SINKS
+@group(0) @binding(5) var<storage, read_write> sinks: array<u32>;
+
+// The sink of query head h.
+fn sink(h: u32) -> f32 {
+    return bitcast<f32>(sinks[(P.off4.y >> 2u) + h]);
+}
+#endif
 
 // Stores output dim e of a row.
 fn store(row: Row, e: u32, v: f32) {
@@ -183,7 +195,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         run_max = new_max;
         workgroupBarrier();
     }
-    let inv = select(1.0 / run_sum, 0.0, run_sum == 0.0);
+    var total = run_sum;
+    var out_scale = 1.0;
+#if SINKS
+    let sk = sink(row.h);
+    let top = max(run_max, sk);
+    out_scale = rescale(run_max, top);
+    total = run_sum * out_scale + exp(sk - top);
+#endif
+    let inv = select(out_scale / total, 0.0, total == 0.0);
     for (var t = 0u; t < PER; t++) {
         let e = li + t * {{WG}}u;
         if e < dv {
@@ -547,19 +567,32 @@ fn decode(
         total += gsum[i];
     }
 #endif
+    // The sink joins the row's soft-max once: in its first split.
+    var fmx = mx;
+    var ftotal = total;
+    var fsum = sum;
+#if SINKS
+    if o % P.h.x == 0u {
+        let sk = sink(row.h);
+        fmx = max(mx, sk);
+        let c = rescale(mx, fmx);
+        ftotal = total * c + exp(sk - fmx);
+        fsum = sum * c;
+    }
+#endif
 #if SPLIT
     // The split's maximum, sum and undivided output, to the scratch.
     let at = P.off.x / 4u + o * (dv + 2u);
     if li == 0u {
-        put_word(at, bitcast<u32>(mx));
-        put_word(at + 1u, bitcast<u32>(total));
+        put_word(at, bitcast<u32>(fmx));
+        put_word(at + 1u, bitcast<u32>(ftotal));
     }
     if li < dv {
-        put_word(at + 2u + li, bitcast<u32>(sum));
+        put_word(at + 2u + li, bitcast<u32>(fsum));
     }
 #else
     if li < dv {
-        store(row, li, select(sum / total, 0.0, total == 0.0));
+        store(row, li, select(fsum / ftotal, 0.0, ftotal == 0.0));
     }
 #endif
 }

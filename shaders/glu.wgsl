@@ -2,7 +2,9 @@
 //
 // One invocation per element of dst. With one source (u.y = 0) each src0 row holds the gate
 // half then the up half (u.z = 1: up first); with two, gate is src0 and up is src1.
-// Defines: OP 0 swiglu, 1 geglu. Params: u.x: element count.
+// Defines: OP 0 swiglu, 1 geglu, 2 gpt-oss's clamped swiglu (two sources): with
+// x = min(gate, limit) and y = clamp(up, -limit, limit), x * sigmoid(alpha x) * (y + 1).
+// Params: u.x: element count; f.x, f.y: the clamped swiglu's alpha and limit.
 
 const OP: u32 = {{OP}}u;
 
@@ -35,6 +37,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     } else {
         gate = ld0(P.off.y + at(c, P.s0.nb));
         up = ld1(P.off.z + at(c, P.s1.nb));
+    }
+    if OP == 2u {
+        let x = min(gate, P.f.y);
+        let y = clamp(up, -P.f.y, P.f.y);
+        st(P.off.x + at(c, P.d.nb), x / (1.0 + exp(-P.f.x * x)) * (y + 1.0));
+        return;
     }
     st(P.off.x + at(c, P.d.nb), act(gate) * up);
 }

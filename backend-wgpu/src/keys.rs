@@ -83,6 +83,8 @@ pub(crate) struct BinaryKey {
 pub(crate) struct GluKey {
     pub op: GluOp,
     pub t: DType,
+    /// gpt-oss's clamped SwiGLU (`op` is then Swiglu).
+    pub oai: bool,
 }
 
 /// `norm.wgsl`: rms_norm (`layer` false) or norm, times a weight row where `mul` (fused).
@@ -218,6 +220,8 @@ pub(crate) struct Attn {
     pub v: DType,
     pub mask: DType,
     pub dmax: u32,
+    /// Attention sinks (SINKS, one f32 per query head in binding 5).
+    pub sinks: bool,
 }
 
 /// `flash_attn.wgsl` `main`: one key per invocation, `wg` invocations.
@@ -432,7 +436,14 @@ impl Key {
                 d.set("WG", ew_wg(k.a));
             }
             Key::Glu(k) => {
-                d.set("OP", u32::from(k.op == GluOp::Geglu));
+                d.set(
+                    "OP",
+                    if k.oai {
+                        2
+                    } else {
+                        u32::from(k.op == GluOp::Geglu)
+                    },
+                );
                 d.ty("T0", k.t).ty("T1", k.t).ty("DT", k.t);
                 d.set("WG", ew_wg(k.t));
             }
@@ -660,5 +671,6 @@ impl Defines {
     fn attn(&mut self, a: Attn) {
         self.set("DMAX", a.dmax);
         self.ty("T1", a.k).ty("T2", a.v).ty("T3", a.mask);
+        self.set("SINKS", u32::from(a.sinks));
     }
 }

@@ -185,7 +185,7 @@ impl Family {
             Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
             Family::FlashAttn => &[
-                "COMBINE", "DECODE", "DMAX", "KU", "OT4", "PKV16", "PREFILL", "SPLIT",
+                "COMBINE", "DECODE", "DMAX", "KU", "OT4", "PKV16", "PREFILL", "SINKS", "SPLIT",
             ],
         }
     }
@@ -331,13 +331,15 @@ impl Variant {
     /// mat-vec over Q, K and V (V's weights and result in bindings 6 and 7), or
     /// [`QKV_ROPE_BINDINGS`] for that mat-vec with the rope and the cache stores,
     /// [`ROPE_KV_FACTORS_BINDINGS`] for the fused rope and cache stores with frequency factors,
-    /// or 4 for the norm with a residual added (its src2).
+    /// 4 for the norm with a residual added (its src2), or 6 for attention with sinks.
     pub fn storage_bindings(&self) -> usize {
         match self.key {
             Key::MatVecQ(k) if k.rope.is_some() => QKV_ROPE_BINDINGS,
             Key::MatVecQ(k) if k.qkv => QKV_BINDINGS,
             Key::Rope(k) if k.kv_cache.is_some() && k.factors => ROPE_KV_FACTORS_BINDINGS,
             Key::Norm(k) if k.add => 4,
+            Key::FlashAttn(k) if k.attn.sinks => 6,
+            Key::FlashAttnDecode(k) if k.attn.sinks => 6,
             _ => self.family().storage_bindings(),
         }
     }

@@ -27,10 +27,12 @@ pub struct SynthArgs {
     /// The shape: smollm2-135m (the test model's exact layout and tokenizer); llama-1b
     /// (Llama 3.2 1B), llama-8b (Llama 3 8B), llama-70b (Llama 3 70B), llama3.1-8b (with its
     /// rope factors), qwen2-7b (Qwen 2.5 7B), qwen3-8b, gemma2-9b, gemma3-4b, phi3-mini (Phi 3
-    /// mini 128k), mixtral-8x7b, qwen3-30b-a3b (mixtures of experts); and small models of each
-    /// architecture for tests: llama3-small (Llama 3.1 rope factors), qwen2-small, qwen3-small,
-    /// gemma2-small, gemma3-small, phi3-small, and the mixtures of experts mixtral-small,
-    /// qwen2moe-small, qwen3moe-small, olmoe-small. All but smollm2-135m have a generated
+    /// mini 128k), mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b (mixtures of experts); and small
+    /// models of each architecture for tests: llama3-small (Llama 3.1 rope factors),
+    /// qwen2-small, qwen3-small, gemma2-small, gemma3-small, phi3-small, and the mixtures of
+    /// experts mixtral-small,
+    /// qwen2moe-small, qwen3moe-small, olmoe-small, gpt-oss-small (gpt-oss's experts are MXFP4
+    /// whatever the type, as in OpenAI's files). All but smollm2-135m have a generated
     /// vocabulary.
     #[arg(long, value_parser = PossibleValuesParser::new(Like::NAMES))]
     like: String,

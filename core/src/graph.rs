@@ -903,6 +903,41 @@ impl Graph {
         self.node(dt, ne, o, vec![gate, up])
     }
 
+    /// gpt-oss's clamped SwiGLU of gate and up tensors of one f32 shape (ggml's
+    /// `swiglu_oai`): x * sigmoid(alpha * x) * (y + 1) with x = min(gate, limit) and
+    /// y = clamp(up, -limit, limit).
+    pub fn swiglu_oai(
+        &mut self,
+        gate: TensorId,
+        up: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId> {
+        let o = Op::SwigluOai { alpha, limit };
+        self.check_id(gate, o.name())?;
+        self.check_id(up, o.name())?;
+        let (tg, tu) = (self.get(gate), self.get(up));
+        if tg.ne != tu.ne || tg.dtype != DType::F32 || tu.dtype != DType::F32 {
+            return Err(self.err(
+                up,
+                o.name(),
+                format!(
+                    "gate {:?} {} and up {:?} {} must be f32 of one shape",
+                    tg.ne, tg.dtype, tu.ne, tu.dtype
+                ),
+            ));
+        }
+        if !alpha.is_finite() || limit.is_nan() || limit <= 0.0 {
+            return Err(self.err(
+                gate,
+                o.name(),
+                format!("alpha {alpha} must be finite and limit {limit} positive"),
+            ));
+        }
+        let ne = tg.ne;
+        self.node(DType::F32, ne, o, vec![gate, up])
+    }
+
     /// silu(gate) * up.
     pub fn swiglu_split(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
         self.glu_split(gate, up, GluOp::Swiglu)
@@ -1062,6 +1097,36 @@ impl Graph {
         max_bias: f32,
         logit_softcap: f32,
     ) -> Result<TensorId> {
+        self.flash_attn(q, k, v, mask, None, [scale, max_bias, logit_softcap])
+    }
+
+    /// [`Graph::flash_attn_ext`] with attention sinks: `sinks` F32 [heads], one logit per
+    /// query head that joins the soft-max of the head's rows and adds no value (gpt-oss).
+    #[allow(clippy::too_many_arguments)] // flash_attn_ext's arguments and the sinks
+    pub fn flash_attn_ext_sinks(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: Option<TensorId>,
+        sinks: TensorId,
+        scale: f32,
+        max_bias: f32,
+        logit_softcap: f32,
+    ) -> Result<TensorId> {
+        self.flash_attn(q, k, v, mask, Some(sinks), [scale, max_bias, logit_softcap])
+    }
+
+    /// flash_attn_ext with optional sinks; `params`: scale, max_bias, logit_softcap.
+    fn flash_attn(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: Option<TensorId>,
+        sinks: Option<TensorId>,
+        [scale, max_bias, logit_softcap]: [f32; 3],
+    ) -> Result<TensorId> {
         for x in [q, k, v] {
             self.check_id(x, "FLASH_ATTN_EXT")?;
         }
@@ -1126,6 +1191,21 @@ impl Graph {
         } else if max_bias != 0.0 {
             return Err(self.err(q, "FLASH_ATTN_EXT", "ALiBi (max_bias) needs a mask"));
         }
+        if let Some(s) = sinks {
+            self.check_id(s, "FLASH_ATTN_EXT")?;
+            let ts = self.get(s);
+            if ts.dtype != DType::F32 || ts.ne != [tq.ne[2], 1, 1, 1] || !ts.is_contiguous() {
+                return Err(self.err(
+                    s,
+                    "FLASH_ATTN_EXT",
+                    format!(
+                        "sinks must be one contiguous f32 row of {} heads, not {} {:?}",
+                        tq.ne[2], ts.dtype, ts.ne
+                    ),
+                ));
+            }
+            src.push(s);
+        }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];
         self.node(
             DType::F32,
@@ -1134,6 +1214,7 @@ impl Graph {
                 scale,
                 max_bias,
                 logit_softcap,
+                sinks: sinks.is_some(),
             },
             src,
         )

@@ -273,6 +273,14 @@ pub enum Op {
         /// With one source: the up half comes first.
         swapped: bool,
     },
+    /// gpt-oss's clamped SwiGLU of gate src0 and up src1 (ggml's `swiglu_oai`): with
+    /// x = min(gate, limit) and y = clamp(up, -limit, limit), x * sigmoid(alpha * x) * (y + 1).
+    SwigluOai {
+        /// Factor in the sigmoid.
+        alpha: f32,
+        /// Bound of the gate (above) and of the up value (both sides).
+        limit: f32,
+    },
     /// x / sqrt(mean(x^2) + eps) over each row.
     RmsNorm {
         /// Added under the root.
@@ -292,7 +300,8 @@ pub enum Op {
     },
     /// Rotary position embedding of src0 [head_dim, heads, tokens, 1] at I32 positions src1.
     Rope(RopeParams),
-    /// Attention softmax(q k^T * scale + mask) v, fused; src: q, k, v, optional mask.
+    /// Attention softmax(q k^T * scale + mask) v, fused; src: q, k, v, optional mask, then
+    /// the sinks when `sinks` is set.
     FlashAttnExt {
         /// Factor on q k^T.
         scale: f32,
@@ -300,6 +309,11 @@ pub enum Op {
         max_bias: f32,
         /// tanh softcap of the logits: 0 for none.
         logit_softcap: f32,
+        /// The last source is an F32 [heads] row of attention sinks (gpt-oss; ggml's
+        /// `flash_attn_ext_add_sinks`): head h's sink is one more logit, taken as it is (not
+        /// scaled, capped or masked), that joins the soft-max of each of the head's rows and
+        /// adds no value, so the weights of the keys sum to less than 1.
+        sinks: bool,
     },
     /// src0 and src1 joined along an axis.
     Concat(usize),
@@ -388,6 +402,7 @@ impl Op {
             Op::Glu {
                 op: GluOp::Geglu, ..
             } => "GEGLU",
+            Op::SwigluOai { .. } => "SWIGLU_OAI",
             Op::RmsNorm { .. } => "RMS_NORM",
             Op::Norm { .. } => "NORM",
             Op::SoftMax { .. } => "SOFT_MAX",

@@ -15,7 +15,7 @@
 //! token, and renders the conversation, with a warning, when the template does not compile or
 //! render (what llama.cpp does without its Jinja engine). A file without a template gets the
 //! built-in format of its architecture (`general.architecture`): Gemma's turns for gemma, gemma2
-//! and gemma3, Phi 3's for phi3, Granite's for granite, ChatML otherwise.
+//! and gemma3, Phi 3's for phi3, Granite's for granite, Harmony's for gpt-oss, ChatML otherwise.
 //!
 //! The rendered text contains special tokens as text (`<|im_start|>` ...): tokenize it with
 //! `parse_special = true`.
@@ -78,10 +78,13 @@ pub enum ChatFormat {
     MistralV3Tekken,
     /// `mistral-v7`: Mistral v7, system prompts in `[SYSTEM_PROMPT]`.
     MistralV7,
+    /// `gpt-oss`: OpenAI's Harmony turns, `<|start|>role<|message|>content<|end|>`, an
+    /// assistant turn closed by `<|return|>`.
+    GptOss,
 }
 
 /// Every format, for looking one up by name.
-const FORMATS: [ChatFormat; 14] = [
+const FORMATS: [ChatFormat; 15] = [
     ChatFormat::ChatMl,
     ChatFormat::Gemma,
     ChatFormat::Llama3,
@@ -96,6 +99,7 @@ const FORMATS: [ChatFormat; 14] = [
     ChatFormat::MistralV3,
     ChatFormat::MistralV3Tekken,
     ChatFormat::MistralV7,
+    ChatFormat::GptOss,
 ];
 
 /// llama.cpp's `trim`: drops the ASCII white space (C's `isspace`) at both ends.
@@ -121,6 +125,7 @@ impl ChatFormat {
             ChatFormat::MistralV3 => "mistral-v3",
             ChatFormat::MistralV3Tekken => "mistral-v3-tekken",
             ChatFormat::MistralV7 => "mistral-v7",
+            ChatFormat::GptOss => "gpt-oss",
         }
     }
 
@@ -215,6 +220,11 @@ impl ChatFormat {
                 Granite
             });
         }
+        // Harmony (gpt-oss): llama.cpp tests for it after formats tessera does not render,
+        // whose markers a Harmony template does not hold.
+        if has("<|start|>") && has("<|channel|>") {
+            return Some(GptOss);
+        }
         None
     }
 
@@ -225,6 +235,7 @@ impl ChatFormat {
             "gemma" | "gemma2" | "gemma3" => ChatFormat::Gemma,
             "phi3" => ChatFormat::Phi3,
             "granite" => ChatFormat::Granite,
+            "gpt-oss" => ChatFormat::GptOss,
             _ => ChatFormat::ChatMl,
         }
     }
@@ -238,6 +249,7 @@ impl ChatFormat {
             Llama3 => "<|eot_id|>",
             Phi3 => "<|end|>",
             Granite | Granite4 => "<|end_of_text|>",
+            GptOss => "<|return|>",
             Llama2 | Llama2Sys | Llama2SysBos | Llama2SysStrip | MistralV1 | MistralV3
             | MistralV3Tekken | MistralV7 => "</s>",
         }
@@ -319,6 +331,17 @@ impl ChatFormat {
             MistralV1 | MistralV3 | MistralV3Tekken => {
                 self.render_mistral(messages, &mut out);
                 ("", true)
+            }
+            GptOss => {
+                for m in messages {
+                    let close = if m.role == "assistant" {
+                        "<|return|>"
+                    } else {
+                        "<|end|>"
+                    };
+                    out += &format!("<|start|>{}<|message|>{}{close}", m.role, m.content);
+                }
+                ("<|start|>assistant", false)
             }
             MistralV7 => {
                 for m in messages {

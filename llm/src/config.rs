@@ -105,6 +105,14 @@ pub struct Block {
     pub logit_scale: Option<f32>,
     /// tanh soft-cap of the final logits (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// Each layer's attention has sinks (`attn_sinks`: a logit per query head that joins the
+    /// soft-max; gpt-oss).
+    pub attn_sinks: bool,
+    /// The attention output has a bias (`attn_output.bias`).
+    pub attn_out_bias: bool,
+    /// The name of the RMS norm before the feed-forward (`blk.N.{name}.weight`): `ffn_norm`,
+    /// gpt-oss's `post_attention_norm`.
+    pub ffn_norm: &'static str,
 }
 
 impl Block {
@@ -124,6 +132,9 @@ impl Block {
             residual_scale: None,
             logit_scale: None,
             final_softcap: None,
+            attn_sinks: false,
+            attn_out_bias: false,
+            ffn_norm: "ffn_norm",
         }
     }
 }
@@ -146,6 +157,25 @@ pub struct Moe {
     /// A shared expert every token uses (`ffn_gate_shexp`, `ffn_up_shexp`, `ffn_down_shexp`)
     /// of this width, its output scaled by sigmoid(`ffn_gate_inp_shexp` x) (Qwen 2 MoE).
     pub shared_ff: Option<usize>,
+    /// How the router's logits become the selected experts and their weights.
+    pub routing: Routing,
+    /// The router and every expert projection have biases (`ffn_gate_inp.bias`,
+    /// `ffn_gate_exps.bias` ...: one row per expert; gpt-oss).
+    pub biases: bool,
+    /// The experts' activation is the clamped SwiGLU with this alpha and limit (gpt-oss), not
+    /// the block's GLU.
+    pub swiglu_oai: Option<[f32; 2]>,
+}
+
+/// How a mixture of experts routes (llama.cpp's expert gating functions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// Soft-max over every expert's logit, the most probable `n_used` selected, each weighted
+    /// by its probability.
+    SoftMax,
+    /// The `n_used` largest logits selected, their weights the soft-max over those alone
+    /// (gpt-oss).
+    TopKSoftMax,
 }
 
 /// The shape, constants and block features of a model.

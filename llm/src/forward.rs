@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use tessera_core::{DType, Graph, Result, TensorId, UnaryOp};
 
-use crate::config::{ModelConfig, Moe, RopeFactors};
+use crate::config::{ModelConfig, Moe, RopeFactors, Routing};
 use crate::kv_cache::KvCache;
 use crate::weights::Weights;
 
@@ -206,18 +206,25 @@ impl Builder<'_> {
         let kview = self.g.permute(kview, [0, 2, 1, 3])?;
         let vview = self.g.permute(vview, [0, 2, 1, 3])?;
         let q = self.g.permute(q, [0, 2, 1, 3])?;
-        let att = self.g.flash_attn_ext(
-            q,
-            kview,
-            vview,
-            Some(inputs.mask),
-            b.attn_scale,
-            0.0,
-            b.attn_softcap,
-        )?;
+        let att = if b.attn_sinks {
+            let sinks = self.lw(l, "attn_sinks", &[nh])?;
+            let (q, k, v, m) = (q, kview, vview, Some(inputs.mask));
+            let (scale, cap) = (b.attn_scale, b.attn_softcap);
+            self.g
+                .flash_attn_ext_sinks(q, k, v, m, sinks, scale, 0.0, cap)?
+        } else {
+            let (q, k, v, m) = (q, kview, vview, Some(inputs.mask));
+            self.g
+                .flash_attn_ext(q, k, v, m, b.attn_scale, 0.0, b.attn_softcap)?
+        };
         let att = self.g.reshape(att, &[n_embd_q, n])?;
         let wo = self.lw(l, "attn_output", &[n_embd_q, d])?;
-        self.g.mul_mat(wo, att)
+        let out = self.g.mul_mat(wo, att)?;
+        if !b.attn_out_bias {
+            return Ok(out);
+        }
+        let bo = self.w(&format!("blk.{l}.attn_output.bias"), &[d])?;
+        self.g.add(out, bo)
     }
 
     /// The gated feed-forward of layer `l` over the normed input `cur`.
@@ -245,21 +252,57 @@ impl Builder<'_> {
         self.g.mul_mat(wd, act)
     }
 
+    /// Layer `l`'s bias `blk.l.name.bias` of shape `ne`.
+    fn lb(&mut self, l: usize, name: &str, ne: &[usize]) -> Result<TensorId> {
+        self.w(&format!("blk.{l}.{name}.bias"), ne)
+    }
+
+    /// `x` [n, n_used, tokens] plus the bias row of each slot's expert (`add_id`) when the
+    /// experts have biases.
+    fn expert_bias(
+        &mut self,
+        l: usize,
+        x: TensorId,
+        name: &str,
+        moe: &Moe,
+        selected: TensorId,
+    ) -> Result<TensorId> {
+        if !moe.biases {
+            return Ok(x);
+        }
+        let rows = self.g.get(x).ne[0];
+        let bias = self.lb(l, name, &[rows, moe.n_expert])?;
+        self.g.add_id(x, bias, selected)
+    }
+
     /// The mixture-of-experts feed-forward of layer `l` over the normed input `cur` [d, n]:
-    /// the router's soft-max, the `n_used` most probable experts of each token (their
-    /// probabilities renormalized where the architecture asks), each selected expert's gated
-    /// FFN through one `mul_mat_id` per projection, the outputs weighted and summed; plus the
-    /// gated shared expert where there is one.
+    /// the router (with its bias where there is one) picks the `n_used` experts of each token
+    /// as [`Routing`] says (soft-max probabilities renormalized where the architecture asks,
+    /// or a soft-max over the selected logits), each selected expert's gated FFN runs through
+    /// one `mul_mat_id` per projection (plus each expert's biases), the outputs are weighted
+    /// and summed; plus the gated shared expert where there is one.
     fn moe_ffn(&mut self, l: usize, cur: TensorId, moe: &Moe) -> Result<TensorId> {
         let cfg = self.src.cfg;
         let (d, n) = (cfg.n_embd, self.g.get(cur).ne[1]);
         let (ne, nu, ff) = (moe.n_expert, moe.n_used, moe.n_ff_exp);
         let router = self.lw(l, "ffn_gate_inp", &[d, ne])?;
-        let logits = self.g.mul_mat(router, cur)?;
-        let probs = self.g.soft_max_ext(logits, None, 1.0, 0.0)?;
-        let selected = self.g.top_k(probs, nu)?;
-        let probs = self.g.reshape(probs, &[1, ne, n])?;
-        let mut weights = self.g.get_rows(probs, selected)?;
+        let mut logits = self.g.mul_mat(router, cur)?;
+        if moe.biases {
+            let bias = self.lb(l, "ffn_gate_inp", &[ne])?;
+            logits = self.g.add(logits, bias)?;
+        }
+        let scores = match moe.routing {
+            Routing::SoftMax => self.g.soft_max_ext(logits, None, 1.0, 0.0)?,
+            Routing::TopKSoftMax => logits,
+        };
+        let selected = self.g.top_k(scores, nu)?;
+        let scores = self.g.reshape(scores, &[1, ne, n])?;
+        let mut weights = self.g.get_rows(scores, selected)?;
+        if moe.routing == Routing::TopKSoftMax {
+            let w = self.g.reshape(weights, &[nu, n])?;
+            let w = self.g.soft_max_ext(w, None, 1.0, 0.0)?;
+            weights = self.g.reshape(w, &[1, nu, n])?;
+        }
         if moe.norm_weights {
             let w = self.g.reshape(weights, &[nu, n])?;
             let sum = self.g.sum_rows(w)?;
@@ -273,9 +316,15 @@ impl Builder<'_> {
         let wu = self.lw(l, "ffn_up_exps", &[d, ff, ne])?;
         let wd = self.lw(l, "ffn_down_exps", &[ff, d, ne])?;
         let gate = self.g.mul_mat_id(wg, x, selected)?;
+        let gate = self.expert_bias(l, gate, "ffn_gate_exps", moe, selected)?;
         let up = self.g.mul_mat_id(wu, x, selected)?;
-        let act = self.g.glu_split(gate, up, cfg.block.ffn_act)?;
+        let up = self.expert_bias(l, up, "ffn_up_exps", moe, selected)?;
+        let act = match moe.swiglu_oai {
+            Some([alpha, limit]) => self.g.swiglu_oai(gate, up, alpha, limit)?,
+            None => self.g.glu_split(gate, up, cfg.block.ffn_act)?,
+        };
         let down = self.g.mul_mat_id(wd, act, selected)?;
+        let down = self.expert_bias(l, down, "ffn_down_exps", moe, selected)?;
         let weighted = self.g.mul(down, weights)?;
         let nb = self.g.get(weighted).nb;
         let mut out = self.g.view(weighted, &[d, n], &[nb[2]], 0)?;
@@ -369,7 +418,7 @@ pub fn build_head(
         let att = b.attention(l, cur, &io, factors, shape)?;
         x = b.residual(x, att, post(l, "post_attention_norm"))?;
 
-        let cur = b.norm(x, &format!("blk.{l}.ffn_norm.weight"))?;
+        let cur = b.norm(x, &format!("blk.{l}.{}.weight", cfg.block.ffn_norm))?;
         let ffn = match &cfg.moe {
             Some(moe) => b.moe_ffn(l, cur, moe)?,
             None => b.ffn(l, cur)?,

@@ -282,6 +282,7 @@ impl Sharding {
             "attn_q.bias" => SplitState::split(0, self.q_rows()),
             "attn_k.bias" | "attn_v.bias" => self.kv_rows_state(0),
             "attn_output.weight" => SplitState::split(0, self.q_rows()),
+            "attn_sinks.weight" => SplitState::split(0, self.q_heads.clone()),
             "ffn_gate.weight" | "ffn_up.weight" => SplitState::split(1, self.ffn.clone()),
             "ffn_down.weight" => SplitState::split(0, self.ffn.clone()),
             "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"

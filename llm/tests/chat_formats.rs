@@ -27,7 +27,7 @@ fn builtin_formats_render_as_llama_cpp() {
     let d = data();
     let conversations = d["conversations"].as_object().unwrap();
     let renders = d["renders"].as_object().unwrap();
-    assert_eq!(renders.len(), 14);
+    assert_eq!(renders.len(), 15);
     let mut failures = Vec::new();
     let mut count = 0;
     for (name, cases) in renders {
@@ -46,7 +46,7 @@ fn builtin_formats_render_as_llama_cpp() {
             }
         }
     }
-    assert_eq!(count, 14 * 4 * 2);
+    assert_eq!(count, 15 * 4 * 2);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -4,7 +4,9 @@
 //! norms keep its attention whole on every part, as do heads the ratios cannot divide). The
 //! models are F32, so split or not the logits agree to rounding (within 0.1 against a spread of
 //! about 24; a wrong expert or a lost sum moves them by tens) and greedy gives the CPU's tokens
-//! up to the CPU's first near-tie.
+//! up to the CPU's first near-tie. gpt-oss-small's experts are MXFP4, whose products round
+//! their input rows to Q8_0 (as llama.cpp's do): the summation order of a split attention moves
+//! some values across a rounding step, and its logits agree within 0.3.
 //! Parts are CPUs, and a CPU with each GPU device present (lavapipe in CI: meta:cpu,wgpu:0).
 
 mod common;
@@ -26,11 +28,12 @@ use common::argmax;
 const PROMPT: &str =
     "Once upon a time, in a small village by the sea, there lived an old fisherman";
 const STEPS: usize = 12;
-const MODELS: [Like; 4] = [
+const MODELS: [Like; 5] = [
     Like::MixtralSmall,
     Like::Qwen2MoeSmall,
     Like::Qwen3MoeSmall,
     Like::OlmoeSmall,
+    Like::GptOssSmall,
 ];
 
 fn cpu() -> Arc<dyn Device> {
@@ -112,7 +115,8 @@ fn compare(tag: &str, metas: &dyn Fn() -> Vec<(Vec<f64>, Arc<dyn Device>)>) -> V
                 dev.name(),
                 sh.experts()
             );
-            if worst > 0.1 || same < tie {
+            let tol = if like == Like::GptOssSmall { 0.3 } else { 0.1 };
+            if worst > tol || same < tie {
                 failed.push(format!("{} on {} {ratios:?}", like.name(), dev.name()));
             }
         }

@@ -379,6 +379,21 @@ fn synth_small_models_of_every_architecture_have_llama_cpps_layout() {
                 per_block.push(("attn_q_norm.weight", vec![nq]));
                 per_block.push(("attn_k_norm.weight", vec![nkv]));
             }
+            Like::GptOssSmall => {
+                // gpt-oss: biases everywhere, sinks, the FFN norm named post_attention_norm.
+                let (n, fe) = (e.n_expert as u64, e.n_ff_exp as u64);
+                per_block.retain(|(name, _)| *name != "ffn_norm.weight");
+                per_block.push(("post_attention_norm.weight", vec![d]));
+                per_block.push(("attn_sinks.weight", vec![shape.n_head as u64]));
+                per_block.push(("attn_q.bias", vec![nq]));
+                per_block.push(("attn_k.bias", vec![nkv]));
+                per_block.push(("attn_v.bias", vec![nkv]));
+                per_block.push(("attn_output.bias", vec![d]));
+                per_block.push(("ffn_gate_inp.bias", vec![n]));
+                per_block.push(("ffn_gate_exps.bias", vec![fe, n]));
+                per_block.push(("ffn_up_exps.bias", vec![fe, n]));
+                per_block.push(("ffn_down_exps.bias", vec![d, n]));
+            }
             _ => {}
         }
         match like {
@@ -454,6 +469,21 @@ fn synth_small_models_of_every_architecture_have_llama_cpps_layout() {
             }
             Like::Qwen3Small => {
                 assert_eq!(f.get_u32(&key("attention.key_length")).unwrap(), 64);
+            }
+            Like::GptOssSmall => {
+                assert_eq!(f.get_u32(&key("attention.sliding_window")).unwrap(), 16);
+                assert_eq!(f.get_str(&key("rope.scaling.type")).unwrap(), "yarn");
+                assert_eq!(f.get_f32(&key("rope.scaling.factor")).unwrap(), 32.0);
+                assert_eq!(f.get_str("tokenizer.ggml.pre").unwrap(), "gpt-4o");
+                // The experts are MXFP4 whatever the other matrices are, as OpenAI's files.
+                for l in 0..shape.n_layer {
+                    for p in ["gate", "up", "down"] {
+                        let t = f.tensor(&format!("blk.{l}.ffn_{p}_exps.weight")).unwrap();
+                        assert_eq!(t.dtype, DType::MXFP4);
+                    }
+                    let t = f.tensor(&format!("blk.{l}.attn_q.weight")).unwrap();
+                    assert_eq!(t.dtype, DType::Q8_0);
+                }
             }
             _ => {}
         }

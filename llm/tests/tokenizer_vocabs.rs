@@ -1,6 +1,6 @@
 //! Small synthetic vocabularies against llama.cpp's ids for them
 //! (llm/tests/data/tokenizer/vocabs.json, made by scripts/reference/tokenizer_vocabs.py with
-//! llama-cpp-python 0.3.36): byte-level BPE with the `qwen2` and `llama-bpe` pre-tokenizers,
+//! llama-cpp-python 0.3.36): byte-level BPE with the `qwen2`, `llama-bpe` and `gpt-4o` pre-tokenizers,
 //! whose merges make each word one token and join neighbouring words (so every word boundary
 //! shows in the ids), and a SentencePiece-style vocabulary named like a Phi 3 file (whose
 //! special tokens drop the white space after them). Each vocabulary is written as a GGUF file
@@ -109,7 +109,7 @@ fn bpe_pre_tokenizers_match_llama_cpp() {
     let mut types = vec![1i32; n_normal];
     types.extend(std::iter::repeat_n(3, specials.len()));
     let cases = bpe["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 2);
+    assert_eq!(cases.len(), 3);
     for (pre, cases) in cases {
         let f = gguf(vec![
             ("general.architecture", "qwen2".into()),

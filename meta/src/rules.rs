@@ -426,7 +426,7 @@ pub(crate) fn node_rule(g: &Graph, id: TensorId, eff: &[SplitState]) -> Result<R
             }
             done(x.clone(), as_is(1))
         }
-        Op::Glu { .. } | Op::Concat(_) => {
+        Op::Glu { .. } | Op::SwigluOai { .. } | Op::Concat(_) => {
             let x = split_of(0)
                 .or(split_of(1))
                 .ok_or_else(|| err("no split source".into()))?
@@ -758,7 +758,7 @@ fn mul_mat(
 }
 
 /// flash_attn_ext: by heads (KV heads with their GQA group of query heads), by query rows, or by
-/// batch.
+/// batch. Sinks (one per query head) split with the query heads, and are whole otherwise.
 fn flash_attn(
     g: &Graph,
     id: TensorId,
@@ -773,7 +773,22 @@ fn flash_attn(
     let first = (0..3)
         .find_map(split_of)
         .ok_or_else(|| err("the mask is split but q, k and v are not".into()))?;
-    let has_mask = t.src.len() > 3;
+    let sinks = matches!(t.op, Op::FlashAttnExt { sinks: true, .. });
+    let has_mask = t.src.len() > 3 + usize::from(sinks);
+    let sinks_at = 3 + usize::from(has_mask);
+    let whole_sinks = |uses: &mut Vec<SrcUse>| -> Result<()> {
+        if sinks {
+            uses.push(match &eff[sinks_at] {
+                SplitState::Mirrored => SrcUse::AsIs,
+                s => {
+                    return Err(err(format!(
+                        "the sinks are {s}, but every part attends with every head's"
+                    )))
+                }
+            });
+        }
+        Ok(())
+    };
     let mask_use = |x: &AxisSplit, longer: bool| -> Result<SrcUse> {
         if !has_mask {
             return Ok(SrcUse::AsIs);
@@ -829,6 +844,9 @@ fn flash_attn(
             if has_mask {
                 uses.push(mask_use(&xq, false)?);
             }
+            if sinks {
+                uses.push(fit_or(sinks_at, &xq.on_axis(0), false)?);
+            }
             Ok(Rule::Done(SplitState::Split(xq.on_axis(1)), uses))
         }
         1 => {
@@ -849,6 +867,7 @@ fn flash_attn(
             if has_mask {
                 uses.push(mask_use(&x, true)?);
             }
+            whole_sinks(&mut uses)?;
             Ok(Rule::Done(SplitState::Split(x.on_axis(2)), uses))
         }
         3 => {
@@ -861,6 +880,7 @@ fn flash_attn(
             if has_mask {
                 uses.push(mask_use(&x, false)?);
             }
+            whole_sinks(&mut uses)?;
             Ok(Rule::Done(SplitState::Split(x), uses))
         }
         _ => Err(err(

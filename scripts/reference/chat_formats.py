@@ -17,6 +17,7 @@ import llama_cpp
 FORMATS = [
     "chatml", "gemma", "llama3", "phi3", "granite", "llama2", "llama2-sys", "llama2-sys-bos",
     "llama2-sys-strip", "granite-4.0", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
+    "gpt-oss",
 ]
 
 CONVERSATIONS = {
@@ -49,6 +50,7 @@ TEMPLATES = {
     "phi4": "<|im_start|>{{ m['role'] }}<|im_sep|>{{ m['content'] }}<|im_end|>",
     "granite4": "<|start_of_role|>{{ m['role'] }}<|end_of_role|><tools>",
     "zephyr": "<|user|>{{ content }}<|endoftext|>",
+    "gpt_oss": "<|start|>{{ m['role'] }}<|channel|>final<|message|>{{ m['content'] }}<|end|>",
     "unknown": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
 }
 

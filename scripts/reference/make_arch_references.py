@@ -46,7 +46,13 @@ TYPE = "f16"
 # and a near-tie between two experts' probabilities then picks either (a different expert is a
 # large change, which the logits' near-tie rule cannot see). In F32 both sides route alike.
 MOE_TYPE = "f32"
-MOE_MODELS = ("mixtral-small", "qwen2moe-small", "qwen3moe-small", "olmoe-small")
+MOE_MODELS = (
+    "mixtral-small",
+    "qwen2moe-small",
+    "qwen3moe-small",
+    "olmoe-small",
+    "gpt-oss-small",
+)
 N_CTX = 512
 STEPS = 32
 SETTINGS = dict(
@@ -109,6 +115,7 @@ MODELS = [
     "qwen2moe-small",
     "qwen3moe-small",
     "olmoe-small",
+    "gpt-oss-small",
 ]
 
 
@@ -280,6 +287,7 @@ def controls(name, path, tmp, n_layer):
         "qwen2moe-small": "qwen2moe",
         "qwen3moe-small": "qwen3moe",
         "olmoe-small": "olmoe",
+        "gpt-oss-small": "gpt-oss",
     }
     if name in moe:
         c.append(
@@ -311,6 +319,43 @@ def controls(name, path, tmp, n_layer):
                         f"blk.{i}.attn_{p}_norm.weight": 1.0 for i in blocks for p in "qk"
                     }
                 ),
+            )
+        )
+    if name == "gpt-oss-small":
+        c.append(
+            (
+                "attention sinks ignored (all -1e4)",
+                dict(fill={f"blk.{i}.attn_sinks.weight": -1e4 for i in blocks}),
+            )
+        )
+        c.append(
+            (
+                "no sliding window",
+                dict(set_keys={"gpt-oss.attention.sliding_window": 1 << 20}),
+            )
+        )
+        c.append(
+            (
+                "router and expert biases ignored",
+                dict(
+                    fill={
+                        f"blk.{i}.ffn_{p}.bias": 0.0
+                        for i in blocks
+                        for p in ("gate_inp", "gate_exps", "up_exps", "down_exps")
+                    }
+                ),
+            )
+        )
+        c.append(
+            (
+                "attention output bias ignored",
+                dict(fill={f"blk.{i}.attn_output.bias": 0.0 for i in blocks}),
+            )
+        )
+        c.append(
+            (
+                "no YaRN (factor 1)",
+                dict(set_keys={"gpt-oss.rope.scaling.factor": 1.0}),
             )
         )
     out = []

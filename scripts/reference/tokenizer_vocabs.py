@@ -1,8 +1,8 @@
 """Small synthetic vocabularies and llama.cpp's token ids for them, as tokenizer test data.
 
-Byte-level BPE (`gpt2`) vocabularies with the pre-tokenizers `qwen2` (Qwen 2, 2.5 and 3) and
-`llama-bpe` (Llama 3), and a SentencePiece-style (`llama`) vocabulary named like a Phi 3 file,
-are written as vocabulary-only GGUF files and tokenized by llama.cpp (llama-cpp-python 0.3.36,
+Byte-level BPE (`gpt2`) vocabularies with the pre-tokenizers `qwen2` (Qwen 2, 2.5 and 3),
+`llama-bpe` (Llama 3) and `gpt-4o` (gpt-oss), and a SentencePiece-style (`llama`) vocabulary
+named like a Phi 3 file, are written as vocabulary-only GGUF files and tokenized by llama.cpp (llama-cpp-python 0.3.36,
 `vocab_only=True`). The BPE merges make every word of the test strings one token and join
 every two neighbouring words, so that a word boundary placed differently from llama.cpp's
 changes the ids. Writes
@@ -41,6 +41,7 @@ TEXTS = [
     "combining: e\u0301 a\u0308\u0308b",
     "abc123def ABC_DEF-ghi.jkl\n\n\nend.\n",
     "aaaaaaaaaaaaaaaaaaaaaaaa",
+    "HelloWorld XMLHttpRequest iPhone I'M they'LL \"\u00c9clair\" a/b//\n\n  x",
     "",
     " ",
     "\n",
@@ -62,12 +63,13 @@ def byte_chars():
     return [chars[b] for b in range(256)]
 
 
-# The pre-tokenizer patterns of Qwen 2 and Llama 3 as their tokenizer.json files write them
+# The pre-tokenizer patterns of Qwen 2, Llama 3 and GPT-4o as their tokenizer.json files write them
 # (the `regex` module reads them as the Hugging Face tokenizers library does). They only shape
 # the vocabulary: the ids in the data are llama.cpp's.
 PATTERNS = [
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 ]
 
 
@@ -252,7 +254,7 @@ def main(out_path):
         "bpe": {"merges": merges, "specials": SPECIALS, "cases": {}},
     }
     with tempfile.TemporaryDirectory() as d:
-        for pre in ["qwen2", "llama-bpe"]:
+        for pre in ["qwen2", "llama-bpe", "gpt-4o"]:
             path = os.path.join(d, f"{pre}.gguf")
             write_bpe(path, pre, tokens, merges)
             data["bpe"]["cases"][pre] = tokenize(path, TEXTS)

@@ -5,7 +5,8 @@
 //! Shapes (ggml's): q [d, n_q, H, B] F32; k [d, n_kv, H_kv, B_kv] and v [dv, n_kv, H_kv, B_kv]
 //! F32/F16, query head h reading kv head h / (H / H_kv) (grouped-query attention); mask
 //! [n_kv, >= n_q, m2, m3] broadcast over heads and batches. The result is [dv, H, n_q, B].
-//! With a logit softcap c, a score s becomes c * tanh(s / c) before the mask is added.
+//! With a logit softcap c, a score s becomes c * tanh(s / c) before the mask is added. With
+//! sinks (F32 [H]), head h's sink joins each row's soft-max as one more logit with no value.
 
 use tessera_core::{Error, Result};
 
@@ -43,6 +44,7 @@ pub(crate) fn run(
     dst: &TView,
     [q, k, v]: [&TView; 3],
     mask: Option<&TView>,
+    sinks: Option<&TView>,
 ) -> Result<()> {
     let (d, n_q, heads, batches) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let (dv, n_kv) = (v.ne[0], k.ne[1]);
@@ -53,7 +55,8 @@ pub(crate) fn run(
         && heads.checked_rem(k.ne[2]) == Some(0)
         && batches.checked_rem(k.ne[3]) == Some(0)
         && dst.ne == [dv, heads, n_q, batches]
-        && mask.is_none_or(|m| m.ne[0] == n_kv && m.ne[1] >= n_q);
+        && mask.is_none_or(|m| m.ne[0] == n_kv && m.ne[1] >= n_q)
+        && sinks.is_none_or(|s| s.ne == [heads, 1, 1, 1]);
     if !fits {
         return Err(Error::Invalid(format!(
             "flash_attn_ext: q {:?}, k {:?}, v {:?}, mask {:?} -> {:?} do not fit",
@@ -66,6 +69,14 @@ pub(crate) fn run(
     }
     let (gqa, bqa) = (heads / k.ne[2], batches / k.ne[3]);
     let q_blocks = n_q.div_ceil(QUERY_BLOCK);
+    let sink_logits = match sinks {
+        Some(s) => {
+            let mut row = vec![0f32; heads];
+            s.load_row([0, 0, 0], &mut row)?;
+            Some(row)
+        }
+        None => None,
+    };
     // With a softcap, the scale is applied inside the tanh.
     let (scale, cap) = if p.softcap != 0.0 {
         (p.scale / p.softcap, p.softcap)
@@ -154,9 +165,16 @@ pub(crate) fn run(
                         }
                     }
                 }
+                // A sink adds exp(sink - max) to the sum and nothing to the values; a sum that
+                // overflows leaves the row 0, as the keys' share of it is.
+                let sink = sink_logits.as_ref().map(|l| l[h]);
                 for (r, iq) in rows.enumerate() {
                     let s = &state[r];
-                    let inv = if s.sum == 0.0 { 0.0 } else { 1.0 / s.sum };
+                    let sum = match sink {
+                        Some(l) => s.sum + (l - s.max).exp(),
+                        None => s.sum,
+                    };
+                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                     for (o, &a) in out.iter_mut().zip(&s.acc) {
                         *o = a * inv;
                     }

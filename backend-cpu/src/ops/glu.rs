@@ -1,5 +1,5 @@
 //! Gated linear units: `act(gate) * up`, from one tensor whose rows hold both halves or from
-//! two tensors of one shape.
+//! two tensors of one shape; and gpt-oss's clamped SwiGLU of two tensors.
 
 use tessera_core::{GluOp, Result};
 
@@ -40,6 +40,34 @@ pub(crate) fn run(
                 *o = act(g) * u;
             }
             dst.store_row(i, &out)?;
+        }
+        Ok(())
+    })
+}
+
+/// gpt-oss's clamped SwiGLU: x * sigmoid(alpha * x) * (y + 1) with x = min(gate, limit) and
+/// y = clamp(up, -limit, limit).
+pub(crate) fn swiglu_oai(
+    dst: &TView,
+    gate: &TView,
+    up: &TView,
+    alpha: f32,
+    limit: f32,
+) -> Result<()> {
+    let n = dst.ne[0];
+    for_ranges(dst.nrows(), n * 8, |rows| {
+        let mut rg = vec![0f32; n];
+        let mut ru = vec![0f32; n];
+        for r in rows {
+            let i = dst.row_index(r);
+            gate.load_row(i, &mut rg)?;
+            up.load_row(i, &mut ru)?;
+            for (g, &u) in rg.iter_mut().zip(&ru) {
+                let x = g.min(limit);
+                let y = u.clamp(-limit, limit);
+                *g = x / (1.0 + (-alpha * x).exp()) * (y + 1.0);
+            }
+            dst.store_row(i, &rg)?;
         }
         Ok(())
     })

@@ -118,6 +118,7 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
         Op::Binary(_) => float(s(0)?) && float(s(1)?) && float(t.dtype),
         Op::Scale { .. } | Op::Unary(_) | Op::Clamp { .. } => float(s(0)?) && float(t.dtype),
         Op::Glu { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() == 1 || float(s(1)?)),
+        Op::SwigluOai { .. } => s(0)? == DType::F32 && s(1)? == DType::F32 && t.dtype == DType::F32,
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::DiagMaskInf(_) => float(s(0)?) && float(t.dtype),
         Op::SoftMax { .. } => float(s(0)?) && float(t.dtype) && (t.src.len() < 2 || float(s(1)?)),
         Op::Rope(_) => {
@@ -126,11 +127,13 @@ pub(crate) fn check(graph: &Graph, id: TensorId) -> Result<()> {
                 && s(1)? == DType::I32
                 && (t.src.len() < 3 || s(2)? == DType::F32)
         }
-        Op::FlashAttnExt { .. } => {
+        Op::FlashAttnExt { sinks, .. } => {
+            let n_src = t.src.len() - usize::from(*sinks);
             float(s(0)?)
                 && float(s(1)?)
                 && float(s(2)?)
-                && (t.src.len() < 4 || float(s(3)?))
+                && (n_src < 4 || float(s(3)?))
+                && (!sinks || s(n_src)? == DType::F32)
                 && t.dtype == DType::F32
         }
         Op::Concat(dim) => *dim < 4 && !s(0)?.is_quantized() && s(1)? == s(0)? && t.dtype == s(0)?,
@@ -210,6 +213,7 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
             unary::map(&dst, &src(0)?, move |x| x.max(lo).min(hi))
         }
         Op::Glu { op, swapped } => glu::run(*op, *swapped, &dst, &src(0)?, opt(1)?.as_ref()),
+        Op::SwigluOai { alpha, limit } => glu::swiglu_oai(&dst, &src(0)?, &src(1)?, *alpha, *limit),
         Op::RmsNorm { eps } => norm::rms_norm(&dst, &src(0)?, *eps),
         Op::Norm { eps } => norm::norm(&dst, &src(0)?, *eps),
         Op::SoftMax { scale, max_bias } => {
@@ -221,16 +225,24 @@ pub(crate) fn run(ctx: &Ctx, graph: &Graph, id: TensorId) -> Result<()> {
             scale,
             max_bias,
             logit_softcap,
-        } => attention::run(
-            &attention::Params {
-                scale: *scale,
-                max_bias: *max_bias,
-                softcap: *logit_softcap,
-            },
-            &dst,
-            [&src(0)?, &src(1)?, &src(2)?],
-            opt(3)?.as_ref(),
-        ),
+            sinks,
+        } => {
+            // The sinks are the last source, after the optional mask.
+            let n_src = t.src.len() - usize::from(*sinks);
+            let mask = if n_src > 3 { Some(src(3)?) } else { None };
+            let sinks = if *sinks { Some(src(n_src)?) } else { None };
+            attention::run(
+                &attention::Params {
+                    scale: *scale,
+                    max_bias: *max_bias,
+                    softcap: *logit_softcap,
+                },
+                &dst,
+                [&src(0)?, &src(1)?, &src(2)?],
+                mask.as_ref(),
+                sinks.as_ref(),
+            )
+        }
         Op::Concat(dim) => shape::concat(&dst, &src(0)?, &src(1)?, *dim),
         Op::Repeat => shape::repeat(&dst, &src(0)?),
         Op::Pad(_) => shape::pad(&dst, &src(0)?),

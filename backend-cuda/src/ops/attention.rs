@@ -2,7 +2,7 @@
 //! and attention_merge.cu (merging split partials), with attention.cuh's shared parameters.
 
 use tessera_core::dtype::DType;
-use tessera_core::{Result, TensorId};
+use tessera_core::{Op, Result, TensorId};
 
 use super::norm::alibi;
 use super::{params, Encoder, COUNTER_BYTES};
@@ -48,7 +48,9 @@ pub(super) fn flash_attn(
     let t = enc.graph.get(id);
     let (q, k, v) = (t.src[0], t.src[1], t.src[2]);
     let (tq, tk, tv) = (enc.graph.get(q), enc.graph.get(k), enc.graph.get(v));
-    let mask = t.src.get(3).copied();
+    let sinks = matches!(t.op, Op::FlashAttnExt { sinks: true, .. });
+    let n_src = t.src.len() - usize::from(sinks);
+    let mask = (n_src > 3).then(|| t.src[3]);
     let (qa, ka, va, da) = (enc.arg(q)?, enc.arg(k)?, enc.arg(v)?, enc.arg(id)?);
     let (ma, mask_type) = match mask {
         Some(m) => (
@@ -87,6 +89,9 @@ pub(super) fn flash_attn(
             .clamp(1, 256)
     };
     let mut p = params(da, &[qa, ka, va, ma]);
+    if sinks {
+        p.t[5] = enc.arg(t.src[n_src])?;
+    }
     p.f[0] = if softcap != 0.0 {
         scale / softcap
     } else {

@@ -91,3 +91,15 @@ pub(super) fn glu(enc: &mut Encoder, id: TensorId, op: GluOp, swapped: bool) -> 
     let name = format!("glu_{}", t.dtype.name());
     enc.launch_elems("glu", &name, d.ne, p)
 }
+
+/// gpt-oss's clamped SwiGLU of two f32 tensors of dst's shape.
+pub(super) fn swiglu_oai(enc: &mut Encoder, id: TensorId, alpha: f32, limit: f32) -> Result<()> {
+    let t = enc.graph.get(id);
+    let d = enc.arg(id)?;
+    let a = enc.arg(t.src[0])?;
+    let b = enc.arg(t.src[1])?;
+    let mut p = params(d, &[a, b]);
+    p.f[0] = alpha;
+    p.f[1] = limit;
+    enc.launch_elems("glu", "swiglu_oai_f32", d.ne, p)
+}

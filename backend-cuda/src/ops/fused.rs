@@ -62,6 +62,7 @@ fn attn_q8(enc: &mut Encoder, nodes: &[TensorId], m: &AttnMulMat) -> Result<bool
         scale,
         max_bias,
         logit_softcap,
+        ..
     } = ta.op
     else {
         return Ok(false);

@@ -373,6 +373,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
             scale,
             max_bias,
             logit_softcap,
+            ..
         } => attention::flash_attn(enc, id, scale, max_bias, logit_softcap, false).map(|_| ()),
         Op::Concat(dim) => misc::concat(enc, id, dim),
         Op::Repeat => misc::repeat(enc, id),
@@ -391,6 +392,7 @@ pub(crate) fn encode_node(enc: &mut Encoder, id: TensorId) -> Result<()> {
         Op::AddId => moe::add_id(enc, id),
         Op::Argsort { descending } => moe::sort(enc, id, descending),
         Op::TopK(_) => moe::sort(enc, id, true),
+        Op::SwigluOai { alpha, limit } => elementwise::swiglu_oai(enc, id, alpha, limit),
     }
 }
 
@@ -418,6 +420,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> bool {
             t.dtype == DType::F32
         }
         Op::Rope(_) => matches!(t.dtype, DType::F32 | DType::F16),
+        Op::SwigluOai { .. } => t.dtype == DType::F32,
         Op::FlashAttnExt { .. } => match (src(0), src(2)) {
             (Some(q), Some(v)) => {
                 q.ne[0] <= 256

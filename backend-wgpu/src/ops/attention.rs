@@ -70,13 +70,20 @@ pub(super) fn soft_max(
     Ok(per_row(key, bind, p, t.nrows()))
 }
 
-/// Flash attention of q (src0) over k and v (src1, src2) with an optional mask (src3);
-/// `sbc`: its scale, max_bias and logit_softcap.
-pub(super) fn flash_attn(n: &Node, mut p: Params, sbc: [f32; 3]) -> Result<Vec<PlanOut>, String> {
+/// Flash attention of q (src0) over k and v (src1, src2) with an optional mask (src3) and,
+/// where `sinks`, the sinks (the last source, bound as binding 5); `sbc`: its scale, max_bias
+/// and logit_softcap.
+pub(super) fn flash_attn(
+    n: &Node,
+    mut p: Params,
+    sbc: [f32; 3],
+    sinks: bool,
+) -> Result<Vec<PlanOut>, String> {
     let (gpu, graph, id, t) = (n.gpu, n.graph, n.id, n.t);
     let [scale, max_bias, logit_softcap] = sbc;
     let (q, k, v) = (n.srcs[0], n.srcs[1], n.srcs[2]);
-    let mask = n.srcs.get(3).map(|m| m.dtype);
+    let n_src = t.src.len() - usize::from(sinks);
+    let mask = (n_src > 3).then(|| n.srcs[3].dtype);
     let need = q.ne[0].max(v.ne[0]) as u32;
     let Some(&dmax) = FA_DMAX.iter().find(|&&d| d >= need) else {
         return Err(format!(
@@ -95,6 +102,7 @@ pub(super) fn flash_attn(n: &Node, mut p: Params, sbc: [f32; 3]) -> Result<Vec<P
         v: v.dtype,
         mask: mask.unwrap_or(DType::F32),
         dmax,
+        sinks,
     };
     let groups = q.ne[1] * q.ne[2] * q.ne[3];
     p.f[0] = scale;
@@ -103,19 +111,22 @@ pub(super) fn flash_attn(n: &Node, mut p: Params, sbc: [f32; 3]) -> Result<Vec<P
     p.u[0] = groups as u32;
     p.u[1] = u32::from(mask.is_some());
     p.u[3] = (q.ne[2] / k.ne[2]) as u32;
-    p.off4[1] = (q.ne[3] / k.ne[3]) as u32;
+    p.h[2] = (q.ne[3] / k.ne[3]) as u32;
     if mask.is_none() {
         p.desc[4] = [1, 1, 1, 1, 0, 0, 0, 0];
     }
-    let bind = [
+    let mut bind = [
         id,
         t.src[0],
         t.src[1],
         t.src[2],
-        t.src.get(3).copied().unwrap_or(id),
+        if n_src > 3 { t.src[3] } else { id },
     ]
     .map(Bind::whole)
     .to_vec();
+    if sinks {
+        bind.push(Bind::whole(t.src[n_src]));
+    }
     let one = |key: Key, params: Params, groups: usize| {
         Ok(vec![PlanOut {
             variant: Variant::new(key),
@@ -173,7 +184,9 @@ pub(super) fn flash_attn(n: &Node, mut p: Params, sbc: [f32; 3]) -> Result<Vec<P
             },
         ]);
     }
+    // The cooperative-matrix prefill takes no sinks (`main` does).
     if gpu.coop
+        && !sinks
         && dmax <= FA_PREFILL_DMAX
         && fa_prefill_fits(gpu.limits.max_compute_workgroup_storage_size, dmax)
         && q.ne[0].is_multiple_of(16)
@@ -264,6 +277,7 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                         v: val,
                         mask,
                         dmax,
+                        sinks: false,
                     };
                     for wg in FA_WG {
                         v.push(Key::FlashAttn(FlashAttnKey { attn, wg }));
@@ -282,6 +296,31 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                             }));
                         }
                     }
+                }
+            }
+        }
+    }
+    // With sinks: f16 masks, k and v of one type.
+    for kv in [DType::F32, DType::F16] {
+        for dmax in FA_DMAX {
+            let attn = Attn {
+                k: kv,
+                v: kv,
+                mask: DType::F16,
+                dmax,
+                sinks: true,
+            };
+            for wg in FA_WG {
+                v.push(Key::FlashAttn(FlashAttnKey { attn, wg }));
+            }
+            for wide in [[false, false], [true, true]] {
+                for split in [true, false] {
+                    v.push(Key::FlashAttnDecode(FlashAttnDecodeKey {
+                        attn,
+                        subgroups,
+                        wide,
+                        split,
+                    }));
                 }
             }
         }

@@ -100,8 +100,34 @@ pub(super) fn glu(
     p.u[1] = u32::from(n.srcs.len() == 2);
     p.u[2] = u32::from(swapped);
     let up = t.src.get(1).copied().unwrap_or(n.id);
-    let key = Key::Glu(GluKey { op, t: a });
+    let key = Key::Glu(GluKey {
+        op,
+        t: a,
+        oai: false,
+    });
     Ok(ew(key, vec![n.id, t.src[0], up], p, t.nelements()))
+}
+
+/// gpt-oss's clamped SwiGLU of two f32 sources.
+pub(super) fn swiglu_oai(
+    n: &Node,
+    mut p: Params,
+    alpha: f32,
+    limit: f32,
+) -> Result<Vec<PlanOut>, String> {
+    let t = n.t;
+    if n.srcs.iter().any(|s| s.dtype != DType::F32) || t.dtype != DType::F32 {
+        return Err("clamped swiglu of f32 only".into());
+    }
+    p.u[1] = 1;
+    p.f[0] = alpha;
+    p.f[1] = limit;
+    let key = Key::Glu(GluKey {
+        op: GluOp::Swiglu,
+        t: DType::F32,
+        oai: true,
+    });
+    Ok(ew(key, vec![n.id, t.src[0], t.src[1]], p, t.nelements()))
 }
 
 /// Every unary-family key the plans can ask for.
@@ -154,8 +180,13 @@ pub(super) fn glu_variants() -> Vec<Key> {
     let mut v = Vec::new();
     for op in [GluOp::Swiglu, GluOp::Geglu] {
         for t in [DType::F32, DType::F16] {
-            v.push(Key::Glu(GluKey { op, t }));
+            v.push(Key::Glu(GluKey { op, t, oai: false }));
         }
     }
+    v.push(Key::Glu(GluKey {
+        op: GluOp::Swiglu,
+        t: DType::F32,
+        oai: true,
+    }));
     v
 }

@@ -8,7 +8,7 @@
 
 use tessera_core::{Error, Result};
 
-use crate::config::{Meta, ModelConfig, Moe};
+use crate::config::{Meta, ModelConfig, Moe, Routing};
 
 /// The experts of a file: `expert_count` and `expert_used_count` (both required, used at
 /// most the count), each expert `expert_feed_forward_length` wide (or `n_ff_default`).
@@ -40,6 +40,9 @@ pub(super) fn read_moe(
         n_ff_exp: m.usize_or("expert_feed_forward_length", n_ff_default)?,
         norm_weights,
         shared_ff,
+        routing: Routing::SoftMax,
+        biases: false,
+        swiglu_oai: None,
     })
 }
 

@@ -35,6 +35,9 @@ pub enum Arch {
     Qwen3Moe,
     /// OLMoE: Q and K normed over all heads, a mixture of experts.
     Olmoe,
+    /// gpt-oss: Q/K/V and output biases, attention sinks, a sliding window on even layers,
+    /// YaRN rope, biased experts in MXFP4 (as OpenAI's files hold them) behind a biased router.
+    GptOss,
 }
 
 impl Arch {
@@ -50,6 +53,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Olmoe => "olmoe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -66,6 +70,7 @@ impl Arch {
             Arch::Qwen2Moe => "Qwen 2 MoE",
             Arch::Qwen3Moe => "Qwen 3 MoE",
             Arch::Olmoe => "OLMoE",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -81,7 +86,10 @@ impl Arch {
 
     /// Whether every layer's feed-forward is a mixture of experts.
     fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe)
+        matches!(
+            self,
+            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe | Arch::GptOss
+        )
     }
 }
 
@@ -127,6 +135,14 @@ pub enum RopeScaling {
         low_freq_factor: f32,
         /// Wavelengths under `original_context / high_freq_factor` are kept.
         high_freq_factor: f32,
+        /// The context the model was first trained for.
+        original_context: usize,
+    },
+    /// YaRN (gpt-oss): `rope.scaling.type` yarn, `rope.scaling.factor` and
+    /// `rope.scaling.original_context_length`.
+    Yarn {
+        /// The context scale.
+        factor: f32,
         /// The context the model was first trained for.
         original_context: usize,
     },
@@ -548,6 +564,64 @@ impl ArchShape {
         ..SMALL
     };
 
+    /// gpt-oss-style small model: 4 layers (window, global, window, global), 8 query heads of
+    /// 64 over 2 KV heads (queries 512 wide), a window of 16, rope base 150000 with YaRN 32
+    /// from 4096 as gpt-oss's, 16 experts of width 128, 4 per token, separate output.
+    pub const GPT_OSS_SMALL: ArchShape = ArchShape {
+        arch: Arch::GptOss,
+        n_layer: 4,
+        n_ff: 128,
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ctx_train: 131_072,
+        rope_base: 150_000.0,
+        rope_scaling: RopeScaling::Yarn {
+            factor: 32.0,
+            original_context: 4096,
+        },
+        sliding_window: 16,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 16,
+            n_used: 4,
+            n_ff_exp: 128,
+            n_ff_shared: 0,
+        },
+        ..SMALL
+    };
+
+    /// gpt-oss-20b: width 2880, 24 layers, 64 query and 8 KV heads of 64, window 128, 32
+    /// experts of width 2880, 4 per token, vocabulary 201088, rope base 150000 with YaRN 32
+    /// from 4096, separate output.
+    pub const GPT_OSS_20B: ArchShape = ArchShape {
+        arch: Arch::GptOss,
+        n_embd: 2880,
+        n_layer: 24,
+        n_ff: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_vocab: 201_088,
+        n_ctx_train: 131_072,
+        rope_base: 150_000.0,
+        rope_scaling: RopeScaling::Yarn {
+            factor: 32.0,
+            original_context: 4096,
+        },
+        rms_eps: 1e-5,
+        sliding_window: 128,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        tied_output: false,
+        experts: Experts {
+            n_expert: 32,
+            n_used: 4,
+            n_ff_exp: 2880,
+            n_ff_shared: 0,
+        },
+    };
+
     /// Checks that the shape makes a file llama.cpp and the runner can load.
     pub(super) fn check(&self) -> Result<()> {
         let bad = |why: String| Err(Error::Invalid(format!("synthetic shape {self:?}: {why}")));
@@ -608,8 +682,19 @@ impl ArchShape {
             return bad("OLMoE's K norm is as wide as the model: no grouped KV heads".into());
         }
         let gemma = matches!(self.arch, Arch::Gemma2 | Arch::Gemma3);
-        if gemma && self.sliding_window == 0 {
-            return bad("Gemma files need a sliding window".into());
+        if (gemma || self.arch == Arch::GptOss) && self.sliding_window == 0 {
+            return bad(format!("{} files need a sliding window", self.arch.name()));
+        }
+        if self.arch == Arch::GptOss {
+            if self.tied_output {
+                return bad("llama.cpp's gpt-oss loader requires output.weight".into());
+            }
+            let mx = DType::MXFP4.block_size();
+            if !(self.n_embd.is_multiple_of(mx) && e.n_ff_exp.is_multiple_of(mx)) {
+                return bad(format!(
+                    "gpt-oss's MXFP4 experts need the width and expert width in blocks of {mx}"
+                ));
+            }
         }
         if self.arch == Arch::Gemma2 && !self.tied_output {
             return bad("llama.cpp's Gemma 2 takes its output from the token embedding".into());
@@ -636,6 +721,14 @@ impl ArchShape {
                 }
                 if !(factor > 0.0 && high_freq_factor > low_freq_factor && original_context > 0) {
                     return bad("Llama 3 rope factors need factor > 0, high > low".into());
+                }
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+            } => {
+                if !(factor > 1.0 && original_context > 0) {
+                    return bad("YaRN needs a factor above 1 and an original context".into());
                 }
             }
             RopeScaling::LongRope { original_context } => {
@@ -950,6 +1043,12 @@ pub(super) fn layout(
     // llama.cpp counts a model of 80 layers with grouped KV heads as 70B.
     let big_attn_v = shape.n_layer == 80 && shape.n_head_kv != shape.n_head;
 
+    // YaRN multiplies queries and keys by its magnitude 1 + 0.1 ln(factor): their matrices are
+    // that much smaller, so that attention is as peaked as the other models'.
+    let yarn_magnitude = match shape.rope_scaling {
+        RopeScaling::Yarn { factor, .. } => 1.0 + 0.1 * factor.ln(),
+        _ => 1.0,
+    };
     let matrix_ne = |name: String, layer: usize, ne: Vec<u64>| -> Result<Plan> {
         let ne0 = ne[0];
         let role = Role::of(&name).expect("a matrix name");
@@ -961,9 +1060,13 @@ pub(super) fn layout(
             gqa: shape.n_head / shape.n_head_kv.max(1),
         };
         let dtype = ty.matrix_type(&name, role, &place, ne0)?;
+        let gain = match role {
+            Role::AttnQ | Role::AttnK => role.gain() / yarn_magnitude,
+            _ => role.gain(),
+        };
         let std = match weights {
             Weights::Flat => 0.02,
-            Weights::Scaled => role.gain() / (ne0 as f32).sqrt(),
+            Weights::Scaled => gain / (ne0 as f32).sqrt(),
         };
         Ok(Plan::random(name, dtype, ne, 0.0, std))
     };
@@ -997,9 +1100,22 @@ pub(super) fn layout(
             plans.push(Plan::values("rope_factors_long.weight".into(), long));
             plans.push(Plan::values("rope_factors_short.weight".into(), short));
         }
-        RopeScaling::None | RopeScaling::Linear(_) => {}
+        RopeScaling::None | RopeScaling::Linear(_) | RopeScaling::Yarn { .. } => {}
     }
     let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+    let gpt_oss = arch == Arch::GptOss;
+    // gpt-oss's experts are MXFP4 whatever the other matrices are, their down projection a
+    // quarter of the usual scale (the clamped SwiGLU's (up + 1) factor makes its input larger).
+    let expert = |name: String, layer: usize, ne: Vec<u64>, gain: f32| -> Result<Plan> {
+        if !gpt_oss {
+            return matrix_ne(name, layer, ne);
+        }
+        let std = match weights {
+            Weights::Flat => 0.02,
+            Weights::Scaled => gain / (ne[0] as f32).sqrt(),
+        };
+        Ok(Plan::random(name, DType::MXFP4, ne, 0.0, std))
+    };
     for l in 0..shape.n_layer {
         let p = |s: &str| format!("blk.{l}.{s}.weight");
         plans.push(norm(p("attn_norm"), d, 1.0));
@@ -1010,7 +1126,7 @@ pub(super) fn layout(
             plans.push(matrix(p("attn_k"), l, d, nkv)?);
             plans.push(matrix(p("attn_v"), l, d, nkv)?);
         }
-        if arch == Arch::Qwen2 {
+        if matches!(arch, Arch::Qwen2 | Arch::GptOss) {
             plans.push(bias(format!("blk.{l}.attn_q.bias"), nq, 0.5));
             plans.push(bias(format!("blk.{l}.attn_k.bias"), nkv, 0.5));
             plans.push(bias(format!("blk.{l}.attn_v.bias"), nkv, 0.1));
@@ -1030,14 +1146,47 @@ pub(super) fn layout(
         if gemma {
             plans.push(norm(p("post_attention_norm"), d, BLOCK_SCALE));
         }
-        plans.push(norm(p("ffn_norm"), d, 1.0));
+        if gpt_oss {
+            // A sink per query head of about the scores' size, the output's bias, and the
+            // feed-forward's norm under gpt-oss's name.
+            let b = |s: &str| format!("blk.{l}.{s}.bias");
+            let heads = shape.n_head as u64;
+            plans.push(Plan::random(
+                p("attn_sinks"),
+                DType::F32,
+                vec![heads],
+                0.0,
+                1.0,
+            ));
+            plans.push(bias(b("attn_output"), d, 0.1));
+            plans.push(norm(p("post_attention_norm"), d, 1.0));
+        } else {
+            plans.push(norm(p("ffn_norm"), d, 1.0));
+        }
         let e = &shape.experts;
         if e.n_expert > 0 {
             let (ne, fe) = (e.n_expert as u64, e.n_ff_exp as u64);
             plans.push(gate_vector(p("ffn_gate_inp"), vec![d, ne], 2.0));
-            plans.push(matrix_ne(p("ffn_gate_exps"), l, vec![d, fe, ne])?);
-            plans.push(matrix_ne(p("ffn_down_exps"), l, vec![fe, d, ne])?);
-            plans.push(matrix_ne(p("ffn_up_exps"), l, vec![d, fe, ne])?);
+            plans.push(expert(p("ffn_gate_exps"), l, vec![d, fe, ne], 1.0)?);
+            plans.push(expert(p("ffn_down_exps"), l, vec![fe, d, ne], 0.25)?);
+            plans.push(expert(p("ffn_up_exps"), l, vec![d, fe, ne], 1.0)?);
+            if gpt_oss {
+                // A bias row per expert; the gate and up biases spread by 2.5, so that the
+                // clamped SwiGLU's limit of 7 cuts the values of some rows.
+                let rows = |s: &str, n: u64, std: f32| {
+                    Plan::random(
+                        format!("blk.{l}.{s}.bias"),
+                        DType::F32,
+                        vec![n, ne],
+                        0.0,
+                        std,
+                    )
+                };
+                plans.push(bias(format!("blk.{l}.ffn_gate_inp.bias"), ne, 0.5));
+                plans.push(rows("ffn_gate_exps", fe, 2.5));
+                plans.push(rows("ffn_down_exps", d, 0.1));
+                plans.push(rows("ffn_up_exps", fe, 2.5));
+            }
             if e.n_ff_shared > 0 {
                 let fs = e.n_ff_shared as u64;
                 plans.push(gate_vector(p("ffn_gate_inp_shexp"), vec![d], 1.0));
@@ -1106,7 +1255,7 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
             m.push((k("vocab_size"), u(shape.n_vocab)));
             m.push((k("rope.dimension_count"), u(shape.head_dim)));
         }
-        Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => {
+        Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::GptOss => {
             m.push((k("attention.key_length"), u(shape.head_dim)));
             m.push((k("attention.value_length"), u(shape.head_dim)));
         }
@@ -1118,7 +1267,7 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
         m.push((k("expert_count"), u(e.n_expert)));
         m.push((k("expert_used_count"), u(e.n_used)));
     }
-    if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Moe) {
+    if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::GptOss) {
         m.push((k("expert_feed_forward_length"), u(e.n_ff_exp)));
     }
     if e.n_ff_shared > 0 {
@@ -1135,6 +1284,17 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
         RopeScaling::Linear(f) => {
             m.push((k("rope.scaling.type"), "linear".into()));
             m.push((k("rope.scaling.factor"), f.into()));
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_context,
+        } => {
+            m.push((k("rope.scaling.type"), "yarn".into()));
+            m.push((k("rope.scaling.factor"), factor.into()));
+            m.push((
+                k("rope.scaling.original_context_length"),
+                u(original_context),
+            ));
         }
         RopeScaling::LongRope { original_context } => {
             m.push((
@@ -1155,7 +1315,11 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
         arch,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe
     );
-    let pre = if qwen { "qwen2" } else { "llama-bpe" };
+    let pre = match arch {
+        _ if qwen => "qwen2",
+        Arch::GptOss => "gpt-4o",
+        _ => "llama-bpe",
+    };
     m.extend([
         ("tokenizer.ggml.model".into(), "gpt2".into()),
         ("tokenizer.ggml.pre".into(), pre.into()),
@@ -1164,7 +1328,10 @@ fn metadata(shape: &ArchShape, ty: SynthType) -> Result<Metadata> {
         ("tokenizer.ggml.merges".into(), v.merges.into()),
         ("tokenizer.ggml.bos_token_id".into(), v.bos.into()),
         ("tokenizer.ggml.eos_token_id".into(), v.eos.into()),
-        ("tokenizer.ggml.add_bos_token".into(), (!qwen).into()),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            (!qwen && arch != Arch::GptOss).into(),
+        ),
         ("tokenizer.chat_template".into(), CHAT_TEMPLATE.into()),
     ]);
     Ok(m)

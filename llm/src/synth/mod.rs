@@ -101,11 +101,15 @@ pub enum Like {
     Qwen3_30bA3b,
     /// [`ArchShape::OLMOE_SMALL`].
     OlmoeSmall,
+    /// [`ArchShape::GPT_OSS_SMALL`].
+    GptOssSmall,
+    /// [`ArchShape::GPT_OSS_20B`].
+    GptOss20b,
 }
 
 impl Like {
     /// Every model, in the order of [`Like::NAMES`].
-    pub const ALL: [Like; 23] = [
+    pub const ALL: [Like; 25] = [
         Like::Smollm2_135m,
         Like::Llama1b,
         Like::Llama8b,
@@ -129,10 +133,12 @@ impl Like {
         Like::Qwen3MoeSmall,
         Like::Qwen3_30bA3b,
         Like::OlmoeSmall,
+        Like::GptOssSmall,
+        Like::GptOss20b,
     ];
 
     /// The names of [`Like::ALL`], as the command line takes them.
-    pub const NAMES: [&'static str; 23] = [
+    pub const NAMES: [&'static str; 25] = [
         "smollm2-135m",
         "llama-1b",
         "llama-8b",
@@ -156,11 +162,13 @@ impl Like {
         "qwen3moe-small",
         "qwen3-30b-a3b",
         "olmoe-small",
+        "gpt-oss-small",
+        "gpt-oss-20b",
     ];
 
     /// The small models, each of its own architecture (or rope scaling), for the tests that
     /// compare every architecture with llama.cpp.
-    pub const SMALL: [Like; 10] = [
+    pub const SMALL: [Like; 11] = [
         Like::Llama3Small,
         Like::Qwen2Small,
         Like::Qwen3Small,
@@ -171,6 +179,7 @@ impl Like {
         Like::Qwen2MoeSmall,
         Like::Qwen3MoeSmall,
         Like::OlmoeSmall,
+        Like::GptOssSmall,
     ];
 
     /// The model's name (`smollm2-135m`, `llama-1b`, ..., `phi3-mini`).
@@ -222,6 +231,8 @@ impl Like {
             Like::Qwen3MoeSmall => ArchShape::QWEN3MOE_SMALL,
             Like::Qwen3_30bA3b => ArchShape::QWEN3_30B_A3B,
             Like::OlmoeSmall => ArchShape::OLMOE_SMALL,
+            Like::GptOssSmall => ArchShape::GPT_OSS_SMALL,
+            Like::GptOss20b => ArchShape::GPT_OSS_20B,
         })
     }
 

@@ -46,6 +46,11 @@ enum Stage {
         /// The most digits in one piece.
         digits: usize,
     },
+    /// GPT-4o (o200k): `[^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+    /// ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`, where U is a letter other than
+    /// a-z, L a letter other than A-Z (a letter outside ASCII is both, as llama.cpp's regexes
+    /// see it) and C a contraction (`'s 't 're 've 'm 'll 'd`, either case) after a word.
+    Gpt4o,
 }
 
 /// A named pre-tokenizer: its stages and the decoding flags llama.cpp ties to the name.
@@ -83,6 +88,7 @@ impl PreTokenizer {
                 (vec![Llama3 { digits: 1 }], false, false)
             }
             "stablelm2" | "megrez" => (vec![Llama3 { digits: 1 }], true, false),
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => (vec![Gpt4o], false, false),
             _ => return None,
         };
         Some(PreTokenizer {
@@ -135,6 +141,7 @@ impl PreTokenizer {
                     Stage::Runs(class, chunk) => split_runs(seg, class, chunk, &mut next),
                     Stage::Gpt2 => split_gpt2(seg, &mut next),
                     Stage::Llama3 { digits } => split_llama3(seg, digits, &mut next),
+                    Stage::Gpt4o => split_gpt4o(seg, &mut next),
                 }
                 start += len;
             }
@@ -343,6 +350,90 @@ fn split_llama3(seg: &[char], digits: usize, out: &mut Vec<usize>) {
     }
 }
 
+/// GPT-4o's "upper" letters: any letter but a-z.
+fn is_upper_word(c: char) -> bool {
+    is_letter(c) && !c.is_ascii_lowercase()
+}
+
+/// GPT-4o's "lower" letters: any letter but A-Z.
+fn is_lower_word(c: char) -> bool {
+    is_letter(c) && !c.is_ascii_uppercase()
+}
+
+/// The end of the run of `class` from `pos`.
+fn run_end(seg: &[char], pos: usize, class: fn(char) -> bool) -> usize {
+    pos + seg[pos..].iter().take_while(|&&c| class(c)).count()
+}
+
+/// The end of GPT-4o's word at `pos` (its two letter alternatives), or None. The leading
+/// character may be anything but a newline, letter or number; then `U*L+` as a backtracking
+/// regex matches it: the longest run of U that a L can follow (a letter outside ASCII is both),
+/// then the run of L; failing that `U+L*`.
+fn gpt4o_word(seg: &[char], pos: usize) -> Option<usize> {
+    let c = seg[pos];
+    let lead = !matches!(c, '\r' | '\n') && !is_letter(c) && !is_number(c);
+    let start = pos + usize::from(lead && seg.get(pos + 1).is_some_and(|&n| is_letter(n)));
+    let upper_end = run_end(seg, start, is_upper_word);
+    let lower_start = (start..=upper_end)
+        .rev()
+        .find(|&k| seg.get(k).is_some_and(|&c| is_lower_word(c)));
+    let end = match lower_start {
+        Some(k) => run_end(seg, k, is_lower_word),
+        None if upper_end > start => run_end(seg, upper_end, is_lower_word),
+        None => return None,
+    };
+    Some(end + contraction_at(seg, end, true))
+}
+
+/// The GPT-4o pattern over one piece.
+fn split_gpt4o(seg: &[char], out: &mut Vec<usize>) {
+    let mut cut = Cutter { out, prev: 0 };
+    let mut pos = 0;
+    while pos < seg.len() {
+        if let Some(end) = gpt4o_word(seg, pos) {
+            pos = end;
+            cut.cut(pos);
+            continue;
+        }
+        let c = seg[pos];
+        let here = class_at(seg, pos);
+        // `\p{N}{1,3}`
+        if here == Some(Class::Number) {
+            let mut run = 0;
+            while class_at(seg, pos) == Some(Class::Number) && run < 3 {
+                pos += 1;
+                run += 1;
+            }
+            cut.cut(pos);
+            continue;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+        let lead = usize::from(c == ' ');
+        if class_at(seg, pos + lead) == Some(Class::Other) {
+            pos += lead;
+            while class_at(seg, pos) == Some(Class::Other) {
+                pos += 1;
+            }
+            while matches!(seg.get(pos), Some('\r' | '\n' | '/')) {
+                pos += 1;
+            }
+            cut.cut(pos);
+            continue;
+        }
+        // `\s*[\r\n]+|\s+(?!\S)|\s+`
+        let n = spaces_from(seg, pos).max(1);
+        let last_newline = seg[pos..pos + n]
+            .iter()
+            .rposition(|&c| c == '\r' || c == '\n');
+        pos += match last_newline {
+            Some(i) => i + 1,
+            None if n > 1 && pos + n < seg.len() => n - 1,
+            None => n,
+        };
+        cut.cut(pos);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +478,20 @@ mod tests {
         assert_eq!(split("llama3", "a \n  b"), ["a", " \n", " ", " b"]);
         assert_eq!(split("llama3", "(x)"), ["(x", ")"]);
         assert_eq!(split("qwen2", "123"), ["1", "2", "3"]);
+    }
+
+    #[test]
+    fn gpt4o_case_runs_contractions_and_digit_groups() {
+        assert_eq!(
+            split("gpt-4o", "HelloWorld XMLHttp iPhone I'M they'LL 12345"),
+            ["Hello", "World", " XMLHttp", " i", "Phone", " I'M", " they'LL", " ", "123", "45"]
+        );
+        assert_eq!(split("gpt-4o", "ABC def"), ["ABC", " def"]);
+        assert_eq!(
+            split("gpt-4o", "a/b//\n\n  x"),
+            ["a", "/b", "//\n\n", " ", " x"]
+        );
+        assert_eq!(split("gpt-4o", "\"Éclair\""), ["\"Éclair", "\""]);
     }
 
     #[test]

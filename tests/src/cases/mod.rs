@@ -6,6 +6,7 @@ mod attn;
 mod binary;
 mod copy;
 mod fused;
+mod gpt_oss;
 mod matmul;
 mod moe;
 mod norm;
@@ -41,6 +42,7 @@ pub fn cases() -> Vec<Case> {
     views::cases(&mut v);
     fused::cases(&mut v);
     moe::cases(&mut v);
+    gpt_oss::cases(&mut v);
     v
 }
 
@@ -165,6 +167,7 @@ mod tests {
             "CLAMP",
             "SWIGLU",
             "GEGLU",
+            "SWIGLU_OAI",
             "RMS_NORM",
             "NORM",
             "SOFT_MAX",

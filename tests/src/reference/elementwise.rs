@@ -100,3 +100,20 @@ pub(super) fn glu(g: &Graph, id: TensorId, op: GluOp, swapped: bool) -> Result<(
     };
     io::write(g, id, &out)
 }
+
+/// gpt-oss's clamped SwiGLU: x * sigmoid(alpha * x) * (y + 1), x = min(gate, limit),
+/// y = clamp(up, -limit, limit).
+pub(super) fn swiglu_oai(g: &Graph, id: TensorId, alpha: f64, limit: f64) -> Result<()> {
+    let (gate, up) = (io::src(g, id, 0)?, io::src(g, id, 1)?);
+    let out: Vec<f64> = gate
+        .v
+        .iter()
+        .zip(&up.v)
+        .map(|(&x, &y)| {
+            let x = x.min(limit);
+            let y = y.clamp(-limit, limit);
+            x / (1.0 + (-alpha * x).exp()) * (y + 1.0)
+        })
+        .collect();
+    io::write(g, id, &out)
+}

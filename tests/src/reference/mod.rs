@@ -101,6 +101,9 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
         Op::Unary(op) => elementwise::map(g, id, |x| elementwise::unary(*op, x)),
         Op::Clamp { min, max } => elementwise::map(g, id, |x| x.clamp(*min as f64, *max as f64)),
         Op::Glu { op, swapped } => elementwise::glu(g, id, *op, *swapped),
+        Op::SwigluOai { alpha, limit } => {
+            elementwise::swiglu_oai(g, id, *alpha as f64, *limit as f64)
+        }
         Op::RmsNorm { eps } => norm::rms_norm(g, id, *eps as f64),
         Op::Norm { eps } => norm::norm(g, id, *eps as f64),
         Op::SoftMax { scale, max_bias } => {
@@ -112,12 +115,14 @@ fn eval(g: &Graph, id: TensorId) -> Result<()> {
             scale,
             max_bias,
             logit_softcap,
+            sinks,
         } => attn::flash_attn_ext(
             g,
             id,
             *scale as f64,
             *max_bias as f64,
             *logit_softcap as f64,
+            *sinks,
         ),
         Op::Concat(dim) => shape::concat(g, id, *dim),
         Op::Repeat => shape::repeat(g, id),

@@ -45,7 +45,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/RESULT gpu /'
 for b in cuda:0 wgpu:0; do
   want ops || break
   step "ops $b" 60 || continue
-  timeout 170 $BIN ops test --backend "$b" > "$L/ops-${b%%:*}.log" 2>&1
+  timeout 300 $BIN ops test --backend "$b" > "$L/ops-${b%%:*}.log" 2>&1
   echo "RESULT ops $b $(tail -1 "$L/ops-${b%%:*}.log")"
   grep -E "FAIL" "$L/ops-${b%%:*}.log" | head -5 | sed "s/^/RESULT ops $b /"
 done

@@ -4,7 +4,8 @@ step where llama.cpp's top-2 gap is below 0.5. The reference is smollm2-greedy.j
 (`prompts`), gemma3-270m-reference.json's (`greedy`) or an architecture's small model's
 (llm/tests/data/arch/NAME.json).
 Usage: gpu_greedy.py BINARY MODEL REFERENCE_JSON DEVICE [DEVICE...]
-GREEDY_ARGS (environment) adds arguments to every generate command (e.g. a layer split).
+GREEDY_ARGS (environment) adds arguments to the generate commands of meta devices (e.g. a
+split mode: a single device refuses one).
 Prints one line per prompt and device, and a summary line per device; exits 1 on a mismatch.
 A near-tie is a gap below 0.5, below 3.0 for gpt-oss-small (as llm/tests/arch_reference.rs:
 llama.cpp's own noise on that model flips near-tied experts while decoding)."""
@@ -32,7 +33,8 @@ for dev in devices:
         tie = next((i for i, g in enumerate(p["gaps"]) if g < near_tie), len(want))
         cmd = [binary, "generate", "--model", model, "--device", dev, "--prompt", p["prompt_text"],
                "--temp", "0", "--max-tokens", str(len(want)), "--ignore-eog", "--json"]
-        cmd += os.environ.get("GREEDY_ARGS", "").split()
+        if dev.startswith("meta:"):
+            cmd += os.environ.get("GREEDY_ARGS", "").split()
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{dev} {p['name']}: FAILED to run: {r.stderr.strip()[-300:]}")

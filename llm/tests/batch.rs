@@ -28,17 +28,6 @@ const STEPS_OTHER: usize = 4;
 const JOIN_AT: usize = 3;
 const CHUNK: usize = 4;
 
-fn top2_gap(v: &[f32]) -> f32 {
-    let best = argmax(v);
-    let second = v
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != best)
-        .map(|(_, &x)| x)
-        .fold(f32::NEG_INFINITY, f32::max);
-    v[best] - second
-}
-
 /// Greedy tokens of `prompt` decoded alone, and the first step whose top-2 gap is below 0.5.
 fn alone(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, usize) {
     let params = ContextParams {

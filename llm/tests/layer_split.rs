@@ -58,29 +58,7 @@ fn load(dev: Arc<dyn Device>, params: &LoadParams) -> tessera::Result<Arc<Model>
 
 /// Greedy tokens and the logits before each.
 fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut ctx = Context::new(model.clone(), context()).unwrap();
-    let mut logits = ctx.eval(prompt, false).unwrap();
-    let (mut toks, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        all.push(std::mem::replace(
-            &mut logits,
-            ctx.eval(&[t], false).unwrap(),
-        ));
-    }
-    (toks, all)
-}
-
-fn margin(logits: &[f32]) -> f32 {
-    let t = argmax(logits);
-    let second = logits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != t)
-        .map(|(_, &v)| v)
-        .fold(f32::MIN, f32::max);
-    logits[t] - second
+    greedy_in(model, context(), prompt, steps)
 }
 
 /// The model's greedy tokens for two of llama.cpp's reference prompts equal the CPU's up to
@@ -96,7 +74,10 @@ fn same_tokens_as_the_cpu(model: &Arc<Model>, steps: usize) {
     {
         let prompt = ids(&p["prompt_ids"]);
         let (want, logits) = greedy(&cpu, &prompt, steps);
-        let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(steps);
+        let tie = logits
+            .iter()
+            .position(|l| top2_gap(l) < 0.5)
+            .unwrap_or(steps);
         let (got, _) = greedy(model, &prompt, steps);
         let matched = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         let name = p["name"].as_str().unwrap();

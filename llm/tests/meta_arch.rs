@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use tessera::cpu::CpuDevice;
 use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{ContextParams, Model};
 
 use common::*;
 
@@ -61,47 +61,16 @@ fn cpu_model(precise: bool) -> Arc<Model> {
 fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     // Batches of 64 keep the sliding-window layers' ring (window + batch, padded) shorter than
     // the long prompt, so that its cells wrap around.
-    let mut ctx = Context::new(
-        model.clone(),
+    greedy_in(
+        model,
         ContextParams {
             n_ctx: (prompt.len() + steps + 1).next_multiple_of(256),
             n_ubatch: 64,
             ..ContextParams::default()
         },
+        prompt,
+        steps,
     )
-    .unwrap();
-    let mut logits = ctx.eval(prompt, false).unwrap();
-    let (mut toks, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        all.push(std::mem::replace(
-            &mut logits,
-            ctx.eval(&[t], false).unwrap(),
-        ));
-    }
-    (toks, all)
-}
-
-/// The gap between the largest and the second largest logit.
-fn margin(logits: &[f32]) -> f32 {
-    let t = argmax(logits);
-    let second = logits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != t)
-        .map(|(_, &v)| v)
-        .fold(f32::MIN, f32::max);
-    logits[t] - second
-}
-
-fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    let num: f64 = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    num / want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
 }
 
 /// The prompts of llama.cpp's Gemma 3 reference.
@@ -179,7 +148,10 @@ fn gemma3_on_cpu_parts_generates_the_cpus_tokens() {
         .iter()
         .map(|(_, p)| {
             let (toks, logits) = greedy(&cpu, p, STEPS);
-            let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(STEPS);
+            let tie = logits
+                .iter()
+                .position(|l| top2_gap(l) < 0.5)
+                .unwrap_or(STEPS);
             (toks, tie)
         })
         .collect();
@@ -208,7 +180,10 @@ fn gemma3_on_cpu_parts_past_the_sliding_window() {
         .find(|(_, p)| p.len() > 600)
         .expect("the long prompt");
     let (toks, logits) = greedy(&cpu, &prompt, STEPS);
-    let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(STEPS);
+    let tie = logits
+        .iter()
+        .position(|l| top2_gap(l) < 0.5)
+        .unwrap_or(STEPS);
     let model = load(cpus(&[0.7, 0.3], false));
     let (got, _) = greedy(&model, &prompt, STEPS);
     let matched = got.iter().zip(&toks).take_while(|(a, b)| a == b).count();
@@ -234,7 +209,7 @@ fn gemma3_on_cpu_and_wgpu_parts_generates_the_cpus_tokens() {
     let prompts = prompts();
     let (name, prompt) = &prompts[0];
     let (toks, logits) = greedy(&cpu, prompt, N);
-    let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(N);
+    let tie = logits.iter().position(|l| top2_gap(l) < 0.5).unwrap_or(N);
     let (got, _) = greedy(&model, prompt, N);
     let matched = got.iter().zip(&toks).take_while(|(a, b)| a == b).count();
     println!(

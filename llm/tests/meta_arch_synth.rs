@@ -7,6 +7,8 @@
 //! nothing is quantized twice, so split or not the logits agree to rounding and greedy gives
 //! the CPU's tokens.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,7 +17,9 @@ use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
 use tessera_core::gguf::{GgufFile, GgufValue, GgufWriter};
 use tessera_core::DType;
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{ContextParams, Model};
+
+use common::{greedy_in, nmse};
 
 const N_EMBD: usize = 256;
 const N_HEAD: usize = 4;
@@ -211,44 +215,15 @@ fn meta(ratios: &[f64]) -> Arc<dyn Device> {
 
 /// Greedy tokens and the logits before each.
 fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut ctx = Context::new(
-        model.clone(),
+    greedy_in(
+        model,
         ContextParams {
             n_ctx: 256,
             ..ContextParams::default()
         },
+        prompt,
+        steps,
     )
-    .unwrap();
-    let mut logits = ctx.eval(prompt, false).unwrap();
-    let (mut toks, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        all.push(std::mem::replace(
-            &mut logits,
-            ctx.eval(&[t], false).unwrap(),
-        ));
-    }
-    (toks, all)
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    let num: f64 = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    num / want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
 }
 
 #[test]

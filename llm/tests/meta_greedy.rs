@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tessera::cpu::CpuDevice;
 use tessera::meta::{MetaDevice, MetaOptions, SplitMode, SplitRatios};
 use tessera::Device;
-use tessera_llm::{Context, ContextParams, Model};
+use tessera_llm::{ContextParams, Model};
 
 use common::*;
 
@@ -43,46 +43,15 @@ fn load(dev: Arc<dyn Device>) -> tessera::Result<Arc<Model>> {
 
 /// Greedy tokens and the logits before each.
 fn greedy(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut ctx = Context::new(
-        model.clone(),
+    greedy_in(
+        model,
         ContextParams {
             n_ctx: 256,
             ..ContextParams::default()
         },
+        prompt,
+        steps,
     )
-    .unwrap();
-    let mut logits = ctx.eval(prompt, false).unwrap();
-    let (mut toks, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let t = argmax(&logits) as u32;
-        toks.push(t);
-        all.push(std::mem::replace(
-            &mut logits,
-            ctx.eval(&[t], false).unwrap(),
-        ));
-    }
-    (toks, all)
-}
-
-/// The gap between the largest and the second largest logit.
-fn margin(logits: &[f32]) -> f32 {
-    let t = argmax(logits);
-    let second = logits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != t)
-        .map(|(_, &v)| v)
-        .fold(f32::MIN, f32::max);
-    logits[t] - second
-}
-
-fn nmse(want: &[f32], got: &[f32]) -> f64 {
-    let num: f64 = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    num / want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
 }
 
 #[test]
@@ -103,7 +72,10 @@ fn meta_devices_of_cpus_generate_the_cpus_tokens() {
         .iter()
         .map(|p| {
             let (toks, logits) = greedy(&cpu, &ids(&p["prompt_ids"]), STEPS);
-            let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(STEPS);
+            let tie = logits
+                .iter()
+                .position(|l| top2_gap(l) < 0.5)
+                .unwrap_or(STEPS);
             (toks, tie)
         })
         .collect();
@@ -264,7 +236,7 @@ fn cpu_and_wgpu_parts_generate_the_cpus_tokens() {
     {
         let prompt = ids(&p["prompt_ids"]);
         let (toks, logits) = greedy(&cpu, &prompt, N);
-        let tie = logits.iter().position(|l| margin(l) < 0.5).unwrap_or(N);
+        let tie = logits.iter().position(|l| top2_gap(l) < 0.5).unwrap_or(N);
         let (got, _) = greedy(&model, &prompt, N);
         let matched = got.iter().zip(&toks).take_while(|(a, b)| a == b).count();
         let name = p["name"].as_str().unwrap();

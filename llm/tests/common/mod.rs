@@ -101,3 +101,47 @@ pub fn non_cpu_devices() -> Vec<Arc<dyn Device>> {
     }
     out
 }
+
+/// Greedy tokens of `prompt` for `steps` steps in a fresh context of `params`, and the logits
+/// before each.
+pub fn greedy_in(
+    model: &Arc<Model>,
+    params: tessera_llm::ContextParams,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut ctx = tessera_llm::Context::new(model.clone(), params).unwrap();
+    let mut logits = ctx.eval(prompt, false).unwrap();
+    let (mut toks, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let t = argmax(&logits) as u32;
+        toks.push(t);
+        all.push(std::mem::replace(
+            &mut logits,
+            ctx.eval(&[t], false).unwrap(),
+        ));
+    }
+    (toks, all)
+}
+
+/// The gap between the largest and the second largest logit.
+pub fn top2_gap(logits: &[f32]) -> f32 {
+    let t = argmax(logits);
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != t)
+        .map(|(_, &v)| v)
+        .fold(f32::MIN, f32::max);
+    logits[t] - second
+}
+
+/// The error of `got` against `want`, normalized by `want`'s energy.
+pub fn nmse(want: &[f32], got: &[f32]) -> f64 {
+    let num: f64 = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    num / want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
+}

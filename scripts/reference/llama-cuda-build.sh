@@ -4,7 +4,7 @@
 # cuBLAS and CCCL come from PyPI (NVIDIA's wheels), the driver library is a stub that only names
 # the symbols ggml links against (the GPU machine's own libcuda.so.1 is loaded at run time).
 # The source is the llama.cpp that llama-cpp-python 0.3.36 vendors (docs/anchors.md's commit).
-# Two to three hours of one core; run it niced beside other work.
+# About 1.5 hours on 2 busy cores (niced beside other work); ninja resumes where it stopped.
 #
 #   scripts/reference/llama-cuda-build.sh LLAMA_CPP_SOURCE WORK_DIR
 #   -> .gpu/llama/bin.tar.xz (executables and shared libraries, for /root/llama there)
@@ -39,7 +39,10 @@ cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCUDAToolkit_ROOT="$cuda" -DCMAKE_LIBRARY_PATH="$cuda/lib/stubs" \
   -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-ninja -C "$work/build" -j "$(nproc)" llama-bench llama-batched-bench
+# The executables link against libggml-cuda, whose CUDA libraries the linker finds through
+# LD_LIBRARY_PATH (-rpath-link).
+LD_LIBRARY_PATH="$cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  ninja -C "$work/build" -j "$(nproc)" llama-bench llama-batched-bench
 mkdir -p "$repo/.gpu/llama"
 (cd "$work/build/bin" && tar cJf "$repo/.gpu/llama/bin.tar.xz" llama-bench llama-batched-bench ./*.so*)
 echo "$repo/.gpu/llama/bin.tar.xz"

@@ -11,24 +11,11 @@ const MMID_WARPS: u32 = 4;
 /// Longest row argsort and top_k sort in one block's shared memory.
 const MAX_SORT: usize = 4096;
 
-/// The quantized expert types kernels/moe.cu has a mul_mat_id entry point for.
-const QUANT_EXPERTS: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
-
-/// Whether mul_mat_id of experts `a` by rows `b` runs here.
+/// Whether mul_mat_id of experts `a` by rows `b` runs here: kernels/moe.cu has an entry point
+/// for every classic quantized type ([`DType::QUANTIZED`]).
 pub(super) fn mul_mat_id_supported(a: &Tensor, b: &Tensor) -> bool {
     let w = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
-        || (QUANT_EXPERTS.contains(&a.dtype) && a.rows_contiguous());
+        || (DType::QUANTIZED.contains(&a.dtype) && a.rows_contiguous());
     w && matches!(b.dtype, DType::F32 | DType::F16)
 }
 

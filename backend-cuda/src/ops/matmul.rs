@@ -199,8 +199,8 @@ fn mmvq_chunks(
     Ok(())
 }
 
-/// The fewest columns the tensor-core mat-mat takes: up to 8 the mat-vec kernels are faster
-/// (BENCHMARKS.md, "Session 27").
+/// The fewest columns the tensor-core mat-mat takes: up to 8 columns the mat-vec kernels,
+/// which read the weights once for all of them without the mat-mat's tile setup, are faster.
 const MMQ_MIN: i64 = 9;
 
 /// The most columns the tensor-core mat-mat takes (a batch of decoded sequences); wider

@@ -7,7 +7,7 @@
 //! stored with the 1 of its `(1 + w)` already added by the converter, so the plain RMS norm
 //! applies.
 
-use tessera_core::{Error, GluOp, Result};
+use tessera_core::{GluOp, Result};
 
 use super::Arch;
 use crate::config::{Meta, ModelConfig};
@@ -41,29 +41,7 @@ fn configure_common(
     let Some(window) = window else {
         return Ok(());
     };
-    if window == 0 {
-        return Err(Error::Model("sliding window of 0 positions".into()));
-    }
-    let pattern_key = format!("{}.attention.sliding_window_pattern", cfg.arch);
-    if m.file
-        .get(&pattern_key)
-        .and_then(|v| v.as_array())
-        .is_some()
-    {
-        return Err(Error::Model(format!(
-            "a per-layer {pattern_key} array is not supported"
-        )));
-    }
-    let pattern = m.usize_or("attention.sliding_window_pattern", pattern)?;
-    let base = m.f32_opt("rope.freq_base_swa")?.unwrap_or(local_rope.0);
-    for (l, layer) in cfg.layers.iter_mut().enumerate() {
-        if pattern == 0 || l % pattern < pattern - 1 {
-            layer.window = Some(window);
-            layer.rope_base = base;
-            layer.rope_freq_scale = local_rope.1;
-        }
-    }
-    Ok(())
+    super::set_sliding_window(m, cfg, window, pattern, local_rope)
 }
 
 /// Gemma 2: window 4096 unless the file says, every other layer local (even layers), local

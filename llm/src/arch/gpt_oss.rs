@@ -40,26 +40,6 @@ pub(super) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
     cfg.moe = Some(moe);
 
     let window = m.usize("attention.sliding_window")?;
-    if window == 0 {
-        return Err(Error::Model("sliding window of 0 positions".into()));
-    }
-    let pattern_key = format!("{}.attention.sliding_window_pattern", cfg.arch);
-    if m.file
-        .get(&pattern_key)
-        .and_then(|v| v.as_array())
-        .is_some()
-    {
-        return Err(Error::Model(format!(
-            "a per-layer {pattern_key} array is not supported"
-        )));
-    }
-    let pattern = m.usize_or("attention.sliding_window_pattern", 2)?;
-    let base = m.f32_opt("rope.freq_base_swa")?.unwrap_or(cfg.rope.base);
-    for (l, layer) in cfg.layers.iter_mut().enumerate() {
-        if pattern == 0 || l % pattern < pattern - 1 {
-            layer.window = Some(window);
-            layer.rope_base = base;
-        }
-    }
-    Ok(())
+    let rope = (cfg.rope.base, cfg.rope.freq_scale);
+    super::set_sliding_window(m, cfg, window, 2, rope)
 }

@@ -110,6 +110,42 @@ impl fmt::Display for Arch {
     }
 }
 
+/// Puts layers on a sliding window of `window` positions: in each period of `pattern` layers
+/// (the file's `attention.sliding_window_pattern` where it gives one; 0: every layer) all but
+/// the last, with the local rope: base `rope.freq_base_swa` where the file gives one, else
+/// `local_rope.0`, frequency scale `local_rope.1`. A per-layer pattern array is refused.
+fn set_sliding_window(
+    m: &Meta,
+    cfg: &mut ModelConfig,
+    window: usize,
+    pattern: usize,
+    local_rope: (f32, f32),
+) -> Result<()> {
+    if window == 0 {
+        return Err(Error::Model("sliding window of 0 positions".into()));
+    }
+    let pattern_key = format!("{}.attention.sliding_window_pattern", cfg.arch);
+    if m.file
+        .get(&pattern_key)
+        .and_then(|v| v.as_array())
+        .is_some()
+    {
+        return Err(Error::Model(format!(
+            "a per-layer {pattern_key} array is not supported"
+        )));
+    }
+    let pattern = m.usize_or("attention.sliding_window_pattern", pattern)?;
+    let base = m.f32_opt("rope.freq_base_swa")?.unwrap_or(local_rope.0);
+    for (l, layer) in cfg.layers.iter_mut().enumerate() {
+        if pattern == 0 || l % pattern < pattern - 1 {
+            layer.window = Some(window);
+            layer.rope_base = base;
+            layer.rope_freq_scale = local_rope.1;
+        }
+    }
+    Ok(())
+}
+
 /// Sets what `cfg.arch` adds to the shared settings.
 pub(crate) fn configure(m: &Meta, cfg: &mut ModelConfig) -> Result<()> {
     match cfg.arch {

@@ -246,6 +246,38 @@ fn spaces_from(seg: &[char], pos: usize) -> usize {
 }
 
 /// The GPT-2 pattern over one piece.
+/// ` ?[^\s\p{L}\p{N}]+[trail]*` at `pos`: the end of an optional space, a run of what is
+/// neither space, letter nor number, and the `trail` characters after it; None where no such
+/// run starts there.
+fn other_run(seg: &[char], pos: usize, trail: &[char]) -> Option<usize> {
+    let mut end = pos + usize::from(seg[pos] == ' ');
+    if class_at(seg, end) != Some(Class::Other) {
+        return None;
+    }
+    while class_at(seg, end) == Some(Class::Other) {
+        end += 1;
+    }
+    while seg.get(end).is_some_and(|c| trail.contains(c)) {
+        end += 1;
+    }
+    Some(end)
+}
+
+/// `\s*[\r\n]+|\s+(?!\S)|\s+` at `pos` (or one character where no space starts there): the
+/// end of the spaces through their last newline, else all but the last space where a non-space
+/// follows, else all of them.
+fn space_run(seg: &[char], pos: usize) -> usize {
+    let n = spaces_from(seg, pos).max(1);
+    let last_newline = seg[pos..pos + n]
+        .iter()
+        .rposition(|&c| c == '\r' || c == '\n');
+    pos + match last_newline {
+        Some(i) => i + 1,
+        None if n > 1 && pos + n < seg.len() => n - 1,
+        None => n,
+    }
+}
+
 fn split_gpt2(seg: &[char], out: &mut Vec<usize>) {
     let mut cut = Cutter { out, prev: 0 };
     let mut pos = 0;
@@ -324,28 +356,12 @@ fn split_llama3(seg: &[char], digits: usize, out: &mut Vec<usize>) {
             continue;
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let lead = usize::from(c == ' ');
-        if class_at(seg, pos + lead) == Some(Class::Other) {
-            pos += lead;
-            while class_at(seg, pos) == Some(Class::Other) {
-                pos += 1;
-            }
-            while matches!(seg.get(pos), Some('\r' | '\n')) {
-                pos += 1;
-            }
+        if let Some(end) = other_run(seg, pos, &['\r', '\n']) {
+            pos = end;
             cut.cut(pos);
             continue;
         }
-        // `\s*[\r\n]+|\s+(?!\S)|\s+`
-        let n = spaces_from(seg, pos).max(1);
-        let last_newline = seg[pos..pos + n]
-            .iter()
-            .rposition(|&c| c == '\r' || c == '\n');
-        pos += match last_newline {
-            Some(i) => i + 1,
-            None if n > 1 && pos + n < seg.len() => n - 1,
-            None => n,
-        };
+        pos = space_run(seg, pos);
         cut.cut(pos);
     }
 }
@@ -395,10 +411,8 @@ fn split_gpt4o(seg: &[char], out: &mut Vec<usize>) {
             cut.cut(pos);
             continue;
         }
-        let c = seg[pos];
-        let here = class_at(seg, pos);
         // `\p{N}{1,3}`
-        if here == Some(Class::Number) {
+        if class_at(seg, pos) == Some(Class::Number) {
             let mut run = 0;
             while class_at(seg, pos) == Some(Class::Number) && run < 3 {
                 pos += 1;
@@ -408,28 +422,12 @@ fn split_gpt4o(seg: &[char], out: &mut Vec<usize>) {
             continue;
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
-        let lead = usize::from(c == ' ');
-        if class_at(seg, pos + lead) == Some(Class::Other) {
-            pos += lead;
-            while class_at(seg, pos) == Some(Class::Other) {
-                pos += 1;
-            }
-            while matches!(seg.get(pos), Some('\r' | '\n' | '/')) {
-                pos += 1;
-            }
+        if let Some(end) = other_run(seg, pos, &['\r', '\n', '/']) {
+            pos = end;
             cut.cut(pos);
             continue;
         }
-        // `\s*[\r\n]+|\s+(?!\S)|\s+`
-        let n = spaces_from(seg, pos).max(1);
-        let last_newline = seg[pos..pos + n]
-            .iter()
-            .rposition(|&c| c == '\r' || c == '\n');
-        pos += match last_newline {
-            Some(i) => i + 1,
-            None if n > 1 && pos + n < seg.len() => n - 1,
-            None => n,
-        };
+        pos = space_run(seg, pos);
         cut.cut(pos);
     }
 }

@@ -55,9 +55,3 @@ __device__ __forceinline__ float softmax_end(const KParams& p, int h, float mx, 
     return c / (s * c + expf(sk - top));
 }
 
-// The shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ u32 smem_u32(const void* ptr) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-    return a;
-}

@@ -210,32 +210,6 @@ __device__ __forceinline__ float mask_at(const KParams& p, i64 c, i64 iq, int h,
 #define DEC_WARPS 4
 #define DEC_PASSES 8
 
-// Thread-block clusters (sm_90): a barrier of all the cluster's threads (the shared memory
-// writes before it visible to the whole cluster after it), this block's rank in its cluster,
-// and a float from the shared memory of block `rank` of the cluster at the address that `p`
-// has in this block's.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 b;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
-#endif
-    return v;
-}
-
 // The merge of fattn_dec's nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) when the
 // splits are one cluster (i[3]): block s of the cluster holds its output sums at O0[r * D + col]
 // and its max and sum at ML[2 r], ML[2 r + 1] in shared memory. Every block computes the split

@@ -291,3 +291,36 @@ __device__ __forceinline__ float act_gelu(float x) {
 __device__ __forceinline__ float act_gelu_erf(float x) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
+
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_u32(const void* ptr) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+    return a;
+}
+
+// Thread-block clusters (sm_90): a barrier of all the cluster's threads (the shared memory
+// writes before it visible to the whole cluster after it), this block's rank in its cluster,
+// and a float from the shared memory of block `rank` of the cluster at the address that `p`
+// has in this block's.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 b;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
+#endif
+    return v;
+}

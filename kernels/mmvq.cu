@@ -1158,13 +1158,17 @@ MMVQ_ID(iq3_s, IQ3_S)
 // writes them, i[0] = n. Grid (ceil(m / 128), column tiles, S), 128 threads. Block (x, y, z)
 // computes rows 128 x .. + 128 (32 a warp) by columns 8 NT y .. + 8 NT over the z-th of S equal
 // runs of k's stages (256 values: 8 blocks of 32, one super-block of the k-quants). With S = 1
-// it stores dst; otherwise its sums go to the partials at aux[2] (f32 [m, n] per z,
-// contiguous), which mmq_sum adds into dst in a fixed order (no atomics: the same inputs give
-// the same bits).
+// it stores dst. Otherwise, with i[1] = 1, the S blocks of a tile are one thread-block cluster
+// (up to 8, sm_90) that adds up its sums through distributed shared memory; else its sums go
+// to the partials at aux[2] (f32 [m, n] per z, contiguous), which mmq_sum adds into dst. Both
+// add in order of z (no atomics: the same inputs give the same bits). Dynamic shared memory:
+// MmqSmem<Q, NT>::BYTES.
 //
 // A stage is copied to shared memory with asynchronous copies, every copy of a warp covering
 // consecutive bytes: each warp its rows' bytes (as the aligned words that hold them), the block
-// the column tile's 8-bit blocks. Each weight byte is read from memory once per column tile.
+// the column tile's 8-bit blocks; the copies of the next stage are issued before the current
+// one is computed (MMQ_NBUF buffers), so that the memory stays busy while the tensor cores
+// work. Each weight byte is read from memory once per column tile.
 // Then per 32-value block of k a warp takes one mma.sync.m16n8k32 (s8 x s8 -> s32) per pair of
 // its 2 row tiles (16 rows) and NT column tiles (8 columns), and scales the integer sums into
 // float accumulators: d_w d_x sum, plus m_w (d_x sum x) for the types with a per-block offset
@@ -1394,12 +1398,31 @@ template <int N> __device__ __forceinline__ void cp_async_ca(void* dst, const vo
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(N) : "memory");
 }
 
+// Stages of k a block of mmq keeps in shared memory: the copies of the next one are in flight
+// while the warps compute on the current one.
+#define MMQ_NBUF 2
+
+// The shared memory of mmq<Q, NT>, in 4-byte words: MMQ_NBUF stages, each the 4 warps' rows
+// (WS: 32 rows of SW words a warp, room for an unaligned start), the column tile's int8 blocks
+// (XQ: 8 NT columns of XS words, padded so that the lanes of one fragment load hit 32 different
+// banks) and their (d, d sum) pairs (XD: [8 blocks][8 NT columns] float2). BYTES is what the
+// host passes as dynamic shared memory (mmq_smem in backend-cuda/src/ops/matmul.rs mirrors it).
+template <int Q, int NT> struct MmqSmem {
+    static const int SW = (MmqA<Q>::SB + 3) / 4 + 1;
+    static const int XS = 68;
+    static const int WS = 4 * 32 * SW;
+    static const int XQ = 8 * NT * XS;
+    static const int XD = 8 * 8 * NT * 2;
+    static const int STAGE = WS + XQ + XD;
+    static const int BYTES = MMQ_NBUF * STAGE * 4;
+};
+
 template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
     typedef MmqA<Q> A;
-    const int MT = 2;                    // 16-row tiles per warp: 32 rows a warp, 128 a block
-    const int SW = (A::SB + 3) / 4 + 1;  // words of a row's stage, with room for an unaligned start
-    const int XS = 68;                   // words of a column's staged blocks (64, padded: lanes of
-                                         // one fragment load then hit 32 different banks)
+    typedef MmqSmem<Q, NT> L;
+    const int MT = 2;  // 16-row tiles per warp: 32 rows a warp, 128 a block
+    const int SW = L::SW, XS = L::XS;
+    extern __shared__ __align__(16) u32 mmq_sm[];
     const TArg& a = p.t[1];
     const i64 m = a.ne[1];
     const int nblk = (int)(a.ne[0] / 32), n = p.i[0];
@@ -1408,14 +1431,46 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
     const int c0 = blockIdx.y * 8 * NT;
     const int ns = (nblk + 7) / 8;
     const int s0 = (int)((i64)ns * blockIdx.z / gridDim.z), s1 = (int)((i64)ns * (blockIdx.z + 1) / gridDim.z);
-    __shared__ __align__(16) u32 ws[4][32][SW];
-    __shared__ __align__(16) u32 xq[8 * NT][XS];
-    __shared__ __align__(16) float2 xd[8][8 * NT];
     const u8* qs = (const u8*)p.aux[0];
     const float2* ds = (const float2*)p.aux[1];
+    // Buffer b's parts: the warp's rows [32][SW], the column blocks [8 NT][XS], the scales [8][8 NT].
+    auto ws = [&](int b) { return mmq_sm + b * L::STAGE + warp * 32 * SW; };
+    auto xq = [&](int b) { return mmq_sm + b * L::STAGE + L::WS; };
+    auto xd = [&](int b) { return (float2*)(mmq_sm + b * L::STAGE + L::WS + L::XQ); };
     // Where row r (of the warp's 32) of stage s starts in global memory.
     auto src_row = [&](int r, int s) {
         return (const u8*)a.ptr + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB;
+    };
+    // Copies stage s into buffer b (nothing past the block's last stage), one commit group.
+    auto issue = [&](int s, int b) {
+        if (s < s1) {
+            const int jb = 8 * s, nbk = min(8, nblk - jb);
+            const u32 bytes = (u32)(nbk * A::SB / 8);
+            // The warp's rows: the aligned words that hold the stage's bytes (the last word may
+            // end up to 3 bytes past them, inside the row or the allocation's padding).
+            u32* w = ws(b);
+            for (int x = lane; x < 32 * SW; x += 32) {
+                const int r = x / SW, wi = x % SW;
+                const u8* src = src_row(r, s);
+                const u32 off = (u32)((size_t)src & 3);
+                if (4 * (u32)wi < off + bytes) cp_async_ca<4>(&w[r * SW + wi], src - off + 4 * wi);
+            }
+            // The column tile's blocks jb .. jb + nbk: 16-byte halves of the int8, then (d, d sum).
+            u32* q = xq(b);
+            for (int x = threadIdx.x; x < 8 * NT * 16; x += 128) {
+                const int c = x / 16, jj = x / 2 % 8, h = x % 2;
+                if (jj < nbk) {
+                    const i64 col = min(c0 + c, n - 1);
+                    cp_async16((u8*)&q[c * XS + 8 * jj + 4 * h], qs + (col * nblk + jb + jj) * 32 + 16 * h);
+                }
+            }
+            float2* d = xd(b);
+            for (int x = threadIdx.x; x < 8 * NT * 8; x += 128) {
+                const int c = x / 8, jj = x % 8;
+                if (jj < nbk) cp_async_ca<8>(&d[jj * 8 * NT + c], ds + min(c0 + c, n - 1) * (i64)nblk + jb + jj);
+            }
+        }
+        cp_commit();
     };
 
     float acc[MT][NT][4];
@@ -1426,40 +1481,24 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
 
-    for (int s = s0; s < s1; s++) {
-        const int jb = 8 * s, nbk = min(8, nblk - jb);
-        const u32 bytes = (u32)(nbk * A::SB / 8);
-        // The warp's rows: the aligned words that hold the stage's bytes (the last word may end
-        // up to 3 bytes past them, inside the row or the allocation's padding).
-        for (int x = lane; x < 32 * SW; x += 32) {
-            const int r = x / SW, w = x % SW;
-            const u8* src = src_row(r, s);
-            const u32 off = (u32)((size_t)src & 3);
-            if (4 * (u32)w < off + bytes) cp_async_ca<4>(&ws[warp][r][w], src - off + 4 * w);
-        }
-        // The column tile's blocks jb .. jb + nbk: 16-byte halves of the int8, then (d, d sum).
-        for (int x = threadIdx.x; x < 8 * NT * 16; x += 128) {
-            const int c = x / 16, jj = x / 2 % 8, h = x % 2;
-            if (jj < nbk) {
-                const i64 col = min(c0 + c, n - 1);
-                cp_async16((u8*)&xq[c][8 * jj + 4 * h], qs + (col * nblk + jb + jj) * 32 + 16 * h);
-            }
-        }
-        for (int x = threadIdx.x; x < 8 * NT * 8; x += 128) {
-            const int c = x / 8, jj = x % 8;
-            if (jj < nbk) cp_async_ca<8>(&xd[jj][c], ds + min(c0 + c, n - 1) * (i64)nblk + jb + jj);
-        }
-        cp_commit();
-        cp_wait<0>();
+#pragma unroll
+    for (int b = 0; b < MMQ_NBUF - 1; b++) issue(s0 + b, b);
+    for (int s = s0, b = 0; s < s1; s++, b = b == MMQ_NBUF - 1 ? 0 : b + 1) {
+        // The buffer computed in the step before this one takes stage s + NBUF - 1.
+        issue(s + MMQ_NBUF - 1, b == 0 ? MMQ_NBUF - 1 : b - 1);
+        cp_wait<MMQ_NBUF - 1>();
         __syncthreads();
-
+        const int nbk = min(8, nblk - 8 * s);
+        const u32* w = ws(b);
+        const u32* q = xq(b);
+        const float2* d = xd(b);
         const u8* rows[MT][2];
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int r = 16 * i + 8 * h + g;
-                rows[i][h] = (const u8*)&ws[warp][r][0] + ((size_t)src_row(r, s) & 3);
+                rows[i][h] = (const u8*)&w[r * SW] + ((size_t)src_row(r, s) & 3);
             }
         for (int jj = 0; jj < nbk; jj++) {
             int al[MT][2], ah[MT][2];
@@ -1470,8 +1509,8 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
                 for (int h = 0; h < 2; h++) A::load(rows[i][h], jj, t, al[i][h], ah[i][h], w0[i][h], w1[i][h]);
 #pragma unroll
             for (int c = 0; c < NT; c++) {
-                const int bl = (int)xq[8 * c + g][8 * jj + t], bh = (int)xq[8 * c + g][8 * jj + 4 + t];
-                const float2 y0 = xd[jj][8 * c + 2 * t], y1 = xd[jj][8 * c + 2 * t + 1];
+                const int bl = (int)q[(8 * c + g) * XS + 8 * jj + t], bh = (int)q[(8 * c + g) * XS + 8 * jj + 4 + t];
+                const float2 y0 = d[jj * 8 * NT + 8 * c + 2 * t], y1 = d[jj * 8 * NT + 8 * c + 2 * t + 1];
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
                     if (A::MODE == 2) {
@@ -1497,9 +1536,36 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
         __syncthreads();
     }
 
+    const i64 ld = p.t[0].nb[1] / 4;
+    if (p.i[1] == 1) {
+        // The k split is one thread-block cluster: every block leaves its sums in its shared
+        // memory ([8 NT columns][128 rows], the stages being done with), and after a cluster
+        // barrier block z adds up the z-th slice of them over the cluster's blocks in order of
+        // rank, as mmq_sum would (the same bits), and stores it.
+        float* red = (float*)mmq_sm;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int c = 0; c < NT; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    red[(8 * c + 2 * t + (e & 1)) * 128 + 32 * warp + 16 * i + 8 * (e >> 1) + g] = acc[i][c][e];
+        cluster_sync();
+        const int S = gridDim.z, total = 128 * 8 * NT, slice = (total + S - 1) / S;
+        const int lo = (int)cluster_rank() * slice, hi = min(total, lo + slice);
+        for (int x = lo + threadIdx.x; x < hi; x += 128) {
+            float v = 0.0f;
+            for (int z = 0; z < S; z++) v += ld_cluster(red + x, z);
+            const i64 r = (i64)blockIdx.x * 128 + x % 128, col = c0 + x / 128;
+            if (r < m && col < n) ((float*)p.t[0].ptr)[col * ld + r] = v;
+        }
+        // The other blocks read this one's shared memory until here.
+        cluster_sync();
+        return;
+    }
     const bool partial = gridDim.z > 1;
     float* out = partial ? (float*)p.aux[2] + (i64)blockIdx.z * m * n : (float*)p.t[0].ptr;
-    const i64 ld = partial ? m : p.t[0].nb[1] / 4;
+    const i64 ldo = partial ? m : ld;
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -1508,7 +1574,7 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
             for (int e = 0; e < 4; e++) {
                 const i64 r = r0 + 16 * i + 8 * (e >> 1) + g;
                 const i64 col = c0 + 8 * c + 2 * t + (e & 1);
-                if (r < m && col < n) out[col * ld + r] = acc[i][c][e];
+                if (r < m && col < n) out[col * ldo + r] = acc[i][c][e];
             }
 }
 

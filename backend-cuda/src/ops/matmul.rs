@@ -214,6 +214,13 @@ const MMQ_TILE: usize = 32;
 /// stage of 128 rows in flight each, two keep the memory busy while the other computes.
 const MMQ_BLOCKS_PER_SM: usize = 3;
 
+/// The most blocks a k split of the mat-mat runs as, where they form one thread-block cluster
+/// that adds up its sums itself (the portable cluster size).
+const MMQ_CLUSTER_MAX: usize = 8;
+
+/// Stages of k each block of the mat-mat holds at once (`MMQ_NBUF` in mmvq.cu).
+const MMQ_NBUF: usize = 2;
+
 /// Types with a tensor-core mat-mat kernel (`MmqA` in mmvq.cu): those whose values decode to
 /// int8 under one scale (and offset) per 32 values, or one scale per 16 (Q6_K).
 fn has_mmq(d: DType) -> bool {
@@ -250,7 +257,9 @@ fn mmq_fits(enc: &Encoder, a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
 /// tiles of at most [`MMQ_TILE`] (so that no tile is left with a few columns), each tile 8 `nt`
 /// wide; the rows in tiles of 128; and k's stages of 256 values split into `splits` runs when
 /// the tiles alone would leave the GPU's SMs short of blocks (aiming at [`MMQ_BLOCKS_PER_SM`]
-/// an SM, each run at least 2 stages), their partial sums added by `mmq_sum`.
+/// an SM, each run at least 2 stages), their partial sums added in a thread-block cluster of
+/// the splits where the device launches clusters (then at most [`MMQ_CLUSTER_MAX`] splits),
+/// else by `mmq_sum`.
 fn mmq(
     enc: &mut Encoder,
     a_id: TensorId,
@@ -266,33 +275,51 @@ fn mmq(
     let col_tiles = n.div_ceil(MMQ_TILE);
     let nt = n.div_ceil(col_tiles).div_ceil(8);
     let row_tiles = m.div_ceil(128);
+    let cluster = enc.clusters();
     let splits = (MMQ_BLOCKS_PER_SM * enc.dev.sm_count as usize)
         .div_ceil(row_tiles * col_tiles)
         .min(nblk.div_ceil(8) / 2)
-        .clamp(1, 65535);
+        .clamp(1, if cluster { MMQ_CLUSTER_MAX } else { 65535 });
     let mut p = params(d, &[a]);
     p.i[0] = n as i32;
     p.aux[..2].copy_from_slice(&[qs, ds]);
-    if splits > 1 {
+    let cluster = cluster && splits > 1;
+    if cluster {
+        p.i[1] = 1;
+    } else if splits > 1 {
         // The partials go above the quantized columns, which stay valid for the next node.
         let end = (ds - enc.scratch_base) as usize + nblk * n * 8;
         enc.node_scratch = enc.node_scratch.max(end);
         p.aux[2] = enc.scratch(splits * m * n * 4);
         enc.q8 = Some((b_id, (qs, ds)));
     }
-    enc.launch(
+    enc.launch_clusters(
         "mmvq",
         &format!("mmq_{}_{nt}", qt.name()),
-        [row_tiles as u32, col_tiles as u32, splits as u32],
-        [128, 1, 1],
-        0,
+        [
+            [row_tiles as u32, col_tiles as u32, splits as u32],
+            [128, 1, 1],
+        ],
+        mmq_smem(qt, nt),
+        if cluster { splits as u32 } else { 0 },
         p,
     )?;
-    if splits > 1 {
+    if splits > 1 && !cluster {
         p.i[1] = splits as i32;
         enc.launch_flat("mmvq", "mmq_sum", (m * n) as i64, p)?;
     }
     Ok(())
+}
+
+/// Bytes of dynamic shared memory of the mat-mat kernel for weights of type `qt` and column
+/// tiles of `nt` times 8 (`MmqSmem` in mmvq.cu, which this mirrors): [`MMQ_NBUF`] stages of 128
+/// rows of 256 values (plus a word each for an unaligned start), the tile's int8 columns (68
+/// words each) and their scale pairs.
+fn mmq_smem(qt: DType, nt: usize) -> u32 {
+    let sb = qt.type_size() * 256 / qt.block_size();
+    let sw = sb.div_ceil(4) + 1;
+    let stage = 4 * 32 * sw + 8 * nt * 68 + 8 * 8 * nt * 2;
+    (MMQ_NBUF * stage * 4) as u32
 }
 
 /// Blocks and threads per block of a mat-vec kernel (plain, glu or multi) over `rows` rows of

@@ -517,6 +517,87 @@ fn iq1_nearest(
     index
 }
 
+/// The positions of `xb`'s values in increasing order (equal values keep their order).
+fn ascending(xb: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..xb.len()).collect();
+    order.sort_by(|&a, &b| {
+        xb[a]
+            .partial_cmp(&xb[b])
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    order
+}
+
+/// The IQ1 levels of values split at `i1` and `i2` of their increasing `order` (level 0 below
+/// `i1`, 1 below `i2`, else 2), mirrored (2 - level) when the best `scale` came out negative,
+/// which it then makes positive; returns whether it mirrored.
+fn iq1_levels<const N: usize>(
+    order: &[usize],
+    i1: usize,
+    i2: usize,
+    scale: &mut f32,
+) -> ([i8; N], bool) {
+    let mut l = [0i8; N];
+    for (j, &i) in order.iter().enumerate() {
+        l[i] = if j < i1 {
+            0
+        } else if j < i2 {
+            1
+        } else {
+            2
+        };
+    }
+    let mirror = *scale < 0.0;
+    if mirror {
+        for v in &mut l {
+            *v = 2 - *v;
+        }
+        *scale = -*scale;
+    }
+    (l, mirror)
+}
+
+/// The IQ1 grid points of the groups of 8 levels `l` (values `xb`, weights `w`): a group on the
+/// grid takes its point, one off it the neighbour nearest at `scale` with the values
+/// `values(k)` of group k's levels; if any was off, `scale` is refitted to the points chosen.
+fn iq1_snap<const G: usize>(
+    g: &Grid<8>,
+    l: &[i8],
+    xb: &[f32],
+    w: &[f32],
+    scale: &mut f32,
+    values: impl Fn(usize) -> &'static [f32; 3],
+) -> [u16; G] {
+    let mut index = [0u16; G];
+    let mut all_on_grid = true;
+    for (k, ix) in index.iter_mut().enumerate() {
+        *ix = match g.map[code(&l[8 * k..8 * k + 8], 2)] {
+            Ok(i) => i,
+            Err(range) => {
+                all_on_grid = false;
+                let r = 8 * k..8 * k + 8;
+                iq1_nearest(g, range, &xb[r.clone()], &w[r], *scale, values(k))
+            }
+        };
+    }
+    if !all_on_grid {
+        let (mut qx, mut q2) = (0f32, 0f32);
+        for (k, &ix) in index.iter().enumerate() {
+            let xx = values(k);
+            let p = &g.points[ix as usize];
+            for j in 0..8 {
+                let (wj, q) = (w[8 * k + j], xx[((p[j] - 1) / 2) as usize]);
+                qx += wj * q * xb[8 * k + j];
+                q2 += wj * q * q;
+            }
+        }
+        if qx > 0.0 && q2 > 0.0 {
+            *scale = qx / q2;
+        }
+    }
+    index
+}
+
 /// One IQ1_M sub-block of 16 values `xb` with weights `w`: its scale, sign pattern and the
 /// grid indices of its two groups; `None` for one that quantizes to zeros.
 fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize, [u16; 2])> {
@@ -529,12 +610,7 @@ fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize,
     // The three levels split the values sorted in increasing order at two boundaries: every
     // split and sign pattern is tried, with prefix sums per half of the sub-block (each half
     // has its own delta sign).
-    let mut order: Vec<usize> = (0..16).collect();
-    order.sort_by(|&a, &b| {
-        xb[a]
-            .partial_cmp(&xb[b])
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
+    let order = ascending(xb);
     let mut px = [[0f32; 17]; 2];
     let mut pw = [[0f32; 17]; 2];
     for (j, &i) in order.iter().enumerate() {
@@ -587,58 +663,11 @@ fn iq1m_sub_block(g: &Grid<8>, xb: &[f32], w: &[f32; 16]) -> Option<(f32, usize,
         }
     }
     let (i1, i2, mut shift) = best?;
-    let mut l = [0i8; 16];
-    for (j, &i) in order.iter().enumerate() {
-        l[i] = if j < i1 {
-            0
-        } else if j < i2 {
-            1
-        } else {
-            2
-        };
-    }
-    if scale < 0.0 {
-        for v in &mut l {
-            *v = 2 - *v;
-        }
-        scale = -scale;
+    let (l, mirror) = iq1_levels::<16>(&order, i1, i2, &mut scale);
+    if mirror {
         shift = 3 - shift;
     }
-    let mut index = [0u16; 2];
-    let mut all_on_grid = true;
-    for (k, ix) in index.iter_mut().enumerate() {
-        let xx = iq1m_values(shift, k);
-        let lk = &l[8 * k..8 * k + 8];
-        *ix = match g.map[code(lk, 2)] {
-            Ok(i) => i,
-            Err(range) => {
-                all_on_grid = false;
-                iq1_nearest(
-                    g,
-                    range,
-                    &xb[8 * k..8 * k + 8],
-                    &w[8 * k..8 * k + 8],
-                    scale,
-                    xx,
-                )
-            }
-        };
-    }
-    if !all_on_grid {
-        let (mut qx, mut q2) = (0f32, 0f32);
-        for (k, &ix) in index.iter().enumerate() {
-            let xx = iq1m_values(shift, k);
-            let p = &g.points[ix as usize];
-            for j in 0..8 {
-                let (wj, q) = (w[8 * k + j], xx[((p[j] - 1) / 2) as usize]);
-                qx += wj * q * xb[8 * k + j];
-                q2 += wj * q * q;
-            }
-        }
-        if qx > 0.0 && q2 > 0.0 {
-            scale = qx / q2;
-        }
-    }
+    let index = iq1_snap::<2>(g, &l, xb, w, &mut scale, |k| iq1m_values(shift, k));
     Some((scale, shift, index))
 }
 
@@ -995,12 +1024,7 @@ pub(super) fn quantize_iq1_s(x: &[f32], qw: &[f32], b: &mut [u8]) {
         if max < 1e-12 {
             continue;
         }
-        let mut order: Vec<usize> = (0..32).collect();
-        order.sort_by(|&a, &c| {
-            xb[a]
-                .partial_cmp(&xb[c])
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
+        let order = ascending(xb);
         let mut sx = [0f32; 33];
         let mut sw = [0f32; 33];
         for (j, &i) in order.iter().enumerate() {
@@ -1028,56 +1052,10 @@ pub(super) fn quantize_iq1_s(x: &[f32], qw: &[f32], b: &mut [u8]) {
         let Some((i1, i2, mut is_minus)) = best else {
             continue;
         };
-        let mut l = [0i8; 32];
-        for (j, &i) in order.iter().enumerate() {
-            l[i] = if j < i1 {
-                0
-            } else if j < i2 {
-                1
-            } else {
-                2
-            };
-        }
-        if scale < 0.0 {
-            for v in &mut l {
-                *v = 2 - *v;
-            }
-            scale = -scale;
-            is_minus = !is_minus;
-        }
+        let (l, mirror) = iq1_levels::<32>(&order, i1, i2, &mut scale);
+        is_minus ^= mirror;
         let xx = if is_minus { &X_M } else { &X_P };
-        let mut index = [0u16; 4];
-        let mut all_on_grid = true;
-        for (k, ix) in index.iter_mut().enumerate() {
-            *ix = match g.map[code(&l[8 * k..8 * k + 8], 2)] {
-                Ok(i) => i,
-                Err(range) => {
-                    all_on_grid = false;
-                    iq1_nearest(
-                        g,
-                        range,
-                        &xb[8 * k..8 * k + 8],
-                        &w[8 * k..8 * k + 8],
-                        scale,
-                        xx,
-                    )
-                }
-            };
-        }
-        if !all_on_grid {
-            let (mut sqx, mut sq2) = (0f32, 0f32);
-            for (k, &ix) in index.iter().enumerate() {
-                let p = &g.points[ix as usize];
-                for j in 0..8 {
-                    let (wj, q) = (w[8 * k + j], xx[((p[j] - 1) / 2) as usize]);
-                    sqx += wj * q * xb[8 * k + j];
-                    sq2 += wj * q * q;
-                }
-            }
-            if sqx > 0.0 && sq2 > 0.0 {
-                scale = sqx / sq2;
-            }
-        }
+        let index = iq1_snap::<4>(g, &l, xb, &w, &mut scale, |_| xx);
         let mut h = 0u16;
         for (k, &ix) in index.iter().enumerate() {
             b[2 + 4 * ib + k] = ix as u8;

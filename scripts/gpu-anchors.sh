@@ -11,11 +11,15 @@
 #   llama.cpp (the commit of docs/anchors.md) built for sm_90 with CUDA 13.0 by
 #   scripts/reference/llama-cuda-build.sh, which leaves .gpu/llama/bin.tar.xz.
 # One call: carry .gl, .gpu/F and .gpu/llama; command: bash scripts/gpu-anchors.sh
+# STEPS (default "full ngl24 batched moe") picks the steps, so that they can go as two calls
+# back to back on the warm machine (/root/m is kept between them).
 # Prints RESULT lines; the logs go to $OUT/anchors.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-anchors}; L=/tmp/gpu-anchors-logs; mkdir -p "$OUT" "$L" /root/bin /root/m /root/llama
 LIMIT=${LIMIT:-560}; t0=$(date +%s)
+STEPS=${STEPS:-full ngl24 batched moe}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 step() { if [ "$(left)" -lt "$2" ]; then echo "RESULT $1 skipped (time)"; return 1; fi; echo "== $1 at $(( $(date +%s) - t0 ))s" >&2; }
 for b in tessera batched_bench; do
@@ -44,13 +48,13 @@ tb() { # TAG MODEL ARGS...
 }
 
 B8=/root/m/llama-8b-q4_0.gguf
-if [ ! -f "$B8" ] && step "8b synth" 100; then
+if { want full || want ngl24 || want batched; } && [ ! -f "$B8" ] && step "8b synth" 100; then
   $BIN gguf synth --like llama-8b --type q4_0 --out "$B8" > "$L/synth-8b.log" 2>&1 || echo "RESULT synth 8b FAILED"
 fi
 if [ -f "$B8" ]; then
-  step "8b full" 60 && { lb 8b-ngl99 -m "$B8" -ngl 99 -fa 1 -p 512 -n 128 -r 3; tb 8b-cuda "$B8" --device cuda:0 -p 512 -n 128 -r 3; }
-  step "8b ngl24" 90 && { lb 8b-ngl24 -m "$B8" -ngl 24 -fa 1 -p 512 -n 32 -r 2; tb 8b-gpu-layers-24 "$B8" --device cuda:0 --gpu-layers 24 -p 512 -n 32 -r 2; }
-  if step "8b batched" 120; then
+  want full && step "8b full" 60 && { lb 8b-ngl99 -m "$B8" -ngl 99 -fa 1 -p 512 -n 128 -r 3; tb 8b-cuda "$B8" --device cuda:0 -p 512 -n 128 -r 3; }
+  want ngl24 && step "8b ngl24" 90 && { lb 8b-ngl24 -m "$B8" -ngl 24 -fa 1 -p 512 -n 32 -r 2; tb 8b-gpu-layers-24 "$B8" --device cuda:0 --gpu-layers 24 -p 512 -n 32 -r 2; }
+  if want batched && step "8b batched" 120; then
     timeout 150 /root/llama/llama-batched-bench -m "$B8" -ngl 99 -fa 1 -c 20480 -b 2048 -ub 512 \
       -npp 128 -ntg 64 -npl 1,4,16,64 > "$L/llama-batched.log" 2>&1
     grep -E "^\|\s+128" "$L/llama-batched.log" | sed "s/^/RESULT llama.cpp batched /"
@@ -60,10 +64,10 @@ if [ -f "$B8" ]; then
 fi
 
 Q=/root/m/qwen3-30b-a3b-q4_k_m.gguf
-if [ ! -f "$Q" ] && step "30b-a3b synth" 200; then
+if want moe && [ ! -f "$Q" ] && step "30b-a3b synth" 200; then
   timeout 180 $BIN gguf synth --like qwen3-30b-a3b --type q4_k_m --out "$Q" > "$L/synth-30b.log" 2>&1 || { echo "RESULT synth 30b-a3b FAILED"; rm -f "$Q"; }
 fi
-if [ -f "$Q" ] && step "30b-a3b" 80; then
+if want moe && [ -f "$Q" ] && step "30b-a3b" 80; then
   lb 30b-a3b -m "$Q" -ngl 99 -fa 1 -p 512 -n 128 -r 2
   tb 30b-a3b-cuda "$Q" --device cuda:0 -p 512 -n 128 -r 2
 fi

@@ -21,7 +21,8 @@
 # STEPS (default: all of them) picks groups of steps by name, so that the check can also go as
 # two calls back to back on the warm machine (/root/m is kept between them), e.g.
 #   STEPS="ops greedy" bash scripts/gpu-all.sh, then STEPS="allreduce split bench batched profile"
-# (profile: the per-kernel GPU time of a 16-sequence batched decode; not in the default).
+# (profile: the per-kernel GPU time of a 16-sequence batched decode; serve: time to first token
+# under load through `tessera serve`; neither in the default).
 # Prints RESULT lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +80,7 @@ for name in llama3-small qwen3-small; do
   grep 'prompts match\|FAILED\|MISMATCH' "$L/split-$name.log" | sed "s/^/RESULT split $name /"
 done
 B8=/root/m/llama-8b-q4_0.gguf
-if { want bench || want batched || want profile; } && [ ! -f "$B8" ] && step "8b synth" 120; then
+if { want bench || want batched || want profile || want serve; } && [ ! -f "$B8" ] && step "8b synth" 120; then
   $BIN gguf synth --like llama-8b --type q4_0 --out "$B8" > /dev/null 2>&1
 fi
 if want bench && [ -f "$B8" ]; then
@@ -101,6 +102,17 @@ if want batched && [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
     timeout 100 /root/bin/batched_bench "$B8" meta:cuda:0,wgpu:0 128 32 16,64 $g 0.5,0.5 > "$L/batched-split-$g.log" 2>&1
     grep RESULT "$L/batched-split-$g.log" | sed "s/^/RESULT batched split /" || echo "RESULT batched split groups=$g FAILED: $(tail -1 "$L/batched-split-$g.log")"
   done
+fi
+
+# Time to first token and aggregate decode under load: `tessera serve` on cuda:0 with 16 slots,
+# 16 clients streaming 48 requests (issue 35).
+if want serve && [ -f "$B8" ] && step "serve" 60; then
+  $BIN serve --model "$B8" --device cuda:0 --parallel 16 --port 18080 > "$L/serve.log" 2>&1 &
+  sp=$!
+  for i in $(seq 90); do python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:18080/health")' 2> /dev/null && break; sleep 1; done
+  timeout 120 python3 scripts/serve_load.py --url http://127.0.0.1:18080 --clients 16 --requests 48 --tag "8b cuda:0" > "$L/serve-load.log" 2>&1
+  grep RESULT "$L/serve-load.log" || echo "RESULT serve FAILED: $(tail -2 "$L/serve.log" | tr '\n' ' ')"
+  kill $sp; wait $sp 2> /dev/null
 fi
 
 if want profile && [ -x /root/bin/batched_bench ] && [ -f "$B8" ] && step "profile" 60; then

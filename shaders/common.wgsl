@@ -240,6 +240,15 @@ fn coords(i: u32, ne: vec4<u32>) -> vec4<u32> {
     return vec4<u32>(i0, i1, r2 % ne.z, r2 / ne.z);
 }
 
+// The (row block, column, i2, i3) of mat-vec workgroup o over `blocks` row blocks of a dst of
+// shape ne: the columns of one row block are neighbouring workgroups, so that they run at
+// the same time and the block's weights, read from memory by the first of them, come from the
+// cache for the others (batched decoding's few columns read each weight once).
+fn mat_vec_coords(o: u32, blocks: u32, ne: vec4<u32>) -> vec4<u32> {
+    let c = coords(o, vec4<u32>(ne.y, blocks, ne.z, ne.w));
+    return vec4<u32>(c.y, c.x, c.z, c.w);
+}
+
 // Byte offset of coordinates c with strides nb.
 fn at(c: vec4<u32>, nb: vec4<u32>) -> u32 {
     return c.x * nb.x + c.y * nb.y + c.z * nb.z + c.w * nb.w;

@@ -219,7 +219,7 @@ fn mat_vec(
         return;
     }
     let mm = P.d.ne.x;
-    let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+    let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, P.d.ne);
     let m0 = c.x * ROWS;
     let yb = col1(c.y, c.z, c.w);
     // Rows past the end repeat the last row (their sums are not stored).

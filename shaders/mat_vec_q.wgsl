@@ -718,7 +718,7 @@ fn mat_vec_q(
 #if ONECOL
     let c = vec4<u32>(o, 0u, 0u, 0u);
 #else
-    let c = coords(o, vec4<u32>((mm + ROWS - 1u) / ROWS, P.d.ne.yzw));
+    let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, P.d.ne);
 #endif
 #endif
     let m = select(mm, c.x * ROWS + li / TPR, live);

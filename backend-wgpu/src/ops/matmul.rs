@@ -34,7 +34,7 @@ const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// one gives twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
 /// Columns of src1 up to which mul_mat uses mat-vec.
-const MAT_VEC_MAX_N: usize = 4;
+const MAT_VEC_MAX_N: usize = 16;
 /// Weight types the integer-dot mat-vec (`shaders/mat_vec_q.wgsl`) reads.
 const MVQ_TYPES: [DType; 5] = [
     DType::Q4_0,

@@ -6,7 +6,8 @@
 // whole keys against every row (scores kept in shared memory), one warp per row takes the
 // softmax, then groups of dv / 8 lanes (8 columns a lane) sum probability times V over their
 // share of the keys; the groups of a warp are added by shuffles, the warps through shared
-// memory. Split, the partials go to fattn_combine.
+// memory. The K and V rows of keys the mask hides from every row are not read. Split, the
+// partials go to fattn_combine.
 //
 // fattn_dec<D>_<rows>: f16 K and V, d == dv (64, 128 or 256), at most `rows` (4 or 8) query rows
 // per KV head, K and V rows aligned to 16 bytes. A block of 4 warps takes one KV head and one
@@ -71,8 +72,26 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
     }
     __syncthreads();
 
-    // Scores: one key per thread at a time, against every row.
+    // Scores: one key per thread at a time, against every row; a key the mask hides from
+    // every row scores -inf without its K row being read.
     for (int c = tid; c < kvn; c += blockDim.x) {
+        float mv[VEC_ROWS];
+        bool shown = !mask_type;
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) {
+            mv[r] = 0.0f;
+            if (mask_type && r < R) {
+                const char* mp = at(mask, kv0 + c, iqs[r], bcast(hs[r], mask.ne[2]), bcast(b, mask.ne[3]));
+                mv[r] = mask_type == 1 ? F32::load(mp) : F16::load(mp);
+                shown |= mv[r] != NEG_INF;
+            }
+        }
+        if (!shown) {
+#pragma unroll
+            for (int r = 0; r < VEC_ROWS; r++)
+                if (r < R) S[r * per_split + c] = NEG_INF;
+            continue;
+        }
         const char* kr = at(k, 0, kv0 + c, g, bk);
         float acc[VEC_ROWS];
 #pragma unroll
@@ -93,10 +112,7 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
             if (r >= R) continue;
             float s = acc[r];
             if (p.f[1] != 0.0f) s = p.f[1] * tanhf(s);
-            if (mask_type) {
-                const char* mp = at(mask, kv0 + c, iqs[r], bcast(hs[r], mask.ne[2]), bcast(b, mask.ne[3]));
-                s += slope[r] * (mask_type == 1 ? F32::load(mp) : F16::load(mp));
-            }
+            if (mask_type) s += slope[r] * mv[r];
             S[r * per_split + c] = s;
         }
     }
@@ -134,6 +150,13 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
         for (int e = 0; e < 8; e++) acc[r][e] = 0.0f;
 #pragma unroll 2
     for (int c = grp; c < kvn; c += groups) {
+        // A key of probability 0 in every row (hidden by the mask) adds nothing: its V row is
+        // not read.
+        bool used = false;
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++)
+            if (r < R) used |= S[r * per_split + c] != 0.0f;
+        if (!used) continue;
         const char* vr = at(v, 8 * ch, kv0 + c, g, bk);
         const float4 v0 = load4<V>(vr), v1 = load4<V>(vr + 4 * V::size);
         const float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};

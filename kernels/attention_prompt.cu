@@ -2,7 +2,8 @@
 //
 // fattn_<k>_<v>_<rpw>: any head dims, f32 or f16 K and V. The query rows of one KV head are cut
 // into tiles of 4 * rpw rows; a block of 4 warps takes one tile, one KV head and one split of
-// the KV range, each warp rpw rows. K and V come through shared memory 32 keys at a time; each
+// the KV range, each warp rpw rows. K and V come through shared memory 32 keys at a time (not
+// those the mask hides from every row of the block); each
 // lane scores one key, the softmax runs online per row, and each lane accumulates dv/32 output
 // columns. With one split the block writes the result; with several it writes partials.
 //
@@ -103,7 +104,17 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
     }
 
     for (i64 c0 = kv0; c0 < kv1; c0 += KTILE) {
-        __syncthreads();
+        // A tile whose keys the mask hides from every row of the block adds nothing (its
+        // scores are -inf): it is not loaded. The barrier also guards the tiles' reuse.
+        bool shown = mask_type == 0;
+#pragma unroll
+        for (int j = 0; j < RPW; j++) {
+            if (mask_type && valid[j] && c0 + lane < kv1) {
+                const char* mp = at(mask, c0 + lane, iqs[j], bcast(hs[j], mask.ne[2]), bcast(b, mask.ne[3]));
+                shown |= (mask_type == 1 ? F32::load(mp) : F16::load(mp)) != NEG_INF;
+            }
+        }
+        if (!__syncthreads_or(shown)) continue;
         load_tile<K>(k, Ks, D, D + 4, c0, kv1, g, bk, p.i[5] != 0);
         load_tile<V>(v, Vs, DV, DV, c0, kv1, g, bk, p.i[5] != 0);
         __syncthreads();

@@ -649,3 +649,22 @@ impl BatchContext {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::attention_groups;
+
+    /// Entries of equal token counts get a group each; unequal ones, or one entry, one group.
+    #[test]
+    fn attention_groups_follow_equal_entries() {
+        let chunk = |entries: &[usize]| -> Vec<(usize, u32, bool)> {
+            entries.iter().map(|&e| (e, 7, true)).collect()
+        };
+        assert_eq!(attention_groups(&chunk(&[0, 1, 2, 3])), 4);
+        assert_eq!(attention_groups(&chunk(&[0, 0, 1, 1, 2, 2])), 3);
+        assert_eq!(attention_groups(&chunk(&[0, 0, 0, 1])), 1);
+        assert_eq!(attention_groups(&chunk(&[0, 1, 1])), 1);
+        assert_eq!(attention_groups(&chunk(&[3, 3, 3])), 1);
+        assert_eq!(attention_groups(&chunk(&[5])), 1);
+    }
+}

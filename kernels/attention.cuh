@@ -55,3 +55,5 @@ __device__ __forceinline__ float softmax_end(const KParams& p, int h, float mx, 
     return c / (s * c + expf(sk - top));
 }
 
+// Whether an f16 mask value (its bits, in the low half) is -inf.
+__device__ __forceinline__ bool h_neg_inf(u32 h) { return (h & 0xffffu) == 0xfc00u; }

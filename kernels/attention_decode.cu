@@ -6,12 +6,15 @@
 // whole keys against every row (scores kept in shared memory), one warp per row takes the
 // softmax, then groups of dv / 8 lanes (8 columns a lane) sum probability times V over their
 // share of the keys; the groups of a warp are added by shuffles, the warps through shared
-// memory. Split, the partials go to fattn_combine.
+// memory. The K and V rows of keys the mask hides from every row are not read. Split, the
+// partials go to fattn_combine.
 //
 // fattn_dec<D>_<rows>: f16 K and V, d == dv (64, 128 or 256), at most `rows` (4 or 8) query rows
 // per KV head, K and V rows aligned to 16 bytes. A block of 4 warps takes one KV head and one
 // split of the keys (the host makes splits short, so that short caches still fill the GPU), in
-// chunks of 8 passes: in a pass, each group of d / 8 lanes reads one K row and one V row (16
+// chunks of 8 passes (skipping the chunks where the mask is -inf for every row of the block:
+// another sequence's pages of a shared KV cache, a causal prompt's future; see dec_shown): in a
+// pass, each group of d / 8 lanes reads one K row and one V row (16
 // bytes a lane, coalesced), all loads of a chunk issued before any is used. Scores are reduced
 // within the group, the online softmax runs one warp per row, and each lane keeps 8 output
 // columns of every row for its keys; groups and warps are summed at the end. Split, it writes
@@ -69,8 +72,26 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
     }
     __syncthreads();
 
-    // Scores: one key per thread at a time, against every row.
+    // Scores: one key per thread at a time, against every row; a key the mask hides from
+    // every row scores -inf without its K row being read.
     for (int c = tid; c < kvn; c += blockDim.x) {
+        float mv[VEC_ROWS];
+        bool shown = !mask_type;
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++) {
+            mv[r] = 0.0f;
+            if (mask_type && r < R) {
+                const char* mp = at(mask, kv0 + c, iqs[r], bcast(hs[r], mask.ne[2]), bcast(b, mask.ne[3]));
+                mv[r] = mask_type == 1 ? F32::load(mp) : F16::load(mp);
+                shown |= mv[r] != NEG_INF;
+            }
+        }
+        if (!shown) {
+#pragma unroll
+            for (int r = 0; r < VEC_ROWS; r++)
+                if (r < R) S[r * per_split + c] = NEG_INF;
+            continue;
+        }
         const char* kr = at(k, 0, kv0 + c, g, bk);
         float acc[VEC_ROWS];
 #pragma unroll
@@ -91,10 +112,7 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
             if (r >= R) continue;
             float s = acc[r];
             if (p.f[1] != 0.0f) s = p.f[1] * tanhf(s);
-            if (mask_type) {
-                const char* mp = at(mask, kv0 + c, iqs[r], bcast(hs[r], mask.ne[2]), bcast(b, mask.ne[3]));
-                s += slope[r] * (mask_type == 1 ? F32::load(mp) : F16::load(mp));
-            }
+            if (mask_type) s += slope[r] * mv[r];
             S[r * per_split + c] = s;
         }
     }
@@ -132,6 +150,13 @@ template <class K, class V> __device__ void fattn_vec(const KParams& p) {
         for (int e = 0; e < 8; e++) acc[r][e] = 0.0f;
 #pragma unroll 2
     for (int c = grp; c < kvn; c += groups) {
+        // A key of probability 0 in every row (hidden by the mask) adds nothing: its V row is
+        // not read.
+        bool used = false;
+#pragma unroll
+        for (int r = 0; r < VEC_ROWS; r++)
+            if (r < R) used |= S[r * per_split + c] != 0.0f;
+        if (!used) continue;
         const char* vr = at(v, 8 * ch, kv0 + c, g, bk);
         const float4 v0 = load4<V>(vr), v1 = load4<V>(vr + 4 * V::size);
         const float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -209,6 +234,45 @@ __device__ __forceinline__ float mask_at(const KParams& p, i64 c, i64 iq, int h,
 
 #define DEC_WARPS 4
 #define DEC_PASSES 8
+#define DEC_VIS_WORDS 32  // words of fattn_dec's shown-chunk bitmap (chunks of a split it holds / 32)
+
+// Marks in vis (DEC_VIS_WORDS words in shared memory, bit i for chunk i of ch keys from kv0)
+// the chunks of keys [kv0, kv1) where some of the R query rows of (KV head g, batch b) has a
+// mask value other than -inf (every chunk past the bitmap counts as shown). Every thread of
+// the block calls it; a skipped chunk would add nothing (its scores are -inf, so the row
+// maxima, sums and outputs keep their values). With i[7] (f16 mask rows on 16 bytes, nkv a
+// multiple of 8; kv0 is a multiple of ch, itself of 8) the mask is read 8 values a load.
+__device__ void dec_shown(const KParams& p, u32* vis, int R, int g, i64 b, i64 kv0, i64 kv1, int ch) {
+    const TArg& mask = p.t[4];
+    const int gqa = (int)p.t[1].ne[2] / (int)p.t[2].ne[2];
+    for (int i = threadIdx.x; i < DEC_VIS_WORDS; i += blockDim.x) vis[i] = 0u;
+    __syncthreads();
+    // Rows with distinct mask rows: one per query when the mask ignores heads.
+    const bool by_q = mask.ne[2] == 1;
+    const int nsr = by_q ? (R + gqa - 1) / gqa : R;
+    const int unit = p.i[7] ? 8 : 1;
+    const i64 len = (kv1 - kv0 + unit - 1) / unit;
+#pragma unroll 4
+    for (i64 idx = threadIdx.x; idx < nsr * len; idx += blockDim.x) {
+        const int sr = (int)(idx / len);
+        const i64 c = kv0 + (idx - (i64)sr * len) * unit;
+        const int r = by_q ? sr * gqa : sr;
+        const char* mp = at(mask, c, r / gqa, bcast(g * gqa + r % gqa, mask.ne[2]), bcast(b, mask.ne[3]));
+        bool any;
+        if (unit == 8) {
+            const uint4 u = *(const uint4*)mp;
+            any = !(h_neg_inf(u.x) && h_neg_inf(u.x >> 16) && h_neg_inf(u.y) && h_neg_inf(u.y >> 16) &&
+                    h_neg_inf(u.z) && h_neg_inf(u.z >> 16) && h_neg_inf(u.w) && h_neg_inf(u.w >> 16));
+        } else {
+            any = (p.i[4] == 1 ? F32::load(mp) : F16::load(mp)) != NEG_INF;
+        }
+        if (any) {
+            const int ci = (int)((c - kv0) / ch);
+            if (ci < DEC_VIS_WORDS * 32 && !(vis[ci / 32] & (1u << (ci % 32)))) atomicOr(&vis[ci / 32], 1u << (ci % 32));
+        }
+    }
+    __syncthreads();
+}
 
 // The merge of fattn_dec's nsplit partials of rows 0 .. R - 1 of (KV head g, batch b) when the
 // splits are one cluster (i[3]): block s of the cluster holds its output sums at O0[r * D + col]
@@ -297,6 +361,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     __shared__ float ALPHA[RM];               // per chunk: rescaling of the old sums
     __shared__ float ML[RM][2];               // at the end: max and sum per row
     __shared__ float O[DEC_WARPS][RM][D];     // at the end: the warps' output sums
+    __shared__ u32 VIS[DEC_VIS_WORDS];        // the chunks some row sees (dec_shown)
 
     const TArg& q = p.t[1];
     const TArg& k = p.t[2];
@@ -309,7 +374,9 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
     const i64 b = blockIdx.y / kv_heads;
     const i64 bk = b / (q.ne[3] / k.ne[3]);
     const int nsplit = p.i[2], split = blockIdx.z;
-    const i64 per_split = (nkv + nsplit - 1) / nsplit;
+    // Whole chunks per split (the last splits may be empty), so that the chunks of every split
+    // line up with the keys' multiples of CH (a paged cache's pages are whole chunks).
+    const i64 per_split = ((nkv + nsplit - 1) / nsplit + CH - 1) / CH * CH;
     const i64 kv0 = min(nkv, split * per_split), kv1 = min(nkv, kv0 + per_split);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % L, slot = warp * KPW + lane / L;
@@ -365,11 +432,25 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 mk[j][t] = (p.i[4] && c < kv1) ? mask_at(p, c, iqs[j], hs[j], b, slope[j]) : 0.0f;
             }
     };
-    load_rows(kr, kbase, k.nb[1], kv0);
-    load_rows(vr, vbase, v.nb[1], kv0);
-    load_mask(kv0);
-    for (i64 c0 = kv0; c0 < kv1; c0 += CH) {
-        const bool more = c0 + CH < kv1;
+    if (p.i[4]) dec_shown(p, VIS, R, g, b, kv0, kv1, CH);
+    // The first chunk from c on that some row sees (kv1 when none).
+    auto next_chunk = [&](i64 c) {
+        if (!p.i[4]) return c;
+        for (; c < kv1; c += CH) {
+            const int ci = (int)((c - kv0) / CH);
+            if (ci >= DEC_VIS_WORDS * 32 || (VIS[ci / 32] >> (ci % 32)) & 1u) break;
+        }
+        return min(c, kv1);
+    };
+    i64 c0 = next_chunk(kv0);
+    if (c0 < kv1) {
+        load_rows(kr, kbase, k.nb[1], c0);
+        load_rows(vr, vbase, v.nb[1], c0);
+        load_mask(c0);
+    }
+    while (c0 < kv1) {
+        const i64 cn = next_chunk(c0 + CH);
+        const bool more = cn < kv1;
 
         // Scores: a group of L lanes per key; the group's sums are reduced and scattered, so
         // that lane sub of the group ends with row sub / (L / RM) (RM - 1 + log2(L / RM)
@@ -405,7 +486,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 S[sub / (L / RM)][cc] = c0 + cc < kv1 ? x : NEG_INF;
             }
         }
-        if (more) load_rows(kr, kbase, k.nb[1], c0 + CH);
+        if (more) load_rows(kr, kbase, k.nb[1], cn);
         __syncthreads();
 
         // Online softmax, one warp per row.
@@ -434,7 +515,7 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
             m[j] = mn;
             if (lane == 0) ALPHA[r] = alpha;
         }
-        if (more) load_mask(c0 + CH);
+        if (more) load_mask(cn);
         __syncthreads();
 
         // Probabilities times V.
@@ -456,8 +537,9 @@ template <int D, int RM> __device__ void fattn_dec(const KParams& p) {
                 for (int e = 0; e < 8; e++) acc[r][e] += pc * vf[e];
             }
         }
-        if (more) load_rows(vr, vbase, v.nb[1], c0 + CH);
+        if (more) load_rows(vr, vbase, v.nb[1], cn);
         __syncthreads();
+        c0 = cn;
     }
 
     // Sum the groups of each warp, then the warps.

@@ -2,7 +2,8 @@
 //
 // fattn_<k>_<v>_<rpw>: any head dims, f32 or f16 K and V. The query rows of one KV head are cut
 // into tiles of 4 * rpw rows; a block of 4 warps takes one tile, one KV head and one split of
-// the KV range, each warp rpw rows. K and V come through shared memory 32 keys at a time; each
+// the KV range, each warp rpw rows. K and V come through shared memory 32 keys at a time (not
+// those the mask hides from every row of the block); each
 // lane scores one key, the softmax runs online per row, and each lane accumulates dv/32 output
 // columns. With one split the block writes the result; with several it writes partials.
 //
@@ -12,8 +13,12 @@
 // shared memory (cp.async, two buffers: the next tile loads while this one is used); Q (scaled,
 // as f16) stays in registers. S = Q K^T and O += P V run on tensor cores, the softmax on S's
 // accumulators in registers (P becomes the A operand of P V without leaving them). Tiles where
-// the mask is -inf for every row of the block (a causal prompt's future) are skipped: the block
-// first scans its mask rows for the first and last tile that matter.
+// the mask is -inf for every row of the block (a causal prompt's future, another sequence's
+// pages of a shared KV cache) are skipped: the block first scans its mask rows and marks, in a
+// bitmap in shared memory, the tiles where some row has a value other than -inf (the first
+// MMA_VIS_WORDS * 32 tiles of its split; later ones count as shown), and visits those only. A
+// skipped tile would add nothing: its scores are -inf, so the row maxima, sums and outputs keep
+// their values.
 #include "attention.cuh"
 
 #define KTILE 32
@@ -99,7 +104,17 @@ template <class K, class V, int RPW> __device__ void fattn(const KParams& p) {
     }
 
     for (i64 c0 = kv0; c0 < kv1; c0 += KTILE) {
-        __syncthreads();
+        // A tile whose keys the mask hides from every row of the block adds nothing (its
+        // scores are -inf): it is not loaded. The barrier also guards the tiles' reuse.
+        bool shown = mask_type == 0;
+#pragma unroll
+        for (int j = 0; j < RPW; j++) {
+            if (mask_type && valid[j] && c0 + lane < kv1) {
+                const char* mp = at(mask, c0 + lane, iqs[j], bcast(hs[j], mask.ne[2]), bcast(b, mask.ne[3]));
+                shown |= (mask_type == 1 ? F32::load(mp) : F16::load(mp)) != NEG_INF;
+            }
+        }
+        if (!__syncthreads_or(shown)) continue;
         load_tile<K>(k, Ks, D, D + 4, c0, kv1, g, bk, p.i[5] != 0);
         load_tile<V>(v, Vs, DV, DV, c0, kv1, g, bk, p.i[5] != 0);
         __syncthreads();
@@ -192,6 +207,7 @@ FATTN(f16, F16, f16, F16)
 #define MMA_BQ 64          // query rows per block (16 per warp)
 #define MMA_BK 64          // keys per tile
 #define MMA_THREADS 128
+#define MMA_VIS_WORDS 32   // words of the shown-tile bitmap (tiles of a split it holds / 32)
 #define LOG2E 1.4426950408889634f
 
 // 16 bytes from global to shared memory without passing registers; zero-filled when !ok.
@@ -253,8 +269,6 @@ __device__ __forceinline__ float2 mask_pair(const char* row, const TArg& mask, i
     return r;
 }
 
-// Whether a mask value (its bits) is -inf.
-__device__ __forceinline__ bool h_neg_inf(u32 h) { return (h & 0xffffu) == 0xfc00u; }
 
 template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     constexpr int ST = D + 8;                 // shared row stride in halves (no bank conflicts)
@@ -270,6 +284,7 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     u16* Vs = Ks + 2 * MMA_BK * ST;           // [2][MMA_BK][ST]
     u16* Ms = Vs + 2 * MMA_BK * ST;           // [2][MMA_BQ][MST]: f16 mask tiles (i[7])
     __shared__ int range[2];
+    __shared__ u32 vis[MMA_VIS_WORDS];
 
     const TArg& dst = p.t[0];
     const TArg& q = p.t[1];
@@ -311,11 +326,13 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
     const int ntiles = (int)((nkv + MMA_BK - 1) / MMA_BK);
     const int per = (ntiles + nsplit - 1) / nsplit;
     int t0 = min(ntiles, split * per), t1 = min(ntiles, t0 + per);
+    const int t00 = t0;
     if (mtype) {
         if (tid == 0) {
             range[0] = 0x7fffffff;
             range[1] = -1;
         }
+        for (int i = tid; i < MMA_VIS_WORDS; i += MMA_THREADS) vis[i] = 0u;
         __syncthreads();
         // Rows of the block with distinct mask rows: per query when the mask ignores heads.
         const bool by_q = mask.ne[2] == 1;
@@ -342,6 +359,8 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
             if (any) {
                 lo = min(lo, c);
                 hi = max(hi, c);
+                const int ti = (int)(c / MMA_BK) - t00;
+                if (ti < MMA_VIS_WORDS * 32 && !(vis[ti / 32] & (1u << (ti % 32)))) atomicOr(&vis[ti / 32], 1u << (ti % 32));
             }
         }
         if (hi >= 0) {
@@ -352,6 +371,16 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
         t0 = max(t0, range[0]);
         t1 = min(t1, range[1] + 1);
     }
+    // The first tile from t on that some row of the block sees (t1 when none).
+    auto next_tile = [&](int t) {
+        if (!mtype) return t;
+        for (; t < t1; t++) {
+            const int ti = t - t00;
+            if (ti >= MMA_VIS_WORDS * 32 || (vis[ti / 32] >> (ti % 32)) & 1u) break;
+        }
+        return t;
+    };
+    t0 = next_tile(t0);
 
     // f16 masks with rows on 16 bytes come through shared memory with K and V: the mask rows
     // of the block rows this thread copies (rows tid / 8 + 16 i, chunk tid % 8).
@@ -429,8 +458,9 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
 #pragma unroll
     for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-    for (int t = t0; t < t1; t++) {
-        const int buf = (t - t0) & 1;
+    int buf = 0;
+    for (int t = t0; t < t1; buf ^= 1) {
+        const int tn = next_tile(t + 1);
         const i64 c0 = (i64)t * MMA_BK;
         // The mask values of this tile (log2 units, slope applied), loaded before waiting
         // unless they come through shared memory: without a softcap they start the sums of S.
@@ -452,8 +482,8 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
                 mk[nt][2 * j + 1] = x.y * slope[j];
             }
         }
-        if (t + 1 < t1) {
-            load_kv(t + 1, buf ^ 1);
+        if (tn < t1) {
+            load_kv(tn, buf ^ 1);
             cp_commit();
             cp_wait<1>();
         } else {
@@ -543,6 +573,7 @@ template <int D, bool CAP> __device__ void fattn_mma(const KParams& p) {
             }
         }
         __syncthreads();
+        t = tn;
     }
 
     // Row sums over the four lanes of each row, then the output or this split's partials.

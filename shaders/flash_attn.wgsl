@@ -9,7 +9,8 @@
 //
 // `main` (any layout): the query is staged in workgroup memory, then the keys are visited WG at
 // a time (one score per invocation), with a running maximum and sum (online softmax); each
-// invocation accumulates dims li, li + WG, ... of the output.
+// invocation accumulates dims li, li + WG, ... of the output. The k and v rows of keys the mask
+// hides are not read.
 //
 // `decode` (few query rows; k and v rows contiguous, 4-byte aligned, D and DV even): the
 // workgroup is NG groups of G invocations, and each group runs its own online softmax over
@@ -26,7 +27,8 @@
 // subgroup operations (subgroup i assumed to be invocations i * size ..., as mul_mat
 // assumes), then the subgroups' through workgroup memory; without, the groups' through
 // workgroup memory. The steps end after the last key the mask does not hide
-// (`visible_end`). Keys past the end (of the split) are read clamped to its last key (so that
+// (`visible_end`), and a step whose keys the mask hides all (another sequence's pages of a
+// shared KV cache) is skipped: it would add nothing, its scores being -inf. Keys past the end (of the split) are read clamped to its last key (so that
 // loads need no branch) and weigh 0.
 //
 // Split decode (SPLIT): the keys of each query row and head are cut into h.x splits of h.y
@@ -168,13 +170,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var j0 = 0u; j0 < nkv; j0 += {{WG}}u) {
         let j = j0 + li;
         var s = NEG_INF;
+        // A key the mask hides weighs nothing: neither its k row nor (below) its v row is read.
+        var mk = NEG_INF;
         if j < nkv {
+            mk = mask_at(row.mb, j);
+        }
+        if mk > NEG_INF {
             var qk = 0.0;
             let kr = row.kb + j * P.s1.nb.y;
             for (var i = 0u; i < d; i++) {
                 qk += qs[i] * ld1(kr + i * P.s1.nb.x);
             }
-            s = score(qk, mask_at(row.mb, j), m);
+            s = score(qk, mk, m);
         }
         let new_max = max(run_max, wg_max(s, li));
         let p = select(exp(s - new_max), 0.0, s <= NEG_INF);
@@ -187,7 +194,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if e < dv {
                 var a = acc[t] * corr;
                 for (var jj = 0u; jj < count; jj++) {
-                    a += ps[jj] * ld2(row.vb + (j0 + jj) * P.s2.nb.y + e * P.s2.nb.x);
+                    if ps[jj] != 0.0 {
+                        a += ps[jj] * ld2(row.vb + (j0 + jj) * P.s2.nb.y + e * P.s2.nb.x);
+                    }
                 }
                 acc[t] = a;
             }
@@ -315,21 +324,37 @@ fn chunk_values(w: vec4<u32>, f16v: bool, h: u32) -> vec4<f32> {
 // them all; end without a mask), the same in every invocation: the keys after it weigh
 // nothing (a decode step's mask hides the cache's padding past the current position), so the
 // steps stop there. One mask load per WG keys, and three barriers.
+// It also marks in `shown` the steps (of NG * KU keys from start) with a key the mask does not
+// hide, bit i for step i (the steps past SHOWN_WORDS * 32 count as shown; all of them without
+// a mask): `step_shown` reads them.
 var<workgroup> seen_end: atomic<u32>;
 var<workgroup> shown_end: u32;
+const SHOWN_WORDS: u32 = 16u;
+var<workgroup> seen: array<atomic<u32>, SHOWN_WORDS>;
+var<workgroup> shown: array<u32, SHOWN_WORDS>;
 
 fn visible_end(mb: u32, start: u32, end: u32, li: u32) -> u32 {
     if P.u.y == 0u {
+        if li < SHOWN_WORDS {
+            shown[li] = 0xffffffffu;
+        }
         return end;
     }
     if li == 0u {
         atomicStore(&seen_end, start);
+    }
+    if li < SHOWN_WORDS {
+        atomicStore(&seen[li], 0u);
     }
     workgroupBarrier();
     var e = start;
     for (var j = start + li; j < end; j += {{WG}}u) {
         if mask_at(mb, j) > NEG_INF {
             e = j + 1u;
+            let i = (j - start) / (NG * KU);
+            if i < SHOWN_WORDS * 32u {
+                atomicOr(&seen[i / 32u], 1u << (i % 32u));
+            }
         }
     }
     atomicMax(&seen_end, e);
@@ -337,7 +362,19 @@ fn visible_end(mb: u32, start: u32, end: u32, li: u32) -> u32 {
     if li == 0u {
         shown_end = atomicLoad(&seen_end);
     }
+    if li < SHOWN_WORDS {
+        shown[li] = atomicLoad(&seen[li]);
+    }
     return workgroupUniformLoad(&shown_end);
+}
+
+// Whether step i of `visible_end`'s marks has a key the mask does not hide (the same in every
+// invocation).
+fn step_shown(i: u32) -> bool {
+    if i >= SHOWN_WORDS * 32u {
+        return true;
+    }
+    return ((workgroupUniformLoad(&shown[i / 32u]) >> (i % 32u)) & 1u) != 0u;
 }
 
 // The sums of x over each group's G invocations (every invocation of the group gets them, the
@@ -429,6 +466,9 @@ fn decode(
     var run_sum = 0.0;
     // Every group runs the same number of steps (the group reductions are uniform).
     for (var b0 = start; b0 < end; b0 += NG * KU) {
+        if !step_shown((b0 - start) / (NG * KU)) {
+            continue;
+        }
         let j0 = b0 + g * KU;
         // The step's k, mask and v loads are all issued before any is used, so that one
         // memory round trip serves them all (v and the mask do not wait for the scores).

@@ -31,6 +31,12 @@ pub struct BatchParams {
     pub n_ubatch: usize,
     /// KV cache element type (F16 as llama.cpp, or F32).
     pub kv_type: DType,
+    /// Cells per page: the cache is handed to sequences in pages of this many cells (see
+    /// [`Cells`]), so that a step's attention visits only each sequence's own pages. A
+    /// multiple of the attention kernels' key tiles (32 to 256 keys, by backend and head size)
+    /// lets them skip other sequences' pages whole; the cache holds `n_seq` sequences of `n_ctx`
+    /// positions in whole pages. 1 hands out single cells.
+    pub page_cells: usize,
 }
 
 impl Default for BatchParams {
@@ -40,6 +46,7 @@ impl Default for BatchParams {
             n_seq: 1,
             n_ubatch: 512,
             kv_type: DType::F16,
+            page_cells: 256,
         }
     }
 }
@@ -115,6 +122,25 @@ fn spread(vals: &[f32], chunk: &[(usize, bool)], wanted: &[i32], out: &mut [Vec<
     }
 }
 
+/// The attention groups of a graph over `chunk`'s tokens ([`StepShape::n_groups`]): one per
+/// entry when every entry brings equally many tokens (each sequence's rows then get kernel
+/// blocks of their own), else one.
+fn attention_groups(chunk: &[(usize, u32, bool)]) -> usize {
+    let mut runs: Vec<usize> = Vec::new();
+    for (i, &(e, _, _)) in chunk.iter().enumerate() {
+        if i > 0 && chunk[i - 1].0 == e {
+            *runs.last_mut().expect("a run was started") += 1;
+        } else {
+            runs.push(1);
+        }
+    }
+    if runs.len() > 1 && runs.iter().all(|&r| r == runs[0]) {
+        runs.len()
+    } else {
+        1
+    }
+}
+
 /// Magic and version of a saved sequence.
 const SEQ_MAGIC: &[u8; 8] = b"TSKVSEQ1";
 
@@ -141,14 +167,18 @@ impl BatchContext {
         } else {
             params.n_ctx
         };
-        if params.n_ubatch == 0 || params.n_seq == 0 {
+        if params.n_ubatch == 0 || params.n_seq == 0 || params.page_cells == 0 {
             return Err(Error::Invalid(
-                "the batch size and the sequence count must be at least 1".into(),
+                "the batch size, the sequence count and the page size must be at least 1".into(),
             ));
         }
-        // Whole KV_PAD blocks, as the one-sequence context: mask rows are then whole words.
+        // Each sequence's n_ctx positions in whole pages, and whole KV_PAD blocks, as the
+        // one-sequence context: mask rows are then whole words.
+        let page = params.page_cells;
         let n_cells = n_ctx
-            .checked_mul(params.n_seq)
+            .div_ceil(page)
+            .checked_mul(page)
+            .and_then(|c| c.checked_mul(params.n_seq))
             .ok_or(Error::Overflow("KV cells"))?
             .div_ceil(KV_PAD)
             * KV_PAD;
@@ -177,7 +207,7 @@ impl BatchContext {
         Ok(BatchContext {
             sched: Scheduler::new(devices)?,
             kv,
-            cells: Cells::new(n_cells),
+            cells: Cells::with_pages(n_cells, page),
             n_ctx,
             n_ubatch: params.n_ubatch,
             steps: Vec::new(),
@@ -450,9 +480,12 @@ impl BatchContext {
         let mut ids = Vec::with_capacity(n);
         let mut pos = Vec::with_capacity(n);
         let mut rows = Vec::with_capacity(n);
+        let mut seq_pos = Vec::with_capacity(n);
         for &(e, t, _) in chunk {
             let seq = batch[e].seq;
-            pos.push(self.cells.seq_len(seq)? as i32);
+            let p = self.cells.seq_len(seq)?;
+            pos.push(p as i32);
+            seq_pos.push((seq, p));
             rows.push(self.cells.push(seq)? as i64);
             ids.push(t as i32);
         }
@@ -470,15 +503,13 @@ impl BatchContext {
             n_kv,
             n_kv_window: if window.is_some() { n_kv } else { 0 },
             all_logits: head == Head::Hidden,
+            n_groups: attention_groups(chunk),
         };
         let idx = self.step((shape, head))?;
         let step = &self.steps[idx];
         let g = &step.graph;
         let mut mask = Vec::with_capacity(n * n_kv);
-        for (i, &(e, _, _)) in chunk.iter().enumerate() {
-            self.cells
-                .mask_row(batch[e].seq, pos[i] as usize, None, n_kv, &mut mask);
-        }
+        self.cells.mask_rows(&seq_pos, None, n_kv, &mut mask);
         // Each input through the backend of the device the plan placed it on.
         let sched = &mut self.sched;
         let plan = &step.plan;
@@ -489,10 +520,7 @@ impl BatchContext {
         set(step.io.global.mask, &f16_bytes(&mask))?;
         if let Some(w) = step.io.window {
             let mut wmask: Vec<f16> = Vec::with_capacity(n * n_kv);
-            for (i, &(e, _, _)) in chunk.iter().enumerate() {
-                self.cells
-                    .mask_row(batch[e].seq, pos[i] as usize, window, n_kv, &mut wmask);
-            }
+            self.cells.mask_rows(&seq_pos, window, n_kv, &mut wmask);
             set(w.rows, bytemuck::cast_slice(&rows))?;
             set(w.mask, &f16_bytes(&wmask))?;
         }
@@ -619,5 +647,24 @@ impl BatchContext {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_groups;
+
+    /// Entries of equal token counts get a group each; unequal ones, or one entry, one group.
+    #[test]
+    fn attention_groups_follow_equal_entries() {
+        let chunk = |entries: &[usize]| -> Vec<(usize, u32, bool)> {
+            entries.iter().map(|&e| (e, 7, true)).collect()
+        };
+        assert_eq!(attention_groups(&chunk(&[0, 1, 2, 3])), 4);
+        assert_eq!(attention_groups(&chunk(&[0, 0, 1, 1, 2, 2])), 3);
+        assert_eq!(attention_groups(&chunk(&[0, 0, 0, 1])), 1);
+        assert_eq!(attention_groups(&chunk(&[0, 1, 1])), 1);
+        assert_eq!(attention_groups(&chunk(&[3, 3, 3])), 1);
+        assert_eq!(attention_groups(&chunk(&[5])), 1);
     }
 }

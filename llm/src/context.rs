@@ -184,6 +184,7 @@ impl Context {
             n_kv: padded.min(self.kv.n_ctx()),
             n_kv_window: ring.map_or(0, |r| padded.min(r)),
             all_logits: all_logits && n > 1,
+            n_groups: 1,
         };
         let idx = match self.steps.iter().position(|s| s.shape == shape) {
             Some(i) => i,

@@ -26,6 +26,14 @@ pub struct StepShape {
     pub n_kv_window: usize,
     /// Logits for every token (true) or only the last.
     pub all_logits: bool,
+    /// Attention groups: the tokens are this many groups of `n_tokens / n_groups` consecutive
+    /// tokens (a divisor of `n_tokens`; 1: one group), each group a batch of its own in
+    /// flash_attn_ext (q `[hd, n_tokens / n_groups, heads, n_groups]`, the mask `[n_kv,
+    /// n_tokens / n_groups, 1, n_groups]`). A batched step whose sequences bring equally many
+    /// tokens (one each, decoding) gives each sequence its group: the kernels then give its
+    /// query rows blocks of their own, which skip the key tiles the mask hides from the whole
+    /// group (the other sequences' pages), instead of blocks that mix every sequence's rows.
+    pub n_groups: usize,
 }
 
 /// The inputs of the KV cells of one kind of layer.
@@ -33,7 +41,8 @@ pub struct StepShape {
 pub struct KvInputs {
     /// I64 `[n_tokens]`: KV cache rows written.
     pub rows: TensorId,
-    /// F16 `[n_kv, n_tokens]`: 0 where a token may attend a cell, -inf elsewhere.
+    /// F16 `[n_kv, n_tokens]` (`[n_kv, n_tokens / n_groups, 1, n_groups]` by attention
+    /// group, [`StepShape::n_groups`]): 0 where a token may attend a cell, -inf elsewhere.
     pub mask: TensorId,
 }
 
@@ -188,12 +197,19 @@ impl Builder<'_> {
         let rope = cfg.rope.params(layer.rope_base, layer.rope_freq_scale);
         let q = self.g.rope_ext(q, io.pos, factors, rope)?;
         let k = self.g.rope_ext(k, io.pos, factors, rope)?;
+        let groups = shape.n_groups.max(1);
+        let q = if groups > 1 {
+            self.g.reshape(q, &[hd, nh, n / groups, groups])?
+        } else {
+            q
+        };
         let k = self.g.reshape(k, &[n_embd_kv, n])?;
 
         let (inputs, n_kv) = match (layer.window, io.window) {
             (Some(_), Some(w)) => (w, shape.n_kv_window),
             _ => (io.global, shape.n_kv),
         };
+        let mask = inputs.mask;
         let kv = self.src.kv;
         let ts = kv.dtype().type_size();
         let kc = kv.tensor(&mut self.g, l, false, n_embd_kv)?;
@@ -208,12 +224,12 @@ impl Builder<'_> {
         let q = self.g.permute(q, [0, 2, 1, 3])?;
         let att = if b.attn_sinks {
             let sinks = self.lw(l, "attn_sinks", &[nh])?;
-            let (q, k, v, m) = (q, kview, vview, Some(inputs.mask));
+            let (q, k, v, m) = (q, kview, vview, Some(mask));
             let (scale, cap) = (b.attn_scale, b.attn_softcap);
             self.g
                 .flash_attn_ext_sinks(q, k, v, m, sinks, scale, 0.0, cap)?
         } else {
-            let (q, k, v, m) = (q, kview, vview, Some(inputs.mask));
+            let (q, k, v, m) = (q, kview, vview, Some(mask));
             self.g
                 .flash_attn_ext(q, k, v, m, b.attn_scale, 0.0, b.attn_softcap)?
         };
@@ -377,17 +393,20 @@ pub fn build_head(
     let d = cfg.n_embd;
 
     let tokens = b.g.input("tokens", DType::I32, &[n])?;
+    // The masks' rows by attention group (see StepShape::n_groups).
+    let groups = shape.n_groups.max(1);
+    let mask_ne = |n_kv: usize| [n_kv, n / groups, 1, groups];
     let pos = b.g.input("pos", DType::I32, &[n])?;
     let global = KvInputs {
         rows: b.g.input("kv_rows", DType::I64, &[n])?,
-        mask: b.g.input("kq_mask", DType::F16, &[shape.n_kv, n])?,
+        mask: b.g.input("kq_mask", DType::F16, &mask_ne(shape.n_kv))?,
     };
     let window = match src.kv.window_cells() {
         Some(_) => Some(KvInputs {
             rows: b.g.input("kv_rows_swa", DType::I64, &[n])?,
             mask: b
                 .g
-                .input("kq_mask_swa", DType::F16, &[shape.n_kv_window, n])?,
+                .input("kq_mask_swa", DType::F16, &mask_ne(shape.n_kv_window))?,
         }),
         None => None,
     };

@@ -313,28 +313,47 @@ impl KvCache {
 /// A sequence's id in a cache shared by many.
 pub type SeqId = u32;
 
-/// Which sequences hold each cell of a shared cache, and at which position. Cells are handed
-/// out lowest first, so the cells a step attends (up to the highest one in use) stay few.
+/// Which sequences hold each cell of a shared cache, and at which position.
+///
+/// The cells are handed to sequences in pages of [`Cells::page`] consecutive cells: a sequence
+/// takes a free cell of a page it was handed, else the lowest wholly free page becomes its own,
+/// else (every page handed out) the lowest free cell anywhere. So while pages last, every cell
+/// of a page belongs to one sequence (and the sequences that share its prefix), and a step's
+/// mask hides whole pages from every token of the other sequences: attention kernels skip the
+/// key tiles their rows' mask hides entirely, so a token's attention costs its own sequence's
+/// pages, not every cell in use. Pages are handed out lowest first, so the cells a step attends
+/// (up to the highest one in use) stay few. A page whose cells are all freed goes back.
 #[derive(Clone, Debug)]
 pub struct Cells {
     /// Per cell: its position and the sequences that hold it (empty: free).
     cells: Vec<(u32, Vec<SeqId>)>,
     /// Cells no sequence holds.
     n_free: usize,
-    /// No cell below this one is free (where the search for a free cell starts).
-    first_free: usize,
+    /// Cells per page.
+    page: usize,
+    /// Per page: the sequence it is handed to (None: free for the next sequence that needs one)
+    /// and how many of its cells are held.
+    pages: Vec<(Option<SeqId>, usize)>,
     /// Per sequence: positions held (0..len, each in one cell).
     lens: BTreeMap<SeqId, usize>,
     next_id: SeqId,
 }
 
 impl Cells {
-    /// `n` free cells, no sequence.
+    /// `n` free cells handed out one at a time, lowest first (pages of one cell), no sequence.
     pub fn new(n: usize) -> Self {
+        Cells::with_pages(n, 1)
+    }
+
+    /// `n` free cells handed to sequences in pages of `page` cells (the last page may be
+    /// shorter; `page` 0 counts as 1), no sequence.
+    pub fn with_pages(n: usize, page: usize) -> Self {
+        let page = page.max(1);
         Cells {
             cells: vec![(0, Vec::new()); n],
             n_free: n,
-            first_free: 0,
+            page,
+            pages: vec![(None, 0); n.div_ceil(page)],
             lens: BTreeMap::new(),
             next_id: 0,
         }
@@ -348,6 +367,17 @@ impl Cells {
     /// Whether there are no cells at all.
     pub fn is_empty(&self) -> bool {
         self.cells.is_empty()
+    }
+
+    /// Cells per page.
+    pub fn page(&self) -> usize {
+        self.page
+    }
+
+    /// The sequence page `p` is handed to (None: free, or its sequence was removed while
+    /// others still hold some of its cells).
+    pub fn page_owner(&self, p: usize) -> Option<SeqId> {
+        self.pages.get(p).and_then(|x| x.0)
     }
 
     /// Cells no sequence holds.
@@ -384,10 +414,16 @@ impl Cells {
             .ok_or_else(|| Error::Invalid(format!("no sequence {seq}")))
     }
 
-    /// Forgets sequence `seq` and frees the cells only it held.
+    /// Forgets sequence `seq` and frees the cells only it held; the pages it was handed that
+    /// other sequences still hold cells of (a shared prefix) are no longer its own.
     pub fn remove_seq(&mut self, seq: SeqId) -> Result<()> {
         self.truncate(seq, 0)?;
         self.lens.remove(&seq);
+        for p in &mut self.pages {
+            if p.0 == Some(seq) {
+                p.0 = None;
+            }
+        }
         Ok(())
     }
 
@@ -399,7 +435,11 @@ impl Cells {
                 seqs.retain(|&s| s != seq);
                 if seqs.is_empty() {
                     self.n_free += 1;
-                    self.first_free = self.first_free.min(i);
+                    let page = &mut self.pages[i / self.page];
+                    page.1 -= 1;
+                    if page.1 == 0 {
+                        page.0 = None;
+                    }
                 }
             }
         }
@@ -408,7 +448,7 @@ impl Cells {
     }
 
     /// Makes `dst` hold `src`'s first `n` positions (the same cells: nothing is copied); `dst`'s
-    /// own positions are dropped first.
+    /// own positions are dropped first. `dst`'s later positions go to pages of its own.
     pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, n: usize) -> Result<()> {
         let n = n.min(self.seq_len(src)?);
         self.truncate(dst, 0)?;
@@ -421,22 +461,44 @@ impl Cells {
         Ok(())
     }
 
+    /// The cells of page `p`.
+    fn page_cells(&self, p: usize) -> std::ops::Range<usize> {
+        p * self.page..((p + 1) * self.page).min(self.cells.len())
+    }
+
+    /// The lowest free cell of `range`.
+    fn free_in(&self, range: std::ops::Range<usize>) -> Option<usize> {
+        let start = range.start;
+        self.cells[range]
+            .iter()
+            .position(|c| c.1.is_empty())
+            .map(|i| i + start)
+    }
+
     /// Takes a free cell for position `len` of `seq` (which grows by one); returns the cell.
     pub fn push(&mut self, seq: SeqId) -> Result<usize> {
         let len = self.seq_len(seq)?;
-        let cell = self.cells[self.first_free.min(self.cells.len())..]
-            .iter()
-            .position(|c| c.1.is_empty())
-            .map(|i| i + self.first_free)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "the KV cache's {} cells are all in use",
-                    self.cells.len()
-                ))
-            })?;
+        let own = (0..self.pages.len())
+            .find(|&p| self.pages[p].0 == Some(seq) && self.pages[p].1 < self.page_cells(p).len());
+        let cell = match own {
+            Some(p) => self.free_in(self.page_cells(p)),
+            None => match self.pages.iter().position(|p| *p == (None, 0)) {
+                Some(p) => {
+                    self.pages[p].0 = Some(seq);
+                    Some(self.page_cells(p).start)
+                }
+                None => self.free_in(0..self.cells.len()),
+            },
+        }
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "the KV cache's {} cells are all in use",
+                self.cells.len()
+            ))
+        })?;
         self.cells[cell] = (len as u32, vec![seq]);
         self.n_free -= 1;
-        self.first_free = cell + 1;
+        self.pages[cell / self.page].1 += 1;
         self.lens.insert(seq, len + 1);
         Ok(cell)
     }
@@ -465,14 +527,36 @@ impl Cells {
         n_kv: usize,
         out: &mut Vec<half::f16>,
     ) {
-        out.extend(self.cells[..n_kv].iter().map(|(pos, seqs)| {
+        self.mask_rows(&[(seq, p)], window, n_kv, out);
+    }
+
+    /// Appends the mask rows ([`Cells::mask_row`]) of the tokens `rows` (each its sequence and
+    /// position), in one pass over the cells.
+    pub fn mask_rows(
+        &self,
+        rows: &[(SeqId, usize)],
+        window: Option<usize>,
+        n_kv: usize,
+        out: &mut Vec<half::f16>,
+    ) {
+        let start = out.len();
+        out.resize(start + rows.len() * n_kv, half::f16::NEG_INFINITY);
+        let mask = &mut out[start..];
+        // The rows of each sequence of the step.
+        let mut of_seq: BTreeMap<SeqId, Vec<usize>> = BTreeMap::new();
+        for (i, &(s, _)) in rows.iter().enumerate() {
+            of_seq.entry(s).or_default().push(i);
+        }
+        for (c, (pos, seqs)) in self.cells[..n_kv].iter().enumerate() {
             let q = *pos as usize;
-            let visible = seqs.contains(&seq) && q <= p && window.is_none_or(|w| p - q < w);
-            if visible {
-                half::f16::ZERO
-            } else {
-                half::f16::NEG_INFINITY
+            for s in seqs {
+                for &i in of_seq.get(s).map_or(&[][..], Vec::as_slice) {
+                    let p = rows[i].1;
+                    if q <= p && window.is_none_or(|w| p - q < w) {
+                        mask[i * n_kv + c] = half::f16::ZERO;
+                    }
+                }
             }
-        }));
+        }
     }
 }

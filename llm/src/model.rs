@@ -248,6 +248,7 @@ fn check_all_read(cfg: &ModelConfig, weights: &Weights, cpu: &dyn Device) -> Res
         n_kv: 1,
         n_kv_window: usize::from(kv.window_cells().is_some()),
         all_logits: false,
+        n_groups: 1,
     };
     let (_, _, used) = forward::build(&src, shape)?;
     // LongRoPE reads one of its two factor sets, chosen by the context size.

@@ -2,7 +2,9 @@
 //! the tokens it gets decoded alone (the one-sequence `Context`), up to the first near-tie (a
 //! step whose top-2 logits are within 0.5), on the CPU, on a meta device of two CPU parts, and
 //! on every other device present. A sequence joins late with its prompt cut into chunks beside
-//! the running decodes, as a server's continuous batching does. Then the cache operations: a
+//! the running decodes, and every other sequence leaves (is removed) two steps early, as a
+//! server's continuous batching does; the cache is handed out in pages smaller than the
+//! prompts, so each sequence holds several pages among the others'. Then the cache operations: a
 //! shared prefix, truncation, and a sequence saved and restored give the logits of the same
 //! tokens evaluated plainly.
 
@@ -58,12 +60,22 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Greedy tokens of every prompt decoded together in one graph per step.
+/// Cells per page of the batched tests' caches: fewer than a prompt's tokens.
+const PAGE: usize = 8;
+
+/// Tokens sequence `i` generates before it leaves, of `steps`.
+fn target(i: usize, steps: usize) -> usize {
+    steps - 2 * (i % 2)
+}
+
+/// Greedy tokens of every prompt decoded together in one graph per step (sequence i generates
+/// `target(i, steps)` tokens, then is removed).
 fn batched(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<u32>> {
     let params = BatchParams {
         n_ctx: 256,
         n_seq: prompts.len(),
         n_ubatch: 64,
+        page_cells: PAGE,
         ..BatchParams::default()
     };
     let mut bc = BatchContext::new(model.clone(), params).unwrap();
@@ -73,10 +85,18 @@ fn batched(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<u3
     // What each sequence brings next: its prompt (the late one's in chunks), then its token.
     let mut fed = vec![0usize; prompts.len()];
     let mut step = 0;
-    while out.iter().any(|o| o.len() < steps) {
+    let mut left = vec![false; prompts.len()];
+    while (0..prompts.len()).any(|i| out[i].len() < target(i, steps)) {
         let mut pending: Vec<(usize, Vec<u32>, Output)> = Vec::new();
         for i in 0..prompts.len() {
-            if out[i].len() >= steps || (i == late && step < JOIN_AT) {
+            if out[i].len() >= target(i, steps) {
+                if !left[i] {
+                    bc.remove_seq(seqs[i]).unwrap();
+                    left[i] = true;
+                }
+                continue;
+            }
+            if i == late && step < JOIN_AT {
                 continue;
             }
             if fed[i] < prompts[i].len() {
@@ -122,6 +142,8 @@ fn check(name: &str, model: &Arc<Model>, steps: usize, n_prompts: usize) {
 fn check_prompts(name: &str, model: &Arc<Model>, steps: usize, prompts: &[Vec<u32>]) {
     let got = batched(model, prompts, steps);
     for (i, p) in prompts.iter().enumerate() {
+        let steps = target(i, steps);
+        assert_eq!(got[i].len(), steps);
         let (want, tie) = alone(model, p, steps);
         let matched = got[i].iter().zip(&want).take_while(|(a, b)| a == b).count();
         println!("{name}: sequence {i}: matched {matched}/{steps}; first near-tie at {tie}");
@@ -505,4 +527,91 @@ fn cell_bookkeeping_matches_a_plain_model() {
         }
         assert_eq!(cells.n_free(), n - used.len());
     }
+}
+
+/// Cells handed out in pages: while a wholly free page is left, a sequence's new cell lies in a
+/// page handed to it, so a step's mask hides whole pages from the other sequences; once none
+/// is, any free cell is taken (pages then mix), and the cache is full only when no cell is
+/// free.
+#[test]
+fn cells_in_pages_stay_with_their_sequence() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap;
+    use tessera_llm::kv_cache::Cells;
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(36);
+    let (n, page) = (60, 8);
+    let mut cells = Cells::with_pages(n, page);
+    assert_eq!(cells.page(), page);
+    let mut lens: BTreeMap<u32, usize> = BTreeMap::new();
+    // Which sequence holds each cell (no prefix is shared here, so one at most).
+    let holder = |cells: &Cells, lens: &BTreeMap<u32, usize>| {
+        let mut h = vec![None; n];
+        for &s in lens.keys() {
+            for c in cells.cells_of(s) {
+                assert_eq!(h[c], None, "cell {c} held twice");
+                h[c] = Some(s);
+            }
+        }
+        h
+    };
+    let mut mixed = 0;
+    for _ in 0..4000 {
+        let seqs: Vec<u32> = lens.keys().copied().collect();
+        let pick = |rng: &mut rand::rngs::StdRng| seqs[rng.gen_range(0..seqs.len())];
+        match rng.gen_range(0..12) {
+            0 if lens.len() < 5 => {
+                lens.insert(cells.add_seq(), 0);
+            }
+            1 if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                cells.remove_seq(s).unwrap();
+                lens.remove(&s);
+            }
+            2 if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                let k = rng.gen_range(0..=lens[&s]);
+                cells.truncate(s, k).unwrap();
+                lens.insert(s, k);
+            }
+            _ if !seqs.is_empty() => {
+                let s = pick(&mut rng);
+                let h = holder(&cells, &lens);
+                let pages: Vec<&[Option<u32>]> = h.chunks(page).collect();
+                let free_page = pages.iter().any(|p| p.iter().all(Option::is_none));
+                let any_free = h.iter().any(Option::is_none);
+                match cells.push(s) {
+                    Ok(c) => {
+                        assert_eq!(h[c], None, "cell {c} was taken");
+                        if free_page {
+                            assert_eq!(
+                                cells.page_owner(c / page),
+                                Some(s),
+                                "while a page was free, a cell outside the sequence's pages was taken"
+                            );
+                        }
+                        if pages[c / page].iter().any(|&x| x.is_some_and(|x| x != s)) {
+                            mixed += 1;
+                        }
+                        *lens.get_mut(&s).unwrap() += 1;
+                    }
+                    Err(e) => {
+                        assert!(!any_free, "a free cell was left");
+                        assert!(e.to_string().contains("in use"), "{e}");
+                    }
+                }
+            }
+            _ => {}
+        }
+        let h = holder(&cells, &lens);
+        for (&s, &len) in &lens {
+            assert_eq!(cells.cells_of(s).len(), len);
+            assert_eq!(cells.seq_len(s).unwrap(), len);
+        }
+        assert_eq!(cells.n_free(), h.iter().filter(|x| x.is_none()).count());
+    }
+    assert!(
+        mixed > 0,
+        "the cache never filled its pages: the test did not reach the fallback"
+    );
 }

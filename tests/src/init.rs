@@ -33,6 +33,19 @@ pub enum Init {
         /// How many keys each query sees.
         window: usize,
     },
+    /// A block-sparse mask `[keys, ...]`, as a KV cache shared by several sequences in pages
+    /// gives: the keys are pages of `page` keys, page p belonging to sequence p % `seqs` (the
+    /// last page may be shorter); row r (counted over every dim above 0) is a token of sequence
+    /// (r / `run`) % `seqs` and sees its sequence's keys (uniform in `[-1, 1)`, a tenth of them
+    /// `-inf`, never a page's first), every other key being `-inf`.
+    Pages {
+        /// Keys per page.
+        page: usize,
+        /// Sequences.
+        seqs: usize,
+        /// Consecutive rows of one sequence.
+        run: usize,
+    },
     /// NaN bytes (0xFF): a destination the op overwrites entirely.
     Poison,
 }
@@ -66,14 +79,15 @@ impl Init {
         }
         let mut row = vec![0f64; t.ne[0]];
         for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
-            self.fill_row(t.dtype, r % t.ne[1].max(1), &mut row, rng);
+            self.fill_row(t.dtype, [r % t.ne[1].max(1), r], &mut row, rng);
             encode_row(t.dtype, &row, dst)?;
         }
         Ok(out)
     }
 
-    /// Fills `row`, row `i1` along dim 1 (a mask's query).
-    fn fill_row(self, dtype: DType, i1: usize, row: &mut [f64], rng: &mut StdRng) {
+    /// Fills `row`: row `i1` along dim 1 (a mask's query), row `r` counted over every dim
+    /// above 0.
+    fn fill_row(self, dtype: DType, [i1, r]: [usize; 2], row: &mut [f64], rng: &mut StdRng) {
         let integer = matches!(dtype, DType::I32 | DType::I64);
         match self {
             Init::Uniform(lo, hi) if integer => {
@@ -118,6 +132,18 @@ impl Init {
                         f64::NEG_INFINITY
                     } else {
                         rng.gen_range(-1.0..1.0)
+                    };
+                }
+            }
+            Init::Pages { page, seqs, run } => {
+                let (page, seqs) = (page.max(1), seqs.max(1));
+                let seq = (r / run.max(1)) % seqs;
+                for (j, v) in row.iter_mut().enumerate() {
+                    let own = (j / page) % seqs == seq;
+                    *v = if own && (j % page == 0 || !rng.gen_bool(0.1)) {
+                        rng.gen_range(-1.0..1.0)
+                    } else {
+                        f64::NEG_INFINITY
                     };
                 }
             }

@@ -121,21 +121,22 @@ pub(super) fn flash_attn(
         a.nb[0] == 2 && a.ptr.is_multiple_of(16) && a.nb[1..].iter().all(|&s| s % 16 == 0)
     };
     let f16_kv = tk.dtype == DType::F16 && tv.dtype == DType::F16 && row16(&ka) && row16(&va);
+    if mask_type != 0 {
+        let es = if mask_type == 2 { 2 } else { 4 };
+        // Pairs of mask values load together (fattn_mma); f16 rows of 16 bytes are scanned 8
+        // at a time (fattn_mma, fattn_dec).
+        let aligned = |n: i64| {
+            ma.nb[0] == es
+                && ma.ptr.is_multiple_of(n as u64)
+                && ma.nb[1..].iter().all(|&s| s % n == 0)
+        };
+        p.i[6] = i32::from(aligned(2 * es));
+        p.i[7] = i32::from(mask_type == 2 && aligned(16) && nkv.is_multiple_of(8));
+    }
     if f16_kv && d == dv && rows <= DEC_ROWS && matches!(d, 64 | 128 | 256) {
         return flash_attn_dec(enc, p, d, rows, base_blocks, nkv, rows_total, q8);
     }
     if f16_kv && d == dv && matches!(d, 64 | 128) {
-        if mask_type != 0 {
-            let es = if mask_type == 2 { 2 } else { 4 };
-            // Pairs of mask values load together; f16 rows of 16 bytes are scanned 8 at a time.
-            let aligned = |n: i64| {
-                ma.nb[0] == es
-                    && ma.ptr.is_multiple_of(n as u64)
-                    && ma.nb[1..].iter().all(|&s| s % n == 0)
-            };
-            p.i[6] = i32::from(aligned(2 * es));
-            p.i[7] = i32::from(mask_type == 2 && aligned(16) && nkv.is_multiple_of(8));
-        }
         return flash_attn_mma(enc, p, d, rows, kv_heads * tq.ne[3], nkv, [rows_total, q8]);
     }
     if rows <= VEC_ROWS && p.i[5] == 1 && (8..=256).contains(&dv) && dv.is_power_of_two() {
@@ -224,6 +225,12 @@ fn flash_attn_dec(
         .div_ceil(DEC_MIN_KEYS)
         .min((DEC_PER_SM * enc.dev.sm_count as usize).div_ceil(blocks.max(1)))
         .clamp(1, 256);
+    // The kernel gives each split whole chunks of its key loop (DEC_PASSES passes of 4 warps
+    // over 32 * 8 / d keys each): as many splits as that leaves non-empty.
+    let chunk = 8192 / d;
+    let nsplit = nkv
+        .div_ceil(nkv.div_ceil(nsplit).next_multiple_of(chunk))
+        .max(1);
     p.i[2] = nsplit as i32;
     // Up to 8 splits of a KV head run as one thread-block cluster and merge through
     // distributed shared memory where the device launches clusters; else split, the last

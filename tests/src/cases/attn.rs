@@ -5,7 +5,8 @@
 //! Decoding one or two tokens over 512 to 1024 keys with few heads, where the keys are cut into
 //! splits (wgpu's split decode), some under a mask that hides a run of keys longer than a split.
 //! The newer architectures' shapes: head sizes 256 and 96, GQA 8, logit softcap, and
-//! sliding-window masks.
+//! sliding-window masks. Block-sparse masks (`paged`), as a KV cache shared by sequences in
+//! pages gives: whole key tiles hidden from some query rows, which the kernels skip.
 
 use tessera_core::DType;
 
@@ -140,9 +141,61 @@ enum Masking {
     Window(usize),
 }
 
+/// flash_attn_ext under a block-sparse mask ([`Init::Pages`]): q `[hs, nq, nh * nr, batch]`,
+/// k and v `[hs, kv, nh, 1]` (of `types[1]`: f16 as a KV cache, or f32) shared by every batch,
+/// the mask (of `types[0]`) `[kv, nq, 1, batch]` of `seqs` sequences in pages of `page` keys,
+/// each run of `run` consecutive query rows one sequence's tokens. With one query per batch
+/// this is a batched decoding step whose tokens are each their own batch.
+#[allow(clippy::too_many_arguments)]
+fn paged(
+    hs: usize,
+    [nh, nr]: [usize; 2],
+    [nq, batch]: [usize; 2],
+    kv: usize,
+    page: usize,
+    seqs: usize,
+    run: usize,
+    [mask_type, type_kv]: [DType; 2],
+) -> Case {
+    let params = format!(
+        "hsk={hs},hsv={hs},nh={nh},nr={nr},kv={kv},nb={nq},batch={batch},mask={}-pages{page}x{seqs}-run{run},max_bias=0,logit_softcap=0,type_KV={type_kv},kv_batch=1",
+        mask_type.name()
+    );
+    let flops = 2.0 * (nq * kv * 2 * hs * nh * nr * batch) as f64;
+    Case::new(
+        "FLASH_ATTN_EXT",
+        params,
+        &[DType::F32, type_kv, mask_type],
+        Tolerance::MATMUL,
+        move |g| {
+            let q = g.leaf(DType::F32, &[hs, nq, nh * nr, batch])?;
+            let k = g.leaf(type_kv, &[hs, kv, nh, 1])?;
+            let v = g.leaf(type_kv, &[hs, kv, nh, 1])?;
+            let init = Init::Pages { page, seqs, run };
+            let m = g.input(mask_type, &[kv, nq, 1, batch], init)?;
+            g.flash_attn_ext(q, k, v, Some(m), 1.0 / (hs as f32).sqrt(), 0.0, 0.0)
+        },
+    )
+    .with_flops(flops)
+}
+
 /// Every flash_attn_ext case: the full grid of head dims, GQA ratios, query and key counts,
 /// with the other options varied across it, then the large model-shaped cases.
 pub(super) fn cases(v: &mut Vec<Case>) {
+    // Batched decoding over a shared paged cache: 16 tokens (each its own batch) of 4 sequences
+    // in pages of 256 and of 64 keys over 8 KV heads of 4 query heads (the Llama-8B shape) and
+    // over one KV head of 4 (head size 64); a last page shorter than the others.
+    let (f16, f32) = (DType::F16, DType::F32);
+    v.push(paged(128, [8, 4], [1, 16], 2048, 256, 4, 1, [f16, f16]));
+    v.push(paged(64, [1, 4], [1, 16], 1000, 64, 5, 1, [f32, f16]));
+    // Prompt chunks of several sequences in one batch: runs of 64 and of 16 query rows (a
+    // tensor-core tile of one sequence, and four sequences in a tile).
+    v.push(paged(64, [2, 1], [192, 1], 1024, 64, 3, 64, [f16, f16]));
+    v.push(paged(128, [2, 4], [64, 1], 960, 128, 4, 16, [f16, f16]));
+    // f32 K and V (the other kernels): two rows of a KV head per token, and a head size of 80
+    // with runs of 16 query rows.
+    v.push(paged(64, [2, 2], [1, 8], 512, 64, 3, 1, [f16, f32]));
+    v.push(paged(80, [1, 2], [48, 1], 384, 32, 3, 16, [f16, f32]));
     let mut i = 0usize;
     for hs in [64, 128, 80] {
         for nr in [1, 3, 4] {

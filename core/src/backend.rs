@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::staging::{HostStaging, StagedView, Staging};
 use crate::tensor::TensorId;
 
 /// What sort of device.
@@ -288,6 +289,41 @@ pub trait Backend: Send {
     ) -> Result<()> {
         self.synchronize()?;
         dst.copy_from(dst_offset, src, src_offset, len)
+    }
+    /// Staging for round trips of up to `bytes` between this backend's buffers and host
+    /// memory (see [`crate::staging`]), kept by the caller between transfers. Default:
+    /// [`HostStaging`], ordinary memory moved by [`Backend::get_async`] and
+    /// [`Backend::set_async`].
+    fn new_staging(&mut self, bytes: usize) -> Result<Box<dyn Staging>> {
+        Ok(Box::new(HostStaging::new(bytes)))
+    }
+    /// Starts reading `len` bytes of `buffer` from `offset` into `staging` (made by this
+    /// backend's [`Backend::new_staging`]), ordered after the work submitted so far; waits for
+    /// nothing.
+    fn stage_read(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        crate::staging::host_staging(staging)?.read(self, buffer, offset, len)
+    }
+    /// Waits for the read last started into `staging` and hands out its host view.
+    fn staged<'a>(&mut self, staging: &'a mut dyn Staging) -> Result<StagedView<'a>> {
+        crate::staging::host_staging(staging)?.view(self)
+    }
+    /// Starts writing the first `len` bytes written into `staging`'s view (at most the read's
+    /// length) into `buffer` at `offset`, ordered before the work submitted later; the view
+    /// must not be used again.
+    fn stage_write(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        crate::staging::host_staging(staging)?.write(self, buffer, offset, len)
     }
     /// Records an event after the work submitted so far. Default: `None` (callers then
     /// synchronize the whole backend instead).

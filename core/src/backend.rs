@@ -14,7 +14,8 @@
 //! - **Optional capabilities are default methods** that fall back to something slower but
 //!   always correct: async copies fall back to blocking ones, a 2-D copy to a loop of rows, a
 //!   copy between devices to host staging, events to a full synchronize, an all-reduce to the
-//!   meta layer's generic host path ([`Device::communicator`] returning `None`).
+//!   meta layer's generic host path ([`Device::communicator`] returning `None`), a backend's
+//!   own host staging ([`Backend::new_staging`]) to ordinary memory moved by the async copies.
 //! - **Ordering.** Work submitted to one [`Backend`] runs in submission order. Blocking
 //!   [`Buffer`] calls wait for nothing: before touching a buffer a backend writes
 //!   asynchronously, call [`Backend::synchronize`] (or wait on an [`Event`]).

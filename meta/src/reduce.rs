@@ -152,8 +152,24 @@ impl HostReduce {
     }
 
     /// Sums `count` f32 values (bf16 with `bf16`) at `bufs[j]` (one per part, in part order)
-    /// into every one of them.
+    /// into every one of them. After an error the stagings are let go (one may be left
+    /// mid-transfer), and the next call makes new ones.
     pub(crate) fn all_reduce(
+        &mut self,
+        backends: &mut [Box<dyn Backend>],
+        bufs: &[(Arc<dyn Buffer>, usize)],
+        count: usize,
+        bf16: bool,
+    ) -> Result<()> {
+        let r = self.reduce(backends, bufs, count, bf16);
+        if r.is_err() {
+            self.staging.clear();
+        }
+        r
+    }
+
+    /// [`HostReduce::all_reduce`], keeping the stagings whatever happens.
+    fn reduce(
         &mut self,
         backends: &mut [Box<dyn Backend>],
         bufs: &[(Arc<dyn Buffer>, usize)],

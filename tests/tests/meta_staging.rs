@@ -3,6 +3,8 @@
 //! synchronized (as a GPU's copy engine would, reading and writing the host memory it was
 //! handed then), next to a CPU part summed in place. Sizes of one chunk and of several (with an
 //! odd tail), f32 and bf16, repeated calls: every part must hold the sum, added in part order.
+//! The same over a CPU and a wgpu adapter (lavapipe in CI), whose backend stages through its
+//! own mapped readback and upload buffers.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};

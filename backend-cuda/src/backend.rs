@@ -364,8 +364,10 @@ impl Backend for CudaBackend {
         st.view()
     }
 
-    /// The write goes out of the page-locked memory on the stream; the next read into it is
-    /// queued after it, so the memory stays unchanged until the copy has run.
+    /// A write into this device's memory goes out of the page-locked memory on the staging's
+    /// own stream, after the read it follows, and this stream waits for it: the next read
+    /// into the staging and every later computation are queued after it, so the memory stays
+    /// unchanged until the copy has run. Other buffers are written in stream order.
     fn stage_write(
         &mut self,
         staging: &mut dyn Staging,
@@ -375,7 +377,37 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let st = self.own_staging(staging)?;
         st.check_write(len)?;
-        self.set_async(buffer, offset, st.bytes(len)?)
+        let Some(b) = self.own(buffer) else {
+            return self.set_async(buffer, offset, st.bytes(len)?);
+        };
+        b.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        st.up
+            .wait(&st.event)
+            .map_err(|e| self.err("ordering a staged write after its read", e))?;
+        let data = st.bytes(len)?.as_ptr();
+        // SAFETY: the range was checked; `data` is `len` bytes of page-locked memory that the
+        // staging keeps alive and that the host leaves unchanged until this copy has run (the
+        // next read into it is queued on this stream, which waits for the copy below).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                b.device_ptr() + offset as u64,
+                data.cast(),
+                len,
+                st.up.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| self.err("copying to the device", e))?;
+        st.written
+            .record(&st.up)
+            .map_err(|e| self.err("recording an event", e))?;
+        self.stream
+            .wait(&st.written)
+            .map_err(|e| self.err("waiting for a staged write", e))
     }
 
     fn copy_async(

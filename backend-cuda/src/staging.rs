@@ -1,12 +1,17 @@
 //! The CUDA backend's host staging ([`tessera_core::staging`]): page-locked memory that the
-//! stream's copy engine reads into and writes out of asynchronously, and an event recorded after
+//! GPU's copy engines read into and write out of asynchronously, and an event recorded after
 //! each read, so that the host waits for that read alone (not for the write queued after it).
 //! The host reads and writes the memory in place ([`StagedView::InPlace`]).
+//!
+//! Reads run on the backend's stream; writes run on a stream of the staging's own, after the
+//! read they follow, and the backend's stream waits for each write before its later work. The
+//! GPU has separate copy engines for the two directions, so a pipelined caller's write of one
+//! chunk runs while the next chunk is read, instead of after it.
 
 use std::any::Any;
 use std::sync::Arc;
 
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaEvent, CudaStream};
 use tessera_core::staging::{check_capacity, staged_too_short, StagedView, Staging};
 use tessera_core::{Buffer, BufferType, Result};
 
@@ -18,8 +23,11 @@ pub(crate) struct CudaStaging {
     pub(crate) ordinal: usize,
     /// Page-locked memory of `capacity` bytes.
     pinned: Arc<dyn Buffer>,
-    /// Recorded on the stream after the last read.
+    /// Recorded on the backend's stream after the last read.
     pub(crate) event: CudaEvent,
+    /// The stream writes run on, and the event recorded there after the last one.
+    pub(crate) up: Arc<CudaStream>,
+    pub(crate) written: CudaEvent,
     /// Bytes of the last read, while one was started.
     pub(crate) len: Option<usize>,
 }
@@ -29,14 +37,21 @@ impl CudaStaging {
     pub(crate) fn new(dev: &Arc<DeviceShared>, bytes: usize) -> Result<CudaStaging> {
         let pinned = PinnedBufferType { dev: dev.clone() }.alloc(bytes.max(1))?;
         dev.bind()?;
-        let event = dev
+        let event = || {
+            dev.ctx
+                .new_event(None)
+                .map_err(|e| dev.err("creating an event", e))
+        };
+        let up = dev
             .ctx
-            .new_event(None)
-            .map_err(|e| dev.err("creating an event", e))?;
+            .new_stream()
+            .map_err(|e| dev.err("creating a stream", e))?;
         Ok(CudaStaging {
             ordinal: dev.ordinal,
             pinned,
-            event,
+            event: event()?,
+            up,
+            written: event()?,
             len: None,
         })
     }

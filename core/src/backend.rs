@@ -315,8 +315,9 @@ pub trait Backend: Send {
         crate::staging::host_staging(staging)?.view(self)
     }
     /// Starts writing the first `len` bytes written into `staging`'s view (at most the read's
-    /// length) into `buffer` at `offset`, ordered before the work submitted later; the view
-    /// must not be used again.
+    /// length) into `buffer` at `offset`, ordered after the read into `staging` and before the
+    /// work submitted later (work submitted between that read and this write must not touch
+    /// the range); the view must not be used again.
     fn stage_write(
         &mut self,
         staging: &mut dyn Staging,

@@ -13,11 +13,14 @@
 //!    and the memory the host writes the bytes to send back into (the same memory, or a
 //!    separate mapped upload area);
 //! 3. [`Backend::stage_write`] starts copying the bytes written into the view back into a
-//!    buffer, ordered before the work submitted later.
+//!    buffer, ordered after that read and before the work submitted later. It need not wait
+//!    for work submitted between the read and the write (a backend may run it beside that
+//!    work), so that work must not touch the range written.
 //!
 //! A staging is busy from a read until the write after it has run: the next read into it is
-//! ordered after that write on the same stream, so a caller may start it at once. Two stagings
-//! of one backend are independent, so a caller pipelines chunks by alternating two.
+//! ordered after that write, so a caller may start it at once. Two stagings of one backend are
+//! independent, so a caller pipelines chunks by alternating two: the read of chunk `c + 1`
+//! started before chunk `c` is written.
 //!
 //! [`HostStaging`] is the default: ordinary host memory moved by the backend's
 //! [`Backend::get_async`] and [`Backend::set_async`], correct on every backend.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use tessera_core::graph_key::GraphKey;
+use tessera_core::staging::{foreign_staging, StagedView, Staging};
 use tessera_core::{Backend, Buffer, Error, Event, Graph, Result, TensorId};
 
 use crate::blas::Blas;
@@ -16,6 +17,7 @@ use crate::graphs::{GraphCache, GraphMode, ListSetup};
 use crate::kernels::Build;
 use crate::memory::CudaBuffer;
 use crate::ops::{Encoder, COUNTER_BYTES};
+use crate::staging::CudaStaging;
 use crate::CudaOptions;
 
 /// A stream of work on one GPU.
@@ -138,6 +140,14 @@ impl CudaBackend {
 
     fn err(&self, what: &str, e: cudarc::driver::DriverError) -> Error {
         self.dev.err(what, e)
+    }
+
+    /// `staging` as this device's, or an error.
+    fn own_staging<'a>(&self, staging: &'a mut dyn Staging) -> Result<&'a mut CudaStaging> {
+        match staging.as_any_mut().downcast_mut::<CudaStaging>() {
+            Some(s) if s.ordinal == self.dev.ordinal => Ok(s),
+            _ => Err(foreign_staging(&self.dev.name)),
+        }
     }
 
     /// The CUDA buffer of this device behind `b`, if it is one.
@@ -317,6 +327,87 @@ impl Backend for CudaBackend {
         }
         .result()
         .map_err(|e| self.err("copying from the device", e))
+    }
+
+    fn new_staging(&mut self, bytes: usize) -> Result<Box<dyn Staging>> {
+        Ok(Box::new(CudaStaging::new(&self.dev, bytes)?))
+    }
+
+    /// The read goes into the staging's page-locked memory on the stream (a blocking read for
+    /// a buffer of another device), and the staging's event is recorded after it.
+    fn stage_read(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let st = self.own_staging(staging)?;
+        st.len = None;
+        self.get_async(buffer, offset, st.bytes(len)?)?;
+        self.dev.bind()?;
+        st.event
+            .record(&self.stream)
+            .map_err(|e| self.err("recording an event", e))?;
+        st.len = Some(len);
+        Ok(())
+    }
+
+    /// Waits for the staging's event: the read, not the writes queued after it.
+    fn staged<'a>(&mut self, staging: &'a mut dyn Staging) -> Result<StagedView<'a>> {
+        let st = self.own_staging(staging)?;
+        if st.len.is_some() {
+            st.event
+                .synchronize()
+                .map_err(|e| self.err("waiting for a staged read", e))?;
+        }
+        st.view()
+    }
+
+    /// A write into this device's memory goes out of the page-locked memory on the staging's
+    /// own stream, after the read it follows, and this stream waits for it: the next read
+    /// into the staging and every later computation are queued after it, so the memory stays
+    /// unchanged until the copy has run. Other buffers are written in stream order.
+    fn stage_write(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let st = self.own_staging(staging)?;
+        st.check_write(len)?;
+        let Some(b) = self.own(buffer) else {
+            return self.set_async(buffer, offset, st.bytes(len)?);
+        };
+        b.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        st.up
+            .wait(&st.event)
+            .map_err(|e| self.err("ordering a staged write after its read", e))?;
+        let data = st.bytes(len)?.as_ptr();
+        // SAFETY: the range was checked; `data` is `len` bytes of page-locked memory that the
+        // staging keeps alive and that the host leaves unchanged until this copy has run (the
+        // next read into it is queued on this stream, which waits for the copy below).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                b.device_ptr() + offset as u64,
+                data.cast(),
+                len,
+                st.up.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| self.err("copying to the device", e))?;
+        st.written
+            .record(&st.up)
+            .map_err(|e| self.err("recording an event", e))?;
+        self.stream
+            .wait(&st.written)
+            .map_err(|e| self.err("waiting for a staged write", e))
     }
 
     fn copy_async(

@@ -30,6 +30,7 @@ pub mod kernels;
 mod memory;
 mod ops;
 mod options;
+mod staging;
 
 pub use backend::{CudaBackend, CudaEventMark};
 pub use comm::CudaComm;

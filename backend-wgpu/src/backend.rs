@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tessera_core::backend::{Backend, Buffer};
 use tessera_core::graph_key::GraphKey;
+use tessera_core::staging::{foreign_staging, StagedView, Staging};
 use tessera_core::{Error, Graph, Result, TensorId};
 
 use crate::buffer::{self, Readback, WgpuBuffer};
@@ -20,6 +21,7 @@ use crate::context::{Gpu, Window, PARAMS_SIZE};
 use crate::fused::Fuser;
 use crate::ops::{self, Bind};
 use crate::profile::{self, Profile};
+use crate::staging::{StagedCopy, WgpuStaging};
 use crate::timing::{self, Timer};
 
 /// One dispatch of a recorded graph.
@@ -126,18 +128,24 @@ const RECENT_GRAPHS: usize = 256;
 /// encoded; parts much smaller than this pay for their submits).
 const SUBMIT_CHUNK: usize = 48;
 
-/// Writes waiting for the next submit: their bytes one after another, and where each goes.
+/// Writes waiting for the next submit, in the order they were asked for: their bytes one after
+/// another, and where each goes.
 #[derive(Default)]
 struct Uploads {
     bytes: Vec<u8>,
     writes: Vec<Upload>,
 }
 
-/// One pending write: its buffer, byte offset there, and range in [`Uploads`]' bytes.
-struct Upload {
-    dst: wgpu::Buffer,
-    offset: u64,
-    range: std::ops::Range<usize>,
+/// One pending write.
+enum Upload {
+    /// Bytes of [`Uploads`]' `range`, to `dst` at `offset`.
+    Bytes {
+        dst: wgpu::Buffer,
+        offset: u64,
+        range: std::ops::Range<usize>,
+    },
+    /// A staged write's copy out of its staging's upload buffer.
+    Staged(StagedCopy),
 }
 
 /// Host time of a backend's graphs (see [`WgpuBackend`]'s `host`).
@@ -248,16 +256,27 @@ impl WgpuBackend {
             return Ok(());
         }
         let need = bytes.len() as u64;
-        if self.upload.as_ref().is_none_or(|u| u.size() < need) {
-            let size = need.next_power_of_two().max(1 << 12);
-            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-            self.upload = Some(self.gpu.new_buffer("tessera uploads", size, usage)?);
+        if need > 0 {
+            if self.upload.as_ref().is_none_or(|u| u.size() < need) {
+                let size = need.next_power_of_two().max(1 << 12);
+                let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+                self.upload = Some(self.gpu.new_buffer("tessera uploads", size, usage)?);
+            }
+            if let Some(upload) = &self.upload {
+                self.gpu.queue.write_buffer(upload, 0, bytes);
+            }
         }
-        let upload = self.upload.as_ref().expect("made above");
-        self.gpu.queue.write_buffer(upload, 0, bytes);
         for w in writes.drain(..) {
-            let (from, len) = (w.range.start as u64, w.range.len() as u64);
-            enc.copy_buffer_to_buffer(upload, from, &w.dst, w.offset, len);
+            match (w, &self.upload) {
+                (Upload::Bytes { dst, offset, range }, Some(upload)) => {
+                    let (from, len) = (range.start as u64, range.len() as u64);
+                    enc.copy_buffer_to_buffer(upload, from, &dst, offset, len);
+                }
+                (Upload::Bytes { .. }, None) => {
+                    return Err(self.gpu.err("pending writes without an upload buffer"))
+                }
+                (Upload::Staged(c), _) => c.record(enc),
+            }
         }
         bytes.clear();
         Ok(())
@@ -524,7 +543,7 @@ impl Backend for WgpuBackend {
                 let Uploads { bytes, writes } = &mut self.uploads;
                 let start = bytes.len();
                 bytes.extend_from_slice(data);
-                writes.push(Upload {
+                writes.push(Upload::Bytes {
                     dst: b.buffer.clone(),
                     offset: offset as u64,
                     range: start..bytes.len(),
@@ -536,6 +555,87 @@ impl Backend for WgpuBackend {
                 buffer.set(offset, data)
             }
         }
+    }
+
+    fn new_staging(&mut self, bytes: usize) -> Result<Box<dyn Staging>> {
+        Ok(Box::new(WgpuStaging::new(&self.gpu, bytes)?))
+    }
+
+    /// Whole words of this device's buffers are copied into the staging's readback buffer,
+    /// after the pending writes, in one submit; other ranges go through `get_async`.
+    fn stage_read(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let st = self.own_staging(staging)?;
+        match self.own(buffer) {
+            Some(b) if WgpuStaging::words(offset, len) => {
+                b.check_range(offset, len)?;
+                let mut enc =
+                    self.gpu
+                        .device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("tessera staged read"),
+                        });
+                self.flush_uploads(&mut enc)?;
+                st.start_read(b, offset, len, enc)?;
+                self.idle = false;
+                Ok(())
+            }
+            _ => {
+                st.host().read(self, buffer, offset, len)?;
+                st.set_via_host(true);
+                Ok(())
+            }
+        }
+    }
+
+    /// A staged write not yet submitted is submitted first, so that the upload buffer it
+    /// copies out of can be mapped again.
+    fn staged<'a>(&mut self, staging: &'a mut dyn Staging) -> Result<StagedView<'a>> {
+        if self
+            .uploads
+            .writes
+            .iter()
+            .any(|w| matches!(w, Upload::Staged(_)))
+        {
+            self.submit_uploads()?;
+        }
+        let st = self.own_staging(staging)?;
+        if st.via_host() {
+            st.host().view(self)
+        } else {
+            st.view()
+        }
+    }
+
+    /// After a read of whole words, the copy out of the upload buffer waits with the pending
+    /// writes for the next submit (the next graph's, read's or synchronize's), which asks for
+    /// the upload buffer's next mapping too: a round trip costs one submit, the read's.
+    fn stage_write(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let st = self.own_staging(staging)?;
+        if st.via_host() {
+            return st.host().write(self, buffer, offset, len);
+        }
+        let Some(b) = self.own(buffer).filter(|_| WgpuStaging::words(offset, len)) else {
+            return Err(self.gpu.err(format!(
+                "a staged write of {len} bytes at {offset} to {}: a staged read of whole words writes back whole words of this device's buffers",
+                buffer.name()
+            )));
+        };
+        b.check_range(offset, len)?;
+        let copy = st.start_write(b, offset, len)?;
+        self.uploads.writes.push(Upload::Staged(copy));
+        Ok(())
     }
 
     /// Word-aligned copies between two of this device's buffers are recorded in stream order
@@ -714,6 +814,14 @@ impl WgpuBackend {
         self.host.encode += started.elapsed();
         self.host.graphs += 1;
         self.gpu.check()
+    }
+
+    /// `staging` as this device's, or an error.
+    fn own_staging<'a>(&self, staging: &'a mut dyn Staging) -> Result<&'a mut WgpuStaging> {
+        match staging.as_any_mut().downcast_mut::<WgpuStaging>() {
+            Some(s) if s.on(&self.gpu) => Ok(s),
+            _ => Err(foreign_staging(&self.gpu.name)),
+        }
     }
 
     /// `buffer` as one of this device's buffers.

@@ -108,6 +108,15 @@ impl WgpuDevice {
             })
     }
 
+    /// Times bare transfers of `bytes` bytes between host memory and this device, each way,
+    /// step by step ([`crate::TransferFloor`], `calls` calls each): what wgpu itself costs a
+    /// host all-reduce, waiting as [`crate::WgpuOptions::spin_wait`] says.
+    pub fn transfer_floor(&self, bytes: usize, calls: usize) -> Result<crate::TransferFloor> {
+        let gpu = self.gpu()?;
+        let spin = gpu.options.spin_wait;
+        crate::staging::measure_floor(&gpu, bytes, calls, spin)
+    }
+
     /// The adapter's description from wgpu.
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
         self.adapter.get_info()

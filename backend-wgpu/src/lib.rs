@@ -17,6 +17,9 @@
 //!   without runtime bounds checks.
 //! - `tessera ops perf` times graphs on the GPU with timestamp queries where the adapter has
 //!   TIMESTAMP_QUERY ([`set_gpu_timing`], [`take_gpu_times`]).
+//! - Host staging (`staging` module): readback and upload buffers, mapped by turns, that a
+//!   host all-reduce reads and writes in place ([`WgpuDevice::transfer_floor`] times wgpu's
+//!   bare transfers).
 //! - wgpu errors never panic: an uncaptured-error handler and error scopes turn them into
 //!   tessera errors (`context` module docs).
 #![warn(missing_docs)]
@@ -32,10 +35,12 @@ mod ops;
 mod options;
 mod profile;
 mod shader;
+mod staging;
 mod timing;
 
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuBackendReg, WgpuDevice};
 pub use options::WgpuOptions;
+pub use staging::TransferFloor;
 pub use timing::{set_gpu_timing, take_gpu_times};

@@ -50,6 +50,10 @@ pub struct WgpuOptions {
     /// smaller GPU would. `None`: the adapter's memory. For testing what does not fit (a model
     /// larger than the GPU, left partly to the CPU) on any adapter.
     pub memory_limit: Option<usize>,
+    /// Whether a wait for a staged read (a host all-reduce's) polls the device in a loop
+    /// instead of blocking in the driver's wait: no sleep and wake-up between the copy's end
+    /// and the host's return, at the cost of a busy host thread while it waits.
+    pub spin_wait: bool,
 }
 
 impl Default for WgpuOptions {
@@ -61,6 +65,7 @@ impl Default for WgpuOptions {
             profile: false,
             mat_mat_f16: None,
             memory_limit: None,
+            spin_wait: false,
         }
     }
 }
@@ -77,6 +82,7 @@ impl WgpuOptions {
             profile: env_switch("TESSERA_WGPU_PROFILE")?.unwrap_or(d.profile),
             mat_mat_f16: d.mat_mat_f16,
             memory_limit: d.memory_limit,
+            spin_wait: d.spin_wait,
         })
     }
 
@@ -107,6 +113,12 @@ impl WgpuOptions {
     /// Sets [`WgpuOptions::memory_limit`].
     pub fn memory_limit(mut self, bytes: Option<usize>) -> Self {
         self.memory_limit = bytes;
+        self
+    }
+
+    /// Sets [`WgpuOptions::spin_wait`].
+    pub fn spin_wait(mut self, on: bool) -> Self {
+        self.spin_wait = on;
         self
     }
 

@@ -11,7 +11,7 @@ use std::time::Instant;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use tessera::core::{Backend, Buffer, Communicator, ReduceType};
-use tessera::meta::{MetaBackend, MetaDevice};
+use tessera::meta::{MetaBackend, MetaDevice, ReduceBreakdown};
 use tessera::{Device, Error, Result};
 
 use crate::load;
@@ -38,6 +38,19 @@ pub struct AllReduceArgs {
     #[cfg(feature = "cuda")]
     #[arg(long)]
     peer_mib: Option<usize>,
+    /// Also print, per size, where a host all-reduce's time goes: each part's read start,
+    /// wait and write start, and the sum (host time per call).
+    #[arg(long)]
+    breakdown: bool,
+    /// Also time, per size, bare wgpu transfers on each wgpu part, step by step (a readback;
+    /// a write through a mapped buffer; a write through the queue): what wgpu itself costs.
+    #[arg(long)]
+    floor: bool,
+    /// wgpu parts wait for staged reads by polling in a loop instead of blocking in the
+    /// driver (`WgpuOptions::spin_wait`).
+    #[cfg(feature = "wgpu")]
+    #[arg(long)]
+    spin_wait: bool,
 }
 
 /// The environment's options, with this command's flags on top.
@@ -48,7 +61,11 @@ fn options(a: &AllReduceArgs) -> Result<tessera::Options> {
     if let Some(mib) = a.peer_mib {
         o.cuda = o.cuda.peer_mib(mib);
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(feature = "wgpu")]
+    if a.spin_wait {
+        o.wgpu = o.wgpu.spin_wait(true);
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     let _ = a;
     Ok(o)
 }
@@ -57,6 +74,12 @@ fn options(a: &AllReduceArgs) -> Result<tessera::Options> {
 trait Reducer {
     fn reduce(&mut self, bufs: &[(Arc<dyn Buffer>, usize)], count: usize) -> Result<()>;
     fn sync(&mut self) -> Result<()>;
+    /// Turns the host all-reduce's breakdown on (emptied) or off; nothing where there is none.
+    fn set_breakdown(&mut self, _on: bool) {}
+    /// The breakdown since it was turned on.
+    fn breakdown(&self) -> Option<ReduceBreakdown> {
+        None
+    }
 }
 
 impl Reducer for MetaBackend {
@@ -66,6 +89,14 @@ impl Reducer for MetaBackend {
 
     fn sync(&mut self) -> Result<()> {
         Backend::synchronize(self)
+    }
+
+    fn set_breakdown(&mut self, on: bool) {
+        self.set_reduce_breakdown(on);
+    }
+
+    fn breakdown(&self) -> Option<ReduceBreakdown> {
+        self.reduce_breakdown().cloned()
     }
 }
 
@@ -160,6 +191,7 @@ fn measure(
     println!("| size | µs per call | algbw GB/s | busbw GB/s | calls |");
     println!("|---|---|---|---|---|");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut breakdowns: Vec<(usize, ReduceBreakdown)> = Vec::new();
     for &kib in &a.kib {
         let count = kib * 256;
         let bytes = count * 4;
@@ -177,6 +209,7 @@ fn measure(
         r.sync()?;
         check(&bufs, &inputs, count)?;
         // Timed calls: the values keep growing (x n per call), which costs nothing here.
+        r.set_breakdown(a.breakdown);
         let mut calls = 0usize;
         let start = Instant::now();
         while calls < 3 || start.elapsed().as_secs_f64() < a.seconds {
@@ -198,7 +231,80 @@ fn measure(
             bus,
             calls
         );
+        if let Some(b) = r.breakdown() {
+            breakdowns.push((bytes, b));
+        }
+        r.set_breakdown(false);
     }
+    if !breakdowns.is_empty() {
+        println!();
+        println!("Host time per call by phase (µs):");
+        for (bytes, b) in &breakdowns {
+            let calls = b.calls.max(1) as f64;
+            let phases: Vec<String> = b
+                .phases
+                .iter()
+                .map(|(p, t)| format!("{p} {:.1}", t.as_secs_f64() * 1e6 / calls))
+                .collect();
+            println!("| {} | {} |", size_label(*bytes), phases.join(" · "));
+        }
+    }
+    if a.floor {
+        floor(parts, a)?;
+    }
+    Ok(())
+}
+
+/// Times bare wgpu transfers of every size on each wgpu part ([`tessera::wgpu::TransferFloor`]).
+#[cfg(feature = "wgpu")]
+fn floor(parts: &[Arc<dyn Device>], a: &AllReduceArgs) -> Result<()> {
+    use tessera::wgpu::WgpuDevice;
+    for p in parts {
+        let Some(w) = p.as_any().downcast_ref::<WgpuDevice>() else {
+            continue;
+        };
+        println!();
+        println!(
+            "{}: bare wgpu transfers, host time per call by step (µs)",
+            p.name()
+        );
+        println!("| size | path | steps | total µs | GB/s |");
+        println!("|---|---|---|---|---|");
+        for &kib in &a.kib {
+            let bytes = kib << 10;
+            let calls = ((64usize << 20) / bytes.max(1)).clamp(3, 200);
+            let f = w.transfer_floor(bytes, calls)?;
+            for (path, steps) in [
+                ("readback", &f.read),
+                ("mapped write", &f.write_mapped),
+                ("queue write", &f.write_queued),
+            ] {
+                let total = steps
+                    .iter()
+                    .find(|(s, _)| *s == "total")
+                    .map_or(0.0, |(_, t)| t.as_secs_f64());
+                let list: Vec<String> = steps
+                    .iter()
+                    .filter(|(s, _)| *s != "total")
+                    .map(|(s, t)| format!("{s} {:.1}", t.as_secs_f64() * 1e6))
+                    .collect();
+                println!(
+                    "| {} | {path} | {} | {:.1} | {:.1} |",
+                    size_label(f.bytes),
+                    list.join(" · "),
+                    total * 1e6,
+                    f.bytes as f64 / total.max(1e-12) / 1e9
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Without wgpu there is no wgpu part to time.
+#[cfg(not(feature = "wgpu"))]
+fn floor(_parts: &[Arc<dyn Device>], _a: &AllReduceArgs) -> Result<()> {
+    println!("skipped the wgpu transfer floor: built without the wgpu feature");
     Ok(())
 }
 

@@ -346,3 +346,45 @@ fn all_reduce_of_two_cpu_parts_sums() {
         assert!(text.contains(size), "{size} missing from {text}");
     }
 }
+
+/// The all-reduce's breakdown and wgpu transfer floor over a CPU and a wgpu adapter (lavapipe in
+/// CI): a phase list per size (the adapter's read, wait and write, the sum) and the floor's three
+/// paths. Skipped, saying so, where the binary has no wgpu:0 device.
+#[test]
+fn all_reduce_breakdown_and_floor_over_cpu_and_wgpu() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "all-reduce",
+            "--device",
+            "meta:cpu,wgpu:0",
+            "--kib",
+            "16,1024",
+            "--seconds",
+            "0.05",
+            "--breakdown",
+            "--floor",
+        ])
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("the binary runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && err.contains("wgpu") {
+        println!("skipped: no wgpu:0 device here ({err})");
+        return;
+    }
+    assert!(out.status.success(), "{text}{err}");
+    for want in [
+        "| 16 KiB | read wgpu:0 ",
+        "wait wgpu:0",
+        "sum",
+        "write wgpu:0",
+        "| 1 MiB |",
+        "bare wgpu transfers",
+        "| readback |",
+        "| mapped write |",
+        "| queue write |",
+    ] {
+        assert!(text.contains(want), "{want} missing from {text}");
+    }
+}

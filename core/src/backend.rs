@@ -14,7 +14,8 @@
 //! - **Optional capabilities are default methods** that fall back to something slower but
 //!   always correct: async copies fall back to blocking ones, a 2-D copy to a loop of rows, a
 //!   copy between devices to host staging, events to a full synchronize, an all-reduce to the
-//!   meta layer's generic host path ([`Device::communicator`] returning `None`).
+//!   meta layer's generic host path ([`Device::communicator`] returning `None`), a backend's
+//!   own host staging ([`Backend::new_staging`]) to ordinary memory moved by the async copies.
 //! - **Ordering.** Work submitted to one [`Backend`] runs in submission order. Blocking
 //!   [`Buffer`] calls wait for nothing: before touching a buffer a backend writes
 //!   asynchronously, call [`Backend::synchronize`] (or wait on an [`Event`]).
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::staging::{HostStaging, StagedView, Staging};
 use crate::tensor::TensorId;
 
 /// What sort of device.
@@ -288,6 +290,42 @@ pub trait Backend: Send {
     ) -> Result<()> {
         self.synchronize()?;
         dst.copy_from(dst_offset, src, src_offset, len)
+    }
+    /// Staging for round trips of up to `bytes` between this backend's buffers and host
+    /// memory (see [`crate::staging`]), kept by the caller between transfers. Default:
+    /// [`HostStaging`], ordinary memory moved by [`Backend::get_async`] and
+    /// [`Backend::set_async`].
+    fn new_staging(&mut self, bytes: usize) -> Result<Box<dyn Staging>> {
+        Ok(Box::new(HostStaging::new(bytes)))
+    }
+    /// Starts reading `len` bytes of `buffer` from `offset` into `staging` (made by this
+    /// backend's [`Backend::new_staging`]), ordered after the work submitted so far; waits for
+    /// nothing.
+    fn stage_read(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        crate::staging::host_staging(staging)?.read(self, buffer, offset, len)
+    }
+    /// Waits for the read last started into `staging` and hands out its host view.
+    fn staged<'a>(&mut self, staging: &'a mut dyn Staging) -> Result<StagedView<'a>> {
+        crate::staging::host_staging(staging)?.view(self)
+    }
+    /// Starts writing the first `len` bytes written into `staging`'s view (at most the read's
+    /// length) into `buffer` at `offset`, ordered after the read into `staging` and before the
+    /// work submitted later (work submitted between that read and this write must not touch
+    /// the range); the view must not be used again.
+    fn stage_write(
+        &mut self,
+        staging: &mut dyn Staging,
+        buffer: &dyn Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        crate::staging::host_staging(staging)?.write(self, buffer, offset, len)
     }
     /// Records an event after the work submitted so far. Default: `None` (callers then
     /// synchronize the whole backend instead).

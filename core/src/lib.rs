@@ -16,6 +16,7 @@ pub mod options;
 pub mod quant;
 pub mod registry;
 pub mod sched;
+pub mod staging;
 pub mod tensor;
 
 pub use backend::{

@@ -22,7 +22,7 @@ use crate::buffer::slice_of;
 use crate::device::Shared;
 use crate::options::AllReducePath;
 use crate::plan::{self, Action, Plan, ReducePlan};
-use crate::reduce::HostReduce;
+use crate::reduce::{HostReduce, ReduceBreakdown};
 use crate::split::byte_chunks;
 use crate::split::SplitState;
 use crate::submit::Submitters;
@@ -145,7 +145,7 @@ impl MetaBackend {
         let timings = shared.options.profile.then(Timings::default);
         let mut order: Vec<usize> = (0..shared.parts.len()).collect();
         order.sort_by_key(|&j| shared.parts[j].kind() == DeviceKind::Cpu);
-        let host = HostReduce::new(shared.parts.clone());
+        let host = HostReduce::default();
         Ok(MetaBackend {
             shared,
             order,
@@ -165,6 +165,18 @@ impl MetaBackend {
     /// forces it).
     pub fn all_reduce_path(&self) -> String {
         self.comm.as_ref().map_or("host".into(), |c| c.name())
+    }
+
+    /// Turns on (emptied) or off the per-phase breakdown of the host all-reduce's time
+    /// ([`MetaBackend::reduce_breakdown`]).
+    pub fn set_reduce_breakdown(&mut self, on: bool) {
+        self.host.set_breakdown(on);
+    }
+
+    /// Where the host all-reduces' time went since the breakdown was turned on (`None` while
+    /// it is off).
+    pub fn reduce_breakdown(&self) -> Option<&ReduceBreakdown> {
+        self.host.breakdown()
     }
 
     /// Sums `count` f32 (or bf16) values at `bufs[j]` (one `(buffer, offset)` per part, each

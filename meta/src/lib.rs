@@ -90,6 +90,7 @@ pub use layers::{plan_layers, LayerCosts, LayerPart, LayerPlan, LayerShares};
 pub use options::{AllReducePath, MetaOptions, SplitMode};
 pub use plan::InputPolicy;
 pub use ratio::{auto_ratios, measure_matvec, measure_speeds, water_fill};
+pub use reduce::ReduceBreakdown;
 pub use split::{
     byte_chunks, normalize_ratios, part_shape, partition, partition_units, AxisSplit, Interval,
     Segment, SplitState,

@@ -3,6 +3,8 @@
 //! synchronized (as a GPU's copy engine would, reading and writing the host memory it was
 //! handed then), next to a CPU part summed in place. Sizes of one chunk and of several (with an
 //! odd tail), f32 and bf16, repeated calls: every part must hold the sum, added in part order.
+//! The same over a CPU and a wgpu adapter (lavapipe in CI), whose backend stages through its
+//! own mapped readback and upload buffers.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -263,4 +265,101 @@ fn overlapping_host_memory_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("overlapping"), "{e}");
+}
+
+/// The sum of `inputs` in part order, as the host all-reduce adds them: f32, or bf16 rounded
+/// after every addition.
+fn ordered_sum(inputs: &[Vec<f32>], dtype: ReduceType) -> Vec<u8> {
+    let count = inputs[0].len();
+    match dtype {
+        ReduceType::F32 => (0..count)
+            .flat_map(|i| {
+                let mut s = inputs[0][i];
+                for x in &inputs[1..] {
+                    s += x[i];
+                }
+                s.to_le_bytes()
+            })
+            .collect(),
+        ReduceType::BF16 => (0..count)
+            .flat_map(|i| {
+                let mut s = bf16::from_f32(inputs[0][i]);
+                for x in &inputs[1..] {
+                    s = bf16::from_f32(s.to_f32() + bf16::from_f32(x[i]).to_f32());
+                }
+                s.to_le_bytes()
+            })
+            .collect(),
+    }
+}
+
+/// A CPU and a wgpu adapter (lavapipe in CI), in both orders: the host all-reduce through the
+/// adapter's mapped staging leaves exactly the ordered CPU sum in both parts, for one value,
+/// 16 KiB, an odd count, several MiB (several chunks and a tail) and an odd bf16 count (partial
+/// words, through the backend's own reads and writes), each twice in a row with new values in
+/// the same buffers (stale staging would show). Skipped, saying so, without a wgpu:0 device.
+#[test]
+fn host_all_reduce_over_cpu_and_wgpu_is_the_ordered_sum() {
+    let Ok(gpu) = tessera::registry().find("wgpu:0") else {
+        println!("skipped: no wgpu:0 device (build with the wgpu feature)");
+        return;
+    };
+    for parts in [vec![cpu(), gpu.clone()], vec![gpu.clone(), cpu()]] {
+        let names: Vec<String> = parts.iter().map(|p| p.name()).collect();
+        let options = MetaOptions::default()
+            .with_all_reduce(AllReducePath::Host)
+            .with_split_mode(SplitMode::Tensor);
+        let meta =
+            MetaDevice::with_options(parts.clone(), &SplitRatios::Given(vec![0.5, 0.5]), options)
+                .unwrap();
+        let mut backend = meta.meta_backend().unwrap();
+        for (count, dtype) in [
+            (1, ReduceType::F32),
+            (4096, ReduceType::F32),
+            (12_345, ReduceType::F32),
+            ((5 << 18) + 7, ReduceType::F32),
+            (2_049, ReduceType::BF16),
+        ] {
+            let esize = if dtype == ReduceType::BF16 { 2 } else { 4 };
+            let base = 256;
+            let bufs: Vec<(Arc<dyn Buffer>, usize)> = parts
+                .iter()
+                .map(|p| {
+                    (
+                        p.buffer_type().alloc(base + count * esize + 64).unwrap(),
+                        base,
+                    )
+                })
+                .collect();
+            for round in 0..2u32 {
+                let inputs: Vec<Vec<f32>> = (0..2u32)
+                    .map(|j| values(count, 31 + j + 10 * round + count as u32))
+                    .collect();
+                let want = ordered_sum(&inputs, dtype);
+                for ((b, off), x) in bufs.iter().zip(&inputs) {
+                    let bytes: Vec<u8> = match dtype {
+                        ReduceType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                        ReduceType::BF16 => x
+                            .iter()
+                            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                            .collect(),
+                    };
+                    b.set(*off, &bytes).unwrap();
+                }
+                backend.all_reduce(&bufs, count, dtype).unwrap();
+                Backend::synchronize(&mut backend).unwrap();
+                for (j, (b, off)) in bufs.iter().enumerate() {
+                    let mut got = vec![0u8; count * esize];
+                    b.get(*off, &mut got).unwrap();
+                    let bad = (0..count).find(|&i| {
+                        got[i * esize..(i + 1) * esize] != want[i * esize..(i + 1) * esize]
+                    });
+                    assert!(
+                        bad.is_none(),
+                        "{names:?} part {j}, {count} values of {dtype:?}, round {round}: element {bad:?} is not the ordered sum"
+                    );
+                }
+            }
+        }
+    }
 }

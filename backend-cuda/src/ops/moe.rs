@@ -1,7 +1,8 @@
 //! The mixture-of-experts ops: mul_mat_id, add_id, argsort and top_k (kernels/moe.cu).
 
 use tessera_core::dtype::DType;
-use tessera_core::{Result, Tensor, TensorId};
+use tessera_core::fusion::GluMulMatIds;
+use tessera_core::{GluOp, Op, Result, Tensor, TensorId};
 
 use super::{matmul, params, Encoder};
 
@@ -53,6 +54,48 @@ pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Resul
         d.ne[2] as u32,
     ];
     enc.launch("moe", &name, grid, [32 * MMID_WARPS, 1, 1], 0, p)
+}
+
+/// The experts' gate and up mul_mat_ids and their glu (a MoE layer's) in one launch
+/// (`mmvq_id_glu` in kernels/mmvq.cu: both mat-vecs of each selected expert's rows, the rows
+/// quantized once, act(gate) * up stored): where both experts are of one type, shape and layout
+/// with a mat-vec kernel. `Ok(false)` where this backend declines the group.
+pub(super) fn glu_mul_mat_ids(enc: &mut Encoder, m: &GluMulMatIds) -> Result<bool> {
+    let g = enc.graph;
+    let (tg, tu, ts) = (g.get(m.gate), g.get(m.up), g.get(m.glu));
+    let Op::MulMatId { first } = tg.op else {
+        return Ok(false);
+    };
+    let (wg, wu, x) = (g.get(tg.src[0]), g.get(tu.src[0]), g.get(m.x));
+    let fits = tu.op == tg.op
+        && wg.dtype == wu.dtype
+        && wg.ne == wu.ne
+        && wg.nb == wu.nb
+        && matmul::has_mmvq(wg.dtype)
+        && wg.rows_contiguous()
+        && matches!(x.dtype, DType::F32 | DType::F16)
+        && ts.dtype == DType::F32
+        && ts.ne == tg.ne
+        && ts.ne[1] * ts.ne[2] <= 65535;
+    if !fits {
+        return Ok(false);
+    }
+    let (ga, ua) = (enc.arg(tg.src[0])?, enc.arg(tu.src[0])?);
+    if !matmul::mmvq_aligned(wg.dtype, &ga) || !matmul::mmvq_aligned(wu.dtype, &ua) {
+        return Ok(false);
+    }
+    let (d, xa) = (enc.arg(m.glu)?, enc.arg(m.x)?);
+    let (qs, ds) = matmul::quantize_q8(enc, m.x, xa, x.dtype)?;
+    let mut p = params(d, &[ga, enc.arg(m.ids)?, ua]);
+    p.aux[..2].copy_from_slice(&[qs, ds]);
+    p.i[0] = first as i32;
+    p.i[1] = xa.ne[1] as i32;
+    p.i[6] = i32::from(m.op == GluOp::Geglu);
+    let (blocks, threads) = matmul::mmvq_launch(&mut p, ga.ne[1] as u64, false);
+    let grid = [blocks, (d.ne[1] * d.ne[2]) as u32, 1];
+    let name = format!("mmvq_id_glu_{}", wg.dtype.name());
+    enc.launch("mmvq", &name, grid, [threads, 1, 1], 0, p)?;
+    Ok(true)
 }
 
 /// a plus the bias row of each expert.

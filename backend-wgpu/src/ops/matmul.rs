@@ -77,7 +77,7 @@ pub(crate) const NORM_W_BINDING: usize = 5;
 /// 16-byte loads (float types, `k` a multiple of `float_k`) or as whole aligned words
 /// (quantized types whose blocks are whole words) — the A4 and AL defines; the f32 activations
 /// as 16-byte loads — Y4).
-fn wide_loads(
+pub(super) fn wide_loads(
     gpu: &Gpu,
     graph: &Graph,
     t: &tessera_core::Tensor,
@@ -184,6 +184,8 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
                 subgroups: gpu.subgroups,
                 aligned,
                 y4,
+                id: false,
+                glu: None,
             };
             (Key::MatVec(key), groups, None)
         } else {
@@ -506,6 +508,8 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                         subgroups,
                         aligned,
                         y4,
+                        id: false,
+                        glu: None,
                     }));
                 }
             }

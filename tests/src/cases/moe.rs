@@ -120,6 +120,56 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         }
     }
 
+    // Decode: one to a few tokens, top 2 to 8 of 8 to 128 experts, over the types MoE files
+    // hold their experts in (the k-quants, Q8_0, the i-quants and MXFP4 of gpt-oss).
+    for (n_mats, n_used, n) in [
+        (8usize, 2usize, 1usize),
+        (8, 2, 4),
+        (32, 4, 3),
+        (64, 8, 1),
+        (128, 8, 2),
+    ] {
+        for type_a in [
+            DType::F16,
+            DType::Q4_0,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::IQ4_XS,
+            DType::MXFP4,
+        ] {
+            v.push(
+                MulMatId {
+                    type_a,
+                    n_mats,
+                    n_used,
+                    b: true,
+                    m: 64,
+                    n,
+                    k: 256,
+                    ..base
+                }
+                .case(),
+            );
+        }
+    }
+    // Every i-quant and ternary type once at decode (the lattice types' grids bound).
+    for type_a in DType::QUANTIZED_IQ {
+        v.push(
+            MulMatId {
+                type_a,
+                n_mats: 8,
+                n_used: 2,
+                b: true,
+                m: 16,
+                n: 2,
+                k: 256,
+                ..base
+            }
+            .case(),
+        );
+    }
+
     // One part's slice of the experts on a meta device (expert parallelism): src0 holds experts
     // first..first + n_mats of twice as many, rows routed to the others are 0.
     for (type_a, first) in [(DType::F32, 4), (DType::Q4_0, 3), (DType::Q4_K, 1)] {
@@ -138,6 +188,52 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 Ok(out)
             },
         ));
+    }
+
+    // The experts' gate and up with their gated activation (one fused dispatch where a
+    // backend has it: the fusion matcher's glu_mul_mat_ids), SwiGLU and GeGLU, at decode and
+    // for a few tokens; and one part's slice of the experts (`first`).
+    for (type_a, n_expert, n_used, n_tok, op, first) in [
+        (DType::F32, 8, 2, 1, GluOp::Swiglu, 0),
+        (DType::F16, 8, 2, 3, GluOp::Geglu, 0),
+        (DType::Q4_0, 8, 2, 1, GluOp::Swiglu, 0),
+        (DType::Q4_0, 32, 4, 5, GluOp::Geglu, 0),
+        (DType::Q8_0, 8, 2, 2, GluOp::Swiglu, 0),
+        (DType::Q4_K, 64, 8, 1, GluOp::Swiglu, 0),
+        (DType::Q4_K, 8, 2, 3, GluOp::Geglu, 0),
+        (DType::Q6_K, 128, 8, 1, GluOp::Swiglu, 0),
+        (DType::IQ4_XS, 8, 4, 2, GluOp::Swiglu, 0),
+        (DType::MXFP4, 32, 4, 1, GluOp::Swiglu, 0),
+        (DType::Q4_K, 4, 3, 5, GluOp::Swiglu, 2),
+    ] {
+        let (k, ff) = (256, 96);
+        let name = format!(
+            "type={type_a},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},op={},first={first}",
+            op.name()
+        );
+        v.push(
+            Case::new(
+                "MOE_GLU",
+                name,
+                &[type_a, DType::F32, DType::I32],
+                Tolerance::MATMUL,
+                move |g| {
+                    // Small rows keep the gate's sums near 1, where SiLU and GELU differ most.
+                    let x = g.input(DType::F32, &[k, 1, n_tok], Init::Uniform(-0.125, 0.125))?;
+                    let n_ids = if first > 0 { 2 * n_expert } else { n_expert };
+                    let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_ids))?;
+                    let gate_w = g.leaf(type_a, &[k, ff, n_expert])?;
+                    let up_w = g.leaf(type_a, &[k, ff, n_expert])?;
+                    let gate = g.mul_mat_id(gate_w, x, ids)?;
+                    let up = g.mul_mat_id(up_w, x, ids)?;
+                    for p in [gate, up] {
+                        g.get_mut(p).op = Op::MulMatId { first };
+                    }
+                    g.glu_split(gate, up, op)
+                },
+            )
+            .with_flops(4.0 * (k * ff * n_used * n_tok) as f64),
+        );
     }
 
     // add_id: a bias row per expert.

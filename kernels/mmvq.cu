@@ -852,8 +852,9 @@ struct NoWait {
 // (slot, token): t[0] dst f32 [m, n_used, n_tokens], t[1] the experts [k, m, n_expert] of type
 // Q (rows contiguous), t[2] the i32 ids [n_used, n_tokens], aux[0], aux[1] the rows [k, n_b,
 // n_tokens] quantized as quantize_q8_1 writes them; i[0] the id of the first expert t[1] holds,
-// i[1] n_b (slot e of token t reads row e % n_b of token t). Grid (ceil(m / R), n_used
-// n_tokens) as mmvq_<type>_1's, blockIdx.y = e + n_used t. The weights' address depends on the
+// i[1] n_b (slot e of token t reads row e % n_b of token t). Grid (ceil(m / R), up to 65535)
+// as mmvq_<type>_1's, blockIdx.y + i[2] = e + n_used t (i[2]: the first (slot, token) of this
+// launch, where n_used n_tokens takes several). The weights' address depends on the
 // ids the kernel ahead writes, so nothing is read before pdl_wait; an expert t[1] does not hold
 // gives zeros.
 template <int Q> __device__ void mmvq_id(const KParams& p) {
@@ -866,7 +867,8 @@ template <int Q> __device__ void mmvq_id(const KParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks, 0);
-    const i64 e = blockIdx.y % d.ne[1], t = blockIdx.y / d.ne[1];
+    const i64 y = blockIdx.y + (i64)p.i[2];
+    const i64 e = y % d.ne[1], t = y / d.ne[1];
     const i64 last = w.ne[1] - 1;
     pdl_wait();
     const int x = *(const int*)at(p.t[2], e, t, 0, 0) - p.i[0];
@@ -996,7 +998,7 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
 // mmvq_id_glu_<type>: mmvq_id of two expert tensors in one launch, the experts' gate (t[1]) and
 // up (t[3], same type, shape and strides) projections by the same quantized rows and ids
 // (t[2]): dst (t[0], f32 [m, n_used, n_tokens]) = act(gate) * up with act as mmvq_glu's (i[6]);
-// i[0], i[1], aux[0], aux[1] and the grid as mmvq_id's. An expert t[1] does not hold gives 0.
+// i[0], i[1], i[2], aux[0], aux[1] and the grid as mmvq_id's. An expert t[1] does not hold gives 0.
 template <int Q> __device__ void mmvq_id_glu(const KParams& p) {
     typedef Tile<Q> T;
     const int R = T::RPG;
@@ -1011,7 +1013,8 @@ template <int Q> __device__ void mmvq_id_glu(const KParams& p) {
     const i64 m = wg.ne[1];
     const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks, 0);
-    const i64 e = blockIdx.y % d.ne[1], t = blockIdx.y / d.ne[1];
+    const i64 y = blockIdx.y + (i64)p.i[2];
+    const i64 e = y % d.ne[1], t = y / d.ne[1];
     const i64 row0 = (i64)blockIdx.x * gm.rows;
     pdl_wait();
     const int x = *(const int*)at(p.t[2], e, t, 0, 0) - p.i[0];

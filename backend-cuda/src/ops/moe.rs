@@ -5,6 +5,7 @@ use tessera_core::fusion::GluMulMatIds;
 use tessera_core::{GluOp, Op, Result, Tensor, TensorId};
 
 use super::{matmul, params, Encoder};
+use crate::cmd::KParams;
 
 /// Warps (results) per block of mul_mat_id.
 const MMID_WARPS: u32 = 4;
@@ -13,11 +14,32 @@ const MMID_WARPS: u32 = 4;
 const MAX_SORT: usize = 4096;
 
 /// Whether mul_mat_id of experts `a` by rows `b` runs here: kernels/moe.cu has an entry point
-/// for every classic quantized type ([`DType::QUANTIZED`]).
+/// for the float types and every classic quantized type ([`DType::QUANTIZED`]), and the types
+/// with a mat-vec kernel (the i-quants and MXFP4 among them) run as `mmvq_id`.
 pub(super) fn mul_mat_id_supported(a: &Tensor, b: &Tensor) -> bool {
     let w = matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
-        || (DType::QUANTIZED.contains(&a.dtype) && a.rows_contiguous());
+        || ((DType::QUANTIZED.contains(&a.dtype) || matmul::has_mmvq(a.dtype))
+            && a.rows_contiguous());
     w && matches!(b.dtype, DType::F32 | DType::F16)
+}
+
+/// Launches a mul_mat_id mat-vec kernel (`mmvq_id` or `mmvq_id_glu`) over `slots` (slot,
+/// token) pairs of `blocks` blocks each, in launches of at most 65535 pairs (the grid's y),
+/// each told its first pair in i[2].
+fn launch_id(
+    enc: &mut Encoder,
+    name: &str,
+    mut p: KParams,
+    blocks: u32,
+    threads: u32,
+    slots: usize,
+) -> Result<()> {
+    for first in (0..slots).step_by(65535) {
+        p.i[2] = first as i32;
+        let n = (slots - first).min(65535) as u32;
+        enc.launch("mmvq", name, [blocks, n, 1], [threads, 1, 1], 0, p)?;
+    }
+    Ok(())
 }
 
 /// Whether argsort or top_k of a row of `n` values runs here.
@@ -34,16 +56,18 @@ pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Resul
     let (wt, bt) = (enc.graph.get(a).dtype, enc.graph.get(b).dtype);
     let d = enc.arg(id)?;
     let (aa, ba) = (enc.arg(a)?, enc.arg(b)?);
-    if matmul::has_mmvq(wt) && matmul::mmvq_aligned(wt, &aa) && d.ne[1] * d.ne[2] <= 65535 {
+    if matmul::has_mmvq(wt) && matmul::mmvq_aligned(wt, &aa) {
         let (qs, ds) = matmul::quantize_q8(enc, b, ba, bt)?;
         let mut p = params(d, &[aa, enc.arg(ids)?]);
         p.aux[..2].copy_from_slice(&[qs, ds]);
         p.i[0] = first as i32;
         p.i[1] = ba.ne[1] as i32;
         let (blocks, threads) = matmul::mmvq_launch(&mut p, aa.ne[1] as u64, false);
-        let grid = [blocks, (d.ne[1] * d.ne[2]) as u32, 1];
         let name = format!("mmvq_id_{}", wt.name());
-        return enc.launch("mmvq", &name, grid, [threads, 1, 1], 0, p);
+        return launch_id(enc, &name, p, blocks, threads, (d.ne[1] * d.ne[2]) as usize);
+    }
+    if wt.is_quantized() && !DType::QUANTIZED.contains(&wt) {
+        return Err(enc.unsupported(id, "experts of this type need rows aligned for mmvq_id"));
     }
     let mut p = params(d, &[aa, ba, enc.arg(ids)?]);
     p.i[0] = first as i32;
@@ -75,8 +99,7 @@ pub(super) fn glu_mul_mat_ids(enc: &mut Encoder, m: &GluMulMatIds) -> Result<boo
         && wg.rows_contiguous()
         && matches!(x.dtype, DType::F32 | DType::F16)
         && ts.dtype == DType::F32
-        && ts.ne == tg.ne
-        && ts.ne[1] * ts.ne[2] <= 65535;
+        && ts.ne == tg.ne;
     if !fits {
         return Ok(false);
     }
@@ -92,9 +115,8 @@ pub(super) fn glu_mul_mat_ids(enc: &mut Encoder, m: &GluMulMatIds) -> Result<boo
     p.i[1] = xa.ne[1] as i32;
     p.i[6] = i32::from(m.op == GluOp::Geglu);
     let (blocks, threads) = matmul::mmvq_launch(&mut p, ga.ne[1] as u64, false);
-    let grid = [blocks, (d.ne[1] * d.ne[2]) as u32, 1];
     let name = format!("mmvq_id_glu_{}", wg.dtype.name());
-    enc.launch("mmvq", &name, grid, [threads, 1, 1], 0, p)?;
+    launch_id(enc, &name, p, blocks, threads, (d.ne[1] * d.ne[2]) as usize)?;
     Ok(true)
 }
 

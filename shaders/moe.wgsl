@@ -1,4 +1,5 @@
-// The mixture-of-experts ops (op family "moe"; mul_mat_id is the mat-vec's: `mat_vec.wgsl`).
+// The mixture-of-experts ops (op family "moe"; mul_mat_id is the mat-vecs' ID variants:
+// `mat_vec_q.wgsl` and `mat_vec.wgsl`).
 //
 // OP 1, add_id: one invocation per element of dst: src0 plus the row of src1 [n, n_rows] that
 // src2 names for the element's (e, t) (an id out of range adds 0).

@@ -17,8 +17,9 @@
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
 //! - `glu(mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids))` (a MoE layer's experts),
 //!   both experts of one type, shape and layout: one mul_mat_id mat-vec dispatch computes both
-//!   products of each selected expert's rows and stores the activation (GLU in
-//!   `shaders/mat_vec.wgsl`), for any number of tokens.
+//!   products of each selected expert's rows and stores the activation (ID with GLU in
+//!   `shaders/mat_vec_q.wgsl`, or in `shaders/mat_vec.wgsl` for the types only it reads), for
+//!   any number of tokens.
 //! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
 //!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
 //!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),

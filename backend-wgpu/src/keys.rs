@@ -198,6 +198,9 @@ pub(crate) struct MatVecQKey {
     pub qkv: bool,
     pub rope: Option<DType>,
     pub norm: bool,
+    /// mul_mat_id's mat-vec, the expert of each slot read from the ids (ID; with `second`'s
+    /// GLU, the experts' gate and up).
+    pub id: bool,
 }
 
 /// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
@@ -551,6 +554,9 @@ impl Key {
                 }
                 if k.norm {
                     d.set("NORM", 1);
+                }
+                if k.id {
+                    d.set("ID", 1);
                 }
             }
             Key::MatMat(k) => {

@@ -1,4 +1,5 @@
-//! The mixture-of-experts ops: mul_mat_id (as the mat-vec of `mat_vec.wgsl`, ID), and add_id,
+//! The mixture-of-experts ops: mul_mat_id (as a mat-vec with ID: the integer-dot one of
+//! `mat_vec_q.wgsl` for the types it reads, else the float one of `mat_vec.wgsl`), and add_id,
 //! argsort and top_k (`moe.wgsl`).
 
 use tessera_core::{DType, GluOp, Graph, Op, TensorId};
@@ -30,9 +31,10 @@ fn id_types(a: DType, b: DType, rows_ok: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The mul_mat_id mat-vec of node `id` (its dst [m, n_used, n_tokens]): a workgroup per
-/// MV_ROWS rows of the expert each slot of a token picked, the expert read from the ids on the
-/// GPU; `first` is the id of the first expert src0 holds; `glu` with the fused gate and up.
+/// The mul_mat_id mat-vec of node `id` (its dst [m, n_used, n_tokens]): a workgroup per few
+/// rows of the expert each slot of a token picked, the expert read from the ids on the GPU, as
+/// the integer-dot mat-vec where the experts' type and alignment allow it, else the float
+/// one; `first` is the id of the first expert src0 holds; `glu` with the fused gate and up.
 fn id_plan(
     gpu: &Gpu,
     graph: &Graph,
@@ -44,6 +46,27 @@ fn id_plan(
     let t = graph.get(id);
     let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
     id_types(a.dtype, b.dtype, a.rows_contiguous())?;
+    p.u[1] = u32::try_from(first).map_err(|_| "expert id too large".to_string())?;
+    let pairs = t.ne[1] * t.ne[2];
+    if let Some(key) = matmul::mat_vec_q_id(gpu, graph, t, glu) {
+        // The integer-dot mat-vec: the ids in src3, src2 free for the up experts (GLU).
+        let groups = t.ne[0].div_ceil(key.rows as usize) * pairs;
+        p.u[0] = u32::try_from(groups).map_err(|_| "too many workgroups".to_string())?;
+        p.desc[4] = super::desc(graph.get(t.src[2]));
+        return Ok(PlanOut {
+            variant: Variant::new(Key::MatVecQ(key)),
+            bind: vec![
+                Bind::whole(id),
+                Bind::whole(t.src[0]),
+                Bind::whole(t.src[1]),
+                Bind::whole(id),
+                Bind::whole(t.src[2]),
+            ],
+            params: p,
+            groups,
+            groups_3d: None,
+        });
+    }
     let (aligned, y4) = matmul::wide_loads(gpu, graph, t, 0, 8);
     let key = MatVecKey {
         a: a.dtype,
@@ -54,9 +77,9 @@ fn id_plan(
         id: true,
         glu,
     };
-    let groups = t.ne[0].div_ceil(MV_ROWS as usize) * t.ne[1] * t.ne[2];
+    let groups = t.ne[0].div_ceil(MV_ROWS as usize) * pairs;
     p.u[0] = u32::try_from(groups).map_err(|_| "too many workgroups".to_string())?;
-    p.u[1] = u32::try_from(first).map_err(|_| "expert id too large".to_string())?;
+    p.desc[3] = super::desc(graph.get(t.src[2]));
     Ok(PlanOut {
         variant: Variant::new(Key::MatVec(key)),
         bind: vec![
@@ -108,15 +131,27 @@ pub(crate) fn mul_mat_id_glu(
     p.desc[0] = super::desc(ts);
     p.desc[1] = super::desc(wg);
     p.desc[2] = super::desc(graph.get(tg.src[1]));
-    p.desc[3] = super::desc(graph.get(tg.src[2]));
-    p.desc[4] = super::desc(wu);
     let mut out = id_plan(gpu, graph, gate, p, first, Some(op)).ok()?;
-    // Whole aligned words (AL) only where the up experts' rows start at word offsets too.
-    if let Key::MatVec(k) = &mut out.variant.key {
-        k.aligned &= super::aligned(gpu, graph, tu.src[0], 0, 4);
-    }
     out.bind[0] = Bind::whole(glu);
-    out.bind.push(Bind::whole(tu.src[0]));
+    match &mut out.variant.key {
+        Key::MatVecQ(k) => {
+            // The up experts in src2, read as the gate's are (16-byte words with A4).
+            let align = if k.a4 { 16 } else { 4 };
+            if !super::aligned(gpu, graph, tu.src[0], 0, align) {
+                return None;
+            }
+            out.bind[3] = Bind::whole(tu.src[0]);
+            out.params.desc[3] = super::desc(wu);
+        }
+        Key::MatVec(k) => {
+            // Whole aligned words (AL) only where the up experts' rows start at word offsets
+            // too; the up experts in src3.
+            k.aligned &= super::aligned(gpu, graph, tu.src[0], 0, 4);
+            out.bind.push(Bind::whole(tu.src[0]));
+            out.params.desc[4] = super::desc(wu);
+        }
+        _ => return None,
+    }
     Some(out)
 }
 

@@ -11,23 +11,23 @@ use crate::init::Init;
 
 /// One mul_mat_id case (ggml's test-backend-ops names).
 #[derive(Clone, Copy)]
-struct MulMatId {
-    type_a: DType,
-    type_b: DType,
+pub(super) struct MulMatId {
+    pub(super) type_a: DType,
+    pub(super) type_b: DType,
     /// Experts.
-    n_mats: usize,
+    pub(super) n_mats: usize,
     /// Experts used per token.
-    n_used: usize,
+    pub(super) n_used: usize,
     /// One row per token shared by its experts (true), or one row per expert slot.
-    b: bool,
-    m: usize,
+    pub(super) b: bool,
+    pub(super) m: usize,
     /// Tokens.
-    n: usize,
-    k: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
 }
 
 impl MulMatId {
-    fn case(self) -> Case {
+    pub(super) fn case(self) -> Case {
         let MulMatId {
             type_a,
             type_b,
@@ -54,6 +54,45 @@ impl MulMatId {
         )
         .with_flops(flops)
     }
+}
+
+/// The experts' gate and up of rows of `k` values into `ff` each (`[k, ff]`), `n_used` of
+/// `n_expert` experts (src0 holding `first..first + n_expert`) per token of `n_tok`, and their
+/// gated activation `op`.
+pub(super) fn moe_glu(
+    type_a: DType,
+    [k, ff]: [usize; 2],
+    n_expert: usize,
+    n_used: usize,
+    n_tok: usize,
+    op: GluOp,
+    first: usize,
+) -> Case {
+    let name = format!(
+        "type={type_a},k={k},ff={ff},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},op={},first={first}",
+        op.name()
+    );
+    Case::new(
+        "MOE_GLU",
+        name,
+        &[type_a, DType::F32, DType::I32],
+        Tolerance::MATMUL,
+        move |g| {
+            // Small rows keep the gate's sums near 1, where SiLU and GELU differ most.
+            let x = g.input(DType::F32, &[k, 1, n_tok], Init::Uniform(-0.125, 0.125))?;
+            let n_ids = if first > 0 { 2 * n_expert } else { n_expert };
+            let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_ids))?;
+            let gate_w = g.leaf(type_a, &[k, ff, n_expert])?;
+            let up_w = g.leaf(type_a, &[k, ff, n_expert])?;
+            let gate = g.mul_mat_id(gate_w, x, ids)?;
+            let up = g.mul_mat_id(up_w, x, ids)?;
+            for p in [gate, up] {
+                g.get_mut(p).op = Op::MulMatId { first };
+            }
+            g.glu_split(gate, up, op)
+        },
+    )
+    .with_flops(4.0 * (k * ff * n_used * n_tok) as f64)
 }
 
 /// Every case of the family.
@@ -206,34 +245,15 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         (DType::MXFP4, 32, 4, 1, GluOp::Swiglu, 0),
         (DType::Q4_K, 4, 3, 5, GluOp::Swiglu, 2),
     ] {
-        let (k, ff) = (256, 96);
-        let name = format!(
-            "type={type_a},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},op={},first={first}",
-            op.name()
-        );
-        v.push(
-            Case::new(
-                "MOE_GLU",
-                name,
-                &[type_a, DType::F32, DType::I32],
-                Tolerance::MATMUL,
-                move |g| {
-                    // Small rows keep the gate's sums near 1, where SiLU and GELU differ most.
-                    let x = g.input(DType::F32, &[k, 1, n_tok], Init::Uniform(-0.125, 0.125))?;
-                    let n_ids = if first > 0 { 2 * n_expert } else { n_expert };
-                    let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_ids))?;
-                    let gate_w = g.leaf(type_a, &[k, ff, n_expert])?;
-                    let up_w = g.leaf(type_a, &[k, ff, n_expert])?;
-                    let gate = g.mul_mat_id(gate_w, x, ids)?;
-                    let up = g.mul_mat_id(up_w, x, ids)?;
-                    for p in [gate, up] {
-                        g.get_mut(p).op = Op::MulMatId { first };
-                    }
-                    g.glu_split(gate, up, op)
-                },
-            )
-            .with_flops(4.0 * (k * ff * n_used * n_tok) as f64),
-        );
+        v.push(moe_glu(
+            type_a,
+            [256, 96],
+            n_expert,
+            n_used,
+            n_tok,
+            op,
+            first,
+        ));
     }
 
     // add_id: a bias row per expert.

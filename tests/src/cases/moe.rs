@@ -192,6 +192,20 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             );
         }
     }
+    // More (slot, token) pairs than one launch's grid takes on CUDA (65535): launches in parts.
+    v.push(
+        MulMatId {
+            type_a: DType::Q4_0,
+            n_mats: 16,
+            n_used: 8,
+            b: true,
+            m: 4,
+            n: 8200,
+            k: 32,
+            ..base
+        }
+        .case(),
+    );
     // Every i-quant and ternary type once at decode (the lattice types' grids bound).
     for type_a in DType::QUANTIZED_IQ {
         v.push(

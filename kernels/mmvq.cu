@@ -852,8 +852,9 @@ struct NoWait {
 // (slot, token): t[0] dst f32 [m, n_used, n_tokens], t[1] the experts [k, m, n_expert] of type
 // Q (rows contiguous), t[2] the i32 ids [n_used, n_tokens], aux[0], aux[1] the rows [k, n_b,
 // n_tokens] quantized as quantize_q8_1 writes them; i[0] the id of the first expert t[1] holds,
-// i[1] n_b (slot e of token t reads row e % n_b of token t). Grid (ceil(m / R), n_used
-// n_tokens) as mmvq_<type>_1's, blockIdx.y = e + n_used t. The weights' address depends on the
+// i[1] n_b (slot e of token t reads row e % n_b of token t). Grid (ceil(m / R), up to 65535)
+// as mmvq_<type>_1's, blockIdx.y + i[2] = e + n_used t (i[2]: the first (slot, token) of this
+// launch, where n_used n_tokens takes several). The weights' address depends on the
 // ids the kernel ahead writes, so nothing is read before pdl_wait; an expert t[1] does not hold
 // gives zeros.
 template <int Q> __device__ void mmvq_id(const KParams& p) {
@@ -866,7 +867,8 @@ template <int Q> __device__ void mmvq_id(const KParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tasks = (int)(w.ne[0] / Mmvq<Q>::TV);
     const Geom<Q> gm(tasks, 0);
-    const i64 e = blockIdx.y % d.ne[1], t = blockIdx.y / d.ne[1];
+    const i64 y = blockIdx.y + (i64)p.i[2];
+    const i64 e = y % d.ne[1], t = y / d.ne[1];
     const i64 last = w.ne[1] - 1;
     pdl_wait();
     const int x = *(const int*)at(p.t[2], e, t, 0, 0) - p.i[0];
@@ -991,6 +993,74 @@ template <int Q> __device__ void mmvq_glu(const KParams& p) {
     const i64 q0 = row0 / 32 * 32;
     const float v = __ldcg((const float*)at(d, q0 + lane, 0, 0, 0));
     q8_1_block(v, (i8*)p.aux[2] + q0, (float2*)p.aux[3] + q0 / 32);
+}
+
+// mmvq_id_glu_<type>: mmvq_id of two expert tensors in one launch, the experts' gate (t[1]) and
+// up (t[3], same type, shape and strides) projections by the same quantized rows and ids
+// (t[2]): dst (t[0], f32 [m, n_used, n_tokens]) = act(gate) * up with act as mmvq_glu's (i[6]);
+// i[0], i[1], i[2], aux[0], aux[1] and the grid as mmvq_id's. An expert t[1] does not hold gives 0.
+template <int Q> __device__ void mmvq_id_glu(const KParams& p) {
+    typedef Tile<Q> T;
+    const int R = T::RPG;
+    const int PG = R / 2 > 0 ? R / 2 : 1;  // rows per pass (gate and up: 2 PG streams)
+    const int S = 2 * PG, NBUF = Mmvq<Q>::SL / S;
+    __shared__ __align__(16) u8 sm[T::SMEM];
+    __shared__ float red[4][R][2];
+    const TArg& d = p.t[0];
+    const TArg& wg = p.t[1];
+    const TArg& wu = p.t[3];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const i64 m = wg.ne[1];
+    const int tasks = (int)(wg.ne[0] / Mmvq<Q>::TV);
+    const Geom<Q> gm(tasks, 0);
+    const i64 y = blockIdx.y + (i64)p.i[2];
+    const i64 e = y % d.ne[1], t = y / d.ne[1];
+    const i64 row0 = (i64)blockIdx.x * gm.rows;
+    pdl_wait();
+    const int x = *(const int*)at(p.t[2], e, t, 0, 0) - p.i[0];
+    if (x < 0 || x >= wg.ne[2]) {
+        for (i64 r = threadIdx.x; r < gm.rows; r += blockDim.x)
+            if (row0 + r < m) F32::store(at(d, row0 + r, e, t, 0), 0.0f);
+        return;
+    }
+    const u8* bg = (const u8*)at(wg, 0, 0, x, 0);
+    const u8* bu = (const u8*)at(wu, 0, 0, x, 0);
+    const Act act = {(const u8*)p.aux[0], (const float2*)p.aux[1], wg.ne[0] / 32};
+    const i64 col = t * p.i[1] + e % p.i[1];
+    if (gm.narrow) {
+        const i64 r = min(row0 + warp, m - 1);
+        float a[2][1];
+        direct_rows<Q, 1, 2>(tasks, act, col, [&](int s) { return (s == 0 ? bg : bu) + r * wg.nb[1]; }, a);
+        if (lane == 0 && row0 + warp < m) F32::store(at(d, row0 + warp, e, t, 0), glu_act(p, a[0][0]) * a[1][0]);
+        return;
+    }
+    const int KS = T::KS;
+    const i64 r0 = row0 + warp / KS * R;
+    // Streams 0..PG are gate rows r0 + g PG + s, PG..2 PG the same rows of up.
+    auto rows = [&](int g, int s) {
+        const i64 r = min(r0 + g * PG + s % PG, m - 1);
+        return (s < PG ? bg : bu) + r * wg.nb[1];
+    };
+    auto fin = [&](int g, float(&a)[S][1]) {
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            const float v = warp_sum(a[s][0]);
+            if (lane == 0) red[warp][g * PG + s % PG][s / PG] = v;
+        }
+    };
+    stream_rows<Q, 1, S, NBUF>(R / PG, tasks, warp % KS, KS, act, col, sm + warp * Mmvq<Q>::SL * T::SLOT, rows, fin,
+                               false, NoWait());
+    __syncthreads();
+    if (threadIdx.x < T::ROWS && row0 + threadIdx.x < m) {
+        const int r = threadIdx.x % R, w0 = threadIdx.x / R * KS;
+        float vg = red[w0][r][0], vu = red[w0][r][1];
+#pragma unroll
+        for (int k = 1; k < KS; k++) {
+            vg += red[w0 + k][r][0];
+            vu += red[w0 + k][r][1];
+        }
+        F32::store(at(d, row0 + threadIdx.x, e, t, 0), glu_act(p, vg) * vu);
+    }
 }
 
 // Stores the results x0, x1 of stacked rows row, row + 1 (row even) of mmvq_multi_rope: V rows
@@ -1134,8 +1204,9 @@ MMVQ(mxfp4, MXFP4)
 MMVQ(iq2_xs, IQ2_XS)
 MMVQ(iq3_s, IQ3_S)
 
-#define MMVQ_ID(nq, Q) \
-    MMVQ_KERNEL_1 mmvq_id_##nq(const KParams p) { pdl_wait_later(); mmvq_id<Q>(p); }
+#define MMVQ_ID(nq, Q)                                                              \
+    MMVQ_KERNEL_1 mmvq_id_##nq(const KParams p) { pdl_wait_later(); mmvq_id<Q>(p); } \
+    MMVQ_KERNEL mmvq_id_glu_##nq(const KParams p) { pdl_wait_later(); mmvq_id_glu<Q>(p); }
 
 MMVQ_ID(q4_0, Q4_0)
 MMVQ_ID(q4_1, Q4_1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mixtures of experts on the GPU machine (issue 34): the MoE ops' conformance cases, the small
 # MoE models' greedy ids against llama.cpp's on each device (expert parallelism on the meta
-# devices), then a Qwen3-30B-A3B-shape Q4_K_M file's pp512 / tg128 on cuda:0 and with its
+# devices), then a Qwen3-30B-A3B-shape Q4_K_M file's pp512 / tg128 on cuda:0, wgpu:0 and with its
 # experts split between cuda:0 and the CPU, a Mixtral-8x7B-shape file's on cuda:0, and a
 # gpt-oss-20b-shape file's (MXFP4 experts, the rest Q8_0) on cuda:0 and wgpu:0.
 # One call: carry .gl and .gpu/F (tessera.xz, built with --features cuda,wgpu);
@@ -19,7 +19,7 @@ for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 export NODEVICE_SELECT=1
 devs=("$@"); [ ${#devs[@]} -eq 0 ] && devs=(cuda:0 wgpu:0 meta:cuda:0,wgpu:0 meta:cuda:0,cpu)
 for b in cuda:0 wgpu:0; do
-  for op in MUL_MAT_ID ADD_ID ARGSORT TOP_K MOE_ROUTER MOE_FFN SWIGLU_OAI; do
+  for op in MUL_MAT_ID MOE_GLU ADD_ID ARGSORT TOP_K MOE_ROUTER MOE_FFN SWIGLU_OAI; do
     timeout 300 "$BIN" ops test --backend "$b" --op "$op" > "$OUT/ops-${b%%:*}-$op.log" 2>&1
     echo "RESULT ops $b $op $(tail -1 "$OUT/ops-${b%%:*}-$op.log")"
   done
@@ -45,6 +45,7 @@ bench() { # MODEL DEVICE [SPLIT]
 q=/root/m/qwen3-30b-a3b-q4_k_m.gguf
 timeout 600 "$BIN" gguf synth --like qwen3-30b-a3b --type q4_k_m --out "$q" > "$OUT/synth-qwen3.log" 2>&1 || echo "RESULT synth qwen3-30b-a3b FAILED"
 bench "$q" cuda:0
+bench "$q" wgpu:0
 # Experts split: a quarter on the CPU (attention split the same way), as a model larger than
 # the GPU would run.
 bench "$q" meta:cuda:0,cpu 0.75,0.25

@@ -91,8 +91,26 @@ fn s0w(i: u32) -> u32 { return src0[i >> 2u][i & 3u]; }
 fn last0() -> u32 { return arrayLength(&src0) * 4u - 1u; }
 #else
 @group(0) @binding(1) var<storage, read_write> src0: array<u32>;
+#if W3
+// W3 (the fused expert gate/up of `mat_vec`): the weights' words come from src3 (a second
+// matrix laid out as src0) while `from3` is set, so that one dequantization reads either.
+var<private> from3: bool;
+fn s0w(i: u32) -> u32 {
+    if from3 {
+        return src3[i];
+    }
+    return src0[i];
+}
+fn last0() -> u32 {
+    if from3 {
+        return arrayLength(&src3) - 1u;
+    }
+    return arrayLength(&src0) - 1u;
+}
+#else
 fn s0w(i: u32) -> u32 { return src0[i]; }
 fn last0() -> u32 { return arrayLength(&src0) - 1u; }
+#endif
 #endif
 #if Y4
 @group(0) @binding(2) var<storage, read_write> src1: array<vec4<u32>>;

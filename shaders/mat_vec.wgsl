@@ -4,6 +4,10 @@
 // in mul_mat.wgsl). Defines: QB and TPB (values and invocations per block), A4 (float weights
 // read as 16-byte words) and Y4 (f32 activations read as 16-byte words). With SUBGROUPS the
 // partial sums are added with subgroupAdd before the workgroup step, else in workgroup memory.
+// ID makes it mul_mat_id's mat-vec (a workgroup per ROWS rows of the expert each slot of a
+// token picked, the id read on the GPU); GLU (with ID, and W3 for the reads of the second
+// matrix; never with A4) the experts' fused gate and up with their SwiGLU (GEGLU with GELU):
+// see the entry point.
 //
 // The k axis of a row is cut into blocks of QB elements (a quantized type's block; 8 values
 // of a float type), and each block into TPB equal parts, one per invocation: invocation li
@@ -201,9 +205,53 @@ fn part_dot(r: u32, b: u32, t: u32, ya: vec4<f32>, yb: vec4<f32>) -> f32 {
 }
 
 const ROWS: u32 = {{ROWS}}u;
-var<workgroup> parts: array<f32, {{WG}} * ROWS>;
+#if GLU
+// The sums of each row: the gate's, then the up matrix's.
+const SUMS: u32 = 2u;
+#else
+const SUMS: u32 = 1u;
+#endif
+var<workgroup> parts: array<f32, {{WG}} * ROWS * SUMS>;
+#if ID
+// The expert of the workgroup's (slot, token), read once for all its invocations.
+var<workgroup> expert: i32;
+
+// Id (e, t) of src2.
+fn id_at(e: u32, t: u32) -> i32 {
+    return bitcast<i32>(s2w((P.off.w + e * P.s2.nb.x + t * P.s2.nb.y) >> 2u));
+}
+#endif
+
+#if GLU
+// The gated activation of the gate's sum g: SiLU, or with GELU, GELU's tanh form (written so
+// that it never overflows).
+fn gate_act(g: f32) -> f32 {
+#if GELU
+    let u = 0.7978845608028654 * g * (1.0 + 0.044715 * g * g);
+    let e = exp(-2.0 * abs(u));
+    return 0.5 * g * (1.0 + sign(u) * (1.0 - e) / (1.0 + e));
+#else
+    return g / (1.0 + exp(-g));
+#endif
+}
+#endif
+
+// Stores the sums s (the gate's) and v (the up matrix's, with GLU) of row m of dst at batch
+// coordinates c.
+fn store_row(m: u32, c: vec4<u32>, s: f32, v: f32) {
+#if GLU
+    st(P.off.x + at(vec4<u32>(m, c.yzw), P.d.nb), gate_act(s) * v);
+#else
+    st(P.off.x + at(vec4<u32>(m, c.yzw), P.d.nb), s);
+#endif
+}
 
 // One workgroup per ROWS rows of one column of dst (u.x workgroups in all).
+// With ID (mul_mat_id): dst is [m, n_used, n_tokens], and the workgroup of slot e of token t
+// multiplies rows of expert ids[e, t] - u.y of src0 [k, m, n_expert] (ids: the i32 src2) by
+// row e % n_b of token t of src1 [k, n_b, n_tokens]; an expert src0 does not hold gives 0.
+// With GLU (and ID): the same rows of the up experts in src3 (laid out as src0, from byte
+// off4.x) by the same row of src1, and act(gate) * up stored (the experts' gated FFN).
 @compute @workgroup_size({{WG}})
 fn mat_vec(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -221,27 +269,48 @@ fn mat_vec(
     let mm = P.d.ne.x;
     let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, P.d.ne);
     let m0 = c.x * ROWS;
-    let yb = col1(c.y, c.z, c.w);
+    var nb = (P.s0.ne.x + QB - 1u) / QB;
     // Rows past the end repeat the last row (their sums are not stored).
     var rb: array<u32, ROWS>;
-    var acc: array<f32, ROWS>;
+#if ID
+    if li == 0u {
+        expert = id_at(c.y, c.z) - i32(P.u.y);
+    }
+    let x = workgroupUniformLoad(&expert);
+    let held = x >= 0 && u32(x) < P.s0.ne.z;
+    if !held {
+        nb = 0u;
+    }
+    let yb = P.off.z + (c.y % P.s1.ne.y) * P.s1.nb.y + c.z * P.s1.nb.z;
+    for (var r = 0u; r < ROWS; r++) {
+        rb[r] = P.off.y + min(m0 + r, mm - 1u) * P.s0.nb.y + select(0u, u32(x), held) * P.s0.nb.z;
+    }
+#else
+    let yb = col1(c.y, c.z, c.w);
     for (var r = 0u; r < ROWS; r++) {
         rb[r] = row0(min(m0 + r, mm - 1u), c.z, c.w);
-        acc[r] = 0.0;
     }
+#endif
+    var acc: array<f32, ROWS * SUMS>;
     let t = li % TPB;
     let q = quads(t);
-    let nb = (P.s0.ne.x + QB - 1u) / QB;
     for (var b = li / TPB; b < nb; b += {{WG}}u / TPB) {
         let ya = yquad(yb, b * QB + q.x);
         let yv = yquad(yb, b * QB + q.y);
         for (var r = 0u; r < ROWS; r++) {
             acc[r] += part_dot(rb[r], b, t, ya, yv);
         }
+#if GLU
+        from3 = true;
+        for (var r = 0u; r < ROWS; r++) {
+            acc[ROWS + r] += part_dot(rb[r] - P.off.y + P.off4.x, b, t, ya, yv);
+        }
+        from3 = false;
+#endif
     }
 #if SUBGROUPS
     let nsg = ({{WG}}u + ssz - 1u) / ssz;
-    for (var r = 0u; r < ROWS; r++) {
+    for (var r = 0u; r < ROWS * SUMS; r++) {
         let part = subgroupAdd(acc[r]);
         if sli == 0u {
             parts[r * nsg + li / ssz] = part;
@@ -250,16 +319,24 @@ fn mat_vec(
     workgroupBarrier();
     if li < ROWS && m0 + li < mm {
         var s = 0.0;
+        var v = 0.0;
         for (var i = 0u; i < nsg; i++) {
             s += parts[li * nsg + i];
+#if GLU
+            v += parts[(ROWS + li) * nsg + i];
+#endif
         }
-        st(P.off.x + at(vec4<u32>(m0 + li, c.yzw), P.d.nb), s);
+        store_row(m0 + li, c, s, v);
     }
 #else
     for (var r = 0u; r < ROWS; r++) {
         let s = wg_sum(acc[r], li);
+        var v = 0.0;
+#if GLU
+        v = wg_sum(acc[ROWS + r], li);
+#endif
         if li == 0u && m0 + r < mm {
-            st(P.off.x + at(vec4<u32>(m0 + r, c.yzw), P.d.nb), s);
+            store_row(m0 + r, c, s, v);
         }
     }
 #endif

@@ -34,6 +34,10 @@
 // 1 / sqrt(mean(x^2) + eps) before it is stored, which equals normalizing first up to rounding
 // (a per-32 scale is linear). With ADD, GLU and PAIR as above: rms_norm(x) * w feeding Q, K
 // and V, or gate and up, without a norm dispatch of its own.
+// ID makes it mul_mat_id's mat-vec: dst is [m, n_used, n_tokens], and the workgroups of slot e
+// of token t take rows of expert ids[e, t] - u.y of src0 [k, m, n_expert] (and of src2 with W2,
+// laid out alike; with GLU the experts' gate and up) by row e % n_b of token t of src1 [k, n_b,
+// n_tokens]; the i32 ids are in src3 (from byte off4.x). An expert src0 does not hold stores 0.
 // QKV (with W2 and PAIR) runs three products of one column in one dispatch (a Llama block's Q,
 // K and V): the first u.w workgroups take ROWS rows each of src0 (Q) into dst as the plain
 // variant does, the ones after them ROWS rows each of src2 (K, into src3) and of a third
@@ -53,6 +57,15 @@ const QB: u32 = {{QB}}u;
 const TPB: u32 = {{TPB}}u;
 const ROWS: u32 = {{ROWS}}u;
 var<workgroup> parts: array<f32, {{WG}} * ROWS>;
+#if ID
+// The expert of the workgroup's (slot, token), read once for all its invocations.
+var<workgroup> expert: i32;
+
+// Id (e, t) of the ids in src3.
+fn id_at(e: u32, t: u32) -> i32 {
+    return bitcast<i32>(src3[(P.off4.x + e * P.s3.nb.x + t * P.s3.nb.y) >> 2u]);
+}
+#endif
 
 const KC: u32 = {{KC}}u;
 const QPS: u32 = {{QPS}}u;
@@ -723,7 +736,18 @@ fn mat_vec_q(
 #endif
     let m = select(mm, c.x * ROWS + li / TPR, live);
     let j = li % TPR;
+#if ID
+    if li == 0u {
+        expert = id_at(c.y, c.z) - i32(P.u.y);
+    }
+    let xe = workgroupUniformLoad(&expert);
+    let held = xe >= 0 && u32(xe) < P.s0.ne.z;
+    // An expert src0 does not hold reads expert 0's rows (its sums are stored as 0).
+    let eb = select(0u, u32(xe), held);
+    let yb = P.off.z + (c.y % P.s1.ne.y) * P.s1.nb.y + c.z * P.s1.nb.z;
+#else
     let yb = col1(c.y, c.z, c.w);
+#endif
     // A row past the end repeats the last row (its sum is not stored).
     let mr = min(m, mm - 1u);
 #if QKV
@@ -732,7 +756,11 @@ fn mat_vec_q(
 #if ONECOL
     let r = P.off.y + mr * {{RS}}u;
 #else
+#if ID
+    let r = P.off.y + mr * P.s0.nb.y + eb * P.s0.nb.z;
+#else
     let r = row0(mr, c.z, c.w);
+#endif
 #endif
 #endif
     // Parts of the row; invocation j takes parts j, j + TPR, ...
@@ -742,7 +770,11 @@ fn mat_vec_q(
     // V's row (Q workgroups load none).
     let r2 = P.off4.z + mr * P.s2.nb.y;
 #else
+#if ID
+    let r2 = P.off.w + mr * P.s2.nb.y + eb * P.s2.nb.z;
+#else
     let r2 = P.off.w + mr * P.s2.nb.y;
+#endif
 #endif
 #else
     let r2 = 0u;
@@ -847,6 +879,9 @@ fn mat_vec_q(
     if j == 0u && m < mm {
         v += ld2(P.off.w + at(dc, P.s2.nb));
     }
+#endif
+#if ID
+    v = select(0.0, v, held);
 #endif
     if j == 0u && m < mm {
         st(P.off.x + at(dc, P.d.nb), v);

@@ -1,16 +1,12 @@
-// The mixture-of-experts ops (op family "moe").
+// The mixture-of-experts ops (op family "moe"; mul_mat_id is the mat-vecs' ID variants:
+// `mat_vec_q.wgsl` and `mat_vec.wgsl`).
 //
-// OP 0, mul_mat_id: one workgroup per element (i, e, t) of dst [m, n_used, n_tokens] (f32), its
-// invocations striding along the row and summing at the end: row
-// i of expert ids[e, t] - u.y of src0 [k, m, n_expert] (type T0; quantized rows dequantized:
-// QUANT) times row e % n_b of token t of src1 [k, n_b, n_tokens] (type T1); 0 for an expert
-// src0 does not hold (u.y: the id of its first expert). src2: the i32 ids [n_used, n_tokens].
 // OP 1, add_id: one invocation per element of dst: src0 plus the row of src1 [n, n_rows] that
 // src2 names for the element's (e, t) (an id out of range adds 0).
 // OP 2, sort: one workgroup per row of src0 (f32, at most SORT_MAX values, padded to u.z, a
 // power of two): the first ne0 of dst's i32 indices in order, largest first when u.y is 1,
 // smallest first otherwise; NaNs last, equal values in index order (stable, as the CPU).
-// Params: u.x: results (OP 0), invocations (OP 1) or rows (OP 2).
+// Params: u.x: invocations (OP 1) or rows (OP 2).
 
 const OP: u32 = {{OP}}u;
 const SORT_MAX: u32 = 1024u;
@@ -93,31 +89,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let out = P.off.x + c.y * P.d.nb.y + c.z * P.d.nb.z + c.w * P.d.nb.w;
         for (var j = li; j < P.d.ne.x; j += {{WG}}u) {
             put_word((out + j * P.d.nb.x) >> 2u, si[j]);
-        }
-        return;
-    }
-    if OP == 0u {
-        let o = group(wg, nwg);
-        if o >= P.u.x {
-            return;
-        }
-        let c = coords(o, P.d.ne);
-        let x = id_at(c.y, c.z) - i32(P.u.y);
-        var acc = 0.0;
-        if x >= 0 && u32(x) < P.s0.ne.z {
-            let row = P.off.y + c.x * P.s0.nb.y + u32(x) * P.s0.nb.z;
-            let y = P.off.z + (c.y % P.s1.ne.y) * P.s1.nb.y + c.z * P.s1.nb.z;
-            for (var j = li; j < P.s0.ne.x; j += {{WG}}u) {
-#if QUANT
-                acc += dq(T0, row, j) * ld1(y + j * P.s1.nb.x);
-#else
-                acc += ld0(row + j * P.s0.nb.x) * ld1(y + j * P.s1.nb.x);
-#endif
-            }
-        }
-        let r = wg_sum(acc, li);
-        if li == 0u {
-            st(P.off.x + at(c, P.d.nb), r);
         }
         return;
     }

@@ -15,6 +15,11 @@
 //! - `swiglu(W_gate x, W_up x)` for one token, both weights of one type and shape, running as
 //!   the integer-dot mat-vec: one dispatch computes both products of each row and stores
 //!   `silu(gate) * up` (GLU in `mat_vec_q`).
+//! - `glu(mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids))` (a MoE layer's experts),
+//!   both experts of one type, shape and layout: one mul_mat_id mat-vec dispatch computes both
+//!   products of each selected expert's rows and stores the activation (ID with GLU in
+//!   `shaders/mat_vec_q.wgsl`, or in `shaders/mat_vec.wgsl` for the types only it reads), for
+//!   any number of tokens.
 //! - three mul_mats of one token by the same vector, the last two as PAIR below and the first
 //!   with weights of their type and row length (a Llama block's Q, K and V): one mat-vec
 //!   dispatch whose first workgroups compute Q and the rest K and V (QKV in `mat_vec_q`),
@@ -41,7 +46,7 @@
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
 //! RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM,
-//! ROPE_KV_ATTN and QKV_ROPE_KV_ATTN check it
+//! ROPE_KV_ATTN, QKV_ROPE_KV_ATTN and MOE_GLU check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
@@ -49,7 +54,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use tessera_core::fusion::{
-    GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
+    GluMulMatIds, GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
 };
 use tessera_core::{DType, Error, GluOp, Graph, Op, Result, RopeMode, TensorId};
 
@@ -121,6 +126,7 @@ impl<'a> Fuser<'a> {
                 None => self.rms_norm_mul(n),
             },
             Group::GluMulMats(m) => self.gate_up_swiglu(m),
+            Group::GluMulMatIds(m) => self.experts_gate_up(m),
             Group::RopeKv(r) => self.rope_kv(r),
             Group::MulMatAdd(m) => self.mat_vec_add(m),
             Group::MulMats(m) if m.mats.len() == 3 => self.q_kv(m),
@@ -395,6 +401,20 @@ impl<'a> Fuser<'a> {
         out.params.desc[0] = desc(ts);
         out.params.desc[3] = desc(g.get(g.get(up).src[0]));
         Ok(Some(vec![self.launch(s, out)?]))
+    }
+
+    /// The experts' gate and up mul_mat_ids and their glu (a MoE layer's) as one mul_mat_id
+    /// mat-vec dispatch (GLU in `mat_vec`), where its result keeps apart from what it reads.
+    fn experts_gate_up(&self, m: &GluMulMatIds) -> Result<Option<Vec<Launch>>> {
+        let g = self.graph;
+        let reads = [m.x, m.ids, g.get(m.gate).src[0], g.get(m.up).src[0]];
+        if !reads.iter().all(|&r| self.apart(m.glu, r, false)) {
+            return Ok(None);
+        }
+        match ops::mul_mat_id_glu(self.gpu, g, m.gate, m.up, m.glu, m.op) {
+            Some(out) => Ok(Some(vec![self.launch(m.glu, out)?])),
+            None => Ok(None),
+        }
     }
 
     /// The PAIR plan of mul_mats `a` and `b` (one token by the same vector, with weights of

@@ -141,7 +141,9 @@ pub(crate) struct RowsKey {
 /// `mat_vec.wgsl` `mat_vec`: the float (dequantizing) mat-vec of weights `a` by activations
 /// `b`. `aligned`: the weights read as 16-byte loads (a float type: A4) or as whole aligned
 /// words (a quantized type whose blocks are whole words: AL); `y4`: f32 activations as
-/// 16-byte loads.
+/// 16-byte loads. `id`: mul_mat_id's mat-vec, the expert of each slot read from the ids (ID);
+/// `glu` (with `id`): the experts' gate and up in one dispatch, act(gate) * up stored (GLU,
+/// W3, GELU for GEGLU); float weights are then never read as 16-byte loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MatVecKey {
     pub a: DType,
@@ -149,6 +151,8 @@ pub(crate) struct MatVecKey {
     pub subgroups: bool,
     pub aligned: bool,
     pub y4: bool,
+    pub id: bool,
+    pub glu: Option<GluOp>,
 }
 
 /// The second weight matrix of an integer-dot mat-vec (W2): read as the first is (B4 = A4),
@@ -194,6 +198,9 @@ pub(crate) struct MatVecQKey {
     pub qkv: bool,
     pub rope: Option<DType>,
     pub norm: bool,
+    /// mul_mat_id's mat-vec, the expert of each slot read from the ids (ID; with `second`'s
+    /// GLU, the experts' gate and up).
+    pub id: bool,
 }
 
 /// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
@@ -285,25 +292,18 @@ pub(crate) struct ShapeKey {
     pub dst: DType,
 }
 
-/// Invocations per workgroup of mul_mat_id (one workgroup per result: a row of a few thousand
-/// values takes a few dozen loads an invocation).
-const MOE_WG: u32 = 64;
-
 /// Operation codes of the moe family (`OP` in `shaders/moe.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum MoeKind {
-    MulMatId,
     AddId,
     /// argsort and top_k.
     Sort,
 }
 
-/// `moe.wgsl`: mul_mat_id of experts `a` by rows `b`, add_id, argsort and top_k (f32).
+/// `moe.wgsl`: add_id, argsort and top_k (f32). mul_mat_id is the mat-vec's ([`MatVecKey`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MoeKey {
     pub op: MoeKind,
-    pub a: DType,
-    pub b: DType,
 }
 
 /// One shader entry point with its parameters.
@@ -493,7 +493,7 @@ impl Key {
                 let (qb, tpb) = mat_vec_blocks(k.a);
                 let quant = k.a.is_quantized();
                 d.set("SUBGROUPS", u32::from(k.subgroups));
-                d.set("A4", u32::from(k.aligned && !quant));
+                d.set("A4", u32::from(k.aligned && !quant && k.glu.is_none()));
                 d.set("AL", u32::from(k.aligned && quant));
                 d.set("Y4", u32::from(k.y4));
                 d.set("QB", qb);
@@ -501,6 +501,13 @@ impl Key {
                 d.set("WG", MV_WG);
                 d.set("ROWS", MV_ROWS);
                 d.ty("T0", k.a).ty("T1", k.b);
+                if k.id {
+                    d.set("ID", 1).ty("T2", DType::I32);
+                }
+                if let Some(op) = k.glu {
+                    d.set("GLU", 1).set("W3", 1);
+                    d.set("GELU", u32::from(op == GluOp::Geglu));
+                }
             }
             Key::MatVecQ(k) => {
                 let (qb, tpb) = mvq_parts(k.a);
@@ -547,6 +554,9 @@ impl Key {
                 }
                 if k.norm {
                     d.set("NORM", 1);
+                }
+                if k.id {
+                    d.set("ID", 1);
                 }
             }
             Key::MatMat(k) => {
@@ -632,16 +642,11 @@ impl Key {
             }
             Key::Moe(k) => {
                 let (code, dst, wg) = match k.op {
-                    MoeKind::MulMatId => (0, DType::F32, MOE_WG),
                     MoeKind::AddId => (1, DType::F32, EW_WG),
                     MoeKind::Sort => (2, DType::I32, ROW_WG),
                 };
                 d.set("OP", code);
-                d.set("QUANT", u32::from(k.a.is_quantized()));
-                d.ty("T0", k.a)
-                    .ty("T1", k.b)
-                    .ty("T2", DType::I32)
-                    .ty("DT", dst);
+                d.ty("T2", DType::I32).ty("DT", dst);
                 d.set("WG", wg);
             }
         }

@@ -173,14 +173,17 @@ impl Family {
             Family::Norm => &["OP", "MUL", "ADD"],
             Family::SoftMax => &[],
             Family::Rope => &["KV", "FACTORS", "BLEND"],
-            Family::Rows | Family::Moe => &["OP", "QUANT"],
+            Family::Rows => &["OP", "QUANT"],
+            Family::Moe => &["OP"],
             Family::Shape => &["OP", "RAW"],
             // mul_mat.wgsl's (KK, MMPAIR, YK), then the family's own.
-            Family::MatVec => &["KK", "MMPAIR", "YK", "QB", "ROWS", "TPB"],
+            Family::MatVec => &[
+                "KK", "MMPAIR", "YK", "GELU", "GLU", "ID", "QB", "ROWS", "TPB",
+            ],
             Family::MatVecQ => &[
-                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "KC", "MM", "NORM", "ONECOL", "PAIR",
-                "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB", "TPR", "W2",
-                "YC",
+                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "ID", "KC", "MM", "NORM", "ONECOL",
+                "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB",
+                "TPR", "W2", "YC",
             ],
             Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
@@ -195,7 +198,6 @@ impl Family {
         matches!(
             self,
             Family::Rows
-                | Family::Moe
                 | Family::Unary
                 | Family::MatVec
                 | Family::MatVecQ
@@ -227,9 +229,9 @@ impl Family {
 }
 
 /// Define names every family may test: the types, F16, SUBGROUPS and WG that every variant
-/// has, the ones the template step derives from DT, and the load widths and f16 settings that
-/// `common.wgsl`, `dequant.wgsl` and `quantize.wgsl` read.
-const COMMON_DEFINES: [&str; 20] = [
+/// has, the ones the template step derives from DT, and the load widths, the weights' second
+/// binding (W3) and f16 settings that `common.wgsl`, `dequant.wgsl` and `quantize.wgsl` read.
+const COMMON_DEFINES: [&str; 21] = [
     "T0",
     "T1",
     "T2",
@@ -247,6 +249,7 @@ const COMMON_DEFINES: [&str; 20] = [
     "AL",
     "Y4",
     "B4",
+    "W3",
     "H16",
     "COOP",
     "GRID",

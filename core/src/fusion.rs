@@ -74,6 +74,27 @@ pub struct GluMulMats {
     pub last: usize,
 }
 
+/// `glu(mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids))`: the gate and up projections
+/// of the experts a router picked (a MoE layer's) and their gated activation (SwiGLU or GeGLU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GluMulMatIds {
+    /// The gate's mul_mat_id (read by the glu alone).
+    pub gate: TensorId,
+    /// The up projection's mul_mat_id (read by the glu alone; the same rows, ids and first
+    /// expert as the gate's).
+    pub up: TensorId,
+    /// The glu node: the group's result.
+    pub glu: TensorId,
+    /// The activation.
+    pub op: GluOp,
+    /// The rows both multiply.
+    pub x: TensorId,
+    /// The expert ids both read.
+    pub ids: TensorId,
+    /// The node index of the glu.
+    pub last: usize,
+}
+
 /// Two or three mul_mats of the same vector, one right after another (a block's Q, K and V;
 /// or K and V; or gate and up of a prompt), optionally followed by the rope and cache stores
 /// of Q, K and V ([`RopeKv`]) where three products feed exactly those.
@@ -198,6 +219,8 @@ pub enum Group {
     MulMatAdd(MulMatAdd),
     /// See [`GluMulMats`].
     GluMulMats(GluMulMats),
+    /// See [`GluMulMatIds`].
+    GluMulMatIds(GluMulMatIds),
     /// See [`MulMats`].
     MulMats(MulMats),
     /// See [`RopeKv`].
@@ -218,6 +241,7 @@ impl Group {
             Group::RmsNormMulAdd(g) => g.last,
             Group::MulMatAdd(g) => g.last,
             Group::GluMulMats(g) => g.last,
+            Group::GluMulMatIds(g) => g.last,
             Group::MulMats(g) => g.last,
             Group::RopeKv(g) => g.last,
             Group::RopeSetRows(g) => g.last,
@@ -233,6 +257,7 @@ impl Group {
             Group::RmsNormMulAdd(_) => "rms_norm_mul_add",
             Group::MulMatAdd(_) => "mul_mat_add",
             Group::GluMulMats(_) => "glu_mul_mats",
+            Group::GluMulMatIds(_) => "glu_mul_mat_ids",
             Group::MulMats(g) if g.rope_kv.is_some_and(|r| r.norms.is_some()) => {
                 "mul_mats_qk_norm_rope_kv"
             }
@@ -327,6 +352,7 @@ impl<'g> Matcher<'g> {
                 out.extend(self.mul_mat_add(i).map(Group::MulMatAdd));
                 out.extend(self.mul_mats(i).into_iter().map(Group::MulMats));
             }
+            Op::MulMatId { .. } => out.extend(self.glu_mul_mat_ids(i).map(Group::GluMulMatIds)),
             Op::Rope(_) => {
                 out.extend(self.rope_kv(i).into_iter().map(Group::RopeKv));
                 out.extend(self.rope_set_rows(i).map(Group::RopeSetRows));
@@ -415,8 +441,9 @@ impl<'g> Matcher<'g> {
         })
     }
 
-    /// `glu(W_gate x, W_up x)` at `nodes[i]` (the two mul_mats in either order).
-    fn glu_mul_mats(&self, i: usize) -> Option<GluMulMats> {
+    /// `glu(a, b)` of the two nodes from `nodes[i]` on, in either order, both read by the glu
+    /// alone: (gate, up, glu, activation, the glu's node index).
+    fn glu_pair(&self, i: usize) -> Option<(TensorId, TensorId, TensorId, GluOp, usize)> {
         let g = self.graph;
         let a = self.nodes[i];
         let (jb, b) = self.next_running(i + 1)?;
@@ -429,21 +456,42 @@ impl<'g> Matcher<'g> {
             return None;
         }
         let (gate, up) = (tg.src[0], tg.src[1]);
-        if !((gate == a && up == b) || (gate == b && up == a)) {
-            return None;
-        }
+        let pair = (gate == a && up == b) || (gate == b && up == a);
+        (pair && self.single_use(gate) && self.single_use(up)).then_some((gate, up, glu, op, last))
+    }
+
+    /// `glu(W_gate x, W_up x)` at `nodes[i]` (the two mul_mats in either order).
+    fn glu_mul_mats(&self, i: usize) -> Option<GluMulMats> {
+        let g = self.graph;
+        let (gate, up, glu, op, last) = self.glu_pair(i)?;
         let (tga, tup) = (g.get(gate), g.get(up));
-        let fits = tga.op == Op::MulMat
-            && tup.op == Op::MulMat
-            && tga.src[1] == tup.src[1]
-            && self.single_use(gate)
-            && self.single_use(up);
+        let fits = tga.op == Op::MulMat && tup.op == Op::MulMat && tga.src[1] == tup.src[1];
         fits.then_some(GluMulMats {
             gate,
             up,
             glu,
             op,
             x: tga.src[1],
+            last,
+        })
+    }
+
+    /// `glu(mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids))` at `nodes[i]` (the two
+    /// mul_mat_ids in either order, of the same rows, ids and first expert).
+    fn glu_mul_mat_ids(&self, i: usize) -> Option<GluMulMatIds> {
+        let g = self.graph;
+        let (gate, up, glu, op, last) = self.glu_pair(i)?;
+        let (tga, tup) = (g.get(gate), g.get(up));
+        let fits = matches!(tga.op, Op::MulMatId { .. })
+            && tup.op == tga.op
+            && tga.src[1..] == tup.src[1..];
+        fits.then_some(GluMulMatIds {
+            gate,
+            up,
+            glu,
+            op,
+            x: tga.src[1],
+            ids: tga.src[2],
             last,
         })
     }

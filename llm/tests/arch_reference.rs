@@ -36,14 +36,6 @@ use common::{argmax, floats, ids};
 /// far more).
 const LOGIT_TOL: f32 = 1.0;
 
-/// [`LOGIT_TOL`] and [`NEAR_TIE`] for gpt-oss-small: llama.cpp's own last-position logits for it
-/// move by up to 1.05 between its two attention paths (flash attention on and off) and its two
-/// KV cache types (the other models' by under 0.6: YaRN's magnitude sharpens its attention and a
-/// biased router picks 4 of 16 experts), and while decoding a near-tie between two experts flips
-/// with such noise and moves one step's logits by up to 4.5 (lavapipe against the CPU, the step
-/// before and after within 0.7); leaving out any of its features moves them by 13 or more.
-const GPT_OSS_TOL: (f32, f64) = (1.5, 3.0);
-
 /// Gaps below this are near-ties: greedy ids are compared up to the first one.
 const NEAR_TIE: f64 = 0.5;
 
@@ -136,13 +128,9 @@ fn compare(like: Like, dev: Arc<dyn Device>) -> Result<Vec<PromptResult>, String
                 (0f32, 0),
                 |(m, mi), (i, d)| if d > m { (d, i) } else { (m, mi) },
             );
-        let (tol, near_tie) = match like {
-            Like::GptOssSmall => GPT_OSS_TOL,
-            _ => (LOGIT_TOL, NEAR_TIE),
-        };
-        if logits.len() != want_logits.len() || worst > tol {
+        if logits.len() != want_logits.len() || worst > LOGIT_TOL {
             failures.push(format!(
-                "last prompt logits: max |ours - llama.cpp| {worst:.3} (token {worst_id}: {:.3} vs {:.3}) > {tol}",
+                "last prompt logits: max |ours - llama.cpp| {worst:.3} (token {worst_id}: {:.3} vs {:.3}) > {LOGIT_TOL}",
                 logits.get(worst_id).copied().unwrap_or(f32::NAN),
                 want_logits[worst_id]
             ));
@@ -152,7 +140,7 @@ fn compare(like: Like, dev: Arc<dyn Device>) -> Result<Vec<PromptResult>, String
             .as_array()
             .unwrap()
             .iter()
-            .position(|g| g.as_f64().unwrap() < near_tie)
+            .position(|g| g.as_f64().unwrap() < NEAR_TIE)
             .unwrap_or(want.len());
         let mut got = Vec::new();
         for _ in 0..want.len() {

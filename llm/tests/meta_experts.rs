@@ -6,7 +6,8 @@
 //! about 24; a wrong expert or a lost sum moves them by tens) and greedy gives the CPU's tokens
 //! up to the CPU's first near-tie. gpt-oss-small's experts are MXFP4, whose products round
 //! their input rows to Q8_0 (as llama.cpp's do): the summation order of a split attention moves
-//! some values across a rounding step, and its logits agree within 0.3.
+//! some values across a rounding step, and its logits agree within 0.3; with a wgpu part, whose
+//! MXFP4 mat-vec reads the rows unrounded, within 1.0 (the rule of the llama.cpp comparison).
 //! Parts are CPUs, and a CPU with each GPU device present (lavapipe in CI: meta:cpu,wgpu:0).
 
 mod common;
@@ -115,7 +116,11 @@ fn compare(tag: &str, metas: &dyn Fn() -> Vec<(Vec<f64>, Arc<dyn Device>)>) -> V
                 dev.name(),
                 sh.experts()
             );
-            let tol = if like == Like::GptOssSmall { 0.3 } else { 0.1 };
+            let tol = match (like, tag) {
+                (Like::GptOssSmall, "cpu") => 0.3,
+                (Like::GptOssSmall, _) => 1.0,
+                _ => 0.1,
+            };
             if worst > tol || same < tie {
                 failed.push(format!("{} on {} {ratios:?}", like.name(), dev.name()));
             }

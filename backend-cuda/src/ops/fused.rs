@@ -6,6 +6,9 @@
 //! - `swiglu(W_gate x, W_up x)` for one token with quantized weights: both mat-vecs and the
 //!   activation in one kernel that quantizes x once (mmvq.cu), and quantizes its result for
 //!   the down projection that reads it next.
+//! - `glu(mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids))` (a MoE layer's experts) with
+//!   quantized experts of one type: both mat-vecs of each selected expert and the activation
+//!   in one kernel (mmvq_id_glu in mmvq.cu, moe.rs).
 //! - `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels): the
 //!   mat-vec kernel adds `r` as it stores (mmvq.cu).
 //! - two or three mul_mats of one token by the same vector (Q, K and V), with quantized
@@ -43,6 +46,7 @@ pub(super) fn take(enc: &mut Encoder, nodes: &[TensorId], group: &Group) -> Resu
         Group::RmsNormMul(m) => rms_norm_mul(enc, nodes, m),
         Group::RmsNormMulAdd(m) => rms_norm_mul_add(enc, m),
         Group::GluMulMats(m) => glu_mul_mats(enc, nodes, m),
+        Group::GluMulMatIds(m) => super::moe::glu_mul_mat_ids(enc, m),
         Group::MulMatAdd(m) => mul_mat_add(enc, m),
         Group::MulMats(m) => mul_mats(enc, m),
         Group::AllReduceAdd(m) => super::comm::all_reduce_add(enc, nodes, m),

@@ -77,7 +77,7 @@ pub(crate) const NORM_W_BINDING: usize = 5;
 /// 16-byte loads (float types, `k` a multiple of `float_k`) or as whole aligned words
 /// (quantized types whose blocks are whole words) — the A4 and AL defines; the f32 activations
 /// as 16-byte loads — Y4).
-fn wide_loads(
+pub(super) fn wide_loads(
     gpu: &Gpu,
     graph: &Graph,
     t: &tessera_core::Tensor,
@@ -184,6 +184,8 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
                 subgroups: gpu.subgroups,
                 aligned,
                 y4,
+                id: false,
+                glu: None,
             };
             (Key::MatVec(key), groups, None)
         } else {
@@ -267,6 +269,31 @@ fn mat_vec_q_shape(
     }
     let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg)?;
     Some((nr, wg, kc, a4))
+}
+
+/// The integer-dot mat-vec key of mul_mat_id `t` (ID; with `glu`, of its experts' gate and up
+/// with their activation: the up experts, laid out as the gate's, then bound as src2), shaped
+/// as one mat-vec over the rows of all its (slot, token) pairs; `None` where its experts do not
+/// run as the integer-dot mat-vec.
+pub(super) fn mat_vec_q_id(
+    gpu: &Gpu,
+    graph: &Graph,
+    t: &tessera_core::Tensor,
+    glu: Option<tessera_core::GluOp>,
+) -> Option<MatVecQKey> {
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    let (rows, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, t.ne[0] * t.ne[1] * t.ne[2])?;
+    let (_, y4) = wide_loads(gpu, graph, t, 0, 8);
+    let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
+    size_mat_vec_q(
+        &mut key,
+        (rows, wg, kc),
+        a.ne[0],
+        gpu.subgroups.then_some(gpu.subgroup_min),
+    );
+    key.id = true;
+    key.second = glu.map(|op| crate::keys::SecondMatrix { glu: Some(op) });
+    Some(key)
 }
 
 /// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales) and
@@ -398,6 +425,7 @@ fn mat_vec_q_key(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Mat
         qkv: false,
         rope: None,
         norm: false,
+        id: false,
     }
 }
 
@@ -506,6 +534,8 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                         subgroups,
                         aligned,
                         y4,
+                        id: false,
+                        glu: None,
                     }));
                 }
             }
@@ -560,6 +590,24 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                     ..x
                                 },
                             ];
+                            // mul_mat_id's, plain and with the experts' gate and up.
+                            for second in [
+                                None,
+                                Some(SecondMatrix {
+                                    glu: Some(GluOp::Swiglu),
+                                }),
+                                Some(SecondMatrix {
+                                    glu: Some(GluOp::Geglu),
+                                }),
+                            ] {
+                                if one_column.is_none() {
+                                    v.push(Key::MatVecQ(MatVecQKey {
+                                        id: true,
+                                        second,
+                                        ..x
+                                    }));
+                                }
+                            }
                             for f in fused {
                                 // NORM: the column is an f32 x to normalize.
                                 if b == DType::F32 {

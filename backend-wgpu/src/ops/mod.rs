@@ -24,6 +24,7 @@ use crate::keys::Key;
 use crate::shader::Variant;
 
 pub(crate) use matmul::{mat_vec_q_norm, mat_vec_q_reshaped, NORM_W_BINDING};
+pub(crate) use moe::mul_mat_id_glu;
 pub(crate) use rope::rope_kv_key;
 
 /// One op's parameter block, laid out as `Params` in `shaders/common.wgsl`.
@@ -373,7 +374,7 @@ pub(crate) fn variants(family: crate::shader::Family, subgroups: bool) -> Vec<Va
         attention::variants(subgroups),
         misc::reduce_variants(),
         misc::shape_variants(),
-        moe::variants(),
+        moe::variants(subgroups),
     ];
     keys.into_iter()
         .flatten()

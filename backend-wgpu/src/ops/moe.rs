@@ -1,45 +1,164 @@
-//! The mixture-of-experts ops (`moe.wgsl`): mul_mat_id, add_id, argsort and top_k.
+//! The mixture-of-experts ops: mul_mat_id (as a mat-vec with ID: the integer-dot one of
+//! `mat_vec_q.wgsl` for the types it reads, else the float one of `mat_vec.wgsl`), and add_id,
+//! argsort and top_k (`moe.wgsl`).
 
-use tessera_core::{DType, Op};
+use tessera_core::{DType, GluOp, Graph, Op, TensorId};
 
-use super::{ew, per_row, Node, Params, PlanOut, FLOATS};
-use crate::keys::{Key, MoeKey, MoeKind};
+use super::{ew, matmul, per_row, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
+use crate::context::Gpu;
+use crate::keys::{Key, MatVecKey, MoeKey, MoeKind, MV_ROWS};
+use crate::shader::Variant;
 
 /// Longest row argsort and top_k sort in one workgroup's memory (`SORT_MAX` in the shader).
 const SORT_MAX: usize = 1024;
 
-fn key(op: MoeKind, a: DType, b: DType) -> Key {
-    Key::Moe(MoeKey { op, a, b })
+fn key(op: MoeKind) -> Key {
+    Key::Moe(MoeKey { op })
 }
 
-/// mul_mat_id: one workgroup per result; `first` is the id of the first expert src0 holds.
-pub(super) fn mul_mat_id(n: &Node, mut p: Params, first: usize) -> Result<Vec<PlanOut>, String> {
-    let t = n.t;
-    let (a, b) = (n.srcs[0].dtype, n.srcs[1].dtype);
-    if !(FLOATS.contains(&a) || DType::QUANTIZED.contains(&a)) {
+/// Why experts of type `a` by rows of type `b` (the experts' rows contiguous: `rows_ok`) do not
+/// run as the mul_mat_id mat-vec, if they do not.
+fn id_types(a: DType, b: DType, rows_ok: bool) -> Result<(), String> {
+    if !(FLOATS.contains(&a) || readable_quant(a)) {
         return Err(format!("expert type {a}"));
     }
     if !matches!(b, DType::F32 | DType::F16) {
         return Err(format!("row type {b}"));
     }
-    if a.is_quantized() && !n.srcs[0].rows_contiguous() {
+    if a.is_quantized() && !rows_ok {
         return Err("quantized expert rows must be contiguous".into());
     }
-    p.u[0] = t.nelements() as u32;
+    Ok(())
+}
+
+/// The mul_mat_id mat-vec of node `id` (its dst [m, n_used, n_tokens]): a workgroup per few
+/// rows of the expert each slot of a token picked, the expert read from the ids on the GPU, as
+/// the integer-dot mat-vec where the experts' type and alignment allow it, else the float
+/// one; `first` is the id of the first expert src0 holds; `glu` with the fused gate and up.
+fn id_plan(
+    gpu: &Gpu,
+    graph: &Graph,
+    id: TensorId,
+    mut p: Params,
+    first: usize,
+    glu: Option<GluOp>,
+) -> Result<PlanOut, String> {
+    let t = graph.get(id);
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    id_types(a.dtype, b.dtype, a.rows_contiguous())?;
     p.u[1] = u32::try_from(first).map_err(|_| "expert id too large".to_string())?;
-    let k = key(MoeKind::MulMatId, a, b);
-    Ok(per_row(
-        k,
-        vec![n.id, t.src[0], t.src[1], t.src[2]],
-        p,
-        t.nelements(),
-    ))
+    let pairs = t.ne[1] * t.ne[2];
+    if let Some(key) = matmul::mat_vec_q_id(gpu, graph, t, glu) {
+        // The integer-dot mat-vec: the ids in src3, src2 free for the up experts (GLU).
+        let groups = t.ne[0].div_ceil(key.rows as usize) * pairs;
+        p.u[0] = u32::try_from(groups).map_err(|_| "too many workgroups".to_string())?;
+        p.desc[4] = super::desc(graph.get(t.src[2]));
+        return Ok(PlanOut {
+            variant: Variant::new(Key::MatVecQ(key)),
+            bind: vec![
+                Bind::whole(id),
+                Bind::whole(t.src[0]),
+                Bind::whole(t.src[1]),
+                Bind::whole(id),
+                Bind::whole(t.src[2]),
+            ],
+            params: p,
+            groups,
+            groups_3d: None,
+        });
+    }
+    let (aligned, y4) = matmul::wide_loads(gpu, graph, t, 0, 8);
+    let key = MatVecKey {
+        a: a.dtype,
+        b: b.dtype,
+        subgroups: gpu.subgroups,
+        aligned,
+        y4,
+        id: true,
+        glu,
+    };
+    let groups = t.ne[0].div_ceil(MV_ROWS as usize) * pairs;
+    p.u[0] = u32::try_from(groups).map_err(|_| "too many workgroups".to_string())?;
+    p.desc[3] = super::desc(graph.get(t.src[2]));
+    Ok(PlanOut {
+        variant: Variant::new(Key::MatVec(key)),
+        bind: vec![
+            Bind::whole(id),
+            Bind::whole(t.src[0]),
+            Bind::whole(t.src[1]),
+            Bind::whole(t.src[2]),
+        ],
+        params: p,
+        groups,
+        groups_3d: None,
+    })
+}
+
+/// mul_mat_id as a mat-vec per selected expert and token ([`id_plan`]).
+pub(super) fn mul_mat_id(n: &Node, p: Params, first: usize) -> Result<Vec<PlanOut>, String> {
+    Ok(vec![id_plan(n.gpu, n.graph, n.id, p, first, None)?])
+}
+
+/// The experts' gated FFN input of one dispatch: `op(gate, up)` stored in `glu`'s dst, where
+/// `gate` and `up` are mul_mat_ids of the same rows and ids by experts of one type, shape and
+/// layout (GLU in `mat_vec`); `None` where they are not, or the plan does not fit.
+pub(crate) fn mul_mat_id_glu(
+    gpu: &Gpu,
+    graph: &Graph,
+    gate: TensorId,
+    up: TensorId,
+    glu: TensorId,
+    op: GluOp,
+) -> Option<PlanOut> {
+    let (tg, tu, ts) = (graph.get(gate), graph.get(up), graph.get(glu));
+    let (&Op::MulMatId { first }, &Op::MulMatId { first: up_first }) = (&tg.op, &tu.op) else {
+        return None;
+    };
+    let (wg, wu) = (graph.get(tg.src[0]), graph.get(tu.src[0]));
+    let fits = first == up_first
+        && tg.src[1..] == tu.src[1..]
+        && wg.dtype == wu.dtype
+        && wg.ne == wu.ne
+        && wg.nb == wu.nb
+        && ts.dtype == DType::F32
+        && ts.ne == tg.ne
+        && ts.is_contiguous()
+        && tg.ne == tu.ne;
+    if !fits {
+        return None;
+    }
+    let mut p = Params::default();
+    p.desc[0] = super::desc(ts);
+    p.desc[1] = super::desc(wg);
+    p.desc[2] = super::desc(graph.get(tg.src[1]));
+    let mut out = id_plan(gpu, graph, gate, p, first, Some(op)).ok()?;
+    out.bind[0] = Bind::whole(glu);
+    match &mut out.variant.key {
+        Key::MatVecQ(k) => {
+            // The up experts in src2, read as the gate's are (16-byte words with A4).
+            let align = if k.a4 { 16 } else { 4 };
+            if !super::aligned(gpu, graph, tu.src[0], 0, align) {
+                return None;
+            }
+            out.bind[3] = Bind::whole(tu.src[0]);
+            out.params.desc[3] = super::desc(wu);
+        }
+        Key::MatVec(k) => {
+            // Whole aligned words (AL) only where the up experts' rows start at word offsets
+            // too; the up experts in src3.
+            k.aligned &= super::aligned(gpu, graph, tu.src[0], 0, 4);
+            out.bind.push(Bind::whole(tu.src[0]));
+            out.params.desc[4] = super::desc(wu);
+        }
+        _ => return None,
+    }
+    Some(out)
 }
 
 /// add_id: one invocation per element.
 pub(super) fn add_id(n: &Node, p: Params) -> Result<Vec<PlanOut>, String> {
     let t = n.t;
-    let k = key(MoeKind::AddId, DType::F32, DType::F32);
+    let k = key(MoeKind::AddId);
     Ok(ew(
         k,
         vec![n.id, t.src[0], t.src[1], t.src[2]],
@@ -62,20 +181,44 @@ pub(super) fn sort(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
     p.u[0] = rows as u32;
     p.u[1] = u32::from(!matches!(t.op, Op::Argsort { descending: false }));
     p.u[2] = (s.ne[0].max(1) as u32).next_power_of_two();
-    let k = key(MoeKind::Sort, DType::F32, DType::F32);
+    let k = key(MoeKind::Sort);
     Ok(per_row(k, vec![n.id, t.src[0], n.id, n.id], p, rows))
 }
 
-/// Every moe key the plans can ask for.
+/// Every moe key the plans can ask for, and the mul_mat_id mat-vecs (with subgroups on or off).
 #[cfg(test)]
-pub(super) fn variants() -> Vec<Key> {
+pub(super) fn variants(subgroups: bool) -> Vec<Key> {
     let mut v = Vec::new();
-    for &a in FLOATS.iter().chain(&DType::QUANTIZED) {
+    for &a in FLOATS
+        .iter()
+        .chain(&DType::QUANTIZED)
+        .chain(&super::READ_ONLY_QUANTS)
+    {
         for b in [DType::F32, DType::F16] {
-            v.push(key(MoeKind::MulMatId, a, b));
+            for aligned in [false, true] {
+                if aligned && a.is_quantized() && !a.type_size().is_multiple_of(4) {
+                    continue;
+                }
+                for y4 in [false, true] {
+                    if y4 && b != DType::F32 {
+                        continue;
+                    }
+                    for glu in [None, Some(GluOp::Swiglu), Some(GluOp::Geglu)] {
+                        v.push(Key::MatVec(MatVecKey {
+                            a,
+                            b,
+                            subgroups,
+                            aligned,
+                            y4,
+                            id: true,
+                            glu,
+                        }));
+                    }
+                }
+            }
         }
     }
-    v.push(key(MoeKind::AddId, DType::F32, DType::F32));
-    v.push(key(MoeKind::Sort, DType::F32, DType::F32));
+    v.push(key(MoeKind::AddId));
+    v.push(key(MoeKind::Sort));
     v
 }

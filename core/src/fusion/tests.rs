@@ -306,3 +306,48 @@ fn a_post_norm_joins_the_residual_in_one_group() {
         assert_eq!(walk(&g, &nodes), ["rms_norm_mul"]);
     }
 }
+
+/// The experts' FFN of a MoE layer as llm builds it for `tokens` tokens: gate and up
+/// mul_mat_ids of one row per token by the selected experts, their glu, the down mul_mat_id.
+fn moe_ffn(tokens: usize, gate_read_twice: bool) -> (Graph, Vec<TensorId>) {
+    let (d, ff, n_expert, n_used) = (64, 96, 8, 2);
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[d, 1, tokens]).unwrap();
+    let ids = g.input("ids", DType::I32, &[n_used, tokens]).unwrap();
+    let wg = g.input("wg", DType::Q4_0, &[d, ff, n_expert]).unwrap();
+    let wu = g.input("wu", DType::Q4_0, &[d, ff, n_expert]).unwrap();
+    let wd = g.input("wd", DType::Q4_0, &[ff, d, n_expert]).unwrap();
+    let gate = g.mul_mat_id(wg, x, ids).unwrap();
+    let up = g.mul_mat_id(wu, x, ids).unwrap();
+    let act = g.glu_split(gate, up, crate::GluOp::Swiglu).unwrap();
+    let down = g.mul_mat_id(wd, act, ids).unwrap();
+    g.set_output(down);
+    if gate_read_twice {
+        let extra = g.scale(gate, 2.0).unwrap();
+        g.set_output(extra);
+    }
+    let nodes: Vec<TensorId> = g.ids().collect();
+    (g, nodes)
+}
+
+#[test]
+fn the_experts_gate_and_up_are_one_group() {
+    for tokens in [1, 5] {
+        let (g, nodes) = moe_ffn(tokens, false);
+        assert_eq!(walk(&g, &nodes), ["glu_mul_mat_ids"]);
+        let m = Matcher::new(&g, &nodes);
+        let i = nodes
+            .iter()
+            .position(|&n| matches!(g.get(n).op, crate::Op::MulMatId { .. }))
+            .unwrap();
+        let Some(Group::GluMulMatIds(grp)) = m.candidates(i).first().cloned() else {
+            panic!("no expert glu group");
+        };
+        assert_eq!(g.get(grp.glu).src[..], [grp.gate, grp.up]);
+        assert_eq!(g.get(grp.gate).src[1..], [grp.x, grp.ids]);
+        assert_eq!(grp.op, crate::GluOp::Swiglu);
+    }
+    // A gate read by one more node must be written: no group.
+    let (g, nodes) = moe_ffn(1, true);
+    assert!(walk(&g, &nodes).is_empty());
+}

@@ -1025,6 +1025,18 @@ pub(super) enum Weights {
 /// The output norm's mean weight in [`Weights::Scaled`] models: the logits' spread.
 const LOGIT_SCALE: f32 = 24.0;
 
+/// gpt-oss's query and key scale (matrices and biases) in [`Weights::Scaled`] models, against
+/// the other models': softer attention, because YaRN's magnitude and the sinks make gpt-oss's
+/// scores sharp enough that f16 rounding in llama.cpp's own attention paths moves its logits by
+/// about 1 and flips near-tied experts while it decodes.
+const GPT_OSS_QK_SCALE: f32 = 0.35;
+
+/// gpt-oss's router in [`Weights::Scaled`] models: the spread of the logits from the token
+/// (gain, as `gate_vector`'s) and of the router's bias. A bias larger than the token's part
+/// keeps the 4th and 5th experts' logits apart, so that rounding noise in the token's hidden
+/// state seldom swaps them, while the choice still depends on the token.
+const GPT_OSS_ROUTER: (f32, f32) = (1.0, 2.0);
+
 /// Gemma's post-attention and post-FFN norms' mean weight in [`Weights::Scaled`] models.
 const BLOCK_SCALE: f32 = 8.0;
 
@@ -1049,6 +1061,11 @@ pub(super) fn layout(
         RopeScaling::Yarn { factor, .. } => 1.0 + 0.1 * factor.ln(),
         _ => 1.0,
     };
+    let qk_scale = if arch == Arch::GptOss {
+        GPT_OSS_QK_SCALE
+    } else {
+        1.0
+    };
     let matrix_ne = |name: String, layer: usize, ne: Vec<u64>| -> Result<Plan> {
         let ne0 = ne[0];
         let role = Role::of(&name).expect("a matrix name");
@@ -1061,7 +1078,7 @@ pub(super) fn layout(
         };
         let dtype = ty.matrix_type(&name, role, &place, ne0)?;
         let gain = match role {
-            Role::AttnQ | Role::AttnK => role.gain() / yarn_magnitude,
+            Role::AttnQ | Role::AttnK => role.gain() * qk_scale / yarn_magnitude,
             _ => role.gain(),
         };
         let std = match weights {
@@ -1084,9 +1101,9 @@ pub(super) fn layout(
         // A spread of a quarter of the mean, so that each channel's weight matters.
         Weights::Scaled => Plan::random(name, DType::F32, vec![n], mean, 0.25 * mean),
     };
-    // Query and key biases spread by 0.5, value biases by 0.1 only: a value bias adds one
-    // vector to every attention output, and a large one makes the model say the same token
-    // whatever came before.
+    // Query and key biases spread by 0.5 (gpt-oss's scaled as its queries and keys are), value
+    // biases by 0.1 only: a value bias adds one vector to every attention output, and a large
+    // one makes the model say the same token whatever came before.
     let bias = |name: String, n: u64, std: f32| Plan::random(name, DType::F32, vec![n], 0.0, std);
 
     let mut plans = vec![matrix("token_embd.weight".into(), 0, d, nv)?];
@@ -1127,8 +1144,8 @@ pub(super) fn layout(
             plans.push(matrix(p("attn_v"), l, d, nkv)?);
         }
         if matches!(arch, Arch::Qwen2 | Arch::GptOss) {
-            plans.push(bias(format!("blk.{l}.attn_q.bias"), nq, 0.5));
-            plans.push(bias(format!("blk.{l}.attn_k.bias"), nkv, 0.5));
+            plans.push(bias(format!("blk.{l}.attn_q.bias"), nq, 0.5 * qk_scale));
+            plans.push(bias(format!("blk.{l}.attn_k.bias"), nkv, 0.5 * qk_scale));
             plans.push(bias(format!("blk.{l}.attn_v.bias"), nkv, 0.1));
         }
         if arch == Arch::Olmoe {
@@ -1166,7 +1183,8 @@ pub(super) fn layout(
         let e = &shape.experts;
         if e.n_expert > 0 {
             let (ne, fe) = (e.n_expert as u64, e.n_ff_exp as u64);
-            plans.push(gate_vector(p("ffn_gate_inp"), vec![d, ne], 2.0));
+            let router_gain = if gpt_oss { GPT_OSS_ROUTER.0 } else { 2.0 };
+            plans.push(gate_vector(p("ffn_gate_inp"), vec![d, ne], router_gain));
             plans.push(expert(p("ffn_gate_exps"), l, vec![d, fe, ne], 1.0)?);
             plans.push(expert(p("ffn_down_exps"), l, vec![fe, d, ne], 0.25)?);
             plans.push(expert(p("ffn_up_exps"), l, vec![d, fe, ne], 1.0)?);
@@ -1182,7 +1200,11 @@ pub(super) fn layout(
                         std,
                     )
                 };
-                plans.push(bias(format!("blk.{l}.ffn_gate_inp.bias"), ne, 0.5));
+                plans.push(bias(
+                    format!("blk.{l}.ffn_gate_inp.bias"),
+                    ne,
+                    GPT_OSS_ROUTER.1,
+                ));
                 plans.push(rows("ffn_gate_exps", fe, 2.5));
                 plans.push(rows("ffn_down_exps", d, 0.1));
                 plans.push(rows("ffn_up_exps", fe, 2.5));

@@ -11,23 +11,23 @@ use crate::init::Init;
 
 /// One mul_mat_id case (ggml's test-backend-ops names).
 #[derive(Clone, Copy)]
-struct MulMatId {
-    type_a: DType,
-    type_b: DType,
+pub(super) struct MulMatId {
+    pub(super) type_a: DType,
+    pub(super) type_b: DType,
     /// Experts.
-    n_mats: usize,
+    pub(super) n_mats: usize,
     /// Experts used per token.
-    n_used: usize,
+    pub(super) n_used: usize,
     /// One row per token shared by its experts (true), or one row per expert slot.
-    b: bool,
-    m: usize,
+    pub(super) b: bool,
+    pub(super) m: usize,
     /// Tokens.
-    n: usize,
-    k: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
 }
 
 impl MulMatId {
-    fn case(self) -> Case {
+    pub(super) fn case(self) -> Case {
         let MulMatId {
             type_a,
             type_b,
@@ -54,6 +54,45 @@ impl MulMatId {
         )
         .with_flops(flops)
     }
+}
+
+/// The experts' gate and up of rows of `k` values into `ff` each (`[k, ff]`), `n_used` of
+/// `n_expert` experts (src0 holding `first..first + n_expert`) per token of `n_tok`, and their
+/// gated activation `op`.
+pub(super) fn moe_glu(
+    type_a: DType,
+    [k, ff]: [usize; 2],
+    n_expert: usize,
+    n_used: usize,
+    n_tok: usize,
+    op: GluOp,
+    first: usize,
+) -> Case {
+    let name = format!(
+        "type={type_a},k={k},ff={ff},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},op={},first={first}",
+        op.name()
+    );
+    Case::new(
+        "MOE_GLU",
+        name,
+        &[type_a, DType::F32, DType::I32],
+        Tolerance::MATMUL,
+        move |g| {
+            // Small rows keep the gate's sums near 1, where SiLU and GELU differ most.
+            let x = g.input(DType::F32, &[k, 1, n_tok], Init::Uniform(-0.125, 0.125))?;
+            let n_ids = if first > 0 { 2 * n_expert } else { n_expert };
+            let ids = g.input(DType::I32, &[n_used, n_tok], Init::UniqueIndices(n_ids))?;
+            let gate_w = g.leaf(type_a, &[k, ff, n_expert])?;
+            let up_w = g.leaf(type_a, &[k, ff, n_expert])?;
+            let gate = g.mul_mat_id(gate_w, x, ids)?;
+            let up = g.mul_mat_id(up_w, x, ids)?;
+            for p in [gate, up] {
+                g.get_mut(p).op = Op::MulMatId { first };
+            }
+            g.glu_split(gate, up, op)
+        },
+    )
+    .with_flops(4.0 * (k * ff * n_used * n_tok) as f64)
 }
 
 /// Every case of the family.
@@ -120,6 +159,70 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         }
     }
 
+    // Decode: one to a few tokens, top 2 to 8 of 8 to 128 experts, over the types MoE files
+    // hold their experts in (the k-quants, Q8_0, the i-quants and MXFP4 of gpt-oss).
+    for (n_mats, n_used, n) in [
+        (8usize, 2usize, 1usize),
+        (8, 2, 4),
+        (32, 4, 3),
+        (64, 8, 1),
+        (128, 8, 2),
+    ] {
+        for type_a in [
+            DType::F16,
+            DType::Q4_0,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::IQ4_XS,
+            DType::MXFP4,
+        ] {
+            v.push(
+                MulMatId {
+                    type_a,
+                    n_mats,
+                    n_used,
+                    b: true,
+                    m: 64,
+                    n,
+                    k: 256,
+                    ..base
+                }
+                .case(),
+            );
+        }
+    }
+    // More (slot, token) pairs than one launch's grid takes on CUDA (65535): launches in parts.
+    v.push(
+        MulMatId {
+            type_a: DType::Q4_0,
+            n_mats: 16,
+            n_used: 8,
+            b: true,
+            m: 4,
+            n: 8200,
+            k: 32,
+            ..base
+        }
+        .case(),
+    );
+    // Every i-quant and ternary type once at decode (the lattice types' grids bound).
+    for type_a in DType::QUANTIZED_IQ {
+        v.push(
+            MulMatId {
+                type_a,
+                n_mats: 8,
+                n_used: 2,
+                b: true,
+                m: 16,
+                n: 2,
+                k: 256,
+                ..base
+            }
+            .case(),
+        );
+    }
+
     // One part's slice of the experts on a meta device (expert parallelism): src0 holds experts
     // first..first + n_mats of twice as many, rows routed to the others are 0.
     for (type_a, first) in [(DType::F32, 4), (DType::Q4_0, 3), (DType::Q4_K, 1)] {
@@ -137,6 +240,33 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 g.get_mut(out).op = Op::MulMatId { first };
                 Ok(out)
             },
+        ));
+    }
+
+    // The experts' gate and up with their gated activation (one fused dispatch where a
+    // backend has it: the fusion matcher's glu_mul_mat_ids), SwiGLU and GeGLU, at decode and
+    // for a few tokens; and one part's slice of the experts (`first`).
+    for (type_a, n_expert, n_used, n_tok, op, first) in [
+        (DType::F32, 8, 2, 1, GluOp::Swiglu, 0),
+        (DType::F16, 8, 2, 3, GluOp::Geglu, 0),
+        (DType::Q4_0, 8, 2, 1, GluOp::Swiglu, 0),
+        (DType::Q4_0, 32, 4, 5, GluOp::Geglu, 0),
+        (DType::Q8_0, 8, 2, 2, GluOp::Swiglu, 0),
+        (DType::Q4_K, 64, 8, 1, GluOp::Swiglu, 0),
+        (DType::Q4_K, 8, 2, 3, GluOp::Geglu, 0),
+        (DType::Q6_K, 128, 8, 1, GluOp::Swiglu, 0),
+        (DType::IQ4_XS, 8, 4, 2, GluOp::Swiglu, 0),
+        (DType::MXFP4, 32, 4, 1, GluOp::Swiglu, 0),
+        (DType::Q4_K, 4, 3, 5, GluOp::Swiglu, 2),
+    ] {
+        v.push(moe_glu(
+            type_a,
+            [256, 96],
+            n_expert,
+            n_used,
+            n_tok,
+            op,
+            first,
         ));
     }
 

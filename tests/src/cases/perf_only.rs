@@ -1,9 +1,10 @@
 //! Perf-only cases (not in the test table): the model-sized products and the decode and
 //! prefill sizes of the per-token ops that BENCHMARKS.md reports.
 
-use tessera_core::{DType, RopeMode, TensorId};
+use tessera_core::{DType, GluOp, RopeMode, TensorId};
 
 use super::matmul::MulMat;
+use super::moe::{moe_glu, MulMatId};
 use super::rope::Rope;
 use super::softmax::SoftMax;
 use crate::case::{Case, Tolerance};
@@ -30,6 +31,31 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             v.push(MulMat::new(t, DType::F32, 4096, n, 14336).case().large());
         }
     }
+    // A MoE layer's expert products at decode: Qwen3-30B-A3B's (8 of 128 experts; gate and up
+    // 2048 -> 768 in Q4_K, down 768 -> 2048 in Q6_K, as its Q4_K_M file) and gpt-oss-20b's (4
+    // of 32 MXFP4 experts of 2880), one by one and the gate/up/glu fused.
+    for (type_a, n_mats, n_used, m, k) in [
+        (DType::Q4_K, 128, 8, 768, 2048),
+        (DType::Q6_K, 128, 8, 2048, 768),
+        (DType::MXFP4, 32, 4, 2880, 2880),
+    ] {
+        v.push(
+            MulMatId {
+                type_a,
+                type_b: DType::F32,
+                n_mats,
+                n_used,
+                b: true,
+                m,
+                n: 1,
+                k,
+            }
+            .case()
+            .large(),
+        );
+    }
+    v.push(moe_glu(DType::Q4_K, [2048, 768], 128, 8, 1, GluOp::Swiglu, 0).large());
+    v.push(moe_glu(DType::MXFP4, [2880, 2880], 32, 4, 1, GluOp::Swiglu, 0).large());
     // The test model's output head (its Q8_0 token embedding, tied) for one token, and its
     // largest Q4_1 product (up).
     v.push(

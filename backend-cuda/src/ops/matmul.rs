@@ -210,8 +210,9 @@ const MMQ_MAX: i64 = 32;
 /// The most columns of one column tile of the mat-mat (its widest kernel, 4 tiles of 8).
 const MMQ_TILE: usize = 32;
 
-/// Blocks of the mat-mat an SM is given at least, where k is long enough to split: with a
-/// stage of 128 rows in flight each, two keep the memory busy while the other computes.
+/// Blocks of the mat-mat an SM is given at least, where k is long enough to split: each
+/// keeps the next stage of its 128 rows in flight while it computes the current one, and
+/// several of them hide each other's tile setup and final sums.
 const MMQ_BLOCKS_PER_SM: usize = 3;
 
 /// The most blocks a k split of the mat-mat runs as, where they form one thread-block cluster

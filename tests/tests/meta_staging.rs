@@ -200,33 +200,9 @@ fn host_all_reduce_through_deferred_copies_leaves_the_sum_in_every_part() {
             let inputs: Vec<Vec<f32>> = (0..3u32)
                 .map(|j| values(count, 7 + j + 10 * round + count as u32))
                 .collect();
-            let want: Vec<u8> = match dtype {
-                ReduceType::F32 => {
-                    let sum: Vec<f32> = (0..count)
-                        .map(|i| inputs[0][i] + inputs[1][i] + inputs[2][i])
-                        .collect();
-                    sum.iter().flat_map(|v| v.to_le_bytes()).collect()
-                }
-                ReduceType::BF16 => {
-                    let h = |x: f32| bf16::from_f32(x).to_f32();
-                    let sum: Vec<bf16> = (0..count)
-                        .map(|i| {
-                            let a = bf16::from_f32(h(inputs[0][i]) + h(inputs[1][i]));
-                            bf16::from_f32(a.to_f32() + h(inputs[2][i]))
-                        })
-                        .collect();
-                    sum.iter().flat_map(|v| v.to_le_bytes()).collect()
-                }
-            };
+            let want = ordered_sum(&inputs, dtype);
             for ((b, off), x) in bufs.iter().zip(&inputs) {
-                let bytes: Vec<u8> = match dtype {
-                    ReduceType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    ReduceType::BF16 => x
-                        .iter()
-                        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-                        .collect(),
-                };
-                b.set(*off, &bytes).unwrap();
+                b.set(*off, &encoded(x, dtype)).unwrap();
             }
             backend.all_reduce(&bufs, count, dtype).unwrap();
             Backend::synchronize(&mut backend).unwrap();
@@ -265,6 +241,17 @@ fn overlapping_host_memory_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("overlapping"), "{e}");
+}
+
+/// `x` as the bytes of a tensor of `dtype` (bf16: each value rounded).
+fn encoded(x: &[f32], dtype: ReduceType) -> Vec<u8> {
+    match dtype {
+        ReduceType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ReduceType::BF16 => x
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
 }
 
 /// The sum of `inputs` in part order, as the host all-reduce adds them: f32, or bf16 rounded
@@ -337,14 +324,7 @@ fn host_all_reduce_over_cpu_and_wgpu_is_the_ordered_sum() {
                     .collect();
                 let want = ordered_sum(&inputs, dtype);
                 for ((b, off), x) in bufs.iter().zip(&inputs) {
-                    let bytes: Vec<u8> = match dtype {
-                        ReduceType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                        ReduceType::BF16 => x
-                            .iter()
-                            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-                            .collect(),
-                    };
-                    b.set(*off, &bytes).unwrap();
+                    b.set(*off, &encoded(x, dtype)).unwrap();
                 }
                 backend.all_reduce(&bufs, count, dtype).unwrap();
                 Backend::synchronize(&mut backend).unwrap();

@@ -138,65 +138,145 @@ pub(super) struct Qkx2 {
 }
 
 /// Asymmetric quantization `x ~ scale * l - min` with `l` in `0..=nmax`, searching candidate
-/// scales and refitting scale and min by weighted least squares; returns `(scale, min)` with
-/// `min >= 0` (for Q2_K, Q4_K, Q5_K).
-pub(super) fn make_qkx2_quants(p: &Qkx2, x: &[f32], w: &[f32], l: &mut [u8]) -> (f32, f32) {
+/// scales and refitting scale and min by weighted least squares; returns each sub-block's
+/// `(scale, min)` with `min >= 0` (for Q2_K, Q4_K, Q5_K).
+///
+/// `x` and `w` hold `S` sub-blocks of `L` values each (sub-block `j` at `L * j..L * j + L`),
+/// and `l` receives their quants in the same order. The sub-blocks are searched in lockstep,
+/// lane `j` for sub-block `j`, so that the compiler can keep the `S` lanes in vector registers:
+/// each lane still adds its terms in value order, so the result is bit-identical to searching
+/// the sub-blocks one by one (and to ggml's `make_qkx2_quants`).
+pub(super) fn make_qkx2_quants<const S: usize, const L: usize>(
+    p: &Qkx2,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+) -> ([f32; S], [f32; S]) {
+    if p.use_mad {
+        qkx2_lanes::<S, L, true>(p, x, w, l)
+    } else {
+        qkx2_lanes::<S, L, false>(p, x, w, l)
+    }
+}
+
+/// Rounds `v` to the nearest integer, halfway cases to even, for `|v| < 2^22` (a NaN gives an
+/// arbitrary integer that the caller's clamp keeps in range): [`nearest_int`] without its
+/// range check, so that a loop over lanes vectorizes.
+#[inline(always)]
+fn nearest_int_small(v: f32) -> i32 {
+    ((v + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+fn qkx2_lanes<const S: usize, const L: usize, const MAD: bool>(
+    p: &Qkx2,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+) -> ([f32; S], [f32; S]) {
+    let err = |d: f32| if MAD { d.abs() } else { d * d };
+    // Value-major copies: xt[i][j] is value i of sub-block j.
+    let (mut xt, mut wt) = ([[0f32; S]; L], [[0f32; S]; L]);
+    for j in 0..S {
+        for i in 0..L {
+            xt[i][j] = x[L * j + i];
+            wt[i][j] = w[L * j + i];
+        }
+    }
+    let (mut min, mut max) = (xt[0], xt[0]);
+    let (mut sum_w, mut sum_x) = ([0f32; S], [0f32; S]);
+    for i in 0..L {
+        for j in 0..S {
+            let v = xt[i][j];
+            min[j] = if v < min[j] { v } else { min[j] };
+            max[j] = if v > max[j] { v } else { max[j] };
+            sum_w[j] += wt[i][j];
+            sum_x[j] += wt[i][j] * v;
+        }
+    }
     let nmax = p.nmax;
-    let mut min = x.iter().fold(x[0], |a, &v| if v < a { v } else { a });
-    let max = x.iter().fold(x[0], |a, &v| if v > a { v } else { a });
-    let sum_w: f32 = w.iter().sum();
-    let sum_x: f32 = w.iter().zip(x).map(|(w, v)| w * v).sum();
-    if min > 0.0 {
-        min = 0.0;
+    let (mut iscale, mut scale) = ([0f32; S], [0f32; S]);
+    // A sub-block whose range (with 0 in it) is empty has nothing to search: all its quants
+    // are 0 and its min is its value. Its lane runs along and is overwritten at the end.
+    let mut flat = [false; S];
+    for j in 0..S {
+        if min[j] > 0.0 {
+            min[j] = 0.0;
+        }
+        flat[j] = max[j] == min[j];
+        iscale[j] = nmax as f32 / (max[j] - min[j]);
+        scale[j] = 1.0 / iscale[j];
     }
-    if max == min {
-        l.fill(0);
-        return (0.0, -min);
+    let mut best = [[0u8; S]; L];
+    let mut best_error = [0f32; S];
+    for i in 0..L {
+        for j in 0..S {
+            let q = nearest_int_small(iscale[j] * (xt[i][j] - min[j])).clamp(0, nmax);
+            best[i][j] = q as u8;
+            best_error[j] += wt[i][j] * err(scale[j] * q as f32 + min[j] - xt[i][j]);
+        }
     }
-    let err = |d: f32| if p.use_mad { d.abs() } else { d * d };
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
-    for ((l, &v), &w) in l.iter_mut().zip(x).zip(w) {
-        *l = nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
-        best_error += w * err(scale * f32::from(*l) + min - v);
-    }
-    let mut aux = [0u8; 32];
-    let aux = &mut aux[..x.len()];
+    let mut aux = [[0u8; S]; L];
     for is in 0..=p.nstep {
-        iscale = (p.rmin + p.rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
-        for ((a, &v), &w) in aux.iter_mut().zip(x).zip(w) {
-            let q = nearest_int(iscale * (v - min)).clamp(0, nmax);
-            *a = q as u8;
-            let q = q as f32;
-            sum_l += w * q;
-            sum_l2 += w * q * q;
-            sum_xl += w * q * v;
+        let step = p.rmin + p.rdelta * is as f32 + nmax as f32;
+        for j in 0..S {
+            iscale[j] = step / (max[j] - min[j]);
         }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        let (mut sum_l, mut sum_l2, mut sum_xl) = ([0f32; S], [0f32; S], [0f32; S]);
+        for i in 0..L {
+            for j in 0..S {
+                let v = xt[i][j];
+                let q = nearest_int_small(iscale[j] * (v - min[j])).clamp(0, nmax);
+                aux[i][j] = q as u8;
+                let (q, w) = (q as f32, wt[i][j]);
+                sum_l[j] += w * q;
+                sum_l2[j] += w * q * q;
+                sum_xl[j] += w * q * v;
             }
-            let cur: f32 = aux
-                .iter()
-                .zip(x)
-                .zip(w)
-                .map(|((&a, &v), &w)| w * err(this_scale * f32::from(a) + this_min - v))
-                .sum();
-            if cur < best_error {
-                l.copy_from_slice(aux);
-                best_error = cur;
-                scale = this_scale;
-                min = this_min;
+        }
+        let (mut this_scale, mut this_min) = ([0f32; S], [0f32; S]);
+        let mut fits = [false; S];
+        for j in 0..S {
+            let det = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j];
+            fits[j] = det > 0.0;
+            this_scale[j] = (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / det;
+            this_min[j] = (sum_l2[j] * sum_x[j] - sum_l[j] * sum_xl[j]) / det;
+            if this_min[j] > 0.0 {
+                this_min[j] = 0.0;
+                this_scale[j] = sum_xl[j] / sum_l2[j];
+            }
+        }
+        if !fits.contains(&true) {
+            continue;
+        }
+        let mut cur = [0f32; S];
+        for i in 0..L {
+            for j in 0..S {
+                let d = this_scale[j] * f32::from(aux[i][j]) + this_min[j] - xt[i][j];
+                cur[j] += wt[i][j] * err(d);
+            }
+        }
+        for j in 0..S {
+            if fits[j] && !flat[j] && cur[j] < best_error[j] {
+                for i in 0..L {
+                    best[i][j] = aux[i][j];
+                }
+                best_error[j] = cur[j];
+                scale[j] = this_scale[j];
+                min[j] = this_min[j];
             }
         }
     }
-    (scale, -min)
+    let mut mins = [0f32; S];
+    for j in 0..S {
+        for i in 0..L {
+            l[L * j + i] = if flat[j] { 0 } else { best[i][j] };
+        }
+        if flat[j] {
+            scale[j] = 0.0;
+        }
+        mins[j] = -min[j];
+    }
+    (scale, mins)
 }
 
 /// Scale and min `j` (0..8) of a Q4_K/Q5_K 12-byte scales field, 6 bits each: sub-blocks 0..4

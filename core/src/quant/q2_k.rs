@@ -24,15 +24,11 @@ pub(super) fn quantize(x: &[f32], b: &mut [u8]) {
         use_mad: true,
     };
     let mut l = [0u8; 256];
-    let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
-    for j in 0..16 {
-        let xs = &x[16 * j..16 * j + 16];
-        let mut w = [0f32; 16];
-        for (w, v) in w.iter_mut().zip(xs) {
-            *w = v.abs();
-        }
-        (scales[j], mins[j]) = make_qkx2_quants(&p, xs, &w, &mut l[16 * j..16 * j + 16]);
+    let mut w = [0f32; 256];
+    for (w, v) in w.iter_mut().zip(x) {
+        *w = v.abs();
     }
+    let (scales, mins) = make_qkx2_quants::<16, 16>(&p, x, &w, &mut l);
     let max_scale = scales.iter().fold(0f32, |a, &v| if v > a { v } else { a });
     let max_min = mins.iter().fold(0f32, |a, &v| if v > a { v } else { a });
     b[..16].fill(0);

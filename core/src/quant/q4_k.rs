@@ -24,12 +24,11 @@ const SEARCH: Qkx2 = Qkx2 {
 /// (bytes 0, 2 and 4..16) into `b`, and returns each value's quant in `0..=nmax`.
 pub(super) fn fit_k4(p: &Qkx2, x: &[f32], b: &mut [u8]) -> [u8; 256] {
     let mut l = [0u8; 256];
-    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    let mut w = [0f32; 256];
     for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        (scales[j], mins[j]) =
-            make_qkx2_quants(p, xs, &k4_weights(xs), &mut l[32 * j..32 * j + 32]);
+        w[32 * j..32 * j + 32].copy_from_slice(&k4_weights(&x[32 * j..32 * j + 32]));
     }
+    let (scales, mins) = make_qkx2_quants::<8, 32>(p, x, &w, &mut l);
     let (d, dmin) = quantize_scales_k4(&scales, &mins, &mut b[4..16]);
     put_f16(b, 0, d);
     put_f16(b, 2, dmin);

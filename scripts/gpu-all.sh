@@ -18,6 +18,8 @@
 #   (optional) the CUDA benchmark of two builds as .gpu/A/bench.xz and .gpu/B/bench.xz
 #   (cargo bench -p tessera-cuda --bench gpu --no-run prints the executable)
 # One call: carry .gl, .gpu/F, .gpu/A, .gpu/B; command: bash scripts/gpu-all.sh
+# OPS (a comma-separated op list) limits the conformance step and MODELS (names of
+# llm/tests/data/arch, space-separated) the greedy step.
 # STEPS (default: all of them) picks groups of steps by name, so that the check can also go as
 # two calls back to back on the warm machine (/root/m is kept between them), e.g.
 #   STEPS="ops greedy" bash scripts/gpu-all.sh, then STEPS="allreduce split bench batched profile"
@@ -46,7 +48,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/RESULT gpu /'
 for b in cuda:0 wgpu:0; do
   want ops || break
   step "ops $b" 60 || continue
-  timeout 300 $BIN ops test --backend "$b" > "$L/ops-${b%%:*}.log" 2>&1
+  timeout 300 $BIN ops test --backend "$b" ${OPS:+--op "$OPS"} > "$L/ops-${b%%:*}.log" 2>&1
   echo "RESULT ops $b $(tail -1 "$L/ops-${b%%:*}.log")"
   grep -E "FAIL" "$L/ops-${b%%:*}.log" | head -5 | sed "s/^/RESULT ops $b /"
 done
@@ -55,6 +57,7 @@ devs=(cuda:0 wgpu:0 meta:cuda:0,wgpu:0)
 for ref in llm/tests/data/arch/*.json; do
   want greedy || break
   name=$(basename "$ref" .json); f=/root/m/$name.gguf
+  [ -z "${MODELS:-}" ] || [[ " $MODELS " == *" $name "* ]] || continue
   step "greedy $name" 40 || continue
   ty=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["synth"]["type"])' "$ref")
   $BIN gguf synth --like "$name" --type "$ty" --out "$f" > /dev/null 2>&1 || { echo "RESULT synth $name FAILED"; continue; }

@@ -43,6 +43,26 @@ fn time_graph(
     s
 }
 
+/// An `m x k` weight of type `dt` from the values `x` (repeated, scaled per row), or, for the
+/// lattice i-quants, random blocks fitted to a similar spread: their search on the CPU would
+/// take minutes of the GPU machine's time, and the mat-vec's speed does not depend on values.
+fn weight_bytes(dt: DType, m: usize, k: usize, x: &[f32]) -> Vec<u8> {
+    if tessera_core::quant::is_lattice(dt) {
+        let mut rng = Rng::new(13);
+        let mut b: Vec<u8> = (0..m * dt.row_size(k).unwrap())
+            .map(|_| rng.uniform(0.0, 256.0) as u8)
+            .collect();
+        for block in b.chunks_exact_mut(dt.type_size()) {
+            tessera_core::quant::fit_random_block(dt, block, 0.3).unwrap();
+        }
+        return b;
+    }
+    let wdata: Vec<f32> = (0..m * k)
+        .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
+        .collect();
+    to_bytes(dt, &wdata)
+}
+
 /// A benchmark: it measures on the device and prints its figures.
 type Bench = fn(&Dev, &Args);
 
@@ -121,16 +141,17 @@ fn mat_vec_bandwidth(dev: &Dev, args: &Args) {
         DType::Q6_K,
         DType::Q5_0,
         DType::F16,
+        DType::IQ4_XS,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_XS,
+        DType::MXFP4,
     ]
     .into_iter()
     .filter(|dt| args.measures(dt.name()))
     {
         let bytes = m * dt.row_size(k).unwrap();
-        let wdata: Vec<f32> = (0..m * k)
-            .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
-            .collect();
-        let wb = to_bytes(dt, &wdata);
-        drop(wdata);
+        let wb = weight_bytes(dt, m, k, &x);
         // One weight repeated (largely L2-resident), and 8 weights rotated (> 200 MB: DRAM).
         for rotated in [false, true] {
             for n in [1usize, 2, 4, 8] {

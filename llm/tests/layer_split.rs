@@ -36,6 +36,7 @@ fn params() -> LoadParams {
     LoadParams {
         gpu_layers: None,
         context: context(),
+        ..LoadParams::default()
     }
 }
 
@@ -310,4 +311,100 @@ fn gemma3_split_by_layers_over_cpus_gives_the_cpus_logits() {
     let (toks, got) = greedy(&model, &prompt, 3);
     assert_eq!(toks, want_toks);
     assert!(got == want, "the logits differ from the CPU's");
+}
+
+/// The weight bytes op offload uploads for one step: the mat-mul weights of the layers on the
+/// CPU part (part 1).
+fn cpu_layer_mat_mul_bytes(model: &Model) -> u64 {
+    let split = model.layer_split().unwrap();
+    let kinds = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    model
+        .file()
+        .tensors
+        .iter()
+        .filter(|t| {
+            let mut p = t.name.split('.');
+            p.next() == Some("blk")
+                && p.next()
+                    .and_then(|l| l.parse().ok())
+                    .map(|l| split.layer_part(l))
+                    == Some(1)
+                && p.next().is_some_and(|k| kinds.contains(&k))
+        })
+        .map(|t| t.size)
+        .sum()
+}
+
+/// Op offload over wgpu:0 (lavapipe in CI) and the CPU split by layers: a prompt longer than
+/// the threshold computes the CPU part's mat-muls on wgpu:0 (the counters say how many and how
+/// many weight bytes, each CPU layer's seven once), a decode step offloads nothing, and the
+/// greedy tokens are the single CPU's up to its first near-tie, the prompt's logits close to
+/// its; with the threshold 0 nothing is offloaded.
+#[test]
+fn op_offload_runs_the_cpu_layers_prompt_mat_muls_on_wgpu() {
+    let Some(gpu) = wgpu(&Options::default()) else {
+        return;
+    };
+    let cpu = cpu_model();
+    let text = "The capital of France is Paris. The capital of Germany is Berlin. The capital \
+                of Italy is Rome. The capital of Japan is Tokyo. The capital of Spain is";
+    let prompt = cpu.tokenizer.encode(text, true, false).unwrap();
+    assert!(
+        prompt.len() > tessera_llm::OP_OFFLOAD_BATCH,
+        "{} tokens",
+        prompt.len()
+    );
+    let (want, want_logits) = greedy(&cpu, &prompt, 6);
+    let tie = want_logits
+        .iter()
+        .position(|l| top2_gap(l) < 0.5)
+        .unwrap_or(6);
+    for threshold in [tessera_llm::OP_OFFLOAD_BATCH, 0] {
+        let parts = vec![gpu.clone(), Arc::new(CpuDevice::new()) as Arc<dyn Device>];
+        let p = LoadParams {
+            op_offload: threshold,
+            ..params()
+        };
+        let model = load(layered(parts, &[0.4, 0.6]), &p).unwrap();
+        assert_eq!(counts(&model), vec![12, 18]);
+        let mut ctx = Context::new(model.clone(), context()).unwrap();
+        let mut logits = ctx.eval(&prompt, false).unwrap();
+        let prompt_stats = ctx.offload_stats();
+        let e = nmse(&want_logits[0], &logits);
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            let t = argmax(&logits) as u32;
+            got.push(t);
+            logits = ctx.eval(&[t], false).unwrap();
+        }
+        let matched = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!(
+            "threshold {threshold}: {prompt_stats:?} for the prompt, logits nmse {e:.1e}, \
+             tokens matched {matched}/6, first near-tie at {tie}"
+        );
+        assert!(matched >= tie, "{got:?} vs the CPU's {want:?}");
+        assert!(
+            e < 1e-3,
+            "the prompt's logits differ from the CPU's: nmse {e:e}"
+        );
+        assert_eq!(
+            ctx.offload_stats(),
+            prompt_stats,
+            "decode steps offload nothing"
+        );
+        if threshold == 0 {
+            assert_eq!(prompt_stats, Default::default());
+        } else {
+            assert_eq!(prompt_stats.ops, 7 * 18);
+            assert_eq!(prompt_stats.bytes, cpu_layer_mat_mul_bytes(&model));
+        }
+    }
 }

@@ -273,6 +273,14 @@ impl Scheduler {
                 self.allocators[d].alloc(graph, &nodes)?;
             }
         }
+        if offloaded.ops > 0 {
+            log::debug!(
+                "op offload: {} mat-muls of this graph to {}, {} MiB of weights uploaded a run",
+                offloaded.ops,
+                target.map_or_else(String::new, |t| self.devices[t].name()),
+                offloaded.bytes >> 20
+            );
+        }
         Ok(SchedPlan {
             splits,
             placement,

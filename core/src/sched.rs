@@ -156,25 +156,48 @@ impl Scheduler {
     /// preference). A hinted device that lacks the op is passed over as in rule 3.
     pub fn plan_hinted(&mut self, graph: &mut Graph, hint: &[Option<usize>]) -> Result<SchedPlan> {
         let target = offload::target(&self.devices).filter(|_| self.offload.min_batch > 0);
-        let (mut placement, mut order, mut moved) = self.place(graph, hint, target)?;
-        let mut scratch = None;
-        if let Some(t) = target.filter(|_| moved.iter().any(Option::is_some)) {
-            let device = self.devices[t].clone();
-            match self
-                .offload
-                .scratch(device.as_ref(), graph, &order, &placement, t, &moved)
-            {
-                Ok(s) => scratch = Some(s),
-                Err(e) => {
-                    log::warn!(
-                        "op offload to {} is off for this graph ({e}): its mat-muls run where \
-                         their weights are",
-                        device.name()
-                    );
-                    (placement, order, moved) = self.place(graph, hint, None)?;
-                }
+        let (placement, order, moved) = self.place(graph, hint, target)?;
+        let Some(t) = target.filter(|_| moved.iter().any(Option::is_some)) else {
+            return self.cut(graph, placement, &order, &moved, None);
+        };
+        // Op offload needs memory on the target (its scratch, the activations it receives):
+        // where it has too little, the graph is planned again without it.
+        let original = graph.clone();
+        let device = self.devices[t].clone();
+        let tried = self
+            .offload
+            .scratch(device.as_ref(), graph, &order, &placement, t, &moved)
+            .and_then(|scratch| self.cut(graph, placement, &order, &moved, Some((t, scratch))));
+        match tried {
+            Err(e @ Error::OutOfMemory { .. }) => {
+                log::warn!(
+                    "op offload to {} is off for this graph ({e}): its mat-muls run where their \
+                     weights are",
+                    device.name()
+                );
+                *graph = original;
+                let (placement, order, moved) = self.place(graph, hint, None)?;
+                self.cut(graph, placement, &order, &moved, None)
             }
+            r => r,
         }
+    }
+
+    /// Cuts the placed nodes `order` into splits, adds the copies for sources whose memory a
+    /// split's device cannot use (a weight that rule 4 moved into `offload`'s scratch on its
+    /// target), and allocates each device's compute memory.
+    fn cut(
+        &mut self,
+        graph: &mut Graph,
+        mut placement: Vec<Option<usize>>,
+        order: &[TensorId],
+        moved: &[Option<Moved>],
+        offload: Option<(usize, offload::Scratch)>,
+    ) -> Result<SchedPlan> {
+        let (target, mut scratch) = match offload {
+            Some((t, s)) => (Some(t), Some(s)),
+            None => (None, None),
+        };
         let mut offloaded = OffloadStats::default();
 
         // Cut into splits and add copies for sources whose memory the split's device cannot use.
@@ -185,7 +208,7 @@ impl Scheduler {
             Default::default();
         // The target's splits so far (a split's turn picks its scratch region).
         let mut turns = 0usize;
-        for &id in &order {
+        for &id in order {
             if graph.get(id).op.is_view() {
                 continue;
             }

@@ -435,23 +435,27 @@ fn op_offload_runs_a_large_batchs_host_weight_mat_muls_on_the_gpu() {
     assert_eq!(plan.splits[0].device, 1);
 }
 
-/// A GPU-like device that cannot allocate the scratch: the graph is planned without op
-/// offload (a log line says so), and it runs on the CPU with the CPU's result.
+/// A GPU-like device without room for op offload, for its scratch (1 KiB) or for the
+/// activations it would receive once the scratch fits (12 KiB: one weight): the graph is
+/// planned without op offload (a log line says so), and it runs on the CPU with the CPU's
+/// result.
 #[test]
-fn op_offload_without_room_for_its_scratch_computes_on_the_cpu() {
+fn op_offload_without_room_on_the_gpu_computes_on_the_cpu() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
-    let mock: Arc<dyn Device> = Arc::new(MockDevice {
-        cpu: CpuDevice::new(),
-        limit: 1024,
-    });
     let w = cpu.buffer_type().alloc((65 * 48 + 48 * 64) * 4).unwrap();
     w.set(0, &f32s(&random(65 * 48 + 48 * 64, 11))).unwrap();
     let (want, _, _) = run_layer(&mut Scheduler::new(vec![cpu.clone()]).unwrap(), &w, 16);
-    let mut sched = Scheduler::new(vec![mock, cpu]).unwrap();
-    sched.set_op_offload(8);
-    let (got, plan, _) = run_layer(&mut sched, &w, 16);
-    assert_eq!(got, want);
-    assert_eq!(plan.splits.len(), 1);
-    assert_eq!(plan.splits[0].device, 1);
-    assert_eq!(sched.offload_stats(), Default::default());
+    for limit in [1024, 64 * 48 * 4] {
+        let mock: Arc<dyn Device> = Arc::new(MockDevice {
+            cpu: CpuDevice::new(),
+            limit,
+        });
+        let mut sched = Scheduler::new(vec![mock, cpu.clone()]).unwrap();
+        sched.set_op_offload(8);
+        let (got, plan, _) = run_layer(&mut sched, &w, 16);
+        assert_eq!(got, want, "limit {limit}");
+        assert_eq!(plan.splits.len(), 1, "limit {limit}");
+        assert_eq!(plan.splits[0].device, 1);
+        assert_eq!(sched.offload_stats(), Default::default());
+    }
 }

@@ -53,7 +53,7 @@ if { want full || want ngl24 || want batched; } && [ ! -f "$B8" ] && step "8b sy
 fi
 if [ -f "$B8" ]; then
   want full && step "8b full" 60 && { lb 8b-ngl99 -m "$B8" -ngl 99 -fa 1 -p 512 -n 128 -r 3; tb 8b-cuda "$B8" --device cuda:0 -p 512 -n 128 -r 3; }
-  want ngl24 && step "8b ngl24" 90 && { lb 8b-ngl24 -m "$B8" -ngl 24 -fa 1 -p 512 -n 32 -r 2; tb 8b-gpu-layers-24 "$B8" --device cuda:0 --gpu-layers 24 -p 512 -n 32 -r 2; }
+  want ngl24 && step "8b ngl24" 90 && { lb 8b-ngl24 -m "$B8" -ngl 24 -fa 1 -p 512 -n 32 -r 2; tb 8b-gpu-layers-24 "$B8" --device cuda:0 --gpu-layers 24 -p 512 -n 32 -r 2; tb 8b-gpu-layers-24-no-op-offload "$B8" --device cuda:0 --gpu-layers 24 --op-offload 0 -p 512 -n 0 -r 1; }
   if want batched && step "8b batched" 120; then
     timeout 150 /root/llama/llama-batched-bench -m "$B8" -ngl 99 -fa 1 -c 20480 -b 2048 -ub 512 \
       -npp 128 -ntg 64 -npl 1,4,16,64 > "$L/llama-batched.log" 2>&1

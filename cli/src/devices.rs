@@ -110,6 +110,7 @@ fn plan(
         split: a.split.clone(),
         split_mode: a.split_mode.clone(),
         gpu_layers: a.gpu_layers,
+        op_offload: tessera_llm::OP_OFFLOAD_BATCH,
         threads: None,
         precise: false,
     };
@@ -122,6 +123,7 @@ fn plan(
             n_ctx: a.ctx,
             ..ContextParams::default()
         },
+        ..LoadParams::default()
     };
     let n_ctx = tessera_llm::shard::planned_ctx(&cfg, &params.context);
     println!();

@@ -38,6 +38,11 @@ pub struct ModelArgs {
     /// Default: as many as the GPU's free memory holds after the KV cache and compute buffers.
     #[arg(long)]
     pub gpu_layers: Option<usize>,
+    /// With layers on the CPU (--gpu-layers, or a meta device split by layers with a CPU
+    /// part): a step of at least this many tokens computes those layers' mat-muls on the GPU,
+    /// each weight uploaded for the step, as llama.cpp does; 0: off (the CPU computes them).
+    #[arg(long, default_value_t = tessera_llm::OP_OFFLOAD_BATCH)]
+    pub op_offload: usize,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -128,6 +133,7 @@ pub fn prepare(dev: &Arc<dyn Device>) -> Result<()> {
 pub fn load_params(args: &ModelArgs, context: &ContextParams) -> LoadParams {
     LoadParams {
         gpu_layers: args.gpu_layers,
+        op_offload: args.op_offload,
         context: context.clone(),
     }
 }

@@ -28,5 +28,5 @@ pub use error::{Error, Result};
 pub use graph::Graph;
 pub use op::{BinaryOp, GluOp, Op, RopeMode, RopeParams, UnaryOp};
 pub use registry::Registry;
-pub use sched::{SchedPlan, Scheduler};
+pub use sched::{OffloadStats, SchedPlan, Scheduler};
 pub use tensor::{Tensor, TensorData, TensorFlags, TensorId};

@@ -11,6 +11,10 @@
 //!    its norms and residual adds stay with its weights), else to the highest-priority device
 //!    that supports it, so that work returns to the preferred device after a fallback.
 //!
+//! 4. With op offload on ([`Scheduler::set_op_offload`]), a large batch's mat-muls that rules
+//!    1-3 put on a CPU for their weights in host memory run on a GPU of the scheduler, the
+//!    weight uploaded into scratch memory kept for it (see the `offload` module).
+//!
 //! In each case a device that lacks the op is passed over; the last device given to
 //! [`Scheduler::new`] should be the CPU, which runs everything, so an op a GPU lacks falls back
 //! to it. Consecutive nodes on one device form a split. A split's sources that live in memory
@@ -25,6 +29,11 @@ use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorFlags, TensorId};
+
+mod offload;
+
+pub use offload::OffloadStats;
+use offload::{Moved, Offload};
 
 /// A run of nodes on one device, with the copies it needs first.
 #[derive(Clone, Debug)]
@@ -44,6 +53,8 @@ pub struct SchedPlan {
     pub splits: Vec<Split>,
     /// Device index of every tensor (by id) that runs or is allocated somewhere.
     pub placement: Vec<Option<usize>>,
+    /// What one run of the plan offloads (rule 4): mat-muls and the weight bytes uploaded.
+    pub offload: OffloadStats,
 }
 
 impl SchedPlan {
@@ -63,6 +74,7 @@ pub struct Scheduler {
     allocators: Vec<GraphAllocator>,
     /// Devices whose work a queued run left unwaited (see [`Scheduler::compute_queued`]).
     queued: Vec<bool>,
+    offload: Offload,
 }
 
 impl Scheduler {
@@ -87,6 +99,7 @@ impl Scheduler {
             backends,
             allocators,
             queued,
+            offload: Offload::default(),
         })
     }
 
@@ -120,6 +133,19 @@ impl Scheduler {
             .or_else(|| usable.first().copied())
     }
 
+    /// Turns op offload (rule 4) on for graphs planned from now on: the mat-muls of batches of
+    /// at least `min_batch` columns (tokens) whose weights are in host memory run on the
+    /// first device that is neither a CPU nor a meta device; 0 turns it off. A scheduler
+    /// without such a device offloads nothing.
+    pub fn set_op_offload(&mut self, min_batch: usize) {
+        self.offload.min_batch = min_batch;
+    }
+
+    /// What op offload has moved over every run so far.
+    pub fn offload_stats(&self) -> OffloadStats {
+        self.offload.stats
+    }
+
     /// Places every node of the graph, adds the cross-device copies, and allocates compute memory on each device.
     pub fn plan(&mut self, graph: &mut Graph) -> Result<SchedPlan> {
         self.plan_hinted(graph, &[])
@@ -129,9 +155,175 @@ impl Scheduler {
     /// memory nor read a weight: `hint[id]` (by tensor index; missing or `None`: no
     /// preference). A hinted device that lacks the op is passed over as in rule 3.
     pub fn plan_hinted(&mut self, graph: &mut Graph, hint: &[Option<usize>]) -> Result<SchedPlan> {
+        let target = offload::target(&self.devices).filter(|_| self.offload.min_batch > 0);
+        let (placement, order, moved) = self.place(graph, hint, target)?;
+        let Some(t) = target.filter(|_| moved.iter().any(Option::is_some)) else {
+            return self.cut(graph, placement, &order, &moved, None);
+        };
+        // Op offload needs memory on the target (its scratch, the activations it receives):
+        // where it has too little, the graph is planned again without it.
+        let original = graph.clone();
+        let device = self.devices[t].clone();
+        let tried = self
+            .offload
+            .scratch(device.as_ref(), graph, &order, &placement, t, &moved)
+            .and_then(|scratch| self.cut(graph, placement, &order, &moved, Some((t, scratch))));
+        match tried {
+            Err(e @ Error::OutOfMemory { .. }) => {
+                log::warn!(
+                    "op offload to {} is off for this graph ({e}): its mat-muls run where their \
+                     weights are",
+                    device.name()
+                );
+                *graph = original;
+                let (placement, order, moved) = self.place(graph, hint, None)?;
+                self.cut(graph, placement, &order, &moved, None)
+            }
+            r => r,
+        }
+    }
+
+    /// Cuts the placed nodes `order` into splits, adds the copies for sources whose memory a
+    /// split's device cannot use (a weight that rule 4 moved into `offload`'s scratch on its
+    /// target), and allocates each device's compute memory.
+    fn cut(
+        &mut self,
+        graph: &mut Graph,
+        mut placement: Vec<Option<usize>>,
+        order: &[TensorId],
+        moved: &[Option<Moved>],
+        offload: Option<(usize, offload::Scratch)>,
+    ) -> Result<SchedPlan> {
+        let (target, mut scratch) = match offload {
+            Some((t, s)) => (Some(t), Some(s)),
+            None => (None, None),
+        };
+        let mut offloaded = OffloadStats::default();
+
+        // Cut into splits and add copies for sources whose memory the split's device cannot use.
+        let mut splits: Vec<Split> = Vec::new();
+        // Copies by (source root, device); an uploaded weight's by (root, device count + its
+        // split), as each split uploads its own.
+        let mut copy_of: std::collections::HashMap<(TensorId, usize), TensorId> =
+            Default::default();
+        // The target's splits so far (a split's turn picks its scratch region).
+        let mut turns = 0usize;
+        for &id in order {
+            if graph.get(id).op.is_view() {
+                continue;
+            }
+            let dev = placement[id.index()].expect("placed above");
+            if splits.last().map(|s| s.device) != Some(dev) {
+                splits.push(Split {
+                    device: dev,
+                    nodes: Vec::new(),
+                    copies: Vec::new(),
+                });
+                turns += usize::from(Some(dev) == target);
+            }
+            let srcs = graph.get(id).src.clone();
+            let mut new_srcs = srcs.clone();
+            let weight = match moved[id.index()] {
+                Some(Moved::Weight(w)) => Some(w),
+                _ => None,
+            };
+            if weight.is_some() {
+                offloaded.ops += 1;
+            }
+            for (k, &s) in srcs.iter().enumerate() {
+                let (root, _) = graph.root(s);
+                let here = match (graph.data(root), placement[root.index()]) {
+                    (Some(d), _) => self.devices[dev].can_use_buffer(d.buffer.as_ref()),
+                    (None, Some(p)) => p == dev,
+                    (None, None) => true,
+                };
+                if here {
+                    continue;
+                }
+                // An offloaded weight goes into its split's scratch region, once per split
+                // (the region an earlier split used may have been overwritten since).
+                let split_no = splits.len() - 1;
+                let uploaded = weight == Some(root) && k == 0 && scratch.is_some();
+                let key = if uploaded {
+                    (root, self.devices.len() + split_no)
+                } else {
+                    (root, dev)
+                };
+                let copy = match copy_of.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let c = add_copy(graph, root)?;
+                        placement.push(Some(dev));
+                        copy_of.insert(key, c);
+                        if let Some(sc) = scratch.as_mut().filter(|_| uploaded) {
+                            let bytes = graph.get(root).nbytes();
+                            let (buffer, offset) = sc.place(split_no, turns - 1, bytes)?;
+                            graph.bind(c, buffer, offset)?;
+                            offloaded.bytes += bytes as u64;
+                        }
+                        splits
+                            .last_mut()
+                            .expect("pushed above")
+                            .copies
+                            .push((root, c));
+                        // Keep the source's memory until the copy has run.
+                        if graph.get(root).data.is_none() {
+                            graph.get_mut(root).flags.output = true;
+                        }
+                        c
+                    }
+                };
+                new_srcs[k] = if s == root {
+                    copy
+                } else {
+                    add_view_of_copy(graph, s, copy, &mut placement, dev)
+                };
+            }
+            if new_srcs != srcs {
+                graph.get_mut(id).src = new_srcs;
+            }
+            splits.last_mut().expect("pushed above").nodes.push(id);
+        }
+
+        // Allocate each device's tensors.
+        for d in 0..self.devices.len() {
+            let mut nodes: Vec<TensorId> = Vec::new();
+            for s in splits.iter().filter(|s| s.device == d) {
+                nodes.extend(s.copies.iter().map(|c| c.1));
+                nodes.extend(&s.nodes);
+            }
+            if !nodes.is_empty() {
+                self.allocators[d].alloc(graph, &nodes)?;
+            }
+        }
+        if offloaded.ops > 0 {
+            log::debug!(
+                "op offload: {} mat-muls of this graph to {}, {} MiB of weights uploaded a run",
+                offloaded.ops,
+                target.map_or_else(String::new, |t| self.devices[t].name()),
+                offloaded.bytes >> 20
+            );
+        }
+        Ok(SchedPlan {
+            splits,
+            placement,
+            offload: offloaded,
+        })
+    }
+
+    /// Rules 1-3 for every node of `graph` (and rule 4 towards `target`, where given): each
+    /// tensor's device, the computed nodes in order, and what rule 4 moved.
+    #[allow(clippy::type_complexity)]
+    fn place(
+        &self,
+        graph: &Graph,
+        hint: &[Option<usize>],
+        target: Option<usize>,
+    ) -> Result<(Vec<Option<usize>>, Vec<TensorId>, Vec<Option<Moved>>)> {
         let n = graph.len();
         let mut placement: Vec<Option<usize>> = vec![None; n];
         let mut order: Vec<TensorId> = Vec::new();
+        let mut moved: Vec<Option<Moved>> = vec![None; n];
         for id in graph.ids().collect::<Vec<_>>() {
             let t = graph.get(id);
             if t.op == Op::None {
@@ -171,7 +363,7 @@ impl Scheduler {
                         (0..self.devices.len()).find(|&d| self.devices[d].supports_op(graph, id))
                     })
             };
-            let dev = dev.ok_or_else(|| Error::Unsupported {
+            let mut dev = dev.ok_or_else(|| Error::Unsupported {
                 backend: self
                     .devices
                     .iter()
@@ -189,6 +381,21 @@ impl Scheduler {
                         graph.label(id)
                     ),
                 });
+            }
+            if let Some(t) = target {
+                let m = offload::moves(
+                    &self.devices,
+                    graph,
+                    id,
+                    dev,
+                    t,
+                    self.offload.min_batch,
+                    &moved,
+                );
+                if m.is_some() {
+                    moved[id.index()] = m;
+                    dev = t;
+                }
             }
             placement[id.index()] = Some(dev);
             order.push(id);
@@ -208,77 +415,7 @@ impl Scheduler {
             }
         }
 
-        // Cut into splits and add copies for sources whose memory the split's device cannot use.
-        let mut splits: Vec<Split> = Vec::new();
-        let mut copy_of: std::collections::HashMap<(TensorId, usize), TensorId> =
-            Default::default();
-        for &id in &order {
-            if graph.get(id).op.is_view() {
-                continue;
-            }
-            let dev = placement[id.index()].expect("placed above");
-            if splits.last().map(|s| s.device) != Some(dev) {
-                splits.push(Split {
-                    device: dev,
-                    nodes: Vec::new(),
-                    copies: Vec::new(),
-                });
-            }
-            let srcs = graph.get(id).src.clone();
-            let mut new_srcs = srcs.clone();
-            for (k, &s) in srcs.iter().enumerate() {
-                let (root, _) = graph.root(s);
-                let here = match (graph.data(root), placement[root.index()]) {
-                    (Some(d), _) => self.devices[dev].can_use_buffer(d.buffer.as_ref()),
-                    (None, Some(p)) => p == dev,
-                    (None, None) => true,
-                };
-                if here {
-                    continue;
-                }
-                let key = (root, dev);
-                let copy = match copy_of.get(&key) {
-                    Some(&c) => c,
-                    None => {
-                        let c = add_copy(graph, root)?;
-                        placement.push(Some(dev));
-                        copy_of.insert(key, c);
-                        splits
-                            .last_mut()
-                            .expect("pushed above")
-                            .copies
-                            .push((root, c));
-                        // Keep the source's memory until the copy has run.
-                        if graph.get(root).data.is_none() {
-                            graph.get_mut(root).flags.output = true;
-                        }
-                        c
-                    }
-                };
-                new_srcs[k] = if s == root {
-                    copy
-                } else {
-                    add_view_of_copy(graph, s, copy, &mut placement, dev)
-                };
-            }
-            if new_srcs != srcs {
-                graph.get_mut(id).src = new_srcs;
-            }
-            splits.last_mut().expect("pushed above").nodes.push(id);
-        }
-
-        // Allocate each device's tensors.
-        for d in 0..self.devices.len() {
-            let mut nodes: Vec<TensorId> = Vec::new();
-            for s in splits.iter().filter(|s| s.device == d) {
-                nodes.extend(s.copies.iter().map(|c| c.1));
-                nodes.extend(&s.nodes);
-            }
-            if !nodes.is_empty() {
-                self.allocators[d].alloc(graph, &nodes)?;
-            }
-        }
-        Ok(SchedPlan { splits, placement })
+        Ok((placement, order, moved))
     }
 
     /// Runs a planned graph: copies, then each split on its device; waits for all of it.
@@ -359,6 +496,8 @@ impl Scheduler {
             self.backends[split.device].compute(graph, &split.nodes)?;
             dirty[split.device] = true;
         }
+        self.offload.stats.ops += plan.offload.ops;
+        self.offload.stats.bytes += plan.offload.bytes;
         let mut late = None;
         if let Some((id, out)) = read {
             let d = graph.data_or_err(id)?;

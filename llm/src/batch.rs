@@ -204,8 +204,12 @@ impl BatchContext {
         if !devices.iter().any(|d| d.kind() == DeviceKind::Cpu) {
             devices.push(model.fallback().clone());
         }
+        let mut sched = Scheduler::new(devices)?;
+        if let Some(split) = model.layer_split() {
+            sched.set_op_offload(split.op_offload());
+        }
         Ok(BatchContext {
-            sched: Scheduler::new(devices)?,
+            sched,
             kv,
             cells: Cells::with_pages(n_cells, page),
             n_ctx,

@@ -100,7 +100,10 @@ impl Context {
                 (kv, devices)
             }
         };
-        let sched = Scheduler::new(devices)?;
+        let mut sched = Scheduler::new(devices)?;
+        if let Some(split) = model.layer_split() {
+            sched.set_op_offload(split.op_offload());
+        }
         Ok(Context {
             model,
             sched,
@@ -110,6 +113,12 @@ impl Context {
             n_past: 0,
             steps: Vec::new(),
         })
+    }
+
+    /// What op offload (a layer split's CPU layers' mat-muls run on a GPU part for a large
+    /// step) has moved so far: mat-muls run and weight bytes uploaded.
+    pub fn offload_stats(&self) -> tessera_core::OffloadStats {
+        self.sched.offload_stats()
     }
 
     /// Positions already in the cache.

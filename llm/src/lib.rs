@@ -62,5 +62,5 @@ pub use context::{Context, ContextParams};
 pub use embed::{Embedder, Pooling};
 pub use generate::{Cancel, GenOptions, StopReason};
 pub use kv_cache::SeqId;
-pub use model::{LoadParams, Model};
+pub use model::{LoadParams, Model, OP_OFFLOAD_BATCH};
 pub use session::{Piece, Session};

@@ -16,17 +16,37 @@ use crate::shard::{planned_ctx, LayerSplit, Sharding};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
+/// The default of [`LoadParams::op_offload`]: llama.cpp's batch size from which a GPU
+/// computes the mat-muls of layers left in host memory.
+pub const OP_OFFLOAD_BATCH: usize = 32;
+
 /// How a model is placed when it is loaded.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LoadParams {
     /// Layers on the GPU (llama.cpp's `-ngl`): on a GPU, this many layers there and the rest on
     /// the CPU; on a meta device split by layers, this many on its parts that are not the CPU
     /// and the rest on its CPU parts (the fallback CPU joins when it has none). More than the
     /// model has means all of them. `None`: as many as fit, the rest on the CPU.
     pub gpu_layers: Option<usize>,
+    /// Op offload of a layer split with CPU layers: a step of at least this many tokens
+    /// computes the CPU layers' mat-muls on the split's first GPU part, each weight uploaded
+    /// for the step (into scratch memory reserved on that part), the rest of those layers
+    /// (attention over their KV cache, norms, residual adds) on the CPU. Decode steps, below
+    /// it, run as without it. 0: off. Default [`OP_OFFLOAD_BATCH`].
+    pub op_offload: usize,
     /// The context the memory is planned for (its size, batch and KV cache type): a layer
     /// split leaves room on each part for its layers' KV cache and the compute buffers.
     pub context: ContextParams,
+}
+
+impl Default for LoadParams {
+    fn default() -> Self {
+        LoadParams {
+            gpu_layers: None,
+            op_offload: OP_OFFLOAD_BATCH,
+            context: ContextParams::default(),
+        }
+    }
 }
 
 /// A GGUF model on a device.
@@ -189,7 +209,17 @@ pub fn layer_split(
             None if meta.ratios_given() => LayerShares::Given(meta.ratios().to_vec()),
             None => LayerShares::Fill,
         };
-        return LayerSplit::new(cfg, file, &device.name(), parts, &speeds, &shares, ctx).map(Some);
+        return LayerSplit::new(
+            cfg,
+            file,
+            &device.name(),
+            parts,
+            &speeds,
+            &shares,
+            ctx,
+            params.op_offload,
+        )
+        .map(Some);
     }
     if device.kind() == DeviceKind::Cpu {
         return match params.gpu_layers {
@@ -228,7 +258,17 @@ pub fn layer_split(
         }
     };
     let speeds = tessera::meta::measure_speeds(&parts)?;
-    LayerSplit::new(cfg, file, &name, parts, &speeds, &shares, ctx).map(Some)
+    LayerSplit::new(
+        cfg,
+        file,
+        &name,
+        parts,
+        &speeds,
+        &shares,
+        ctx,
+        params.op_offload,
+    )
+    .map(Some)
 }
 
 /// Refuses a model whose file holds a tensor the forward pass does not read: it would be an

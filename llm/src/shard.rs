@@ -383,12 +383,17 @@ pub struct LayerSplit {
     plan: LayerPlan,
     /// Whether the output head is the token embedding.
     tied: bool,
+    /// The smallest step whose CPU layers' mat-muls run on a GPU part (0: never).
+    op_offload: usize,
 }
 
 impl LayerSplit {
     /// Plans model `cfg` (tensor sizes from `file`) over `parts` of the device named `name`, as
     /// `shares` say, with room for a context of `ctx`'s size, batch and cache type (and their
     /// compute buffers) on each part. `speeds` are the parts' mat-vec throughputs.
+    /// `op_offload` (see [`crate::LoadParams::op_offload`]; 0: off) reserves, on the parts that
+    /// are not a CPU, room for the weights a step uploads there when a CPU part is present.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &ModelConfig,
         file: &GgufFile,
@@ -397,6 +402,7 @@ impl LayerSplit {
         speeds: &[f64],
         shares: &LayerShares,
         ctx: &ContextParams,
+        op_offload: usize,
     ) -> Result<LayerSplit> {
         let tied = !file.tensors.iter().any(|t| t.name == "output.weight");
         let mut weights = vec![0usize; cfg.n_layer];
@@ -428,14 +434,27 @@ impl LayerSplit {
         let widths = 4 * cfg.n_embd + 3 * cfg.n_ff.max(cfg.n_embd_q());
         let compute = 4 * ctx.n_ubatch.max(1) * widths;
         head += 4 * cfg.n_vocab * 2;
+        // Op offload uploads at most one layer's weights a step split at a time, into two
+        // regions that each hold one step split's (a layer's Q, K and V, or its gate and up):
+        // a layer's weights bound both.
+        let cpu_part = parts.iter().any(|p| p.kind() == DeviceKind::Cpu);
+        let scratch = if op_offload > 0 && cpu_part {
+            weights.iter().copied().max().unwrap_or(0)
+        } else {
+            0
+        };
         let layer_parts: Vec<LayerPart> = parts
             .iter()
             .zip(speeds)
-            .map(|(p, &speed)| LayerPart {
-                name: p.name(),
-                budget: p.memory().free.saturating_sub(compute),
-                speed,
-                cpu: p.kind() == DeviceKind::Cpu,
+            .map(|(p, &speed)| {
+                let cpu = p.kind() == DeviceKind::Cpu;
+                let keep = compute + if cpu { 0 } else { scratch };
+                LayerPart {
+                    name: p.name(),
+                    budget: p.memory().free.saturating_sub(keep),
+                    speed,
+                    cpu,
+                }
             })
             .collect();
         let costs = LayerCosts {
@@ -474,7 +493,14 @@ impl LayerSplit {
             shards,
             plan,
             tied,
+            op_offload,
         })
+    }
+
+    /// The smallest step (in tokens) whose CPU layers' mat-muls run on a GPU part; 0: op
+    /// offload is off.
+    pub fn op_offload(&self) -> usize {
+        self.op_offload
     }
 
     /// The parts, in the order the plan's indices refer to.

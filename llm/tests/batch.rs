@@ -202,6 +202,7 @@ fn layered_model(parts: Vec<Arc<dyn Device>>, ratios: &[f64]) -> Arc<Model> {
             n_ctx: 256,
             ..ContextParams::default()
         },
+        ..LoadParams::default()
     };
     let model = Model::load_with(
         model_path(),

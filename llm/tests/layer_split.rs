@@ -36,6 +36,7 @@ fn params() -> LoadParams {
     LoadParams {
         gpu_layers: None,
         context: context(),
+        ..LoadParams::default()
     }
 }
 
@@ -310,4 +311,103 @@ fn gemma3_split_by_layers_over_cpus_gives_the_cpus_logits() {
     let (toks, got) = greedy(&model, &prompt, 3);
     assert_eq!(toks, want_toks);
     assert!(got == want, "the logits differ from the CPU's");
+}
+
+/// The weight bytes op offload uploads for one step: the mat-mul weights of the layers on
+/// part `cpu`.
+fn cpu_layer_mat_mul_bytes(model: &Model, cpu: usize) -> u64 {
+    let split = model.layer_split().unwrap();
+    let kinds = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    model
+        .file()
+        .tensors
+        .iter()
+        .filter(|t| {
+            let mut p = t.name.split('.');
+            p.next() == Some("blk")
+                && p.next()
+                    .and_then(|l| l.parse().ok())
+                    .map(|l| split.layer_part(l))
+                    == Some(cpu)
+                && p.next().is_some_and(|k| kinds.contains(&k))
+        })
+        .map(|t| t.size)
+        .sum()
+}
+
+/// Op offload over wgpu:0 (lavapipe in CI) and the CPU split by layers (the CPU part last, as
+/// `--gpu-layers` has it): a prompt longer than the threshold computes the CPU part's mat-muls
+/// on wgpu:0 (the counters say how many and how many weight bytes: each CPU layer's seven,
+/// once), the decode steps after it offload nothing, the greedy tokens are the single CPU's up
+/// to its first near-tie and the prompt's logits close to its. With the threshold 0 nothing is
+/// offloaded (there the CPU holds most layers, so that lavapipe's share stays small).
+#[test]
+fn op_offload_runs_the_cpu_layers_prompt_mat_muls_on_wgpu() {
+    let Some(gpu) = wgpu(&Options::default()) else {
+        return;
+    };
+    let cpu = cpu_model();
+    let text = "The capital of France is Paris. The capital of Germany is Berlin. The capital \
+                of Italy is";
+    let prompt = cpu.tokenizer.encode(text, true, false).unwrap();
+    // A threshold below the default: lavapipe's time grows with the prompt.
+    let on = 16;
+    assert!(prompt.len() > on, "{} tokens", prompt.len());
+    let steps = 4;
+    let (want, want_logits) = greedy(&cpu, &prompt, steps);
+    let tie = want_logits
+        .iter()
+        .position(|l| top2_gap(l) < 0.5)
+        .unwrap_or(steps);
+    for (threshold, ratios, cpu_layers) in [(on, [0.8, 0.2], 6), (0, [0.1, 0.9], 27)] {
+        let parts = vec![gpu.clone(), Arc::new(CpuDevice::new()) as Arc<dyn Device>];
+        let p = LoadParams {
+            op_offload: threshold,
+            ..params()
+        };
+        let model = load(layered(parts, &ratios), &p).unwrap();
+        assert_eq!(counts(&model)[1], cpu_layers);
+        let mut ctx = Context::new(model.clone(), context()).unwrap();
+        let mut logits = ctx.eval(&prompt, false).unwrap();
+        let prompt_stats = ctx.offload_stats();
+        let e = nmse(&want_logits[0], &logits);
+        println!(
+            "{} with {cpu_layers} CPU layers, threshold {threshold}: {prompt_stats:?} for the \
+             prompt, its logits' nmse {e:.1e}",
+            model.device().name()
+        );
+        // A wrong weight in one mat-mul moves the logits far more (nmse above 0.1).
+        assert!(
+            e < 1e-2,
+            "the prompt's logits differ from the CPU's: nmse {e:e}"
+        );
+        if threshold == 0 {
+            assert_eq!(prompt_stats, Default::default());
+            continue;
+        }
+        assert_eq!(prompt_stats.ops, 7 * cpu_layers as u64);
+        assert_eq!(prompt_stats.bytes, cpu_layer_mat_mul_bytes(&model, 1));
+        let mut got = Vec::new();
+        for _ in 0..steps {
+            let t = argmax(&logits) as u32;
+            got.push(t);
+            logits = ctx.eval(&[t], false).unwrap();
+        }
+        let matched = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!("tokens matched {matched}/{steps}, the CPU's first near-tie at {tie}");
+        assert!(matched >= tie, "{got:?} vs the CPU's {want:?}");
+        assert_eq!(
+            ctx.offload_stats(),
+            prompt_stats,
+            "decode steps offload nothing"
+        );
+    }
 }

@@ -33,13 +33,22 @@ impl Buffer for MockBuffer {
     }
 }
 
-struct MockType;
+/// The mock device's memory; allocations above `limit` fail.
+struct MockType {
+    limit: usize,
+}
 
 impl BufferType for MockType {
     fn name(&self) -> String {
         "mock".into()
     }
     fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        if size > self.limit {
+            return Err(tessera_core::Error::OutOfMemory {
+                device: "mock:0".into(),
+                bytes: size,
+            });
+        }
         Ok(Arc::new(MockBuffer(Arc::new(CpuBuffer::new(size)?))))
     }
     fn is_host(&self) -> bool {
@@ -47,9 +56,11 @@ impl BufferType for MockType {
     }
 }
 
-/// A device that runs everything but SOFT_MAX, on its own memory only.
+/// A device that runs everything but SOFT_MAX, on its own memory only (at most `limit` bytes
+/// a buffer).
 struct MockDevice {
     cpu: CpuDevice,
+    limit: usize,
 }
 
 impl Device for MockDevice {
@@ -66,7 +77,7 @@ impl Device for MockDevice {
         Memory::default()
     }
     fn buffer_type(&self) -> Arc<dyn BufferType> {
-        Arc::new(MockType)
+        Arc::new(MockType { limit: self.limit })
     }
     fn new_backend(&self) -> Result<Box<dyn Backend>> {
         Ok(Box::new(MockBackend {
@@ -183,6 +194,7 @@ fn weights_decide_placement_and_copies_cross_devices() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
     let mock: Arc<dyn Device> = Arc::new(MockDevice {
         cpu: CpuDevice::new(),
+        limit: usize::MAX,
     });
     let (want, splits, copies) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
     assert_eq!((splits, copies), (1, 0));
@@ -206,6 +218,7 @@ fn an_op_the_device_lacks_falls_back_to_the_cpu() {
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
     let mock: Arc<dyn Device> = Arc::new(MockDevice {
         cpu: CpuDevice::new(),
+        limit: usize::MAX,
     });
     let (want, _, _) = run(vec![cpu.clone()], cpu.as_ref(), cpu.as_ref());
     let (got, splits, copies) = run(
@@ -226,6 +239,7 @@ fn an_op_no_device_can_run_where_its_memory_is_is_an_error() {
     // soft_max reads memory only the mock device can use, and only the mock device is given.
     let mock: Arc<dyn Device> = Arc::new(MockDevice {
         cpu: CpuDevice::new(),
+        limit: usize::MAX,
     });
     let wb = mock.buffer_type().alloc(512).unwrap();
     let bb = mock.buffer_type().alloc(32).unwrap();
@@ -295,4 +309,153 @@ fn hints_place_layers_whose_weights_several_devices_can_read() {
     assert_eq!(devices, vec![0, 1], "one split per layer");
     assert_eq!(copies, 1, "the activation crosses once, at the boundary");
     assert_eq!(got, want, "the split run equals the CPU run bit for bit");
+}
+
+/// Random values in [-1, 1) from a fixed seed.
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+/// One "layer" on the CPU part of a layer split, its weights in host memory: h = W1 norm(x),
+/// g = silu(h) + b (b a host weight too), y = W2 g. Returns the graph, its input and result.
+fn cpu_layer(w: &Arc<dyn Buffer>, batch: usize) -> (Graph, TensorId, TensorId) {
+    let mut g = Graph::new();
+    let w1 = g.weight("w1", DType::F32, &[64, 48], w.clone(), 0).unwrap();
+    let b = g
+        .weight("b", DType::F32, &[48], w.clone(), 64 * 48 * 4)
+        .unwrap();
+    let w2 = g
+        .weight("w2", DType::F32, &[48, 64], w.clone(), 65 * 48 * 4)
+        .unwrap();
+    let x = g.input("x", DType::F32, &[64, batch]).unwrap();
+    let n = g.rms_norm(x, 1e-6).unwrap();
+    let h = g.mul_mat(w1, n).unwrap();
+    let h = g.unary(h, tessera_core::UnaryOp::Silu).unwrap();
+    let h = g.add(h, b).unwrap();
+    let y = g.mul_mat(w2, h).unwrap();
+    g.set_output(y);
+    (g, x, y)
+}
+
+/// Plans and runs [`cpu_layer`] for `batch` tokens on `sched` with every node hinted to its
+/// last device (the CPU part); returns the result, the plan and the graph.
+fn run_layer(
+    sched: &mut Scheduler,
+    w: &Arc<dyn Buffer>,
+    batch: usize,
+) -> (Vec<f32>, tessera_core::SchedPlan, Graph) {
+    let (mut g, x, y) = cpu_layer(w, batch);
+    let cpu = sched.devices().len() - 1;
+    let hint = vec![Some(cpu); g.len()];
+    let plan = sched.plan_hinted(&mut g, &hint).unwrap();
+    let xd = g.data_or_err(x).unwrap();
+    xd.buffer
+        .set(xd.offset, &f32s(&random(64 * batch, batch as u64)))
+        .unwrap();
+    let mut out = vec![0u8; 64 * batch * 4];
+    sched.compute_read(&g, &plan, y, &mut out).unwrap();
+    let out = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (out, plan, g)
+}
+
+/// The scratch buffers a plan's uploaded weights are bound to, in upload order.
+fn scratch_of(plan: &tessera_core::SchedPlan, g: &Graph, mock: usize) -> Vec<Arc<dyn Buffer>> {
+    plan.splits
+        .iter()
+        .filter(|s| s.device == mock)
+        .flat_map(|s| &s.copies)
+        .filter(|(src, _)| g.get(*src).flags.weight)
+        .map(|&(_, c)| g.data_or_err(c).unwrap().buffer)
+        .collect()
+}
+
+/// Op offload: with a batch of at least the minimum, the mat-muls whose weights are in host
+/// memory run on the GPU-like device, the silu after the first follows them, the add of a host
+/// bias stays on the CPU; the uploads go into two scratch regions kept from plan to plan, and
+/// the counters say what moved. A smaller batch (a decode step), or offload off, plans all of it
+/// on the CPU. The results equal the CPU's bit for bit (the mock computes with the CPU's
+/// kernels).
+#[test]
+fn op_offload_runs_a_large_batchs_host_weight_mat_muls_on_the_gpu() {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let mock: Arc<dyn Device> = Arc::new(MockDevice {
+        cpu: CpuDevice::new(),
+        limit: usize::MAX,
+    });
+    let w = cpu.buffer_type().alloc((65 * 48 + 48 * 64) * 4).unwrap();
+    w.set(0, &f32s(&random(65 * 48 + 48 * 64, 7))).unwrap();
+    let w_bytes = 2 * 64 * 48 * 4;
+    let mut alone = Scheduler::new(vec![cpu.clone()]).unwrap();
+    let mut sched = Scheduler::new(vec![mock.clone(), cpu.clone()]).unwrap();
+    sched.set_op_offload(8);
+    for batch in [8, 3] {
+        let (want, _, _) = run_layer(&mut alone, &w, batch);
+        let before = sched.offload_stats();
+        let (got, plan, g) = run_layer(&mut sched, &w, batch);
+        assert_eq!(
+            got, want,
+            "batch {batch}: the offloaded run equals the CPU's"
+        );
+        let devices: Vec<usize> = plan.splits.iter().map(|s| s.device).collect();
+        let after = sched.offload_stats();
+        if batch < 8 {
+            assert_eq!(devices, vec![1], "batch {batch}: everything on the CPU");
+            assert_eq!(plan.offload, Default::default());
+            assert_eq!(after, before, "a small batch offloads nothing");
+            continue;
+        }
+        assert_eq!(
+            devices,
+            vec![1, 0, 1, 0],
+            "cpu (norm), mock (W1, silu), cpu (+ b), mock (W2)"
+        );
+        assert_eq!((plan.offload.ops, plan.offload.bytes), (2, w_bytes as u64));
+        assert_eq!(after.ops - before.ops, 2);
+        assert_eq!(after.bytes - before.bytes, w_bytes as u64);
+        // Two splits, two regions; a second plan (another graph of the same batch) and its
+        // run upload into the same two.
+        let first = scratch_of(&plan, &g, 0);
+        assert_eq!(first.len(), 2);
+        assert!(!Arc::ptr_eq(&first[0], &first[1]), "the splits alternate");
+        let (again, plan2, g2) = run_layer(&mut sched, &w, batch);
+        assert_eq!(again, want);
+        let second = scratch_of(&plan2, &g2, 0);
+        assert!(first.iter().zip(&second).all(|(a, b)| Arc::ptr_eq(a, b)));
+        assert_eq!(sched.offload_stats().ops - after.ops, 2);
+    }
+    // Off: the large batch stays on the CPU.
+    sched.set_op_offload(0);
+    let (_, plan, _) = run_layer(&mut sched, &w, 8);
+    assert_eq!(plan.splits.len(), 1);
+    assert_eq!(plan.splits[0].device, 1);
+}
+
+/// A GPU-like device without room for op offload, for its scratch (1 KiB) or for the
+/// activations it would receive once the scratch fits (12 KiB: one weight): the graph is
+/// planned without op offload (a log line says so), and it runs on the CPU with the CPU's
+/// result.
+#[test]
+fn op_offload_without_room_on_the_gpu_computes_on_the_cpu() {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let w = cpu.buffer_type().alloc((65 * 48 + 48 * 64) * 4).unwrap();
+    w.set(0, &f32s(&random(65 * 48 + 48 * 64, 11))).unwrap();
+    let (want, _, _) = run_layer(&mut Scheduler::new(vec![cpu.clone()]).unwrap(), &w, 16);
+    for limit in [1024, 64 * 48 * 4] {
+        let mock: Arc<dyn Device> = Arc::new(MockDevice {
+            cpu: CpuDevice::new(),
+            limit,
+        });
+        let mut sched = Scheduler::new(vec![mock, cpu.clone()]).unwrap();
+        sched.set_op_offload(8);
+        let (got, plan, _) = run_layer(&mut sched, &w, 16);
+        assert_eq!(got, want, "limit {limit}");
+        assert_eq!(plan.splits.len(), 1, "limit {limit}");
+        assert_eq!(plan.splits[0].device, 1);
+        assert_eq!(sched.offload_stats(), Default::default());
+    }
 }

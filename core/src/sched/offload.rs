@@ -22,9 +22,9 @@
 //! runs: two regions, each as large as the weights one split of the target reads, used by the
 //! target's splits in turn, so that a split's uploads never overwrite what the split before it
 //! still reads (a backend that copies on a stream of its own may start the next upload while
-//! the current product runs). When the scratch cannot be allocated, the graph is planned
-//! without op offload and a log line says so. Decode steps, whose batch is below the minimum,
-//! are planned exactly as without it.
+//! the current product runs). Where the target has no memory for the scratch or for the
+//! activations it would receive, the graph is planned without op offload and a log line says
+//! so. Decode steps, whose batch is below the minimum, are planned exactly as without it.
 //!
 //! [`Scheduler::set_op_offload`]: super::Scheduler::set_op_offload
 

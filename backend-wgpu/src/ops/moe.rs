@@ -21,9 +21,10 @@ const SORT_MAX: usize = 1024;
 
 /// The fewest (slot, token) pairs per expert held, on average, from which mul_mat_id runs
 /// grouped by expert: the mat-vec per pair reads an expert's rows once per pair, the grouped
-/// mat-mat once per tile (up to BN pairs) plus a bucketing pass; from a few pairs an expert
-/// the mat-mat reads several times fewer bytes.
-const ID_GROUPED_MIN: usize = 4;
+/// mat-mat once per tile, but computes a whole tile of BN (64) columns in f16 however few
+/// pairs it holds; on a large GPU's float units a tile costs about as much as 9 mat-vecs of
+/// Q4_K rows read at full bandwidth, so a quarter-full tile is where grouping clearly gains.
+const ID_GROUPED_MIN: usize = 16;
 
 /// The most experts held that the grouping takes (`BUCKETS` in `moe.wgsl` less the bucket of
 /// the experts not held).

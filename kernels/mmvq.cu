@@ -1249,6 +1249,19 @@ MMVQ_ID(iq3_s, IQ3_S)
 // decodes exactly those words from the staged block. Rows and columns past the ends are read
 // clamped to the last one and not stored. Needs sm_80 (mmq_fits in
 // backend-cuda/src/ops/matmul.rs checks).
+//
+// mmq_id_<type>_<NT>: mul_mat_id (moe.cu's layout) over the (slot, token) pairs grouped by
+// expert (mmid_bucket in moe.cu): t[0] dst f32 [m, n_used, n_tokens], t[1] the experts [k, m,
+// n_expert] (rows contiguous), aux[0], aux[1] the rows [k, n_b, n_tokens] quantized as
+// quantize_q8_1 writes them, aux[2] the tile table and aux[3] the pairs by expert (with the
+// row of src1 each reads), as mmid_bucket writes them. Grid
+// (ceil(m / 128), the table's entries), 128 threads. Block (x, y) computes rows 128 x .. + 128
+// of table entry y's expert by its (at most 8 NT) pairs' rows, as mmq's block (x, 0, 0) over
+// those columns, and stores each result at its (row, slot, token); an entry of expert -1 (the
+// pairs routed to experts t[1] does not hold) stores zeros, an entry of no pairs returns at
+// once. Dynamic shared memory: MmqSmem<Q, NT>::BYTES, as mmq's (every stage reads its pairs'
+// rows from the list in global memory: a few cached loads, and no shared memory that would
+// leave an SM room for fewer blocks).
 
 // A 4-byte word at a 2-byte aligned address.
 __device__ __forceinline__ int ld4a2(const u8* p) {
@@ -1488,7 +1501,14 @@ template <int Q, int NT> struct MmqSmem {
     static const int BYTES = MMQ_NBUF * STAGE * 4;
 };
 
-template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
+// Stores v as row r of pair y = e + n_used t of mmq_id's dst.
+__device__ __forceinline__ void mmq_id_store(const KParams& p, int y, i64 r, float v) {
+    const TArg& d = p.t[0];
+    F32::store(at(d, r, y % d.ne[1], y / d.ne[1], 0), v);
+}
+
+// ID: mmq_id's block (the column tile from the tile table), else mmq's.
+template <int Q, int NT, bool ID> __device__ __forceinline__ void mmq(const KParams& p) {
     typedef MmqA<Q> A;
     typedef MmqSmem<Q, NT> L;
     const int MT = 2;  // 16-row tiles per warp: 32 rows a warp, 128 a block
@@ -1499,7 +1519,30 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
     const int nblk = (int)(a.ne[0] / 32), n = p.i[0];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const i64 r0 = (i64)blockIdx.x * 128 + 32 * warp;
-    const int c0 = blockIdx.y * 8 * NT;
+    const int c0 = ID ? 0 : blockIdx.y * 8 * NT;
+    const u8* wbase = (const u8*)a.ptr;
+    // mmq_id: the tile's pairs (its nc entries of the list: (column of the quantized rows,
+    // pair)), of the weights' expert x.
+    const int2* pairs = (const int2*)p.aux[3];
+    int nc = 0;
+    if (ID) {
+        const int* tile = (const int*)p.aux[2] + 3 * (i64)blockIdx.y;
+        const int x = tile[0];
+        pairs += tile[1];
+        nc = tile[2];
+        if (nc == 0) return;
+        if (x < 0) {
+            for (int i = threadIdx.x; i < 128 * nc; i += 128) {
+                const i64 r = (i64)blockIdx.x * 128 + i % 128;
+                if (r < m) mmq_id_store(p, pairs[i / 128].y, r, 0.0f);
+            }
+            return;
+        }
+        wbase += x * a.nb[2];
+    }
+    // The column of the quantized rows that column c of the tile reads (a tile of fewer pairs
+    // repeats its last one's).
+    auto qcol = [&](int c) -> i64 { return ID ? (i64)pairs[min(c, nc - 1)].x : (i64)min(c0 + c, n - 1); };
     const int ns = (nblk + 7) / 8;
     const int s0 = (int)((i64)ns * blockIdx.z / gridDim.z), s1 = (int)((i64)ns * (blockIdx.z + 1) / gridDim.z);
     const u8* qs = (const u8*)p.aux[0];
@@ -1510,7 +1553,7 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
     auto xd = [&](int b) { return (float2*)(mmq_sm + b * L::STAGE + L::WS + L::XQ); };
     // Where row r (of the warp's 32) of stage s starts in global memory.
     auto src_row = [&](int r, int s) {
-        return (const u8*)a.ptr + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB;
+        return wbase + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB;
     };
     // Copies stage s into buffer b (nothing past the block's last stage), one commit group.
     auto issue = [&](int s, int b) {
@@ -1530,15 +1573,12 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
             u32* q = xq(b);
             for (int x = threadIdx.x; x < 8 * NT * 16; x += 128) {
                 const int c = x / 16, jj = x / 2 % 8, h = x % 2;
-                if (jj < nbk) {
-                    const i64 col = min(c0 + c, n - 1);
-                    cp_async16((u8*)&q[c * XS + 8 * jj + 4 * h], qs + (col * nblk + jb + jj) * 32 + 16 * h);
-                }
+                if (jj < nbk) cp_async16((u8*)&q[c * XS + 8 * jj + 4 * h], qs + (qcol(c) * nblk + jb + jj) * 32 + 16 * h);
             }
             float2* d = xd(b);
             for (int x = threadIdx.x; x < 8 * NT * 8; x += 128) {
                 const int c = x / 8, jj = x % 8;
-                if (jj < nbk) cp_async_ca<8>(&d[jj * 8 * NT + c], ds + min(c0 + c, n - 1) * (i64)nblk + jb + jj);
+                if (jj < nbk) cp_async_ca<8>(&d[jj * 8 * NT + c], ds + qcol(c) * nblk + jb + jj);
             }
         }
         cp_commit();
@@ -1607,6 +1647,19 @@ template <int Q, int NT> __device__ __forceinline__ void mmq(const KParams& p) {
         __syncthreads();
     }
 
+    if (ID) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int c = 0; c < NT; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const i64 r = r0 + 16 * i + 8 * (e >> 1) + g;
+                    const int col = 8 * c + 2 * t + (e & 1);
+                    if (r < m && col < nc) mmq_id_store(p, pairs[col].y, r, acc[i][c][e]);
+                }
+        return;
+    }
     const i64 ld = p.t[0].nb[1] / 4;
     if (p.i[1] == 1) {
         // The k split is one thread-block cluster: every block leaves its sums in its shared
@@ -1664,10 +1717,11 @@ KERNEL mmq_sum(const KParams p) {
 }
 
 #define MMQ(nq, Q)                                                                              \
-    MMVQ_KERNEL mmq_##nq##_1(const KParams p) { pdl_wait(); mmq<Q, 1>(p); }                     \
-    MMVQ_KERNEL mmq_##nq##_2(const KParams p) { pdl_wait(); mmq<Q, 2>(p); }                     \
-    MMVQ_KERNEL mmq_##nq##_3(const KParams p) { pdl_wait(); mmq<Q, 3>(p); }                     \
-    MMVQ_KERNEL mmq_##nq##_4(const KParams p) { pdl_wait(); mmq<Q, 4>(p); }
+    MMVQ_KERNEL mmq_##nq##_1(const KParams p) { pdl_wait(); mmq<Q, 1, false>(p); }              \
+    MMVQ_KERNEL mmq_##nq##_2(const KParams p) { pdl_wait(); mmq<Q, 2, false>(p); }              \
+    MMVQ_KERNEL mmq_##nq##_3(const KParams p) { pdl_wait(); mmq<Q, 3, false>(p); }              \
+    MMVQ_KERNEL mmq_##nq##_4(const KParams p) { pdl_wait(); mmq<Q, 4, false>(p); }              \
+    MMVQ_KERNEL mmq_id_##nq##_4(const KParams p) { pdl_wait(); mmq<Q, 4, true>(p); }
 
 MMQ(q4_0, Q4_0)
 MMQ(q4_1, Q4_1)

@@ -8,6 +8,18 @@
 // add_id_f32: t[0] dst [n, n_used, n_tokens], t[1] a (same shape), t[2] rows [n, n_rows],
 // t[3] i32 ids [n_used, n_tokens]: dst[i, e, t] = a[i, e, t] + rows[i, ids[e, t]] (an id out of
 // range adds 0).
+// mmid_bucket: the (slot, token) pairs y = e + n_used t of mul_mat_id grouped by expert for
+// mmq_id (mmvq.cu), in one block: t[1] the i32 ids [n_used, n_tokens]; i[0] the id of the first
+// expert the weights hold, i[1] how many they hold (X), i[2] the columns of a tile (W), i[3] the
+// tile table's entries (T, at least ceil(pairs / W) + min(X + 1, pairs)), i[4] n_b (the rows
+// per token of mul_mat_id's src1). Bucket x < X takes the pairs routed to the weights' expert
+// x, bucket X those routed to experts they do not hold. aux[0] gets the pairs bucket after
+// bucket as i32 pairs (t n_b + e % n_b: the src1 row the pair reads, counted over every token;
+// y), n_used n_tokens of them, within a bucket in no set order (which mmq_id's results do not
+// depend on); aux[1] the tile table: T entries of three
+// i32 (the expert, -1 for bucket X; the entry's first pair in aux[0]; its pairs, 1 to W), one
+// per W pairs of each bucket in bucket order, and (0, 0, 0) past the last. Dynamic shared
+// memory: 3 (X + 1) i32.
 // sort_f32: one block per row of t[1] (f32, at most i[1] values padded to the power of two
 // i[1], in dynamic shared memory); t[0] i32 [k, rows...] gets the first k indices of the row in
 // order: largest first when i[0] is 1, smallest first otherwise; NaNs last, equal values in
@@ -88,6 +100,75 @@ KERNEL add_id_f32(const KParams p) {
         const int r = *(const int*)at(p.t[3], i1, i2, 0, 0);
         const float bias = (r >= 0 && r < b.ne[1]) ? F32::load(at(b, i0, r, 0, 0)) : 0.0f;
         F32::store(at(d, i0, i1, i2, i3), F32::load(at(p.t[1], i0, i1, i2, i3)) + bias);
+    }
+}
+
+KERNEL mmid_bucket(const KParams p) {
+    pdl_wait();
+    extern __shared__ int mmid_sm[];
+    const TArg& ids = p.t[1];
+    const int first = p.i[0], X = p.i[1], W = p.i[2], T = p.i[3];
+    const int nb = X + 1, n_used = (int)ids.ne[0], pairs = n_used * (int)ids.ne[1];
+    int* cnt = mmid_sm;   // pairs per bucket
+    int* off = cnt + nb;  // the bucket's first pair in aux[0], then the next free place
+    int* til = off + nb;  // the bucket's first tile
+    __shared__ int tiles;
+    int2* list = (int2*)p.aux[0];
+    const int n_b = p.i[4];
+    int* table = (int*)p.aux[1];
+    auto bucket = [&](int y) {
+        const int x = *(const int*)at(ids, y % n_used, y / n_used, 0, 0) - first;
+        return x >= 0 && x < X ? x : X;
+    };
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) cnt[b] = 0;
+    __syncthreads();
+    for (int y = threadIdx.x; y < pairs; y += blockDim.x) atomicAdd(&cnt[bucket(y)], 1);
+    __syncthreads();
+    // Exclusive prefix sums of the counts and tiles: each lane of warp 0 a run of buckets.
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, per = (nb + 31) / 32, b0 = min(nb, lane * per), b1 = min(nb, b0 + per);
+        int sp = 0, st = 0;
+        for (int b = b0; b < b1; b++) {
+            sp += cnt[b];
+            st += (cnt[b] + W - 1) / W;
+        }
+        int ip = sp, it = st;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xFFFFFFFFu, ip, o), c = __shfl_up_sync(0xFFFFFFFFu, it, o);
+            if (lane >= o) {
+                ip += a;
+                it += c;
+            }
+        }
+        if (lane == 31) tiles = it;
+        ip -= sp;
+        it -= st;
+        for (int b = b0; b < b1; b++) {
+            off[b] = ip;
+            til[b] = it;
+            ip += cnt[b];
+            it += (cnt[b] + W - 1) / W;
+        }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        for (int j = 0; j * W < cnt[b]; j++) {
+            int* e = table + 3 * (i64)(til[b] + j);
+            e[0] = b < X ? b : -1;
+            e[1] = off[b] + j * W;
+            e[2] = min(W, cnt[b] - j * W);
+        }
+    }
+    for (int j = tiles + threadIdx.x; j < T; j += blockDim.x) {
+        int* e = table + 3 * (i64)j;
+        e[0] = 0;
+        e[1] = 0;
+        e[2] = 0;
+    }
+    __syncthreads();
+    for (int y = threadIdx.x; y < pairs; y += blockDim.x) {
+        const int e = y % n_used, t = y / n_used;
+        list[atomicAdd(&off[bucket(y)], 1)] = make_int2(t * n_b + e % n_b, y);
     }
 }
 

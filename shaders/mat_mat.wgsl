@@ -12,6 +12,12 @@
 // multiples of 1024; H16 (adapters with SHADER_F16, f16 or quantized weights): the tiles hold f16 (weights and
 // activations rounded to f16 as they are staged) and the products are f16 fmas, accumulated in
 // f16 over HK k-steps (HK divides BK) and then added into the f32 accumulators.
+// ID: mul_mat_id (dst [m, n_used, n_tokens], src0 the experts [k, m, n_expert], src1 the rows
+// [k, n_b, n_tokens]) over its (slot, token) pairs grouped by expert: src2 holds the pairs by
+// expert (words from 0) and the tile table (from word h.x), as the bucket op of moe.wgsl writes
+// them. Workgroup (x, y) computes rows BM x .. of table entry y's expert by its pairs' rows (at
+// most BN), each result stored at its (row, slot, token); an entry of an expert src0 does not
+// hold (ne.z or more) stores zeros, one of no pairs returns at once.
 
 #if H16
 alias TE = f16;
@@ -30,15 +36,39 @@ const LB: u32 = BN * BK / 1024u;
 
 var<workgroup> ta: array<TV, BM * BK / 4u>;
 var<workgroup> tb: array<TV, BN * BK / 4u>;
+#if ID
+var<workgroup> id_pairs: u32;
+
+// Pair y's byte offset of dst's column (0, e, t) (ID).
+fn id_dst(y: u32) -> u32 {
+    return P.off.x + (y % P.d.ne.y) * P.d.nb.y + (y / P.d.ne.y) * P.d.nb.z;
+}
+#endif
 
 @compute @workgroup_size(256)
 fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let m0 = wg.x * BM;
     let mm = P.d.ne.x;
+#if ID
+    // Table entry wg.y: its expert, its first pair in the list and its pairs (nn).
+    let te = (P.off.w >> 2u) + P.h.x + 3u * wg.y;
+    if li == 0u {
+        id_pairs = s2w(te + 2u);
+    }
+    let nn = workgroupUniformLoad(&id_pairs);
+    if nn == 0u {
+        return;
+    }
+    let xe = s2w(te);
+    let held = xe < P.s0.ne.z;
+    let list = (P.off.w >> 2u) + s2w(te + 1u);
+    let n0 = 0u;
+#else
     let n0 = wg.y * BN;
     let i2 = wg.z % P.d.ne.z;
     let i3 = wg.z / P.d.ne.z;
     let nn = P.d.ne.y;
+#endif
     let kk = P.s0.ne.x;
     let tx = li % 16u;
     let ty = li / 16u;
@@ -47,9 +77,18 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let ln = li % BN;
     let qa = li / BM;
     let qb = li / BN;
+#if ID
+    // An expert src0 does not hold reads no rows (its sums are 0); a column past the tile's
+    // pairs repeats its last pair's row.
+    let ra = P.off.y + min(m0 + lm, mm - 1u) * P.s0.nb.y + select(0u, xe, held) * P.s0.nb.z;
+    let yc = s2w(list + min(ln, nn - 1u));
+    let cb = P.off.z + ((yc % P.d.ne.y) % P.s1.ne.y) * P.s1.nb.y + (yc / P.d.ne.y) * P.s1.nb.z;
+    let va = held && m0 + lm < mm;
+#else
     let ra = row0(min(m0 + lm, mm - 1u), i2, i3);
     let cb = col1(min(n0 + ln, nn - 1u), i2, i3);
     let va = m0 + lm < mm;
+#endif
     let vb = n0 + ln < nn;
     var pa: array<TV, LA>;
     var pb: array<TV, LB>;
@@ -140,12 +179,17 @@ fn mat_mat(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             if n >= nn {
                 continue;
             }
+#if ID
+            let col = id_dst(s2w(list + n));
+#else
+            let col = P.off.x + at(vec4<u32>(0u, n, i2, i3), P.d.nb);
+#endif
             for (var i = 0u; i < VM; i++) {
                 let m = m0 + 4u * tx + 64u * i;
                 let v = acc[4u * VM * j + VM * c + i];
                 for (var l = 0u; l < 4u; l++) {
                     if m + l < mm {
-                        st(P.off.x + at(vec4<u32>(m + l, n, i2, i3), P.d.nb), v[l]);
+                        st(col + (m + l) * P.d.nb.x, v[l]);
                     }
                 }
             }

@@ -206,7 +206,8 @@ pub(crate) struct MatVecQKey {
 /// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
 /// (BM, BN, BK); `aligned` and `y4` as for [`MatVecKey`]; `h16`: f16 tiles and products;
 /// `coop` (with `h16`): the products on cooperative matrices; `pair` (with `coop`): two weight
-/// matrices in one dispatch (MMPAIR).
+/// matrices in one dispatch (MMPAIR); `id` (without `coop`): mul_mat_id's pairs grouped by
+/// expert, a tile of one expert's pairs per workgroup (ID).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MatMatKey {
     pub a: DType,
@@ -217,6 +218,7 @@ pub(crate) struct MatMatKey {
     pub h16: bool,
     pub coop: bool,
     pub pair: bool,
+    pub id: bool,
 }
 
 /// The types and head size every flash attention entry point is built for: k, v, the mask
@@ -298,6 +300,9 @@ pub(crate) enum MoeKind {
     AddId,
     /// argsort and top_k.
     Sort,
+    /// mul_mat_id's (slot, token) pairs grouped by expert, with the tile table of the grouped
+    /// mat-mat ([`MatMatKey::id`]).
+    Bucket,
 }
 
 /// `moe.wgsl`: add_id, argsort and top_k (f32). mul_mat_id is the mat-vec's ([`MatVecKey`]).
@@ -583,6 +588,9 @@ impl Key {
                 if k.pair {
                     d.set("MMPAIR", 1);
                 }
+                if k.id {
+                    d.set("ID", 1);
+                }
             }
             Key::FlashAttn(k) => {
                 d.attn(k.attn);
@@ -644,6 +652,7 @@ impl Key {
                 let (code, dst, wg) = match k.op {
                     MoeKind::AddId => (1, DType::F32, EW_WG),
                     MoeKind::Sort => (2, DType::I32, ROW_WG),
+                    MoeKind::Bucket => (3, DType::I32, ROW_WG),
                 };
                 d.set("OP", code);
                 d.ty("T2", DType::I32).ty("DT", dst);

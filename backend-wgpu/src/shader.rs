@@ -185,7 +185,7 @@ impl Family {
                 "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB",
                 "TPR", "W2", "YC",
             ],
-            Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK"],
+            Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK", "ID"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
             Family::FlashAttn => &[
                 "COMBINE", "DECODE", "DMAX", "KU", "OT4", "PKV16", "PREFILL", "SINKS", "SPLIT",

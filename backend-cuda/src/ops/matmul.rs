@@ -224,7 +224,7 @@ const MMQ_NBUF: usize = 2;
 
 /// Types with a tensor-core mat-mat kernel (`MmqA` in mmvq.cu): those whose values decode to
 /// int8 under one scale (and offset) per 32 values, or one scale per 16 (Q6_K).
-fn has_mmq(d: DType) -> bool {
+pub(super) fn has_mmq(d: DType) -> bool {
     matches!(
         d,
         DType::Q4_0
@@ -316,7 +316,7 @@ fn mmq(
 /// tiles of `nt` times 8 (`MmqSmem` in mmvq.cu, which this mirrors): [`MMQ_NBUF`] stages of 128
 /// rows of 256 values (plus a word each for an unaligned start), the tile's int8 columns (68
 /// words each) and their scale pairs.
-fn mmq_smem(qt: DType, nt: usize) -> u32 {
+pub(super) fn mmq_smem(qt: DType, nt: usize) -> u32 {
     let sb = qt.type_size() * 256 / qt.block_size();
     let sw = sb.div_ceil(4) + 1;
     let stage = 4 * 32 * sw + 8 * nt * 68 + 8 * 8 * nt * 2;

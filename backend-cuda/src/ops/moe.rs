@@ -1,17 +1,109 @@
 //! The mixture-of-experts ops: mul_mat_id, add_id, argsort and top_k (kernels/moe.cu).
+//!
+//! mul_mat_id runs one of three ways:
+//! - grouped by expert ([`grouped_fits`]: a batch of many tokens, experts of a type with a
+//!   tensor-core mat-mat): `mmid_bucket` sorts the (slot, token) pairs by expert on the GPU
+//!   and writes a table of column tiles, then `mmq_id` (kernels/mmvq.cu) multiplies each
+//!   expert's weights by a tile of its pairs' rows at a time, reading the weights once per
+//!   tile rather than once per pair. Launch sizes depend only on the shapes, so the step stays
+//!   capturable in a CUDA graph, and nothing is read back to the host;
+//! - one quantized mat-vec per (slot, token) pair (`mmvq_id`), for the types with a mat-vec
+//!   kernel;
+//! - one warp per result (`mul_mat_id_<w>_<b>`), for the rest.
 
 use tessera_core::dtype::DType;
 use tessera_core::fusion::GluMulMatIds;
 use tessera_core::{GluOp, Op, Result, Tensor, TensorId};
 
 use super::{matmul, params, Encoder};
-use crate::cmd::KParams;
+use crate::cmd::{KParams, TArg};
 
 /// Warps (results) per block of mul_mat_id.
 const MMID_WARPS: u32 = 4;
 
 /// Longest row argsort and top_k sort in one block's shared memory.
 const MAX_SORT: usize = 4096;
+
+/// The fewest (slot, token) pairs per expert held, on average, from which mul_mat_id runs
+/// grouped by expert: the mat-vec per pair reads an expert's weights once per pair, the
+/// grouped mat-mat once per tile of up to [`MMID_TILE`] pairs, plus a bucketing launch and a
+/// tile's fixed setup; from a few pairs an expert the grouped path reads several times fewer
+/// bytes (a prompt of 64 tokens of a 128-expert, 8-used model has 4 on average).
+const MMID_GROUPED_MIN: usize = 4;
+
+/// Pairs of one tile of the grouped mat-mat (`mmq_id_<type>_4`: 4 column tiles of 8).
+const MMID_TILE: usize = 32;
+
+/// The most experts the grouping takes: `mmid_bucket` keeps three counters an expert in one
+/// block's shared memory (24 KiB at this count).
+const MMID_BUCKETS_MAX: usize = 2048;
+
+/// Entries of the grouped mat-mat's tile table for `pairs` pairs over `experts` experts held:
+/// one per [`MMID_TILE`] pairs, plus at most one partly filled tile per bucket that has pairs
+/// (each expert's and the bucket of experts not held).
+fn mmid_tiles(pairs: usize, experts: usize) -> usize {
+    pairs.div_ceil(MMID_TILE) + (experts + 1).min(pairs)
+}
+
+/// Whether a mul_mat_id of experts of type `wt` (at `aa`: [k, m, experts]) over `pairs`
+/// (slot, token) pairs runs grouped by expert ([`mul_mat_id_grouped`]): a type with a
+/// tensor-core mat-mat ([`matmul::has_mmq`], sm_80 and later) in rows aligned as it reads
+/// them, at least [`MMID_GROUPED_MIN`] pairs per expert on average, at most
+/// [`MMID_BUCKETS_MAX`] experts, and a tile table that fits the grid.
+fn grouped_fits(enc: &Encoder, wt: DType, aa: &TArg, pairs: usize) -> bool {
+    let experts = aa.ne[2] as usize;
+    matmul::has_mmq(wt)
+        && matmul::mmvq_aligned(wt, aa)
+        && enc.dev.cc.0 >= 8
+        && aa.ne[3] == 1
+        && experts <= MMID_BUCKETS_MAX
+        && pairs >= MMID_GROUPED_MIN * experts.max(1)
+        && mmid_tiles(pairs, experts) <= 65535
+}
+
+/// mul_mat_id grouped by expert: `b` (tensor `b_id`, of type `bt`) quantized to 8-bit blocks,
+/// the pairs bucketed by expert (`mmid_bucket`, one block), then one `mmq_id` launch over
+/// (row tiles of 128, the tile table's entries).
+#[allow(clippy::too_many_arguments)]
+fn mul_mat_id_grouped(
+    enc: &mut Encoder,
+    d: TArg,
+    a: TArg,
+    wt: DType,
+    b_id: TensorId,
+    b: TArg,
+    bt: DType,
+    ids: TArg,
+    first: usize,
+) -> Result<()> {
+    let (qs, ds) = matmul::quantize_q8(enc, b_id, b, bt)?;
+    let (pairs, experts) = ((d.ne[1] * d.ne[2]) as usize, a.ne[2] as usize);
+    let tiles = mmid_tiles(pairs, experts);
+    let list = enc.scratch(pairs * 8);
+    let table = enc.scratch(tiles * 12);
+    let mut p = params(TArg::default(), &[ids]);
+    p.aux[..2].copy_from_slice(&[list, table]);
+    p.i[..5].copy_from_slice(&[
+        first as i32,
+        experts as i32,
+        MMID_TILE as i32,
+        tiles as i32,
+        b.ne[1] as i32,
+    ]);
+    let smem = (3 * (experts + 1) * 4) as u32;
+    enc.launch("moe", "mmid_bucket", [1, 1, 1], [1024, 1, 1], smem, p)?;
+    let mut p = params(d, &[a]);
+    p.aux.copy_from_slice(&[qs, ds, table, list]);
+    let smem = matmul::mmq_smem(wt, MMID_TILE / 8);
+    enc.launch(
+        "mmvq",
+        &format!("mmq_id_{}_{}", wt.name(), MMID_TILE / 8),
+        [(a.ne[1] as u32).div_ceil(128), tiles as u32, 1],
+        [128, 1, 1],
+        smem,
+        p,
+    )
+}
 
 /// Whether mul_mat_id of experts `a` by rows `b` runs here: kernels/moe.cu has an entry point
 /// for the float types and every classic quantized type ([`DType::QUANTIZED`]), and the types
@@ -47,15 +139,19 @@ pub(super) fn sort_supported(n: usize) -> bool {
     n <= MAX_SORT
 }
 
-/// The expert mat-mul: as a mat-vec per selected expert and token over 8-bit quantized rows
-/// (`mmvq_id` in kernels/mmvq.cu) where the experts' type has a mat-vec kernel, else one warp
-/// per result.
+/// The expert mat-mul: grouped by expert for long batches ([`grouped_fits`]), else as a
+/// mat-vec per selected expert and token over 8-bit quantized rows (`mmvq_id` in
+/// kernels/mmvq.cu) where the experts' type has a mat-vec kernel, else one warp per result.
 pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Result<()> {
     let t = enc.graph.get(id);
     let (a, b, ids) = (t.src[0], t.src[1], t.src[2]);
     let (wt, bt) = (enc.graph.get(a).dtype, enc.graph.get(b).dtype);
     let d = enc.arg(id)?;
     let (aa, ba) = (enc.arg(a)?, enc.arg(b)?);
+    if grouped_fits(enc, wt, &aa, (d.ne[1] * d.ne[2]) as usize) {
+        let ia = enc.arg(ids)?;
+        return mul_mat_id_grouped(enc, d, aa, wt, b, ba, bt, ia, first);
+    }
     if matmul::has_mmvq(wt) && matmul::mmvq_aligned(wt, &aa) {
         let (qs, ds) = matmul::quantize_q8(enc, b, ba, bt)?;
         let mut p = params(d, &[aa, enc.arg(ids)?]);
@@ -83,7 +179,8 @@ pub(super) fn mul_mat_id(enc: &mut Encoder, id: TensorId, first: usize) -> Resul
 /// The experts' gate and up mul_mat_ids and their glu (a MoE layer's) in one launch
 /// (`mmvq_id_glu` in kernels/mmvq.cu: both mat-vecs of each selected expert's rows, the rows
 /// quantized once, act(gate) * up stored): where both experts are of one type, shape and layout
-/// with a mat-vec kernel. `Ok(false)` where this backend declines the group.
+/// with a mat-vec kernel. `Ok(false)` where this backend declines the group, and for a batch
+/// that [`mul_mat_id`] runs grouped by expert (its gate and up then run so, the glu alone).
 pub(super) fn glu_mul_mat_ids(enc: &mut Encoder, m: &GluMulMatIds) -> Result<bool> {
     let g = enc.graph;
     let (tg, tu, ts) = (g.get(m.gate), g.get(m.up), g.get(m.glu));
@@ -104,7 +201,10 @@ pub(super) fn glu_mul_mat_ids(enc: &mut Encoder, m: &GluMulMatIds) -> Result<boo
         return Ok(false);
     }
     let (ga, ua) = (enc.arg(tg.src[0])?, enc.arg(tu.src[0])?);
-    if !matmul::mmvq_aligned(wg.dtype, &ga) || !matmul::mmvq_aligned(wu.dtype, &ua) {
+    if !matmul::mmvq_aligned(wg.dtype, &ga)
+        || !matmul::mmvq_aligned(wu.dtype, &ua)
+        || grouped_fits(enc, wg.dtype, &ga, tg.ne[1] * tg.ne[2])
+    {
         return Ok(false);
     }
     let (d, xa) = (enc.arg(m.glu)?, enc.arg(m.x)?);

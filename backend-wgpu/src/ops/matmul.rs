@@ -205,6 +205,7 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
                 h16,
                 coop,
                 pair: false,
+                id: false,
             };
             (Key::MatMat(key), 0, Some([gx as u32, gy as u32, z as u32]))
         };
@@ -220,6 +221,28 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
         });
     }
     Ok(out)
+}
+
+/// The tiled mat-mat key of mul_mat_id `t` over its pairs grouped by expert (ID): f16 tiles
+/// where mul_mat's would be, no cooperative matrices, and the narrowest tile (BN pairs of one
+/// expert a workgroup: a prompt gives an expert a few dozen).
+pub(super) fn mat_mat_id_key(gpu: &Gpu, graph: &Graph, t: &tessera_core::Tensor) -> MatMatKey {
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    let h16 = mat_mat_h16(gpu.mat_mat_f16, a.dtype);
+    let ne = [t.ne[0], MM_TILES[0].1 as usize, 1, 1];
+    let wg_mem = gpu.limits.max_compute_workgroup_storage_size;
+    let (aligned, y4) = wide_loads(gpu, graph, t, 0, 4);
+    MatMatKey {
+        a: a.dtype,
+        b: b.dtype,
+        tile: mat_mat_tile_for(wg_mem, ne, h16, a.dtype.is_quantized()),
+        aligned,
+        y4,
+        h16,
+        coop: false,
+        pair: false,
+        id: true,
+    }
 }
 
 /// Parts of a row each invocation of the integer-dot mat-vec of weights of type `a` aims to
@@ -655,9 +678,13 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                     h16,
                                     coop,
                                     pair: false,
+                                    id: false,
                                 };
                                 if coop {
                                     v.push(Key::MatMat(MatMatKey { pair: true, ..x }));
+                                } else if bn == MM_TILES[0].1 {
+                                    // mul_mat_id's grouped mat-mat (mat_mat_id_key).
+                                    v.push(Key::MatMat(MatMatKey { id: true, ..x }));
                                 }
                                 v.push(Key::MatMat(x));
                             }
@@ -706,6 +733,7 @@ mod tests {
                 h16,
                 coop,
                 pair: false,
+                id: false,
             });
             Variant::new(key).source().unwrap()
         };

@@ -1,16 +1,34 @@
-//! The mixture-of-experts ops: mul_mat_id (as a mat-vec with ID: the integer-dot one of
-//! `mat_vec_q.wgsl` for the types it reads, else the float one of `mat_vec.wgsl`), and add_id,
-//! argsort and top_k (`moe.wgsl`).
+//! The mixture-of-experts ops: mul_mat_id, and add_id, argsort and top_k (`moe.wgsl`).
+//!
+//! mul_mat_id of a batch with many (slot, token) pairs per expert ([`grouped`]) groups them by
+//! expert: the bucket op of `moe.wgsl` sorts the pairs by expert on the GPU into the scratch and
+//! writes a table of column tiles, then the tiled mat-mat's ID variant (`mat_mat.wgsl`)
+//! multiplies each expert's rows by a tile of its pairs' rows at a time, reading the weights
+//! once per tile rather than once per pair; the workgroup counts depend only on the shapes.
+//! Other batches run as a mat-vec with ID: the integer-dot one of `mat_vec_q.wgsl` for the
+//! types it reads, else the float one of `mat_vec.wgsl`.
 
 use tessera_core::{DType, GluOp, Graph, Op, TensorId};
 
 use super::{ew, matmul, per_row, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
 use crate::context::Gpu;
+use crate::keys::MatMatKey;
 use crate::keys::{Key, MatVecKey, MoeKey, MoeKind, MV_ROWS};
 use crate::shader::Variant;
 
 /// Longest row argsort and top_k sort in one workgroup's memory (`SORT_MAX` in the shader).
 const SORT_MAX: usize = 1024;
+
+/// The fewest (slot, token) pairs per expert held, on average, from which mul_mat_id runs
+/// grouped by expert: the mat-vec per pair reads an expert's rows once per pair, the grouped
+/// mat-mat once per tile, but computes a whole tile of BN (64) columns in f16 however few
+/// pairs it holds; on a large GPU's float units a tile costs about as much as 9 mat-vecs of
+/// Q4_K rows read at full bandwidth, so a quarter-full tile is where grouping clearly gains.
+const ID_GROUPED_MIN: usize = 16;
+
+/// The most experts held that the grouping takes (`BUCKETS` in `moe.wgsl` less the bucket of
+/// the experts not held).
+const ID_BUCKETS_MAX: usize = 511;
 
 fn key(op: MoeKind) -> Key {
     Key::Moe(MoeKey { op })
@@ -94,14 +112,91 @@ fn id_plan(
     })
 }
 
-/// mul_mat_id as a mat-vec per selected expert and token ([`id_plan`]).
+/// The grouped mat-mat's key and tile table size (entries) for mul_mat_id `id` where it runs
+/// grouped by expert: at least [`ID_GROUPED_MIN`] pairs per expert held on average, at most
+/// [`ID_BUCKETS_MAX`] experts, one expert matrix per index of dim 2, and a table and row tiles
+/// that fit the grid.
+fn grouped(gpu: &Gpu, graph: &Graph, id: TensorId) -> Option<(MatMatKey, usize)> {
+    let t = graph.get(id);
+    let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
+    let (pairs, experts) = (t.ne[1] * t.ne[2], a.ne[2]);
+    let fits = id_types(a.dtype, b.dtype, a.rows_contiguous()).is_ok()
+        && a.ne[3] == 1
+        && experts <= ID_BUCKETS_MAX
+        && pairs >= ID_GROUPED_MIN * experts.max(1);
+    if !fits {
+        return None;
+    }
+    let key = matmul::mat_mat_id_key(gpu, graph, t);
+    let (bm, bn, _) = key.tile;
+    // One entry per BN pairs, plus at most one partly filled tile per bucket with pairs.
+    let tiles = pairs.div_ceil(bn as usize) + (experts + 1).min(pairs);
+    (tiles <= 65535 && t.ne[0].div_ceil(bm as usize) <= 65535).then_some((key, tiles))
+}
+
+/// mul_mat_id grouped by expert ([`grouped`]): the bucket op (one workgroup) writes the pairs
+/// by expert and the tile table into the scratch, then the mat-mat's ID variant runs over (row
+/// tiles, table entries).
+fn grouped_plan(
+    n: &Node,
+    mut p: Params,
+    first: usize,
+    mm: MatMatKey,
+    tiles: usize,
+) -> Result<Vec<PlanOut>, String> {
+    let (t, a) = (n.t, n.srcs[0]);
+    let pairs = t.ne[1] * t.ne[2];
+    let bytes = (pairs + 3 * tiles) * 4;
+    if bytes > n.usable {
+        return Err(format!("a tile table of {bytes} bytes"));
+    }
+    let scratch = Bind::scratch(n.id, bytes);
+    let mut bp = p;
+    bp.u = [
+        u32::try_from(first).map_err(|_| "expert id too large".to_string())?,
+        a.ne[2] as u32,
+        mm.tile.1,
+        tiles as u32,
+    ];
+    bp.h[0] = pairs as u32;
+    p.h[0] = pairs as u32;
+    let ids = Bind::whole(t.src[2]);
+    Ok(vec![
+        PlanOut {
+            variant: Variant::new(key(MoeKind::Bucket)),
+            bind: vec![scratch, ids, ids, ids],
+            params: bp,
+            groups: 1,
+            groups_3d: None,
+        },
+        PlanOut {
+            variant: Variant::new(Key::MatMat(mm)),
+            bind: vec![
+                Bind::whole(n.id),
+                Bind::whole(t.src[0]),
+                Bind::whole(t.src[1]),
+                scratch,
+            ],
+            params: p,
+            groups: 0,
+            groups_3d: Some([t.ne[0].div_ceil(mm.tile.0 as usize) as u32, tiles as u32, 1]),
+        },
+    ])
+}
+
+/// mul_mat_id grouped by expert for long batches ([`grouped_plan`]), else as a mat-vec per
+/// selected expert and token ([`id_plan`]).
 pub(super) fn mul_mat_id(n: &Node, p: Params, first: usize) -> Result<Vec<PlanOut>, String> {
+    if let Some((mm, tiles)) = grouped(n.gpu, n.graph, n.id) {
+        return grouped_plan(n, p, first, mm, tiles);
+    }
     Ok(vec![id_plan(n.gpu, n.graph, n.id, p, first, None)?])
 }
 
 /// The experts' gated FFN input of one dispatch: `op(gate, up)` stored in `glu`'s dst, where
 /// `gate` and `up` are mul_mat_ids of the same rows and ids by experts of one type, shape and
-/// layout (GLU in `mat_vec`); `None` where they are not, or the plan does not fit.
+/// layout (GLU in `mat_vec`); `None` where they are not, or the plan does not fit, or the batch
+/// runs grouped by expert (gate and up then run so, the glu alone).
 pub(crate) fn mul_mat_id_glu(
     gpu: &Gpu,
     graph: &Graph,
@@ -124,7 +219,7 @@ pub(crate) fn mul_mat_id_glu(
         && ts.ne == tg.ne
         && ts.is_contiguous()
         && tg.ne == tu.ne;
-    if !fits {
+    if !fits || grouped(gpu, graph, gate).is_some() {
         return None;
     }
     let mut p = Params::default();
@@ -220,5 +315,6 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
     }
     v.push(key(MoeKind::AddId));
     v.push(key(MoeKind::Sort));
+    v.push(key(MoeKind::Bucket));
     v
 }

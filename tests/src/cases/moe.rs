@@ -3,10 +3,10 @@
 //! MoE layer as the model runner composes them (soft_max, top_k, get_rows, sum_rows, div,
 //! mul_mat_id, swiglu, mul), so that a backend is checked on the chain as well as on each op.
 
-use tessera_core::{DType, GluOp, Op};
+use tessera_core::{DType, GluOp, Op, Result, TensorId};
 
 use super::ne_str;
-use crate::case::{Case, Tolerance};
+use crate::case::{Case, CaseGraph, Tolerance};
 use crate::init::Init;
 
 /// One mul_mat_id case (ggml's test-backend-ops names).
@@ -54,6 +54,49 @@ impl MulMatId {
         )
         .with_flops(flops)
     }
+}
+
+/// Expert ids [n_used, n_tok] of `n_mats` experts (at least n_used + 2, and 4) with uneven
+/// loads, as a router picks them: the top n_used of logits in which expert 0 is every token's
+/// first choice, expert n_mats - 1 no token's, and the quarter of the experts after 0 is
+/// favoured over the rest.
+fn routed_ids(g: &mut CaseGraph, n_mats: usize, n_used: usize, n_tok: usize) -> Result<TensorId> {
+    let q = n_mats / 4;
+    let hot = g.input(DType::F32, &[1, n_tok], Init::Uniform(4.0, 5.0))?;
+    let liked = g.input(DType::F32, &[q, n_tok], Init::Uniform(0.0, 3.0))?;
+    let rest = g.input(
+        DType::F32,
+        &[n_mats - 2 - q, n_tok],
+        Init::Uniform(-1.0, 1.0),
+    )?;
+    let cold = g.input(DType::F32, &[1, n_tok], Init::Uniform(-5.0, -4.0))?;
+    let l = g.concat(hot, liked, 0)?;
+    let l = g.concat(l, rest, 0)?;
+    let l = g.concat(l, cold, 0)?;
+    g.top_k(l, n_used)
+}
+
+/// mul_mat_id of a prompt's tokens (many (slot, token) pairs per expert: backends group them
+/// by expert) routed by [`routed_ids`].
+fn mul_mat_id_routed(
+    type_a: DType,
+    [n_mats, n_used]: [usize; 2],
+    b: bool,
+    [m, n, k]: [usize; 3],
+) -> Case {
+    Case::new(
+        "MUL_MAT_ID",
+        format!("type_a={type_a},type_b=f32,n_mats={n_mats},n_used={n_used},b={b},m={m},n={n},k={k},routing=uneven"),
+        &[type_a, DType::F32, DType::I32],
+        Tolerance::MATMUL,
+        move |g| {
+            let a = g.leaf(type_a, &[k, m, n_mats])?;
+            let x = g.leaf(DType::F32, &[k, if b { 1 } else { n_used }, n])?;
+            let ids = routed_ids(g, n_mats, n_used, n)?;
+            g.mul_mat_id(a, x, ids)
+        },
+    )
+    .with_flops(2.0 * (m * n * k * n_used) as f64)
 }
 
 /// The experts' gate and up of rows of `k` values into `ff` each (`[k, ff]`), `n_used` of
@@ -223,10 +266,43 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         );
     }
 
+    // Prompts: many pairs per expert (grouped by expert where a backend does so), uneven loads
+    // (one expert chosen by every token, one by none), one row per token or per slot, rows
+    // past a 128-row tile, k of one and of two 256-value stages and of one and a half.
+    for (n_mats, n_used, b, m, n, k) in [
+        (8usize, 2usize, true, 64usize, 64usize, 256usize),
+        (32, 8, true, 200, 300, 512),
+        (16, 4, false, 96, 300, 256),
+    ] {
+        for type_a in [
+            DType::F32,
+            DType::Q4_0,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+        ] {
+            v.push(mul_mat_id_routed(type_a, [n_mats, n_used], b, [m, n, k]));
+        }
+    }
+    for type_a in [DType::Q4_0, DType::Q8_0] {
+        v.push(mul_mat_id_routed(type_a, [8, 4], true, [32, 64, 384]));
+    }
+    for type_a in [DType::Q5_K, DType::IQ4_XS, DType::MXFP4] {
+        v.push(mul_mat_id_routed(type_a, [8, 2], false, [64, 64, 256]));
+    }
+
     // One part's slice of the experts on a meta device (expert parallelism): src0 holds experts
-    // first..first + n_mats of twice as many, rows routed to the others are 0.
-    for (type_a, first) in [(DType::F32, 4), (DType::Q4_0, 3), (DType::Q4_K, 1)] {
-        let (n_mats, n_used, m, n, k) = (4, 3, 32, 5, 256);
+    // first..first + n_mats of twice as many, rows routed to the others are 0; at decode and
+    // for a prompt.
+    for (type_a, first, n) in [
+        (DType::F32, 4, 5),
+        (DType::Q4_0, 3, 5),
+        (DType::Q4_K, 1, 5),
+        (DType::F32, 2, 64),
+        (DType::Q4_K, 4, 64),
+        (DType::Q6_K, 3, 100),
+    ] {
+        let (n_mats, n_used, m, k) = (4, 3, 32, 256);
         v.push(Case::new(
             "MUL_MAT_ID",
             format!("type_a={type_a},type_b=f32,n_mats={n_mats},n_used={n_used},m={m},n={n},k={k},first={first}"),
@@ -258,6 +334,10 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         (DType::IQ4_XS, 8, 4, 2, GluOp::Swiglu, 0),
         (DType::MXFP4, 32, 4, 1, GluOp::Swiglu, 0),
         (DType::Q4_K, 4, 3, 5, GluOp::Swiglu, 2),
+        // Prompts (where a backend runs gate and up grouped by expert, the glu alone).
+        (DType::Q4_K, 16, 4, 64, GluOp::Swiglu, 0),
+        (DType::Q6_K, 32, 8, 100, GluOp::Swiglu, 0),
+        (DType::Q4_0, 8, 3, 80, GluOp::Geglu, 2),
     ] {
         v.push(moe_glu(
             type_a,
@@ -353,6 +433,8 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         (DType::Q4_0, 8, 2, 1),
         (DType::Q4_0, 8, 2, 6),
         (DType::Q4_K, 8, 4, 3),
+        (DType::Q4_K, 16, 4, 64),
+        (DType::Q8_0, 8, 2, 100),
     ] {
         let (d, ff) = (256, 256);
         v.push(Case::new(

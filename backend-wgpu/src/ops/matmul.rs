@@ -61,9 +61,15 @@ const MVQ_GROUPS: usize = 256;
 const MVQ_PARTS: usize = 4;
 /// How many times [`MVQ_PARTS`] an invocation of the integer-dot mat-vec of several columns per
 /// workgroup (MC) aims to take: each part it loads is multiplied with every column, so that
-/// fewer invocations per row have work enough, and the invocations of a subgroup then span
-/// several rows, whose loads of a column's part from workgroup memory are one broadcast.
+/// fewer invocations per row have work enough.
 const MVQ_PARTS_MC: usize = 4;
+/// Invocations per row (TPR) of the integer-dot mat-vec of several columns per workgroup at
+/// most (where the workgroup has 32 or more without them): the 32 invocations of a subgroup
+/// then span 4 rows or more, whose loads of a column's part from workgroup memory are the same
+/// TPR 16-byte words (one 128-byte transaction), not 32 different ones (four): those loads,
+/// NC per weight part, would otherwise take more of workgroup memory's bandwidth than the
+/// products take of the arithmetic.
+const MVQ_TPR_MC: u32 = 8;
 /// Columns per workgroup (NC) the integer-dot mat-vec may take, largest first: each part of
 /// the weights a workgroup reads is unpacked once for all its columns.
 const MVQ_NC: [u32; 3] = [8, 4, 2];
@@ -314,10 +320,13 @@ fn mat_vec_q_shape(
         .find(|&r| rows.div_ceil(r as usize) * col_groups >= groups)
         .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
     let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
-    let tpr = (parts
+    let mut tpr = parts
         .div_ceil(mvq_parts_each(a.dtype, cols))
-        .next_power_of_two() as u32)
-        .clamp(32 / nr, max_wg / nr);
+        .next_power_of_two() as u32;
+    if cols > 1 {
+        tpr = tpr.min(MVQ_TPR_MC);
+    }
+    let tpr = tpr.clamp(32 / nr, max_wg / nr);
     let wg = nr * tpr;
     let l = &gpu.limits;
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {

@@ -225,7 +225,8 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 /// Batched decoding's products (2 to 64 columns) for the types a GPU's integer-dot mat-vec
 /// takes (wgpu's computes up to 8 columns per workgroup, the last group of columns ragged):
 /// an odd number of rows, several 256-value blocks; batched dims with src0 broadcast; f16
-/// activations; rows longer than the columns' chunk in workgroup memory (several chunks).
+/// activations; rows longer than the columns' chunk in workgroup memory (several chunks); many
+/// rows.
 fn few_columns(v: &mut Vec<Case>) {
     for t in [
         DType::Q4_0,
@@ -249,6 +250,8 @@ fn few_columns(v: &mut Vec<Case>) {
         }
         v.push(MulMat::new(t, DType::F16, 37, 12, 512).case());
         v.push(MulMat::new(t, DType::F32, 19, 6, 9216).case());
+        // Enough rows for several to a subgroup (row sums by shuffles where a GPU has them).
+        v.push(MulMat::new(t, DType::F32, 512, 16, 512).case());
     }
 }
 

@@ -52,6 +52,16 @@
 // there when idx is past the cache's s3.ne.y rows. The position is the i32 in binding 9. Row
 // pairs (m, m + 1) of a workgroup (m even: ROWS is even) meet in workgroup memory, and the
 // first invocation of row m rotates and stores both (an f16 pair as one word).
+// MC makes a workgroup take ROWS rows of NC (2, 4 or 8) neighbouring columns of dst (NC is 1
+// otherwise): column group g holds columns NC g .. NC g + NC - 1, and in the last group the
+// columns past dst's repeat its last column and are not stored. Each chunk of the NC columns
+// is quantized into workgroup memory (the loads of up to four columns go out together), with
+// the sums of each 16 values' bytes beside their scales (ys: what the minimums and offsets of
+// Q4_1, Q4_K and Q6_K take, read instead of added up again for every row), and each part of
+// the weights an invocation loads is unpacked once (`unpack_part`) and multiplied with each
+// column's part (`wq_dot`): a weight is read and unpacked once per NC columns instead of once
+// per column. ADD and NORM (each column with its own residual and its own norm) are the only
+// fused variants with MC.
 
 const QB: u32 = {{QB}}u;
 const TPB: u32 = {{TPB}}u;
@@ -69,8 +79,15 @@ fn id_at(e: u32, t: u32) -> i32 {
 
 const KC: u32 = {{KC}}u;
 const QPS: u32 = {{QPS}}u;
-var<workgroup> yq: array<vec4<u32>, KC / 16u>;
-var<workgroup> yd: array<f32, KC / 32u>;
+// Columns per workgroup (MC), and column c's chunk: yq and yd from c KC / 16 and c KC / 32.
+const NC: u32 = {{NC}}u;
+var<workgroup> yq: array<vec4<u32>, NC * KC / 16u>;
+var<workgroup> yd: array<f32, NC * KC / 32u>;
+#if MC
+// The sums of each 32 values' bytes (as yd), the first 16 values' in the low half of the
+// word and the next 16's in the high half (i16 each: at most 16 x 127).
+var<workgroup> ys: array<u32, NC * KC / 32u>;
+#endif
 const TPR: u32 = {{TPR}}u;
 #if QKV
 #if B4
@@ -94,15 +111,16 @@ var<private> kv: bool;
 #endif
 #if NORM
 @group(0) @binding(5) var<storage, read_write> norm_w: array<u32>;
-// This invocation's sum of the squares of the x it has loaded.
-var<private> sumsq: f32;
+// This invocation's sums of the squares of the x it has loaded, one per column.
+var<private> sumsq: array<f32, NC>;
 
-// Four values of the column at byte yb from k = e times w (zeros past the row's end); where
-// `own` (they are this invocation's to count), their squares before that are added to sumsq.
-fn y_norm(yb: u32, e: u32, own: bool) -> vec4<f32> {
+// Four values of column c at byte yb from k = e times w (zeros past the row's end); where
+// `own` (they are this invocation's to count), their squares before that are added to
+// sumsq[c].
+fn y_norm(yb: u32, e: u32, own: bool, c: u32) -> vec4<f32> {
     let v = yquad(yb, e);
     if own {
-        sumsq += dot(v, v);
+        sumsq[c] += dot(v, v);
     }
     var w = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
@@ -129,12 +147,12 @@ fn q8x4(v: vec4<f32>, s: f32) -> u32 {
     return pack4xI8(bitcast<vec4<i32>>(v * s + vec4<f32>(12582912.0)));
 }
 
-// Quad q (values 4q .. 4q + 3) of the chunk from k0 of the src1 column at byte yb (zeros past
-// the row's end); with NORM times w, its squares added to sumsq where it lies in the chunk (an
-// invocation past the chunk loads values of the next one: not its to count).
-fn y_at_quad(yb: u32, k0: u32, q: u32) -> vec4<f32> {
+// Quad q (values 4q .. 4q + 3) of the chunk from k0 of the src1 column c at byte yb (zeros
+// past the row's end); with NORM times w, its squares added to sumsq[c] where it lies in the
+// chunk (an invocation past the chunk loads values of the next one: not its to count).
+fn y_at_quad(yb: u32, k0: u32, q: u32, c: u32) -> vec4<f32> {
 #if NORM
-    return y_norm(yb, k0 + 4u * q, q < KC / 4u);
+    return y_norm(yb, k0 + 4u * q, q < KC / 4u, c);
 #else
     return yquad(yb, k0 + 4u * q);
 #endif
@@ -169,17 +187,35 @@ fn y_slot(i: u32) -> u32 {
     }
 }
 
-// Stores quad q (4 values) of the chunk, quantized as the word w, into yq, and the scale of
-// its 32-value block, the largest magnitude a over 127, into yd from the block's first quad.
-// Quads past the chunk (values of the next one) are not stored.
-fn store_quad(q: u32, w: u32, a: f32) {
+// Stores quad q (4 values) of column c's chunk, quantized as the word w, into yq, and the
+// scale of its 32-value block, the largest magnitude a over 127, into yd from the block's
+// first quad. Quads past the chunk (values of the next one) are not stored.
+fn store_quad(q: u32, w: u32, a: f32, c: u32) {
     if q < KC / 4u {
-        yq[y_slot(q >> 2u)][q & 3u] = w;
+        yq[c * (KC / 16u) + y_slot(q >> 2u)][q & 3u] = w;
         if (q & 7u) == 0u {
-            yd[q >> 3u] = a / 127.0;
+            yd[c * (KC / 32u) + (q >> 3u)] = a / 127.0;
         }
     }
 }
+
+// Whether the weights' products take the sums of the column's bytes (Q4_1, Q4_K, Q6_K).
+const YS: bool = (T0 == 3u) | (T0 == 12u) | (T0 == 14u);
+
+#if MC
+// Stores the sums s (of the 16 values from quad q's first) and h (of the 16 after) into ys,
+// from the first quad of q's 32-value block of column c's chunk (not past the chunk).
+fn store_sums(q: u32, s: i32, h: i32, c: u32) {
+    if q < KC / 4u && (q & 7u) == 0u {
+        ys[c * (KC / 32u) + (q >> 3u)] = (bitcast<u32>(s) & 0xffffu) | (bitcast<u32>(h) << 16u);
+    }
+}
+
+// Half (i & 1) of ys word w: the sum of the bytes of the chunk's 16 values from 16i.
+fn y_sum16(w: u32, i: u32) -> i32 {
+    return bitcast<i32>(w << (16u - 16u * (i & 1u))) >> 16u;
+}
+#endif
 
 #if YC
 // The quads of the column one invocation loads in a step of the quantization with YC: v0, v1,
@@ -192,25 +228,26 @@ struct YQuads {
 }
 
 // Loads the quads of a step of the quantization with YC from quad q of the chunk from k0 of
-// the src1 column at byte yb.
-fn y_step_load(yb: u32, k0: u32, q: u32) -> YQuads {
+// the src1 column c at byte yb.
+fn y_step_load(yb: u32, k0: u32, q: u32, c: u32) -> YQuads {
     var l: YQuads;
-    l.v0 = y_at_quad(yb, k0, q);
+    l.v0 = y_at_quad(yb, k0, q, c);
     if QPS > 1u {
-        l.v1 = y_at_quad(yb, k0, q + {{WG}}u);
+        l.v1 = y_at_quad(yb, k0, q + {{WG}}u, c);
     }
     if QPS > 2u {
-        l.v2 = y_at_quad(yb, k0, q + 2u * {{WG}}u);
-        l.v3 = y_at_quad(yb, k0, q + 3u * {{WG}}u);
+        l.v2 = y_at_quad(yb, k0, q + 2u * {{WG}}u, c);
+        l.v3 = y_at_quad(yb, k0, q + 3u * {{WG}}u, c);
     }
     return l;
 }
 
-// Quantizes the quads l loaded from quad q (`y_step_load`) into yq and yd. A 32-value block is
-// the 8 quads of 8 neighbouring invocations (in one subgroup: its size is 8 or more), which
-// share their largest magnitudes by shuffles. Every invocation calls it, in uniform control
+// Quantizes the quads l loaded from quad q of column c (`y_step_load`) into yq and yd (with
+// MC, and where the weights take them, their sums into ys). A 32-value block is the 8 quads
+// of 8 neighbouring invocations (in one subgroup: its size is 8 or more), which share their
+// largest magnitudes (and sums) by shuffles. Every invocation calls it, in uniform control
 // flow.
-fn y_step_store(l: YQuads, q: u32) {
+fn y_step_store(l: YQuads, q: u32, c: u32) {
     var a = vec4<f32>(amax4(l.v0), amax4(l.v1), amax4(l.v2), amax4(l.v3));
     if QPS > 2u {
         a = max(a, subgroupShuffleXor(a, 1u));
@@ -224,20 +261,40 @@ fn y_step_store(l: YQuads, q: u32) {
         a = vec4<f32>(b, 0.0, 0.0);
     }
     let inv = select(vec4<f32>(0.0), vec4<f32>(127.0) / a, a > vec4<f32>(0.0));
-    store_quad(q, q8x4(l.v0, inv.x), a.x);
+    let w = vec4<u32>(q8x4(l.v0, inv.x), q8x4(l.v1, inv.y), q8x4(l.v2, inv.z), q8x4(l.v3, inv.w));
+    store_quad(q, w.x, a.x, c);
     if QPS > 1u {
-        store_quad(q + {{WG}}u, q8x4(l.v1, inv.y), a.y);
+        store_quad(q + {{WG}}u, w.y, a.y, c);
     }
     if QPS > 2u {
-        store_quad(q + 2u * {{WG}}u, q8x4(l.v2, inv.z), a.z);
-        store_quad(q + 3u * {{WG}}u, q8x4(l.v3, inv.w), a.w);
+        store_quad(q + 2u * {{WG}}u, w.z, a.z, c);
+        store_quad(q + 3u * {{WG}}u, w.w, a.w, c);
     }
+#if MC
+    if YS {
+        // Each quad's sum, then its 16-value half's (4 neighbouring invocations), and the
+        // other half's (the 4 after them).
+        let one = 0x01010101u;
+        var h = vec4<i32>(dot4I8Packed(w.x, one), dot4I8Packed(w.y, one), dot4I8Packed(w.z, one), dot4I8Packed(w.w, one));
+        h += subgroupShuffleXor(h, 1u);
+        h += subgroupShuffleXor(h, 2u);
+        let h2 = subgroupShuffleXor(h, 4u);
+        store_sums(q, h.x, h2.x, c);
+        if QPS > 1u {
+            store_sums(q + {{WG}}u, h.y, h2.y, c);
+        }
+        if QPS > 2u {
+            store_sums(q + 2u * {{WG}}u, h.z, h2.z, c);
+            store_sums(q + 3u * {{WG}}u, h.w, h2.w, c);
+        }
+    }
+#endif
 }
 #endif
 
-// Quantizes values k0 .. k0 + KC of the src1 column at byte yb (zeros past the row's end) into
-// yq and yd.
-fn quantize_y(yb: u32, k0: u32, li: u32) {
+// Quantizes values k0 .. k0 + KC of the src1 column c at byte yb (zeros past the row's end)
+// into yq and yd (and with MC ys).
+fn quantize_y(yb: u32, k0: u32, li: u32, c: u32) {
     let n = min(KC, row_k() - k0);
 #if YC
     // Each step takes QPS x WG quads (4 values each): invocation li the quads li, li + WG, ...,
@@ -247,7 +304,7 @@ fn quantize_y(yb: u32, k0: u32, li: u32) {
     let steps = (n + 4u * QPS * {{WG}}u - 1u) / (4u * QPS * {{WG}}u);
     for (var s = 0u; s < steps; s++) {
         let q = QPS * {{WG}}u * s + li;
-        y_step_store(y_step_load(yb, k0, q), q);
+        y_step_store(y_step_load(yb, k0, q, c), q, c);
     }
 #else
     // One invocation per 32 values.
@@ -256,19 +313,63 @@ fn quantize_y(yb: u32, k0: u32, li: u32) {
         var a = 0.0;
         for (var j = 0u; j < 8u; j++) {
 #if NORM
-            v[j] = y_norm(yb, k0 + 32u * i + 4u * j, true);
+            v[j] = y_norm(yb, k0 + 32u * i + 4u * j, true, c);
 #else
             v[j] = yquad(yb, k0 + 32u * i + 4u * j);
 #endif
             a = max(a, amax4(v[j]));
         }
         let inv = select(0.0, 127.0 / a, a > 0.0);
-        yq[y_slot(2u * i)] = vec4<u32>(q8x4(v[0], inv), q8x4(v[1], inv), q8x4(v[2], inv), q8x4(v[3], inv));
-        yq[y_slot(2u * i + 1u)] = vec4<u32>(q8x4(v[4], inv), q8x4(v[5], inv), q8x4(v[6], inv), q8x4(v[7], inv));
-        yd[i] = a / 127.0;
+        let lo = vec4<u32>(q8x4(v[0], inv), q8x4(v[1], inv), q8x4(v[2], inv), q8x4(v[3], inv));
+        let hi = vec4<u32>(q8x4(v[4], inv), q8x4(v[5], inv), q8x4(v[6], inv), q8x4(v[7], inv));
+        yq[c * (KC / 16u) + y_slot(2u * i)] = lo;
+        yq[c * (KC / 16u) + y_slot(2u * i + 1u)] = hi;
+        yd[c * (KC / 32u) + i] = a / 127.0;
+#if MC
+        if YS {
+            let one = vec4<u32>(0x01010101u);
+            store_sums(8u * i, dot16(lo, one), dot16(hi, one), c);
+        }
+#endif
     }
 #endif
 }
+
+#if MC
+// Quantizes values k0 .. k0 + KC of columns c0, c0 + 1 and, where NC is more than 2, c0 + 2
+// and c0 + 3 of the workgroup's, at bytes ybs of src1, into yq, yd and ys; with YC a step's
+// loads of all of them go out before its stores.
+fn quantize_cols(ybs: vec4<u32>, k0: u32, li: u32, c0: u32) {
+#if YC
+    let n = min(KC, row_k() - k0);
+    let steps = (n + 4u * QPS * {{WG}}u - 1u) / (4u * QPS * {{WG}}u);
+    for (var s = 0u; s < steps; s++) {
+        let q = QPS * {{WG}}u * s + li;
+        let l0 = y_step_load(ybs.x, k0, q, c0);
+        let l1 = y_step_load(ybs.y, k0, q, c0 + 1u);
+        var l2: YQuads;
+        var l3: YQuads;
+        if NC > 2u {
+            l2 = y_step_load(ybs.z, k0, q, c0 + 2u);
+            l3 = y_step_load(ybs.w, k0, q, c0 + 3u);
+        }
+        y_step_store(l0, q, c0);
+        y_step_store(l1, q, c0 + 1u);
+        if NC > 2u {
+            y_step_store(l2, q, c0 + 2u);
+            y_step_store(l3, q, c0 + 3u);
+        }
+    }
+#else
+    quantize_y(ybs.x, k0, li, c0);
+    quantize_y(ybs.y, k0, li, c0 + 1u);
+    if NC > 2u {
+        quantize_y(ybs.z, k0, li, c0 + 2u);
+        quantize_y(ybs.w, k0, li, c0 + 3u);
+    }
+#endif
+}
+#endif
 
 // The vec4s of the column (16 values each) that one part multiplies.
 fn y_vecs() -> u32 {
@@ -320,14 +421,20 @@ fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
-// The column's side of part t of block bl of the chunk.
-fn y_part(bl: u32, t: u32) -> YPart {
+// Column c's side of part t of block bl of the chunk.
+fn y_part(bl: u32, t: u32, c: u32) -> YPart {
     var y: YPart;
     for (var g = 0u; g < y_vecs(); g++) {
         let i = y_at(bl, t, g);
-        y.q[g] = yq[y_slot(i)];
-        y.d[g] = yd[i / 2u];
+        y.q[g] = yq[c * (KC / 16u) + y_slot(i)];
+        y.d[g] = yd[c * (KC / 32u) + i / 2u];
+#if MC
+        if YS {
+            y.s[g] = y_sum16(ys[c * (KC / 32u) + i / 2u], i);
+        }
+#else
         y.s[g] = dot16(y.q[g], vec4<u32>(0x01010101u));
+#endif
     }
     return y;
 }
@@ -477,11 +584,19 @@ fn i8_in(s: vec3<u32>, o: u32) -> f32 {
     return f32(bitcast<i32>(byte12(s, o) << 24u) >> 24u);
 }
 
-// The dot product of part t of block b of the src0 row at byte r, loaded as w, with the
-// column's part y.
-fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
+// One part of a weight block unpacked: its values as signed or unsigned bytes (q, each
+// vec4 multiplied with the column's vec4 of the same index) and its scales (f, g).
+struct WQ {
+    q: array<vec4<u32>, 4>,
+    f: vec4<f32>,
+    g: vec4<f32>,
+}
+
+// Part t of block b of the src0 row at byte r, loaded as w, unpacked.
+fn unpack_part(w: WPart, r: u32, b: u32, t: u32) -> WQ {
     let m4 = vec4<u32>(0x0f0f0f0fu);
     let s4 = vec4<u32>(4u);
+    var u: WQ;
     switch T0 {
         case 2u: {
             // Q4_0: byte j of the nibbles holds values j and j + 16; value - 8.
@@ -489,43 +604,42 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             // The nibbles start 2 bytes into the first word (bb a multiple of 4) or at the
             // second (bb 2 past one).
             let q = select(funnel(w.a, w.x.x, 2u), vec4<u32>(w.a.yzw, w.x.x), (bb & 2u) != 0u);
-            let d = half_in(w.a.x, bb);
             // Each nibble n as the signed byte 16 (n - 8): n ^ 8 in the byte's high half, so
             // that the column's sums are not needed; the 1 / 16 is exact.
             let mh = vec4<u32>(0xf0f0f0f0u);
             let h8 = vec4<u32>(0x80808080u);
-            let s = dot16(((q << s4) & mh) ^ h8, y.q[0]) + dot16((q & mh) ^ h8, y.q[1]);
-            return d * y.d.x * (f32(s) * 0.0625);
+            u.q[0] = ((q << s4) & mh) ^ h8;
+            u.q[1] = (q & mh) ^ h8;
+            u.f.x = half_in(w.a.x, bb);
         }
         case 3u: {
-            // Q4_1: d * q + m.
-            let dm = halves(w.s.x);
-            let s = dot16(w.a & m4, y.q[0]) + dot16((w.a >> s4) & m4, y.q[1]);
-            return y.d.x * (dm.x * f32(s) + dm.y * f32(y.s.x + y.s.y));
+            // Q4_1: d * q + m (d, m in f).
+            u.q[0] = w.a & m4;
+            u.q[1] = (w.a >> s4) & m4;
+            u.f = vec4<f32>(halves(w.s.x), 0.0, 0.0);
         }
         case 8u: {
             // Q8_0: part t is values 16t .. 16t + 15.
             let bb = r + 34u * b;
-            let q = funnel(w.a, w.x.x, bb + 2u + 16u * t);
-            return half_in(w.s.x, bb) * y.d.x * f32(dot16(q, y.q[0]));
+            u.q[0] = funnel(w.a, w.x.x, bb + 2u + 16u * t);
+            u.f.x = half_in(w.s.x, bb);
         }
         case 12u: {
             // Q4_K: 32 bytes of nibbles per 64 values, the low nibbles the first 32 (sub-block
-            // 2t, 6-bit scale and min in sm.xy), the high ones the next 32 (2t + 1, sm.zw); part
-            // t is the whole group t: its bytes 0 .. 15 in b, 16 .. 31 in c; value
-            // d * scale * q - dmin * min.
-            let dm = halves(w.a.x);
-            let sm = sm_k_pair(w.a.yzw, t);
-            let ia = f32(dot16(w.b & m4, y.q[0]) + dot16(w.c & m4, y.q[1]));
-            let ib = f32(dot16((w.b >> s4) & m4, y.q[2]) + dot16((w.c >> s4) & m4, y.q[3]));
-            let mins = sm.y * y.d.x * f32(y.s.x + y.s.y) + sm.w * y.d.z * f32(y.s.z + y.s.w);
-            return dm.x * (sm.x * y.d.x * ia + sm.z * y.d.z * ib) - dm.y * mins;
+            // 2t, 6-bit scale and min in f.xy), the high ones the next 32 (2t + 1, f.zw); part
+            // t is the whole group t: its bytes 0 .. 15 in b, 16 .. 31 in c; d and dmin in g.
+            u.q[0] = w.b & m4;
+            u.q[1] = w.c & m4;
+            u.q[2] = (w.b >> s4) & m4;
+            u.q[3] = (w.c >> s4) & m4;
+            u.f = sm_k_pair(w.a.yzw, t);
+            u.g = vec4<f32>(halves(w.a.x), 0.0, 0.0);
         }
         case 14u: {
-            // Q6_K: value (low | high << 4) - 32 times an i8 scale per 16 values and d. Half
-            // n = t / 2 has low nibbles at 64n (values l and l + 64) and 64n + 32 (l + 32,
-            // l + 96), high bits at 128 + 32n (values l, l + 32, l + 64, l + 96 from bit 0, 2,
-            // 4, 6); part t takes l = 16 (t % 2) .. + 15.
+            // Q6_K: value (low | high << 4) - 32 times an i8 scale per 16 values (f) and d
+            // (g.x). Half n = t / 2 has low nibbles at 64n (values l and l + 64) and 64n + 32
+            // (l + 32, l + 96), high bits at 128 + 32n (values l, l + 32, l + 64, l + 96 from
+            // bit 0, 2, 4, 6); part t takes l = 16 (t % 2) .. + 15.
             let bb = r + 210u * b;
             let n = t / 2u;
             let l = 16u * (t % 2u);
@@ -533,21 +647,99 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
             let ql1 = funnel(w.b, w.x.y, bb + 64u * n + 32u + l);
             let qh = funnel(w.c, w.x.z, bb + 128u + 32u * n + l);
             let m2 = vec4<u32>(0x03030303u);
-            let i0 = dot16((ql0 & m4) | ((qh & m2) << s4), y.q[0]) - 32 * y.s.x;
-            let i1 = dot16((ql1 & m4) | (((qh >> vec4<u32>(2u)) & m2) << s4), y.q[1]) - 32 * y.s.y;
-            let i2 = dot16(((ql0 >> s4) & m4) | (((qh >> s4) & m2) << s4), y.q[2]) - 32 * y.s.z;
-            let i3 = dot16(((ql1 >> s4) & m4) | (((qh >> vec4<u32>(6u)) & m2) << s4), y.q[3]) - 32 * y.s.w;
+            u.q[0] = (ql0 & m4) | ((qh & m2) << s4);
+            u.q[1] = (ql1 & m4) | (((qh >> vec4<u32>(2u)) & m2) << s4);
+            u.q[2] = ((ql0 >> s4) & m4) | (((qh >> s4) & m2) << s4);
+            u.q[3] = ((ql1 >> s4) & m4) | (((qh >> vec4<u32>(6u)) & m2) << s4);
             // The scales are bytes o, o + 2, o + 4, o + 6 of the three words from the one
             // that holds the first.
             let o = (bb + 192u + 8u * n + t % 2u) & 3u;
-            let sc = vec4<f32>(i8_in(w.s.xyz, o), i8_in(w.s.xyz, o + 2u), i8_in(w.s.xyz, o + 4u), i8_in(w.s.xyz, o + 6u));
-            return half_in(w.s.w, bb + 208u) * dot(vec4<f32>(f32(i0), f32(i1), f32(i2), f32(i3)) * y.d, sc);
+            u.f = vec4<f32>(i8_in(w.s.xyz, o), i8_in(w.s.xyz, o + 2u), i8_in(w.s.xyz, o + 4u), i8_in(w.s.xyz, o + 6u));
+            u.g.x = half_in(w.s.w, bb + 208u);
+        }
+        default: {}
+    }
+    return u;
+}
+
+// The dot product of an unpacked part u with the column's part y.
+fn wq_dot(u: WQ, y: YPart) -> f32 {
+    switch T0 {
+        case 2u: {
+            let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);
+            return u.f.x * y.d.x * (f32(s) * 0.0625);
+        }
+        case 3u: {
+            let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);
+            return y.d.x * (u.f.x * f32(s) + u.f.y * f32(y.s.x + y.s.y));
+        }
+        case 8u: {
+            return u.f.x * y.d.x * f32(dot16(u.q[0], y.q[0]));
+        }
+        case 12u: {
+            // Value d * scale * q - dmin * min.
+            let ia = f32(dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]));
+            let ib = f32(dot16(u.q[2], y.q[2]) + dot16(u.q[3], y.q[3]));
+            let mins = u.f.y * y.d.x * f32(y.s.x + y.s.y) + u.f.w * y.d.z * f32(y.s.z + y.s.w);
+            return u.g.x * (u.f.x * y.d.x * ia + u.f.z * y.d.z * ib) - u.g.y * mins;
+        }
+        case 14u: {
+            let i0 = dot16(u.q[0], y.q[0]) - 32 * y.s.x;
+            let i1 = dot16(u.q[1], y.q[1]) - 32 * y.s.y;
+            let i2 = dot16(u.q[2], y.q[2]) - 32 * y.s.z;
+            let i3 = dot16(u.q[3], y.q[3]) - 32 * y.s.w;
+            return u.g.x * dot(vec4<f32>(f32(i0), f32(i1), f32(i2), f32(i3)) * y.d, u.f);
         }
         default: {
             return 0.0;
         }
     }
 }
+
+// The dot product of part t of block b of the src0 row at byte r, loaded as w, with the
+// column's part y.
+fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
+    return wq_dot(unpack_part(w, r, b, t), y);
+}
+
+#if MC
+// The sums of the workgroup's columns: columns 0 .. 3 in x, 4 .. 7 in y.
+struct Acc {
+    x: vec4<f32>,
+    y: vec4<f32>,
+}
+
+// acc plus the products of part p (loaded as q) with each column's chunk that starts at part
+// base: the part is unpacked once for all NC columns.
+fn add_parts(acc: Acc, q: Parts, r: u32, p: u32, base: u32) -> Acc {
+    let t = p % TPB;
+    let bl = (p - base) / TPB;
+    let u = unpack_part(q.w, r, p / TPB, t);
+    var a = acc;
+    a.x.x += wq_dot(u, y_part(bl, t, 0u));
+    a.x.y += wq_dot(u, y_part(bl, t, 1u));
+    if NC > 2u {
+        a.x.z += wq_dot(u, y_part(bl, t, 2u));
+        a.x.w += wq_dot(u, y_part(bl, t, 3u));
+    }
+    if NC > 4u {
+        a.y.x += wq_dot(u, y_part(bl, t, 4u));
+        a.y.y += wq_dot(u, y_part(bl, t, 5u));
+        a.y.z += wq_dot(u, y_part(bl, t, 6u));
+        a.y.w += wq_dot(u, y_part(bl, t, 7u));
+    }
+    return a;
+}
+
+// The bytes in src1 of columns c0 .. c0 + 3 of the group from column cb (for batch
+// coordinates i2, i3): columns past dst's read its last.
+fn col_ybs(cb: u32, c0: u32, i2: u32, i3: u32) -> vec4<u32> {
+    let last = P.d.ne.y - 1u;
+    let n = vec4<u32>(cb + c0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let l = min(n, vec4<u32>(last));
+    return vec4<u32>(col1(l.x, i2, i3), col1(l.y, i2, i3), col1(l.z, i2, i3), col1(l.w, i2, i3));
+}
+#endif
 
 // The sum of v over the TPR invocations of row li / TPR (j = li % TPR): the row's first
 // invocation (j = 0) gets it. RSUB (a row's invocations are within one subgroup): by subgroup
@@ -622,11 +814,11 @@ fn rope_store(v: f32, v2: f32, m: u32, mm: u32, li: u32, j: u32) {
 
 #if NORM
 #if SUBGROUPS
-// 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq: added in each
-// subgroup (sli, ssz: this invocation's index in it and its size), then over the subgroups'
-// sums in red. Every invocation calls it, in uniform control flow.
-fn norm_scale(li: u32, sli: u32, ssz: u32) -> f32 {
-    let s = subgroupAdd(sumsq);
+// 1 / sqrt(mean(x^2) + eps) of a column from every invocation's sum of squares v (its sumsq):
+// added in each subgroup (sli, ssz: this invocation's index in it and its size), then over the
+// subgroups' sums in red. Every invocation calls it, in uniform control flow.
+fn norm_scale(v: f32, li: u32, sli: u32, ssz: u32) -> f32 {
+    let s = subgroupAdd(v);
     if sli == 0u {
         red[li / ssz] = s;
     }
@@ -638,10 +830,10 @@ fn norm_scale(li: u32, sli: u32, ssz: u32) -> f32 {
     return 1.0 / sqrt(t / f32(row_k()) + P.f.x);
 }
 #else
-// 1 / sqrt(mean(x^2) + eps) of the column from every invocation's sumsq. Every invocation
-// calls it, in uniform control flow.
-fn norm_scale(li: u32) -> f32 {
-    return 1.0 / sqrt(wg_sum(sumsq, li) / f32(row_k()) + P.f.x);
+// 1 / sqrt(mean(x^2) + eps) of a column from every invocation's sum of squares v (its
+// sumsq). Every invocation calls it, in uniform control flow.
+fn norm_scale(v: f32, li: u32) -> f32 {
+    return 1.0 / sqrt(wg_sum(v, li) / f32(row_k()) + P.f.x);
 }
 #endif
 #endif
@@ -673,7 +865,7 @@ fn load_parts(r: u32, r2: u32, pn: u32) -> Parts {
 // src0's, y the second matrix's (W2; zero in Q workgroups of QKV).
 fn parts_dot(q: Parts, r: u32, r2: u32, p: u32, base: u32) -> vec2<f32> {
     let t = p % TPB;
-    let y = y_part((p - base) / TPB, t);
+    let y = y_part((p - base) / TPB, t, 0u);
     var d = vec2<f32>(part_dot_q(q.w, r, p / TPB, t, y), 0.0);
 #if W2
 #if QKV
@@ -687,8 +879,8 @@ fn parts_dot(q: Parts, r: u32, r2: u32, p: u32, base: u32) -> vec2<f32> {
     return d;
 }
 
-// One workgroup per ROWS rows of one column of dst (u.x workgroups in all; with QKV the
-// first u.w of them for Q, the rest for K and V), TPR invocations per row.
+// One workgroup per ROWS rows of one column of dst (with MC of NC columns; u.x workgroups in
+// all; with QKV the first u.w of them for Q, the rest for K and V), TPR invocations per row.
 @compute @workgroup_size({{WG}})
 fn mat_vec_q(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -731,7 +923,14 @@ fn mat_vec_q(
 #if ONECOL
     let c = vec4<u32>(o, 0u, 0u, 0u);
 #else
+#if MC
+    // c.y: the column group.
+    let groups_n = vec4<u32>(P.d.ne.x, (P.d.ne.y + NC - 1u) / NC, P.d.ne.zw);
+    let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, groups_n);
+    let cb = c.y * NC;
+#else
     let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, P.d.ne);
+#endif
 #endif
 #endif
     let m = select(mm, c.x * ROWS + li / TPR, live);
@@ -782,13 +981,17 @@ fn mat_vec_q(
     var p = j;
 #if QF
     // The column's loads for its quantization (one chunk, one step) go out before the weights'.
-    let ql = y_step_load(yb, 0u, li);
+    let ql = y_step_load(yb, 0u, li, 0u);
 #endif
     var qa = load_parts(r, r2, min(p, np - 1u));
 #if PF2
     var qb = load_parts(r, r2, min(p + TPR, np - 1u));
 #endif
+#if MC
+    var acc: Acc;
+#else
     var acc = vec2<f32>(0.0);
+#endif
     for (var k0 = 0u; k0 < kk; k0 += KC) {
         // The previous chunk's parts are done with yq before it is overwritten (no barrier
         // before the first chunk, where it costs a measurable share of a short mat-vec).
@@ -796,9 +999,15 @@ fn mat_vec_q(
             workgroupBarrier();
         }
 #if QF
-        y_step_store(ql, li);
+        y_step_store(ql, li, 0u);
 #else
-        quantize_y(yb, k0, li);
+#if MC
+        for (var c0 = 0u; c0 < NC; c0 += 4u) {
+            quantize_cols(col_ybs(cb, c0, c.z, c.w), k0, li, c0);
+        }
+#else
+        quantize_y(yb, k0, li, 0u);
+#endif
 #endif
         workgroupBarrier();
         let base = (k0 / QB) * TPB;
@@ -811,7 +1020,11 @@ fn mat_vec_q(
             if p >= end {
                 break;
             }
+#if MC
+            acc = add_parts(acc, qa, r, p, base);
+#else
             acc += parts_dot(qa, r, r2, p, base);
+#endif
             qa = load_parts(r, r2, min(p + 2u * TPR, np - 1u));
             p += TPR;
             if p >= end {
@@ -820,23 +1033,58 @@ fn mat_vec_q(
                 qb = t;
                 break;
             }
+#if MC
+            acc = add_parts(acc, qb, r, p, base);
+#else
             acc += parts_dot(qb, r, r2, p, base);
+#endif
             qb = load_parts(r, r2, min(p + 2u * TPR, np - 1u));
             p += TPR;
         }
 #else
         for (; p < end; p += TPR) {
             let next = load_parts(r, r2, min(p + TPR, np - 1u));
+#if MC
+            acc = add_parts(acc, qa, r, p, base);
+#else
             acc += parts_dot(qa, r, r2, p, base);
+#endif
             qa = next;
         }
 #endif
     }
+#if MC
+    // Each column: its norm, the sum over the row's invocations, its residual; columns past
+    // dst's are not stored.
+    var sums = array<f32, 8>(acc.x.x, acc.x.y, acc.x.z, acc.x.w, acc.y.x, acc.y.y, acc.y.z, acc.y.w);
+    for (var cc = 0u; cc < NC; cc++) {
+        var a = sums[cc];
+#if NORM
+        // Earlier readers of red are done with it.
+        if cc > 0u {
+            workgroupBarrier();
+        }
+#if SUBGROUPS
+        a *= norm_scale(sumsq[cc], li, sli, ssz);
+#else
+        a *= norm_scale(sumsq[cc], li);
+#endif
+#endif
+        var v = row_sum(a, li, j);
+        let dc = vec4<u32>(m, cb + cc, c.zw);
+        if j == 0u && m < mm && dc.y < P.d.ne.y {
+#if ADD
+            v += ld2(P.off.w + at(dc, P.s2.nb));
+#endif
+            st(P.off.x + at(dc, P.d.nb), v);
+        }
+    }
+#else
 #if NORM
 #if SUBGROUPS
-    let rs = norm_scale(li, sli, ssz);
+    let rs = norm_scale(sumsq[0], li, sli, ssz);
 #else
-    let rs = norm_scale(li);
+    let rs = norm_scale(sumsq[0], li);
 #endif
     acc *= rs;
 #endif
@@ -886,4 +1134,5 @@ fn mat_vec_q(
     if j == 0u && m < mm {
         st(P.off.x + at(dc, P.d.nb), v);
     }
+#endif
 }

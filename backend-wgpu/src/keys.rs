@@ -201,6 +201,9 @@ pub(crate) struct MatVecQKey {
     /// mul_mat_id's mat-vec, the expert of each slot read from the ids (ID; with `second`'s
     /// GLU, the experts' gate and up).
     pub id: bool,
+    /// Columns of dst per workgroup (NC: 1, or 2, 4 or 8 with MC, which none of `second`,
+    /// `qkv`, `rope`, `id` and `one_column` comes with).
+    pub cols: u32,
 }
 
 /// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
@@ -562,6 +565,10 @@ impl Key {
                 }
                 if k.id {
                     d.set("ID", 1);
+                }
+                d.set("NC", k.cols);
+                if k.cols > 1 {
+                    d.set("MC", 1);
                 }
             }
             Key::MatMat(k) => {

@@ -12,11 +12,13 @@
 //! | `TESSERA_WGPU_SUBGROUPS`  | [`WgpuOptions::subgroups`]     | 1       |
 //! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
 //! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
+//! | `TESSERA_WGPU_MAT_VEC_COLS` | [`WgpuOptions::mat_vec_cols`] | 8       |
+//! | `TESSERA_WGPU_MAT_VEC_N`  | [`WgpuOptions::mat_vec_n`]     | 64      |
 //!
-//! Each is a switch: `0`, `1`, `false` or `true`, except the memory limit, a number of MiB;
-//! anything else is an error naming the variable.
+//! Each is a switch: `0`, `1`, `false` or `true`, except the two mat-vec settings, which are
+//! numbers; anything else is an error naming the variable.
 
-use tessera_core::options::env_switch;
+use tessera_core::options::{env_switch, env_value};
 use tessera_core::Result;
 
 /// The wgpu backend's settings (`Default`: the tuned defaults; builder-style setters).
@@ -54,6 +56,15 @@ pub struct WgpuOptions {
     /// instead of blocking in the driver's wait: no sleep and wake-up between the copy's end
     /// and the host's return, at the cost of a busy host thread while it waits.
     pub spin_wait: bool,
+    /// The most columns of dst one workgroup of the integer-dot mat-vec computes (it takes 8, 4
+    /// or 2, not above this; see `mvq_cols` in ops/matmul.rs): each part of the weights it reads
+    /// is unpacked once and multiplied with all of them. 1 (or 0) gives each column workgroups
+    /// of its own (the columns of a row block neighbours, so that the later ones read its
+    /// weights from the cache).
+    pub mat_vec_cols: u32,
+    /// Columns up to which a mul_mat by weights the integer-dot mat-vec reads (Q4_0, Q4_1,
+    /// Q8_0, Q4_K, Q6_K) runs as that mat-vec; past it, the tiled mat-mat.
+    pub mat_vec_n: usize,
 }
 
 impl Default for WgpuOptions {
@@ -66,6 +77,8 @@ impl Default for WgpuOptions {
             mat_mat_f16: None,
             memory_limit: None,
             spin_wait: false,
+            mat_vec_cols: 8,
+            mat_vec_n: 64,
         }
     }
 }
@@ -83,6 +96,10 @@ impl WgpuOptions {
             mat_mat_f16: d.mat_mat_f16,
             memory_limit: d.memory_limit,
             spin_wait: d.spin_wait,
+            mat_vec_cols: env_value("TESSERA_WGPU_MAT_VEC_COLS", "a number of columns")?
+                .unwrap_or(d.mat_vec_cols),
+            mat_vec_n: env_value("TESSERA_WGPU_MAT_VEC_N", "a number of columns")?
+                .unwrap_or(d.mat_vec_n),
         })
     }
 
@@ -122,6 +139,18 @@ impl WgpuOptions {
         self
     }
 
+    /// Sets [`WgpuOptions::mat_vec_cols`].
+    pub fn mat_vec_cols(mut self, most: u32) -> Self {
+        self.mat_vec_cols = most;
+        self
+    }
+
+    /// Sets [`WgpuOptions::mat_vec_n`].
+    pub fn mat_vec_n(mut self, n: usize) -> Self {
+        self.mat_vec_n = n;
+        self
+    }
+
     /// Sets [`WgpuOptions::mat_mat_f16`].
     pub fn mat_mat_f16(mut self, on: Option<bool>) -> Self {
         self.mat_mat_f16 = on;
@@ -151,5 +180,14 @@ mod tests {
         let e = WgpuOptions::from_env().unwrap_err().to_string();
         assert!(e.contains("TESSERA_WGPU_SUBGROUPS"), "{e}");
         std::env::remove_var("TESSERA_WGPU_SUBGROUPS");
+        std::env::set_var("TESSERA_WGPU_MAT_VEC_COLS", "1");
+        std::env::set_var("TESSERA_WGPU_MAT_VEC_N", "16");
+        let o = WgpuOptions::from_env().unwrap();
+        assert_eq!(o, WgpuOptions::default().mat_vec_cols(1).mat_vec_n(16));
+        std::env::set_var("TESSERA_WGPU_MAT_VEC_COLS", "eight");
+        let e = WgpuOptions::from_env().unwrap_err().to_string();
+        assert!(e.contains("TESSERA_WGPU_MAT_VEC_COLS"), "{e}");
+        std::env::remove_var("TESSERA_WGPU_MAT_VEC_COLS");
+        std::env::remove_var("TESSERA_WGPU_MAT_VEC_N");
     }
 }

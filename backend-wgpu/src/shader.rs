@@ -181,9 +181,9 @@ impl Family {
                 "KK", "MMPAIR", "YK", "GELU", "GLU", "ID", "QB", "ROWS", "TPB",
             ],
             Family::MatVecQ => &[
-                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "ID", "KC", "MM", "NORM", "ONECOL",
-                "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB", "TPB",
-                "TPR", "W2", "YC",
+                "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "ID", "KC", "MC", "MM", "NC", "NORM",
+                "ONECOL", "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB",
+                "TPB", "TPR", "W2", "YC",
             ],
             Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK", "ID"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],

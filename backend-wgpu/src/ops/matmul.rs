@@ -33,7 +33,12 @@ const MM_BK_H16: [u32; 3] = [16, 32, 64];
 /// Workgroups from which quantized weights take the largest mat-mat tile (below, the half-size
 /// one gives twice as many workgroups to spread over the GPU's cores).
 const MM_BIG_GROUPS: usize = 512;
-/// Columns of src1 up to which mul_mat uses mat-vec.
+/// Columns of src1 up to which mul_mat uses the float mat-vec (`mat_vec.wgsl`, one column per
+/// workgroup) for weights the integer-dot mat-vec does not take; past it, the tiled mat-mat.
+/// Weights it takes run as the integer-dot mat-vec up to [`WgpuOptions::mat_vec_n`] columns
+/// instead (several columns per workgroup: [`mvq_cols`]).
+///
+/// [`WgpuOptions::mat_vec_n`]: crate::WgpuOptions::mat_vec_n
 const MAT_VEC_MAX_N: usize = 16;
 /// Weight types the integer-dot mat-vec (`shaders/mat_vec_q.wgsl`) reads.
 const MVQ_TYPES: [DType; 5] = [
@@ -54,6 +59,23 @@ const MVQ_GROUPS: usize = 256;
 /// invocations per row, is the parts of a row over this, rounded up to a power of two); see
 /// [`mvq_parts_each`].
 const MVQ_PARTS: usize = 4;
+/// How many times [`MVQ_PARTS`] an invocation of the integer-dot mat-vec of several columns per
+/// workgroup (MC) aims to take: each part it loads is multiplied with every column, so that
+/// fewer invocations per row have work enough.
+const MVQ_PARTS_MC: usize = 4;
+/// Invocations per row (TPR) of the integer-dot mat-vec of several columns per workgroup at
+/// most (where the workgroup has 32 or more without them): the 32 invocations of a subgroup
+/// then span 4 rows or more, whose loads of a column's part from workgroup memory are the same
+/// TPR 16-byte words (one 128-byte transaction), not 32 different ones (four): those loads,
+/// NC per weight part, would otherwise take more of workgroup memory's bandwidth than the
+/// products take of the arithmetic.
+const MVQ_TPR_MC: u32 = 8;
+/// Columns per workgroup (NC) the integer-dot mat-vec may take, largest first: each part of
+/// the weights a workgroup reads is unpacked once for all its columns.
+const MVQ_NC: [u32; 3] = [8, 4, 2];
+/// The cost of reading and unpacking one part of the weights, in products of a part with one
+/// column (the cost model of [`mvq_cols`]).
+const MVQ_READ_COST: usize = 4;
 /// Invocations per integer-dot mat-vec workgroup (ROWS x TPR) at most: TPR is cut to fit
 /// (and raised to make at least 32, which quantize the column).
 const MVQ_WG: u32 = 512;
@@ -66,9 +88,9 @@ const MVQ_LONG_K: usize = 8192;
 const MVQ_LONG_GROUPS: usize = 128;
 /// Invocations per integer-dot mat-vec workgroup at most with long rows.
 const MVQ_LONG_WG: u32 = 1024;
-/// Values of the column quantized into workgroup memory per step: the larger where the
-/// adapter's workgroup memory holds it.
-const MVQ_KC: [u32; 2] = [4096, 16384];
+/// Values of each column quantized into workgroup memory per step: the deepest the adapter's
+/// workgroup memory holds (with several columns per workgroup, the shallower ones).
+const MVQ_KC: [u32; 4] = [1024, 2048, 4096, 16384];
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
 /// of its column (NORM in `mat_vec_q`).
 pub(crate) const NORM_W_BINDING: usize = 5;
@@ -158,13 +180,16 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
             },
             Bind::whole(t.src[1]),
         ];
-        let mvq = (t.ne[1] <= MAT_VEC_MAX_N)
-            .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc))
+        let cols = mvq_cols(t.ne[1], gpu.options.mat_vec_cols);
+        let mvq = (t.ne[1] <= gpu.options.mat_vec_n)
+            .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc, cols))
             .flatten();
         let (key, groups, groups_3d) = if let Some((rows, wg, kc, a4)) = mvq {
-            let groups = rc.div_ceil(rows as usize) * t.ne[1] * t.ne[2] * t.ne[3];
+            let col_groups = t.ne[1].div_ceil(cols as usize);
+            let groups = rc.div_ceil(rows as usize) * col_groups * t.ne[2] * t.ne[3];
             let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
             let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
+            key.cols = cols;
             size_mat_vec_q(
                 &mut key,
                 (rows, wg, kc),
@@ -246,25 +271,55 @@ pub(super) fn mat_mat_id_key(gpu: &Gpu, graph: &Graph, t: &tessera_core::Tensor)
 }
 
 /// Parts of a row each invocation of the integer-dot mat-vec of weights of type `a` aims to
-/// take: [`MVQ_PARTS`], and half as many of Q4_K's, whose parts are whole 64-value groups.
-fn mvq_parts_each(a: DType) -> usize {
-    if a == DType::Q4_K {
+/// take: [`MVQ_PARTS`], and half as many of Q4_K's, whose parts are whole 64-value groups;
+/// [`MVQ_PARTS_MC`] times that with several columns per workgroup (`cols` > 1).
+fn mvq_parts_each(a: DType, cols: u32) -> usize {
+    let each = if a == DType::Q4_K {
         MVQ_PARTS / 2
     } else {
         MVQ_PARTS
+    };
+    if cols > 1 {
+        each * MVQ_PARTS_MC
+    } else {
+        each
     }
 }
 
+/// Columns per workgroup (NC) of the integer-dot mat-vec of `n` columns, at most `most`
+/// ([`WgpuOptions::mat_vec_cols`]): 1 for one column; else the one of [`MVQ_NC`] that costs
+/// least, counting for each group of NC columns (the last one filled up with copies of the
+/// last column, computed and not stored) NC products and [`MVQ_READ_COST`] for reading and
+/// unpacking the weights; the larger on a tie.
+///
+/// [`WgpuOptions::mat_vec_cols`]: crate::WgpuOptions::mat_vec_cols
+fn mvq_cols(n: usize, most: u32) -> u32 {
+    if n <= 1 {
+        return 1;
+    }
+    MVQ_NC
+        .into_iter()
+        .filter(|&nc| nc <= most)
+        .min_by_key(|&nc| {
+            let cost = n.div_ceil(nc as usize) * (nc as usize + MVQ_READ_COST);
+            (cost, std::cmp::Reverse(nc))
+        })
+        .unwrap_or(1)
+}
+
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
-/// integer-dot mat-vec, and its (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of
-/// [`MVQ_TYPES`] whose rows start at 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned
-/// ones, read as 16-byte words), on a device whose limits hold the workgroup.
+/// integer-dot mat-vec of `cols` columns per workgroup, and its (ROWS, WG, KC, A4) (TPR = WG /
+/// ROWS): a weight type of [`MVQ_TYPES`] whose rows start at 4-byte aligned offsets (A4: Q4_K
+/// rows at 16-byte aligned ones, read as 16-byte words), on a device whose limits hold the
+/// workgroup. ROWS is the most that still gives the workgroups aimed for, counting (with
+/// several columns per workgroup) every group of columns.
 fn mat_vec_q_shape(
     gpu: &Gpu,
     graph: &Graph,
     t: &tessera_core::Tensor,
     r0: usize,
     rows: usize,
+    cols: u32,
 ) -> Option<(u32, u32, u32, bool)> {
     let a = graph.get(t.src[0]);
     if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
@@ -278,19 +333,29 @@ fn mat_vec_q_shape(
     } else {
         (MVQ_GROUPS, MVQ_WG)
     };
+    let col_groups = if cols > 1 {
+        t.ne[1].div_ceil(cols as usize)
+    } else {
+        1
+    };
     let nr = MVQ_ROWS
         .into_iter()
-        .find(|&r| rows.div_ceil(r as usize) >= groups)
+        .find(|&r| rows.div_ceil(r as usize) * col_groups >= groups)
         .unwrap_or(MVQ_ROWS[MVQ_ROWS.len() - 1]);
     let max_wg = most.min(gpu.limits.max_compute_invocations_per_workgroup);
-    let tpr = (parts.div_ceil(mvq_parts_each(a.dtype)).next_power_of_two() as u32)
-        .clamp(32 / nr, max_wg / nr);
+    let mut tpr = parts
+        .div_ceil(mvq_parts_each(a.dtype, cols))
+        .next_power_of_two() as u32;
+    if cols > 1 {
+        tpr = tpr.min(MVQ_TPR_MC);
+    }
+    let tpr = tpr.clamp(32 / nr, max_wg / nr);
     let wg = nr * tpr;
     let l = &gpu.limits;
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
         return None;
     }
-    let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg)?;
+    let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg, cols)?;
     Some((nr, wg, kc, a4))
 }
 
@@ -305,7 +370,7 @@ pub(super) fn mat_vec_q_id(
     glu: Option<tessera_core::GluOp>,
 ) -> Option<MatVecQKey> {
     let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
-    let (rows, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, t.ne[0] * t.ne[1] * t.ne[2])?;
+    let (rows, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, t.ne[0] * t.ne[1] * t.ne[2], 1)?;
     let (_, y4) = wide_loads(gpu, graph, t, 0, 8);
     let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
     size_mat_vec_q(
@@ -319,13 +384,15 @@ pub(super) fn mat_vec_q_id(
     Some(key)
 }
 
-/// The deepest of [`MVQ_KC`] whose quantized column (KC bytes and KC / 8 of scales) and
-/// reduction scratch (WG f32) fit `wg_mem` bytes.
-fn mvq_kc(wg_mem: u32, wg: u32) -> Option<u32> {
+/// The deepest of [`MVQ_KC`] whose `cols` quantized columns (KC bytes and KC / 8 of scales
+/// each, and with several columns KC / 8 of sums) and reduction scratch (WG f32) fit `wg_mem`
+/// bytes.
+fn mvq_kc(wg_mem: u32, wg: u32, cols: u32) -> Option<u32> {
+    let sums = u32::from(cols > 1);
     MVQ_KC
         .into_iter()
         .rev()
-        .find(|&kc| kc + kc / 8 + 4 * wg <= wg_mem)
+        .find(|&kc| cols * (kc + kc / 8 + sums * kc / 8) + 4 * wg <= wg_mem)
 }
 
 /// The plan `out` of mul_mat `id` as the integer-dot mat-vec, shaped (ROWS, WG, TPR, KC) for
@@ -340,10 +407,10 @@ pub(crate) fn mat_vec_q_reshaped(
     rows: usize,
 ) -> Option<PlanOut> {
     let t = graph.get(id);
-    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows)?;
     let Key::MatVecQ(key) = &mut out.variant.key else {
         return None;
     };
+    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows, key.cols)?;
     if key.a4 != a4 {
         return None;
     }
@@ -366,7 +433,8 @@ pub(crate) fn mat_vec_q_reshaped(
 /// step (k at most KC and at most the 4 x QPS x WG values a step loads), QF issues the
 /// column's loads before the first weights', for every type but Q4_0 and Q4_1 (for which it
 /// loses). Decided here, so that a key shaped again ([`mat_vec_q_reshaped`]) never keeps a QF
-/// its new shape does not allow.
+/// its new shape does not allow (nor one for several columns per workgroup, whose columns are
+/// quantized one after another: `key.cols` is set before).
 fn size_mat_vec_q(
     key: &mut MatVecQKey,
     (rows, wg, kc): (u32, u32, u32),
@@ -384,7 +452,7 @@ fn size_mat_vec_q(
     key.qps = qps;
     key.rsub = subgroup_min.is_some_and(|s| tpr <= s);
     key.yc = yc;
-    key.qf = one_step && !matches!(key.a, DType::Q4_0 | DType::Q4_1);
+    key.qf = one_step && key.cols == 1 && !matches!(key.a, DType::Q4_0 | DType::Q4_1);
 }
 
 /// The quads (4 values) of the column each invocation of a `wg`-invocation integer-dot mat-vec
@@ -449,6 +517,7 @@ fn mat_vec_q_key(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Mat
         rope: None,
         norm: false,
         id: false,
+        cols: 1,
     }
 }
 
@@ -572,10 +641,10 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                     // Row lengths that give QPS 4, 2 and 1.
                     for (rows, wg, k) in [(32, 1024, 14336), (16, 512, 4096), (2, 64, 256)] {
                         for (kc, one_column) in [
-                            (MVQ_KC[0], None),
-                            (MVQ_KC[1], None),
+                            (MVQ_KC[2], None),
+                            (MVQ_KC[3], None),
                             (
-                                MVQ_KC[1],
+                                MVQ_KC[3],
                                 Some((4096, (k / a.block_size() * a.type_size()) as u32)),
                             ),
                         ] {
@@ -631,7 +700,24 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                     }));
                                 }
                             }
-                            for f in fused {
+                            // Several columns per workgroup, plain, with a residual, with a
+                            // norm: at the shallower chunks they take.
+                            let mut mc = Vec::new();
+                            if one_column.is_none() {
+                                for cols in MVQ_NC {
+                                    let mut m = mat_vec_q_key(a, b, subgroups, a4, y4);
+                                    m.cols = cols;
+                                    let depth = MVQ_KC[usize::from(kc == MVQ_KC[3])];
+                                    size_mat_vec_q(
+                                        &mut m,
+                                        (rows, wg, depth),
+                                        k,
+                                        subgroups.then_some(32),
+                                    );
+                                    mc.extend([m, MatVecQKey { add: true, ..m }]);
+                                }
+                            }
+                            for f in fused.into_iter().chain(mc) {
                                 // NORM: the column is an f32 x to normalize.
                                 if b == DType::F32 {
                                     v.push(Key::MatVecQ(MatVecQKey { norm: true, ..f }));
@@ -700,6 +786,29 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The columns per workgroup of the integer-dot mat-vec: one column alone; the fewest
+    /// groups of columns for what they cost (groups of 8 where 8 divide the columns), never
+    /// more than the option allows; and the chunk depth that fits the workgroup memory.
+    #[test]
+    fn mat_vec_q_columns_and_depth() {
+        let picks: Vec<u32> = [1, 2, 3, 4, 5, 8, 12, 16, 32, 64]
+            .into_iter()
+            .map(|n| mvq_cols(n, 8))
+            .collect();
+        assert_eq!(picks, [1, 2, 4, 4, 8, 8, 8, 8, 8, 8]);
+        assert_eq!(mvq_cols(16, 1), 1);
+        assert_eq!(mvq_cols(16, 0), 1);
+        assert_eq!(mvq_cols(16, 4), 4);
+        assert_eq!(mvq_cols(7, 2), 2);
+        // One column: 16384 values where they fit beside a 512-invocation workgroup's scratch.
+        assert_eq!(mvq_kc(49152, 512, 1), Some(16384));
+        assert_eq!(mvq_kc(16384, 512, 1), Some(4096));
+        // Eight columns with their sums: 4096 in 48 KiB, 1024 in 16 KiB.
+        assert_eq!(mvq_kc(49152, 256, 8), Some(4096));
+        assert_eq!(mvq_kc(16384, 256, 8), Some(1024));
+        assert_eq!(mvq_kc(8192, 256, 8), None);
+    }
 
     /// The f16 mat-mat is chosen for f16 and quantized weights on devices with SHADER_F16
     /// only, and its half-size tiles get the deeper steps.

@@ -77,6 +77,10 @@ fn add_norm(v: &mut Vec<Case>) {
         (DType::Q4_K, 512, 1024, 256, 1, false),
         (DType::Q4_0, 256, 96, 64, 1, true),
         (DType::Q8_0, 576, 576, 64, 2, true),
+        // Several sequences decoded together: products of several columns with their
+        // residuals, then each column's norm computed by the next product.
+        (DType::Q4_K, 512, 256, 128, 5, false),
+        (DType::Q6_K, 256, 256, 64, 16, true),
     ];
     for (t, k, m, m2, n, first) in shapes {
         let params = format!("type={t},k={k},m={m},m2={m2},tokens={n},first={first}");
@@ -327,19 +331,25 @@ fn rms_norm_mul(v: &mut Vec<Case>) {
 /// One token's rms_norm(x) * w read by several products with quantized weights, as in a Llama
 /// block: Q, K and V (K and V of one shape), or gate and up with their swiglu; and read by a
 /// product and by an add of it. A backend may leave the norm to the mat-vecs that read its
-/// result (each normalizing its column itself), where nothing else reads it.
+/// result (each normalizing its column itself), where nothing else reads it. Q, K and V of
+/// several tokens too (sequences decoded together: each column normed on its own).
 fn norm_readers(v: &mut Vec<Case>) {
-    // (type, k, Q rows, K and V rows): K types with rows of whole words, and a row longer than
-    // the 16384 values a mat-vec may quantize at once.
+    // (type, k, Q rows, K and V rows, tokens): K types with rows of whole words, and rows
+    // longer than the 16384 values a mat-vec may quantize at once (and than the shorter chunks
+    // of a mat-vec of several columns).
     let shapes = [
-        (DType::Q4_0, 256, 256, 64),
-        (DType::Q8_0, 512, 512, 128),
-        (DType::Q4_K, 256, 256, 64),
-        (DType::Q6_K, 512, 256, 128),
-        (DType::Q8_0, 16896, 64, 32),
+        (DType::Q4_0, 256, 256, 64, 1),
+        (DType::Q8_0, 512, 512, 128, 1),
+        (DType::Q4_K, 256, 256, 64, 1),
+        (DType::Q6_K, 512, 256, 128, 1),
+        (DType::Q8_0, 16896, 64, 32, 1),
+        (DType::Q4_K, 512, 256, 64, 5),
+        (DType::Q6_K, 256, 128, 64, 16),
+        (DType::Q4_1, 1024, 64, 32, 8),
+        (DType::Q4_0, 16896, 64, 32, 3),
     ];
-    for (t, k, mq, mkv) in shapes {
-        let params = format!("type_a={t},k={k},n=1,readers=q[{mq}]+k[{mkv}]+v[{mkv}]");
+    for (t, k, mq, mkv, n) in shapes {
+        let params = format!("type_a={t},k={k},n={n},readers=q[{mq}]+k[{mkv}]+v[{mkv}]");
         v.push(Case::new(
             "RMS_NORM_MUL_MAT",
             params,
@@ -349,7 +359,7 @@ fn norm_readers(v: &mut Vec<Case>) {
                 let wq = g.input(t, &[k, mq], Init::Uniform(-0.1, 0.1))?;
                 let wk = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
                 let wv = g.input(t, &[k, mkv], Init::Uniform(-0.1, 0.1))?;
-                let h = normed(g, &[k, 1])?;
+                let h = normed(g, &[k, n])?;
                 let q = g.mul_mat(wq, h)?;
                 let kk = g.mul_mat(wk, h)?;
                 let vv = g.mul_mat(wv, h)?;

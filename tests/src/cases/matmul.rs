@@ -208,6 +208,7 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         }
     }
     v.push(MulMat::new(DType::Q4_0, DType::F16, 72, 24, 1024).case());
+    few_columns(v);
     v.push(
         MulMat::new(DType::F32, DType::F32, 256, 32, 4096)
             .case()
@@ -219,6 +220,39 @@ pub(super) fn cases(v: &mut Vec<Case>) {
             .large(),
     );
     gpu_paths(v);
+}
+
+/// Batched decoding's products (2 to 64 columns) for the types a GPU's integer-dot mat-vec
+/// takes (wgpu's computes up to 8 columns per workgroup, the last group of columns ragged):
+/// an odd number of rows, several 256-value blocks; batched dims with src0 broadcast; f16
+/// activations; rows longer than the columns' chunk in workgroup memory (several chunks); many
+/// rows.
+fn few_columns(v: &mut Vec<Case>) {
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        for n in [2, 3, 5, 8, 12, 16, 32, 64] {
+            v.push(MulMat::new(t, DType::F32, 37, n, 512).case());
+        }
+        for n in [5, 16] {
+            v.push(
+                MulMat {
+                    bs: [2, 1],
+                    nr: [1, 2],
+                    ..MulMat::new(t, DType::F32, 21, n, 256)
+                }
+                .case(),
+            );
+        }
+        v.push(MulMat::new(t, DType::F16, 37, 12, 512).case());
+        v.push(MulMat::new(t, DType::F32, 19, 6, 9216).case());
+        // Enough rows for several to a subgroup (row sums by shuffles where a GPU has them).
+        v.push(MulMat::new(t, DType::F32, 512, 16, 512).case());
+    }
 }
 
 /// Shapes that take each of the CUDA backend's mul_mat paths in turn, for every weight type

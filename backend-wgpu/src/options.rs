@@ -13,7 +13,7 @@
 //! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
 //! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
 //! | `TESSERA_WGPU_MAT_VEC_COLS` | [`WgpuOptions::mat_vec_cols`] | 8       |
-//! | `TESSERA_WGPU_MAT_VEC_N`  | [`WgpuOptions::mat_vec_n`]     | 64      |
+//! | `TESSERA_WGPU_MAT_VEC_N`  | [`WgpuOptions::mat_vec_n`]     | 16      |
 //!
 //! Each is a switch: `0`, `1`, `false` or `true`, except the two mat-vec settings, which are
 //! numbers; anything else is an error naming the variable.
@@ -78,7 +78,7 @@ impl Default for WgpuOptions {
             memory_limit: None,
             spin_wait: false,
             mat_vec_cols: 8,
-            mat_vec_n: 64,
+            mat_vec_n: 16,
         }
     }
 }

@@ -64,8 +64,8 @@ if [ -f "$B8" ]; then
 fi
 
 Q=/root/m/qwen3-30b-a3b-q4_k_m.gguf
-if want moe && [ ! -f "$Q" ] && step "30b-a3b synth" 200; then
-  timeout 180 $BIN gguf synth --like qwen3-30b-a3b --type q4_k_m --out "$Q" > "$L/synth-30b.log" 2>&1 || { echo "RESULT synth 30b-a3b FAILED"; rm -f "$Q"; }
+if want moe && [ ! -f "$Q" ] && step "30b-a3b synth" 260; then
+  timeout 240 $BIN gguf synth --like qwen3-30b-a3b --type q4_k_m --out "$Q" > "$L/synth-30b.log" 2>&1 || { echo "RESULT synth 30b-a3b FAILED"; rm -f "$Q"; }
 fi
 if want moe && [ -f "$Q" ] && step "30b-a3b" 80; then
   lb 30b-a3b -m "$Q" -ngl 99 -fa 1 -p 512 -n 128 -r 2

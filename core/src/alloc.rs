@@ -36,7 +36,8 @@ pub struct Plan {
     pub size: usize,
 }
 
-fn align_up(x: usize, a: usize) -> usize {
+/// `x` rounded up to a multiple of `a`.
+pub(crate) fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 

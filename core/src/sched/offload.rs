@@ -30,6 +30,7 @@
 
 use std::sync::Arc;
 
+use crate::alloc::align_up;
 use crate::backend::{Buffer, Device, DeviceKind};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -124,10 +125,6 @@ pub(super) fn moves(
         }
     };
     devices[target].supports_op(graph, id).then_some(why)
-}
-
-fn align_up(x: usize, a: usize) -> usize {
-    x.div_ceil(a) * a
 }
 
 impl Offload {

@@ -12,13 +12,11 @@
 //! | `TESSERA_WGPU_SUBGROUPS`  | [`WgpuOptions::subgroups`]     | 1       |
 //! | `TESSERA_WGPU_FUSION`     | [`WgpuOptions::fusion`]        | 1       |
 //! | `TESSERA_WGPU_PROFILE`    | [`WgpuOptions::profile`]       | 0       |
-//! | `TESSERA_WGPU_MAT_VEC_COLS` | [`WgpuOptions::mat_vec_cols`] | 8       |
-//! | `TESSERA_WGPU_MAT_VEC_N`  | [`WgpuOptions::mat_vec_n`]     | 16      |
 //!
-//! Each is a switch: `0`, `1`, `false` or `true`, except the two mat-vec settings, which are
-//! numbers; anything else is an error naming the variable.
+//! Each is a switch: `0`, `1`, `false` or `true`; anything else is an error naming the
+//! variable.
 
-use tessera_core::options::{env_switch, env_value};
+use tessera_core::options::env_switch;
 use tessera_core::Result;
 
 /// The wgpu backend's settings (`Default`: the tuned defaults; builder-style setters).
@@ -96,10 +94,8 @@ impl WgpuOptions {
             mat_mat_f16: d.mat_mat_f16,
             memory_limit: d.memory_limit,
             spin_wait: d.spin_wait,
-            mat_vec_cols: env_value("TESSERA_WGPU_MAT_VEC_COLS", "a number of columns")?
-                .unwrap_or(d.mat_vec_cols),
-            mat_vec_n: env_value("TESSERA_WGPU_MAT_VEC_N", "a number of columns")?
-                .unwrap_or(d.mat_vec_n),
+            mat_vec_cols: d.mat_vec_cols,
+            mat_vec_n: d.mat_vec_n,
         })
     }
 
@@ -180,14 +176,5 @@ mod tests {
         let e = WgpuOptions::from_env().unwrap_err().to_string();
         assert!(e.contains("TESSERA_WGPU_SUBGROUPS"), "{e}");
         std::env::remove_var("TESSERA_WGPU_SUBGROUPS");
-        std::env::set_var("TESSERA_WGPU_MAT_VEC_COLS", "1");
-        std::env::set_var("TESSERA_WGPU_MAT_VEC_N", "16");
-        let o = WgpuOptions::from_env().unwrap();
-        assert_eq!(o, WgpuOptions::default().mat_vec_cols(1).mat_vec_n(16));
-        std::env::set_var("TESSERA_WGPU_MAT_VEC_COLS", "eight");
-        let e = WgpuOptions::from_env().unwrap_err().to_string();
-        assert!(e.contains("TESSERA_WGPU_MAT_VEC_COLS"), "{e}");
-        std::env::remove_var("TESSERA_WGPU_MAT_VEC_COLS");
-        std::env::remove_var("TESSERA_WGPU_MAT_VEC_N");
     }
 }

@@ -118,8 +118,8 @@ if want serve && [ -f "$B8" ] && step "serve" 60; then
   kill $sp; wait $sp 2> /dev/null
 fi
 
-if want profile && [ -x /root/bin/batched_bench ] && [ -f "$B8" ] && step "profile" 60; then
-  TESSERA_CUDA_PROFILE=1 RUST_LOG=tessera_cuda=debug timeout 120 /root/bin/batched_bench "$B8" cuda:0 128 48 16 > "$L/profile-16.log" 2>&1
+if want profile && [ -x /root/bin/batched_bench ] && [ -f "$B8" ] && step "profile" 150; then
+  TESSERA_CUDA_PROFILE=1 RUST_LOG=tessera_cuda=debug timeout 240 /root/bin/batched_bench "$B8" cuda:0 128 48 16 > "$L/profile-16.log" 2>&1
   grep -E "profile of|us/run" "$L/profile-16.log" | head -30 | sed "s/^/RESULT profile /"
 fi
 

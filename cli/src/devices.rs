@@ -31,6 +31,10 @@ pub struct DevicesArgs {
     /// Layers on the meta device's GPU parts for the plan (as llama.cpp's -ngl).
     #[arg(long, requires = "model")]
     gpu_layers: Option<usize>,
+    /// With layers on the CPU, the smallest step (tokens) whose CPU layers' mat-muls the plan
+    /// runs on the first GPU part (as `generate --op-offload`; 0: off).
+    #[arg(long, default_value_t = tessera_llm::OP_OFFLOAD_BATCH, requires = "model")]
+    op_offload: usize,
     /// The context size the plan leaves room for (0: the model's, at most 4096).
     #[arg(long, default_value_t = 0, requires = "model")]
     ctx: usize,
@@ -97,6 +101,30 @@ pub fn run(a: DevicesArgs) -> Result<()> {
     Ok(())
 }
 
+/// Says whether prompts of `split` run its CPU layers' mat-muls on a GPU part (op offload).
+fn offload_line(split: &tessera_llm::shard::LayerSplit) {
+    let p = split.plan();
+    let parts = split.parts();
+    let cpu_layers = parts.iter().enumerate().any(|(j, d)| {
+        let (first, end) = p.range(j);
+        d.kind() == tessera::core::DeviceKind::Cpu && end > first
+    });
+    let gpu = parts
+        .iter()
+        .find(|d| d.kind() != tessera::core::DeviceKind::Cpu);
+    match (cpu_layers, gpu) {
+        (true, Some(gpu)) if split.op_offload() > 0 => println!(
+            "  op offload: steps of {} tokens or more compute the CPU layers' mat-muls on {} \
+             ({:.1} MiB reserved there for the uploaded weights)",
+            split.op_offload(),
+            gpu.name(),
+            split.offload_scratch() as f64 / (1u64 << 20) as f64
+        ),
+        (true, Some(_)) => println!("  op offload: off (the CPU computes its layers' mat-muls)"),
+        _ => {}
+    }
+}
+
 /// Prints how model `spec` would be placed on `dev`.
 fn plan(
     a: &DevicesArgs,
@@ -110,7 +138,7 @@ fn plan(
         split: a.split.clone(),
         split_mode: a.split_mode.clone(),
         gpu_layers: a.gpu_layers,
-        op_offload: tessera_llm::OP_OFFLOAD_BATCH,
+        op_offload: a.op_offload,
         threads: None,
         precise: false,
     };
@@ -119,11 +147,11 @@ fn plan(
     let cfg = ModelConfig::from_gguf(&file)?;
     let params = LoadParams {
         gpu_layers: a.gpu_layers,
+        op_offload: a.op_offload,
         context: ContextParams {
             n_ctx: a.ctx,
             ..ContextParams::default()
         },
-        ..LoadParams::default()
     };
     let n_ctx = tessera_llm::shard::planned_ctx(&cfg, &params.context);
     println!();
@@ -155,6 +183,7 @@ fn plan(
                     p.time[j] * 100.0
                 );
             }
+            offload_line(&split);
         }
         None => {
             let sh = Sharding::new(&cfg, &file, dev.as_ref())?

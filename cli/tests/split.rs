@@ -173,3 +173,51 @@ fn bad_split_settings_are_one_line_errors() {
         }
     }
 }
+
+/// With layers on the CPU beside a GPU part, the plan says whether prompts offload the CPU
+/// layers' mat-muls and how much it reserves for them. Skipped, saying so, where the binary
+/// has no wgpu:0 device.
+#[test]
+fn devices_prints_whether_prompts_offload_the_cpu_layers() {
+    let m = model();
+    let plan = |offload: &str| {
+        tessera(&[
+            "devices",
+            "--meta",
+            "wgpu:0,cpu",
+            "--split-mode",
+            "layer",
+            "--split",
+            "1,1",
+            "--model",
+            &m,
+            "--ctx",
+            "512",
+            "--op-offload",
+            offload,
+        ])
+    };
+    let (code, out, err) = plan("64");
+    if code != 0 && err.contains("wgpu") {
+        println!("skipped: no wgpu:0 device here ({err})");
+        return;
+    }
+    assert_eq!(code, 0, "{err}");
+    println!("{out}");
+    assert!(
+        out.contains(
+            "op offload: steps of 64 tokens or more compute the CPU layers' mat-muls on wgpu:0"
+        ),
+        "{out}"
+    );
+    let reserved: f64 = out
+        .split("MiB reserved")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.trim().parse().ok())
+        .expect("the reserved size is printed");
+    assert!(reserved > 0.0, "{out}");
+    let (code, out, err) = plan("0");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("op offload: off"), "{out}");
+}

@@ -385,6 +385,9 @@ pub struct LayerSplit {
     tied: bool,
     /// The smallest step whose CPU layers' mat-muls run on a GPU part (0: never).
     op_offload: usize,
+    /// Bytes reserved on each part that is not a CPU for the weights op offload uploads (0
+    /// without a CPU part or with op offload off).
+    offload_scratch: usize,
 }
 
 impl LayerSplit {
@@ -494,6 +497,7 @@ impl LayerSplit {
             plan,
             tied,
             op_offload,
+            offload_scratch: scratch,
         })
     }
 
@@ -501,6 +505,12 @@ impl LayerSplit {
     /// offload is off.
     pub fn op_offload(&self) -> usize {
         self.op_offload
+    }
+
+    /// Bytes reserved on each part that is not a CPU for the weights op offload uploads (one
+    /// layer's; 0 when nothing is offloaded).
+    pub fn offload_scratch(&self) -> usize {
+        self.offload_scratch
     }
 
     /// The parts, in the order the plan's indices refer to.

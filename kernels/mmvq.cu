@@ -1748,7 +1748,8 @@ MMQ(mxfp4, MXFP4)
 // mmt_<type>_<NT>_<V>: t[0] dst f32 [m, n] (any strides), t[1] the weights [k, m] (rows
 // contiguous, nb[1] apart; 2-D), aux[0], aux[1] the columns as quantize_q8_1_tiles writes
 // them, i[0] = n (at most 8 NT); i[2] = 1: t[2] is an f32 residual of dst's shape added to
-// each result (a fused add). MmtGeom<V> gives MT, the 16-row tiles of a warp (R = 16 MT rows),
+// each result (a fused add); i[3] & 4: the weights are read early, as the mat-vecs' are (see
+// "Early weights" above). MmtGeom<V> gives MT, the 16-row tiles of a warp (R = 16 MT rows),
 // and NBUF, the stages a warp holds. Grid ceil(m / R) blocks of W warps (W = blockDim.x / 32,
 // 1 to 8). Block x computes rows R x .. R x + R - 1 by all n columns: its W warps split k's
 // stages of 256 values (8 blocks of 32, one super-block of the k-quants), warp w taking stages
@@ -1860,8 +1861,13 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
 
+    // Early weights (i[3] & 4, where no node of the graph writes them): the first stages' copies
+    // go out before the wait for the kernel ahead, the columns and outputs only after it.
+    const bool early = (p.i[3] & 4) != 0;
+    if (!early) pdl_wait();
 #pragma unroll
     for (int i = 0; i < NBUF - 1; i++) issue(i);
+    if (early) pdl_wait();
     for (int i = 0; i < cnt; i++) {
         // The slot computed in the step before this one takes stage i + NBUF - 1.
         issue(i + NBUF - 1);
@@ -1953,10 +1959,10 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
 // 8 warps at most a block.
 #define MMT_KERNEL extern "C" __global__ void __launch_bounds__(256)
 #define MMT_V(nq, Q, V)                                                                 \
-    MMT_KERNEL mmt_##nq##_1_##V(const KParams p) { pdl_wait(); mmt<Q, 1, V>(p); }       \
-    MMT_KERNEL mmt_##nq##_2_##V(const KParams p) { pdl_wait(); mmt<Q, 2, V>(p); }       \
-    MMT_KERNEL mmt_##nq##_3_##V(const KParams p) { pdl_wait(); mmt<Q, 3, V>(p); }       \
-    MMT_KERNEL mmt_##nq##_4_##V(const KParams p) { pdl_wait(); mmt<Q, 4, V>(p); }
+    MMT_KERNEL mmt_##nq##_1_##V(const KParams p) { pdl_wait_later(); mmt<Q, 1, V>(p); } \
+    MMT_KERNEL mmt_##nq##_2_##V(const KParams p) { pdl_wait_later(); mmt<Q, 2, V>(p); } \
+    MMT_KERNEL mmt_##nq##_3_##V(const KParams p) { pdl_wait_later(); mmt<Q, 3, V>(p); } \
+    MMT_KERNEL mmt_##nq##_4_##V(const KParams p) { pdl_wait_later(); mmt<Q, 4, V>(p); }
 #define MMT(nq, Q) MMT_V(nq, Q, 0) MMT_V(nq, Q, 1)
 
 MMT(q4_0, Q4_0)

@@ -309,7 +309,8 @@ pub(super) fn quantize_q8_tiles(
 /// quantized once in the tiled layout, blocks of 16 `mt` rows, each of `w` warps that split k's
 /// stages: at least [`MMT_STAGES_PER_WARP`] stages a warp where k allows, more warps where the
 /// blocks alone leave the GPU short of [`MMT_WARPS_PER_SM`] warps an SM, at most
-/// [`MMT_WARPS_MAX`] and as many as [`MMT_SMEM_MAX`] holds.
+/// [`MMT_WARPS_MAX`] and as many as [`MMT_SMEM_MAX`] holds. Weights no node of the graph writes
+/// are read early ([`Encoder::is_read_only_leaf`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mmt(
     enc: &mut Encoder,
@@ -338,6 +339,7 @@ pub(super) fn mmt(
     let nt = n.div_ceil(8);
     let mut p = params(d, &[a]);
     p.i[0] = n as i32;
+    p.i[3] = if enc.is_read_only_leaf(a_id) { 4 } else { 0 };
     p.aux[..2].copy_from_slice(&[qs, ds]);
     if let Some(r) = residual {
         p.t[2] = r;

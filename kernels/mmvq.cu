@@ -1802,11 +1802,16 @@ template <int Q> struct MmtSlot {
     static const int BYTES = (CH | 1) * 16;
 };
 
-// An int32 of magnitude below 2^22 as float: its bits added to those of 1.5 * 2^23 make that
-// float plus the integer exactly, which a float add takes off again (two full-rate operations
-// where a conversion runs at a quarter of the rate). The integer sums of mmt stay below it:
-// 32 products of at most 128 * 127.
+// An int32 x of magnitude below 2^22 as float: its bits added to those of M = 1.5 * 2^23 make
+// the float M + x exactly, and a float add takes M off again (two full-rate operations where a
+// conversion runs at a quarter of the rate). The integer sums of mmt stay below 2^22: 32
+// products of at most 128 * 127.
 __device__ __forceinline__ float small_i2f(int x) { return __int_as_float(0x4B400000 + x) - 12582912.0f; }
+
+// w x for such an x, given wm = -M w: one fused multiply-add of w and M + x, whose exact
+// product less M w is w x, rounded once. wm is exact where w has at most 21 significant bits
+// (M is 3 * 2^22): so for the scales of mmt's types, an f16, or an f16 times a 6-bit scale.
+__device__ __forceinline__ float scaled_i2f(int x, float w, float wm) { return fmaf(w, __int_as_float(0x4B400000 + x), wm); }
 
 template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParams& p) {
     typedef MmqA<Q> A;
@@ -1899,6 +1904,11 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
                 for (int i2 = 0; i2 < MT; i2++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) A::load(rows[i2][h], jj, t, al[i2][h], ah[i2][h], w0[i2][h], w1[i2][h]);
+                float wm[MT][2];
+#pragma unroll
+                for (int i2 = 0; i2 < MT; i2++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) wm[i2][h] = -12582912.0f * w0[i2][h];
 #pragma unroll
                 for (int c = 0; c < NT; c++) {
 #pragma unroll
@@ -1917,7 +1927,7 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
 #pragma unroll
                             for (int e = 0; e < 4; e++) {
                                 const float dx = e & 1 ? y[c].z : y[c].x, sx = e & 1 ? y[c].w : y[c].y;
-                                acc[i2][c][e] += w0[i2][e >> 1] * dx * small_i2f(cs[e]);
+                                acc[i2][c][e] += dx * scaled_i2f(cs[e], w0[i2][e >> 1], wm[i2][e >> 1]);
                                 if (A::MODE == 1) acc[i2][c][e] += w1[i2][e >> 1] * sx;
                             }
                         }

@@ -276,7 +276,13 @@ fn mmt(
                                             * (w0 * small_i2f(cs[l][e])
                                                 + w1 * small_i2f(ch2[l][e]));
                                     } else {
-                                        acc_c[l][e] += w0 * dx * small_i2f(cs[l][e]);
+                                        // scaled_i2f: w0 (M + x) - M w0 in one rounding.
+                                        assert!(cs[l][e].abs() < 1 << 22);
+                                        let bits =
+                                            f32::from_bits((0x4B40_0000i32 + cs[l][e]) as u32);
+                                        let wm = -12_582_912.0f32 * w0;
+                                        assert_eq!(f64::from(wm), -12_582_912.0 * f64::from(w0));
+                                        acc_c[l][e] += dx * w0.mul_add(bits, wm);
                                         if mode == 1 {
                                             acc_c[l][e] += w1 * sx;
                                         }

@@ -1761,8 +1761,8 @@ MMQ(mxfp4, MXFP4)
 // weight byte is read from memory once, and a block keeps W (NBUF - 1) stages of its rows in
 // flight. Per 32-value block a warp takes mma.m16n8k32 (s8 x s8 -> s32) of each of its 16-row
 // tiles with each of the NT column tiles: A fragments decoded from the slot by MmqA<Q>::load
-// (as mmq's), B fragments one 8-byte load a lane (the next block's loaded while this one's
-// products run), the integer sums scaled into float accumulators as mmq does. Rows past the
+// (as mmq's), B fragments one 8-byte load a lane (loaded two blocks ahead of their
+// products), the integer sums scaled into float accumulators as mmq does. Rows past the
 // end are read clamped to the last one and not stored. Needs sm_80 (mmt_fits in
 // backend-cuda/src/ops/matmul.rs checks). Dynamic shared memory: W NBUF R MmtSlot<Q>::BYTES
 // (mmt_smem there mirrors it).
@@ -1878,9 +1878,12 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
         issue(i + NBUF - 1);
         const int s = warp + i * W;
         const int nbk = min(8, nblk - 8 * s);
-        int2 q[NT];
-        float4 y[NT];
+        // The column tiles of the stage's first two blocks; each block's step loads those of the
+        // one two ahead.
+        int2 q[NT], q1[NT];
+        float4 y[NT], y1[NT];
         load_b(8 * s, q, y);
+        load_b(8 * s + min(1, nbk - 1), q1, y1);
         cp_wait<NBUF - 1>();
         __syncwarp();
         const u8* st = ring + (i % NBUF) * (R * SLOT);
@@ -1897,7 +1900,7 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
             if (jj < nbk) {
                 int2 qn[NT];
                 float4 yn[NT];
-                load_b(8 * s + min(jj + 1, nbk - 1), qn, yn);
+                load_b(8 * s + min(jj + 2, nbk - 1), qn, yn);
                 int al[MT][2], ah[MT][2];
                 float w0[MT][2], w1[MT][2];
 #pragma unroll
@@ -1935,8 +1938,10 @@ template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParam
                 }
 #pragma unroll
                 for (int c = 0; c < NT; c++) {
-                    q[c] = qn[c];
-                    y[c] = yn[c];
+                    q[c] = q1[c];
+                    y[c] = y1[c];
+                    q1[c] = qn[c];
+                    y1[c] = yn[c];
                 }
             }
         }

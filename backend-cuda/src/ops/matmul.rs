@@ -4,7 +4,7 @@
 //! - F32, F16 and BF16 weights (src1 F32, F16 or BF16) go to cuBLAS (src1 converted to the weight type where it differs
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
-//! - Quantized weights with 2 to [`MMT_MAX`] columns (2-D, on sm_80 and later, of the types
+//! - Quantized weights with [`MMT_MIN`] to [`MMT_MAX`] columns (2-D, on sm_80 and later, of the types
 //!   [`has_mmt`] lists, unless [`crate::FewColumns::Staged`] is set) use the direct
 //!   tensor-core kernel of mmvq.cu (`mmt_*`), whose warps copy their rows' stages straight to
 //!   their own shared memory and read each weight byte once for all the columns.
@@ -209,6 +209,10 @@ fn mmvq_chunks(
     Ok(())
 }
 
+/// The fewest columns the direct tensor-core mat-mat takes (one column stays with the mat-vec,
+/// which needs no tensor-core tile of 8 columns).
+const MMT_MIN: i64 = 2;
+
 /// The most columns the direct tensor-core mat-mat takes (4 column tiles of 8).
 pub(super) const MMT_MAX: i64 = 32;
 
@@ -253,8 +257,8 @@ fn mmt_slot(qt: DType) -> usize {
 }
 
 /// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as the direct tensor-core
-/// mat-mat, and in which geometry (`MmtGeom` index, 16-row tiles a warp, stage slots a warp): 2
-/// to [`MMT_MAX`] columns, 2-D operands, a type [`has_mmt`] lists with rows aligned as the
+/// mat-mat, and in which geometry (`MmtGeom` index, 16-row tiles a warp, stage slots a warp):
+/// [`MMT_MIN`] to [`MMT_MAX`] columns, 2-D operands, a type [`has_mmt`] lists with rows aligned as the
 /// mat-vec needs them, int8 mma.sync (sm_80 and later), and [`Encoder::few_columns`] not
 /// [`FewColumns::Staged`].
 pub(super) fn mmt_fits(
@@ -263,7 +267,7 @@ pub(super) fn mmt_fits(
     b: &Tensor,
     aa: &TArg,
 ) -> Option<(usize, usize, usize)> {
-    let fits = (2..=MMT_MAX).contains(&(b.ne[1] as i64))
+    let fits = (MMT_MIN..=MMT_MAX).contains(&(b.ne[1] as i64))
         && b.ne[2] * b.ne[3] == 1
         && a.ne[2] * a.ne[3] == 1
         && has_mmt(a.dtype)

@@ -4,16 +4,17 @@
 //! - F32, F16 and BF16 weights (src1 F32, F16 or BF16) go to cuBLAS (src1 converted to the weight type where it differs
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
-//! - Quantized weights with [`MMT_MIN`] to [`MMT_MAX`] columns (2-D, on sm_80 and later, of the types
-//!   [`has_mmt`] lists, unless [`crate::FewColumns::Staged`] is set) use the direct
+//! - Quantized weights with [`MMT_MIN`] to [`MMT_MAX`] columns (2-D, on sm_80 and later, of
+//!   the types [`has_mmt`] lists, unless [`crate::FewColumns::Staged`] is set) use the direct
 //!   tensor-core kernel of mmvq.cu (`mmt_*`), whose warps copy their rows' stages straight to
 //!   their own shared memory and read each weight byte once for all the columns.
-//! - Other quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later, of the
-//!   types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
+//! - Other quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later,
+//!   of the types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
 //!   reads each weight byte once per tile of up to 32 columns.
-//! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
-//!   weight byte once (src1, F32 or F16, quantized to 8-bit blocks first); 9 to 16 columns
-//!   without the mat-mat run as mat-vec launches of up to 8 columns each.
+//! - Quantized weights with 1 column, or 2 to 8 columns neither mat-mat takes, use the mat-vec
+//!   kernels of mmvq.cu, which read each weight byte once (src1, F32 or F16, quantized to 8-bit
+//!   blocks first); 9 to 16 columns without a mat-mat run as mat-vec launches of up to 8
+//!   columns each.
 //! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
 //!   scratch memory stays bounded) and multiplied by cuBLAS.
 
@@ -258,8 +259,8 @@ fn mmt_slot(qt: DType) -> usize {
 
 /// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as the direct tensor-core
 /// mat-mat, and in which geometry (`MmtGeom` index, 16-row tiles a warp, stage slots a warp):
-/// [`MMT_MIN`] to [`MMT_MAX`] columns, 2-D operands, a type [`has_mmt`] lists with rows aligned as the
-/// mat-vec needs them, int8 mma.sync (sm_80 and later), and [`Encoder::few_columns`] not
+/// [`MMT_MIN`] to [`MMT_MAX`] columns, 2-D operands, a type [`has_mmt`] lists with rows aligned
+/// as the mat-vec needs them, int8 mma.sync (sm_80 and later), and [`Encoder::few_columns`] not
 /// [`FewColumns::Staged`].
 pub(super) fn mmt_fits(
     enc: &Encoder,

@@ -236,12 +236,8 @@ fn mmt_geom(k: FewColumns) -> Option<(usize, usize, usize)> {
     }
 }
 
-/// Stages of 256 values a warp of the direct mat-mat takes at least where k is long enough (its
-/// block's warps split k): fewer warps a block then, each running longer past its first copies.
-const MMT_STAGES_PER_WARP: usize = 4;
-
-/// Warps of the direct mat-mat per SM aimed at where the rows are few: enough copies in flight
-/// to keep the memory busy.
+/// Warps of the direct mat-mat per SM aimed at: with their stages in flight, enough copies to
+/// keep the memory busy, and few enough to be resident at once.
 const MMT_WARPS_PER_SM: usize = 16;
 
 /// The most warps of a block of the direct mat-mat (its launch bound).
@@ -312,9 +308,10 @@ pub(super) fn quantize_q8_tiles(
 /// `d = a^T b (+ residual)` for 2 to [`MMT_MAX`] columns of tensor `b_id` (at `b`, of type `bt`)
 /// by the direct tensor-core mat-mat in geometry `(v, mt, nbuf)` ([`mmt_fits`]): the columns
 /// quantized once in the tiled layout, blocks of 16 `mt` rows, each of `w` warps that split k's
-/// stages: at least [`MMT_STAGES_PER_WARP`] stages a warp where k allows, more warps where the
-/// blocks alone leave the GPU short of [`MMT_WARPS_PER_SM`] warps an SM, at most
-/// [`MMT_WARPS_MAX`] and as many as [`MMT_SMEM_MAX`] holds. Weights no node of the graph writes
+/// stages: as many as give the GPU [`MMT_WARPS_PER_SM`] warps an SM in all, so that the blocks
+/// run as one wave where the rows allow (a second wave, partly filled, would leave SMs idle at
+/// the end), at least one, at most [`MMT_WARPS_MAX`], the stages, and what [`MMT_SMEM_MAX`]
+/// holds. Weights no node of the graph writes
 /// are read early ([`Encoder::is_read_only_leaf`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mmt(
@@ -335,8 +332,7 @@ pub(super) fn mmt(
     let tiles = m.div_ceil(rows);
     let stages = nblk.div_ceil(8);
     let per_warp = nbuf * rows * mmt_slot(qt);
-    let w = (stages / MMT_STAGES_PER_WARP)
-        .max((MMT_WARPS_PER_SM * enc.dev.sm_count as usize).div_ceil(tiles))
+    let w = (MMT_WARPS_PER_SM * enc.dev.sm_count as usize / tiles)
         .min(stages)
         .min(MMT_WARPS_MAX)
         .min(MMT_SMEM_MAX / per_warp)

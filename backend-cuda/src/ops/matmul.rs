@@ -243,8 +243,16 @@ const MMT_WARPS_PER_SM: usize = 16;
 /// The most warps of a block of the direct mat-mat (its launch bound).
 const MMT_WARPS_MAX: usize = 8;
 
-/// The most dynamic shared memory of a block of the direct mat-mat.
-const MMT_SMEM_MAX: usize = 200 << 10;
+/// The most dynamic shared memory of a block of the direct mat-mat on a GPU of compute
+/// capability `cc`: below what a block may have (227 KiB on sm_90 and sm_100, 163 KiB on sm_80
+/// and sm_87, 99 KiB on the others from sm_86 on).
+fn mmt_smem_max(cc: (i32, i32)) -> usize {
+    match cc {
+        (9, 0) | (10, 0) => 200 << 10,
+        (8, 0) | (8, 7) => 160 << 10,
+        _ => 96 << 10,
+    }
+}
 
 /// Bytes of a row's stage slot in the direct mat-mat's shared memory (`MmtSlot` in mmvq.cu):
 /// the 16-byte chunks a stage of 256 values spans from any offset, rounded up to an odd count.
@@ -310,7 +318,7 @@ pub(super) fn quantize_q8_tiles(
 /// quantized once in the tiled layout, blocks of 16 `mt` rows, each of `w` warps that split k's
 /// stages: as many as give the GPU [`MMT_WARPS_PER_SM`] warps an SM in all, so that the blocks
 /// run as one wave where the rows allow (a second wave, partly filled, would leave SMs idle at
-/// the end), at least one, at most [`MMT_WARPS_MAX`], the stages, and what [`MMT_SMEM_MAX`]
+/// the end), at least one, at most [`MMT_WARPS_MAX`], the stages, and what [`mmt_smem_max`]
 /// holds. Weights no node of the graph writes
 /// are read early ([`Encoder::is_read_only_leaf`]).
 #[allow(clippy::too_many_arguments)]
@@ -335,7 +343,7 @@ pub(super) fn mmt(
     let w = (MMT_WARPS_PER_SM * enc.dev.sm_count as usize / tiles)
         .min(stages)
         .min(MMT_WARPS_MAX)
-        .min(MMT_SMEM_MAX / per_warp)
+        .min(mmt_smem_max(enc.dev.cc) / per_warp)
         .max(1);
     let nt = n.div_ceil(8);
     let mut p = params(d, &[a]);

@@ -1734,3 +1734,254 @@ MMQ(q6_K, Q6_K)
 MMQ(iq4_nl, IQ4_NL)
 MMQ(iq4_xs, IQ4_XS)
 MMQ(mxfp4, MXFP4)
+
+// ---- mmt: quantized weights times 2 to 32 columns, each weight byte read once ----
+//
+// quantize_q8_1_tiles_<f32|f16>: the columns of src1 (t[1], f32 or f16, [k, n], 2-D, any
+// strides) quantized as quantize_q8_1 does, laid out as mma.m16n8k32 takes its B operand:
+// columns in tiles of 8 (ceil(n / 8) tiles; the columns past n are zeros), block j of tile T
+// 256 bytes at aux[0] + (T nblk + j) 256, where lane 4 g + t of a warp finds its two registers
+// as the 8 bytes at 8 (4 g + t): values 4 t .. 4 t + 3 of the tile's column g, then 16 + 4 t ..
+// 16 + 4 t + 3; the tile's 8 pairs (d, d * sum(q)) at aux[1] + (T nblk + j) 64, column g's at
+// 8 g. Grid ceil(8 tiles nblk / 8) blocks of 256 threads, one warp per 32-value block.
+//
+// mmt_<type>_<NT>_<V>: t[0] dst f32 [m, n] (any strides), t[1] the weights [k, m] (rows
+// contiguous, nb[1] apart; 2-D), aux[0], aux[1] the columns as quantize_q8_1_tiles writes
+// them, i[0] = n (at most 8 NT); i[2] = 1: t[2] is an f32 residual of dst's shape added to
+// each result (a fused add); i[3] & 4: the weights are read early, as the mat-vecs' are (see
+// "Early weights" above). MmtGeom<V> gives MT, the 16-row tiles of a warp (R = 16 MT rows),
+// and NBUF, the stages a warp holds. Grid ceil(m / R) blocks of W warps (W = blockDim.x / 32,
+// 1 to 8). Block x computes rows R x .. R x + R - 1 by all n columns: its W warps split k's
+// stages of 256 values (8 blocks of 32, one super-block of the k-quants), warp w taking stages
+// w, w + W, w + 2 W, ...; at the end their sums are added through shared memory in order of
+// warp (no atomics: the same inputs give the same bits).
+// Each warp copies its stages' R rows (the aligned 16-byte chunks that hold them, through L2
+// only) into its own ring of NBUF stage slots in shared memory with asynchronous copies, NBUF
+// - 1 stages ahead of the one it computes, and waits for nobody else until the end: every
+// weight byte is read from memory once, and a block keeps W (NBUF - 1) stages of its rows in
+// flight. Per 32-value block a warp takes mma.m16n8k32 (s8 x s8 -> s32) of each of its 16-row
+// tiles with each of the NT column tiles: A fragments decoded from the slot by MmqA<Q>::load
+// (as mmq's), B fragments one 8-byte load a lane (loaded two blocks ahead of their
+// products), the integer sums scaled into float accumulators as mmq does. Rows past the
+// end are read clamped to the last one and not stored. Needs sm_80 (mmt_fits in
+// backend-cuda/src/ops/matmul.rs checks). Dynamic shared memory: W NBUF R MmtSlot<Q>::BYTES
+// (mmt_smem there mirrors it).
+
+template <class S> __device__ void quantize_q8_1_tiles(const KParams& p) {
+    const TArg& s = p.t[1];
+    const i64 nblk = s.ne[0] / 32, cols = (s.ne[1] + 7) / 8 * 8;
+    const i64 gi = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (gi >= nblk * cols) return;
+    const int l = threadIdx.x % 32;
+    const i64 c = gi / nblk, j = gi % nblk;
+    const float x = c < s.ne[1] ? S::load(at(s, 32 * j + l, c, 0, 0)) : 0.0f;
+    // As q8_1_block, value l stored where lane 4 g + (l % 16) / 4 finds it (register l / 16).
+    const float amax = warp_max(fabsf(x));
+    const float d = amax / 127.0f;
+    const int q = d == 0.0f ? 0 : __float2int_rn(x / d);
+    const float sum = warp_sum((float)q);
+    const i64 tb = (c / 8) * nblk + j;
+    const int g = (int)(c % 8);
+    ((i8*)p.aux[0])[tb * 256 + 8 * (4 * g + l % 16 / 4) + 4 * (l / 16) + l % 4] = (i8)q;
+    if (l == 0) ((float2*)p.aux[1])[tb * 8 + g] = make_float2(d, d * sum);
+}
+
+KERNEL quantize_q8_1_tiles_f32(const KParams p) { pdl_wait(); quantize_q8_1_tiles<F32>(p); }
+KERNEL quantize_q8_1_tiles_f16(const KParams p) { pdl_wait(); quantize_q8_1_tiles<F16>(p); }
+
+// The geometries of mmt: MT 16-row tiles a warp, NBUF stage slots a warp.
+template <int V> struct MmtGeom;
+template <> struct MmtGeom<0> { static const int MT = 1, NBUF = 4; };
+template <> struct MmtGeom<1> { static const int MT = 2, NBUF = 3; };
+
+// A row's stage slot in mmt's shared memory: CH, the most 16-byte chunks a stage of SB bytes
+// spans from any offset; BYTES, those chunks rounded up to an odd count, so that the 8 rows one
+// fragment load reads (SLOT bytes apart) start in 8 different groups of 4 banks.
+template <int Q> struct MmtSlot {
+    static const int CH = (MmqA<Q>::SB + 30) / 16;
+    static const int BYTES = (CH | 1) * 16;
+};
+
+// An int32 x of magnitude below 2^22 as float: its bits added to those of M = 1.5 * 2^23 make
+// the float M + x exactly, and a float add takes M off again (two full-rate operations where a
+// conversion runs at a quarter of the rate). The integer sums of mmt stay below 2^22: 32
+// products of at most 128 * 127.
+__device__ __forceinline__ float small_i2f(int x) { return __int_as_float(0x4B400000 + x) - 12582912.0f; }
+
+// w x for such an x, given wm = -M w: one fused multiply-add of w and M + x, whose exact
+// product less M w is w x, rounded once. wm is exact where w has at most 21 significant bits
+// (M is 3 * 2^22): so for the scales of mmt's types, an f16, or an f16 times a 6-bit scale.
+__device__ __forceinline__ float scaled_i2f(int x, float w, float wm) { return fmaf(w, __int_as_float(0x4B400000 + x), wm); }
+
+template <int Q, int NT, int V> __device__ __forceinline__ void mmt(const KParams& p) {
+    typedef MmqA<Q> A;
+    const int MT = MmtGeom<V>::MT, NBUF = MmtGeom<V>::NBUF, R = 16 * MT;
+    const int SLOT = MmtSlot<Q>::BYTES, CH = MmtSlot<Q>::CH;
+    extern __shared__ __align__(16) u8 mmt_sm[];
+    const TArg& a = p.t[1];
+    const i64 m = a.ne[1];
+    const int nblk = (int)(a.ne[0] / 32), n = p.i[0];
+    const int W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const i64 r0 = (i64)blockIdx.x * R;
+    const int ns = (nblk + 7) / 8;
+    const int cnt = warp < ns ? (ns - 1 - warp) / W + 1 : 0;
+    u8* ring = mmt_sm + warp * (NBUF * R * SLOT);
+    const u8* wbase = (const u8*)a.ptr;
+    // Where row r (of the block's R) of stage s starts in global memory.
+    auto src_row = [&](int r, int s) { return wbase + min(r0 + r, m - 1) * a.nb[1] + (i64)s * A::SB; };
+    // Copies the warp's i-th stage into its slot (nothing past the warp's last), one commit group.
+    auto issue = [&](int i) {
+        if (i < cnt) {
+            const int s = warp + i * W;
+            const int bytes = nblk - 8 * s >= 8 ? A::SB : (nblk - 8 * s) * (A::SB / 8);
+            u8* dst = ring + (i % NBUF) * (R * SLOT);
+#pragma unroll
+            for (int x0 = 0; x0 < R * CH; x0 += 32) {
+                const int x = x0 + lane, r = x / CH, c = x % CH;
+                const u8* src = src_row(r, s);
+                const int off = (int)((size_t)src & 15);
+                if (x < R * CH && 16 * c < off + bytes) cp_async16(dst + r * SLOT + 16 * c, src - off + 16 * c);
+            }
+        }
+        cp_commit();
+    };
+    // The column tiles' block j: this lane's B registers and the (d, d sum) of columns 2 t and
+    // 2 t + 1 of each tile.
+    const int2* bq = (const int2*)p.aux[0] + lane;
+    const float4* bd = (const float4*)p.aux[1] + t;
+    auto load_b = [&](int j, int2 (&q)[NT], float4 (&y)[NT]) {
+#pragma unroll
+        for (int c = 0; c < NT; c++) {
+            const i64 tb = (i64)c * nblk + j;
+            q[c] = __ldg(bq + tb * 32);
+            y[c] = __ldg(bd + tb * 4);
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < NT; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
+
+    // Early weights (i[3] & 4, where no node of the graph writes them): the first stages' copies
+    // go out before the wait for the kernel ahead, the columns and outputs only after it.
+    const bool early = (p.i[3] & 4) != 0;
+    if (!early) pdl_wait();
+#pragma unroll
+    for (int i = 0; i < NBUF - 1; i++) issue(i);
+    if (early) pdl_wait();
+    for (int i = 0; i < cnt; i++) {
+        // The slot computed in the step before this one takes stage i + NBUF - 1.
+        issue(i + NBUF - 1);
+        const int s = warp + i * W;
+        const int nbk = min(8, nblk - 8 * s);
+        // The column tiles of the stage's first two blocks; each block's step loads those of the
+        // one two ahead.
+        int2 q[NT], q1[NT];
+        float4 y[NT], y1[NT];
+        load_b(8 * s, q, y);
+        load_b(8 * s + min(1, nbk - 1), q1, y1);
+        cp_wait<NBUF - 1>();
+        __syncwarp();
+        const u8* st = ring + (i % NBUF) * (R * SLOT);
+        const u8* rows[MT][2];
+#pragma unroll
+        for (int i2 = 0; i2 < MT; i2++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * i2 + 8 * h + g;
+                rows[i2][h] = st + r * SLOT + ((size_t)src_row(r, s) & 15);
+            }
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+            if (jj < nbk) {
+                int2 qn[NT];
+                float4 yn[NT];
+                load_b(8 * s + min(jj + 2, nbk - 1), qn, yn);
+                int al[MT][2], ah[MT][2];
+                float w0[MT][2], w1[MT][2];
+#pragma unroll
+                for (int i2 = 0; i2 < MT; i2++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) A::load(rows[i2][h], jj, t, al[i2][h], ah[i2][h], w0[i2][h], w1[i2][h]);
+                float wm[MT][2];
+#pragma unroll
+                for (int i2 = 0; i2 < MT; i2++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) wm[i2][h] = -12582912.0f * w0[i2][h];
+#pragma unroll
+                for (int c = 0; c < NT; c++) {
+#pragma unroll
+                    for (int i2 = 0; i2 < MT; i2++) {
+                        if (A::MODE == 2) {
+                            int cl[4], ch[4];
+                            mma_k16(cl, al[i2][0], al[i2][1], q[c].x);
+                            mma_k16(ch, ah[i2][0], ah[i2][1], q[c].y);
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                acc[i2][c][e] += (e & 1 ? y[c].z : y[c].x)
+                                               * (w0[i2][e >> 1] * small_i2f(cl[e]) + w1[i2][e >> 1] * small_i2f(ch[e]));
+                        } else {
+                            int cs[4];
+                            mma_k32(cs, al[i2][0], al[i2][1], ah[i2][0], ah[i2][1], q[c].x, q[c].y);
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const float dx = e & 1 ? y[c].z : y[c].x, sx = e & 1 ? y[c].w : y[c].y;
+                                acc[i2][c][e] += dx * scaled_i2f(cs[e], w0[i2][e >> 1], wm[i2][e >> 1]);
+                                if (A::MODE == 1) acc[i2][c][e] += w1[i2][e >> 1] * sx;
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < NT; c++) {
+                    q[c] = q1[c];
+                    y[c] = y1[c];
+                    q1[c] = qn[c];
+                    y1[c] = yn[c];
+                }
+            }
+        }
+        // Every lane is done with the slot before the next step's copies overwrite it.
+        __syncwarp();
+    }
+    cp_wait<0>();
+
+    // The warps' sums, [W][8 NT columns][R rows], in the slots (all computed by now).
+    __syncthreads();
+    float* red = (float*)mmt_sm;
+#pragma unroll
+    for (int i2 = 0; i2 < MT; i2++)
+#pragma unroll
+        for (int c = 0; c < NT; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                red[(warp * 8 * NT + 8 * c + 2 * t + (e & 1)) * R + 16 * i2 + 8 * (e >> 1) + g] = acc[i2][c][e];
+    __syncthreads();
+    for (int x = threadIdx.x; x < 8 * NT * R; x += blockDim.x) {
+        const int col = x / R, r = x % R;
+        if (col >= n || r0 + r >= m) continue;
+        float v = 0.0f;
+        for (int w = 0; w < W; w++) v += red[w * 8 * NT * R + x];
+        if (p.i[2]) v += F32::load(at(p.t[2], r0 + r, col, 0, 0));
+        F32::store(at(p.t[0], r0 + r, col, 0, 0), v);
+    }
+}
+
+// 8 warps at most a block.
+#define MMT_KERNEL extern "C" __global__ void __launch_bounds__(256)
+#define MMT_V(nq, Q, V)                                                                 \
+    MMT_KERNEL mmt_##nq##_1_##V(const KParams p) { pdl_wait_later(); mmt<Q, 1, V>(p); } \
+    MMT_KERNEL mmt_##nq##_2_##V(const KParams p) { pdl_wait_later(); mmt<Q, 2, V>(p); } \
+    MMT_KERNEL mmt_##nq##_3_##V(const KParams p) { pdl_wait_later(); mmt<Q, 3, V>(p); } \
+    MMT_KERNEL mmt_##nq##_4_##V(const KParams p) { pdl_wait_later(); mmt<Q, 4, V>(p); }
+#define MMT(nq, Q) MMT_V(nq, Q, 0) MMT_V(nq, Q, 1)
+
+MMT(q4_0, Q4_0)
+MMT(q8_0, Q8_0)
+MMT(q4_K, Q4_K)
+MMT(q5_K, Q5_K)
+MMT(q6_K, Q6_K)

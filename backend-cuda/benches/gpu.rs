@@ -14,6 +14,7 @@ use std::time::Instant;
 use common::*;
 use tessera_core::dtype::DType;
 use tessera_core::{Backend, Graph, TensorId};
+use tessera_cuda::FewColumns;
 
 /// Runs the graph `iters` times after a warm-up and returns seconds per run.
 fn time_graph(
@@ -23,7 +24,23 @@ fn time_graph(
     outs: &[TensorId],
     iters: usize,
 ) -> f64 {
-    let mut be = concrete(dev).cuda_backend().unwrap();
+    time_graph_with(dev, FewColumns::default(), g, inputs, outs, iters)
+}
+
+/// [`time_graph`] on a stream whose products of a few columns run the kernels `few`.
+fn time_graph_with(
+    dev: &Dev,
+    few: FewColumns,
+    g: &mut Graph,
+    inputs: &[(TensorId, Vec<u8>)],
+    outs: &[TensorId],
+    iters: usize,
+) -> f64 {
+    let cd = concrete(dev);
+    let mut be = cd
+        .with_options(cd.options().few_columns(few))
+        .cuda_backend()
+        .unwrap();
     let _ = run(dev, &mut be, g, inputs, outs);
     let nodes: Vec<TensorId> = g.ids().collect();
     for _ in 0..3 {
@@ -191,12 +208,13 @@ fn mat_vec_bandwidth(dev: &Dev, args: &Args) {
 }
 
 /// Quantized products of a few columns (sequences decoded together), weights from DRAM (8
-/// rotated), m=4096 k=14336: the time of one product, its time per column and the rate at
-/// which it reads the weights.
+/// rotated), in the shapes of a Llama-8B block's down projection (m=4096 k=14336) and gate or up
+/// projection (m=14336 k=4096): per column count, the time of one product, its time per column
+/// and the rate at which it reads the weights, for each kernel choice of [`FewColumns`] where
+/// they differ (2 to 32 columns), so that one run compares them.
 fn mat_vec_batch(dev: &Dev, args: &Args) {
-    let (m, k) = (4096usize, 14336usize);
     let mut rng = Rng::new(12);
-    let x = rng.vec(k * 64, -1.0, 1.0);
+    let x = rng.vec(14336 * 64, -1.0, 1.0);
     for dt in [
         DType::Q4_0,
         DType::Q4_K,
@@ -207,32 +225,46 @@ fn mat_vec_batch(dev: &Dev, args: &Args) {
     .into_iter()
     .filter(|dt| args.measures(dt.name()))
     {
-        let wdata: Vec<f32> = (0..m * k)
-            .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
-            .collect();
-        let wb = to_bytes(dt, &wdata);
-        drop(wdata);
-        let bytes = (m * k / dt.block_size() * dt.type_size()) as f64;
-        for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64] {
-            let mut g = Graph::new();
-            let v = g.input("v", DType::F32, &[k, n]).unwrap();
-            let mut inputs = vec![(v, to_bytes(DType::F32, &x[..k * n]))];
-            let ws: Vec<TensorId> = (0..8)
-                .map(|i| {
-                    let w = g.input(&format!("w{i}"), dt, &[k, m]).unwrap();
-                    inputs.push((w, wb.clone()));
-                    w
-                })
+        for (m, k) in [(4096usize, 14336usize), (14336, 4096)] {
+            let wdata: Vec<f32> = (0..m * k)
+                .map(|i| x[i % x.len()] * ((i / k) % 7) as f32 * 0.1)
                 .collect();
-            let outs: Vec<TensorId> = ws.iter().map(|&w| g.mul_mat(w, v).unwrap()).collect();
-            let s = time_graph(dev, &mut g, &inputs, &outs, 30) / 8.0;
-            println!(
-                "mul_mat batch {} m={m} k={k} n={n}: {:.1} us, {:.2} us a column, weights {:.0} GB/s",
-                dt.name(),
-                s * 1e6,
-                s * 1e6 / n as f64,
-                bytes / s * 1e-9
-            );
+            let wb = to_bytes(dt, &wdata);
+            drop(wdata);
+            let bytes = (m * k / dt.block_size() * dt.type_size()) as f64;
+            for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64] {
+                let kinds: &[FewColumns] = if (2..=32).contains(&n) {
+                    &[
+                        FewColumns::Direct16,
+                        FewColumns::Direct32,
+                        FewColumns::Staged,
+                    ]
+                } else {
+                    &[FewColumns::Direct16]
+                };
+                for &few in kinds {
+                    let mut g = Graph::new();
+                    let v = g.input("v", DType::F32, &[k, n]).unwrap();
+                    let mut inputs = vec![(v, to_bytes(DType::F32, &x[..k * n]))];
+                    let ws: Vec<TensorId> = (0..8)
+                        .map(|i| {
+                            let w = g.input(&format!("w{i}"), dt, &[k, m]).unwrap();
+                            inputs.push((w, wb.clone()));
+                            w
+                        })
+                        .collect();
+                    let outs: Vec<TensorId> =
+                        ws.iter().map(|&w| g.mul_mat(w, v).unwrap()).collect();
+                    let s = time_graph_with(dev, few, &mut g, &inputs, &outs, 30) / 8.0;
+                    println!(
+                        "mul_mat batch {} m={m} k={k} n={n} {few:?}: {:.1} us, {:.2} us a column, weights {:.0} GB/s",
+                        dt.name(),
+                        s * 1e6,
+                        s * 1e6 / n as f64,
+                        bytes / s * 1e-9
+                    );
+                }
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::kernels::Build;
 use crate::memory::CudaBuffer;
 use crate::ops::{Encoder, COUNTER_BYTES};
 use crate::staging::CudaStaging;
-use crate::CudaOptions;
+use crate::{CudaOptions, FewColumns};
 
 /// A stream of work on one GPU.
 ///
@@ -36,6 +36,7 @@ pub struct CudaBackend {
     counters: u64,
     tf32: bool,
     fuse: bool,
+    few_columns: FewColumns,
     /// The kernels this stream launches.
     build: Build,
     stream: Arc<CudaStream>,
@@ -71,6 +72,7 @@ impl CudaBackend {
             counters,
             tf32: options.tf32,
             fuse: options.fusion,
+            few_columns: options.few_columns,
             build: Build::of(options),
             stream,
             dev,
@@ -171,6 +173,7 @@ impl CudaBackend {
         );
         enc.group = self.group.clone();
         enc.counters = self.counters;
+        enc.few_columns = self.few_columns;
         enc.encode(nodes)?;
         Ok(enc)
     }

@@ -37,4 +37,4 @@ pub use comm::CudaComm;
 pub use device::{CudaBackendReg, CudaDevice};
 pub use graphs::GraphMode;
 pub use memory::{CudaBuffer, CudaBufferType, PinnedBuffer, PinnedBufferType};
-pub use options::{AllReduce, CudaOptions};
+pub use options::{AllReduce, CudaOptions, FewColumns};

@@ -12,8 +12,9 @@
 //! | `TESSERA_KERNEL_CACHE` | [`CudaOptions::kernel_cache`] | a directory |
 //! | `TESSERA_ALLREDUCE` | [`CudaOptions::all_reduce`] | `auto`, `peer`, `nccl` or `host` |
 //!
-//! The other fields (TF32, the f16 all-reduce wire, the peer scratch size, the multi-GPU group)
-//! are set in code: by the facade, the CLI or a test.
+//! The other fields (TF32, the f16 all-reduce wire, the peer scratch size, the multi-GPU group,
+//! the kernel of quantized products of a few columns) are set in code: by the facade, the CLI or
+//! a test.
 
 use std::path::PathBuf;
 
@@ -42,6 +43,23 @@ const ALL_REDUCE_WORDS: [(&str, AllReduce); 4] = [
     ("host", AllReduce::Host),
 ];
 
+/// Which kernels multiply quantized weights by 2 to 32 columns (a few sequences decoded
+/// together), where the weights' type has the direct kernel (`mmt` in kernels/mmvq.cu: Q4_0,
+/// Q8_0, Q4_K, Q5_K, Q6_K) and the GPU int8 tensor cores (sm_80 and later).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FewColumns {
+    /// The direct tensor-core kernel, a warp per 16 rows holding 3 stages of them in flight
+    /// (the default).
+    #[default]
+    Direct16,
+    /// The direct tensor-core kernel, a warp per 32 rows holding 2 stages in flight (half the
+    /// reads of the columns, fewer warps).
+    Direct32,
+    /// The mat-vec kernels up to 8 columns, the staged tensor-core mat-mat from 9 (for
+    /// comparison).
+    Staged,
+}
+
 /// Default peer scratch per rank: the largest f32 tensor, in MiB, that one peer all-reduce sums
 /// (each GPU holds twice that per rank).
 const DEFAULT_PEER_MIB: usize = 32;
@@ -58,6 +76,7 @@ pub struct CudaOptions {
     pub(crate) peer_f16: bool,
     pub(crate) peer_mib: usize,
     pub(crate) grouped: bool,
+    pub(crate) few_columns: FewColumns,
 }
 
 impl Default for CudaOptions {
@@ -72,6 +91,7 @@ impl Default for CudaOptions {
             peer_f16: false,
             peer_mib: DEFAULT_PEER_MIB,
             grouped: false,
+            few_columns: FewColumns::default(),
         }
     }
 }
@@ -154,6 +174,12 @@ impl CudaOptions {
     /// a meta device of several parts.
     pub fn grouped(mut self, on: bool) -> Self {
         self.grouped = on;
+        self
+    }
+
+    /// Which kernels multiply quantized weights by 2 to 32 columns ([`FewColumns`]).
+    pub fn few_columns(mut self, kernels: FewColumns) -> Self {
+        self.few_columns = kernels;
         self
     }
 

@@ -34,7 +34,9 @@ use tessera_core::fusion::{
 };
 use tessera_core::{GluOp, Graph, Op, Result, RopeMode, TensorId};
 
-use super::matmul::{has_mmvq, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8};
+use super::matmul::{
+    has_mmvq, mmt, mmt_fits, mmvq, mmvq_aligned, mmvq_fits, mmvq_launch, quantize_q8,
+};
 use super::rope::{factors_arg, rope_params, set_rotation};
 use super::{params, Encoder, COUNTER_BYTES};
 
@@ -199,7 +201,7 @@ pub(super) fn feeds_mmvq(enc: &Encoder, nodes: &[TensorId], j: usize, x: TensorI
         return Ok(false);
     }
     let w = g.get(t.src[0]);
-    Ok(w.dtype.is_quantized() && mmvq_fits(w, tx, &enc.arg(t.src[0])?))
+    Ok(w.dtype.is_quantized() && mmvq_fits(enc, w, tx, &enc.arg(t.src[0])?))
 }
 
 /// `swiglu(W_gate x, W_up x)` (or geglu) for one token with quantized weights: both mat-vecs and the
@@ -264,8 +266,8 @@ fn glu_mul_mats(enc: &mut Encoder, nodes: &[TensorId], m: &GluMulMats) -> Result
     Ok(true)
 }
 
-/// `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels): the mat-vec
-/// kernel adds `r` as it stores (mmvq.cu).
+/// `r + W x` (a residual add right after a mul_mat that runs as mat-vec kernels or as the direct
+/// mat-mat of 2 to 32 columns): the kernel adds `r` as it stores (mmvq.cu).
 fn mul_mat_add(enc: &mut Encoder, m: &MulMatAdd) -> Result<bool> {
     let g = enc.graph;
     let (tm, ta) = (g.get(m.mul_mat), g.get(m.add));
@@ -280,10 +282,16 @@ fn mul_mat_add(enc: &mut Encoder, m: &MulMatAdd) -> Result<bool> {
         return Ok(false);
     }
     let wa = enc.arg(tm.src[0])?;
-    if !mmvq_fits(tw, tx, &wa) {
+    let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(m.residual)?, enc.arg(m.add)?);
+    if let Some(geom) = mmt_fits(enc, tw, tx, &wa) {
+        mmt(enc, tm.src[0], tm.src[1], xa, tx.dtype, da, Some(ra), geom)?;
+        // As below: nothing quantized is reused past the add.
+        enc.q8_tiles = None;
+        return Ok(true);
+    }
+    if !mmvq_fits(enc, tw, tx, &wa) {
         return Ok(false);
     }
-    let (xa, ra, da) = (enc.arg(tm.src[1])?, enc.arg(m.residual)?, enc.arg(m.add)?);
     let q8 = quantize_q8(enc, tm.src[1], xa, tx.dtype)?;
     mmvq(enc, tm.src[0], da, q8, tx.ne[1], Some(ra), None)?;
     // The add's result may sit where a quantized tensor was: nothing is reused past here.
@@ -301,7 +309,7 @@ fn one_token_mmvq(enc: &Encoder, m: TensorId) -> Result<Option<TensorId>> {
     }
     let (tw, tx) = (g.get(tm.src[0]), g.get(tm.src[1]));
     let one = tx.ne[1] == 1 && tx.ne[2] == 1 && tx.ne[3] == 1 && tw.ne[2] == 1 && tw.ne[3] == 1;
-    if !one || !tw.dtype.is_quantized() || !mmvq_fits(tw, tx, &enc.arg(tm.src[0])?) {
+    if !one || !tw.dtype.is_quantized() || !mmvq_fits(enc, tw, tx, &enc.arg(tm.src[0])?) {
         return Ok(None);
     }
     Ok(Some(tm.src[0]))

@@ -4,12 +4,17 @@
 //! - F32, F16 and BF16 weights (src1 F32, F16 or BF16) go to cuBLAS (src1 converted to the weight type where it differs
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
-//! - Quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later, of the
-//!   types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
+//! - Quantized weights with [`MMT_MIN`] to [`MMT_MAX`] columns (2-D, on sm_80 and later, of
+//!   the types [`has_mmt`] lists, unless [`crate::FewColumns::Staged`] is set) use the direct
+//!   tensor-core kernel of mmvq.cu (`mmt_*`), whose warps copy their rows' stages straight to
+//!   their own shared memory and read each weight byte once for all the columns.
+//! - Other quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later,
+//!   of the types [`has_mmq`] lists) use the int8 tensor-core mat-mat of mmvq.cu (`mmq_*`), which
 //!   reads each weight byte once per tile of up to 32 columns.
-//! - Quantized weights with 1 to 8 columns use the mat-vec kernels of mmvq.cu, which read each
-//!   weight byte once (src1, F32 or F16, quantized to 8-bit blocks first); 9 to 16 columns
-//!   without the mat-mat run as mat-vec launches of up to 8 columns each.
+//! - Quantized weights with 1 column, or 2 to 8 columns neither mat-mat takes, use the mat-vec
+//!   kernels of mmvq.cu, which read each weight byte once (src1, F32 or F16, quantized to 8-bit
+//!   blocks first); 9 to 16 columns without a mat-mat run as mat-vec launches of up to 8
+//!   columns each.
 //! - Quantized weights with more columns are dequantized to F16 (in slices of rows, so the
 //!   scratch memory stays bounded) and multiplied by cuBLAS.
 
@@ -19,6 +24,7 @@ use tessera_core::{Result, Tensor, TensorId};
 use super::copy::{quant_readable, quant_supported, to_contiguous};
 use super::{params, Encoder};
 use crate::cmd::{Cmd, GemmCmd, GemmType, KParams, TArg};
+use crate::FewColumns;
 
 /// Most bytes of dequantized weights held at once.
 const DEQUANT_SLICE: usize = 64 << 20;
@@ -78,10 +84,13 @@ pub(super) fn mul_mat(enc: &mut Encoder, id: TensorId) -> Result<()> {
     let (ta, tb) = (enc.graph.get(a), enc.graph.get(b));
     let (aa, ba, da) = (enc.arg(a)?, enc.arg(b)?, enc.arg(id)?);
     if ta.dtype.is_quantized() {
+        if let Some(geom) = mmt_fits(enc, ta, tb, &aa) {
+            return mmt(enc, a, b, ba, tb.dtype, da, None, geom);
+        }
         if mmq_fits(enc, ta, tb, &aa) {
             return mmq(enc, a, b, ba, tb.dtype, da);
         }
-        if mmvq_fits(ta, tb, &aa) {
+        if mmvq_fits(enc, ta, tb, &aa) {
             let q8 = quantize_q8(enc, b, ba, tb.dtype)?;
             // The all-reduce node right after this one sums the one-column result
             // (Encoder::presend_target): the mat-vec sends it to the other ranks itself.
@@ -146,12 +155,14 @@ pub(super) fn quantize_q8(
     Ok((qs, ds))
 }
 
-/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec kernels.
-pub(super) fn mmvq_fits(a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
+/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as mat-vec kernels (1 to
+/// 8 columns the direct mat-mat does not take).
+pub(super) fn mmvq_fits(enc: &Encoder, a: &Tensor, b: &Tensor, aa: &TArg) -> bool {
     (1..=8).contains(&b.ne[1])
         && has_mmvq(a.dtype)
         && mmvq_aligned(a.dtype, aa)
         && b.ne[2] * b.ne[3] <= 65535
+        && mmt_fits(enc, a, b, aa).is_none()
 }
 
 /// The most columns a mul_mat of quantized weights runs as mat-vec launches of up to 8 columns
@@ -197,6 +208,160 @@ fn mmvq_chunks(
         c0 += nc;
     }
     Ok(())
+}
+
+/// The fewest columns the direct tensor-core mat-mat takes (one column stays with the mat-vec,
+/// which needs no tensor-core tile of 8 columns).
+const MMT_MIN: i64 = 2;
+
+/// The most columns the direct tensor-core mat-mat takes (4 column tiles of 8).
+pub(super) const MMT_MAX: i64 = 32;
+
+/// Types with the direct tensor-core mat-mat (`mmt_*` in mmvq.cu, which decodes them as the
+/// staged mat-mat's `MmqA` does).
+pub(super) fn has_mmt(d: DType) -> bool {
+    matches!(
+        d,
+        DType::Q4_0 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K
+    )
+}
+
+/// The direct mat-mat's geometries (`MmtGeom<V>` in mmvq.cu): 16-row tiles a warp, stage slots
+/// a warp.
+fn mmt_geom(k: FewColumns) -> Option<(usize, usize, usize)> {
+    match k {
+        FewColumns::Direct16 => Some((0, 1, 4)),
+        FewColumns::Direct32 => Some((1, 2, 3)),
+        FewColumns::Staged => None,
+    }
+}
+
+/// Warps of the direct mat-mat per SM aimed at: with their stages in flight, enough copies to
+/// keep the memory busy, and few enough to be resident at once.
+const MMT_WARPS_PER_SM: usize = 16;
+
+/// The most warps of a block of the direct mat-mat (its launch bound).
+const MMT_WARPS_MAX: usize = 8;
+
+/// The most dynamic shared memory of a block of the direct mat-mat on a GPU of compute
+/// capability `cc`: below what a block may have (227 KiB on sm_90 and sm_100, 163 KiB on sm_80
+/// and sm_87, 99 KiB on the others from sm_86 on).
+fn mmt_smem_max(cc: (i32, i32)) -> usize {
+    match cc {
+        (9, 0) | (10, 0) => 200 << 10,
+        (8, 0) | (8, 7) => 160 << 10,
+        _ => 96 << 10,
+    }
+}
+
+/// Bytes of a row's stage slot in the direct mat-mat's shared memory (`MmtSlot` in mmvq.cu):
+/// the 16-byte chunks a stage of 256 values spans from any offset, rounded up to an odd count.
+fn mmt_slot(qt: DType) -> usize {
+    let sb = qt.type_size() * 256 / qt.block_size();
+    (((sb + 30) / 16) | 1) * 16
+}
+
+/// Whether a mul_mat of quantized weights `a` (at `aa`) with `b` runs as the direct tensor-core
+/// mat-mat, and in which geometry (`MmtGeom` index, 16-row tiles a warp, stage slots a warp):
+/// [`MMT_MIN`] to [`MMT_MAX`] columns, 2-D operands, a type [`has_mmt`] lists with rows aligned
+/// as the mat-vec needs them, int8 mma.sync (sm_80 and later), and [`Encoder::few_columns`] not
+/// [`FewColumns::Staged`].
+pub(super) fn mmt_fits(
+    enc: &Encoder,
+    a: &Tensor,
+    b: &Tensor,
+    aa: &TArg,
+) -> Option<(usize, usize, usize)> {
+    let fits = (MMT_MIN..=MMT_MAX).contains(&(b.ne[1] as i64))
+        && b.ne[2] * b.ne[3] == 1
+        && a.ne[2] * a.ne[3] == 1
+        && has_mmt(a.dtype)
+        && mmvq_aligned(a.dtype, aa)
+        && enc.dev.cc.0 >= 8;
+    fits.then(|| mmt_geom(enc.few_columns)).flatten()
+}
+
+/// Quantizes the columns of tensor `id` (at `b`, 2-D, of type `bt`) into 8-bit blocks in the
+/// direct mat-mat's tiled layout (`quantize_q8_1_tiles` in mmvq.cu) in scratch; returns the
+/// (qs, ds) addresses. The blocks the previous mul_mat node made of the same tensor are reused
+/// ([`Encoder::q8_tiles`]).
+pub(super) fn quantize_q8_tiles(
+    enc: &mut Encoder,
+    id: TensorId,
+    b: TArg,
+    bt: DType,
+) -> Result<(u64, u64)> {
+    if let Some((src, q8)) = enc.q8_tiles {
+        if src == id {
+            return Ok(q8);
+        }
+    }
+    let blocks = (b.ne[0] / 32) as usize * (b.ne[1] as usize).div_ceil(8) * 8;
+    let qs = enc.scratch(blocks * 32);
+    let ds = enc.scratch(blocks * 8);
+    let mut p = params(TArg::default(), &[b]);
+    p.aux[..2].copy_from_slice(&[qs, ds]);
+    enc.launch(
+        "mmvq",
+        &format!("quantize_q8_1_tiles_{}", bt.name()),
+        [blocks.div_ceil(8) as u32, 1, 1],
+        [256, 1, 1],
+        0,
+        p,
+    )?;
+    enc.q8_tiles = Some((id, (qs, ds)));
+    Ok((qs, ds))
+}
+
+/// `d = a^T b (+ residual)` for 2 to [`MMT_MAX`] columns of tensor `b_id` (at `b`, of type `bt`)
+/// by the direct tensor-core mat-mat in geometry `(v, mt, nbuf)` ([`mmt_fits`]): the columns
+/// quantized once in the tiled layout, blocks of 16 `mt` rows, each of `w` warps that split k's
+/// stages: as many as give the GPU [`MMT_WARPS_PER_SM`] warps an SM in all, so that the blocks
+/// run as one wave where the rows allow (a second wave, partly filled, would leave SMs idle at
+/// the end), at least one, at most [`MMT_WARPS_MAX`], the stages, and what [`mmt_smem_max`]
+/// holds. Weights no node of the graph writes
+/// are read early ([`Encoder::is_read_only_leaf`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mmt(
+    enc: &mut Encoder,
+    a_id: TensorId,
+    b_id: TensorId,
+    b: TArg,
+    bt: DType,
+    d: TArg,
+    residual: Option<TArg>,
+    (v, mt, nbuf): (usize, usize, usize),
+) -> Result<()> {
+    let (qs, ds) = quantize_q8_tiles(enc, b_id, b, bt)?;
+    let a = enc.arg(a_id)?;
+    let qt = enc.graph.get(a_id).dtype;
+    let (m, n, nblk) = (a.ne[1] as usize, b.ne[1] as usize, a.ne[0] as usize / 32);
+    let rows = 16 * mt;
+    let tiles = m.div_ceil(rows);
+    let stages = nblk.div_ceil(8);
+    let per_warp = nbuf * rows * mmt_slot(qt);
+    let w = (MMT_WARPS_PER_SM * enc.dev.sm_count as usize / tiles)
+        .min(stages)
+        .min(MMT_WARPS_MAX)
+        .min(mmt_smem_max(enc.dev.cc) / per_warp)
+        .max(1);
+    let nt = n.div_ceil(8);
+    let mut p = params(d, &[a]);
+    p.i[0] = n as i32;
+    p.i[3] = if enc.is_read_only_leaf(a_id) { 4 } else { 0 };
+    p.aux[..2].copy_from_slice(&[qs, ds]);
+    if let Some(r) = residual {
+        p.t[2] = r;
+        p.i[2] = 1;
+    }
+    enc.launch(
+        "mmvq",
+        &format!("mmt_{}_{nt}_{v}", qt.name()),
+        [tiles as u32, 1, 1],
+        [32 * w as u32, 1, 1],
+        (w * per_warp) as u32,
+        p,
+    )
 }
 
 /// The fewest columns the tensor-core mat-mat takes: up to 8 columns the mat-vec kernels,

@@ -49,6 +49,11 @@ pub(crate) struct Encoder<'a> {
     /// addresses): reused by the next mul_mat nodes that read the same tensor (Q, K and V of
     /// one token), as long as no other node runs and no scratch is taken in between.
     pub q8: Option<(TensorId, (u64, u64))>,
+    /// The same for columns quantized in the tiled layout of the few-column kernel
+    /// ([`matmul::quantize_q8_tiles`]).
+    pub q8_tiles: Option<(TensorId, (u64, u64))>,
+    /// Which kernels multiply quantized weights by 2 to 32 columns.
+    pub few_columns: crate::FewColumns,
     /// The last activation converted to contiguous F16 for a GEMM (the source, the converted
     /// copy in scratch, and where that copy ends in the node's scratch): reused by the next
     /// mul_mat nodes that read the same source, as long as no other node runs in between.
@@ -98,6 +103,8 @@ impl<'a> Encoder<'a> {
             fuse,
             build,
             q8: None,
+            q8_tiles: None,
+            few_columns: crate::FewColumns::default(),
             f16: None,
             group: None,
             presend_next: None,
@@ -127,6 +134,7 @@ impl<'a> Encoder<'a> {
             }
             if t.op != Op::MulMat {
                 self.q8 = None;
+                self.q8_tiles = None;
                 self.f16 = None;
             }
             self.presend_next = self.presend_target(nodes, i);
@@ -216,6 +224,7 @@ impl<'a> Encoder<'a> {
     /// `bytes` of scratch memory for the node being encoded (256-byte aligned).
     pub(crate) fn scratch(&mut self, bytes: usize) -> u64 {
         self.q8 = None;
+        self.q8_tiles = None;
         let off = self.node_scratch;
         if self.f16.is_some_and(|(_, _, end)| off < end) {
             // This memory overlaps the converted activation kept for reuse.

@@ -24,6 +24,18 @@
 // i[1], in dynamic shared memory); t[0] i32 [k, rows...] gets the first k indices of the row in
 // order: largest first when i[0] is 1, smallest first otherwise; NaNs last, equal values in
 // index order (a stable order, as the CPU's).
+// moe_router: a MoE router's selection, one warp per token (blocks of ROUTER_WARPS warps): t[1]
+// the scores [n_expert, n] (f32, at most 1024 a token), t[0] the weights (f32, n_used a token
+// at strides t[0].nb[0], nb[1]), t[2] the ids (i32 [n_used, n], at most 32 a token). With i[0]
+// set the scores are first soft_max(scores * f[0]) over the experts (as soft_max_f32 computes
+// it). The n_used largest scores are selected in top_k's order (largest first, NaNs last, equal
+// values in index order, as sort_f32), their ids stored, and their scores normalized by i[1]:
+// 0 as they are, 1 soft_max(s * f[1]) over the selected, 2 s / clamp(sum(s), f[2], f[3]).
+// Dynamic shared memory: n_expert f32 a warp.
+// moe_weighted_sum: t[0] out [d, n] (f32), t[1] the experts' outputs [d, n_used, n] (f32),
+// t[2] the weights [1, n_used, n] (f32), t[3] a residual [d, n] (f32) when i[0] is set:
+// out[:, t] = (residual) + sum_e w[e, t] down[:, e, t], the slots added in order. One thread an
+// output; grid (d / threads, n).
 #include "quant.cuh"
 #include "quant_k.cuh"
 
@@ -222,4 +234,101 @@ KERNEL sort_f32(const KParams p) {
         }
     }
     for (int j = threadIdx.x; j < d.ne[0]; j += blockDim.x) *(int*)at(d, j, i1, i2, i3) = ix[j];
+}
+
+#define ROUTER_WARPS 4
+
+// Whether entry (va, ia) comes before (vb, ib) in top_k's order: numbers before NaNs, larger
+// first, then the lower index.
+__device__ __forceinline__ bool top_before(float va, int ia, float vb, int ib) {
+    const bool na = isnan(va), nb = isnan(vb);
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
+}
+
+KERNEL moe_router(const KParams p) {
+    pdl_wait();
+    extern __shared__ float router_sm[];
+    const TArg& w = p.t[0];
+    const TArg& s = p.t[1];
+    const TArg& ids = p.t[2];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const i64 t = (i64)blockIdx.x * ROUTER_WARPS + warp;
+    if (t >= s.ne[1]) return;
+    const int n = (int)s.ne[0], k = (int)ids.ne[0];
+    float* v = router_sm + (i64)warp * n;
+    const char* row = at(s, 0, t, 0, 0);
+    for (int j = lane; j < n; j += 32) v[j] = F32::load(row + j * s.nb[0]);
+    if (p.i[0]) {
+        const float scale = p.f[0];
+        float mx = NEG_INF;
+        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, v[j] * scale);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            const float e = expf(v[j] * scale - mx);
+            v[j] = e;
+            sum += e;
+        }
+        const float inv = 1.0f / warp_sum(sum);
+        for (int j = lane; j < n; j += 32) v[j] *= inv;
+    }
+    __syncwarp();
+    // Entry lane + 32 m is this lane's; bit m of `taken` marks it selected.
+    unsigned taken = 0;
+    int my_id = 0;
+    float my_v = 0.0f;
+    for (int r = 0; r < k; r++) {
+        float bv = __int_as_float(0x7fc00000);
+        int bi = 0x7fffffff;
+        for (int j = lane, m = 0; j < n; j += 32, m++) {
+            if (!((taken >> m) & 1u) && top_before(v[j], j, bv, bi)) {
+                bv = v[j];
+                bi = j;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (top_before(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (bi % 32 == lane) taken |= 1u << (bi / 32);
+        if (lane == r) {
+            my_id = bi;
+            my_v = bv;
+        }
+    }
+    const bool mine = lane < k;
+    float out = my_v;
+    if (p.i[1] == 1) {
+        const float x = my_v * p.f[1];
+        const float mx = warp_max(mine ? x : NEG_INF);
+        const float e = mine ? expf(x - mx) : 0.0f;
+        out = e * (1.0f / warp_sum(e));
+    } else if (p.i[1] == 2) {
+        const float sum = warp_sum(mine ? my_v : 0.0f);
+        out = my_v / fminf(fmaxf(sum, p.f[2]), p.f[3]);
+    }
+    if (mine) {
+        *(int*)at(ids, lane, t, 0, 0) = my_id;
+        F32::store(at(w, lane, t, 0, 0), out);
+    }
+}
+
+KERNEL moe_weighted_sum(const KParams p) {
+    pdl_wait();
+    const TArg& o = p.t[0];
+    const TArg& down = p.t[1];
+    const TArg& w = p.t[2];
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (i >= o.ne[0]) return;
+    const int n_used = (int)down.ne[1];
+    float acc = F32::load(at(w, 0, 0, t, 0)) * F32::load(at(down, i, 0, t, 0));
+    for (int e = 1; e < n_used; e++) acc += F32::load(at(w, 0, e, t, 0)) * F32::load(at(down, i, e, t, 0));
+    if (p.i[0]) acc = F32::load(at(p.t[3], i, t, 0, 0)) + acc;
+    F32::store(at(o, i, t, 0, 0), acc);
 }

@@ -16,7 +16,17 @@
 // mat-mat's results do not depend on), and the table: T entries of three words (the expert, X
 // for bucket X; the entry's first pair in the list; its pairs, 1 to W), one per W pairs of each
 // bucket in bucket order, and (0, 0, 0) past the last.
-// Params: u.x: invocations (OP 1) or rows (OP 2).
+// OP 4, router: a MoE router's selection, one workgroup per token: src0 the scores
+// [n_expert, n] (f32, at most SORT_MAX a token), dst the weights (f32, described as
+// [n_used, n]), src1 the ids (i32 [n_used, n], n_used at most 32). With u.x 1 the scores are
+// first soft_max(scores * f.x) over the experts (as soft_max.wgsl computes it). The n_used
+// largest are selected in top_k's order (largest first, NaNs last, equal values in index
+// order, as OP 2), their ids stored and their scores normalized by u.y: 0 as they are,
+// 1 soft_max(s * f.y) over the selected, 2 s / clamp(sum(s), f.z, f.w).
+// OP 5, weighted sum: one invocation per element of dst [d, n] (f32): the sum over the slots e
+// of src1[0, e, t] * src0[i, e, t] (f32 [d, n_used, n] and [1, n_used, n]), added in slot
+// order, plus src2[i, t] (f32) when u.y is 1.
+// Params: u.x: invocations (OP 1, OP 5) or rows (OP 2).
 
 const OP: u32 = {{OP}}u;
 const SORT_MAX: u32 = 1024u;
@@ -39,6 +49,26 @@ fn bucket(y: u32) -> u32 {
     let n_used = P.s2.ne.x;
     let x = id_at(y % n_used, y / n_used) - i32(P.u.x);
     return select(P.u.y, u32(x), x >= 0 && u32(x) < P.u.y);
+}
+
+// No entry (OP 4's selection).
+const NONE: u32 = 0xffffffffu;
+
+// Whether entry (va, ia) comes before (vb, ib) in top_k's order (OP 4): an entry before none,
+// numbers before NaNs, larger first, then the lower index.
+fn top_before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    if ia == NONE || ib == NONE {
+        return ib == NONE && ia != NONE;
+    }
+    let na = va != va;
+    let nb = vb != vb;
+    if na != nb {
+        return nb;
+    }
+    if !na && va != vb {
+        return va > vb;
+    }
+    return ia < ib;
 }
 
 // Whether sort entry a comes before entry b (padding, index n or more, last).
@@ -114,6 +144,107 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var y = li; y < pairs; y += {{WG}}u) {
             put_word(base + atomicAdd(&bc[BUCKETS + bucket(y)], 1u), y);
         }
+        return;
+    }
+    if OP == 4u {
+        let t = group(wg, nwg);
+        if t >= P.s0.ne.y {
+            return;
+        }
+        let n = P.s0.ne.x;
+        let k = P.s1.ne.x;
+        let row = P.off.y + t * P.s0.nb.y;
+        for (var j = li; j < n; j += {{WG}}u) {
+            sv[j] = ld0(row + j * P.s0.nb.x);
+        }
+        if P.u.x == 1u {
+            var mx = -3.4028235e38;
+            for (var j = li; j < n; j += {{WG}}u) {
+                mx = max(mx, sv[j] * P.f.x);
+            }
+            mx = wg_max(mx, li);
+            var s = 0.0;
+            for (var j = li; j < n; j += {{WG}}u) {
+                let e = exp(sv[j] * P.f.x - mx);
+                sv[j] = e;
+                s += e;
+            }
+            let inv = 1.0 / wg_sum(s, li);
+            for (var j = li; j < n; j += {{WG}}u) {
+                sv[j] *= inv;
+            }
+        }
+        workgroupBarrier();
+        // Entry li + WG m is this invocation's; bit m of `taken` marks it selected. Invocation
+        // r keeps the r-th selected.
+        var taken = 0u;
+        var my_i = 0u;
+        var my_v = 0.0;
+        for (var r = 0u; r < k; r++) {
+            var bv = 0.0;
+            var bi = NONE;
+            var m = 0u;
+            for (var j = li; j < n; j += {{WG}}u) {
+                if ((taken >> m) & 1u) == 0u && top_before(sv[j], j, bv, bi) {
+                    bv = sv[j];
+                    bi = j;
+                }
+                m++;
+            }
+            red[li] = bv;
+            si[li] = bi;
+            workgroupBarrier();
+            for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
+                if li < h && top_before(red[li + h], si[li + h], red[li], si[li]) {
+                    red[li] = red[li + h];
+                    si[li] = si[li + h];
+                }
+                workgroupBarrier();
+            }
+            let wi = si[0];
+            let wv = red[0];
+            workgroupBarrier();
+            if wi % {{WG}}u == li {
+                taken |= 1u << (wi / {{WG}}u);
+            }
+            if li == r {
+                my_i = wi;
+                my_v = wv;
+            }
+        }
+        let mine = li < k;
+        var w = my_v;
+        if P.u.y == 1u {
+            let x = my_v * P.f.y;
+            let mx = wg_max(select(-3.4028235e38, x, mine), li);
+            let e = select(0.0, exp(x - mx), mine);
+            w = e * (1.0 / wg_sum(e, li));
+        } else if P.u.y == 2u {
+            let s = wg_sum(select(0.0, my_v, mine), li);
+            w = my_v / min(max(s, P.f.z), P.f.w);
+        }
+        if mine {
+            st(P.off.x + li * P.d.nb.x + t * P.d.nb.y, w);
+            src1[(P.off.z + li * P.s1.nb.x + t * P.s1.nb.y) >> 2u] = my_i;
+        }
+        return;
+    }
+    if OP == 5u {
+        let i = linear(wg, nwg, li);
+        if i >= P.u.x {
+            return;
+        }
+        let c = coords(i, P.d.ne);
+        let db = P.off.y + c.x * P.s0.nb.x + c.y * P.s0.nb.z;
+        let wb = P.off.z + c.y * P.s1.nb.z;
+        var acc = ld1(wb) * ld0(db);
+        for (var e = 1u; e < P.s0.ne.y; e++) {
+            acc = acc + ld1(wb + e * P.s1.nb.y) * ld0(db + e * P.s0.nb.y);
+        }
+        if P.u.y == 1u {
+            acc = bitcast<f32>(s2w((P.off.w + c.x * P.s2.nb.x + c.y * P.s2.nb.y) >> 2u)) + acc;
+        }
+        st(P.off.x + c.x * P.d.nb.x + c.y * P.d.nb.y, acc);
         return;
     }
     if OP == 2u {

@@ -43,10 +43,14 @@
 //!   dispatch rotates Q and writes the rotated K and V straight into the caches (KV in
 //!   `shaders/rope.wgsl`; without Q where no rope of Q comes right before). Q/K norms before
 //!   the ropes (Qwen 3's) keep their own dispatches.
+//! - a MoE router's soft_max, top_k, get_rows and the normalization of the selected scores
+//!   (a fusion `MoeRouter`): one dispatch, a workgroup a token (OP 4 in `shaders/moe.wgsl`).
+//! - the weighted sum of a MoE layer's experts' outputs over the slots, with the residual add
+//!   after it (`MoeWeightedSum`): one dispatch (OP 5 in `shaders/moe.wgsl`).
 //!
 //! A fused result is the unfused ops' result up to float rounding (the conformance cases
 //! RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_MAT, SWIGLU_MUL_MAT, MUL_MAT_ADD_NORM,
-//! ROPE_KV_ATTN, QKV_ROPE_KV_ATTN and MOE_GLU check it
+//! ROPE_KV_ATTN, QKV_ROPE_KV_ATTN, MOE_GLU, MOE_ROUTER and MOE_FFN check it
 //! against the CPU, `tests/fusion.rs` against the unfused dispatches). Fusion is on unless
 //! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
@@ -54,7 +58,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use tessera_core::fusion::{
-    GluMulMatIds, GluMulMats, Group, Matcher, MulMatAdd, MulMats, RmsNormMul, RmsNormMulAdd, RopeKv,
+    GluMulMatIds, GluMulMats, Group, Matcher, MoeRouter, MoeWeightedSum, MulMatAdd, MulMats,
+    RmsNormMul, RmsNormMulAdd, RopeKv,
 };
 use tessera_core::{DType, Error, GluOp, Graph, Op, Result, RopeMode, TensorId};
 
@@ -135,6 +140,8 @@ impl<'a> Fuser<'a> {
                 None => self.mat_mat_pair(m),
             },
             Group::RmsNormMulAdd(n) => self.rms_norm_mul_add(n),
+            Group::MoeRouter(r) => self.moe_router(r),
+            Group::MoeWeightedSum(s) => self.moe_weighted_sum(s),
             Group::RopeSetRows(_) | Group::AllReduceAdd(_) | Group::AttnMulMat(_) => Ok(None),
         }
     }
@@ -413,6 +420,38 @@ impl<'a> Fuser<'a> {
         }
         match ops::mul_mat_id_glu(self.gpu, g, m.gate, m.up, m.glu, m.op) {
             Some(out) => Ok(Some(vec![self.launch(m.glu, out)?])),
+            None => Ok(None),
+        }
+    }
+
+    /// A MoE router's selection as one dispatch (OP 4 of `moe.wgsl`), where its results keep
+    /// apart from the scores when several tokens run (one token's workgroup reads all its
+    /// scores before it writes).
+    fn moe_router(&self, r: &MoeRouter) -> Result<Option<Vec<Launch>>> {
+        let g = self.graph;
+        let several = g.get(r.logits).ne[1] > 1;
+        if several
+            && !(self.apart(r.weights, r.logits, false) && self.apart(r.top_k, r.logits, false))
+        {
+            return Ok(None);
+        }
+        match ops::router_plan(g, r) {
+            Some(out) => Ok(Some(vec![ops::to_launch(self.gpu, g, r.weights, out)?])),
+            None => Ok(None),
+        }
+    }
+
+    /// The weighted sum of a MoE layer's experts' outputs (and the residual add after it) as
+    /// one dispatch (OP 5 of `moe.wgsl`), where its result keeps apart from what it reads (the
+    /// residual may be the result's own bytes).
+    fn moe_weighted_sum(&self, s: &MoeWeightedSum) -> Result<Option<Vec<Launch>>> {
+        let g = self.graph;
+        let res_ok = s.residual.is_none_or(|(_, r)| self.apart(s.out, r, true));
+        if !res_ok || !self.apart(s.out, s.down, false) || !self.apart(s.out, s.weights, false) {
+            return Ok(None);
+        }
+        match ops::weighted_sum_plan(g, s) {
+            Some(out) => Ok(Some(vec![ops::to_launch(self.gpu, g, s.out, out)?])),
             None => Ok(None),
         }
     }

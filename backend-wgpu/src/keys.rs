@@ -306,9 +306,14 @@ pub(crate) enum MoeKind {
     /// mul_mat_id's (slot, token) pairs grouped by expert, with the tile table of the grouped
     /// mat-mat ([`MatMatKey::id`]).
     Bucket,
+    /// A router's selection (the fusion group `MoeRouter`).
+    Router,
+    /// The weighted sum of the experts' outputs (the fusion group `MoeWeightedSum`).
+    WeightedSum,
 }
 
-/// `moe.wgsl`: add_id, argsort and top_k (f32). mul_mat_id is the mat-vec's ([`MatVecKey`]).
+/// `moe.wgsl`: add_id, argsort and top_k (f32), and the fused router and weighted sum.
+/// mul_mat_id is the mat-vec's ([`MatVecKey`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MoeKey {
     pub op: MoeKind,
@@ -660,6 +665,8 @@ impl Key {
                     MoeKind::AddId => (1, DType::F32, EW_WG),
                     MoeKind::Sort => (2, DType::I32, ROW_WG),
                     MoeKind::Bucket => (3, DType::I32, ROW_WG),
+                    MoeKind::Router => (4, DType::F32, ROW_WG),
+                    MoeKind::WeightedSum => (5, DType::F32, EW_WG),
                 };
                 d.set("OP", code);
                 d.ty("T2", DType::I32).ty("DT", dst);

@@ -23,6 +23,9 @@ use crate::graph::Graph;
 use crate::op::{BinaryOp, GluOp, Op, RopeParams};
 use crate::tensor::TensorId;
 
+mod moe;
+pub use moe::{MoeRouter, MoeWeightedSum, RouterNorm};
+
 /// How many nodes ahead the matcher looks for the next node of a group (past leaves and views).
 pub const WINDOW: usize = 8;
 
@@ -231,6 +234,10 @@ pub enum Group {
     AllReduceAdd(AllReduceAdd),
     /// See [`AttnMulMat`].
     AttnMulMat(AttnMulMat),
+    /// See [`MoeRouter`].
+    MoeRouter(MoeRouter),
+    /// See [`MoeWeightedSum`].
+    MoeWeightedSum(MoeWeightedSum),
 }
 
 impl Group {
@@ -247,6 +254,8 @@ impl Group {
             Group::RopeSetRows(g) => g.last,
             Group::AllReduceAdd(g) => g.last,
             Group::AttnMulMat(g) => g.last,
+            Group::MoeRouter(g) => g.last,
+            Group::MoeWeightedSum(g) => g.last,
         }
     }
 
@@ -269,6 +278,9 @@ impl Group {
             Group::AllReduceAdd(g) if g.norm.is_some() => "all_reduce_add_norm",
             Group::AllReduceAdd(_) => "all_reduce_add",
             Group::AttnMulMat(_) => "attn_mul_mat",
+            Group::MoeRouter(_) => "moe_router",
+            Group::MoeWeightedSum(g) if g.residual.is_some() => "moe_weighted_sum_add",
+            Group::MoeWeightedSum(_) => "moe_weighted_sum",
         }
     }
 }
@@ -361,6 +373,14 @@ impl<'g> Matcher<'g> {
                 out.extend(self.all_reduce_add(i).into_iter().map(Group::AllReduceAdd))
             }
             Op::FlashAttnExt { .. } => out.extend(self.attn_mul_mat(i).map(Group::AttnMulMat)),
+            Op::SoftMax { .. } | Op::TopK(_) => {
+                out.extend(self.moe_router(i).map(Group::MoeRouter))
+            }
+            Op::Binary(BinaryOp::Mul) => out.extend(
+                self.moe_weighted_sum(i)
+                    .into_iter()
+                    .map(Group::MoeWeightedSum),
+            ),
             _ => {}
         }
         out

@@ -24,6 +24,9 @@
 //!   allreduce.cu); without the norm, `all_reduce(x) + r` alone.
 //! - `W reshape(flash_attn_ext(..))` for a token, W quantized: attention writes its result
 //!   quantized too (attention.cuh), so the mat-vec (the o projection) quantizes nothing.
+//! - a MoE router's soft_max, top_k, get_rows and normalization of the selected weights: one
+//!   warp a token (moe.rs, moe.cu); the weighted sum of the experts' outputs over the slots,
+//!   with the residual add after it: one launch (moe.rs, moe.cu).
 //!
 //! Each result is the unfused ops' result up to float rounding; the GPU tests check both ways.
 
@@ -55,6 +58,8 @@ pub(super) fn take(enc: &mut Encoder, nodes: &[TensorId], group: &Group) -> Resu
         Group::RopeKv(m) => rope_kv(enc, m),
         Group::AttnMulMat(m) => attn_q8(enc, nodes, m),
         Group::RopeSetRows(m) => rope_set_rows(enc, m),
+        Group::MoeRouter(m) => super::moe::moe_router(enc, m),
+        Group::MoeWeightedSum(m) => super::moe::moe_weighted_sum(enc, m),
     }
 }
 

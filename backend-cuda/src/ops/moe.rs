@@ -10,9 +10,14 @@
 //! - one quantized mat-vec per (slot, token) pair (`mmvq_id`), for the types with a mat-vec
 //!   kernel;
 //! - one warp per result (`mul_mat_id_<w>_<b>`), for the rest.
+//!
+//! Two fusion groups of a MoE layer run here as one launch each: the router's selection
+//! ([`MoeRouter`]: soft_max, top_k, get_rows and the weights' normalization, `moe_router`, a
+//! warp a token) and the weighted sum of the experts' outputs with the residual add after it
+//! ([`MoeWeightedSum`]: mul and the adds of the slots, `moe_weighted_sum`).
 
 use tessera_core::dtype::DType;
-use tessera_core::fusion::GluMulMatIds;
+use tessera_core::fusion::{GluMulMatIds, MoeRouter, MoeWeightedSum, RouterNorm};
 use tessera_core::{GluOp, Op, Result, Tensor, TensorId};
 
 use super::{matmul, params, Encoder};
@@ -242,4 +247,115 @@ pub(super) fn sort(enc: &mut Encoder, id: TensorId, descending: bool) -> Result<
     let rows = (s.ne[1] * s.ne[2] * s.ne[3]).clamp(1, i64::from(u32::MAX)) as u32;
     let block = n2.clamp(32, 1024);
     enc.launch("moe", "sort_f32", [rows, 1, 1], [block, 1, 1], n2 * 8, p)
+}
+
+/// The most experts a token `moe_router` selects among (32 a lane of its warp).
+const ROUTER_MAX_EXPERTS: usize = 1024;
+
+/// Tokens of one `moe_router` block (`ROUTER_WARPS` in moe.cu).
+const ROUTER_WARPS: usize = 4;
+
+/// The bytes tensor argument `a` of elements of `size` bytes spans: [first, end).
+fn span(a: &TArg, size: usize) -> (u64, u64) {
+    let last: i64 = (0..4).map(|k| (a.ne[k].max(1) - 1) * a.nb[k]).sum();
+    (a.ptr, a.ptr + last as u64 + size as u64)
+}
+
+/// Whether f32 or i32 tensors `a` and `b` share no byte.
+fn apart(a: &TArg, b: &TArg) -> bool {
+    let ((a0, a1), (b0, b1)) = (span(a, 4), span(b, 4));
+    a1 <= b0 || b1 <= a0
+}
+
+/// The router's selection ([`MoeRouter`]) in one `moe_router` launch: f32 scores of at most
+/// [`ROUTER_MAX_EXPERTS`] experts a token, at most 32 selected. `Ok(false)` where it declines:
+/// other types or shapes, or results that overlap the scores when several tokens run (their
+/// warps would read scores another has overwritten; one token's warp reads all before it
+/// writes).
+pub(super) fn moe_router(enc: &mut Encoder, r: &MoeRouter) -> Result<bool> {
+    let g = enc.graph;
+    let (tl, tk, tw) = (g.get(r.logits), g.get(r.top_k), g.get(r.weights));
+    let n = tl.ne[1];
+    let fits = tl.dtype == DType::F32
+        && tk.dtype == DType::I32
+        && tw.dtype == DType::F32
+        && tl.ne[0] <= ROUTER_MAX_EXPERTS
+        && tl.ne[2] == 1
+        && tl.ne[3] == 1
+        && r.n_used <= 32
+        && tk.ne == [r.n_used, n, 1, 1]
+        && tw.nelements() == r.n_used * n
+        && n <= 65535 * ROUTER_WARPS;
+    if !fits {
+        return Ok(false);
+    }
+    let (la, ka, mut wa) = (enc.arg(r.logits)?, enc.arg(r.top_k)?, enc.arg(r.weights)?);
+    // The weights as [n_used, n]: the get_rows's [1, n_used, n] or the div's [n_used, n].
+    if tw.ne[0] == 1 && tw.ne[1] == r.n_used {
+        wa.ne = [r.n_used as i64, n as i64, 1, 1];
+        wa.nb = [wa.nb[1], wa.nb[2], wa.nb[3], wa.nb[3]];
+    }
+    if n > 1 && !(apart(&wa, &la) && apart(&ka, &la)) {
+        return Ok(false);
+    }
+    let mut p = params(wa, &[la, ka]);
+    if let Some((_, scale)) = r.soft_max {
+        p.i[0] = 1;
+        p.f[0] = scale;
+    }
+    match r.norm {
+        RouterNorm::None => {}
+        RouterNorm::SoftMax { scale, .. } => {
+            p.i[1] = 1;
+            p.f[1] = scale;
+        }
+        RouterNorm::Sum { min, max, .. } => {
+            p.i[1] = 2;
+            p.f[2] = min;
+            p.f[3] = max;
+        }
+    }
+    let blocks = n.div_ceil(ROUTER_WARPS) as u32;
+    let smem = (ROUTER_WARPS * tl.ne[0] * 4) as u32;
+    let threads = (32 * ROUTER_WARPS) as u32;
+    enc.launch(
+        "moe",
+        "moe_router",
+        [blocks, 1, 1],
+        [threads, 1, 1],
+        smem,
+        p,
+    )?;
+    Ok(true)
+}
+
+/// The weighted sum of the experts' outputs and the residual add after it, where there is one
+/// ([`MoeWeightedSum`]), in one `moe_weighted_sum` launch: all f32. `Ok(false)` where the
+/// result overlaps what the kernel reads (other than the residual exactly in place).
+pub(super) fn moe_weighted_sum(enc: &mut Encoder, s: &MoeWeightedSum) -> Result<bool> {
+    let g = enc.graph;
+    let (td, tw, to) = (g.get(s.down), g.get(s.weights), g.get(s.out));
+    let n = td.ne[2];
+    let f32s = td.dtype == DType::F32 && tw.dtype == DType::F32 && to.dtype == DType::F32;
+    let res = s.residual.map(|(_, r)| g.get(r));
+    let res_fits = res.is_none_or(|t| t.dtype == DType::F32 && t.ne == to.ne);
+    if !f32s || !res_fits || to.ne != [td.ne[0], n, 1, 1] || n > 65535 {
+        return Ok(false);
+    }
+    let (oa, da, wa) = (enc.arg(s.out)?, enc.arg(s.down)?, enc.arg(s.weights)?);
+    let ra = match s.residual {
+        Some((_, r)) => Some(enc.arg(r)?),
+        None => None,
+    };
+    let res_ok = ra.is_none_or(|r| apart(&oa, &r) || (r.ptr == oa.ptr && r.nb == oa.nb));
+    if !apart(&oa, &da) || !apart(&oa, &wa) || !res_ok {
+        return Ok(false);
+    }
+    let mut p = params(oa, &[da, wa, ra.unwrap_or(oa)]);
+    p.i[0] = i32::from(ra.is_some());
+    let d = td.ne[0] as u32;
+    let threads = d.next_power_of_two().clamp(32, 256);
+    let grid = [d.div_ceil(threads), n as u32, 1];
+    enc.launch("moe", "moe_weighted_sum", grid, [threads, 1, 1], 0, p)?;
+    Ok(true)
 }

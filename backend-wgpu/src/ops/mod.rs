@@ -24,7 +24,7 @@ use crate::keys::Key;
 use crate::shader::Variant;
 
 pub(crate) use matmul::{mat_vec_q_norm, mat_vec_q_reshaped, NORM_W_BINDING};
-pub(crate) use moe::mul_mat_id_glu;
+pub(crate) use moe::{mul_mat_id_glu, router_plan, weighted_sum_plan};
 pub(crate) use rope::rope_kv_key;
 
 /// One op's parameter block, laid out as `Params` in `shaders/common.wgsl`.

@@ -7,10 +7,15 @@
 //! once per tile rather than once per pair; the workgroup counts depend only on the shapes.
 //! Other batches run as a mat-vec with ID: the integer-dot one of `mat_vec_q.wgsl` for the
 //! types it reads, else the float one of `mat_vec.wgsl`.
+//!
+//! Two fusion groups of a MoE layer have a dispatch here (`moe.wgsl`, taken in `fused.rs`):
+//! the router's selection ([`router_plan`], a workgroup a token) and the weighted sum of the
+//! experts' outputs with the residual add after it ([`weighted_sum_plan`]).
 
+use tessera_core::fusion::{MoeRouter, MoeWeightedSum, RouterNorm};
 use tessera_core::{DType, GluOp, Graph, Op, TensorId};
 
-use super::{ew, matmul, per_row, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
+use super::{desc, ew, matmul, per_row, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
 use crate::context::Gpu;
 use crate::keys::MatMatKey;
 use crate::keys::{Key, MatVecKey, MoeKey, MoeKind, MV_ROWS};
@@ -280,6 +285,99 @@ pub(super) fn sort(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
     Ok(per_row(k, vec![n.id, t.src[0], n.id, n.id], p, rows))
 }
 
+/// The most experts the router's dispatch selects among (`sv` in the shader).
+const ROUTER_MAX_EXPERTS: usize = 1024;
+
+/// The router's selection ([`MoeRouter`]) as one dispatch, a workgroup a token (OP 4): f32
+/// scores of at most [`ROUTER_MAX_EXPERTS`] experts a token, at most 32 selected. Bindings:
+/// the weights (as `[n_used, n]`), the scores, the ids. `None` where it does not take the
+/// group.
+pub(crate) fn router_plan(graph: &Graph, r: &MoeRouter) -> Option<PlanOut> {
+    let (tl, tk, tw) = (
+        graph.get(r.logits),
+        graph.get(r.top_k),
+        graph.get(r.weights),
+    );
+    let n = tl.ne[1];
+    let fits = tl.dtype == DType::F32
+        && tk.dtype == DType::I32
+        && tw.dtype == DType::F32
+        && tl.ne[0] <= ROUTER_MAX_EXPERTS
+        && tl.ne[2] == 1
+        && tl.ne[3] == 1
+        && r.n_used <= 32
+        && tk.ne == [r.n_used, n, 1, 1]
+        && tw.nelements() == r.n_used * n;
+    if !fits {
+        return None;
+    }
+    let mut p = Params::default();
+    let mut dw = desc(tw);
+    // The get_rows's [1, n_used, n] read as [n_used, n].
+    if tw.ne[0] == 1 && tw.ne[1] == r.n_used {
+        dw = [r.n_used as u32, n as u32, 1, 1, dw[5], dw[6], dw[7], dw[7]];
+    }
+    p.desc[0] = dw;
+    p.desc[1] = desc(tl);
+    p.desc[2] = desc(tk);
+    if let Some((_, scale)) = r.soft_max {
+        p.u[0] = 1;
+        p.f[0] = scale;
+    }
+    match r.norm {
+        RouterNorm::None => {}
+        RouterNorm::SoftMax { scale, .. } => {
+            p.u[1] = 1;
+            p.f[1] = scale;
+        }
+        RouterNorm::Sum { min, max, .. } => {
+            p.u[1] = 2;
+            p.f[2] = min;
+            p.f[3] = max;
+        }
+    }
+    Some(PlanOut {
+        variant: Variant::new(key(MoeKind::Router)),
+        bind: [r.weights, r.logits, r.top_k, r.weights]
+            .into_iter()
+            .map(Bind::whole)
+            .collect(),
+        params: p,
+        groups: n,
+        groups_3d: None,
+    })
+}
+
+/// The weighted sum of the experts' outputs, with the residual add after it where there is one
+/// ([`MoeWeightedSum`]), as one dispatch, an invocation an output (OP 5): all f32. Bindings:
+/// the result, the experts' outputs, the weights, the residual. `None` where it does not take
+/// the group.
+pub(crate) fn weighted_sum_plan(graph: &Graph, s: &MoeWeightedSum) -> Option<PlanOut> {
+    let (td, tw, to) = (graph.get(s.down), graph.get(s.weights), graph.get(s.out));
+    let res = s.residual.map(|(_, r)| r);
+    let f32s = [td, tw, to].iter().all(|t| t.dtype == DType::F32);
+    let res_fits = res.is_none_or(|r| {
+        let tr = graph.get(r);
+        tr.dtype == DType::F32 && tr.ne == to.ne
+    });
+    if !f32s || !res_fits || to.ne != [td.ne[0], td.ne[2], 1, 1] {
+        return None;
+    }
+    let mut p = Params::default();
+    p.desc[0] = desc(to);
+    p.desc[1] = desc(td);
+    p.desc[2] = desc(tw);
+    p.desc[3] = desc(graph.get(res.unwrap_or(s.out)));
+    p.u[1] = u32::from(res.is_some());
+    let mut out = ew(
+        key(MoeKind::WeightedSum),
+        vec![s.out, s.down, s.weights, res.unwrap_or(s.out)],
+        p,
+        to.nelements(),
+    );
+    out.pop()
+}
+
 /// Every moe key the plans can ask for, and the mul_mat_id mat-vecs (with subgroups on or off).
 #[cfg(test)]
 pub(super) fn variants(subgroups: bool) -> Vec<Key> {
@@ -316,5 +414,7 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
     v.push(key(MoeKind::AddId));
     v.push(key(MoeKind::Sort));
     v.push(key(MoeKind::Bucket));
+    v.push(key(MoeKind::Router));
+    v.push(key(MoeKind::WeightedSum));
     v
 }

@@ -138,6 +138,97 @@ pub(super) fn moe_glu(
     .with_flops(4.0 * (k * ff * n_used * n_tok) as f64)
 }
 
+/// How a MoE layer's router turns its logits into weights (llm's `Routing` and `norm_weights`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Routing {
+    /// soft_max over the experts, top_k, the selected probabilities (Qwen 2 MoE, OLMoE).
+    SoftMax,
+    /// As [`Routing::SoftMax`], renormalized: divided by their sum, floored (Mixtral, Qwen 3
+    /// MoE).
+    SoftMaxNorm,
+    /// top_k of the logits, soft_max over the selected (gpt-oss).
+    TopKSoftMax,
+}
+
+impl Routing {
+    fn name(self) -> &'static str {
+        match self {
+            Routing::SoftMax => "softmax",
+            Routing::SoftMaxNorm => "softmax_norm",
+            Routing::TopKSoftMax => "topk_softmax",
+        }
+    }
+}
+
+/// A MoE layer's routing as the model runner builds it (the fusion matcher's `MoeRouter`), and
+/// the weighted sum of the selected experts' outputs over the slots plus the residual (its
+/// `MoeWeightedSum`): `n_tok` tokens pick `n_used` of `n_expert` experts whose outputs (rows of
+/// `m` values, a table per token) are gathered by the ids, so that a wrong id or weight shows
+/// in the result. `ties`: every logit appears twice (experts j and j + n_expert / 2), so that
+/// the selection must break ties as top_k does (the lower index first).
+pub(super) fn moe_route(
+    routing: Routing,
+    [n_expert, n_used, n_tok]: [usize; 3],
+    ties: bool,
+    residual: bool,
+) -> Case {
+    let m = 48;
+    let name = format!(
+        "routing={},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},ties={ties},residual={residual}",
+        routing.name()
+    );
+    Case::new(
+        "MOE_ROUTE",
+        name,
+        &[DType::F32, DType::I32],
+        Tolerance::SOFT_MAX,
+        move |g| {
+            let logits = if ties {
+                let half = g.input(DType::F32, &[n_expert / 2, n_tok], Init::Uniform(-4.0, 4.0))?;
+                g.concat(half, half, 0)?
+            } else {
+                g.input(DType::F32, &[n_expert, n_tok], Init::Uniform(-4.0, 4.0))?
+            };
+            let scores = match routing {
+                Routing::TopKSoftMax => logits,
+                _ => g.soft_max_ext(logits, None, 1.0, 0.0)?,
+            };
+            let selected = g.top_k(scores, n_used)?;
+            let s3 = g.reshape(scores, &[1, n_expert, n_tok])?;
+            let mut weights = g.get_rows(s3, selected)?;
+            match routing {
+                Routing::SoftMax => {}
+                Routing::SoftMaxNorm => {
+                    let w = g.reshape(weights, &[n_used, n_tok])?;
+                    let sum = g.sum_rows(w)?;
+                    let sum = g.clamp(sum, 6.103_515_6e-5, f32::INFINITY)?;
+                    let w = g.div(w, sum)?;
+                    weights = g.reshape(w, &[1, n_used, n_tok])?;
+                }
+                Routing::TopKSoftMax => {
+                    let w = g.reshape(weights, &[n_used, n_tok])?;
+                    let w = g.soft_max_ext(w, None, 1.0, 0.0)?;
+                    weights = g.reshape(w, &[1, n_used, n_tok])?;
+                }
+            }
+            let outputs = g.leaf(DType::F32, &[m, n_expert, n_tok])?;
+            let down = g.get_rows(outputs, selected)?;
+            let weighted = g.mul(down, weights)?;
+            let nb = g.get(weighted).nb;
+            let mut sum = g.view(weighted, &[m, n_tok], &[nb[2]], 0)?;
+            for e in 1..n_used {
+                let slot = g.view(weighted, &[m, n_tok], &[nb[2]], e * nb[1])?;
+                sum = g.add(sum, slot)?;
+            }
+            if residual {
+                let r = g.leaf(DType::F32, &[m, n_tok])?;
+                sum = g.add(r, sum)?;
+            }
+            Ok(sum)
+        },
+    )
+}
+
 /// Every case of the family.
 pub(super) fn cases(v: &mut Vec<Case>) {
     let base = MulMatId {
@@ -426,20 +517,53 @@ pub(super) fn cases(v: &mut Vec<Case>) {
         ));
     }
 
+    // The router as the model runner builds it, each architecture's routing (one dispatch
+    // where a backend fuses it, the fusion matcher's moe_router), with the experts' outputs
+    // gathered by its ids and summed by its weights (moe_weighted_sum): decode, a few tokens, a
+    // prompt; 8 to 512 experts, 1 to 16 of them used; ties in the scores.
+    for (n_expert, n_used, n_tok) in [
+        (8, 2, 1),
+        (8, 2, 7),
+        (60, 4, 3),
+        (64, 8, 5),
+        (128, 8, 1),
+        (128, 8, 2),
+        (128, 1, 3),
+        (32, 16, 2),
+        (512, 8, 1),
+        (128, 8, 70),
+    ] {
+        for routing in [Routing::SoftMax, Routing::SoftMaxNorm, Routing::TopKSoftMax] {
+            for ties in [false, true] {
+                let residual = n_tok != 2;
+                v.push(moe_route(
+                    routing,
+                    [n_expert, n_used, n_tok],
+                    ties,
+                    residual,
+                ));
+            }
+        }
+    }
+
     // The expert FFN of a MoE layer given its routing: gate and up of each token by its
-    // experts, swiglu, down, each expert's output weighted, and the experts summed.
-    for (t, n_expert, n_used, n_tok) in [
-        (DType::F32, 4, 2, 1),
-        (DType::Q4_0, 8, 2, 1),
-        (DType::Q4_0, 8, 2, 6),
-        (DType::Q4_K, 8, 4, 3),
-        (DType::Q4_K, 16, 4, 64),
-        (DType::Q8_0, 8, 2, 100),
+    // experts, swiglu, down, each expert's output weighted, and the experts summed (one
+    // dispatch where a backend fuses it: moe_weighted_sum), with the residual added.
+    for (t, n_expert, n_used, n_tok, residual) in [
+        (DType::F32, 4, 2, 1, false),
+        (DType::Q4_0, 8, 2, 1, true),
+        (DType::Q4_0, 8, 2, 6, false),
+        (DType::Q4_K, 8, 4, 3, true),
+        (DType::Q4_K, 16, 4, 64, false),
+        (DType::Q8_0, 8, 2, 100, true),
+        (DType::Q4_K, 128, 8, 1, true),
     ] {
         let (d, ff) = (256, 256);
         v.push(Case::new(
             "MOE_FFN",
-            format!("type={t},n_expert={n_expert},n_used={n_used},n_tokens={n_tok}"),
+            format!(
+                "type={t},n_expert={n_expert},n_used={n_used},n_tokens={n_tok},residual={residual}"
+            ),
             &[t, DType::F32, DType::I32],
             Tolerance::MATMUL,
             move |g| {
@@ -459,6 +583,10 @@ pub(super) fn cases(v: &mut Vec<Case>) {
                 for e in 1..n_used {
                     let slot = g.view(weighted, &[d, n_tok], &[nb[2]], e * nb[1])?;
                     sum = g.add(sum, slot)?;
+                }
+                if residual {
+                    let r = g.leaf(DType::F32, &[d, n_tok])?;
+                    sum = g.add(sum, r)?;
                 }
                 Ok(sum)
             },

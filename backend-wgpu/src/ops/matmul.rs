@@ -101,6 +101,11 @@ const MVQ_KC: [u32; 4] = [1024, 2048, 4096, 16384];
 /// at most: each part of the weights it reads is unpacked once for all of them, and 16 columns
 /// (a batch of 16 sequences) read each weight once.
 const MVQ_PQ_NC: usize = 16;
+/// Workgroups the integer-dot mat-vec of columns read pre-quantized aims for, whatever the row
+/// length (about four per core of a large GPU): with no column to quantize, a workgroup's
+/// rows share nothing but the cache, so that smaller workgroups cost nothing and balance the
+/// cores better.
+const MVQ_PQ_GROUPS: usize = 512;
 /// The nominal KC of the integer-dot mat-vec that reads its columns pre-quantized (it keeps
 /// none in workgroup memory; the arrays its shader declares for the other variants stay this
 /// small).
@@ -357,7 +362,9 @@ fn mat_vec_q_shape(
     let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
-    let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
+    let (groups, most) = if pq {
+        (MVQ_PQ_GROUPS, MVQ_WG)
+    } else if a.ne[0] >= MVQ_LONG_K {
         (MVQ_LONG_GROUPS, MVQ_LONG_WG)
     } else {
         (MVQ_GROUPS, MVQ_WG)

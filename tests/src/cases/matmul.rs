@@ -223,7 +223,8 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 }
 
 /// Batched decoding's products (2 to 64 columns) for the types a GPU's integer-dot mat-vec
-/// takes (wgpu's computes up to 8 columns per workgroup, the last group of columns ragged):
+/// takes (wgpu's computes up to 16 columns per workgroup, each vec4 of its sums full or cut
+/// part-way, the last group of columns ragged):
 /// an odd number of rows, several 256-value blocks; batched dims with src0 broadcast; f16
 /// activations; rows longer than the columns' chunk in workgroup memory (several chunks); many
 /// rows.
@@ -235,7 +236,7 @@ fn few_columns(v: &mut Vec<Case>) {
         DType::Q4_K,
         DType::Q6_K,
     ] {
-        for n in [2, 3, 5, 8, 12, 16, 32, 64] {
+        for n in [2, 3, 5, 7, 8, 9, 12, 15, 16, 32, 64] {
             v.push(MulMat::new(t, DType::F32, 37, n, 512).case());
         }
         for n in [5, 16] {

@@ -6,7 +6,10 @@
 //!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
 //!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
 //!   normalizes its column itself (NORM in `shaders/mat_vec_q.wgsl`). Nothing that
-//!   runs until those mat-vecs are done may write x or w.
+//!   runs until those mat-vecs are done may write x or w. Mat-vecs of several columns that
+//!   read them pre-quantized (PQ) have one dispatch normalize and quantize the columns into
+//!   the scratch, at the norm's place, for all of them (`quant_cols.wgsl`), where nothing
+//!   that runs before the last of them uses the scratch; else each quantizes its own.
 //! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
 //!   in `shaders/norm.wgsl`); with a residual added right after (a post-norm, as Gemma's), it
 //!   adds that too (ADD).

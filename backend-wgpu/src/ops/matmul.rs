@@ -950,6 +950,15 @@ mod tests {
         assert_eq!(mvq_cols(16, 4), 4);
         assert_eq!(mvq_cols(9, 2), 2);
         assert_eq!(mvq_cols(12, 8), 8);
+        // Read pre-quantized: every column in one workgroup up to 16, then even groups.
+        let picks: Vec<u32> = [2, 3, 7, 16, 17, 32, 33, 64]
+            .into_iter()
+            .map(mvq_cols_pq)
+            .collect();
+        assert_eq!(picks, [2, 3, 7, 16, 9, 16, 11, 16]);
+        // 3 columns of 4096: 12288 bytes of quads, then 384 scale words and 384 sum words.
+        assert_eq!(quantized_layout(4096, 3), (15360, [3072, 3456]));
+        assert_eq!(quantized_layout(32, 1), (48, [8, 9]));
         // One column: 16384 values where they fit beside a 512-invocation workgroup's scratch.
         assert_eq!(mvq_kc(49152, 512, 1), Some(16384));
         assert_eq!(mvq_kc(16384, 512, 1), Some(4096));

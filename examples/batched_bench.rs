@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release [--features cuda|wgpu] --example batched_bench -- \
 //!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64] [GROUPS=1] \
-//!     [SPLIT] [--wgpu-old-mat-vec]
+//!     [SPLIT] [--wgpu-old-mat-vec] [--wgpu-mat-vec-n=N]
 //! ```
 //!
 //! With a meta device and SPLIT (ratios such as `0.5,0.5`), the model is split by layers in
@@ -16,7 +16,9 @@
 //! `--wgpu-old-mat-vec` (anywhere among the arguments; with the wgpu feature) turns
 //! `WgpuOptions::mat_vec_quantize_once` off: the integer-dot mat-vec of several columns has
 //! every workgroup quantize its columns itself, as before the columns were quantized once (an
-//! A/B of the two routes in one run of the GPU).
+//! A/B of the two routes in one run of the GPU). `--wgpu-mat-vec-n=N` sets
+//! `WgpuOptions::mat_vec_n`: the integer-dot mat-vec takes up to N columns (past it, the
+//! mat-mat).
 //!
 //! Prints one `RESULT` line per batch size: prompt and decode tokens per second over all
 //! sequences, and the decode time per step.
@@ -40,7 +42,15 @@ fn main() -> tessera::Result<()> {
     env_logger::init();
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let old_mat_vec = args.iter().any(|a| a == "--wgpu-old-mat-vec");
-    args.retain(|a| a != "--wgpu-old-mat-vec");
+    let mat_vec_n = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--wgpu-mat-vec-n="))
+        .map(|n| n.parse::<usize>().unwrap_or(0));
+    args.retain(|a| a != "--wgpu-old-mat-vec" && !a.starts_with("--wgpu-mat-vec-n="));
+    if mat_vec_n == Some(0) || ((old_mat_vec || mat_vec_n.is_some()) && !cfg!(feature = "wgpu")) {
+        eprintln!("--wgpu-mat-vec-n takes a column count; both --wgpu flags need the wgpu feature");
+        std::process::exit(2);
+    }
     let Some(path) = args.first() else {
         eprintln!("usage: batched_bench MODEL.gguf [DEVICE] [N_PROMPT] [N_GEN] [B,B,...]");
         std::process::exit(2);
@@ -57,15 +67,11 @@ fn main() -> tessera::Result<()> {
     let groups = arg(&args, 5, 1usize).clamp(1, 2);
 
     let mut options = Options::from_env()?;
-    if old_mat_vec {
-        #[cfg(feature = "wgpu")]
-        {
-            options.wgpu.mat_vec_quantize_once = false;
-        }
-        #[cfg(not(feature = "wgpu"))]
-        {
-            eprintln!("--wgpu-old-mat-vec needs the wgpu feature");
-            std::process::exit(2);
+    #[cfg(feature = "wgpu")]
+    {
+        options.wgpu.mat_vec_quantize_once = !old_mat_vec;
+        if let Some(n) = mat_vec_n {
+            options.wgpu.mat_vec_n = n;
         }
     }
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
@@ -86,6 +92,14 @@ fn main() -> tessera::Result<()> {
         ..BatchParams::default()
     };
     let mut ctx = BatchContext::new(model.clone(), params)?;
+    // The settings the flags changed, after the device's name.
+    let mut label = String::new();
+    if old_mat_vec {
+        label.push_str(" route=old");
+    }
+    if let Some(n) = mat_vec_n {
+        label.push_str(&format!(" mat_vec_n={n}"));
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;
     for &b in &batches {
@@ -96,7 +110,7 @@ fn main() -> tessera::Result<()> {
         println!(
             "RESULT device={}{} B={b} groups={groups} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
             device.name(),
-            if old_mat_vec { " route=old" } else { "" },
+            label,
             (b * n_prompt) as f64 / pp,
             (b * n_gen) as f64 / tg,
             tg * 1e3 / n_gen as f64

@@ -865,7 +865,8 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                 }
             }
         }
-        if MVQ_TYPES.contains(&a) && a == DType::Q4_0 {
+        // quant_cols' keys (of no weight type): listed once.
+        if a == DType::Q4_0 {
             for b in [DType::F32, DType::F16] {
                 for (y4, norm) in [(false, false), (true, false), (false, true), (true, true)] {
                     if (y4 || norm) && b != DType::F32 {

@@ -623,12 +623,13 @@ fn unpack_part(w: WPart, r: u32, b: u32, t: u32) -> WQ {
             // second (bb 2 past one).
             let q = select(funnel(w.a, w.x.x, 2u), vec4<u32>(w.a.yzw, w.x.x), (bb & 2u) != 0u);
             // Each nibble n as the signed byte 16 (n - 8): n ^ 8 in the byte's high half, so
-            // that the column's sums are not needed; the 1 / 16 is exact.
+            // that the column's sums are not needed; the 1 / 16 is exact, and taken into the
+            // scale here, once for every column the part is multiplied with.
             let mh = vec4<u32>(0xf0f0f0f0u);
             let h8 = vec4<u32>(0x80808080u);
             u.q[0] = ((q << s4) & mh) ^ h8;
             u.q[1] = (q & mh) ^ h8;
-            u.f.x = half_in(w.a.x, bb);
+            u.f.x = half_in(w.a.x, bb) * 0.0625;
         }
         case 3u: {
             // Q4_1: d * q + m (d, m in f).
@@ -685,7 +686,7 @@ fn wq_dot(u: WQ, y: YPart) -> f32 {
     switch T0 {
         case 2u: {
             let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);
-            return u.f.x * y.d.x * (f32(s) * 0.0625);
+            return u.f.x * y.d.x * f32(s);
         }
         case 3u: {
             let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);

@@ -5,13 +5,20 @@
 //! ```text
 //! cargo run --release [--features cuda|wgpu] --example batched_bench -- \
 //!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64] [GROUPS=1] \
-//!     [SPLIT]
+//!     [SPLIT] [--wgpu-old-mat-vec] [--wgpu-mat-vec-n=N]
 //! ```
 //!
 //! With a meta device and SPLIT (ratios such as `0.5,0.5`), the model is split by layers in
 //! those ratios. With GROUPS=2 each decode step carries the sequences as two groups in flight
 //! at once (`BatchContext::decode_groups`: on a layer split, one part runs a group's layers
 //! while another runs the other group's).
+//!
+//! `--wgpu-old-mat-vec` (anywhere among the arguments; with the wgpu feature) turns
+//! `WgpuOptions::mat_vec_quantize_once` off: the integer-dot mat-vec of several columns has
+//! every workgroup quantize its columns itself, as before the columns were quantized once (an
+//! A/B of the two routes in one run of the GPU). `--wgpu-mat-vec-n=N` sets
+//! `WgpuOptions::mat_vec_n`: the integer-dot mat-vec takes up to N columns (past it, the
+//! mat-mat).
 //!
 //! Prints one `RESULT` line per batch size: prompt and decode tokens per second over all
 //! sequences, and the decode time per step.
@@ -33,7 +40,17 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
 fn main() -> tessera::Result<()> {
     // RUST_LOG=tessera_cuda=debug with TESSERA_CUDA_PROFILE=1 logs the GPU time per kernel.
     env_logger::init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let old_mat_vec = args.iter().any(|a| a == "--wgpu-old-mat-vec");
+    let mat_vec_n = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--wgpu-mat-vec-n="))
+        .map(|n| n.parse::<usize>().unwrap_or(0));
+    args.retain(|a| a != "--wgpu-old-mat-vec" && !a.starts_with("--wgpu-mat-vec-n="));
+    if mat_vec_n == Some(0) || ((old_mat_vec || mat_vec_n.is_some()) && !cfg!(feature = "wgpu")) {
+        eprintln!("--wgpu-mat-vec-n takes a column count; both --wgpu flags need the wgpu feature");
+        std::process::exit(2);
+    }
     let Some(path) = args.first() else {
         eprintln!("usage: batched_bench MODEL.gguf [DEVICE] [N_PROMPT] [N_GEN] [B,B,...]");
         std::process::exit(2);
@@ -50,6 +67,13 @@ fn main() -> tessera::Result<()> {
     let groups = arg(&args, 5, 1usize).clamp(1, 2);
 
     let mut options = Options::from_env()?;
+    #[cfg(feature = "wgpu")]
+    {
+        options.wgpu.mat_vec_quantize_once = !old_mat_vec;
+        if let Some(n) = mat_vec_n {
+            options.wgpu.mat_vec_n = n;
+        }
+    }
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
     let device = match args.get(6) {
         _ if spec == "cpu" => cpu.clone(),
@@ -68,6 +92,14 @@ fn main() -> tessera::Result<()> {
         ..BatchParams::default()
     };
     let mut ctx = BatchContext::new(model.clone(), params)?;
+    // The settings the flags changed, after the device's name.
+    let mut label = String::new();
+    if old_mat_vec {
+        label.push_str(" route=old");
+    }
+    if let Some(n) = mat_vec_n {
+        label.push_str(&format!(" mat_vec_n={n}"));
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;
     for &b in &batches {
@@ -76,8 +108,9 @@ fn main() -> tessera::Result<()> {
         run(&mut ctx, &mut rng, n_vocab, b, n_prompt, 2, groups)?;
         let (pp, tg) = run(&mut ctx, &mut rng, n_vocab, b, n_prompt, n_gen, groups)?;
         println!(
-            "RESULT device={} B={b} groups={groups} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
+            "RESULT device={}{} B={b} groups={groups} n_prompt={n_prompt} n_gen={n_gen} pp_tps={:.1} tg_tps={:.1} step_ms={:.2}",
             device.name(),
+            label,
             (b * n_prompt) as f64 / pp,
             (b * n_gen) as f64 / tg,
             tg * 1e3 / n_gen as f64

@@ -62,6 +62,14 @@
 // column's part (`wq_dot`): a weight is read and unpacked once per NC columns instead of once
 // per column. ADD and NORM (each column with its own residual and its own norm) are the only
 // fused variants with MC.
+// PQ (with MC, NC 2 to 16) reads the columns pre-quantized, as `quant_cols` (quant_cols.wgsl)
+// wrote them into src1 (a scratch buffer, from 16-byte aligned byte off.z; the scales from
+// word h.x and the sums from word h.y after it) once for every workgroup, instead of each
+// workgroup quantizing its columns into workgroup memory: each part's column side is loaded
+// straight from storage (its 16-byte words shared by the invocations of a subgroup that take
+// the same part of neighbouring rows, and cached for the other workgroups), the row is one
+// chunk with no barrier, and nothing is kept in workgroup memory (KC is nominal). The norm
+// of NORM is then `quant_cols`' (NORM there), so a PQ mat-vec has ADD at most.
 
 const QB: u32 = {{QB}}u;
 const TPB: u32 = {{TPB}}u;
@@ -131,21 +139,6 @@ fn y_norm(yb: u32, e: u32, own: bool, c: u32) -> vec4<f32> {
     return v * w;
 }
 #endif
-
-// The largest magnitude in v.
-fn amax4(v: vec4<f32>) -> f32 {
-    let a = abs(v);
-    return max(max(a.x, a.y), max(a.z, a.w));
-}
-
-// v times s, rounded to nearest (ties to even), as four signed bytes; |v s| <= 127 (s is 127
-// over the block's largest magnitude). Adding 1.5 x 2^23 leaves the rounded product in the low
-// bits of the sum's mantissa, so the low byte of its bits is the product's two's complement
-// byte: one add instead of a round and a float-to-integer conversion per value, which run at
-// a quarter of the add's rate, a large share of the column's quantization.
-fn q8x4(v: vec4<f32>, s: f32) -> u32 {
-    return pack4xI8(bitcast<vec4<i32>>(v * s + vec4<f32>(12582912.0)));
-}
 
 // Quad q (values 4q .. 4q + 3) of the chunk from k0 of the src1 column c at byte yb (zeros
 // past the row's end); with NORM times w, its squares added to sumsq[c] where it lies in the
@@ -421,6 +414,30 @@ fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
+#if PQ
+// The flat index (in quant_cols' order) of the workgroup's first column, and of the last
+// column of its batch (columns past it read that one).
+var<private> pq_first: u32;
+var<private> pq_last: u32;
+
+// Column c's side of part t of block bl of the row, read from the pre-quantized columns in
+// src1 (laid out as `quant_cols` writes them; scales from word h.x, sums from word h.y).
+fn y_part(bl: u32, t: u32, c: u32) -> YPart {
+    let f = min(pq_first + c, pq_last);
+    let qv = (P.off.z >> 4u) + f * ({{KK}}u / 16u);
+    let sw = (P.off.z >> 2u) + f * ({{KK}}u / 32u);
+    var y: YPart;
+    for (var g = 0u; g < y_vecs(); g++) {
+        let i = y_at(bl, t, g);
+        y.q[g] = src1[qv + i];
+        y.d[g] = bitcast<f32>(s1w(sw + P.h.x + i / 2u));
+        if YS {
+            y.s[g] = y_sum16(s1w(sw + P.h.y + i / 2u), i);
+        }
+    }
+    return y;
+}
+#else
 // Column c's side of part t of block bl of the chunk.
 fn y_part(bl: u32, t: u32, c: u32) -> YPart {
     var y: YPart;
@@ -438,6 +455,7 @@ fn y_part(bl: u32, t: u32, c: u32) -> YPart {
     }
     return y;
 }
+#endif
 
 // The raw words of one part of a weight block, as loaded: nothing here is used before the
 // part is computed, so that the loads of the next part overlap the current one's arithmetic.
@@ -605,12 +623,13 @@ fn unpack_part(w: WPart, r: u32, b: u32, t: u32) -> WQ {
             // second (bb 2 past one).
             let q = select(funnel(w.a, w.x.x, 2u), vec4<u32>(w.a.yzw, w.x.x), (bb & 2u) != 0u);
             // Each nibble n as the signed byte 16 (n - 8): n ^ 8 in the byte's high half, so
-            // that the column's sums are not needed; the 1 / 16 is exact.
+            // that the column's sums are not needed; the 1 / 16 is exact, and taken into the
+            // scale here, once for every column the part is multiplied with.
             let mh = vec4<u32>(0xf0f0f0f0u);
             let h8 = vec4<u32>(0x80808080u);
             u.q[0] = ((q << s4) & mh) ^ h8;
             u.q[1] = (q & mh) ^ h8;
-            u.f.x = half_in(w.a.x, bb);
+            u.f.x = half_in(w.a.x, bb) * 0.0625;
         }
         case 3u: {
             // Q4_1: d * q + m (d, m in f).
@@ -667,7 +686,7 @@ fn wq_dot(u: WQ, y: YPart) -> f32 {
     switch T0 {
         case 2u: {
             let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);
-            return u.f.x * y.d.x * (f32(s) * 0.0625);
+            return u.f.x * y.d.x * f32(s);
         }
         case 3u: {
             let s = dot16(u.q[0], y.q[0]) + dot16(u.q[1], y.q[1]);
@@ -703,10 +722,22 @@ fn part_dot_q(w: WPart, r: u32, b: u32, t: u32, y: YPart) -> f32 {
 }
 
 #if MC
-// The sums of the workgroup's columns: columns 0 .. 3 in x, 4 .. 7 in y.
+// The sums of the workgroup's columns: columns 0 .. 3 in x, 4 .. 7 in y, 8 .. 11 in z,
+// 12 .. 15 in w (as many as NC).
 struct Acc {
     x: vec4<f32>,
     y: vec4<f32>,
+    z: vec4<f32>,
+    w: vec4<f32>,
+}
+
+// The product of the unpacked part u (part t of block bl of the chunk) with column c's, where
+// c is one of the workgroup's NC columns (else 0: the branch is on constants).
+fn col_dot(u: WQ, bl: u32, t: u32, c: u32) -> f32 {
+    if c < NC {
+        return wq_dot(u, y_part(bl, t, c));
+    }
+    return 0.0;
 }
 
 // acc plus the products of part p (loaded as q) with each column's chunk that starts at part
@@ -716,17 +747,15 @@ fn add_parts(acc: Acc, q: Parts, r: u32, p: u32, base: u32) -> Acc {
     let bl = (p - base) / TPB;
     let u = unpack_part(q.w, r, p / TPB, t);
     var a = acc;
-    a.x.x += wq_dot(u, y_part(bl, t, 0u));
-    a.x.y += wq_dot(u, y_part(bl, t, 1u));
-    if NC > 2u {
-        a.x.z += wq_dot(u, y_part(bl, t, 2u));
-        a.x.w += wq_dot(u, y_part(bl, t, 3u));
-    }
+    a.x += vec4<f32>(col_dot(u, bl, t, 0u), col_dot(u, bl, t, 1u), col_dot(u, bl, t, 2u), col_dot(u, bl, t, 3u));
     if NC > 4u {
-        a.y.x += wq_dot(u, y_part(bl, t, 4u));
-        a.y.y += wq_dot(u, y_part(bl, t, 5u));
-        a.y.z += wq_dot(u, y_part(bl, t, 6u));
-        a.y.w += wq_dot(u, y_part(bl, t, 7u));
+        a.y += vec4<f32>(col_dot(u, bl, t, 4u), col_dot(u, bl, t, 5u), col_dot(u, bl, t, 6u), col_dot(u, bl, t, 7u));
+    }
+    if NC > 8u {
+        a.z += vec4<f32>(col_dot(u, bl, t, 8u), col_dot(u, bl, t, 9u), col_dot(u, bl, t, 10u), col_dot(u, bl, t, 11u));
+    }
+    if NC > 12u {
+        a.w += vec4<f32>(col_dot(u, bl, t, 12u), col_dot(u, bl, t, 13u), col_dot(u, bl, t, 14u), col_dot(u, bl, t, 15u));
     }
     return a;
 }
@@ -928,6 +957,11 @@ fn mat_vec_q(
     let groups_n = vec4<u32>(P.d.ne.x, (P.d.ne.y + NC - 1u) / NC, P.d.ne.zw);
     let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, groups_n);
     let cb = c.y * NC;
+#if PQ
+    let batch = P.d.ne.y * (c.z + P.d.ne.z * c.w);
+    pq_first = batch + cb;
+    pq_last = batch + P.d.ne.y - 1u;
+#endif
 #else
     let c = mat_vec_coords(o, (mm + ROWS - 1u) / ROWS, P.d.ne);
 #endif
@@ -992,12 +1026,20 @@ fn mat_vec_q(
 #else
     var acc = vec2<f32>(0.0);
 #endif
-    for (var k0 = 0u; k0 < kk; k0 += KC) {
+#if PQ
+    // The columns are read pre-quantized from src1: the whole row is one chunk.
+    let kstep = kk;
+#else
+    let kstep = KC;
+#endif
+    for (var k0 = 0u; k0 < kk; k0 += kstep) {
         // The previous chunk's parts are done with yq before it is overwritten (no barrier
         // before the first chunk, where it costs a measurable share of a short mat-vec).
         if k0 > 0u {
             workgroupBarrier();
         }
+#if PQ
+#else
 #if QF
         y_step_store(ql, li, 0u);
 #else
@@ -1010,8 +1052,9 @@ fn mat_vec_q(
 #endif
 #endif
         workgroupBarrier();
+#endif
         let base = (k0 / QB) * TPB;
-        let end = min(np, ((k0 + KC) / QB) * TPB);
+        let end = min(np, ((k0 + kstep) / QB) * TPB);
 #if PF2
         // qa and qb take turns; each is loaded again as soon as it has been used, so that
         // it is never copied (a copy would wait for its loads). Where the chunk ends after
@@ -1056,7 +1099,7 @@ fn mat_vec_q(
 #if MC
     // Each column: its norm, the sum over the row's invocations, its residual; columns past
     // dst's are not stored.
-    var sums = array<f32, 8>(acc.x.x, acc.x.y, acc.x.z, acc.x.w, acc.y.x, acc.y.y, acc.y.z, acc.y.w);
+    var sums = array<f32, 16>(acc.x.x, acc.x.y, acc.x.z, acc.x.w, acc.y.x, acc.y.y, acc.y.z, acc.y.w, acc.z.x, acc.z.y, acc.z.z, acc.z.w, acc.w.x, acc.w.y, acc.w.z, acc.w.w);
     for (var cc = 0u; cc < NC; cc++) {
         var a = sums[cc];
 #if NORM

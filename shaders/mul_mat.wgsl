@@ -173,3 +173,18 @@ fn wf(r: u32, e: u32) -> f32 {
     }
     return 0.0;
 }
+
+// The largest magnitude in v.
+fn amax4(v: vec4<f32>) -> f32 {
+    let a = abs(v);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// v times s, rounded to nearest (ties to even), as four signed bytes; |v s| <= 127 (s is 127
+// over the block's largest magnitude). Adding 1.5 x 2^23 leaves the rounded product in the low
+// bits of the sum's mantissa, so the low byte of its bits is the product's two's complement
+// byte: one add instead of a round and a float-to-integer conversion per value, which run at
+// a quarter of the add's rate, a large share of the column's quantization.
+fn q8x4(v: vec4<f32>, s: f32) -> u32 {
+    return pack4xI8(bitcast<vec4<i32>>(v * s + vec4<f32>(12582912.0)));
+}

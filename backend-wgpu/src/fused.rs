@@ -6,7 +6,10 @@
 //!   the integer-dot mat-vec (alone or fused as below; a Llama block's Q, K and V, or gate and
 //!   up, for one token): no dispatch of its own; each of those mat-vecs reads x and w and
 //!   normalizes its column itself (NORM in `shaders/mat_vec_q.wgsl`). Nothing that
-//!   runs until those mat-vecs are done may write x or w.
+//!   runs until those mat-vecs are done may write x or w. Mat-vecs of several columns that
+//!   read them pre-quantized (PQ) have one dispatch normalize and quantize the columns into
+//!   the scratch, at the norm's place, for all of them (`quant_cols.wgsl`), where nothing
+//!   that runs before the last of them uses the scratch; else each quantizes its own.
 //! - else `rms_norm(x) * w` as one norm dispatch: the norm shader multiplies as it stores (MUL
 //!   in `shaders/norm.wgsl`); with a residual added right after (a post-norm, as Gemma's), it
 //!   adds that too (ADD).
@@ -55,7 +58,7 @@
 //! [`crate::WgpuOptions::fusion`] is off ([`crate::WgpuBackend::set_fusion`] per backend).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_core::fusion::{
     GluMulMatIds, GluMulMats, Group, Matcher, MoeRouter, MoeWeightedSum, MulMatAdd, MulMats,
@@ -81,6 +84,9 @@ pub(crate) struct Fuser<'a> {
     matcher: Matcher<'a>,
     /// The products `m = rms_norm(x) * w` left to the mat-vecs that read them (NORM), by m.
     norms: RefCell<HashMap<TensorId, Norm>>,
+    /// The products m of `norms` already quantized into the scratch for all their readers
+    /// (mat-vecs that read their columns pre-quantized, PQ).
+    quantized: RefCell<HashSet<TensorId>>,
 }
 
 /// An `rms_norm(x) * w` that the mat-vecs reading it compute.
@@ -103,6 +109,7 @@ impl<'a> Fuser<'a> {
             nodes,
             matcher: Matcher::new(graph, nodes),
             norms: RefCell::new(HashMap::new()),
+            quantized: RefCell::new(HashSet::new()),
         }
     }
 
@@ -231,7 +238,65 @@ impl<'a> Fuser<'a> {
             eps: n.eps,
         };
         self.norms.borrow_mut().insert(m, norm);
-        Ok(Some(Vec::new()))
+        Ok(Some(self.quantize_for_readers(m, norm, j, last)?))
+    }
+
+    /// Where the mul_mats by `m = rms_norm(x) * w` (the nodes after `j` to `last` that read it)
+    /// read their columns pre-quantized (PQ): the one dispatch that normalizes and quantizes
+    /// them for all of those readers, provided nothing that runs between uses the scratch it
+    /// leaves them in (else each reader quantizes its own: `Fuser::mat_vec_launches`).
+    fn quantize_for_readers(
+        &self,
+        m: TensorId,
+        n: Norm,
+        j: usize,
+        last: usize,
+    ) -> Result<Vec<Launch>> {
+        let g = self.graph;
+        let mut pq = false;
+        for &node in &self.nodes[j + 1..=last] {
+            let t = g.get(node);
+            if t.op == Op::None || t.op.is_view() {
+                continue;
+            }
+            let Ok(plans) = ops::plan(self.gpu, g, node) else {
+                return Ok(Vec::new());
+            };
+            let reads_m = t.src.contains(&m);
+            if plans
+                .iter()
+                .any(|p| p.bind.iter().any(|b| b.scratch) || (!reads_m && ops::reads_quantized(p)))
+            {
+                return Ok(Vec::new());
+            }
+            pq |= reads_m && plans.iter().any(ops::reads_quantized);
+        }
+        if !pq {
+            return Ok(Vec::new());
+        }
+        let q = ops::quant_cols_plan(self.gpu, g, m, m, Some((n.x, n.w, n.eps)));
+        self.quantized.borrow_mut().insert(m);
+        Ok(vec![ops::to_launch(self.gpu, g, m, q)?])
+    }
+
+    /// The launches of mat-vec plan `out` for node `id` ([`Fuser::launch`]); where it reads its
+    /// columns pre-quantized (PQ), the dispatch that quantizes them first (normalizing them
+    /// where they are an `rms_norm(x) * w` left to the mat-vecs), unless that norm's dispatch
+    /// quantized them for all its readers already.
+    fn mat_vec_launches(&self, id: TensorId, out: PlanOut) -> Result<Vec<Launch>> {
+        if !ops::reads_quantized(&out) {
+            return Ok(vec![self.launch(id, out)?]);
+        }
+        let (g, col) = (self.graph, out.bind[2].id);
+        let mut v = Vec::with_capacity(2);
+        if !self.quantized.borrow().contains(&col) {
+            let norm = self.norms.borrow().get(&col).map(|n| (n.x, n.w, n.eps));
+            let q = ops::quant_cols_plan(self.gpu, g, id, col, norm);
+            v.push(ops::to_launch(self.gpu, g, id, q)?);
+        }
+        let out = ops::read_quantized(g, id, out);
+        v.push(ops::to_launch(self.gpu, g, id, out)?);
+        Ok(v)
     }
 
     /// `rms_norm(x) * w` as one norm dispatch (MUL).
@@ -322,7 +387,7 @@ impl<'a> Fuser<'a> {
                 self.graph.label(m)
             ),
         })?;
-        Ok(Some((vec![self.launch(m, out)?], 1)))
+        Ok(Some((self.mat_vec_launches(m, out)?, 1)))
     }
 
     /// The one launch of node `id`'s plan (`None`: it has several, or none, or is not
@@ -387,7 +452,7 @@ impl<'a> Fuser<'a> {
         out.bind.push(ops::Bind::whole(r));
         out.params.desc[0] = desc(ta);
         out.params.desc[3] = desc(tr);
-        Ok(Some(vec![self.launch(a, out)?]))
+        Ok(Some(self.mat_vec_launches(a, out)?))
     }
 
     /// `swiglu(W_gate x, W_up x)` (or geglu) for one token: one mat-vec dispatch over both

@@ -19,6 +19,8 @@ pub(crate) const MV_ROWS: u32 = 4;
 pub(crate) const MV_WG: u32 = 256;
 /// k-steps the f16 mat-mat accumulates in f16 before adding into its f32 accumulators.
 const MM_HK: u32 = 16;
+/// Invocations per workgroup of `quant_cols` (one 32-value block each).
+pub(crate) const QUANT_COLS_WG: u32 = 64;
 /// Invocations per workgroup of the flash attention `decode` entry point.
 pub(crate) const FA_DECODE_WG: u32 = 256;
 /// Invocations per workgroup of the flash attention `decode_combine` entry point.
@@ -202,8 +204,22 @@ pub(crate) struct MatVecQKey {
     /// GLU, the experts' gate and up).
     pub id: bool,
     /// Columns of dst per workgroup (NC: 1, or 2, 4 or 8 with MC, which none of `second`,
-    /// `qkv`, `rope`, `id` and `one_column` comes with).
+    /// `qkv`, `rope`, `id` and `one_column` comes with; 2 to 16 with `pq`).
     pub cols: u32,
+    /// The columns read pre-quantized from src1, as [`QuantColsKey`]'s dispatch wrote them
+    /// (PQ, with MC and Y4; `norm` is then that dispatch's, never this one's).
+    pub pq: bool,
+}
+
+/// `quant_cols.wgsl` `quant_cols`: the columns of a mat-vec's src1 (of type `b`, `k` values
+/// each; `y4`: f32 read as 16-byte loads) quantized once for the mat-vecs that read them
+/// pre-quantized ([`MatVecQKey::pq`]); `norm`: `rms_norm(x) * w` quantized (NORM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct QuantColsKey {
+    pub b: DType,
+    pub y4: bool,
+    pub k: u32,
+    pub norm: bool,
 }
 
 /// `mat_mat.wgsl` (or, with `coop`, `mat_mat_coop.wgsl`) `mat_mat`: the tiled mat-mat of weights `a` by activations `b`; `tile`
@@ -331,6 +347,7 @@ pub(crate) enum Key {
     Rows(RowsKey),
     MatVec(MatVecKey),
     MatVecQ(MatVecQKey),
+    QuantCols(QuantColsKey),
     MatMat(MatMatKey),
     FlashAttn(FlashAttnKey),
     FlashAttnDecode(FlashAttnDecodeKey),
@@ -397,6 +414,7 @@ impl Key {
             Key::Rows(_) => (Family::Rows, "main"),
             Key::MatVec(_) => (Family::MatVec, "mat_vec"),
             Key::MatVecQ(_) => (Family::MatVecQ, "mat_vec_q"),
+            Key::QuantCols(_) => (Family::QuantCols, "quant_cols"),
             Key::MatMat(k) if k.coop => (Family::MatMatCoop, "mat_mat"),
             Key::MatMat(_) => (Family::MatMat, "mat_mat"),
             Key::FlashAttn(_) => (Family::FlashAttn, "main"),
@@ -575,6 +593,17 @@ impl Key {
                 if k.cols > 1 {
                     d.set("MC", 1);
                 }
+                if k.pq {
+                    d.set("PQ", 1);
+                }
+            }
+            Key::QuantCols(k) => {
+                d.ty("T1", k.b);
+                d.set("Y4", u32::from(k.y4));
+                d.set("KK", k.k);
+                d.set("YK", 1);
+                d.set("NORM", u32::from(k.norm));
+                d.set("WG", QUANT_COLS_WG);
             }
             Key::MatMat(k) => {
                 let (bm, bn, bk) = k.tile;

@@ -63,6 +63,13 @@ pub struct WgpuOptions {
     /// Columns up to which a mul_mat by weights the integer-dot mat-vec reads (Q4_0, Q4_1,
     /// Q8_0, Q4_K, Q6_K) runs as that mat-vec; past it, the tiled mat-mat.
     pub mat_vec_n: usize,
+    /// Whether the integer-dot mat-vec of 2 or more columns has them quantized once, by a
+    /// dispatch of their own (with the rms_norm that feeds them, once for all the mat-vecs
+    /// that read one normalized column), and reads them pre-quantized, up to 16 columns a
+    /// workgroup (PQ in `shaders/mat_vec_q.wgsl`). Off: every workgroup quantizes (and
+    /// normalizes) its columns itself, a workgroup taking [`WgpuOptions::mat_vec_cols`] of
+    /// them from 8 columns and one below (the route before, kept for an A/B).
+    pub mat_vec_quantize_once: bool,
 }
 
 impl Default for WgpuOptions {
@@ -77,6 +84,7 @@ impl Default for WgpuOptions {
             spin_wait: false,
             mat_vec_cols: 8,
             mat_vec_n: 16,
+            mat_vec_quantize_once: true,
         }
     }
 }
@@ -96,6 +104,7 @@ impl WgpuOptions {
             spin_wait: d.spin_wait,
             mat_vec_cols: d.mat_vec_cols,
             mat_vec_n: d.mat_vec_n,
+            mat_vec_quantize_once: d.mat_vec_quantize_once,
         })
     }
 
@@ -144,6 +153,12 @@ impl WgpuOptions {
     /// Sets [`WgpuOptions::mat_vec_n`].
     pub fn mat_vec_n(mut self, n: usize) -> Self {
         self.mat_vec_n = n;
+        self
+    }
+
+    /// Sets [`WgpuOptions::mat_vec_quantize_once`].
+    pub fn mat_vec_quantize_once(mut self, on: bool) -> Self {
+        self.mat_vec_quantize_once = on;
         self
     }
 

@@ -134,7 +134,7 @@ pub(crate) fn variant_name(v: &Variant) -> String {
         name.push_str(t.name());
     }
     for flag in [
-        "MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "ROPE", "NORM", "MMPAIR", "SPLIT",
+        "MUL", "ADD", "W2", "GLU", "PAIR", "QKV", "ROPE", "NORM", "MMPAIR", "SPLIT", "PQ",
     ] {
         if v.get(flag).is_some_and(|x| x != 0) {
             name.push('+');

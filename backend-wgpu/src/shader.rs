@@ -86,6 +86,8 @@ pub(crate) enum Family {
     MatVec,
     /// The integer-dot mat-vec and its fused forms.
     MatVecQ,
+    /// The columns of a mat-vec quantized once for the integer-dot mat-vec.
+    QuantCols,
     /// The tiled mat-mat.
     MatMat,
     /// The cooperative-matrix mat-mat.
@@ -103,7 +105,7 @@ pub(crate) enum Family {
 impl Family {
     /// Every family.
     #[cfg(test)]
-    pub const ALL: [Family; 15] = [
+    pub const ALL: [Family; 16] = [
         Family::Unary,
         Family::Binary,
         Family::Glu,
@@ -113,6 +115,7 @@ impl Family {
         Family::Rows,
         Family::MatVec,
         Family::MatVecQ,
+        Family::QuantCols,
         Family::MatMat,
         Family::MatMatCoop,
         Family::FlashAttn,
@@ -144,6 +147,10 @@ impl Family {
             Family::MatVecQ => &[
                 MUL_MAT,
                 ("mat_vec_q", include_str!("../../shaders/mat_vec_q.wgsl")),
+            ],
+            Family::QuantCols => &[
+                MUL_MAT,
+                ("quant_cols", include_str!("../../shaders/quant_cols.wgsl")),
             ],
             Family::MatMat => &[
                 MUL_MAT,
@@ -182,9 +189,10 @@ impl Family {
             ],
             Family::MatVecQ => &[
                 "KK", "MMPAIR", "YK", "ADD", "GELU", "GLU", "ID", "KC", "MC", "MM", "NC", "NORM",
-                "ONECOL", "PAIR", "PF2", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS", "RSUB",
-                "TPB", "TPR", "W2", "YC",
+                "ONECOL", "PAIR", "PF2", "PQ", "QB", "QF", "QKV", "QPS", "ROPE", "ROWS", "RS",
+                "RSUB", "TPB", "TPR", "W2", "YC",
             ],
+            Family::QuantCols => &["KK", "MMPAIR", "YK", "NORM"],
             Family::MatMat => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "HK", "ID"],
             Family::MatMatCoop => &["KK", "MMPAIR", "YK", "BK", "BM", "BN", "QUANT", "FM4"],
             Family::FlashAttn => &[
@@ -201,6 +209,7 @@ impl Family {
                 | Family::Unary
                 | Family::MatVec
                 | Family::MatVecQ
+                | Family::QuantCols
                 | Family::MatMat
                 | Family::MatMatCoop
         )
@@ -210,6 +219,8 @@ impl Family {
     pub fn storage_bindings(self) -> usize {
         match self {
             Family::Unary | Family::Reduce => 2,
+            // The scratch written, the norm weights (NORM; else the scratch again), the columns.
+            Family::QuantCols => 3,
             Family::Binary
             | Family::Glu
             | Family::Norm

@@ -207,6 +207,33 @@ fn norms_fuse_into_the_mat_vecs_that_read_them() {
     assert_eq!(counts, (15, 5));
 }
 
+/// Several tokens (sequences decoded together) normalized and read by Q, K and V: the mat-vecs
+/// read their columns pre-quantized, and one dispatch normalizes and quantizes them for all
+/// three; unfused, each product quantizes its own.
+#[test]
+fn several_columns_are_quantized_once_for_q_k_and_v() {
+    for (t, n) in [(DType::Q4_0, 16), (DType::Q4_K, 3)] {
+        let mut b = Block::new();
+        let x = b.input("x", DType::F32, &[2 * D, n], X);
+        let wn = b.input("wn", DType::F32, &[2 * D], NORM);
+        let wq = b.input("wq", t, &[2 * D, 3 * D], W);
+        let wk = b.input("wk", t, &[2 * D, 80], W);
+        let wv = b.input("wv", t, &[2 * D, 80], W);
+        let h = b.g.rms_norm(x, 1e-5).unwrap();
+        let h = b.g.mul(h, wn).unwrap();
+        for w in [wq, wk, wv] {
+            let o = b.g.mul_mat(w, h).unwrap();
+            b.output(o);
+        }
+        let Some(counts) = fused_and_unfused(&mut b) else {
+            return;
+        };
+        // norm, mul, then each product's quantization and mat-vec; fused: the norm and the
+        // quantization, Q, K, V.
+        assert_eq!(counts, (8, 4), "type {t}, {n} columns");
+    }
+}
+
 /// W_q of another type than W_k and W_v (Q8_0 and Q4_0): Q keeps a mat-vec of its own, and K
 /// and V run as one.
 #[test]

@@ -8,7 +8,9 @@ use tessera_core::{DType, Graph, TensorId};
 use super::READ_ONLY_QUANTS;
 use super::{aligned, desc, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
 use crate::context::Gpu;
-use crate::keys::{mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, MV_ROWS};
+use crate::keys::{
+    mvq_parts, Key, MatMatKey, MatVecKey, MatVecQKey, QuantColsKey, MV_ROWS, QUANT_COLS_WG,
+};
 use crate::shader::Variant;
 
 /// Tiles of the tiled mat-mat (BM x BN of dst per workgroup).
@@ -95,6 +97,19 @@ const MVQ_LONG_WG: u32 = 1024;
 /// Values of each column quantized into workgroup memory per step: the deepest the adapter's
 /// workgroup memory holds (with several columns per workgroup, the shallower ones).
 const MVQ_KC: [u32; 4] = [1024, 2048, 4096, 16384];
+/// Columns per workgroup of the integer-dot mat-vec that reads its columns pre-quantized (PQ)
+/// at most: each part of the weights it reads is unpacked once for all of them, and 16 columns
+/// (a batch of 16 sequences) read each weight once.
+const MVQ_PQ_NC: usize = 16;
+/// Workgroups the integer-dot mat-vec of columns read pre-quantized aims for, whatever the row
+/// length (about four per core of a large GPU): with no column to quantize, a workgroup's
+/// rows share nothing but the cache, so that smaller workgroups cost nothing and balance the
+/// cores better.
+const MVQ_PQ_GROUPS: usize = 512;
+/// The nominal KC of the integer-dot mat-vec that reads its columns pre-quantized (it keeps
+/// none in workgroup memory; the arrays its shader declares for the other variants stay this
+/// small).
+const MVQ_PQ_KC: u32 = 256;
 /// The binding of the norm weights w of an integer-dot mat-vec that computes `rms_norm(x) * w`
 /// of its column (NORM in `mat_vec_q`).
 pub(crate) const NORM_W_BINDING: usize = 5;
@@ -184,16 +199,23 @@ pub(super) fn mul_mat(n: &Node, mut p: Params) -> Result<Vec<PlanOut>, String> {
             },
             Bind::whole(t.src[1]),
         ];
-        let cols = mvq_cols(t.ne[1], gpu.options.mat_vec_cols);
+        let pq = gpu.options.mat_vec_quantize_once && t.ne[1] >= 2;
+        let cols = if pq {
+            mvq_cols_pq(t.ne[1])
+        } else {
+            mvq_cols(t.ne[1], gpu.options.mat_vec_cols)
+        };
         let mvq = (t.ne[1] <= gpu.options.mat_vec_n)
-            .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc, cols))
+            .then(|| mat_vec_q_shape(gpu, graph, t, r0, rc, cols, pq))
             .flatten();
         let (key, groups, groups_3d) = if let Some((rows, wg, kc, a4)) = mvq {
             let col_groups = t.ne[1].div_ceil(cols as usize);
             let groups = rc.div_ceil(rows as usize) * col_groups * t.ne[2] * t.ne[3];
             let (_, y4) = wide_loads(gpu, graph, t, r0, 8);
-            let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
+            // PQ reads the scratch's 16-byte aligned quads.
+            let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4 || pq);
             key.cols = cols;
+            key.pq = pq;
             size_mat_vec_q(
                 &mut key,
                 (rows, wg, kc),
@@ -290,6 +312,13 @@ fn mvq_parts_each(a: DType, cols: u32) -> usize {
     }
 }
 
+/// Columns per workgroup (NC) of the integer-dot mat-vec of `n` (2 or more) columns read
+/// pre-quantized (PQ): all of them up to [`MVQ_PQ_NC`], else the fewest groups of at most that
+/// many, as even as they go (the last one filled up with copies of the last column).
+fn mvq_cols_pq(n: usize) -> u32 {
+    n.div_ceil(n.div_ceil(MVQ_PQ_NC)) as u32
+}
+
 /// Columns per workgroup (NC) of the integer-dot mat-vec of `n` columns, at most `most`
 /// ([`WgpuOptions::mat_vec_cols`]): 1 below [`MVQ_MC_MIN`] columns; else the one of [`MVQ_NC`] that costs
 /// least, counting for each group of NC columns (the last one filled up with copies of the
@@ -312,11 +341,11 @@ fn mvq_cols(n: usize, most: u32) -> u32 {
 }
 
 /// Whether mul_mat `t` (mat-vec sized) over weight rows `r0 .. r0 + rows` runs as the
-/// integer-dot mat-vec of `cols` columns per workgroup, and its (ROWS, WG, KC, A4) (TPR = WG /
-/// ROWS): a weight type of [`MVQ_TYPES`] whose rows start at 4-byte aligned offsets (A4: Q4_K
-/// rows at 16-byte aligned ones, read as 16-byte words), on a device whose limits hold the
-/// workgroup. ROWS is the most that still gives the workgroups aimed for, counting (with
-/// several columns per workgroup) every group of columns.
+/// integer-dot mat-vec of `cols` columns per workgroup (`pq`: read pre-quantized), and its
+/// (ROWS, WG, KC, A4) (TPR = WG / ROWS): a weight type of [`MVQ_TYPES`] whose rows start at
+/// 4-byte aligned offsets (A4: Q4_K rows at 16-byte aligned ones, read as 16-byte words), on a
+/// device whose limits hold the workgroup. ROWS is the most that still gives the workgroups
+/// aimed for, counting (with several columns per workgroup) every group of columns.
 fn mat_vec_q_shape(
     gpu: &Gpu,
     graph: &Graph,
@@ -324,6 +353,7 @@ fn mat_vec_q_shape(
     r0: usize,
     rows: usize,
     cols: u32,
+    pq: bool,
 ) -> Option<(u32, u32, u32, bool)> {
     let a = graph.get(t.src[0]);
     if !MVQ_TYPES.contains(&a.dtype) || !aligned(gpu, graph, t.src[0], r0 * a.nb[1], 4) {
@@ -332,7 +362,9 @@ fn mat_vec_q_shape(
     let a4 = a.dtype == DType::Q4_K && aligned(gpu, graph, t.src[0], r0 * a.nb[1], 16);
     let (qb, tpb) = mvq_parts(a.dtype);
     let parts = a.ne[0] / qb as usize * tpb as usize;
-    let (groups, most) = if a.ne[0] >= MVQ_LONG_K {
+    let (groups, most) = if pq {
+        (MVQ_PQ_GROUPS, MVQ_WG)
+    } else if a.ne[0] >= MVQ_LONG_K {
         (MVQ_LONG_GROUPS, MVQ_LONG_WG)
     } else {
         (MVQ_GROUPS, MVQ_WG)
@@ -359,7 +391,11 @@ fn mat_vec_q_shape(
     if wg > l.max_compute_invocations_per_workgroup || wg > l.max_compute_workgroup_size_x {
         return None;
     }
-    let kc = mvq_kc(l.max_compute_workgroup_storage_size, wg, cols)?;
+    let kc = if pq {
+        MVQ_PQ_KC
+    } else {
+        mvq_kc(l.max_compute_workgroup_storage_size, wg, cols)?
+    };
     Some((nr, wg, kc, a4))
 }
 
@@ -374,7 +410,8 @@ pub(super) fn mat_vec_q_id(
     glu: Option<tessera_core::GluOp>,
 ) -> Option<MatVecQKey> {
     let (a, b) = (graph.get(t.src[0]), graph.get(t.src[1]));
-    let (rows, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, t.ne[0] * t.ne[1] * t.ne[2], 1)?;
+    let (rows, wg, kc, a4) =
+        mat_vec_q_shape(gpu, graph, t, 0, t.ne[0] * t.ne[1] * t.ne[2], 1, false)?;
     let (_, y4) = wide_loads(gpu, graph, t, 0, 8);
     let mut key = mat_vec_q_key(a.dtype, b.dtype, gpu.subgroups, a4, y4);
     size_mat_vec_q(
@@ -414,7 +451,7 @@ pub(crate) fn mat_vec_q_reshaped(
     let Key::MatVecQ(key) = &mut out.variant.key else {
         return None;
     };
-    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows, key.cols)?;
+    let (nr, wg, kc, a4) = mat_vec_q_shape(gpu, graph, t, 0, rows, key.cols, key.pq)?;
     if key.a4 != a4 {
         return None;
     }
@@ -496,6 +533,83 @@ pub(crate) fn mat_vec_q_norm(
     out
 }
 
+/// Bytes of `n` columns of `k` values (a multiple of 32) quantized by `quant_cols`: the quads
+/// (k bytes a column), then the scales and the sums (k / 32 words each a column), rounded up to
+/// 16 bytes; and the word indices of the scales and of the sums (h.x, h.y of both dispatches).
+fn quantized_layout(k: usize, n: usize) -> (usize, [u32; 2]) {
+    let blocks = n * k / 32;
+    let scales = n * k / 4;
+    (
+        (n * k + 8 * blocks).next_multiple_of(16),
+        [scales as u32, (scales + blocks) as u32],
+    )
+}
+
+/// Whether `out` is an integer-dot mat-vec plan that reads its columns pre-quantized (PQ).
+pub(crate) fn reads_quantized(out: &PlanOut) -> bool {
+    out.variant.mat_vec_q().is_some_and(|k| k.pq)
+}
+
+/// The `quant_cols` plan (for node `id`) that quantizes the columns `col` (a PQ mat-vec's
+/// src1) into the scratch, or with `norm` (x, w, eps; x of col's shape) `rms_norm(x) * w`
+/// in their stead: what [`read_quantized`] plans read.
+pub(crate) fn quant_cols_plan(
+    gpu: &Gpu,
+    graph: &Graph,
+    id: TensorId,
+    col: TensorId,
+    norm: Option<(TensorId, TensorId, f32)>,
+) -> PlanOut {
+    let src = norm.map_or(col, |(x, _, _)| x);
+    let s = graph.get(src);
+    let (k, n) = (s.ne[0], s.ne[1] * s.ne[2] * s.ne[3]);
+    let (bytes, words) = quantized_layout(k, n);
+    let y4 = s.dtype == DType::F32
+        && s.nb[0] == 4
+        && k.is_multiple_of(4)
+        && aligned(gpu, graph, src, 0, 16);
+    let key = QuantColsKey {
+        b: s.dtype,
+        y4,
+        k: k as u32,
+        norm: norm.is_some(),
+    };
+    let scratch = Bind::scratch(id, bytes);
+    let mut p = Params::default();
+    p.desc[2] = desc(s);
+    let chunks = (k / 32).div_ceil(QUANT_COLS_WG as usize);
+    p.u[0] = (n * chunks) as u32;
+    p.u[1] = chunks as u32;
+    p.h[0] = words[0];
+    p.h[1] = words[1];
+    let w = match norm {
+        Some((_, w, eps)) => {
+            p.desc[1] = desc(graph.get(w));
+            p.f[0] = eps;
+            Bind::whole(w)
+        }
+        None => scratch,
+    };
+    PlanOut {
+        variant: Variant::new(Key::QuantCols(key)),
+        bind: vec![scratch, w, Bind::whole(src)],
+        params: p,
+        groups: n * chunks,
+        groups_3d: None,
+    }
+}
+
+/// The PQ mat-vec plan `out` (for node `id`) made to read its columns from the scratch, where
+/// [`quant_cols_plan`] put them.
+pub(crate) fn read_quantized(graph: &Graph, id: TensorId, mut out: PlanOut) -> PlanOut {
+    let s = graph.get(out.bind[2].id);
+    let (bytes, words) = quantized_layout(s.ne[0], s.ne[1] * s.ne[2] * s.ne[3]);
+    out.bind[2] = Bind::scratch(id, bytes);
+    out.params.h[0] = words[0];
+    out.params.h[1] = words[1];
+    out
+}
+
 /// The integer-dot mat-vec key for weights of type `a` (one of [`MVQ_TYPES`]) and activations
 /// of type `b`; `a4` and `y4` as in [`mat_vec_q_shape`] and [`MatVecKey`], not yet shaped
 /// ([`size_mat_vec_q`]) and with nothing fused.
@@ -522,6 +636,7 @@ fn mat_vec_q_key(a: DType, b: DType, subgroups: bool, a4: bool, y4: bool) -> Mat
         norm: false,
         id: false,
         cols: 1,
+        pq: false,
     }
 }
 
@@ -720,6 +835,23 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                     );
                                     mc.extend([m, MatVecQKey { add: true, ..m }]);
                                 }
+                                // Read pre-quantized, at column counts that end each vec4 of
+                                // sums part-way and full.
+                                if y4 && kc == MVQ_KC[2] {
+                                    for cols in [2, 3, 5, 8, 9, 15, 16] {
+                                        let mut m = mat_vec_q_key(a, b, subgroups, a4, true);
+                                        m.cols = cols;
+                                        m.pq = true;
+                                        size_mat_vec_q(
+                                            &mut m,
+                                            (rows, wg, MVQ_PQ_KC),
+                                            k,
+                                            subgroups.then_some(32),
+                                        );
+                                        v.push(Key::MatVecQ(m));
+                                        v.push(Key::MatVecQ(MatVecQKey { add: true, ..m }));
+                                    }
+                                }
                             }
                             for f in fused.into_iter().chain(mc) {
                                 // NORM: the column is an f32 x to normalize.
@@ -729,6 +861,19 @@ pub(super) fn variants(subgroups: bool) -> Vec<Key> {
                                 v.push(Key::MatVecQ(f));
                             }
                         }
+                    }
+                }
+            }
+        }
+        // quant_cols' keys (of no weight type): listed once.
+        if a == DType::Q4_0 {
+            for b in [DType::F32, DType::F16] {
+                for (y4, norm) in [(false, false), (true, false), (false, true), (true, true)] {
+                    if (y4 || norm) && b != DType::F32 {
+                        continue;
+                    }
+                    for k in [256, 4096, 14336] {
+                        v.push(Key::QuantCols(QuantColsKey { b, y4, k, norm }));
                     }
                 }
             }
@@ -806,6 +951,15 @@ mod tests {
         assert_eq!(mvq_cols(16, 4), 4);
         assert_eq!(mvq_cols(9, 2), 2);
         assert_eq!(mvq_cols(12, 8), 8);
+        // Read pre-quantized: every column in one workgroup up to 16, then even groups.
+        let picks: Vec<u32> = [2, 3, 7, 16, 17, 32, 33, 64]
+            .into_iter()
+            .map(mvq_cols_pq)
+            .collect();
+        assert_eq!(picks, [2, 3, 7, 16, 9, 16, 11, 16]);
+        // 3 columns of 4096: 12288 bytes of quads, then 384 scale words and 384 sum words.
+        assert_eq!(quantized_layout(4096, 3), (15360, [3072, 3456]));
+        assert_eq!(quantized_layout(32, 1), (48, [8, 9]));
         // One column: 16384 values where they fit beside a 512-invocation workgroup's scratch.
         assert_eq!(mvq_kc(49152, 512, 1), Some(16384));
         assert_eq!(mvq_kc(16384, 512, 1), Some(4096));

@@ -23,7 +23,10 @@ use crate::context::Gpu;
 use crate::keys::Key;
 use crate::shader::Variant;
 
-pub(crate) use matmul::{mat_vec_q_norm, mat_vec_q_reshaped, NORM_W_BINDING};
+pub(crate) use matmul::{
+    mat_vec_q_norm, mat_vec_q_reshaped, quant_cols_plan, read_quantized, reads_quantized,
+    NORM_W_BINDING,
+};
 pub(crate) use moe::{mul_mat_id_glu, router_plan, weighted_sum_plan};
 pub(crate) use rope::rope_kv_key;
 
@@ -331,10 +334,22 @@ pub(crate) fn launches(gpu: &Gpu, graph: &Graph, id: TensorId) -> Result<Vec<Lau
         return Ok(Vec::new());
     }
     let plans = plan(gpu, graph, id).map_err(|why| unsupported(gpu, graph, id, why))?;
-    plans
-        .into_iter()
-        .map(|out| to_launch(gpu, graph, id, out))
-        .collect()
+    let mut out = Vec::with_capacity(plans.len() + 1);
+    // Mat-vecs that read their columns pre-quantized: one dispatch quantizes them first, for
+    // every row range.
+    if let Some(first) = plans.iter().find(|p| reads_quantized(p)) {
+        let q = quant_cols_plan(gpu, graph, id, first.bind[2].id, None);
+        out.push(to_launch(gpu, graph, id, q)?);
+    }
+    for p in plans {
+        let p = if reads_quantized(&p) {
+            read_quantized(graph, id, p)
+        } else {
+            p
+        };
+        out.push(to_launch(gpu, graph, id, p)?);
+    }
+    Ok(out)
 }
 
 /// The launch of a plan made for node `id`: its workgroup counts, and its bindings padded to

@@ -386,6 +386,40 @@ fn norm_readers(v: &mut Vec<Case>) {
             },
         ));
     }
+    // Several tokens: gate and up by one normed column each (a backend may quantize the
+    // normed columns once for both), and Q and K with a product of other columns between them
+    // (which must not disturb what was prepared for K).
+    for (t, k, ff, n) in [(DType::Q4_0, 256, 512, 16), (DType::Q4_K, 512, 256, 7)] {
+        let params = format!("type_a={t},k={k},n={n},readers=gate[{ff}]+up[{ff}]+swiglu");
+        v.push(Case::new(
+            "RMS_NORM_MUL_MAT",
+            params,
+            &[t, DType::F32],
+            Tolerance::MATMUL,
+            move |g| {
+                let h = normed(g, &[k, n])?;
+                gate_up(g, t, ff, h)
+            },
+        ));
+    }
+    v.push(Case::new(
+        "RMS_NORM_MUL_MAT",
+        "type_a=q4_0,k=512,n=9,readers=q[128]+other+k[64]",
+        &[DType::Q4_0, DType::F32],
+        Tolerance::MATMUL,
+        |g| {
+            let wq = g.input(DType::Q4_0, &[512, 128], Init::Uniform(-0.1, 0.1))?;
+            let wo = g.input(DType::Q4_0, &[512, 96], Init::Uniform(-0.1, 0.1))?;
+            let wk = g.input(DType::Q4_0, &[512, 64], Init::Uniform(-0.1, 0.1))?;
+            let h = normed(g, &[512, 9])?;
+            let y = g.leaf(DType::F32, &[512, 9])?;
+            let q = g.mul_mat(wq, h)?;
+            let o = g.mul_mat(wo, y)?;
+            let kk = g.mul_mat(wk, h)?;
+            let qo = g.concat(q, o, 0)?;
+            g.concat(qo, kk, 0)
+        },
+    ));
     v.push(Case::new(
         "RMS_NORM_MUL_MAT",
         "type_a=q8_0,k=256,n=1,readers=a[256]+add",

@@ -223,12 +223,12 @@ pub(super) fn cases(v: &mut Vec<Case>) {
 }
 
 /// Batched decoding's products (2 to 64 columns) for the types a GPU's integer-dot mat-vec
-/// takes (wgpu's computes up to 8 columns per workgroup, the last group of columns ragged):
-/// an odd number of rows, several 256-value blocks, column counts on both sides of each tile of
-/// 8; batched dims with src0 broadcast; f16 activations; rows longer than the columns' chunk in
-/// workgroup memory (several chunks); many rows. For the 32-value types also k of 13 blocks (a
-/// 256-value stage of CUDA's mat-mat and part of another), and rows a few past a multiple of
-/// 16 and 32.
+/// takes (wgpu's computes up to 16 columns per workgroup, each vec4 of its sums full or cut
+/// part-way, the last group of columns ragged): an odd number of rows, several 256-value
+/// blocks, column counts on both sides of each tile of 8; batched dims with src0 broadcast; f16
+/// activations; rows longer than the columns' chunk in workgroup memory (several chunks); many
+/// rows. For the 32-value types also k of 13 blocks (a 256-value stage of CUDA's mat-mat and
+/// part of another), and rows a few past a multiple of 16 and 32.
 fn few_columns(v: &mut Vec<Case>) {
     for t in [
         DType::Q4_0,
@@ -238,7 +238,7 @@ fn few_columns(v: &mut Vec<Case>) {
         DType::Q5_K,
         DType::Q6_K,
     ] {
-        for n in [2, 3, 5, 8, 9, 12, 16, 17, 31, 32, 64] {
+        for n in [2, 3, 5, 7, 8, 9, 12, 15, 16, 17, 31, 32, 64] {
             v.push(MulMat::new(t, DType::F32, 37, n, 512).case());
         }
         if t.block_size() == 32 {

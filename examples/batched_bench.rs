@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release [--features cuda|wgpu] --example batched_bench -- \
 //!     MODEL.gguf [DEVICE=auto] [N_PROMPT=128] [N_GEN=128] [BATCHES=1,4,16,64] [GROUPS=1] \
-//!     [SPLIT] [--wgpu-old-mat-vec] [--wgpu-mat-vec-n=N]
+//!     [SPLIT] [--wgpu-old-mat-vec] [--wgpu-mat-vec-n=N] [--cuda-few-columns=KERNELS]
 //! ```
 //!
 //! With a meta device and SPLIT (ratios such as `0.5,0.5`), the model is split by layers in
@@ -18,7 +18,8 @@
 //! every workgroup quantize its columns itself, as before the columns were quantized once (an
 //! A/B of the two routes in one run of the GPU). `--wgpu-mat-vec-n=N` sets
 //! `WgpuOptions::mat_vec_n`: the integer-dot mat-vec takes up to N columns (past it, the
-//! mat-mat).
+//! mat-mat). `--cuda-few-columns=direct16|direct32|staged` (with the cuda feature) sets
+//! `CudaOptions::few_columns`: which kernels multiply quantized weights by 2 to 32 columns.
 //!
 //! Prints one `RESULT` line per batch size: prompt and decode tokens per second over all
 //! sequences, and the decode time per step.
@@ -46,7 +47,19 @@ fn main() -> tessera::Result<()> {
         .iter()
         .find_map(|a| a.strip_prefix("--wgpu-mat-vec-n="))
         .map(|n| n.parse::<usize>().unwrap_or(0));
-    args.retain(|a| a != "--wgpu-old-mat-vec" && !a.starts_with("--wgpu-mat-vec-n="));
+    let few_columns = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--cuda-few-columns="))
+        .map(str::to_string);
+    args.retain(|a| {
+        a != "--wgpu-old-mat-vec"
+            && !a.starts_with("--wgpu-mat-vec-n=")
+            && !a.starts_with("--cuda-few-columns=")
+    });
+    if few_columns.is_some() && !cfg!(feature = "cuda") {
+        eprintln!("--cuda-few-columns needs the cuda feature");
+        std::process::exit(2);
+    }
     if mat_vec_n == Some(0) || ((old_mat_vec || mat_vec_n.is_some()) && !cfg!(feature = "wgpu")) {
         eprintln!("--wgpu-mat-vec-n takes a column count; both --wgpu flags need the wgpu feature");
         std::process::exit(2);
@@ -74,6 +87,20 @@ fn main() -> tessera::Result<()> {
             options.wgpu.mat_vec_n = n;
         }
     }
+    #[cfg(feature = "cuda")]
+    if let Some(k) = &few_columns {
+        use tessera::cuda::FewColumns;
+        let kernels = match k.as_str() {
+            "direct16" => FewColumns::Direct16,
+            "direct32" => FewColumns::Direct32,
+            "staged" => FewColumns::Staged,
+            other => {
+                eprintln!("--cuda-few-columns takes direct16, direct32 or staged, not {other}");
+                std::process::exit(2);
+            }
+        };
+        options.cuda = options.cuda.clone().few_columns(kernels);
+    }
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_options(&options.cpu));
     let device = match args.get(6) {
         _ if spec == "cpu" => cpu.clone(),
@@ -99,6 +126,9 @@ fn main() -> tessera::Result<()> {
     }
     if let Some(n) = mat_vec_n {
         label.push_str(&format!(" mat_vec_n={n}"));
+    }
+    if let Some(k) = &few_columns {
+        label.push_str(&format!(" few_columns={k}"));
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let n_vocab = model.config.n_vocab as u32;

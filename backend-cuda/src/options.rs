@@ -46,17 +46,21 @@ const ALL_REDUCE_WORDS: [(&str, AllReduce); 4] = [
 /// Which kernels multiply quantized weights by 2 to 32 columns (a few sequences decoded
 /// together), where the weights' type has the direct kernel (`mmt` in kernels/mmvq.cu: Q4_0,
 /// Q8_0, Q4_K, Q5_K, Q6_K) and the GPU int8 tensor cores (sm_80 and later).
+///
+/// The default stays the staged route, whose speed and results have been measured on the
+/// GPU; the direct kernels become the default once `backend-cuda/tests/mmt.rs` and the
+/// conformance suite have passed on a GPU with them and `bench mat_vec_batch` shows them
+/// faster (see NOTES.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FewColumns {
-    /// The direct tensor-core kernel, a warp per 16 rows holding 3 stages of them in flight
-    /// (the default).
-    #[default]
+    /// The direct tensor-core kernel, a warp per 16 rows holding 3 stages of them in flight.
     Direct16,
     /// The direct tensor-core kernel, a warp per 32 rows holding 2 stages in flight (half the
     /// reads of the columns, fewer warps).
     Direct32,
-    /// The mat-vec kernels up to 8 columns, the staged tensor-core mat-mat from 9 (for
-    /// comparison).
+    /// The mat-vec kernels up to 8 columns, the staged tensor-core mat-mat from 9 (the
+    /// default).
+    #[default]
     Staged,
 }
 

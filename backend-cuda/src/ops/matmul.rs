@@ -5,7 +5,8 @@
 //!   or is not column-contiguous); batches are one strided-batched GEMM, or a GEMM over pointer
 //!   arrays when src0 is broadcast.
 //! - Quantized weights with [`MMT_MIN`] to [`MMT_MAX`] columns (2-D, on sm_80 and later, of
-//!   the types [`has_mmt`] lists, unless [`crate::FewColumns::Staged`] is set) use the direct
+//!   the types [`has_mmt`] lists, where [`crate::CudaOptions::few_columns`] picks one of the
+//!   direct kernels rather than the default [`crate::FewColumns::Staged`]) use the direct
 //!   tensor-core kernel of mmvq.cu (`mmt_*`), whose warps copy their rows' stages straight to
 //!   their own shared memory and read each weight byte once for all the columns.
 //! - Other quantized weights with [`MMQ_MIN`] to [`MMQ_MAX`] columns (2-D, on sm_80 and later,

@@ -17,7 +17,7 @@
 //! ([`MoeWeightedSum`]: mul and the adds of the slots, `moe_weighted_sum`).
 
 use tessera_core::dtype::DType;
-use tessera_core::fusion::{GluMulMatIds, MoeRouter, MoeWeightedSum, RouterNorm};
+use tessera_core::fusion::{GluMulMatIds, MoeRouter, MoeWeightedSum};
 use tessera_core::{GluOp, Op, Result, Tensor, TensorId};
 
 use super::{matmul, params, Encoder};
@@ -299,22 +299,9 @@ pub(super) fn moe_router(enc: &mut Encoder, r: &MoeRouter) -> Result<bool> {
         return Ok(false);
     }
     let mut p = params(wa, &[la, ka]);
-    if let Some((_, scale)) = r.soft_max {
-        p.i[0] = 1;
-        p.f[0] = scale;
-    }
-    match r.norm {
-        RouterNorm::None => {}
-        RouterNorm::SoftMax { scale, .. } => {
-            p.i[1] = 1;
-            p.f[1] = scale;
-        }
-        RouterNorm::Sum { min, max, .. } => {
-            p.i[1] = 2;
-            p.f[2] = min;
-            p.f[3] = max;
-        }
-    }
+    let (modes, consts) = r.kernel_settings();
+    p.i[..2].copy_from_slice(&modes.map(|m| m as i32));
+    p.f[..4].copy_from_slice(&consts);
     let blocks = n.div_ceil(ROUTER_WARPS) as u32;
     let smem = (ROUTER_WARPS * tl.ne[0] * 4) as u32;
     let threads = (32 * ROUTER_WARPS) as u32;

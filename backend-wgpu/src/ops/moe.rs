@@ -12,7 +12,7 @@
 //! the router's selection ([`router_plan`], a workgroup a token) and the weighted sum of the
 //! experts' outputs with the residual add after it ([`weighted_sum_plan`]).
 
-use tessera_core::fusion::{MoeRouter, MoeWeightedSum, RouterNorm};
+use tessera_core::fusion::{MoeRouter, MoeWeightedSum};
 use tessera_core::{DType, GluOp, Graph, Op, TensorId};
 
 use super::{desc, ew, matmul, per_row, readable_quant, Bind, Node, Params, PlanOut, FLOATS};
@@ -320,22 +320,9 @@ pub(crate) fn router_plan(graph: &Graph, r: &MoeRouter) -> Option<PlanOut> {
     p.desc[0] = dw;
     p.desc[1] = desc(tl);
     p.desc[2] = desc(tk);
-    if let Some((_, scale)) = r.soft_max {
-        p.u[0] = 1;
-        p.f[0] = scale;
-    }
-    match r.norm {
-        RouterNorm::None => {}
-        RouterNorm::SoftMax { scale, .. } => {
-            p.u[1] = 1;
-            p.f[1] = scale;
-        }
-        RouterNorm::Sum { min, max, .. } => {
-            p.u[1] = 2;
-            p.f[2] = min;
-            p.f[3] = max;
-        }
-    }
+    let (modes, consts) = r.kernel_settings();
+    p.u[..2].copy_from_slice(&modes);
+    p.f[..4].copy_from_slice(&consts);
     Some(PlanOut {
         variant: Variant::new(key(MoeKind::Router)),
         bind: [r.weights, r.logits, r.top_k, r.weights]

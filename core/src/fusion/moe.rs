@@ -59,6 +59,33 @@ pub struct MoeRouter {
     pub last: usize,
 }
 
+impl MoeRouter {
+    /// The group's settings as the backends' router kernels read them: the modes (whether a
+    /// soft_max over all the experts comes first; the normalization: 0 none, 1 soft_max over
+    /// the selected, 2 a division by the clamped sum) and the constants (the first soft_max's
+    /// scale, the second's, the clamp's lower and upper bounds).
+    pub fn kernel_settings(&self) -> ([u32; 2], [f32; 4]) {
+        let (mut modes, mut consts) = ([0u32; 2], [0f32; 4]);
+        if let Some((_, scale)) = self.soft_max {
+            modes[0] = 1;
+            consts[0] = scale;
+        }
+        match self.norm {
+            RouterNorm::None => {}
+            RouterNorm::SoftMax { scale, .. } => {
+                modes[1] = 1;
+                consts[1] = scale;
+            }
+            RouterNorm::Sum { min, max, .. } => {
+                modes[1] = 2;
+                consts[2] = min;
+                consts[3] = max;
+            }
+        }
+        (modes, consts)
+    }
+}
+
 /// `sum_e w[e, t] * down[:, e, t]`: the experts' outputs `down` (`[d, n_used, n]`) weighted by
 /// the router's weights `w` (`[1, n_used, n]`), then the chain of adds of the slots' views
 /// (`view(e = 0) + view(1) + ... + view(n_used - 1)`, in that order); optionally followed by the

@@ -24,7 +24,9 @@
 # two calls back to back on the warm machine (/root/m is kept between them), e.g.
 #   STEPS="ops greedy" bash scripts/gpu-all.sh, then STEPS="allreduce split bench batched profile"
 # (profile: the per-kernel GPU time of a 16-sequence batched decode; serve: time to first token
-# under load through `tessera serve`; neither in the default).
+# under load through `tessera serve`; mmt: backend-cuda/tests/mmt.rs's executable as
+# .gpu/A/mmt.xz, from `cargo test --release -p tessera-cuda --test mmt --no-run`; none of the
+# three in the default).
 # Prints RESULT lines; the logs go to $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,10 +96,13 @@ if want bench && [ -f "$B8" ]; then
 fi
 
 if want batched && [ -x /root/bin/batched_bench ] && [ -f "$B8" ]; then
-  for d in cuda:0 wgpu:0; do
-    step "batched $d" 40 || continue
-    timeout 100 /root/bin/batched_bench "$B8" "$d" 128 64 1,4,16,64 > "$L/batched-${d%%:*}.log" 2>&1
-    tail -6 "$L/batched-${d%%:*}.log" | sed "s/^/RESULT batched $d /"
+  # Each device's default route, then the other route of its few-column products (the A/B
+  # that decides the default: CUDA's direct kernel, wgpu's per-workgroup quantization).
+  for run in "cuda:0" "cuda:0 --cuda-few-columns=direct16" "wgpu:0" "wgpu:0 --wgpu-old-mat-vec"; do
+    d=${run%% *}; tag=$(echo "$run" | tr ' :=' '_--')
+    step "batched $run" 40 || continue
+    timeout 100 /root/bin/batched_bench "$B8" $run 128 64 1,4,16,64 > "$L/batched-$tag.log" 2>&1
+    tail -6 "$L/batched-$tag.log" | sed "s/^/RESULT batched $run /"
   done
   # Batched decoding over a layer split: one group a step, then two groups in flight.
   for g in 1 2; do
@@ -121,6 +126,15 @@ fi
 if want profile && [ -x /root/bin/batched_bench ] && [ -f "$B8" ] && step "profile" 150; then
   TESSERA_CUDA_PROFILE=1 RUST_LOG=tessera_cuda=debug timeout 240 /root/bin/batched_bench "$B8" cuda:0 128 48 16 > "$L/profile-16.log" 2>&1
   grep -E "profile of|us/run" "$L/profile-16.log" | head -30 | sed "s/^/RESULT profile /"
+fi
+
+# The direct few-column CUDA kernel against the CPU, every FewColumns choice (the test
+# executable of backend-cuda/tests/mmt.rs as .gpu/A/mmt.xz).
+if want mmt && [ -f .gpu/A/mmt.xz ] && step "mmt test" 60; then
+  xz -dc .gpu/A/mmt.xz > /root/bin/mmt && chmod +x /root/bin/mmt
+  timeout 120 /root/bin/mmt --nocapture > "$L/mmt.log" 2>&1
+  echo "RESULT mmt rc=$? $(grep 'test result' "$L/mmt.log")"
+  grep -iE "panicked|mismatch" "$L/mmt.log" | head -4 | sed "s/^/RESULT mmt /"
 fi
 
 for s in A B; do

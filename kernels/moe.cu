@@ -238,15 +238,6 @@ KERNEL sort_f32(const KParams p) {
 
 #define ROUTER_WARPS 4
 
-// Whether entry (va, ia) comes before (vb, ib) in top_k's order: numbers before NaNs, larger
-// first, then the lower index.
-__device__ __forceinline__ bool top_before(float va, int ia, float vb, int ib) {
-    const bool na = isnan(va), nb = isnan(vb);
-    if (na != nb) return nb;
-    if (!na && va != vb) return va > vb;
-    return ia < ib;
-}
-
 KERNEL moe_router(const KParams p) {
     pdl_wait();
     extern __shared__ float router_sm[];
@@ -280,10 +271,12 @@ KERNEL moe_router(const KParams p) {
     int my_id = 0;
     float my_v = 0.0f;
     for (int r = 0; r < k; r++) {
+        // The best so far starts as padding (an index past the experts), which every entry
+        // comes before in sort_f32's descending order (top_k's).
         float bv = __int_as_float(0x7fc00000);
         int bi = 0x7fffffff;
         for (int j = lane, m = 0; j < n; j += 32, m++) {
-            if (!((taken >> m) & 1u) && top_before(v[j], j, bv, bi)) {
+            if (!((taken >> m) & 1u) && sort_before(v[j], j, bv, bi, n, true)) {
                 bv = v[j];
                 bi = j;
             }
@@ -291,7 +284,7 @@ KERNEL moe_router(const KParams p) {
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (top_before(ov, oi, bv, bi)) {
+            if (sort_before(ov, oi, bv, bi, n, true)) {
                 bv = ov;
                 bi = oi;
             }

@@ -274,21 +274,13 @@ fn apart(a: &TArg, b: &TArg) -> bool {
 /// writes).
 pub(super) fn moe_router(enc: &mut Encoder, r: &MoeRouter) -> Result<bool> {
     let g = enc.graph;
-    let (tl, tk, tw) = (g.get(r.logits), g.get(r.top_k), g.get(r.weights));
-    let n = tl.ne[1];
-    let fits = tl.dtype == DType::F32
-        && tk.dtype == DType::I32
-        && tw.dtype == DType::F32
-        && tl.ne[0] <= ROUTER_MAX_EXPERTS
-        && tl.ne[2] == 1
-        && tl.ne[3] == 1
-        && r.n_used <= 32
-        && tk.ne == [r.n_used, n, 1, 1]
-        && tw.nelements() == r.n_used * n
-        && n <= 65535 * ROUTER_WARPS;
-    if !fits {
+    let Some((n_expert, n)) = r.f32_rows(g) else {
+        return Ok(false);
+    };
+    if n_expert > ROUTER_MAX_EXPERTS || r.n_used > 32 || n > 65535 * ROUTER_WARPS {
         return Ok(false);
     }
+    let tw = g.get(r.weights);
     let (la, ka, mut wa) = (enc.arg(r.logits)?, enc.arg(r.top_k)?, enc.arg(r.weights)?);
     // The weights as [n_used, n]: the get_rows's [1, n_used, n] or the div's [n_used, n].
     if tw.ne[0] == 1 && tw.ne[1] == r.n_used {
@@ -303,7 +295,7 @@ pub(super) fn moe_router(enc: &mut Encoder, r: &MoeRouter) -> Result<bool> {
     p.i[..2].copy_from_slice(&modes.map(|m| m as i32));
     p.f[..4].copy_from_slice(&consts);
     let blocks = n.div_ceil(ROUTER_WARPS) as u32;
-    let smem = (ROUTER_WARPS * tl.ne[0] * 4) as u32;
+    let smem = (ROUTER_WARPS * n_expert * 4) as u32;
     let threads = (32 * ROUTER_WARPS) as u32;
     enc.launch(
         "moe",

@@ -293,24 +293,15 @@ const ROUTER_MAX_EXPERTS: usize = 1024;
 /// the weights (as `[n_used, n]`), the scores, the ids. `None` where it does not take the
 /// group.
 pub(crate) fn router_plan(graph: &Graph, r: &MoeRouter) -> Option<PlanOut> {
+    let (n_expert, n) = r.f32_rows(graph)?;
+    if n_expert > ROUTER_MAX_EXPERTS || r.n_used > 32 {
+        return None;
+    }
     let (tl, tk, tw) = (
         graph.get(r.logits),
         graph.get(r.top_k),
         graph.get(r.weights),
     );
-    let n = tl.ne[1];
-    let fits = tl.dtype == DType::F32
-        && tk.dtype == DType::I32
-        && tw.dtype == DType::F32
-        && tl.ne[0] <= ROUTER_MAX_EXPERTS
-        && tl.ne[2] == 1
-        && tl.ne[3] == 1
-        && r.n_used <= 32
-        && tk.ne == [r.n_used, n, 1, 1]
-        && tw.nelements() == r.n_used * n;
-    if !fits {
-        return None;
-    }
     let mut p = Params::default();
     let mut dw = desc(tw);
     // The get_rows's [1, n_used, n] read as [n_used, n].

@@ -1,6 +1,8 @@
 //! The groups of a mixture-of-experts layer's router and of the sum of its experts' outputs.
 
 use super::Matcher;
+use crate::dtype::DType;
+use crate::graph::Graph;
 use crate::op::{BinaryOp, Op};
 use crate::tensor::TensorId;
 
@@ -60,6 +62,22 @@ pub struct MoeRouter {
 }
 
 impl MoeRouter {
+    /// The experts and tokens `(n_expert, n)` of a router in the layout the backends' router
+    /// kernels read: f32 scores `[n_expert, n]`, i32 ids `[n_used, n]` and f32 weights of
+    /// `n_used` values a token; `None` for other types or shapes.
+    pub fn f32_rows(&self, g: &Graph) -> Option<(usize, usize)> {
+        let (tl, tk, tw) = (g.get(self.logits), g.get(self.top_k), g.get(self.weights));
+        let n = tl.ne[1];
+        let fits = tl.dtype == DType::F32
+            && tk.dtype == DType::I32
+            && tw.dtype == DType::F32
+            && tl.ne[2] == 1
+            && tl.ne[3] == 1
+            && tk.ne == [self.n_used, n, 1, 1]
+            && tw.nelements() == self.n_used * n;
+        fits.then_some((tl.ne[0], n))
+    }
+
     /// The group's settings as the backends' router kernels read them: the modes (whether a
     /// soft_max over all the experts comes first; the normalization: 0 none, 1 soft_max over
     /// the selected, 2 a division by the clamped sum) and the constants (the first soft_max's
